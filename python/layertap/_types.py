@@ -1,0 +1,90 @@
+"""Plain result types shared by the Rust and the pure-Python implementations."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+#: Codec names, indexed by the id stored in frame headers (docs/FORMAT.md, "Codecs").
+CODECS: tuple[str, ...] = ("none", "zstd", "bp16-zstd")
+
+
+class Completion(NamedTuple):
+    """A record a writer has written (returned by ``poll()``)."""
+
+    seq: int
+    """What ``submit()`` returned for it."""
+    key: str
+    shard: str
+    """Path of the shard file."""
+    offset: int
+    """Offset of the record's frame in the shard."""
+    stored_len: int
+    raw_len: int
+
+
+class IndexEntry(NamedTuple):
+    """Where a record is in its shard and what it holds, as the index (or a scan) says."""
+
+    key: str
+    frame_offset: int
+    stored_len: int
+    raw_len: int
+    num_tokens: int
+    codec: str
+    payload_crc: int
+
+
+class Problem(NamedTuple):
+    """Something wrong found in a shard or dataset."""
+
+    shard: str
+    offset: int | None
+    key: str | None
+    kind: str
+    """One of: ``"corrupt_record"``, ``"damaged_region"``, ``"torn_tail"``, ``"duplicate_key"``,
+    ``"bad_index"``, ``"not_a_shard"``."""
+    message: str
+
+
+@dataclass
+class ShardInfo:
+    """Summary of one shard, read from its index (or scan) without decoding payloads."""
+
+    path: str
+    complete: bool
+    records: int
+    tokens: int
+    raw_bytes: int
+    stored_bytes: int
+    file_bytes: int
+    torn_tail_bytes: int
+    codecs: dict[str, int] = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass
+class VerifyReport:
+    """What ``Dataset.verify()`` found."""
+
+    records_ok: int = 0
+    records_bad: int = 0
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@dataclass
+class RecoverReport:
+    """What ``recover()`` did to a shard."""
+
+    path: str
+    was_complete: bool
+    records: int
+    """Records indexed in the recovered shard."""
+    truncated_bytes: int
+    """Torn tail cut off."""
+    problems: list[Problem] = field(default_factory=list)
+    """Corrupt records and damaged regions left unindexed."""

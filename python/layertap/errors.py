@@ -1,0 +1,89 @@
+"""Exceptions raised by layertap.
+
+Both the Rust core (through ``layertap._native``) and the pure-Python reference implementation
+raise these classes, so callers catch the same thing whichever backend is in use. Each carries
+the details as attributes, not only in its message.
+"""
+
+from __future__ import annotations
+
+
+class LayertapError(Exception):
+    """Base class of every layertap error."""
+
+
+class InvalidInputError(LayertapError, ValueError):
+    """A value given to the API is not acceptable: a bad key, dtype, shape, buffer or option."""
+
+
+class DuplicateKeyError(InvalidInputError):
+    """A writer was given a key it has already written."""
+
+    def __init__(self, message: str, key: str | None = None):
+        super().__init__(message)
+        self.key = key
+
+
+class FormatError(LayertapError):
+    """A file is not a layertap shard, or its structure (header, index) is damaged."""
+
+    def __init__(self, message: str, path: str | None = None):
+        super().__init__(message)
+        self.path = path
+
+
+class CorruptRecordError(FormatError):
+    """A record failed its checksum or could not be decoded; its data is never returned."""
+
+    def __init__(
+        self,
+        message: str,
+        path: str | None = None,
+        offset: int | None = None,
+        key: str | None = None,
+    ):
+        super().__init__(message, path)
+        self.offset = offset
+        self.key = key
+
+
+class RecordNotFoundError(LayertapError, KeyError):
+    """No record has this key (or position)."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
+        return str(self.args[0]) if self.args else ""
+
+
+class ShardLockedError(LayertapError):
+    """The shard is locked by a live writer; it is not modified."""
+
+    def __init__(self, message: str, path: str | None = None):
+        super().__init__(message)
+        self.path = path
+
+
+class WriterClosedError(LayertapError):
+    """The writer was closed, or failed earlier and takes no more work."""
+
+
+class WriterIOError(LayertapError, OSError):
+    """A system call failed while writing; ``filename`` names the file and ``errno`` the cause.
+
+    Records reported done before the error stay readable.
+    """
+
+    def __init__(self, errno: int | None, message: str, filename: str | None = None):
+        OSError.__init__(self, errno, message, filename)
+
+
+__all__ = [
+    "LayertapError",
+    "InvalidInputError",
+    "DuplicateKeyError",
+    "FormatError",
+    "CorruptRecordError",
+    "RecordNotFoundError",
+    "ShardLockedError",
+    "WriterClosedError",
+    "WriterIOError",
+]

@@ -1,0 +1,218 @@
+//! The safetensors blob a record decodes to: building its header from tensor descriptions (so
+//! the writer can stream tensor bytes straight from the caller's buffers after it) and parsing
+//! it back.
+//!
+//! Writers in this repository produce one canonical header, so that the Rust and the Python
+//! writers make byte-identical records: compact JSON (no spaces), `__metadata__` first with its
+//! entries sorted by name, then the tensors in the order given, packed in that order, the header
+//! padded with spaces so that the data starts at a multiple of 8.
+
+use crate::dtype::Dtype;
+use crate::error::{Error, Result};
+use std::collections::BTreeMap;
+
+/// Largest safetensors header a reader accepts (safetensors' own limit).
+pub const MAX_HEADER_LEN: usize = 100_000_000;
+
+/// Shape and dtype of one tensor of a record, without its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorSpec {
+    /// The tensor's name (`"hidden_states"`...).
+    pub name: String,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Dimensions, outermost first.
+    pub shape: Vec<u64>,
+}
+
+impl TensorSpec {
+    /// Number of bytes of the tensor's data.
+    pub fn byte_len(&self) -> Result<u64> {
+        self.shape
+            .iter()
+            .try_fold(self.dtype.size() as u64, |acc, &d| acc.checked_mul(d))
+            .ok_or_else(|| Error::invalid(format!("tensor {:?}: shape {:?} overflows", self.name, self.shape)))
+    }
+}
+
+/// A tensor's place in a parsed blob.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// Name, dtype and shape.
+    pub spec: TensorSpec,
+    /// Byte range of its data within the blob (absolute, header included).
+    pub range: std::ops::Range<usize>,
+}
+
+/// The parsed header of a blob.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlobHeader {
+    /// `__metadata__`, sorted by name.
+    pub metadata: BTreeMap<String, String>,
+    /// Tensors in the order of their data.
+    pub tensors: Vec<TensorInfo>,
+    /// Where tensor data starts (`8 + N`).
+    pub data_start: usize,
+}
+
+/// Builds the header bytes (length prefix, JSON, padding) of a blob holding `tensors` in order,
+/// with `metadata` as `__metadata__`. The blob is these bytes followed by each tensor's data.
+pub fn build_header(tensors: &[TensorSpec], metadata: &BTreeMap<String, String>) -> Result<Vec<u8>> {
+    if tensors.is_empty() {
+        return Err(Error::invalid("a record needs at least one tensor"));
+    }
+    let mut json = serde_json::Map::new();
+    let meta: serde_json::Map<String, serde_json::Value> =
+        metadata.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
+    json.insert("__metadata__".into(), serde_json::Value::Object(meta));
+    let mut offset = 0u64;
+    for t in tensors {
+        if t.name.is_empty() || t.name == "__metadata__" {
+            return Err(Error::invalid(format!("tensor name {:?} is not allowed", t.name)));
+        }
+        if json.contains_key(&t.name) {
+            return Err(Error::invalid(format!("tensor name {:?} is given twice", t.name)));
+        }
+        let len = t.byte_len()?;
+        if len == 0 {
+            return Err(Error::invalid(format!(
+                "tensor {:?} is empty (shape {:?}); records hold no empty tensors",
+                t.name, t.shape
+            )));
+        }
+        let end = offset + len;
+        json.insert(
+            t.name.clone(),
+            serde_json::json!({"dtype": t.dtype.name(), "shape": t.shape, "data_offsets": [offset, end]}),
+        );
+        offset = end;
+    }
+    let mut text = serde_json::to_vec(&serde_json::Value::Object(json)).expect("JSON of strings");
+    let padded = crate::format::align8(8 + text.len() as u64) as usize - 8;
+    text.resize(padded, b' ');
+    let mut out = Vec::with_capacity(8 + text.len());
+    out.extend_from_slice(&(text.len() as u64).to_le_bytes());
+    out.extend_from_slice(&text);
+    Ok(out)
+}
+
+/// Parses and checks the header of a blob of `blob.len()` bytes: every tensor lies inside it,
+/// tensors are packed without gaps or overlaps and end at the end of the blob.
+/// `Err(reason)` says what is wrong.
+pub fn parse_header(blob: &[u8]) -> std::result::Result<BlobHeader, String> {
+    if blob.len() < 8 {
+        return Err("payload shorter than a safetensors header".into());
+    }
+    let n = u64::from_le_bytes(blob[..8].try_into().unwrap());
+    if n > MAX_HEADER_LEN as u64 || 8 + n > blob.len() as u64 {
+        return Err(format!("safetensors header length {n} does not fit the payload"));
+    }
+    let data_start = 8 + n as usize;
+    let json: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&blob[8..data_start]).map_err(|e| format!("safetensors header: {e}"))?;
+    let mut metadata = BTreeMap::new();
+    let mut tensors = Vec::new();
+    for (name, v) in json {
+        if name == "__metadata__" {
+            let obj = v.as_object().ok_or("__metadata__ is not an object")?;
+            for (k, v) in obj {
+                let s = v.as_str().ok_or_else(|| format!("__metadata__[{k:?}] is not a string"))?;
+                metadata.insert(k.clone(), s.to_string());
+            }
+            continue;
+        }
+        let bad = |what: &str| format!("tensor {name:?}: {what}");
+        let dtype = v.get("dtype").and_then(|d| d.as_str()).ok_or_else(|| bad("no dtype"))?;
+        let dtype = Dtype::from_name(dtype).map_err(|e| bad(&e.to_string()))?;
+        let shape: Vec<u64> = v
+            .get("shape")
+            .and_then(|s| s.as_array())
+            .and_then(|a| a.iter().map(|d| d.as_u64()).collect())
+            .ok_or_else(|| bad("bad shape"))?;
+        let offs: Vec<u64> = v
+            .get("data_offsets")
+            .and_then(|s| s.as_array())
+            .and_then(|a| a.iter().map(|d| d.as_u64()).collect())
+            .filter(|o: &Vec<u64>| o.len() == 2 && o[0] <= o[1])
+            .ok_or_else(|| bad("bad data_offsets"))?;
+        let spec = TensorSpec { name: name.clone(), dtype, shape };
+        if spec.byte_len().map_err(|e| e.to_string())? != offs[1] - offs[0] {
+            return Err(bad("data length does not match dtype and shape"));
+        }
+        let range = (data_start as u64 + offs[0])..(data_start as u64 + offs[1]);
+        if range.end > blob.len() as u64 {
+            return Err(bad("data lies outside the payload"));
+        }
+        tensors.push(TensorInfo { spec, range: range.start as usize..range.end as usize });
+    }
+    tensors.sort_by_key(|t| t.range.start);
+    let mut at = data_start;
+    for t in &tensors {
+        if t.range.start != at {
+            return Err(format!("tensor {:?} does not start where the previous one ends", t.spec.name));
+        }
+        at = t.range.end;
+    }
+    if at != blob.len() {
+        return Err(format!("{} bytes after the last tensor", blob.len() - at));
+    }
+    Ok(BlobHeader { metadata, tensors, data_start })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn specs() -> Vec<TensorSpec> {
+        vec![
+            TensorSpec { name: "hidden_states".into(), dtype: Dtype::BF16, shape: vec![3, 2, 4] },
+            TensorSpec { name: "token_ids".into(), dtype: Dtype::I64, shape: vec![3] },
+        ]
+    }
+
+    #[test]
+    fn header_round_trip() {
+        let meta = BTreeMap::from([("key".to_string(), "r1".to_string())]);
+        let mut blob = build_header(&specs(), &meta).unwrap();
+        assert_eq!(blob.len() % 8, 0);
+        let start = blob.len();
+        blob.resize(start + 48 + 24, 1);
+        let h = parse_header(&blob).unwrap();
+        assert_eq!(h.metadata, meta);
+        assert_eq!(h.data_start, start);
+        assert_eq!(h.tensors[0].range, start..start + 48);
+        assert_eq!(h.tensors[1].spec, specs()[1]);
+    }
+
+    #[test]
+    fn canonical_json() {
+        let meta = BTreeMap::from([("key".to_string(), "r1".to_string()), ("a".into(), "b".into())]);
+        let h = build_header(&specs()[1..], &meta).unwrap();
+        let text = std::str::from_utf8(&h[8..]).unwrap().trim_end();
+        assert_eq!(
+            text,
+            r#"{"__metadata__":{"a":"b","key":"r1"},"token_ids":{"dtype":"I64","shape":[3],"data_offsets":[0,24]}}"#
+        );
+    }
+
+    #[test]
+    fn rejects_bad_tensors() {
+        let meta = BTreeMap::new();
+        assert!(build_header(&[], &meta).is_err());
+        let empty = TensorSpec { name: "x".into(), dtype: Dtype::F32, shape: vec![0, 4] };
+        assert!(build_header(&[empty], &meta).unwrap_err().to_string().contains("empty"));
+        let twice = vec![specs()[1].clone(), specs()[1].clone()];
+        assert!(build_header(&twice, &meta).unwrap_err().to_string().contains("twice"));
+    }
+
+    #[test]
+    fn parse_rejects_gaps_and_overruns() {
+        let meta = BTreeMap::new();
+        let mut blob = build_header(&specs()[1..], &meta).unwrap();
+        blob.resize(blob.len() + 24, 0);
+        assert!(parse_header(&blob[..blob.len() - 1]).is_err());
+        let mut longer = blob.clone();
+        longer.push(0);
+        assert!(parse_header(&longer).is_err());
+    }
+}

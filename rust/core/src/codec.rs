@@ -1,0 +1,262 @@
+//! Payload codecs (docs/FORMAT.md, "Codecs"): `none`, `zstd`, and `bp16-zstd`, which splits
+//! 2-byte elements into a high-byte plane and a low-byte plane before zstd.
+
+use crate::blob;
+use crate::error::{Error, Result};
+
+/// How a record's payload is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Codec {
+    /// Stored as is.
+    None,
+    /// One zstd frame.
+    Zstd,
+    /// Byte-plane split of 2-byte tensors, then one zstd frame.
+    Bp16Zstd,
+}
+
+impl Codec {
+    /// Every codec.
+    pub const ALL: [Codec; 3] = [Codec::None, Codec::Zstd, Codec::Bp16Zstd];
+
+    /// The id stored in frame headers.
+    pub fn id(self) -> u8 {
+        match self {
+            Codec::None => 0,
+            Codec::Zstd => 1,
+            Codec::Bp16Zstd => 2,
+        }
+    }
+
+    /// The codec with stored id `id`.
+    pub fn from_id(id: u8) -> Result<Codec> {
+        Codec::ALL
+            .into_iter()
+            .find(|c| c.id() == id)
+            .ok_or_else(|| Error::invalid(format!("unknown codec id {id}")))
+    }
+
+    /// The codec's name (`"none"`, `"zstd"`, `"bp16-zstd"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Codec::None => "none",
+            Codec::Zstd => "zstd",
+            Codec::Bp16Zstd => "bp16-zstd",
+        }
+    }
+
+    /// The codec named `name`.
+    pub fn from_name(name: &str) -> Result<Codec> {
+        Codec::ALL.into_iter().find(|c| c.name() == name).ok_or_else(|| {
+            Error::invalid(format!("unknown codec {name:?}; choose one of: none, zstd, bp16-zstd"))
+        })
+    }
+}
+
+impl std::fmt::Display for Codec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Checks a zstd level.
+pub fn check_level(level: i32) -> Result<()> {
+    let range = zstd::compression_level_range();
+    if !range.contains(&level) {
+        return Err(Error::invalid(format!(
+            "zstd level {level} is out of range {}..={}",
+            range.start(),
+            range.end()
+        )));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Byte planes
+
+/// Splits 2-byte elements: all high bytes (odd positions), then all low bytes (even positions).
+/// `src.len()` must be even; `dst` must have the same length.
+pub fn split_planes(src: &[u8], dst: &mut [u8]) {
+    debug_assert!(src.len() % 2 == 0 && dst.len() == src.len());
+    let m = src.len() / 2;
+    let (high, low) = dst.split_at_mut(m);
+    for ((pair, h), l) in src.chunks_exact(2).zip(high.iter_mut()).zip(low.iter_mut()) {
+        *l = pair[0];
+        *h = pair[1];
+    }
+}
+
+/// Inverse of [`split_planes`].
+pub fn join_planes(src: &[u8], dst: &mut [u8]) {
+    debug_assert!(src.len() % 2 == 0 && dst.len() == src.len());
+    let m = src.len() / 2;
+    let (high, low) = src.split_at(m);
+    for ((pair, &h), &l) in dst.chunks_exact_mut(2).zip(high.iter()).zip(low.iter()) {
+        pair[0] = l;
+        pair[1] = h;
+    }
+}
+
+/// Byte ranges of the 2-byte tensors of a blob, from its parsed header.
+fn two_byte_ranges(header: &blob::BlobHeader) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+    header.tensors.iter().filter(|t| t.spec.dtype.is_two_byte()).map(|t| t.range.clone())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Encoding
+
+/// A compressor that keeps its zstd context between records (one per worker thread).
+pub struct Encoder {
+    codec: Codec,
+    zstd: Option<zstd::bulk::Compressor<'static>>,
+    scratch: Vec<u8>,
+}
+
+impl Encoder {
+    /// An encoder for `codec` at zstd `level` (ignored by `none`).
+    pub fn new(codec: Codec, level: i32) -> Result<Encoder> {
+        let zstd = match codec {
+            Codec::None => None,
+            _ => {
+                check_level(level)?;
+                let mut c = zstd::bulk::Compressor::new(level).map_err(|e| codec_err(codec, e))?;
+                c.include_contentsize(true).map_err(|e| codec_err(codec, e))?;
+                c.include_checksum(false).map_err(|e| codec_err(codec, e))?;
+                Some(c)
+            }
+        };
+        Ok(Encoder { codec, zstd, scratch: Vec::new() })
+    }
+
+    /// The codec.
+    pub fn codec(&self) -> Codec {
+        self.codec
+    }
+
+    /// Encodes a blob given as pieces (its header, then each tensor's bytes): returns the stored
+    /// payload. For `none` this concatenates; callers that can write the pieces directly should
+    /// do so instead. `two_byte` lists, for each piece, whether it is a 2-byte tensor (the header
+    /// piece is `false`).
+    pub fn encode(&mut self, pieces: &[&[u8]], two_byte: &[bool]) -> Result<Vec<u8>> {
+        let total: usize = pieces.iter().map(|p| p.len()).sum();
+        self.scratch.clear();
+        self.scratch.reserve(total);
+        match self.codec {
+            Codec::None | Codec::Zstd => {
+                for p in pieces {
+                    self.scratch.extend_from_slice(p);
+                }
+            }
+            Codec::Bp16Zstd => {
+                for (p, &split) in pieces.iter().zip(two_byte) {
+                    let start = self.scratch.len();
+                    if split {
+                        self.scratch.resize(start + p.len(), 0);
+                        split_planes(p, &mut self.scratch[start..]);
+                    } else {
+                        self.scratch.extend_from_slice(p);
+                    }
+                }
+            }
+        }
+        match (&mut self.zstd, self.codec) {
+            (None, _) => Ok(std::mem::take(&mut self.scratch)),
+            (Some(z), codec) => {
+                let bound = zstd::zstd_safe::compress_bound(total);
+                let mut out = Vec::with_capacity(bound);
+                z.compress_to_buffer(&self.scratch, &mut out).map_err(|e| codec_err(codec, e))?;
+                Ok(out)
+            }
+        }
+    }
+}
+
+fn codec_err(codec: Codec, e: impl std::fmt::Display) -> Error {
+    Error::Codec { codec: codec.name(), reason: e.to_string() }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoding
+
+/// Decodes a stored payload into the raw blob of `raw_len` bytes.
+/// `Err(reason)` says why the payload cannot be decoded.
+pub fn decode(codec: Codec, stored: &[u8], raw_len: u64) -> std::result::Result<Vec<u8>, String> {
+    let raw_len = usize::try_from(raw_len).map_err(|_| "raw length too large".to_string())?;
+    let mut out = match codec {
+        Codec::None => stored.to_vec(),
+        Codec::Zstd | Codec::Bp16Zstd => {
+            // The frame's own content size must agree with raw_len, so a corrupt raw_len cannot
+            // make us allocate more than the data claims.
+            match zstd::zstd_safe::get_frame_content_size(stored) {
+                Ok(Some(n)) if n == raw_len as u64 => {}
+                Ok(Some(n)) => return Err(format!("zstd frame holds {n} bytes, frame header says {raw_len}")),
+                _ => return Err("payload is not a zstd frame with a content size".into()),
+            }
+            let mut out = Vec::with_capacity(raw_len);
+            zstd::bulk::Decompressor::new()
+                .and_then(|mut d| d.decompress_to_buffer(stored, &mut out))
+                .map_err(|e| format!("zstd: {e}"))?;
+            out
+        }
+    };
+    crate::format::check_raw_len(out.len(), raw_len as u64)?;
+    if codec == Codec::Bp16Zstd {
+        let header = blob::parse_header(&out)?;
+        for r in two_byte_ranges(&header) {
+            let planes = out[r.clone()].to_vec();
+            join_planes(&planes, &mut out[r]);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::blob::{build_header, TensorSpec};
+    use crate::dtype::Dtype;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn planes_round_trip() {
+        let src: Vec<u8> = (0..64u8).collect();
+        let mut split = vec![0; 64];
+        split_planes(&src, &mut split);
+        assert_eq!(split[0], 1); // high byte of element 0
+        assert_eq!(split[32], 0); // low byte of element 0
+        let mut back = vec![0; 64];
+        join_planes(&split, &mut back);
+        assert_eq!(back, src);
+    }
+
+    #[test]
+    fn every_codec_round_trips() {
+        let specs = vec![
+            TensorSpec { name: "h".into(), dtype: Dtype::BF16, shape: vec![4, 8] },
+            TensorSpec { name: "t".into(), dtype: Dtype::I64, shape: vec![4] },
+        ];
+        let header = build_header(&specs, &BTreeMap::new()).unwrap();
+        let h: Vec<u8> = (0..64).map(|i| (i * 7 % 251) as u8).collect();
+        let t: Vec<u8> = (0..32).map(|i| i as u8).collect();
+        let raw: Vec<u8> = [&header[..], &h, &t].concat();
+        for codec in Codec::ALL {
+            let mut enc = Encoder::new(codec, 3).unwrap();
+            let stored = enc.encode(&[&header, &h, &t], &[false, true, false]).unwrap();
+            assert_eq!(decode(codec, &stored, raw.len() as u64).unwrap(), raw, "{codec}");
+            assert!(decode(codec, &stored, raw.len() as u64 + 1).is_err());
+        }
+    }
+
+    #[test]
+    fn names_and_levels() {
+        for c in Codec::ALL {
+            assert_eq!(Codec::from_name(c.name()).unwrap(), c);
+            assert_eq!(Codec::from_id(c.id()).unwrap(), c);
+        }
+        assert!(Codec::from_name("lz4").is_err());
+        assert!(Codec::from_id(9).is_err());
+        assert!(check_level(3).is_ok());
+        assert!(check_level(99).is_err());
+    }
+}

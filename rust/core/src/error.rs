@@ -1,0 +1,111 @@
+//! The one error type of the core crate.
+//!
+//! Every variant names what went wrong and where (a path, an offset, a key), so that the Python
+//! bindings can map it to a typed exception carrying the same details.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in layertap's core.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The caller gave a value the API does not accept (bad key, dtype, shape, option).
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+
+    /// A key was submitted twice to the same writer.
+    #[error("duplicate key {key:?}: this writer already wrote a record with this key")]
+    DuplicateKey {
+        /// The repeated key.
+        key: String,
+    },
+
+    /// A file is not a layertap shard, or is of an unsupported version.
+    #[error("{path}: not a layertap shard: {reason}")]
+    NotAShard {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// A record failed its checksum or could not be decoded.
+    #[error("{path}: corrupt record at offset {offset}{}: {reason}", key.as_ref().map(|k| format!(" (key {k:?})")).unwrap_or_default())]
+    CorruptRecord {
+        /// The shard holding it.
+        path: PathBuf,
+        /// The offset of its frame.
+        offset: u64,
+        /// Its key, when the frame header could be read.
+        key: Option<String>,
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// The shard's index (footer) is damaged although its trailer looks right.
+    #[error("{path}: corrupt index: {reason}")]
+    CorruptIndex {
+        /// The shard.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// No record with this key or position.
+    #[error("no record {0}")]
+    NotFound(String),
+
+    /// A system call failed on a file.
+    #[error("{path}: {op} failed: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// What was being done (`"open"`, `"write"`, `"fsync"`...).
+        op: &'static str,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// Another process holds the shard's lock (its writer is alive).
+    #[error("{path}: locked by another process (a live writer?); refusing to modify it")]
+    Locked {
+        /// The shard.
+        path: PathBuf,
+    },
+
+    /// The writer was closed, or failed earlier and can take no more work.
+    #[error("writer is closed{}", .0.as_ref().map(|r| format!(": {r}")).unwrap_or_default())]
+    Closed(Option<String>),
+
+    /// A codec failed (compression library error).
+    #[error("codec {codec}: {reason}")]
+    Codec {
+        /// The codec's name.
+        codec: &'static str,
+        /// The library's message.
+        reason: String,
+    },
+}
+
+impl Error {
+    /// Shorthand for an [`Error::Io`] from an `io::Error`.
+    pub fn io(path: impl Into<PathBuf>, op: &'static str, source: std::io::Error) -> Self {
+        Error::Io { path: path.into(), op, source }
+    }
+
+    /// Shorthand for [`Error::InvalidInput`].
+    pub fn invalid(msg: impl Into<String>) -> Self {
+        Error::InvalidInput(msg.into())
+    }
+
+    /// The `errno` of an I/O error, if this is one.
+    pub fn raw_os_error(&self) -> Option<i32> {
+        match self {
+            Error::Io { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+}
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

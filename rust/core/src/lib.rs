@@ -1,0 +1,34 @@
+//! # layertap-core
+//!
+//! The shard format, codecs, writer and reader of layertap, with no Python in them. The Python
+//! bindings (`rust/python`) are a thin layer over this crate.
+//!
+//! - [`format`]: byte layout of shards (file header, frames, index, trailer).
+//! - [`blob`]: the safetensors blob a record decodes to.
+//! - [`codec`]: `none`, `zstd`, `bp16-zstd`.
+//! - [`names`]: keys, writer ids, shard file names.
+//! - [`reader`]: memory-mapped shard reader, scanning of open shards, verification.
+//! - [`recover`]: making a shard whose writer died complete again.
+//! - [`writer`]: the threaded, batching shard writer with io_uring and pwrite backends.
+//!
+//! The format itself is specified in `docs/FORMAT.md`, included below as the [`spec`] module.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
+
+pub mod blob;
+pub mod codec;
+pub mod dtype;
+pub mod error;
+pub mod format;
+pub mod names;
+pub mod reader;
+pub mod recover;
+pub mod writer;
+
+#[doc = include_str!("../../../docs/FORMAT.md")]
+pub mod spec {}
+
+pub use codec::Codec;
+pub use dtype::Dtype;
+pub use error::{Error, Result};

@@ -1,0 +1,1 @@
+//! Reader (to be written).

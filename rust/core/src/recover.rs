@@ -1,0 +1,1 @@
+//! Recovery (to be written).
