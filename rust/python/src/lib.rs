@@ -1,7 +1,17 @@
-//! Python bindings (to be written).
+//! `layertap._native`: Python bindings of `layertap-core`. Only conversions live here; the work
+//! happens in the core, with the GIL released around all compression and I/O.
+
 use pyo3::prelude::*;
 
+#[allow(dead_code)] // used by reader and writer once they land
+mod errors;
+mod reader;
+mod writer;
+
 #[pymodule]
-fn _native(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("FORMAT_VERSION", layertap_core::format::VERSION)?;
+    writer::register(m)?;
+    reader::register(m)?;
     Ok(())
 }

@@ -1,0 +1,1 @@
+"""Pure-Python reference implementation of the format (writer, reader)."""

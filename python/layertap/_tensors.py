@@ -1,0 +1,183 @@
+"""Conversions between what callers hand the writers (torch tensors, numpy arrays, raw buffers)
+and what the format stores (bytes, a safetensors dtype name, a shape), shared by both writers and
+both readers.
+
+Writers never copy: a tensor becomes a ``memoryview`` over its own memory, and the memoryview
+keeps the tensor alive for as long as the writer holds it.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from layertap.errors import InvalidInputError
+
+if sys.byteorder != "little":  # pragma: no cover - the format is little-endian
+    raise ImportError("layertap supports little-endian machines only")
+
+#: safetensors dtype name -> torch dtype.
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "BOOL": torch.bool,
+    "U8": torch.uint8,
+    "I8": torch.int8,
+    "U16": torch.uint16,
+    "I16": torch.int16,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "U32": torch.uint32,
+    "I32": torch.int32,
+    "F32": torch.float32,
+    "U64": torch.uint64,
+    "I64": torch.int64,
+    "F64": torch.float64,
+}
+_NAMES_OF_TORCH = {v: k for k, v in TORCH_DTYPES.items()}
+#: Bytes per element of each dtype.
+ITEMSIZE: dict[str, int] = {name: dt.itemsize for name, dt in TORCH_DTYPES.items()}
+_NUMPY_DTYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "U8": np.dtype(np.uint8),
+    "I8": np.dtype(np.int8),
+    "U16": np.dtype("<u2"),
+    "I16": np.dtype("<i2"),
+    "F16": np.dtype("<f2"),
+    "U32": np.dtype("<u4"),
+    "I32": np.dtype("<i4"),
+    "F32": np.dtype("<f4"),
+    "U64": np.dtype("<u8"),
+    "I64": np.dtype("<i8"),
+    "F64": np.dtype("<f8"),
+}
+_NAMES_OF_NUMPY = {v: k for k, v in _NUMPY_DTYPES.items()}
+
+
+def dtype_name(dtype: Any) -> str:
+    """The safetensors name of a torch dtype, numpy dtype or name (``"BF16"``, ``"bfloat16"``)."""
+    if isinstance(dtype, torch.dtype):
+        if dtype in _NAMES_OF_TORCH:
+            return _NAMES_OF_TORCH[dtype]
+    elif isinstance(dtype, str):
+        if dtype in TORCH_DTYPES:
+            return dtype
+        as_torch = getattr(torch, dtype, None)
+        if isinstance(as_torch, torch.dtype) and as_torch in _NAMES_OF_TORCH:
+            return _NAMES_OF_TORCH[as_torch]
+    else:
+        try:
+            np_dtype = np.dtype(dtype)
+        except TypeError:
+            np_dtype = None
+        if np_dtype is not None and np_dtype.newbyteorder("<") in _NAMES_OF_NUMPY:
+            if np_dtype.byteorder == ">":
+                raise InvalidInputError(f"dtype {dtype!r} is big-endian; the format is little-endian")
+            return _NAMES_OF_NUMPY[np_dtype.newbyteorder("<")]
+    raise InvalidInputError(f"unknown or unsupported dtype {dtype!r}; supported: {', '.join(TORCH_DTYPES)}")
+
+
+def _from_torch(name: str, t: torch.Tensor) -> tuple[memoryview, str, tuple[int, ...]]:
+    if t.device.type != "cpu":
+        raise InvalidInputError(f"tensor {name!r} is on {t.device}; copy it to the CPU first")
+    if not t.is_contiguous():
+        raise InvalidInputError(f"tensor {name!r} is not contiguous; call .contiguous() first")
+    dtype = dtype_name(t.dtype)
+    shape = tuple(t.shape)
+    # A uint8 view of the tensor's own memory; numpy keeps a reference to the tensor.
+    flat = t.detach().reshape(-1).view(torch.uint8).numpy()
+    return memoryview(flat), dtype, shape
+
+
+def _from_numpy(name: str, a: np.ndarray) -> tuple[memoryview, str, tuple[int, ...]]:
+    if not a.flags.c_contiguous:
+        raise InvalidInputError(f"array {name!r} is not C-contiguous; use numpy.ascontiguousarray")
+    return memoryview(a.reshape(-1).view(np.uint8)), dtype_name(a.dtype), tuple(a.shape)
+
+
+def _from_buffer(name: str, spec: tuple) -> tuple[memoryview, str, tuple[int, ...]]:
+    if len(spec) != 3:
+        raise InvalidInputError(f"tensor {name!r}: expected (buffer, dtype, shape), got {len(spec)} items")
+    buffer, dtype, shape = spec
+    try:
+        view = memoryview(buffer)
+    except TypeError:
+        raise InvalidInputError(
+            f"tensor {name!r}: {type(buffer).__name__} does not support the buffer protocol"
+        ) from None
+    if not view.c_contiguous:
+        raise InvalidInputError(f"tensor {name!r}: buffer is not C-contiguous")
+    view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+    try:
+        shape = tuple(int(d) for d in shape)
+    except (TypeError, ValueError):
+        raise InvalidInputError(f"tensor {name!r}: shape {shape!r} is not a sequence of integers") from None
+    if any(d < 0 for d in shape):
+        raise InvalidInputError(f"tensor {name!r}: shape {shape} has a negative dimension")
+    dtype = dtype_name(dtype)
+    want = math.prod(shape) * ITEMSIZE[dtype]
+    if view.nbytes != want:
+        raise InvalidInputError(
+            f"tensor {name!r}: buffer holds {view.nbytes} bytes but {dtype} {list(shape)} needs {want}"
+        )
+    return view, dtype, shape
+
+
+def normalize(tensors: Mapping[str, Any]) -> tuple[list[tuple[str, memoryview, str, tuple[int, ...]]], int]:
+    """Turns a writer's ``tensors`` argument into ``[(name, bytes view, dtype, shape)]`` in the
+    given order, and the record's token count (the length of ``token_ids``, else 0)."""
+    if not isinstance(tensors, Mapping):
+        raise InvalidInputError(f"tensors must be a mapping of name to tensor, not {type(tensors).__name__}")
+    if not tensors:
+        raise InvalidInputError("a record needs at least one tensor")
+    out = []
+    for name, value in tensors.items():
+        if not isinstance(name, str) or not name or name == "__metadata__":
+            raise InvalidInputError(f"tensor name {name!r} is not allowed")
+        if isinstance(value, torch.Tensor):
+            view, dtype, shape = _from_torch(name, value)
+        elif isinstance(value, np.ndarray):
+            view, dtype, shape = _from_numpy(name, value)
+        elif isinstance(value, tuple):
+            view, dtype, shape = _from_buffer(name, value)
+        else:
+            raise InvalidInputError(
+                f"tensor {name!r}: expected a torch.Tensor, numpy.ndarray or (buffer, dtype, shape), "
+                f"got {type(value).__name__}"
+            )
+        if view.nbytes == 0:
+            raise InvalidInputError(f"tensor {name!r} is empty (shape {list(shape)}); records hold no empty tensors")
+        out.append((name, view, dtype, shape))
+    num_tokens = 0
+    for name, view, dtype, shape in out:
+        if name == "token_ids" and shape:
+            num_tokens = shape[0]
+    if num_tokens >= 1 << 32:
+        raise InvalidInputError(f"token_ids has {num_tokens} tokens; at most 2**32 - 1 fit a record")
+    return out, num_tokens
+
+
+def check_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
+    """Checks a record's caller-given metadata: a mapping of strings, without the reserved ``key``."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping):
+        raise InvalidInputError(f"metadata must be a mapping of str to str, not {type(metadata).__name__}")
+    for k, v in metadata.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise InvalidInputError(f"metadata entry {k!r}: {v!r}: keys and values must be str")
+        if k == "key":
+            raise InvalidInputError("metadata may not set 'key'; it is the record key")
+    return dict(metadata)
+
+
+def to_torch(buffer: Any, dtype: str, shape: tuple[int, ...] | list[int]) -> torch.Tensor:
+    """A tensor over ``buffer`` (no copy when it is writable, else one copy)."""
+    view = memoryview(buffer)
+    if view.readonly:
+        view = memoryview(bytearray(view))
+    flat = torch.frombuffer(view, dtype=TORCH_DTYPES[dtype])
+    return flat.reshape(tuple(shape))

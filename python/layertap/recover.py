@@ -1,0 +1,5 @@
+"""Placeholder: recovery bindings are being written."""
+
+
+def recover(path):
+    raise NotImplementedError

@@ -1,0 +1,5 @@
+"""Placeholder: the Rust writer wrapper is being written."""
+
+
+class ShardWriter:
+    pass

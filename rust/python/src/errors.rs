@@ -1,0 +1,59 @@
+//! Maps the core's [`Error`] to the exception classes of `layertap.errors`, with their details
+//! as attributes. The classes are defined in Python so that the pure-Python implementation
+//! raises the very same ones.
+
+use layertap_core::Error;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyType;
+
+static ERRORS_MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+
+fn class<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyType>> {
+    let module = ERRORS_MODULE.get_or_try_init(py, || -> PyResult<_> {
+        Ok(py.import("layertap.errors")?.unbind())
+    })?;
+    Ok(module.bind(py).getattr(name)?.cast_into::<PyType>()?)
+}
+
+fn build(py: Python<'_>, e: Error) -> PyResult<PyErr> {
+    let msg = e.to_string();
+    let exc = match &e {
+        Error::InvalidInput(_) => class(py, "InvalidInputError")?.call1((msg,))?,
+        Error::DuplicateKey { key } => class(py, "DuplicateKeyError")?.call1((msg, key))?,
+        Error::NotAShard { path, .. } | Error::CorruptIndex { path, .. } => {
+            class(py, "FormatError")?.call1((msg, path.display().to_string()))?
+        }
+        Error::CorruptRecord { path, offset, key, .. } => class(py, "CorruptRecordError")?
+            .call1((msg, path.display().to_string(), *offset, key.clone()))?,
+        Error::NotFound(_) => class(py, "RecordNotFoundError")?.call1((msg,))?,
+        Error::Io { path, source, .. } => class(py, "WriterIOError")?.call1((
+            source.raw_os_error(),
+            msg,
+            path.display().to_string(),
+        ))?,
+        Error::Locked { path } => {
+            class(py, "ShardLockedError")?.call1((msg, path.display().to_string()))?
+        }
+        Error::Closed(_) => class(py, "WriterClosedError")?.call1((msg,))?,
+        Error::Codec { .. } => class(py, "LayertapError")?.call1((msg,))?,
+    };
+    Ok(PyErr::from_value(exc))
+}
+
+/// Converts a core error into the matching Python exception.
+pub fn to_py(e: Error) -> PyErr {
+    Python::attach(|py| build(py, e).unwrap_or_else(|import_failed| import_failed))
+}
+
+/// `.map_err(to_py)` as a trait, for `?` on core results.
+pub trait IntoPyResult<T> {
+    /// Maps the error to its Python exception.
+    fn py_err(self) -> PyResult<T>;
+}
+
+impl<T> IntoPyResult<T> for layertap_core::Result<T> {
+    fn py_err(self) -> PyResult<T> {
+        self.map_err(to_py)
+    }
+}
