@@ -14,32 +14,34 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import torch
 
 from layertap.errors import InvalidInputError
 
 if sys.byteorder != "little":  # pragma: no cover - the format is little-endian
     raise ImportError("layertap supports little-endian machines only")
 
-#: safetensors dtype name -> torch dtype.
-TORCH_DTYPES: dict[str, torch.dtype] = {
-    "BOOL": torch.bool,
-    "U8": torch.uint8,
-    "I8": torch.int8,
-    "U16": torch.uint16,
-    "I16": torch.int16,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "U32": torch.uint32,
-    "I32": torch.int32,
-    "F32": torch.float32,
-    "U64": torch.uint64,
-    "I64": torch.int64,
-    "F64": torch.float64,
+# torch is imported only when a torch tensor or dtype is met (or TORCH_DTYPES is asked for), so
+# that importing layertap (the readers, the command line) does not pay torch's seconds of start-up.
+_TORCH_NAMES: dict[str, str] = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "U16": "uint16",
+    "I16": "int16",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "U32": "uint32",
+    "I32": "int32",
+    "F32": "float32",
+    "U64": "uint64",
+    "I64": "int64",
+    "F64": "float64",
 }
-_NAMES_OF_TORCH = {v: k for k, v in TORCH_DTYPES.items()}
 #: Bytes per element of each dtype.
-ITEMSIZE: dict[str, int] = {name: dt.itemsize for name, dt in TORCH_DTYPES.items()}
+ITEMSIZE: dict[str, int] = {
+    "BOOL": 1, "U8": 1, "I8": 1, "U16": 2, "I16": 2, "F16": 2, "BF16": 2,
+    "U32": 4, "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8,
+}
 _NUMPY_DTYPES: dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_),
     "U8": np.dtype(np.uint8),
@@ -55,19 +57,48 @@ _NUMPY_DTYPES: dict[str, np.dtype] = {
     "F64": np.dtype("<f8"),
 }
 _NAMES_OF_NUMPY = {v: k for k, v in _NUMPY_DTYPES.items()}
+_torch_maps: tuple[dict, dict] | None = None
+
+
+def _torch_dtypes() -> tuple[dict, dict]:
+    """``(safetensors name -> torch dtype, torch dtype -> name)``; imports torch."""
+    global _torch_maps
+    if _torch_maps is None:
+        import torch
+
+        to_torch_dtype = {name: getattr(torch, t) for name, t in _TORCH_NAMES.items()}
+        _torch_maps = (to_torch_dtype, {v: k for k, v in to_torch_dtype.items()})
+    return _torch_maps
+
+
+def __getattr__(name: str):
+    # TORCH_DTYPES (safetensors dtype name -> torch dtype) is made on first use (PEP 562).
+    if name == "TORCH_DTYPES":
+        return _torch_dtypes()[0]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _loaded_torch():
+    """The torch module if something imported it already, else None (then no value is a tensor)."""
+    return sys.modules.get("torch")
 
 
 def dtype_name(dtype: Any) -> str:
     """The safetensors name of a torch dtype, numpy dtype or name (``"BF16"``, ``"bfloat16"``)."""
-    if isinstance(dtype, torch.dtype):
-        if dtype in _NAMES_OF_TORCH:
-            return _NAMES_OF_TORCH[dtype]
+    torch = _loaded_torch()
+    if torch is not None and isinstance(dtype, torch.dtype):
+        names = _torch_dtypes()[1]
+        if dtype in names:
+            return names[dtype]
     elif isinstance(dtype, str):
-        if dtype in TORCH_DTYPES:
+        if dtype in ITEMSIZE:
             return dtype
+        import torch
+
         as_torch = getattr(torch, dtype, None)
-        if isinstance(as_torch, torch.dtype) and as_torch in _NAMES_OF_TORCH:
-            return _NAMES_OF_TORCH[as_torch]
+        names = _torch_dtypes()[1]
+        if isinstance(as_torch, torch.dtype) and as_torch in names:
+            return names[as_torch]
     else:
         try:
             np_dtype = np.dtype(dtype)
@@ -77,10 +108,12 @@ def dtype_name(dtype: Any) -> str:
             if np_dtype.byteorder == ">":
                 raise InvalidInputError(f"dtype {dtype!r} is big-endian; the format is little-endian")
             return _NAMES_OF_NUMPY[np_dtype.newbyteorder("<")]
-    raise InvalidInputError(f"unknown or unsupported dtype {dtype!r}; supported: {', '.join(TORCH_DTYPES)}")
+    raise InvalidInputError(f"unknown or unsupported dtype {dtype!r}; supported: {', '.join(ITEMSIZE)}")
 
 
-def _from_torch(name: str, t: torch.Tensor) -> tuple[memoryview, str, tuple[int, ...]]:
+def _from_torch(name: str, t) -> tuple[memoryview, str, tuple[int, ...]]:
+    import torch  # loaded already: t is a tensor
+
     if t.device.type != "cpu":
         raise InvalidInputError(f"tensor {name!r} is on {t.device}; copy it to the CPU first")
     if not t.is_contiguous():
@@ -137,7 +170,8 @@ def normalize(tensors: Mapping[str, Any]) -> tuple[list[tuple[str, memoryview, s
     for name, value in tensors.items():
         if not isinstance(name, str) or not name or name == "__metadata__":
             raise InvalidInputError(f"tensor name {name!r} is not allowed")
-        if isinstance(value, torch.Tensor):
+        torch = _loaded_torch()
+        if torch is not None and isinstance(value, torch.Tensor):
             view, dtype, shape = _from_torch(name, value)
         elif isinstance(value, np.ndarray):
             view, dtype, shape = _from_numpy(name, value)
@@ -174,10 +208,14 @@ def check_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
     return dict(metadata)
 
 
-def to_torch(buffer: Any, dtype: str, shape: tuple[int, ...] | list[int]) -> torch.Tensor:
-    """A tensor over ``buffer`` (no copy when it is writable, else one copy)."""
+def to_torch(buffer: Any, dtype: str, shape: tuple[int, ...] | list[int]):
+    """A ``torch.Tensor`` over ``buffer`` (no copy when it is writable, else one copy)."""
+    import torch
+
     view = memoryview(buffer)
+    if view.nbytes == 0:  # torch.frombuffer refuses empty buffers; other writers' files may hold them
+        return torch.empty(tuple(shape), dtype=_torch_dtypes()[0][dtype])
     if view.readonly:
         view = memoryview(bytearray(view))
-    flat = torch.frombuffer(view, dtype=TORCH_DTYPES[dtype])
+    flat = torch.frombuffer(view, dtype=_torch_dtypes()[0][dtype])
     return flat.reshape(tuple(shape))

@@ -61,6 +61,8 @@ class ShardInfo:
     torn_tail_bytes: int
     codecs: dict[str, int] = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
+    being_written: bool = False
+    """Another process held the shard's lock (a live writer) when the dataset was opened."""
 
 
 @dataclass

@@ -1,13 +1,369 @@
-"""Placeholder: the reader is being written."""
+"""Reading datasets: ``layertap.open`` returns a ``Dataset`` of ``Record``s (docs/API.md,
+"Reading").
+
+A dataset is a list of shards, each read by a *shard backend*: ``RustShardReader`` (memory-mapped,
+``layertap._rust_reader``) or ``PyShardReader`` (pure Python, ``layertap._py.reader``). Both
+follow this protocol::
+
+    class ShardBackend(Protocol):
+        path: str
+        complete: bool
+        meta: dict                  # the shard metadata JSON object
+        file_bytes: int
+        torn_tail_bytes: int
+        being_written: bool         # another process holds the shard's flock
+        scan_problems: list[Problem]
+        entries: list[IndexEntry]   # records in file order
+        def read(self, i: int, verify: bool = True) -> tuple[dict[str, str], list[tuple[str, str, tuple[int, ...], object]]]: ...
+        def check(self, i: int) -> None: ...
+        def close(self) -> None: ...
+"""
+
+from __future__ import annotations
+
+import bisect
+import errno
+import json
+import operator
+import os
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+from layertap._py.format import SHARD_SUFFIX
+from layertap._py.reader import PyShardReader, is_locked
+from layertap._types import IndexEntry, Problem, ShardInfo, VerifyReport
+from layertap.errors import FormatError, InvalidInputError, RecordNotFoundError
+
+_BACKENDS = ("auto", "rust", "python")
 
 
-class Dataset:
-    pass
+def _rust_backend():
+    """``RustShardReader``, or the ImportError saying why it is not available."""
+    try:
+        from layertap._rust_reader import RustShardReader
+    except ImportError as e:
+        return e
+    return RustShardReader
+
+
+def _backend_class(backend: str):
+    if backend not in _BACKENDS:
+        raise InvalidInputError(f"backend must be one of {', '.join(_BACKENDS)}, not {backend!r}")
+    if backend == "python":
+        return PyShardReader
+    rust = _rust_backend()
+    if isinstance(rust, ImportError):
+        if backend == "rust":
+            raise ImportError(f"backend 'rust' is not available: the native extension is not built ({rust})")
+        return PyShardReader
+    return rust
 
 
 class Record:
-    pass
+    """One record: its tensors (``torch.Tensor``, in stored order), metadata and place."""
+
+    __slots__ = ("key", "tensors", "metadata", "shard", "offset", "num_tokens")
+
+    def __init__(self, key: str, tensors: dict, metadata: dict[str, str], shard: str, offset: int, num_tokens: int):
+        self.key = key
+        self.tensors = tensors
+        self.metadata = metadata
+        self.shard = shard
+        """Path of the shard file."""
+        self.offset = offset
+        """Offset of the record's frame in the shard."""
+        self.num_tokens = num_tokens
+
+    @property
+    def hidden_states(self):
+        """The ``hidden_states`` tensor ``[tokens, layers, hidden]``, or None."""
+        return self.tensors.get("hidden_states")
+
+    @property
+    def token_ids(self):
+        """The ``token_ids`` tensor ``[tokens]``, or None."""
+        return self.tensors.get("token_ids")
+
+    @property
+    def layer_ids(self) -> list[int] | None:
+        """The layer ids of ``hidden_states``' second axis (metadata ``layer_ids``), or None."""
+        text = self.metadata.get("layer_ids")
+        if text is None:
+            return None
+        try:
+            ids = json.loads(text)
+        except ValueError:
+            raise FormatError(f"{self.shard}: record {self.key!r} has layer_ids {text!r}, not a JSON list") from None
+        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+            raise FormatError(f"{self.shard}: record {self.key!r} has layer_ids {text!r}, not a list of integers")
+        return ids
+
+    def __getitem__(self, name: str):
+        return self.tensors[name]
+
+    def __repr__(self) -> str:
+        parts = ", ".join(
+            f"{name}: {str(t.dtype).removeprefix('torch.')}{list(t.shape)}" for name, t in self.tensors.items()
+        )
+        shard = os.path.basename(self.shard)
+        return f"Record(key={self.key!r}, shard={shard!r}, offset={self.offset}, tokens={self.num_tokens}, tensors={{{parts}}})"
 
 
-def open(path, backend="auto"):  # noqa: A001
-    raise NotImplementedError
+class _WrittenNoHeader:
+    """A shard whose header is not written yet, held by a live writer: no records so far."""
+
+    complete = False
+    scan_problems: list[Problem] = []
+    entries: list[IndexEntry] = []
+    being_written = True
+
+    def __init__(self, path: str):
+        self.path = path
+        self.meta: dict = {}
+        self.file_bytes = os.path.getsize(path)
+        self.torn_tail_bytes = self.file_bytes
+
+    def read(self, i: int, verify: bool = True):
+        raise IndexError(i)
+
+    def check(self, i: int) -> None:
+        raise IndexError(i)
+
+    def close(self) -> None:
+        pass
+
+
+def _shard_paths(directory: str) -> list[str]:
+    names = []
+    with os.scandir(directory) as it:
+        for entry in it:
+            if entry.name.endswith(SHARD_SUFFIX) and entry.is_file():
+                names.append(entry.name)
+    names.sort(key=os.fsencode)  # byte-wise order of the file names
+    return [os.path.join(directory, n) for n in names]
+
+
+class Dataset:
+    """The records of one shard or of every shard of a dataset directory, in dataset order
+    (shards by file name, records in file order). Use ``layertap.open`` to make one."""
+
+    def __init__(self, path: str, shards: list, unreadable: list[Problem] | None = None):
+        self.path = path
+        self._shards = shards
+        self._unreadable = unreadable or []
+        self._starts = [0]
+        for s in shards:
+            self._starts.append(self._starts[-1] + len(s.entries))
+        self._first: dict[str, int] = {}
+        for pos, (_, e) in enumerate(self._entries()):
+            self._first.setdefault(e.key, pos)
+
+    def _entries(self) -> Iterator[tuple[Any, IndexEntry]]:
+        for s in self._shards:
+            for e in s.entries:
+                yield s, e
+
+    def _locate(self, pos: int) -> tuple[Any, int]:
+        k = bisect.bisect_right(self._starts, pos) - 1
+        return self._shards[k], pos - self._starts[k]
+
+    def _record(self, pos: int) -> Record:
+        shard, i = self._locate(pos)
+        e = shard.entries[i]
+        metadata, tensors = shard.read(i)
+        from layertap._tensors import to_torch  # torch is imported on the first record read
+
+        return Record(
+            e.key,
+            {name: to_torch(buf, dtype, shape) for name, dtype, shape, buf in tensors},
+            metadata,
+            shard.path,
+            e.frame_offset,
+            e.num_tokens,
+        )
+
+    # -- lookup -------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    def keys(self) -> list[str]:
+        """Every record's key, in dataset order."""
+        return [e.key for _, e in self._entries()]
+
+    def __getitem__(self, item: int | str) -> Record:
+        """A record by position (negative counts from the end) or by key (the first record with
+        it in dataset order)."""
+        if isinstance(item, str):
+            pos = self._first.get(item)
+            if pos is None:
+                raise RecordNotFoundError(f"no record with key {item!r} in {self.path}")
+            return self._record(pos)
+        try:
+            pos = operator.index(item)
+        except TypeError:
+            raise TypeError(f"records are looked up by int position or str key, not {type(item).__name__}") from None
+        n = len(self)
+        if not -n <= pos < n:
+            raise IndexError(f"record position {pos} is out of range for a dataset of {n} records")
+        return self._record(pos % n)
+
+    def get(self, key: str, default=None) -> Record | Any:
+        """The record with ``key``, or ``default``."""
+        pos = self._first.get(key)
+        return default if pos is None else self._record(pos)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._first
+
+    def __iter__(self) -> Iterator[Record]:
+        for pos in range(len(self)):
+            yield self._record(pos)
+
+    # -- summaries ----------------------------------------------------------------------------
+
+    @property
+    def shards(self) -> list[ShardInfo]:
+        """One ``ShardInfo`` per shard, from the indexes (no payload is read)."""
+        return [
+            ShardInfo(
+                path=s.path,
+                complete=s.complete,
+                records=len(s.entries),
+                tokens=sum(e.num_tokens for e in s.entries),
+                raw_bytes=sum(e.raw_len for e in s.entries),
+                stored_bytes=sum(e.stored_len for e in s.entries),
+                file_bytes=s.file_bytes,
+                torn_tail_bytes=s.torn_tail_bytes,
+                codecs=dict(Counter(e.codec for e in s.entries)),
+                meta=s.meta,
+                being_written=s.being_written,
+            )
+            for s in self._shards
+        ]
+
+    @property
+    def unreadable(self) -> list[Problem]:
+        """``.lts`` files of the directory that are not shards (kind ``not_a_shard``); verify
+        reports them."""
+        return list(self._unreadable)
+
+    @property
+    def backends(self) -> list:
+        """The shard backends (``RustShardReader`` or ``PyShardReader``), one per shard."""
+        return list(self._shards)
+
+    def verify(self, progress: bool = False) -> VerifyReport:
+        """Checks every record (frame header against the index, checksum, decoding, metadata
+        key) and reports, besides corrupt records, what opening the shards found (damaged
+        regions, torn tails, bad indexes, files that are not shards) and duplicate keys. A torn
+        tail of a shard that a live writer holds is not a problem."""
+        report = VerifyReport()
+        report.problems += self._unreadable
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(self), unit="rec", desc="verify", file=sys.stderr, dynamic_ncols=True)
+        try:
+            for s in self._shards:
+                for p in s.scan_problems:
+                    if p.kind == "torn_tail" and s.being_written:
+                        continue
+                    report.problems.append(p)
+                    if p.kind == "corrupt_record":
+                        report.records_bad += 1
+                for i, e in enumerate(s.entries):
+                    try:
+                        s.check(i)
+                    except FormatError as err:
+                        report.records_bad += 1
+                        report.problems.append(Problem(s.path, e.frame_offset, e.key, "corrupt_record", _reason(err, s.path)))
+                    else:
+                        report.records_ok += 1
+                    if bar is not None:
+                        bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
+        report.problems += self._duplicates()
+        return report
+
+    def _duplicates(self) -> list[Problem]:
+        first: dict[str, tuple[str, int]] = {}
+        out = []
+        for s, e in self._entries():
+            if e.key in first:
+                where = first[e.key]
+                out.append(Problem(
+                    s.path, e.frame_offset, e.key, "duplicate_key",
+                    f"key {e.key!r} was already used by the record at offset {where[1]} of {where[0]}",
+                ))
+            else:
+                first[e.key] = (s.path, e.frame_offset)
+        return out
+
+    # -- lifetime -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Closes every shard."""
+        for s in self._shards:
+            s.close()
+
+    def __enter__(self) -> Dataset:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Dataset({self.path!r}, {len(self._shards)} shards, {len(self)} records)"
+
+
+def _reason(err: Exception, path: str) -> str:
+    """An error's message without what the Problem it goes into names anyway: the shard path
+    and, for a corrupt record, its offset and key."""
+    text = str(err)
+    offset, key = getattr(err, "offset", None), getattr(err, "key", None)
+    if key is not None:
+        prefix = f"{path}: corrupt record at offset {offset} (key {json.dumps(key, ensure_ascii=False)}): "
+        if text.startswith(prefix):
+            return text[len(prefix) :]
+    return text[len(path) + 2 :] if text.startswith(path + ": ") else text
+
+
+def open(path: str | os.PathLike, backend: str = "auto") -> Dataset:  # noqa: A001 - the API's name
+    """Opens a shard file or a dataset directory (its ``*.lts`` files, by file name).
+
+    ``backend``: ``"rust"`` (memory-mapped), ``"python"`` (reference implementation) or
+    ``"auto"`` (Rust when the native extension is built). Raises FileNotFoundError for a missing
+    path, FormatError for a file that is not a shard or a directory without shards."""
+    cls = _backend_class(backend)
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        if not os.path.exists(path):
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+        return Dataset(path, [cls(path)])
+    paths = _shard_paths(path)
+    if not paths:
+        raise FormatError(f"{path}: no shards (*{SHARD_SUFFIX} files) in this directory", path)
+    shards, unreadable = [], []
+    try:
+        for p in paths:
+            try:
+                shards.append(cls(p))
+            except FormatError as e:
+                if is_locked(p):  # a live writer has not finished the header yet
+                    shards.append(_WrittenNoHeader(p))
+                else:
+                    unreadable.append(Problem(p, None, None, "not_a_shard", _reason(e, p)))
+    except BaseException:
+        for s in shards:
+            s.close()
+        raise
+    return Dataset(path, shards, unreadable)
+
+
+__all__ = ["Dataset", "Record", "open"]

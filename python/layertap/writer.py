@@ -1,5 +1,177 @@
-"""Placeholder: the Rust writer wrapper is being written."""
+"""``ShardWriter``: the Rust writer (docs/API.md, "Writers").
+
+A thin layer over ``layertap._native.NativeShardWriter``: it checks options and turns tensors
+into buffers (no copy, see ``layertap._tensors``); the native writer checks each record, queues
+it and returns at once, and its own threads compress, checksum and write, with the GIL
+released.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from layertap._tensors import check_metadata, normalize
+from layertap._types import CODECS, Completion
+from layertap.errors import InvalidInputError, WriterClosedError
+
+_U64 = 1 << 64
+
+
+def _positive(name: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value < _U64:
+        raise InvalidInputError(f"{name} must be a positive integer below 2**64, not {value!r}")
+    return value
+
+
+def _durability(value: object) -> str | int:
+    if value in ("none", "close"):
+        return value  # type: ignore[return-value]
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value < _U64:
+        return value
+    raise InvalidInputError(
+        f"durability must be 'none', 'close' or a positive number of bytes, not {value!r}"
+    )
+
+
+def _native_class():
+    try:
+        from layertap._native import NativeShardWriter
+    except ImportError as e:  # pragma: no cover - depends on how the package was installed
+        raise ImportError(
+            "layertap.ShardWriter needs the compiled extension layertap._native "
+            "(build it with `make build`); layertap.PyShardWriter works without it"
+        ) from e
+    return NativeShardWriter
 
 
 class ShardWriter:
-    pass
+    """Writes records into the shards of a dataset directory, with the Rust core.
+
+    ``submit`` checks a record and queues it without copying its tensors; a pool of threads
+    compresses and checksums records in parallel and one I/O thread writes them, in submission
+    order, through io_uring (or ``pwritev``). See docs/API.md for every option.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        codec: str = "bp16-zstd",
+        level: int = 3,
+        shard_size: int = 1 << 30,
+        durability: str | int = "close",
+        threads: int | None = None,
+        max_inflight_bytes: int = 1 << 30,
+        batch_bytes: int = 8 << 20,
+        writer_id: str | None = None,
+        io: str = "auto",
+        metadata: Mapping[str, str] | None = None,
+    ):
+        if codec not in CODECS:
+            raise InvalidInputError(f"unknown codec {codec!r}; choose one of: {', '.join(CODECS)}")
+        if not isinstance(level, int) or isinstance(level, bool):
+            raise InvalidInputError(f"level must be an integer, not {level!r}")
+        _positive("shard_size", shard_size)
+        durability = _durability(durability)
+        if threads is not None and (_positive("threads", threads) > 256):
+            raise InvalidInputError(f"threads must be 1 to 256, not {threads!r}")
+        _positive("max_inflight_bytes", max_inflight_bytes)
+        _positive("batch_bytes", batch_bytes)
+        if writer_id is not None and not isinstance(writer_id, str):
+            raise InvalidInputError(f"writer_id must be a str, not {type(writer_id).__name__}")
+        if io not in ("auto", "uring", "pwrite"):
+            raise InvalidInputError(f"io must be 'auto', 'uring' or 'pwrite', not {io!r}")
+        if metadata is not None:
+            if not isinstance(metadata, Mapping):
+                raise InvalidInputError(f"metadata must be a mapping of str to str, not {type(metadata).__name__}")
+            for k, v in metadata.items():
+                if not isinstance(k, str) or not isinstance(v, str):
+                    raise InvalidInputError(f"metadata entry {k!r}: {v!r}: keys and values must be str")
+        try:
+            directory = os.fspath(path)
+        except TypeError:
+            raise InvalidInputError(f"path must be a str or os.PathLike, not {type(path).__name__}") from None
+        self._closed = False
+        self._native = _native_class()(
+            directory,
+            codec=codec,
+            level=level,
+            shard_size=shard_size,
+            durability=durability,
+            threads=threads,
+            max_inflight_bytes=max_inflight_bytes,
+            batch_bytes=batch_bytes,
+            writer_id=writer_id,
+            io=io,
+            metadata=dict(metadata) if metadata is not None else None,
+        )
+
+    def submit(self, key: str, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> int:
+        """Queues one record and returns its sequence number (0, 1, 2...).
+
+        ``tensors`` maps names to CPU ``torch.Tensor``s, ``numpy.ndarray``s (C-contiguous) or
+        ``(buffer, dtype, shape)`` tuples, in the order they are stored. They are **not copied**:
+        do not modify them until ``poll()`` reports the record (or ``flush()`` returns). Waits,
+        with the GIL released, while ``max_inflight_bytes`` are in flight. Raises
+        ``InvalidInputError`` (or ``DuplicateKeyError``) before anything is queued.
+        """
+        if self._closed:
+            raise WriterClosedError("writer is closed")
+        if not isinstance(key, str):
+            raise InvalidInputError(f"record key must be a str, not {type(key).__name__}")
+        parts, num_tokens = normalize(tensors)
+        meta = check_metadata(metadata)
+        native_parts = [(name, view, dtype, list(shape)) for name, view, dtype, shape in parts]
+        return self._native.submit(key, native_parts, meta, num_tokens)
+
+    def poll(self) -> list[Completion]:
+        """The records written since the last call, in sequence order."""
+        return [Completion(*c) for c in self._native.poll()]
+
+    def flush(self) -> None:
+        """Waits until every submitted record is written (and fsynced, unless durability is
+        ``"none"``)."""
+        self._native.flush()
+
+    def close(self) -> None:
+        """Writes everything, completes each open shard (index and trailer), fsyncs per the
+        policy and releases the shard locks. Idempotent."""
+        self._closed = True
+        self._native.close()
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def stats(self) -> dict:
+        """Counters: ``records_submitted``, ``records_written``, ``bytes_in``, ``bytes_stored``,
+        ``ratio``, ``queue_depth``, ``inflight_bytes``, ``blocked_seconds``, ``shards_closed``,
+        ``backend``."""
+        return self._native.stats
+
+    @property
+    def backend(self) -> str:
+        """``"io_uring"`` or ``"pwrite"``."""
+        return self._native.backend
+
+    @property
+    def writer_id(self) -> str:
+        """The writer id in this writer's shard names."""
+        return self._native.writer_id
+
+    @property
+    def path(self) -> str:
+        """The dataset directory."""
+        return self._native.path
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"ShardWriter({self.path!r}, writer_id={self.writer_id!r}, backend={self.backend!r}, {state})"
+
+
+__all__ = ["ShardWriter"]

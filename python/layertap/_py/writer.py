@@ -1,5 +1,499 @@
-"""Placeholder: the pure-Python writer is being written."""
+"""``PyShardWriter``: the pure-Python reference writer (docs/API.md, "Writers").
+
+The caller's thread only checks input and queues; one background thread encodes (zstandard and
+numpy release the GIL) and writes, records in submission order. The queue is bounded by
+``max_inflight_bytes`` of raw bytes: ``submit`` waits past it.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import secrets
+import threading
+import time
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+from layertap._py import codecs
+from layertap._py.blob import build_header
+from layertap._py.dtypes import TWO_BYTE
+from layertap._py.format import (
+    KIND_RECORD,
+    MAX_META_LEN,
+    FrameHeader,
+    RawEntry,
+    align8,
+    crc32c,
+    encode_frame_header,
+    key_problem,
+    parse_shard_index,
+    shard_file_name,
+    writer_id_problem,
+)
+from layertap._py.shardfile import ShardFile, io_error
+from layertap._py.version import package_version
+from layertap._types import Completion
+from layertap.errors import (
+    DuplicateKeyError,
+    InvalidInputError,
+    LayertapError,
+    WriterClosedError,
+    WriterIOError,
+)
 
 
-class PyShardWriter:  # replaced by the real implementation
-    pass
+def _positive_int(name: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise InvalidInputError(f"{name} must be a positive integer, not {value!r}")
+    return value
+
+
+def _check_durability(durability: object) -> int | str:
+    if durability in ("none", "close"):
+        return durability  # type: ignore[return-value]
+    if isinstance(durability, int) and not isinstance(durability, bool) and durability > 0:
+        return durability
+    raise InvalidInputError(f"durability must be 'none', 'close' or a positive number of bytes, not {durability!r}")
+
+
+def _check_utf8(what: str, *texts: str) -> None:
+    for t in texts:
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidInputError(f"{what} {t!r} is not valid UTF-8 (it holds a lone surrogate)") from None
+
+
+class _Job:
+    """One queued record; holds the caller's buffers until it is written."""
+
+    __slots__ = ("seq", "key", "header", "tensors", "num_tokens", "raw_len")
+
+    def __init__(self, seq, key, header, tensors, num_tokens, raw_len):
+        self.seq = seq
+        self.key = key
+        self.header = header
+        self.tensors = tensors
+        self.num_tokens = num_tokens
+        self.raw_len = raw_len
+
+
+class _Sync:
+    """A flush request in the queue: write everything before it, fsync, then tick."""
+
+    __slots__ = ("ticket",)
+
+    def __init__(self, ticket: int):
+        self.ticket = ticket
+
+
+class _State:
+    """Everything the caller's thread and the background thread share, under ``cond``.
+
+    Kept apart from ``PyShardWriter`` so that the thread does not keep the writer alive: a
+    writer that is dropped without ``close()`` is closed by its finalizer."""
+
+    def __init__(self, directory, writer_id, codec, level, shard_size, durability, batch_bytes, user_meta, first_index):
+        self.cond = threading.Condition()
+        self.queue: collections.deque = collections.deque()
+        self.completions: list[Completion] = []
+        self.directory = directory
+        self.writer_id = writer_id
+        self.codec = codec
+        self.level = level
+        self.shard_size = shard_size
+        self.durability = durability
+        self.batch_bytes = batch_bytes
+        self.user_meta = user_meta
+        self.next_index = first_index
+        self.shard: ShardFile | None = None
+        self.identity = None  # the writer's _shard_identity, bound by PyShardWriter
+        self.software = ""
+        # Counters (under cond).
+        self.inflight_bytes = 0
+        self.queue_depth = 0
+        self.records_written = 0
+        self.bytes_in = 0
+        self.bytes_stored = 0
+        self.shards_closed = 0
+        self.synced_ticket = 0
+        self.closing = False
+        self.done = False
+        self.error: LayertapError | None = None
+        self.thread: threading.Thread | None = None
+
+    # -- shards (background thread, or the constructor for the first one) -------------------
+
+    def open_shard(self) -> None:
+        index = self.next_index
+        name = shard_file_name(self.writer_id, index)
+        shard_id, created_ms = self.identity(index)
+        meta = {
+            "writer_id": self.writer_id,
+            "shard_index": index,
+            "created_unix_ms": created_ms,
+            "writer": self.software,
+            "user": self.user_meta,
+        }
+        self.shard = ShardFile(os.path.join(self.directory, name), shard_id, meta, self.durability != "none")
+        self.next_index = index + 1
+
+    def close_shard(self) -> None:
+        shard, self.shard = self.shard, None
+        if shard is None:
+            return
+        try:
+            shard.finish(sync=self.durability != "none")
+        finally:
+            shard.release()  # also when writing the footer failed: the lock must go
+        with self.cond:
+            self.shards_closed += 1
+
+    # -- the background thread --------------------------------------------------------------
+
+    def run(self) -> None:
+        try:
+            encoder = codecs.Encoder(self.codec, self.level)
+            while True:
+                with self.cond:
+                    while not self.queue and not self.closing:
+                        self.cond.wait()
+                    if not self.queue:
+                        break
+                    item = self.queue.popleft()
+                if isinstance(item, _Sync):
+                    if self.shard is not None and self.durability != "none":
+                        self.shard.fsync()
+                    with self.cond:
+                        self.synced_ticket = item.ticket
+                        self.cond.notify_all()
+                else:
+                    self.write_batch(encoder, item)
+            self.close_shard()
+        except Exception as e:  # handed to the caller at its next call
+            self.fail(e)
+        finally:
+            with self.cond:
+                self.done = True
+                self.cond.notify_all()
+
+    def write_batch(self, encoder: codecs.Encoder, job: _Job) -> None:
+        """Encodes ``job`` and the records queued right behind it (up to ``batch_bytes``) and
+        writes them to the current shard in one system call."""
+        if self.shard is None:
+            self.open_shard()
+        shard = self.shard
+        buffers: list = []
+        done: list[tuple[_Job, RawEntry]] = []
+        offset = shard.offset
+        pending = 0
+        while True:
+            frame, entry = self.encode(encoder, job, offset)
+            buffers += frame
+            done.append((job, entry))
+            offset += entry.frame_len
+            pending += entry.frame_len
+            if offset >= self.shard_size or pending >= self.batch_bytes:
+                break
+            with self.cond:
+                if not self.queue or not isinstance(self.queue[0], _Job):
+                    break
+                job = self.queue.popleft()
+        shard.write(buffers)
+        shard.entries += [entry for _, entry in done]
+        if isinstance(self.durability, int) and shard.offset - shard.synced_to >= self.durability:
+            shard.fsync()
+        with self.cond:
+            for job, entry in done:
+                self.inflight_bytes -= job.raw_len
+                self.queue_depth -= 1
+                self.records_written += 1
+                self.bytes_in += entry.raw_len
+                self.bytes_stored += entry.stored_len
+                self.completions.append(
+                    Completion(job.seq, job.key, shard.path, entry.frame_offset, entry.stored_len, entry.raw_len)
+                )
+            self.cond.notify_all()
+        if shard.offset >= self.shard_size:
+            self.close_shard()
+
+    def encode(self, encoder: codecs.Encoder, job: _Job, offset: int) -> tuple[list, RawEntry]:
+        two_byte = [(view, dtype in TWO_BYTE) for _, view, dtype, _ in job.tensors]
+        payload = encoder.encode(job.header, two_byte)
+        stored_len = sum(memoryview(p).nbytes for p in payload)
+        crc = 0
+        for p in payload:
+            crc = crc32c(p, crc)
+        key = job.key.encode("utf-8")
+        head = encode_frame_header(KIND_RECORD, self.codec, key, stored_len, job.raw_len, job.num_tokens, crc)
+        pad = bytes(align8(stored_len) - stored_len)
+        entry = RawEntry(offset, stored_len, job.raw_len, job.num_tokens, crc, self.codec, job.key)
+        return [head, *payload, pad], entry
+
+    def fail(self, e: Exception) -> None:
+        if isinstance(e, LayertapError):
+            error = e
+        elif isinstance(e, OSError):
+            error = io_error(e, self.shard.path if self.shard else self.directory, "write")
+        else:
+            error = LayertapError(f"the writer's background thread failed: {e!r}")
+            error.__cause__ = e
+        if self.shard is not None:
+            # Left open (no footer): `layertap recover` completes it.
+            self.shard.release()
+            self.shard = None
+        with self.cond:
+            self.error = error
+            self.queue.clear()  # drops the references to the callers' buffers
+            self.inflight_bytes = 0
+            self.queue_depth = 0
+            self.cond.notify_all()
+
+    def shutdown(self) -> None:
+        """Asks the thread to finish the queue and close the shard, and waits for it."""
+        with self.cond:
+            self.closing = True
+            self.cond.notify_all()
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join()
+        elif self.thread is None and self.shard is not None:
+            self.close_shard()
+
+
+class PyShardWriter:
+    """Writes records into shards of a dataset directory, in pure Python.
+
+    Same constructor, methods and behaviour as ``layertap.ShardWriter`` (docs/API.md); for codec
+    ``none`` both write byte-identical records. ``threads`` is accepted for compatibility: this
+    writer encodes on its one background thread. ``io`` may be ``"auto"`` or ``"pwrite"``."""
+
+    _software = f"layertap-python {package_version()}"
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        codec: str = "bp16-zstd",
+        level: int = 3,
+        shard_size: int = 1 << 30,
+        durability: str | int = "close",
+        threads: int | None = None,
+        max_inflight_bytes: int = 1 << 30,
+        batch_bytes: int = 8 << 20,
+        writer_id: str | None = None,
+        io: str = "auto",
+        metadata: Mapping[str, str] | None = None,
+    ):
+        codec_id = codecs.codec_id(codec)
+        if codec_id != codecs.CODEC_NONE:
+            codecs.check_level(level)
+        _positive_int("shard_size", shard_size)
+        durability = _check_durability(durability)
+        if threads is not None:
+            _positive_int("threads", threads)
+        _positive_int("max_inflight_bytes", max_inflight_bytes)
+        _positive_int("batch_bytes", batch_bytes)
+        if io == "uring":
+            raise InvalidInputError("io='uring': the Python writer has no io_uring backend; use 'auto' or 'pwrite'")
+        if io not in ("auto", "pwrite"):
+            raise InvalidInputError(f"io must be 'auto', 'uring' or 'pwrite', not {io!r}")
+        user_meta = self._check_shard_metadata(metadata)
+        if writer_id is None:
+            writer_id = secrets.token_hex(6)
+        elif writer_id_problem(writer_id):
+            raise InvalidInputError(writer_id_problem(writer_id))
+        try:
+            directory = os.fspath(path)
+        except TypeError:
+            raise InvalidInputError(f"path must be a str or os.PathLike, not {type(path).__name__}") from None
+        try:
+            os.makedirs(directory, exist_ok=True)
+            names = os.listdir(directory)
+        except OSError as e:
+            raise io_error(e, directory, "create directory") from None
+        taken = [i for i in (parse_shard_index(n, writer_id) for n in names) if i is not None]
+
+        self._path = directory
+        self._writer_id = writer_id
+        self._max_inflight = max_inflight_bytes
+        self._keys: set[str] = set()
+        self._next_seq = 0
+        self._blocked = 0.0
+        self._flush_tickets = 0
+        self._closed = False
+        self._error_raised = False
+        state = _State(
+            directory, writer_id, codec_id, level, shard_size, durability, batch_bytes, user_meta,
+            max(taken) + 1 if taken else 0,
+        )
+        cls = type(self)
+        state.identity = lambda index: cls._shard_identity(writer_id, index)
+        state.software = cls._software
+        # The first shard is created here, so that a clash of writer ids fails at once.
+        state.open_shard()
+        self._state = state
+        state.thread = threading.Thread(target=state.run, name=f"layertap-writer-{writer_id}", daemon=True)
+        state.thread.start()
+        # Closes (flush, footer, unlock) a writer that is dropped or still open at exit.
+        self._finalizer = weakref.finalize(self, state.shutdown)
+
+    # -- hooks --------------------------------------------------------------------------------
+
+    @classmethod
+    def _shard_identity(cls, writer_id: str, index: int) -> tuple[bytes, int]:
+        """``(shard_id, created_unix_ms)`` of a new shard. Private hook: the test-vector
+        generator overrides it to make files that are the same on every run. A class method, so
+        that the background thread holds no reference to the writer."""
+        return secrets.token_bytes(16), time.time_ns() // 1_000_000
+
+    @staticmethod
+    def _check_shard_metadata(metadata) -> dict[str, str]:
+        if metadata is None:
+            return {}
+        if not isinstance(metadata, Mapping):
+            raise InvalidInputError(f"metadata must be a mapping of str to str, not {type(metadata).__name__}")
+        for k, v in metadata.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise InvalidInputError(f"metadata entry {k!r}: {v!r}: keys and values must be str")
+            _check_utf8("metadata entry", k, v)
+        if sum(len(k.encode()) + len(v.encode()) + 8 for k, v in metadata.items()) > MAX_META_LEN // 2:
+            raise InvalidInputError("writer metadata is too large: shard metadata is limited to 1 MiB")
+        return dict(metadata)
+
+    # -- errors -------------------------------------------------------------------------------
+
+    def _raise_pending(self) -> None:
+        """Raises the background thread's error once; the writer is closed to work after it."""
+        state = self._state
+        if state.error is not None and not self._error_raised:
+            self._error_raised = True
+            self._closed = True
+            raise state.error
+
+    def _check_open(self) -> None:
+        self._raise_pending()
+        if self._closed:
+            reason = f": it failed earlier ({self._state.error})" if self._state.error else ""
+            raise WriterClosedError(f"writer is closed{reason}")
+
+    # -- the API ------------------------------------------------------------------------------
+
+    def submit(self, key: str, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> int:
+        """Queues one record; returns its sequence number. See docs/API.md."""
+        self._check_open()
+        problem = key_problem(key)
+        if problem:
+            raise InvalidInputError(problem)
+        if key in self._keys:
+            raise DuplicateKeyError(f"duplicate key {key!r}: this writer already wrote a record with this key", key)
+        # Imported here: it imports torch, which the readers and the command line do without.
+        from layertap._tensors import check_metadata, normalize
+
+        parts, num_tokens = normalize(tensors)
+        meta = check_metadata(metadata)
+        for k, v in meta.items():
+            _check_utf8("metadata entry", k, v)
+        meta["key"] = key
+        for name, *_ in parts:
+            _check_utf8("tensor name", name)
+        header = build_header([(name, dtype, shape) for name, _, dtype, shape in parts], meta)
+        raw_len = len(header) + sum(view.nbytes for _, view, _, _ in parts)
+
+        state = self._state
+        with state.cond:
+            if state.inflight_bytes and state.inflight_bytes + raw_len > self._max_inflight:
+                start = time.perf_counter()
+                while (
+                    state.inflight_bytes
+                    and state.inflight_bytes + raw_len > self._max_inflight
+                    and state.error is None
+                ):
+                    state.cond.wait()
+                self._blocked += time.perf_counter() - start
+            if state.error is not None:
+                self._raise_pending()
+            seq = self._next_seq
+            self._next_seq += 1
+            self._keys.add(key)
+            state.queue.append(_Job(seq, key, header, parts, num_tokens, raw_len))
+            state.inflight_bytes += raw_len
+            state.queue_depth += 1
+            state.cond.notify_all()
+        return seq
+
+    def poll(self) -> list[Completion]:
+        """The records written since the last call, in sequence order."""
+        self._raise_pending()
+        with self._state.cond:
+            out, self._state.completions = self._state.completions, []
+        return out
+
+    def flush(self) -> None:
+        """Waits until every submitted record is written (and fsynced unless durability is
+        ``"none"``)."""
+        self._check_open()
+        state = self._state
+        with state.cond:
+            self._flush_tickets += 1
+            ticket = self._flush_tickets
+            state.queue.append(_Sync(ticket))
+            state.cond.notify_all()
+            while state.synced_ticket < ticket and state.error is None and not state.done:
+                state.cond.wait()
+        self._raise_pending()
+
+    def close(self) -> None:
+        """Flushes, completes each open shard (index and trailer), fsyncs per the policy and
+        releases the shard locks. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._finalizer()  # runs state.shutdown once
+        self._raise_pending()
+
+    def __enter__(self) -> PyShardWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- properties ---------------------------------------------------------------------------
+
+    @property
+    def stats(self) -> dict:
+        """Counters; see docs/API.md."""
+        s = self._state
+        with s.cond:
+            return {
+                "records_submitted": self._next_seq,
+                "records_written": s.records_written,
+                "bytes_in": s.bytes_in,
+                "bytes_stored": s.bytes_stored,
+                "ratio": s.bytes_in / s.bytes_stored if s.bytes_stored else 0.0,
+                "queue_depth": s.queue_depth,
+                "inflight_bytes": s.inflight_bytes,
+                "blocked_seconds": self._blocked,
+                "shards_closed": s.shards_closed,
+                "backend": "python",
+            }
+
+    @property
+    def backend(self) -> str:
+        return "python"
+
+    @property
+    def writer_id(self) -> str:
+        return self._writer_id
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"PyShardWriter({self._path!r}, writer_id={self._writer_id!r}, {state})"
+
+
+# FrameHeader is re-exported for tests that decode what this writer wrote.
+__all__ = ["PyShardWriter", "FrameHeader"]

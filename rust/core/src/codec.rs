@@ -106,27 +106,42 @@ fn two_byte_ranges(header: &blob::BlobHeader) -> impl Iterator<Item = std::ops::
 // ---------------------------------------------------------------------------------------------
 // Encoding
 
+/// Elements split into planes per step of [`Encoder::encode`]: the plane buffer stays small
+/// (and in cache) however large the tensor is.
+const PLANE_CHUNK_ELEMS: usize = 64 << 10;
+
 /// A compressor that keeps its zstd context between records (one per worker thread).
+///
+/// It streams the pieces of a blob into one zstd frame, so the caller's buffers are read once
+/// and never copied into a whole-record scratch buffer; `bp16-zstd` splits the byte planes of
+/// 2-byte tensors chunk by chunk into a small buffer on the way.
 pub struct Encoder {
     codec: Codec,
-    zstd: Option<zstd::bulk::Compressor<'static>>,
-    scratch: Vec<u8>,
+    zstd: Option<zstd::zstd_safe::CCtx<'static>>,
+    plane: Vec<u8>,
 }
 
 impl Encoder {
     /// An encoder for `codec` at zstd `level` (ignored by `none`).
     pub fn new(codec: Codec, level: i32) -> Result<Encoder> {
+        use zstd::zstd_safe::CParameter;
         let zstd = match codec {
             Codec::None => None,
             _ => {
                 check_level(level)?;
-                let mut c = zstd::bulk::Compressor::new(level).map_err(|e| codec_err(codec, e))?;
-                c.include_contentsize(true).map_err(|e| codec_err(codec, e))?;
-                c.include_checksum(false).map_err(|e| codec_err(codec, e))?;
+                let mut c = zstd::zstd_safe::CCtx::try_create()
+                    .ok_or_else(|| codec_err(codec, "cannot allocate a zstd context"))?;
+                for p in [
+                    CParameter::CompressionLevel(level),
+                    CParameter::ContentSizeFlag(true),
+                    CParameter::ChecksumFlag(false),
+                ] {
+                    c.set_parameter(p).map_err(|e| zstd_err(codec, e))?;
+                }
                 Some(c)
             }
         };
-        Ok(Encoder { codec, zstd, scratch: Vec::new() })
+        Ok(Encoder { codec, zstd, plane: Vec::new() })
     }
 
     /// The codec.
@@ -139,37 +154,88 @@ impl Encoder {
     /// do so instead. `two_byte` lists, for each piece, whether it is a 2-byte tensor (the header
     /// piece is `false`).
     pub fn encode(&mut self, pieces: &[&[u8]], two_byte: &[bool]) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        self.encode_into(pieces, two_byte, &mut out)?;
+        Ok(out)
+    }
+
+    /// Like [`Encoder::encode`], writing the payload into `out` (cleared first), whose
+    /// allocation is reused.
+    pub fn encode_into(&mut self, pieces: &[&[u8]], two_byte: &[bool], out: &mut Vec<u8>) -> Result<()> {
+        out.clear();
         let total: usize = pieces.iter().map(|p| p.len()).sum();
-        self.scratch.clear();
-        self.scratch.reserve(total);
-        match self.codec {
-            Codec::None | Codec::Zstd => {
-                for p in pieces {
-                    self.scratch.extend_from_slice(p);
-                }
+        let codec = self.codec;
+        let Some(cctx) = self.zstd.as_mut() else {
+            out.reserve_exact(total);
+            for p in pieces {
+                out.extend_from_slice(p);
             }
-            Codec::Bp16Zstd => {
-                for (p, &split) in pieces.iter().zip(two_byte) {
-                    let start = self.scratch.len();
-                    if split {
-                        self.scratch.resize(start + p.len(), 0);
-                        split_planes(p, &mut self.scratch[start..]);
-                    } else {
-                        self.scratch.extend_from_slice(p);
-                    }
+            return Ok(());
+        };
+        cctx.reset(zstd::zstd_safe::ResetDirective::SessionOnly).map_err(|e| zstd_err(codec, e))?;
+        cctx.set_pledged_src_size(Some(total as u64)).map_err(|e| zstd_err(codec, e))?;
+        out.reserve_exact(zstd::zstd_safe::compress_bound(total));
+        for (i, piece) in pieces.iter().enumerate() {
+            let split = codec == Codec::Bp16Zstd && two_byte.get(i).copied().unwrap_or(false);
+            if !split || piece.len() % 2 != 0 {
+                feed(cctx, piece, out).map_err(|e| zstd_err(codec, e))?;
+                continue;
+            }
+            // High plane (odd bytes) first, then the low plane (even bytes).
+            for odd in [1usize, 0] {
+                for chunk in piece.chunks(2 * PLANE_CHUNK_ELEMS) {
+                    self.plane.resize(chunk.len() / 2, 0);
+                    extract_plane(chunk, odd, &mut self.plane);
+                    feed(cctx, &self.plane, out).map_err(|e| zstd_err(codec, e))?;
                 }
             }
         }
-        match (&mut self.zstd, self.codec) {
-            (None, _) => Ok(std::mem::take(&mut self.scratch)),
-            (Some(z), codec) => {
-                let bound = zstd::zstd_safe::compress_bound(total);
-                let mut out = Vec::with_capacity(bound);
-                z.compress_to_buffer(&self.scratch, &mut out).map_err(|e| codec_err(codec, e))?;
-                Ok(out)
-            }
+        finish(cctx, out).map_err(|e| zstd_err(codec, e))
+    }
+}
+
+/// Writes byte `which` (0 or 1) of every 2-byte element of `src` into `dst`.
+#[inline]
+fn extract_plane(src: &[u8], which: usize, dst: &mut [u8]) {
+    for (d, pair) in dst.iter_mut().zip(src.chunks_exact(2)) {
+        *d = pair[which];
+    }
+}
+
+/// Room kept free at the end of the output for each streaming call.
+const OUT_STEP: usize = 1 << 16;
+
+fn feed(cctx: &mut zstd::zstd_safe::CCtx<'static>, data: &[u8], out: &mut Vec<u8>) -> std::result::Result<(), usize> {
+    use zstd::zstd_safe::{zstd_sys::ZSTD_EndDirective, InBuffer, OutBuffer};
+    let mut input = InBuffer::around(data);
+    while input.pos() < data.len() {
+        if out.capacity() - out.len() < OUT_STEP {
+            out.reserve(OUT_STEP);
+        }
+        let pos = out.len();
+        let mut output = OutBuffer::around_pos(out, pos);
+        cctx.compress_stream2(&mut output, &mut input, ZSTD_EndDirective::ZSTD_e_continue)?;
+    }
+    Ok(())
+}
+
+fn finish(cctx: &mut zstd::zstd_safe::CCtx<'static>, out: &mut Vec<u8>) -> std::result::Result<(), usize> {
+    use zstd::zstd_safe::{zstd_sys::ZSTD_EndDirective, InBuffer, OutBuffer};
+    loop {
+        if out.capacity() - out.len() < OUT_STEP {
+            out.reserve(OUT_STEP);
+        }
+        let pos = out.len();
+        let mut output = OutBuffer::around_pos(out, pos);
+        let left = cctx.compress_stream2(&mut output, &mut InBuffer::around(&[]), ZSTD_EndDirective::ZSTD_e_end)?;
+        if left == 0 {
+            return Ok(());
         }
     }
+}
+
+fn zstd_err(codec: Codec, code: usize) -> Error {
+    codec_err(codec, zstd::zstd_safe::get_error_name(code))
 }
 
 fn codec_err(codec: Codec, e: impl std::fmt::Display) -> Error {

@@ -1,1 +1,64 @@
-//! Recovery (to be written).
+//! Making an open shard complete again (docs/FORMAT.md, "Recovery"): under the shard's exclusive
+//! lock, scan its frames, cut the torn tail and append an index of the valid records.
+
+use crate::error::{Error, Result};
+use crate::format::encode_footer;
+use crate::reader::{lock_exclusive_now, Problem, ShardReader};
+use std::fs::OpenOptions;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// What [`recover`] did to a shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecoverReport {
+    /// The shard.
+    pub path: PathBuf,
+    /// Whether the shard was complete already (then it was left untouched).
+    pub was_complete: bool,
+    /// Records indexed in the (now complete) shard.
+    pub records: u64,
+    /// Bytes cut from the end of the file: the torn tail, and an unusable footer.
+    pub truncated_bytes: u64,
+    /// Corrupt records and damaged regions, left in the file and not indexed.
+    pub problems: Vec<Problem>,
+}
+
+/// Completes the shard at `path` if it is open: takes its exclusive lock without waiting
+/// ([`Error::Locked`] if a writer holds it), scans it, truncates the file to the end of its last
+/// valid record frame, appends an index of the valid records and a trailer, and `fsync`s it.
+///
+/// A complete shard is left as it is. Bytes before the end of the last valid frame are never
+/// removed, so running it again after an interruption gives the same result.
+pub fn recover(path: impl AsRef<Path>) -> Result<RecoverReport> {
+    let path = path.as_ref().to_path_buf();
+    let file = OpenOptions::new().read(true).write(true).open(&path).map_err(|e| Error::io(&path, "open", e))?;
+    lock_exclusive_now(&file, &path)?;
+    // The reader gets its own descriptor of the same open file, so the lock (which belongs to
+    // the open file) lasts until `file` is closed at the end of this function.
+    let dup = file.try_clone().map_err(|e| Error::io(&path, "dup", e))?;
+    let reader = ShardReader::from_file(path.clone(), dup)?;
+    if reader.is_complete() {
+        return Ok(RecoverReport {
+            path,
+            was_complete: true,
+            records: reader.len() as u64,
+            truncated_bytes: 0,
+            problems: Vec::new(),
+        });
+    }
+    let data_end = reader.data_end();
+    let truncated_bytes = reader.file_len() - data_end;
+    let entries = reader.entries().to_vec();
+    let problems = reader
+        .problems()
+        .iter()
+        .filter(|p| matches!(p, Problem::CorruptRecord { .. } | Problem::DamagedRegion { .. }))
+        .cloned()
+        .collect();
+    // Unmap before cutting the file: nothing may touch the pages about to go.
+    drop(reader);
+    file.set_len(data_end).map_err(|e| Error::io(&path, "ftruncate", e))?;
+    file.write_all_at(&encode_footer(&entries, data_end), data_end).map_err(|e| Error::io(&path, "write", e))?;
+    file.sync_all().map_err(|e| Error::io(&path, "fsync", e))?;
+    Ok(RecoverReport { path, was_complete: false, records: entries.len() as u64, truncated_bytes, problems })
+}

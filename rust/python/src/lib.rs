@@ -3,7 +3,8 @@
 
 use pyo3::prelude::*;
 
-#[allow(dead_code)] // used by reader and writer once they land
+mod buffers_in;
+mod buffers_out;
 mod errors;
 mod reader;
 mod writer;

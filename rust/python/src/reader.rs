@@ -1,8 +1,218 @@
-//! Bindings of the core reader (being written).
+//! Bindings of the core reader and of recovery: `NativeShardReader`, `recover`,
+//! `is_being_written`. The GIL is released around everything that touches shard bytes (scanning,
+//! checksums, decompression) and around system calls.
 
+use crate::buffers_out::RecordBuffer;
+use crate::errors::{to_py, IntoPyResult};
+use layertap_core::reader::{Problem, ShardReader};
+use layertap_core::Error;
+use pyo3::exceptions::{PyIndexError, PyOSError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+/// `(kind, offset, key, message)`, as Python sees a problem.
+type ProblemTuple = (&'static str, Option<u64>, Option<String>, String);
+
+/// The core's errors as Python exceptions, except that a shard which cannot be opened raises
+/// the plain `OSError` subclass Python's own `open()` would (`FileNotFoundError`,
+/// `PermissionError`...), with the path as `filename`: `WriterIOError` is for failures while
+/// writing.
+fn open_err(e: Error) -> PyErr {
+    match e {
+        Error::Io { op: "open", path, source } => match source.raw_os_error() {
+            Some(errno) => {
+                // "No such file or directory (os error 2)" -> what os.strerror() says.
+                let text = std::io::Error::from_raw_os_error(errno).to_string();
+                let strerror = text.split(" (os error").next().unwrap_or(&text).to_string();
+                PyOSError::new_err((errno, strerror, path.display().to_string()))
+            }
+            None => PyOSError::new_err((source.to_string(), path.display().to_string())),
+        },
+        e => to_py(e),
+    }
+}
+
+fn problem_tuple(p: &Problem) -> ProblemTuple {
+    (p.kind(), p.offset(), p.key().map(str::to_string), p.to_string())
+}
+
+/// A memory-mapped shard (see `layertap_core::reader::ShardReader`). The shard-level attributes
+/// are fixed when it is opened; `read` and `check` work until `close()`.
+#[pyclass(frozen, module = "layertap._native")]
+pub struct NativeShardReader {
+    /// `None` once closed. Calls clone the `Arc` and release the lock before working, so
+    /// `close()` never waits for a read, and records already read outlive the reader.
+    reader: Mutex<Option<Arc<ShardReader>>>,
+    #[pyo3(get)]
+    path: String,
+    #[pyo3(get)]
+    complete: bool,
+    #[pyo3(get)]
+    meta_json: String,
+    #[pyo3(get)]
+    header_len: u64,
+    #[pyo3(get)]
+    file_bytes: u64,
+    #[pyo3(get)]
+    torn_tail_bytes: u64,
+    #[pyo3(get)]
+    index_unusable: bool,
+    #[pyo3(get)]
+    problems: Vec<ProblemTuple>,
+    shard_id: [u8; 16],
+    path_buf: PathBuf,
+}
+
+impl NativeShardReader {
+    fn reader(&self) -> PyResult<Arc<ShardReader>> {
+        let guard = self.reader.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        guard.clone().ok_or_else(|| PyValueError::new_err(format!("{}: the shard reader is closed", self.path)))
+    }
+
+    /// Record `i` of `r`, Python-style (negative counts from the end).
+    fn position(r: &ShardReader, i: isize) -> PyResult<usize> {
+        let n = r.len() as isize;
+        let at = if i < 0 { i + n } else { i };
+        if at < 0 || at >= n {
+            return Err(PyIndexError::new_err(format!("record {i} out of range: the shard has {n} records")));
+        }
+        Ok(at as usize)
+    }
+}
+
+#[pymethods]
+impl NativeShardReader {
+    /// Opens a shard (scanning it if it is open, with the GIL released).
+    #[new]
+    fn new(py: Python<'_>, path: PathBuf) -> PyResult<NativeShardReader> {
+        let reader = py.detach(|| ShardReader::open(&path)).map_err(open_err)?;
+        Ok(NativeShardReader {
+            path: path.display().to_string(),
+            complete: reader.is_complete(),
+            meta_json: reader.meta_json().to_string(),
+            header_len: reader.header_len(),
+            file_bytes: reader.file_len(),
+            torn_tail_bytes: reader.torn_tail_bytes(),
+            index_unusable: reader.index_unusable(),
+            problems: reader.problems().iter().map(problem_tuple).collect(),
+            shard_id: reader.shard_id(),
+            path_buf: path,
+            reader: Mutex::new(Some(Arc::new(reader))),
+        })
+    }
+
+    /// The shard's 16 identifying bytes.
+    #[getter]
+    fn shard_id<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.shard_id)
+    }
+
+    /// Whether another process holds the shard's lock now (a writer is writing it).
+    #[getter]
+    fn being_written(&self, py: Python<'_>) -> PyResult<bool> {
+        py.detach(|| layertap_core::reader::is_being_written(&self.path_buf)).map_err(open_err)
+    }
+
+    /// Whether `close()` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.reader.lock().map(|g| g.is_none()).unwrap_or(true)
+    }
+
+    fn __len__(&self) -> PyResult<usize> {
+        Ok(self.reader()?.len())
+    }
+
+    /// The records in file order, as tuples
+    /// `(key, frame_offset, stored_len, raw_len, num_tokens, codec_name, payload_crc)`.
+    fn entries<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let r = self.reader()?;
+        let rows = r.entries().iter().map(|e| {
+            (e.key.as_str(), e.frame_offset, e.stored_len, e.raw_len, e.num_tokens, e.codec.name(), e.payload_crc)
+        });
+        let list = PyList::empty(py);
+        for row in rows {
+            list.append(row)?;
+        }
+        Ok(list)
+    }
+
+    /// Reads record `i`: `(metadata, [(name, dtype, shape, buffer)])`, tensors in the order of
+    /// their data. With `verify`, the payload checksum is checked first. Raises
+    /// `CorruptRecordError` (with `path`, `offset`, `key`) when the record is damaged.
+    #[pyo3(signature = (i, verify = true))]
+    fn read<'py>(&self, py: Python<'py>, i: isize, verify: bool) -> PyResult<Bound<'py, PyTuple>> {
+        let r = self.reader()?;
+        let at = Self::position(&r, i)?;
+        let record = py.detach(|| r.read(at, verify)).py_err()?;
+        let metadata = PyDict::new(py);
+        for (k, v) in &record.header.metadata {
+            metadata.set_item(k, v)?;
+        }
+        let bytes = Arc::new(record.bytes);
+        let tensors = PyList::empty(py);
+        for t in &record.header.tensors {
+            let buffer = RecordBuffer::new(bytes.clone(), t.range.start, t.range.len())
+                .ok_or_else(|| PyValueError::new_err("tensor range outside its record"))?;
+            let shape = PyTuple::new(py, &t.spec.shape)?;
+            tensors.append((t.spec.name.as_str(), t.spec.dtype.name(), shape, Py::new(py, buffer)?))?;
+        }
+        PyTuple::new(py, [metadata.into_any(), tensors.into_any()])
+    }
+
+    /// Checks record `i` fully (frame header against the index, checksum, decoding, key).
+    /// Raises `CorruptRecordError` when it is damaged.
+    fn check(&self, py: Python<'_>, i: isize) -> PyResult<()> {
+        let r = self.reader()?;
+        let at = Self::position(&r, i)?;
+        py.detach(|| r.check(at)).py_err()
+    }
+
+    /// Closes the reader: the shard is unmapped once no record read from it is in use any more.
+    /// Idempotent.
+    fn close(&self) {
+        let mut guard = self.reader.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        guard.take();
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<NativeShardReader {:?} {}{}>",
+            self.path,
+            if self.complete { "complete" } else { "open" },
+            if self.closed() { ", closed" } else { "" }
+        )
+    }
+}
+
+/// Completes a shard whose writer died (see `layertap_core::recover::recover`). Returns a dict
+/// with `path`, `was_complete`, `records`, `truncated_bytes` and `problems` (tuples
+/// `(kind, offset, key, message)`). Raises `ShardLockedError` if a writer holds the shard.
+#[pyfunction]
+fn recover<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyDict>> {
+    let report = py.detach(|| layertap_core::recover::recover(&path)).map_err(open_err)?;
+    let d = PyDict::new(py);
+    d.set_item("path", report.path.display().to_string())?;
+    d.set_item("was_complete", report.was_complete)?;
+    d.set_item("records", report.records)?;
+    d.set_item("truncated_bytes", report.truncated_bytes)?;
+    d.set_item("problems", report.problems.iter().map(problem_tuple).collect::<Vec<_>>())?;
+    Ok(d)
+}
+
+/// Whether another process holds the lock of the shard at `path` (a writer is writing it).
+#[pyfunction]
+fn is_being_written(py: Python<'_>, path: PathBuf) -> PyResult<bool> {
+    py.detach(|| layertap_core::reader::is_being_written(&path)).map_err(open_err)
+}
 
 /// Adds this module's classes and functions to `layertap._native`.
-pub fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<NativeShardReader>()?;
+    m.add_class::<RecordBuffer>()?;
+    m.add_function(wrap_pyfunction!(recover, m)?)?;
+    m.add_function(wrap_pyfunction!(is_being_written, m)?)?;
     Ok(())
 }

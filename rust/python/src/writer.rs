@@ -1,8 +1,232 @@
-//! Bindings of the core writer (being written).
+//! Bindings of the core writer: `NativeShardWriter`. The GIL is held only to convert arguments
+//! and results; it is released while `submit` waits for the in-flight budget and around
+//! `flush`, `close` and opening. The writer's own threads never take it (see `buffers_in`).
 
+use crate::buffers_in::{drain_graveyard, PyRecordBuffer};
+use crate::errors::{to_py, IntoPyResult};
+use layertap_core::blob::TensorSpec;
+use layertap_core::writer::{
+    Completion, Durability, IoMode, RecordInput, ShardWriter, TensorInput, WriterConfig,
+};
+use layertap_core::{Codec, Dtype, Error};
 use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+fn invalid(msg: impl Into<String>) -> PyErr {
+    to_py(Error::invalid(msg))
+}
+
+/// `"none"`, `"close"` or a positive number of bytes.
+fn durability(value: Option<&Bound<'_, PyAny>>) -> PyResult<Durability> {
+    let Some(value) = value else { return Ok(Durability::OnClose) };
+    if let Ok(s) = value.cast::<PyString>() {
+        return match s.to_str()? {
+            "none" => Ok(Durability::None),
+            "close" => Ok(Durability::OnClose),
+            other => {
+                Err(invalid(format!("durability must be 'none', 'close' or a positive int, not {other:?}")))
+            }
+        };
+    }
+    match value.extract::<u64>() {
+        Ok(n) if n > 0 && !value.is_instance_of::<pyo3::types::PyBool>() => Ok(Durability::EveryBytes(n)),
+        _ => Err(invalid(format!("durability must be 'none', 'close' or a positive int, not {value}"))),
+    }
+}
+
+fn string_map(what: &str, value: Option<&Bound<'_, PyAny>>) -> PyResult<BTreeMap<String, String>> {
+    match value {
+        None => Ok(BTreeMap::new()),
+        Some(v) if v.is_none() => Ok(BTreeMap::new()),
+        Some(v) => v.extract::<BTreeMap<String, String>>().map_err(|_| {
+            invalid(format!(
+                "{what} must be a dict of str to str (valid UTF-8), not {}",
+                v.repr().map(|r| r.to_string()).unwrap_or_default()
+            ))
+        }),
+    }
+}
+
+/// One `(name, buffer, dtype, shape)` tuple of `submit`.
+fn tensor_input(item: &Bound<'_, PyAny>) -> PyResult<TensorInput> {
+    let (name, buffer, dtype, shape): (
+        Bound<'_, PyAny>,
+        Bound<'_, PyAny>,
+        Bound<'_, PyAny>,
+        Bound<'_, PyAny>,
+    ) = item.extract().map_err(|_| invalid("each tensor must be a tuple (name, buffer, dtype, shape)"))?;
+    let name: String =
+        name.extract().map_err(|_| invalid(format!("tensor name {name} is not a str of valid UTF-8")))?;
+    let dtype: String =
+        dtype.extract().map_err(|_| invalid(format!("tensor {name:?}: dtype {dtype} is not a str")))?;
+    let dtype = Dtype::from_name(&dtype).map_err(|e| invalid(format!("tensor {name:?}: {e}")))?;
+    let shape: Vec<u64> = shape.extract().map_err(|_| {
+        invalid(format!("tensor {name:?}: shape {shape} is not a sequence of non-negative ints"))
+    })?;
+    let data =
+        PyRecordBuffer::get(&buffer).map_err(|reason| invalid(format!("tensor {name:?}: {reason}")))?;
+    Ok(TensorInput::new(TensorSpec { name, dtype, shape }, data))
+}
+
+fn completion_tuple<'py>(py: Python<'py>, c: Completion) -> PyResult<Bound<'py, PyTuple>> {
+    let shard = c.shard.display().to_string();
+    (c.seq, c.key, shard, c.offset, c.stored_len, c.raw_len).into_pyobject(py)
+}
+
+/// The Rust shard writer (see `layertap_core::writer::ShardWriter`); `layertap.ShardWriter`
+/// wraps it with the documented Python API.
+#[pyclass(frozen, module = "layertap._native")]
+pub struct NativeShardWriter {
+    writer: ShardWriter,
+    #[pyo3(get)]
+    path: String,
+}
+
+#[pymethods]
+impl NativeShardWriter {
+    /// Opens a writer on a dataset directory (created if missing). Options as in docs/API.md;
+    /// `durability` is `"none"`, `"close"` or a positive int, `io` is `"auto"`, `"uring"` or
+    /// `"pwrite"`.
+    #[new]
+    #[pyo3(signature = (
+        path, *, codec = "bp16-zstd", level = 3, shard_size = 1 << 30, durability = None,
+        threads = None, max_inflight_bytes = 1 << 30, batch_bytes = 8 << 20, writer_id = None,
+        io = "auto", metadata = None
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        codec: &str,
+        level: i32,
+        shard_size: u64,
+        durability: Option<&Bound<'_, PyAny>>,
+        threads: Option<usize>,
+        max_inflight_bytes: u64,
+        batch_bytes: u64,
+        writer_id: Option<String>,
+        io: &str,
+        metadata: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<NativeShardWriter> {
+        let cfg = WriterConfig {
+            codec: Codec::from_name(codec).py_err()?,
+            level,
+            shard_size,
+            durability: self::durability(durability)?,
+            threads,
+            max_inflight_bytes,
+            batch_bytes,
+            writer_id,
+            io: IoMode::from_name(io).py_err()?,
+            shard_metadata: string_map("metadata", metadata)?,
+        };
+        let writer = py.detach(|| ShardWriter::open(&path, cfg)).py_err()?;
+        Ok(NativeShardWriter { writer, path: path.display().to_string() })
+    }
+
+    /// Queues one record and returns its sequence number. `tensors` is a list of
+    /// `(name, buffer, dtype_name, shape)`; each buffer must be C-contiguous and is held (not
+    /// copied) until the record is written. Waits, with the GIL released, while the in-flight
+    /// budget is full.
+    #[pyo3(signature = (key, tensors, metadata = None, num_tokens = 0))]
+    fn submit(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        tensors: &Bound<'_, PyList>,
+        metadata: Option<&Bound<'_, PyAny>>,
+        num_tokens: u32,
+    ) -> PyResult<u64> {
+        drain_graveyard(py);
+        let key: String =
+            key.extract().map_err(|_| invalid(format!("record key {key} is not a str of valid UTF-8")))?;
+        let metadata = string_map("metadata", metadata)?;
+        let tensors = tensors.iter().map(|t| tensor_input(&t)).collect::<PyResult<Vec<_>>>()?;
+        let record = RecordInput { key, tensors, metadata, num_tokens };
+        let seq = py.detach(|| self.writer.submit(record));
+        drain_graveyard(py); // a refused record's buffers
+        seq.py_err()
+    }
+
+    /// The records written since the last call, in sequence order, as tuples
+    /// `(seq, key, shard, offset, stored_len, raw_len)`.
+    fn poll<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        drain_graveyard(py);
+        let done = self.writer.poll().py_err()?;
+        let list = PyList::empty(py);
+        for c in done {
+            list.append(completion_tuple(py, c)?)?;
+        }
+        Ok(list)
+    }
+
+    /// Waits (GIL released) until every submitted record is written and, unless durability
+    /// is `"none"`, fsynced.
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        let r = py.detach(|| self.writer.flush());
+        drain_graveyard(py);
+        r.py_err()
+    }
+
+    /// Writes everything, completes the open shard, releases its lock (GIL released).
+    /// Idempotent.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let r = py.detach(|| self.writer.close());
+        drain_graveyard(py);
+        r.py_err()
+    }
+
+    /// The counters, as a dict (docs/API.md).
+    #[getter]
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        drain_graveyard(py);
+        let s = self.writer.stats();
+        let d = PyDict::new(py);
+        d.set_item("records_submitted", s.records_submitted)?;
+        d.set_item("records_written", s.records_written)?;
+        d.set_item("bytes_in", s.bytes_in)?;
+        d.set_item("bytes_stored", s.bytes_stored)?;
+        d.set_item("ratio", s.ratio)?;
+        d.set_item("queue_depth", s.queue_depth)?;
+        d.set_item("inflight_bytes", s.inflight_bytes)?;
+        d.set_item("blocked_seconds", s.blocked_seconds)?;
+        d.set_item("shards_closed", s.shards_closed)?;
+        d.set_item("backend", s.backend.name())?;
+        Ok(d)
+    }
+
+    /// `"io_uring"` or `"pwrite"`.
+    #[getter]
+    fn backend(&self) -> &'static str {
+        self.writer.backend().name()
+    }
+
+    /// The writer id in the names of this writer's shards.
+    #[getter]
+    fn writer_id(&self) -> &str {
+        self.writer.writer_id()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<NativeShardWriter {:?} writer_id={:?}>", self.path, self.writer.writer_id())
+    }
+}
+
+impl Drop for NativeShardWriter {
+    fn drop(&mut self) {
+        // Close (flush, footer, unlock) with the GIL released: the writer's threads may be
+        // busy for a while. In a forked child `close` refuses at once and nothing is touched.
+        Python::try_attach(|py| {
+            let _ = py.detach(|| self.writer.close());
+            drain_graveyard(py);
+        });
+    }
+}
 
 /// Adds this module's classes and functions to `layertap._native`.
-pub fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<NativeShardWriter>()?;
     Ok(())
 }

@@ -1,0 +1,119 @@
+"""Payload codecs (docs/FORMAT.md, "Codecs"): ``none``, ``zstd`` and ``bp16-zstd``.
+
+The byte-plane transform of ``bp16-zstd`` uses numpy strided copies, and zstandard releases the
+GIL while it compresses, so the writer's background thread leaves the caller's thread free.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import zstandard
+
+from layertap._py.blob import parse_header
+from layertap._py.dtypes import TWO_BYTE
+from layertap._py.format import FormatProblem
+from layertap._types import CODECS
+from layertap.errors import InvalidInputError
+
+CODEC_NONE, CODEC_ZSTD, CODEC_BP16_ZSTD = 0, 1, 2
+#: zstd levels accepted (the library's own range; negative levels are zstd's fast modes).
+MIN_LEVEL, MAX_LEVEL = -(1 << 17), zstandard.MAX_COMPRESSION_LEVEL
+
+
+def codec_id(name: object) -> int:
+    """The id of the codec called ``name``; InvalidInputError for an unknown one."""
+    if isinstance(name, str) and name in CODECS:
+        return CODECS.index(name)
+    raise InvalidInputError(f"unknown codec {name!r}; choose one of: {', '.join(CODECS)}")
+
+
+def check_level(level: object) -> int:
+    if not isinstance(level, int) or isinstance(level, bool) or not MIN_LEVEL <= level <= MAX_LEVEL:
+        raise InvalidInputError(f"zstd level {level!r} is out of range {MIN_LEVEL}..={MAX_LEVEL}")
+    return level
+
+
+def split_planes(src, out: np.ndarray) -> None:
+    """Writes the high bytes of the 2-byte little-endian elements of ``src`` (odd positions), then
+    the low bytes (even positions), into ``out`` (uint8, same length)."""
+    u = np.frombuffer(src, dtype="<u2")
+    m = u.size
+    # Shifts and truncating casts run about 5x faster than strided byte copies.
+    np.right_shift(u, 8, out=out[:m], casting="unsafe")
+    out[m:] = u  # keeps the low byte
+
+
+def join_planes(src, out: np.ndarray) -> None:
+    """Inverse of ``split_planes``: ``out[2i + 1] = src[i]``, ``out[2i] = src[m + i]``."""
+    a = np.frombuffer(src, dtype=np.uint8)
+    m = a.size // 2
+    out16 = out.view("<u2")
+    np.left_shift(a[:m], 8, out=out16, dtype=np.uint16)
+    np.bitwise_or(out16, a[m:], out=out16)
+
+
+class Encoder:
+    """Turns a record's pieces (blob header, then each tensor's bytes) into its stored payload.
+    Keeps one zstd context; use one per thread."""
+
+    def __init__(self, codec: int, level: int):
+        self.codec = codec
+        self._zstd = (
+            None
+            if codec == CODEC_NONE
+            else zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=False)
+        )
+
+    def encode(self, header: bytes, tensors: list[tuple[memoryview, bool]]) -> list:
+        """The stored payload as a list of buffers (for ``none``: the pieces themselves, no copy).
+        ``tensors`` lists each tensor's bytes and whether it is split into byte planes."""
+        if self._zstd is None:
+            return [header, *(view for view, _ in tensors)]
+        raw_len = len(header) + sum(view.nbytes for view, _ in tensors)
+        raw = np.empty(raw_len, dtype=np.uint8)
+        raw[: len(header)] = np.frombuffer(header, dtype=np.uint8)
+        at = len(header)
+        for view, split in tensors:
+            n = view.nbytes
+            if split and self.codec == CODEC_BP16_ZSTD:
+                split_planes(view, raw[at : at + n])
+            else:
+                raw[at : at + n] = np.frombuffer(view, dtype=np.uint8)
+            at += n
+        return [self._zstd.compress(raw)]
+
+
+def decode(codec: int, stored, raw_len: int):
+    """Decodes a stored payload into the raw blob of ``raw_len`` bytes (a writable buffer when
+    the codec made a new one). Raises FormatProblem saying why it cannot."""
+    if codec == CODEC_NONE:
+        out = stored
+    elif codec in (CODEC_ZSTD, CODEC_BP16_ZSTD):
+        # The frame's own content size must agree with raw_len, so a wrong raw_len cannot make
+        # the decoder allocate more than the data claims.
+        try:
+            size = zstandard.frame_content_size(stored)
+        except zstandard.ZstdError:
+            size = -1
+        if size < 0:
+            raise FormatProblem("payload is not a zstd frame with a content size")
+        if size != raw_len:
+            raise FormatProblem(f"zstd frame holds {size} bytes, frame header says {raw_len}")
+        try:
+            out = zstandard.ZstdDecompressor().decompress(stored, allow_extra_data=False)
+        except zstandard.ZstdError as e:
+            raise FormatProblem(f"zstd: {e}") from None
+    else:
+        raise FormatProblem(f"unknown codec id {codec}")
+    if len(out) != raw_len:
+        raise FormatProblem(f"decoded {len(out)} bytes, frame says {raw_len}")
+    if codec == CODEC_BP16_ZSTD:
+        _, tensors, _ = parse_header(out)
+        joined = np.frombuffer(out, dtype=np.uint8).copy()
+        for t in tensors:
+            if t.end - t.begin and t.dtype in TWO_BYTE:
+                join_planes(out[t.begin : t.end], joined[t.begin : t.end])
+        out = memoryview(joined).cast("B")
+    return out
+
+

@@ -1,0 +1,339 @@
+"""Byte layout of shards (docs/FORMAT.md): file header, frame headers, index and trailer.
+
+Pure encoding and decoding, no I/O; the Python twin of ``rust/core/src/format.rs``. Decoders
+return a reason string (or raise ``FormatProblem``) instead of guessing, so that callers can name
+what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from typing import NamedTuple
+
+import crc32c as _crc32c
+
+from layertap._types import CODECS
+
+FILE_MAGIC = b"\x89LTAP\r\n\x1a"
+VERSION = 1
+FRAME_MAGIC = b"LTRF"
+TRAILER_MAGIC = b"LTAPTAIL"
+FILE_HEADER_FIXED_LEN = 32
+FRAME_HEADER_LEN = 48
+INDEX_ENTRY_FIXED_LEN = 40
+TRAILER_LEN = 32
+MAX_META_LEN = 1 << 20
+KIND_RECORD = 1
+KIND_INDEX = 2
+MAX_KEY_LEN = 1024
+MAX_WRITER_ID_LEN = 64
+SHARD_SUFFIX = ".lts"
+
+# magic, kind, codec, key_len, stored_len, raw_len, num_tokens, payload_crc, 12 reserved bytes
+_FRAME = struct.Struct("<4sBBHQQII12x")
+# frame_offset, stored_len, raw_len, num_tokens, payload_crc, codec, reserved, key_len, reserved
+_ENTRY = struct.Struct("<QQQIIBxH4x")
+_TRAILER = struct.Struct("<QQ4x")
+_FILE_FIXED = struct.Struct("<8sHHI16s")
+
+
+def crc32c(data, value: int = 0) -> int:
+    """CRC32C of ``data``, continuing from ``value`` (the CRC of what came before)."""
+    return _crc32c.crc32c(data, value)
+
+
+def align8(n: int) -> int:
+    """``n`` rounded up to a multiple of 8."""
+    return (n + 7) & ~7
+
+
+class FormatProblem(Exception):
+    """Raised by decoders: the bytes are not what the format says; the message says why."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Names
+
+
+_WRITER_ID = re.compile(r"[A-Za-z0-9._-]{1,%d}" % MAX_WRITER_ID_LEN)
+_KEY_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f/\\]")
+
+
+def key_problem(key: object) -> str | None:
+    """Why ``key`` is not a valid record key, or None if it is."""
+    if not isinstance(key, str):
+        return f"record key must be a str, not {type(key).__name__}"
+    if not key:
+        return "record key is empty"
+    try:
+        n = len(key.encode("utf-8"))
+    except UnicodeEncodeError:
+        return f"record key {key!r} is not valid UTF-8 (it holds a lone surrogate)"
+    if n > MAX_KEY_LEN:
+        return f"record key is {n} bytes long; the limit is {MAX_KEY_LEN} (key starts {key[:40]!r})"
+    bad = _KEY_FORBIDDEN.search(key)
+    if bad:
+        return (
+            f"record key {key!r} contains {bad.group()!r}; keys may not contain path separators "
+            "or control characters"
+        )
+    return None
+
+
+def writer_id_problem(writer_id: object) -> str | None:
+    """Why ``writer_id`` is not a valid writer id, or None if it is."""
+    if isinstance(writer_id, str) and _WRITER_ID.fullmatch(writer_id) and not writer_id.startswith("."):
+        return None
+    return (
+        f"writer id {writer_id!r} is not valid: use 1 to {MAX_WRITER_ID_LEN} characters from "
+        "[A-Za-z0-9._-], not starting with '.'"
+    )
+
+
+def shard_file_name(writer_id: str, index: int) -> str:
+    """The file name of shard ``index`` of writer ``writer_id``."""
+    return f"{writer_id}-{index:06}{SHARD_SUFFIX}"
+
+
+def parse_shard_index(file_name: str, writer_id: str) -> int | None:
+    """If ``file_name`` is a shard of ``writer_id``, its index."""
+    prefix = writer_id + "-"
+    if not file_name.startswith(prefix) or not file_name.endswith(SHARD_SUFFIX):
+        return None
+    digits = file_name[len(prefix) : -len(SHARD_SUFFIX)]
+    if len(digits) < 6 or not (digits.isascii() and digits.isdigit()):
+        return None
+    return int(digits)
+
+
+# ---------------------------------------------------------------------------------------------
+# File header
+
+
+def encode_file_header(shard_id: bytes, meta: dict) -> bytes:
+    """The file header, padding included; its length is where the first frame starts."""
+    if len(shard_id) != 16:
+        raise ValueError("shard_id must be 16 bytes")
+    meta_bytes = json.dumps(meta, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    out = bytearray(_FILE_FIXED.pack(FILE_MAGIC, VERSION, 0, len(meta_bytes), shard_id))
+    out += meta_bytes
+    out += crc32c(out).to_bytes(4, "little")
+    out += bytes(align8(len(out)) - len(out))
+    return bytes(out)
+
+
+class FileHeader(NamedTuple):
+    shard_id: bytes
+    meta: dict
+    header_len: int
+    """Where the first frame starts."""
+
+
+def decode_file_header(data: bytes, file_len: int) -> FileHeader:
+    """Decodes the header at the start of a file of ``file_len`` bytes whose first bytes are
+    ``data`` (at least ``min(file_len, 36 + MAX_META_LEN)`` of them). Raises FormatProblem."""
+    if len(data) < 8 or data[:8] != FILE_MAGIC:
+        raise FormatProblem("wrong magic bytes")
+    if len(data) < FILE_HEADER_FIXED_LEN + 4:
+        raise FormatProblem(f"file is {file_len} bytes long, too short for a header")
+    _, version, flags, meta_len, shard_id = _FILE_FIXED.unpack_from(data, 0)
+    if version != VERSION:
+        raise FormatProblem(f"format version {version}; this reader reads version {VERSION}")
+    if flags != 0:
+        raise FormatProblem(f"unknown header flags {flags:#x}")
+    if meta_len > MAX_META_LEN:
+        raise FormatProblem(f"shard metadata of {meta_len} bytes is larger than {MAX_META_LEN}")
+    crc_at = FILE_HEADER_FIXED_LEN + meta_len
+    if len(data) < crc_at + 4:
+        raise FormatProblem("file ends inside its header")
+    if crc32c(data[:crc_at]) != int.from_bytes(data[crc_at : crc_at + 4], "little"):
+        raise FormatProblem("header checksum mismatch")
+    try:
+        meta = json.loads(bytes(data[FILE_HEADER_FIXED_LEN:crc_at]).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise FormatProblem("shard metadata is not UTF-8 JSON") from None
+    if not isinstance(meta, dict):
+        raise FormatProblem("shard metadata is not a JSON object")
+    return FileHeader(bytes(shard_id), meta, align8(crc_at + 4))
+
+
+# ---------------------------------------------------------------------------------------------
+# Frames
+
+
+class FrameHeader(NamedTuple):
+    kind: int
+    codec: int
+    key: str
+    stored_len: int
+    raw_len: int
+    num_tokens: int
+    payload_crc: int
+
+    @property
+    def header_len(self) -> int:
+        """Bytes from the frame start to the payload."""
+        return frame_header_len(len(self.key.encode("utf-8")))
+
+    @property
+    def frame_len(self) -> int:
+        return self.header_len + align8(self.stored_len)
+
+
+def frame_header_len(key_len: int) -> int:
+    """``align8(48 + key_len)``: bytes from a frame's start to its payload."""
+    return align8(FRAME_HEADER_LEN + key_len)
+
+
+def encode_frame_header(
+    kind: int, codec: int, key: bytes, stored_len: int, raw_len: int, num_tokens: int, payload_crc: int
+) -> bytes:
+    """The bytes that precede a payload: fixed header, key and padding."""
+    fixed = _FRAME.pack(FRAME_MAGIC, kind, codec, len(key), stored_len, raw_len, num_tokens, payload_crc)
+    crc = crc32c(key, crc32c(fixed))
+    out = fixed + crc.to_bytes(4, "little") + key
+    return out + bytes(frame_header_len(len(key)) - len(out))
+
+
+class Truncated(FormatProblem):
+    """Fewer bytes remain than the frame needs (it runs past the end of the file)."""
+
+
+class FrameCutOff(Truncated):
+    """The frame header (key included) is intact and its checksum right, but the frame runs past
+    the end of the file: the frame a writer is (or was) writing."""
+
+
+def decode_frame_header(data, remaining: int) -> FrameHeader:
+    """Decodes the frame header at the start of ``data``, where ``remaining`` bytes are left in
+    the file from the frame's start. ``data`` holds at least ``min(remaining, 48 + 65535)``
+    bytes. Checks magic, header CRC, kind, codec, key encoding and that the frame fits in
+    ``remaining``. Raises Truncated or FormatProblem."""
+    if remaining < FRAME_HEADER_LEN or len(data) < FRAME_HEADER_LEN:
+        raise Truncated("frame header is cut off by the end of the file")
+    if data[:4] != FRAME_MAGIC:
+        raise FormatProblem("wrong frame magic")
+    _, kind, codec, key_len, stored_len, raw_len, num_tokens, payload_crc = _FRAME.unpack_from(data, 0)
+    if remaining < FRAME_HEADER_LEN + key_len or len(data) < FRAME_HEADER_LEN + key_len:
+        raise Truncated("frame key is cut off by the end of the file")
+    key_bytes = bytes(data[FRAME_HEADER_LEN : FRAME_HEADER_LEN + key_len])
+    want = crc32c(key_bytes, crc32c(data[:44]))
+    if want != int.from_bytes(data[44:48], "little"):
+        raise FormatProblem("frame header checksum mismatch")
+    if kind not in (KIND_RECORD, KIND_INDEX):
+        raise FormatProblem(f"unknown frame kind {kind}")
+    if codec >= len(CODECS):
+        raise FormatProblem(f"unknown codec id {codec}")
+    try:
+        key = key_bytes.decode("utf-8")
+    except UnicodeDecodeError:
+        raise FormatProblem("frame key is not UTF-8") from None
+    header = FrameHeader(kind, codec, key, stored_len, raw_len, num_tokens, payload_crc)
+    if frame_header_len(key_len) + align8(stored_len) > remaining:
+        raise FrameCutOff("frame is cut off by the end of the file")
+    return header
+
+
+# ---------------------------------------------------------------------------------------------
+# Index
+
+
+class RawEntry(NamedTuple):
+    """An index entry as stored (codec as its id)."""
+
+    frame_offset: int
+    stored_len: int
+    raw_len: int
+    num_tokens: int
+    payload_crc: int
+    codec: int
+    key: str
+
+    @property
+    def frame_len(self) -> int:
+        return frame_header_len(len(self.key.encode("utf-8"))) + align8(self.stored_len)
+
+    @property
+    def payload_offset(self) -> int:
+        return self.frame_offset + frame_header_len(len(self.key.encode("utf-8")))
+
+    def matches(self, h: FrameHeader) -> bool:
+        """Whether this entry agrees with the frame header found at its offset."""
+        return (
+            h.kind == KIND_RECORD
+            and h.key == self.key
+            and h.stored_len == self.stored_len
+            and h.raw_len == self.raw_len
+            and h.num_tokens == self.num_tokens
+            and h.payload_crc == self.payload_crc
+            and h.codec == self.codec
+        )
+
+
+def encode_index(entries: list[RawEntry]) -> bytes:
+    out = bytearray(len(entries).to_bytes(8, "little"))
+    for e in entries:
+        key = e.key.encode("utf-8")
+        start = len(out)
+        out += _ENTRY.pack(e.frame_offset, e.stored_len, e.raw_len, e.num_tokens, e.payload_crc, e.codec, len(key))
+        out += key
+        out += bytes(start + align8(INDEX_ENTRY_FIXED_LEN + len(key)) - len(out))
+    return bytes(out)
+
+
+def decode_index(data) -> list[RawEntry]:
+    """Decodes an index payload. Raises FormatProblem saying what is malformed."""
+    if len(data) < 8:
+        raise FormatProblem("index shorter than its entry count")
+    count = int.from_bytes(data[:8], "little")
+    if count > (len(data) - 8) // INDEX_ENTRY_FIXED_LEN:
+        raise FormatProblem(f"index claims {count} entries in {len(data)} bytes")
+    entries = []
+    at = 8
+    for i in range(count):
+        if len(data) < at + INDEX_ENTRY_FIXED_LEN:
+            raise FormatProblem(f"index entry {i} is cut off")
+        frame_offset, stored_len, raw_len, num_tokens, payload_crc, codec, key_len = _ENTRY.unpack_from(data, at)
+        key_at = at + INDEX_ENTRY_FIXED_LEN
+        if len(data) < key_at + key_len:
+            raise FormatProblem(f"index entry {i} key is cut off")
+        if codec >= len(CODECS):
+            raise FormatProblem(f"index entry {i}: unknown codec id {codec}")
+        try:
+            key = bytes(data[key_at : key_at + key_len]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise FormatProblem(f"index entry {i} key is not UTF-8") from None
+        entries.append(RawEntry(frame_offset, stored_len, raw_len, num_tokens, payload_crc, codec, key))
+        at += align8(INDEX_ENTRY_FIXED_LEN + key_len)
+    if at != len(data):
+        raise FormatProblem(f"index has {len(data) - at} bytes after its last entry")
+    return entries
+
+
+# ---------------------------------------------------------------------------------------------
+# Trailer
+
+
+def encode_trailer(index_offset: int, record_count: int) -> bytes:
+    head = _TRAILER.pack(index_offset, record_count)
+    return head + crc32c(head[:20]).to_bytes(4, "little") + TRAILER_MAGIC
+
+
+def decode_trailer(data) -> tuple[int, int] | None:
+    """``(index_offset, record_count)`` if ``data`` (32 bytes) is a valid trailer."""
+    if len(data) != TRAILER_LEN or data[24:32] != TRAILER_MAGIC:
+        return None
+    if crc32c(data[:20]) != int.from_bytes(data[20:24], "little"):
+        return None
+    index_offset, record_count = _TRAILER.unpack_from(data, 0)
+    return index_offset, record_count
+
+
+def encode_footer(entries: list[RawEntry], data_end: int) -> bytes:
+    """What closes a shard whose record frames end at ``data_end``: index frame and trailer."""
+    payload = encode_index(entries)
+    header = encode_frame_header(KIND_INDEX, 0, b"", len(payload), len(payload), 0, crc32c(payload))
+    pad = bytes(align8(len(payload)) - len(payload))
+    return header + payload + pad + encode_trailer(data_end, len(entries))

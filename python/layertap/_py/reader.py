@@ -1,0 +1,205 @@
+"""``PyShardReader``: one shard, read as docs/FORMAT.md "Reading" says, in pure Python.
+
+A complete shard is read through its index; any other shard is scanned (``scan.py``). Reads use
+``os.pread`` on one file descriptor, so a shard that is still growing can be opened: what was
+there when it was opened is what the reader sees.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import fcntl
+import json
+import os
+import stat
+
+from layertap._py import scan
+from layertap._py.blob import parse_header
+from layertap._py.codecs import decode
+from layertap._py.format import (
+    FILE_HEADER_FIXED_LEN,
+    MAX_META_LEN,
+    FormatProblem,
+    RawEntry,
+    crc32c,
+    decode_file_header,
+)
+from layertap._types import CODECS, IndexEntry, Problem
+from layertap.errors import CorruptRecordError, FormatError, LayertapError
+
+
+def is_locked(path: str) -> bool:
+    """Whether another open file holds an exclusive ``flock`` on ``path`` (a live writer)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in (_errno.EWOULDBLOCK, _errno.EAGAIN):
+            return True
+        raise
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _quoted(key: str) -> str:
+    """A key in double quotes, as the Rust core quotes it in its messages."""
+    return json.dumps(key, ensure_ascii=False)
+
+
+class PyShardReader:
+    """The shard-backend protocol (see ``layertap.reader``) over one shard file.
+
+    Attributes: ``path``, ``complete``, ``meta``, ``file_bytes``, ``torn_tail_bytes``,
+    ``being_written``, ``scan_problems``, ``entries`` (records in file order), ``data_end``
+    (the end of the record data: the index frame's offset of a complete shard, the end of the
+    last valid record frame of an open one)."""
+
+    def __init__(self, path: str | os.PathLike, *, probe_lock: bool = True):
+        self.path = os.fspath(path)
+        self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self._open(probe_lock)
+        except BaseException:
+            os.close(self._fd)
+            self._fd = -1
+            raise
+
+    def _open(self, probe_lock: bool) -> None:
+        st = os.fstat(self._fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FormatError(f"{self.path}: not a layertap shard: not a regular file", self.path)
+        self.file_bytes = st.st_size
+        head = self.pread(0, min(self.file_bytes, FILE_HEADER_FIXED_LEN + 4 + MAX_META_LEN))
+        try:
+            header = decode_file_header(head, self.file_bytes)
+        except FormatProblem as e:
+            raise FormatError(f"{self.path}: not a layertap shard: {e}", self.path) from None
+        self.shard_id = header.shard_id
+        self.meta = header.meta
+        self.header_len = header.header_len
+        self.being_written = is_locked(self.path) if probe_lock else False
+        self.scan_problems: list[Problem] = []
+        footer = scan.read_index(self)
+        if footer is not None and footer.entries is not None:
+            self.complete = True
+            self._raw = footer.entries
+            self.data_end = footer.index_offset
+            self.torn_tail_bytes = 0
+        else:
+            self.complete = False
+            if footer is not None:
+                self.scan_problems.append(Problem(
+                    self.path, footer.index_offset, None, "bad_index",
+                    f"index at offset {footer.index_offset} is unusable ({footer.problem}); "
+                    "the shard was scanned instead",
+                ))
+            found = scan.scan(self)
+            self._raw = found.entries
+            self.data_end = found.data_end
+            self.scan_problems += found.problems
+            # Behind a valid trailer, the footer (however damaged) is not part of the torn tail.
+            tail_end = found.stop
+            if footer is not None and found.data_end <= footer.index_offset <= found.stop:
+                tail_end = footer.index_offset
+            self.torn_tail_bytes = tail_end - found.data_end
+            if self.torn_tail_bytes:
+                self.scan_problems.append(Problem(
+                    self.path, found.data_end, None, "torn_tail",
+                    f"torn tail of {self.torn_tail_bytes} bytes at offset {found.data_end}: "
+                    "an unfinished frame after the last valid one",
+                ))
+            if found.stopped_at_index and footer is None:
+                self.scan_problems.append(Problem(
+                    self.path, found.stop, None, "bad_index",
+                    "an index frame without a valid trailer after it (the writer died while closing "
+                    "the shard?)",
+                ))
+        self.entries = [
+            IndexEntry(e.key, e.frame_offset, e.stored_len, e.raw_len, e.num_tokens, CODECS[e.codec], e.payload_crc)
+            for e in self._raw
+        ]
+
+    # -- bytes --------------------------------------------------------------------------------
+
+    def pread(self, offset: int, n: int) -> bytearray:
+        """``n`` bytes at ``offset`` (fewer only at the end of the file)."""
+        if self._fd < 0:
+            raise LayertapError(f"{self.path}: the shard reader is closed")
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            k = os.preadv(self._fd, [view[got:]], offset + got)
+            if k == 0:
+                break
+            got += k
+        del view
+        if got < n:
+            del buf[got:]
+        return buf
+
+    def raw_entries(self) -> list[RawEntry]:
+        return list(self._raw)
+
+    # -- records ------------------------------------------------------------------------------
+
+    def _corrupt(self, e: RawEntry, reason: str) -> CorruptRecordError:
+        return CorruptRecordError(
+            f"{self.path}: corrupt record at offset {e.frame_offset} (key {_quoted(e.key)}): {reason}",
+            self.path,
+            e.frame_offset,
+            e.key,
+        )
+
+    def read(self, i: int, verify: bool = True):
+        """``(metadata, [(name, dtype, shape, buffer)])`` of record ``i``; the tensors in the
+        order of their data. Raises CorruptRecordError naming the shard, offset and key."""
+        e = self._raw[i]
+        stored = self.pread(e.payload_offset, e.stored_len)
+        if len(stored) != e.stored_len:
+            raise self._corrupt(e, "payload is cut off by the end of the file")
+        if verify:
+            crc = crc32c(stored)
+            if crc != e.payload_crc:
+                raise self._corrupt(
+                    e, f"payload checksum mismatch (frame says {e.payload_crc:#010x}, payload has {crc:#010x})"
+                )
+        try:
+            raw = decode(e.codec, stored, e.raw_len)
+            metadata, tensors, _ = parse_header(raw)
+        except FormatProblem as problem:
+            raise self._corrupt(e, str(problem)) from None
+        if metadata.get("key") != e.key:
+            raise self._corrupt(e, f"__metadata__ key {metadata.get('key')!r} differs from the frame key")
+        view = memoryview(raw).cast("B") if not isinstance(raw, memoryview) else raw
+        return metadata, [(t.name, t.dtype, t.shape, view[t.begin : t.end]) for t in tensors]
+
+    def check(self, i: int) -> None:
+        """Full check of record ``i``: its frame header agrees with the entry, then everything
+        ``read`` checks. Raises CorruptRecordError."""
+        e = self._raw[i]
+        try:
+            h = scan.read_frame_header(self, e.frame_offset)
+        except FormatProblem as problem:
+            raise self._corrupt(e, f"no valid frame header at the indexed offset: {problem}") from None
+        if not e.matches(h):
+            raise self._corrupt(e, "the frame header does not agree with the index entry")
+        self.read(i, verify=True)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+
+    def __enter__(self) -> PyShardReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "complete" if self.complete else "open"
+        return f"PyShardReader({self.path!r}, {state}, {len(self._raw)} records)"

@@ -1,0 +1,55 @@
+"""Pure-Python reference of docs/FORMAT.md "Recovery": completing a shard whose writer died.
+
+``layertap.recover`` is the Rust implementation; this one is what it is checked against and what
+``layertap recover --backend python`` runs.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import fcntl
+import os
+
+from layertap._py.format import encode_footer
+from layertap._py.reader import PyShardReader
+from layertap._py.shardfile import io_error
+from layertap._types import RecoverReport
+from layertap.errors import ShardLockedError
+
+
+def recover(path: str | os.PathLike) -> RecoverReport:
+    """Turns an open shard into a complete one: under ``LOCK_EX|LOCK_NB`` it scans the shard,
+    cuts the torn tail, appends an index of every valid record and a trailer, and fsyncs.
+    A complete shard is left as it is. Raises ShardLockedError if a live writer holds the shard
+    (it is not touched), FormatError if the file is not a shard."""
+    path = os.fspath(path)
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (_errno.EWOULDBLOCK, _errno.EAGAIN):
+                raise ShardLockedError(
+                    f"{path}: locked by another process (a live writer?); refusing to modify it", path
+                ) from None
+            raise
+        # Scanned only once the lock is held, so that no writer appends behind the scan.
+        with PyShardReader(path, probe_lock=False) as shard:
+            if shard.complete:
+                return RecoverReport(path, True, len(shard.entries), 0, [])
+            entries = shard.raw_entries()
+            data_end = shard.data_end
+            truncated = shard.file_bytes - data_end
+            problems = [p for p in shard.scan_problems if p.kind in ("corrupt_record", "damaged_region")]
+        footer = encode_footer(entries, data_end)
+        try:
+            os.ftruncate(fd, data_end)
+            written = 0
+            while written < len(footer):
+                written += os.pwrite(fd, footer[written:], data_end + written)
+            os.fsync(fd)
+        except OSError as e:
+            raise io_error(e, path, "recover") from None
+        return RecoverReport(path, False, len(entries), truncated, problems)
+    finally:
+        os.close(fd)  # releases the lock

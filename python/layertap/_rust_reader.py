@@ -1,0 +1,88 @@
+"""``RustShardReader``: the shard backend (see ``layertap.reader``) over the Rust core's
+memory-mapped reader (``layertap._native.NativeShardReader``).
+
+Records stored with codec ``none`` are not copied: each read of a record of at least 64 KiB gets
+its own private copy-on-write mapping of the shard, so its tensors are writable, writing to them
+never reaches the file, and no other read of the record sees the writes. Smaller records and
+compressed ones are read into buffers of their own. The GIL is released while the core scans,
+checks checksums and decompresses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from layertap import _native
+from layertap._types import IndexEntry, Problem
+from layertap.errors import FormatError
+
+
+class RustShardReader:
+    """One shard, read by the Rust core. Implements the shard-backend protocol: ``path``,
+    ``complete``, ``meta``, ``file_bytes``, ``torn_tail_bytes``, ``being_written``,
+    ``scan_problems``, ``entries``, ``read()``, ``check()``, ``close()``; also ``shard_id``,
+    ``header_len``, ``index_unusable``, ``closed``.
+
+    Raises ``FormatError`` for a file that is not a shard and ``OSError`` (e.g.
+    ``FileNotFoundError``) when the file cannot be opened. ``probe_lock=False`` skips the check of
+    whether a writer holds the shard (``being_written`` is then False)."""
+
+    def __init__(self, path: str | os.PathLike, *, probe_lock: bool = True):
+        self.path = os.fspath(path)
+        native = _native.NativeShardReader(self.path)
+        self._native = native
+        self.complete: bool = native.complete
+        self.file_bytes: int = native.file_bytes
+        self.torn_tail_bytes: int = native.torn_tail_bytes
+        self.header_len: int = native.header_len
+        self.index_unusable: bool = native.index_unusable
+        self.shard_id: bytes = native.shard_id
+        try:
+            self.meta: dict = json.loads(native.meta_json)
+        except ValueError as e:  # the core checked it is a JSON object; keep the promise anyway
+            raise FormatError(f"{self.path}: not a layertap shard: shard metadata: {e}", self.path) from None
+        self.scan_problems: list[Problem] = [
+            Problem(self.path, offset, key, kind, message) for kind, offset, key, message in native.problems
+        ]
+        self.entries: list[IndexEntry] = [IndexEntry(*row) for row in native.entries()]
+        self.being_written: bool = _native.is_being_written(self.path) if probe_lock else False
+
+    def read(self, i: int, verify: bool = True) -> tuple[dict[str, str], list[tuple[str, str, tuple[int, ...], np.ndarray]]]:
+        """``(metadata, [(name, dtype, shape, buffer)])`` of record ``i``, tensors in the order of
+        their data. Each buffer is a writable one-dimensional ``uint8`` numpy array over the
+        record's own memory (it keeps that memory alive). With ``verify`` the payload checksum
+        is checked first. Raises ``CorruptRecordError`` (``path``, ``offset``, ``key``)."""
+        metadata, tensors = self._native.read(i, verify)
+        return metadata, [(name, dtype, shape, np.asarray(buf)) for name, dtype, shape, buf in tensors]
+
+    def check(self, i: int) -> None:
+        """Checks record ``i`` fully: its frame header agrees with the entry, its payload matches
+        its checksum and decodes, and its key is right. Raises ``CorruptRecordError``."""
+        self._native.check(i)
+
+    def close(self) -> None:
+        """Closes the reader (idempotent). Tensors already read stay valid."""
+        self._native.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._native.closed
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __enter__(self) -> RustShardReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "complete" if self.complete else "open"
+        return f"RustShardReader({self.path!r}, {state}, {len(self.entries)} records)"
+
+
+__all__ = ["RustShardReader"]

@@ -1,0 +1,382 @@
+"""The ``layertap`` command: ``inspect``, ``verify`` and ``recover`` datasets and shards.
+
+Exit status: 0 all good; 1 problems found (corrupt records, torn tails, a shard that could not
+be recovered); 2 the command could not run (missing path, not a shard, bad arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from layertap._types import Problem
+from layertap.errors import LayertapError
+
+#: verify shows a progress bar on a terminal past this many records (or with --progress).
+PROGRESS_MIN_RECORDS = 10_000
+PROGRESS_MIN_BYTES = 1 << 30
+
+
+class _Usage(Exception):
+    """The command cannot run; the message is printed and the exit status is 2."""
+
+
+def human_bytes(n: int | None) -> str:
+    """``n`` bytes in B, KiB, MiB, GiB or TiB."""
+    if n is None:
+        return "-"
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        value /= 1024
+        if value < 1024 or unit == "PiB":
+            return f"{value:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def problem_line(p: Problem) -> str:
+    """One line naming a problem: kind, shard, offset, key and reason."""
+    where = p.shard
+    if p.offset is not None:
+        where += f" offset {p.offset}"
+    if p.key is not None:
+        where += f" key {p.key!r}"
+    return f"{p.kind}: {where}: {p.message}"
+
+
+def _problem_json(p: Problem) -> dict:
+    return p._asdict()
+
+
+def _open(path: str, backend: str):
+    import layertap
+
+    try:
+        return layertap.open(path, backend=backend)
+    except FileNotFoundError:
+        raise _Usage(f"{path}: no such file or directory") from None
+    except (LayertapError, OSError, ImportError) as e:
+        raise _Usage(str(e)) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# inspect
+
+
+def _first_record_shape(backend) -> dict[str, Any]:
+    """layers, hidden size, dtype and layer ids of a shard, from its first record."""
+    from layertap._py.dtypes import TORCH_NAMES
+
+    out: dict[str, Any] = {"layers": None, "hidden_size": None, "dtype": None, "layer_ids": None}
+    if not backend.entries:
+        return out
+    try:
+        metadata, tensors = backend.read(0)
+    except LayertapError as e:
+        out["error"] = str(e)
+        return out
+    for name, dtype, shape, _ in tensors:
+        if name == "hidden_states":
+            out["dtype"] = TORCH_NAMES[dtype]
+            if len(shape) == 3:
+                out["layers"], out["hidden_size"] = shape[1], shape[2]
+    try:
+        ids = json.loads(metadata["layer_ids"]) if "layer_ids" in metadata else None
+        out["layer_ids"] = ids if isinstance(ids, list) else None
+    except ValueError:
+        pass
+    return out
+
+
+def _state(info) -> str:
+    if info.complete:
+        return "complete"
+    return "being written" if info.being_written else "open"
+
+
+def _agreed(values: list) -> Any:
+    """The one value all shards with records agree on, None if none, "mixed" otherwise."""
+    seen = [v for v in values if v is not None]
+    if not seen:
+        return None
+    return seen[0] if all(v == seen[0] for v in seen) else "mixed"
+
+
+def inspect_summary(ds) -> dict:
+    """What ``layertap inspect --json`` prints."""
+    shards = []
+    for info, backend in zip(ds.shards, ds.backends):
+        shape = _first_record_shape(backend)
+        shards.append({
+            "path": info.path,
+            "name": os.path.basename(info.path),
+            "state": _state(info).replace(" ", "_"),
+            "complete": info.complete,
+            "being_written": info.being_written,
+            "records": info.records,
+            "tokens": info.tokens,
+            **shape,
+            "codecs": info.codecs,
+            "raw_bytes": info.raw_bytes,
+            "stored_bytes": info.stored_bytes,
+            "file_bytes": info.file_bytes,
+            "ratio": round(info.raw_bytes / info.stored_bytes, 4) if info.stored_bytes else None,
+            "torn_tail_bytes": info.torn_tail_bytes,
+            "writer": info.meta.get("writer"),
+            "writer_id": info.meta.get("writer_id"),
+            "problems": [_problem_json(p) for p in backend.scan_problems],
+        })
+    codecs: dict[str, int] = {}
+    for s in shards:
+        for c, n in s["codecs"].items():
+            codecs[c] = codecs.get(c, 0) + n
+    raw = sum(s["raw_bytes"] for s in shards)
+    stored = sum(s["stored_bytes"] for s in shards)
+    total = {
+        "path": ds.path,
+        "records": sum(s["records"] for s in shards),
+        "tokens": sum(s["tokens"] for s in shards),
+        "layers": _agreed([s["layers"] for s in shards]),
+        "hidden_size": _agreed([s["hidden_size"] for s in shards]),
+        "dtype": _agreed([s["dtype"] for s in shards]),
+        "layer_ids": _agreed([s["layer_ids"] for s in shards]),
+        "codecs": codecs,
+        "raw_bytes": raw,
+        "stored_bytes": stored,
+        "file_bytes": sum(s["file_bytes"] for s in shards),
+        "ratio": round(raw / stored, 4) if stored else None,
+        "shards": shards,
+        "unreadable": [_problem_json(p) for p in ds.unreadable],
+    }
+    for key in ("layers", "hidden_size", "dtype", "layer_ids"):
+        if total[key] == "mixed":
+            total[key] = None  # JSON readers get null; the table says "mixed"
+            total[f"{key}_mixed"] = True
+    return total
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def _table(rows: list[list[str]], right: set[int]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for r in rows:
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def _tail(n: int) -> str:
+    return human_bytes(n) if n else "-"
+
+
+def inspect_table(summary: dict) -> str:
+    """What ``layertap inspect`` prints."""
+    head = ["shard", "state", "records", "tokens", "layers", "hidden", "dtype", "codecs",
+            "raw", "stored", "ratio", "torn tail"]
+    rows = [head]
+
+    def ratio(r):
+        return f"{r:.2f}x" if r else "-"
+
+    def codecs(c):
+        return ",".join(sorted(c)) or "-"
+
+    for s in summary["shards"]:
+        rows.append([
+            s["name"], s["state"].replace("_", " "), _cell(s["records"]), _cell(s["tokens"]), _cell(s["layers"]),
+            _cell(s["hidden_size"]), _cell(s["dtype"]), codecs(s["codecs"]), human_bytes(s["raw_bytes"]),
+            human_bytes(s["stored_bytes"]), ratio(s["ratio"]), _tail(s["torn_tail_bytes"]),
+        ])
+    states = [s["state"] for s in summary["shards"]]
+    counts = ", ".join(f"{states.count(k)} {k.replace('_', ' ')}" for k in ("complete", "open", "being_written") if k in states)
+
+    def total(key):
+        return "mixed" if summary.get(f"{key}_mixed") else _cell(summary[key])
+
+    rows.append([
+        "total", counts or "-", _cell(summary["records"]), _cell(summary["tokens"]), total("layers"),
+        total("hidden_size"), total("dtype"), codecs(summary["codecs"]), human_bytes(summary["raw_bytes"]),
+        human_bytes(summary["stored_bytes"]), ratio(summary["ratio"]),
+        _tail(sum(s["torn_tail_bytes"] for s in summary["shards"])),
+    ])
+    n = len(summary["shards"])
+    title = (
+        f"{summary['path']}: {n} shard{'s' if n != 1 else ''}, {summary['records']:,} records, "
+        f"{summary['tokens']:,} tokens, {human_bytes(summary['file_bytes'])} on disk"
+    )
+    out = [title]
+    if summary["layer_ids"] is not None:
+        out.append(f"layer ids: {summary['layer_ids']}")
+    out += ["", _table(rows, right={2, 3, 4, 5, 8, 9, 10, 11})]
+    for u in summary["unreadable"]:
+        out.append(f"not a shard: {u['shard']}: {u['message']}")
+    return "\n".join(out)
+
+
+def cmd_inspect(args) -> int:
+    with _open(args.path, args.backend) as ds:
+        summary = inspect_summary(ds)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(inspect_table(summary))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# verify
+
+
+def cmd_verify(args) -> int:
+    with _open(args.path, args.backend) as ds:
+        large = len(ds) >= PROGRESS_MIN_RECORDS or sum(s.raw_bytes for s in ds.shards) >= PROGRESS_MIN_BYTES
+        progress = args.progress or (large and sys.stderr.isatty() and not args.quiet)
+        report = ds.verify(progress=progress)
+        shards = len(ds.backends)
+    for p in report.problems:
+        print(problem_line(p), file=sys.stderr)
+    if args.json:
+        print(json.dumps({
+            "path": args.path,
+            "ok": report.ok,
+            "shards": shards,
+            "records_ok": report.records_ok,
+            "records_bad": report.records_bad,
+            "problems": [_problem_json(p) for p in report.problems],
+        }, indent=2))
+    elif not args.quiet:
+        verdict = "OK" if report.ok else "FAILED"
+        print(
+            f"{verdict}: {args.path}: {report.records_ok:,} records ok, {report.records_bad:,} bad, "
+            f"{len(report.problems)} problem{'s' if len(report.problems) != 1 else ''} in {shards} "
+            f"shard{'s' if shards != 1 else ''}"
+        )
+    return 0 if report.ok else 1
+
+
+# ---------------------------------------------------------------------------------------------
+# recover
+
+
+def _recover_function(backend: str):
+    if backend == "python":
+        from layertap._py.recover import recover
+        return recover
+    if backend == "auto":
+        try:
+            import layertap._native  # noqa: F401 - only asks whether the extension is built
+        except ImportError:
+            from layertap._py.recover import recover
+            return recover
+    from layertap.recover import recover
+    return recover
+
+
+def cmd_recover(args) -> int:
+    from layertap.errors import FormatError, ShardLockedError
+
+    recover = _recover_function(args.backend)
+    status = 0
+    results = []
+    for path in args.shards:
+        result: dict[str, Any] = {"path": path, "ok": False}
+        try:
+            if not os.path.exists(path):
+                raise FileNotFoundError(2, "no such file or directory", path)
+            if os.path.isdir(path):
+                raise _Usage(f"{path}: is a directory; recover takes shard files")
+            report = recover(path)
+        except (FileNotFoundError, FormatError, _Usage) as e:
+            msg = f"{path}: no such file or directory" if isinstance(e, FileNotFoundError) else str(e)
+            print(f"layertap recover: {msg}", file=sys.stderr)
+            result["error"] = msg
+            status = 2
+        except (ShardLockedError, LayertapError, OSError) as e:
+            print(f"layertap recover: {e}", file=sys.stderr)
+            result["error"] = str(e)
+            status = max(status, 1)
+        else:
+            result.update(
+                ok=not report.problems,
+                was_complete=report.was_complete,
+                records=report.records,
+                truncated_bytes=report.truncated_bytes,
+                problems=[_problem_json(p) for p in report.problems],
+            )
+            for p in report.problems:
+                print(problem_line(p), file=sys.stderr)
+            if report.problems:
+                status = max(status, 1)
+            if not args.json:
+                if report.was_complete:
+                    print(f"{path}: already complete ({report.records:,} records); left as it is")
+                else:
+                    line = (
+                        f"{path}: recovered: {report.records:,} records indexed, "
+                        f"{human_bytes(report.truncated_bytes)} of torn tail cut"
+                    )
+                    if report.problems:
+                        line += f", {len(report.problems)} damaged part(s) left unindexed"
+                    print(line)
+        results.append(result)
+    if args.json:
+        print(json.dumps({"shards": results}, indent=2))
+    return status
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="layertap", description="Inspect, verify and recover layertap datasets.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    backend = {"choices": ["auto", "rust", "python"], "default": "auto",
+               "help": "reader implementation (default: Rust when built)"}
+
+    p = sub.add_parser("inspect", help="summarise a dataset or shard")
+    p.add_argument("path", help="dataset directory or shard file")
+    p.add_argument("--json", action="store_true", help="print a JSON object")
+    p.add_argument("--backend", **backend)
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("verify", help="check every record; exit 1 if anything is wrong")
+    p.add_argument("path", help="dataset directory or shard file")
+    p.add_argument("--json", action="store_true", help="print a JSON report")
+    p.add_argument("--quiet", "-q", action="store_true", help="print only the problems (on stderr)")
+    p.add_argument("--progress", action="store_true", help="always show a progress bar")
+    p.add_argument("--backend", **backend)
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("recover", help="complete shards whose writer died")
+    p.add_argument("shards", nargs="+", metavar="SHARD", help="shard files")
+    p.add_argument("--json", action="store_true", help="print a JSON report")
+    p.add_argument("--backend", **backend)
+    p.set_defaults(func=cmd_recover)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the command line; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except _Usage as e:
+        print(f"layertap {args.command}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""The hot path of the worker half: gather finished requests' hidden states into the host pool,
+hand them to the writer without a copy, and tell which requests' KV blocks can be freed.
+
+Per engine step that finished requests: one region of the pool, one set of index arrays, one
+gather, one device-to-host copy, for all of them. On CUDA the gather and the copy run on a side
+stream behind the model's work and an event marks the end of the copy; the engine thread only
+polls the event (``event.query()``) at later steps and never waits on it, unless the pool is
+full. On the CPU the gather writes straight into the pool and is done when it returns.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import time
+from typing import Any
+
+import torch
+
+from layertap.errors import InvalidInputError, LayertapError
+from layertap.vllm.engine import EngineFacts
+from layertap.vllm.gather import HiddenStatesCache
+from layertap.vllm.metadata import SaveRequest
+from layertap.vllm.online import error_marker_path
+from layertap.vllm.pool import HostPool, Region, align_up
+from layertap.vllm.stats import ConnectorStats
+
+logger = logging.getLogger("vllm.layertap")  # under vLLM's logging configuration
+
+
+def region_bytes(num_tokens: int, row_bytes: int) -> int:
+    """Pool bytes for ``num_tokens`` tokens: hidden states, token ids and two index arrays."""
+    return align_up(num_tokens * row_bytes) + 3 * align_up(num_tokens * 8)
+
+
+class _Batch:
+    """The requests gathered together in one region."""
+
+    __slots__ = ("region", "saves", "bounds", "hidden", "token_ids", "event", "keep")
+
+    def __init__(self, region: Region, saves: list[SaveRequest], bounds: list[tuple[int, int]],
+                 hidden: torch.Tensor, token_ids: torch.Tensor):
+        self.region = region
+        self.saves = saves
+        self.bounds = bounds
+        self.hidden = hidden
+        self.token_ids = token_ids
+        self.event: Any = None
+        self.keep: tuple = ()
+
+
+class HiddenStatesSaver:
+    """Moves finished requests from the KV cache through the pool into the writer."""
+
+    def __init__(self, cache: HiddenStatesCache, writer: Any, pool: HostPool, facts: EngineFacts,
+                 stats: ConnectorStats, dataset: str):
+        self.cache = cache
+        self.writer = writer
+        self.pool = pool
+        self.stats = stats
+        self.dataset = dataset
+        self.writer_id = facts.writer_id
+        self.row_bytes = cache.row_bytes
+        self._record_meta = {
+            "layer_ids": json.dumps(list(facts.layer_ids)),
+            "model": facts.model,
+            "dtype": str(cache.dtype).removeprefix("torch."),
+        }
+        self._inflight: collections.deque[_Batch] = collections.deque()
+        self._copied: list[str] = []
+        self._region_of_seq: dict[int, Region] = {}
+        self._stream = torch.cuda.Stream(device=cache.device) if cache.is_cuda else None
+        self.failed: BaseException | None = None
+
+    # -- the engine step ----------------------------------------------------------------------
+
+    def start(self, saves: list[SaveRequest]) -> None:
+        """Gathers ``saves`` (one batch if the pool has room for all, else as many as fit, waiting
+        for the writer when nothing fits)."""
+        i = 0
+        while i < len(saves):
+            region, n = self._alloc_prefix(saves, i)
+            if region is None:
+                self._stall()
+                continue
+            self._launch(region, saves[i : i + n])
+            i += n
+
+    def collect(self) -> list[str]:
+        """Request ids whose hidden states are now in host memory (their KV blocks may be freed);
+        also returns finished writes' regions to the pool."""
+        while self._inflight and self._inflight[0].event.query():
+            self._submit(self._inflight.popleft())
+        self._reap()
+        done, self._copied = self._copied, []
+        return done
+
+    # -- pool ---------------------------------------------------------------------------------
+
+    def _alloc_prefix(self, saves: list[SaveRequest], start: int) -> tuple[Region | None, int]:
+        """The largest run ``saves[start:start + n]`` the pool has room for now, and its region."""
+        total = 0
+        sizes = []
+        for save in saves[start:]:
+            total += save.num_tokens
+            sizes.append(total)
+        for n in range(len(sizes), 0, -1):
+            region = self.pool.try_alloc(region_bytes(sizes[n - 1], self.row_bytes))
+            if region is not None:
+                return region, n
+        return None, 0
+
+    def _stall(self) -> None:
+        """Waits until the pool is empty: copies in flight finish, the writer writes all."""
+        t0 = time.perf_counter()
+        self.stats.pool_stalls += 1
+        if self.pool.live_regions == 0:
+            raise RuntimeError(
+                f"layertap connector: a request does not fit the empty pool of {self.pool.nbytes} "
+                "bytes; raise pool_bytes"
+            )
+        while self._inflight:
+            batch = self._inflight.popleft()
+            batch.event.synchronize()
+            self._submit(batch)
+        self._writer_call(self.writer.flush)
+        self._reap()
+        self.stats.pool_stall_seconds += time.perf_counter() - t0
+
+    # -- gather and submit --------------------------------------------------------------------
+
+    def _launch(self, region: Region, saves: list[SaveRequest]) -> None:
+        total = sum(s.num_tokens for s in saves)
+        layers, hidden_size = self.cache.num_layers, self.cache.hidden_size
+        hidden_bytes = align_up(total * self.row_bytes)
+        ids_bytes = align_up(total * 8)
+        hidden = region.carve(0, total * self.row_bytes, self.cache.dtype, (total, layers, hidden_size))
+        token_ids = region.carve(hidden_bytes, total * 8, torch.int64, (total,))
+        blk = region.carve(hidden_bytes + ids_bytes, total * 8, torch.int64, (total,))
+        off = region.carve(hidden_bytes + 2 * ids_bytes, total * 8, torch.int64, (total,))
+        ids_np = token_ids.numpy()
+        bounds = []
+        at = 0
+        for save in saves:
+            end = at + save.num_tokens
+            ids_np[at:end] = save.token_ids
+            self.cache.write_indices(save.block_ids, save.num_tokens, blk[at:end], off[at:end])
+            bounds.append((at, end))
+            at = end
+        batch = _Batch(region, saves, bounds, hidden, token_ids)
+        self.stats.gathers += 1
+        if self._stream is None:
+            self.cache.gather(blk, off, hidden)
+            self._submit(batch)
+            return
+        # The copy stream starts after the work the model has queued so far (which wrote these
+        # hidden states); the engine thread goes on at once.
+        self._stream.wait_stream(torch.cuda.current_stream(self.cache.device))
+        with torch.cuda.stream(self._stream):
+            batch.keep = self.cache.gather(blk, off, hidden)
+            batch.event = torch.cuda.Event()
+            batch.event.record(self._stream)
+        self._inflight.append(batch)
+
+    def _submit(self, batch: _Batch) -> None:
+        """Hands each record of a gathered batch to the writer (views into the pool)."""
+        batch.keep = ()
+        region = batch.region
+        for save, (s, e) in zip(batch.saves, batch.bounds):
+            meta = dict(self._record_meta, num_tokens=str(e - s), request_id=save.req_id,
+                        num_prompt_tokens=str(save.num_prompt_tokens))
+            tensors = {"hidden_states": batch.hidden[s:e], "token_ids": batch.token_ids[s:e]}
+            try:
+                seq = self._writer_call(self.writer.submit, save.key, tensors, meta)
+            except InvalidInputError as err:
+                # The scheduler checked the key already; anything left is a bug worth a log line,
+                # not a reason to stop the engine.
+                self.stats.records_failed += 1
+                logger.error("layertap: record %r of request %s not written: %s", save.key, save.req_id, err)
+                continue
+            self._region_of_seq[seq] = region
+            region.records += 1
+            self.stats.records_submitted += 1
+            self.stats.tokens += e - s
+            self.stats.bytes_submitted += (e - s) * (self.row_bytes + 8)
+        self._copied.extend(save.req_id for save in batch.saves)
+        if region.records == 0:
+            self.pool.release(region)
+
+    def _reap(self) -> None:
+        for done in self._writer_call(self.writer.poll):
+            region = self._region_of_seq.pop(done.seq)
+            region.records -= 1
+            if region.records == 0:
+                self.pool.release(region)
+            self.stats.records_written += 1
+
+    def _writer_call(self, fn, *args):
+        """Calls the writer; an I/O failure stops the engine (no silent data loss) after leaving
+        an error file that ``fetch`` reports to waiting clients."""
+        try:
+            return fn(*args)
+        except InvalidInputError:
+            raise
+        except LayertapError as err:
+            self.failed = err
+            try:
+                with open(error_marker_path(self.dataset, self.writer_id), "w") as f:
+                    f.write(f"{type(err).__name__}: {err}\n")
+            except OSError:
+                pass
+            raise RuntimeError(f"layertap connector: the shard writer failed: {err}") from err
+
+    # -- end ----------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Finishes every copy, closes the writer (all records on disk) and reclaims the pool."""
+        while self._inflight:
+            batch = self._inflight.popleft()
+            batch.event.synchronize()
+            self._submit(batch)
+        if self.failed is None:
+            self._writer_call(self.writer.close)
+            self._reap()
+

@@ -1,1 +1,0 @@
-//! Reader (to be written).

@@ -1,0 +1,358 @@
+//! The shard reader (docs/FORMAT.md, "Reading"): memory-maps a shard, takes its records from the
+//! index of a complete shard or by scanning an open one, and reads records with every check the
+//! format asks for.
+//!
+//! Shards are append-only, and open shards may still be growing: a reader sees the file as it was
+//! when opened (its length then) and never looks past it. Bytes a writer has not finished are
+//! reported as a torn tail, never returned.
+
+mod footer;
+mod lock;
+mod problem;
+mod record;
+mod scan;
+
+pub use lock::is_being_written;
+pub(crate) use lock::lock_exclusive_now;
+pub use problem::Problem;
+pub use record::{Record, RecordBytes, MAP_MIN_BYTES};
+
+use crate::blob::{self, BlobHeader};
+use crate::codec::{self, Codec};
+use crate::error::{Error, Result};
+use crate::format::{crc32c, not_a_shard, FileHeader, FrameHeader, IndexEntry};
+use footer::Footer;
+use std::borrow::Cow;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+/// How far zstd can expand its input: a block of at most 128 KiB takes at least 4 bytes stored
+/// (a 3-byte block header and one byte of an RLE block). A record whose `raw_len` is larger than
+/// this many times its `stored_len` cannot be genuine, and is rejected before anything is
+/// allocated for it.
+const ZSTD_MAX_RATIO: u64 = 32 << 10;
+
+/// A memory-mapped shard, open for reading.
+pub struct ShardReader {
+    path: PathBuf,
+    file: File,
+    /// The whole file as long as it was when opened (read-only, shared).
+    map: memmap2::Mmap,
+    header: FileHeader,
+    header_len: u64,
+    complete: bool,
+    entries: Vec<IndexEntry>,
+    problems: Vec<Problem>,
+    data_end: u64,
+    torn_tail_bytes: u64,
+    index_unusable: bool,
+}
+
+impl std::fmt::Debug for ShardReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardReader")
+            .field("path", &self.path)
+            .field("complete", &self.complete)
+            .field("records", &self.entries.len())
+            .field("problems", &self.problems)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ShardReader {
+    /// Opens a shard: checks its file header, then uses its index if the shard is complete, or
+    /// scans its frames if it is open (or its index is unusable, which is reported as a
+    /// [`Problem::BadIndex`]). A file that is not a shard is [`Error::NotAShard`].
+    pub fn open(path: impl AsRef<Path>) -> Result<ShardReader> {
+        let path = path.as_ref().to_path_buf();
+        let file = File::open(&path).map_err(|e| Error::io(&path, "open", e))?;
+        ShardReader::from_file(path, file)
+    }
+
+    /// Opens the shard `file`, which was opened from `path`.
+    pub(crate) fn from_file(path: PathBuf, file: File) -> Result<ShardReader> {
+        let meta = file.metadata().map_err(|e| Error::io(&path, "stat", e))?;
+        if !meta.is_file() {
+            return Err(not_a_shard(&path, "not a regular file"));
+        }
+        let len = usize::try_from(meta.len()).map_err(|_| not_a_shard(&path, "file too large to map"))?;
+        if len == 0 {
+            return Err(not_a_shard(&path, "the file is empty"));
+        }
+        // SAFETY: the mapping is owned by the reader and outlives every slice of it we hand out
+        // (they borrow the reader). It is read-only; shards are append-only, so layertap never
+        // rewrites the bytes below the length mapped here. Bytes a writer is still writing (the
+        // torn tail) are only compared against checksums, never trusted, and another program
+        // changing the file could at worst make checks fail. Truncating a mapped file below the
+        // mapped length makes accesses past the new end fault (SIGBUS); `recover` only cuts bytes
+        // after the last valid frame, which readers touch only while opening.
+        let map = unsafe { memmap2::MmapOptions::new().len(len).map(&file) }
+            .map_err(|e| Error::io(&path, "mmap", e))?;
+        let (header, header_len) = FileHeader::decode(&map).map_err(|reason| not_a_shard(&path, reason))?;
+        match serde_json::from_str::<serde_json::Value>(&header.meta_json) {
+            Ok(serde_json::Value::Object(_)) => {}
+            _ => return Err(not_a_shard(&path, "the shard metadata is not a JSON object")),
+        }
+        let mut reader = ShardReader {
+            path,
+            file,
+            map,
+            header,
+            header_len,
+            complete: false,
+            entries: Vec::new(),
+            problems: Vec::new(),
+            data_end: header_len,
+            torn_tail_bytes: 0,
+            index_unusable: false,
+        };
+        let footer = footer::read_footer(&reader.map, header_len);
+        let footer_present = !matches!(footer, Footer::Absent);
+        let footer_at = match footer {
+            Footer::Bad { index_offset, .. } => Some(index_offset),
+            _ => None,
+        };
+        match footer {
+            Footer::Valid { index_offset, entries } => {
+                reader.complete = true;
+                reader.entries = entries;
+                reader.data_end = index_offset;
+                return Ok(reader);
+            }
+            Footer::Bad { index_offset, reason } => {
+                reader.index_unusable = true;
+                reader.problems.push(Problem::BadIndex { offset: Some(index_offset), reason });
+            }
+            Footer::Absent => {}
+        }
+        let scanned = scan::scan(&reader.map, header_len);
+        reader.problems.extend(scanned.problems.iter().cloned());
+        // Behind a valid trailer, the footer (however damaged) is not a torn tail.
+        let tail_end = match footer_at {
+            Some(at) if at >= scanned.data_end && at <= scanned.stop => at,
+            _ => scanned.stop,
+        };
+        reader.torn_tail_bytes = tail_end - scanned.data_end;
+        if reader.torn_tail_bytes > 0 {
+            reader.problems.push(Problem::TornTail { offset: scanned.data_end, len: reader.torn_tail_bytes });
+        }
+        if scanned.stopped_at_index && !footer_present {
+            reader.index_unusable = true;
+            reader.problems.push(Problem::BadIndex {
+                offset: Some(scanned.stop),
+                reason: "an index frame without a valid trailer after it (the writer died while closing the shard?)"
+                    .into(),
+            });
+        }
+        reader.entries = scanned.entries;
+        reader.data_end = scanned.data_end;
+        Ok(reader)
+    }
+
+    /// The path the shard was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether the shard is complete (its index was used) rather than open (scanned).
+    pub fn is_complete(&self) -> bool {
+        self.complete
+    }
+
+    /// The shard metadata, a JSON object as text.
+    pub fn meta_json(&self) -> &str {
+        &self.header.meta_json
+    }
+
+    /// The shard's 16 random identifying bytes.
+    pub fn shard_id(&self) -> [u8; 16] {
+        self.header.shard_id
+    }
+
+    /// Length of the file header, padding included: where the first frame starts.
+    pub fn header_len(&self) -> u64 {
+        self.header_len
+    }
+
+    /// Length of the file when it was opened (all the reader ever looks at).
+    pub fn file_len(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    /// The end of the record data: the end of the last valid record frame of an open shard, the
+    /// index frame's offset of a complete one.
+    pub fn data_end(&self) -> u64 {
+        self.data_end
+    }
+
+    /// The records, in file order.
+    pub fn entries(&self) -> &[IndexEntry] {
+        &self.entries
+    }
+
+    /// Number of records.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the shard has no records.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// What was found wrong while opening: an unusable index, corrupt records, damaged regions,
+    /// the torn tail. Empty for a complete shard (whose payloads are checked only when read).
+    pub fn problems(&self) -> &[Problem] {
+        &self.problems
+    }
+
+    /// Bytes after the last valid frame of an open shard (0 for a complete one).
+    pub fn torn_tail_bytes(&self) -> u64 {
+        self.torn_tail_bytes
+    }
+
+    /// Whether the shard had a footer that could not be used, so that it was scanned instead.
+    pub fn index_unusable(&self) -> bool {
+        self.index_unusable
+    }
+
+    /// Whether a writer holds the shard's lock now (see [`is_being_written`]).
+    pub fn is_being_written(&self) -> Result<bool> {
+        is_being_written(&self.path)
+    }
+
+    fn entry(&self, i: usize) -> Result<&IndexEntry> {
+        self.entries.get(i).ok_or_else(|| {
+            Error::NotFound(format!("#{i} in {}: the shard has {} records", self.path.display(), self.entries.len()))
+        })
+    }
+
+    fn corrupt(&self, e: &IndexEntry, reason: impl Into<String>) -> Error {
+        Error::CorruptRecord {
+            path: self.path.clone(),
+            offset: e.frame_offset,
+            key: Some(e.key.clone()),
+            reason: reason.into(),
+        }
+    }
+
+    /// The stored payload of a record, as the entry places it (inside the file, as checked when
+    /// the entries were made).
+    fn stored(&self, e: &IndexEntry) -> Result<&[u8]> {
+        let start = e.payload_offset() as usize;
+        self.map
+            .get(start..start + e.stored_len as usize)
+            .ok_or_else(|| self.corrupt(e, "payload lies outside the file"))
+    }
+
+    fn check_crc(&self, e: &IndexEntry, stored: &[u8]) -> Result<()> {
+        let crc = crc32c(stored);
+        if crc != e.payload_crc {
+            return Err(self.corrupt(
+                e,
+                format!("payload checksum mismatch (frame says {:#010x}, payload has {crc:#010x})", e.payload_crc),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Decodes a compressed payload.
+    fn decode(&self, e: &IndexEntry, stored: &[u8]) -> Result<Vec<u8>> {
+        if e.raw_len > e.stored_len.saturating_mul(ZSTD_MAX_RATIO) {
+            return Err(self.corrupt(
+                e,
+                format!("raw length {} is more than {} stored bytes can decode to", e.raw_len, e.stored_len),
+            ));
+        }
+        codec::decode(e.codec, stored, e.raw_len).map_err(|reason| self.corrupt(e, reason))
+    }
+
+    /// Parses a decoded blob's header and checks that its `__metadata__["key"]` is the record's.
+    fn parse_blob(&self, e: &IndexEntry, raw: &[u8]) -> Result<BlobHeader> {
+        if raw.len() as u64 != e.raw_len {
+            return Err(self.corrupt(e, format!("decoded {} bytes, frame says {}", raw.len(), e.raw_len)));
+        }
+        let header = blob::parse_header(raw).map_err(|reason| self.corrupt(e, reason))?;
+        match header.metadata.get("key") {
+            Some(k) if *k == e.key => Ok(header),
+            Some(k) => Err(self.corrupt(e, format!("the payload's __metadata__ names key {k:?}"))),
+            None => Err(self.corrupt(e, "the payload's __metadata__ has no key")),
+        }
+    }
+
+    /// The decoded payload (a safetensors blob) of record `i`: for codec `none` a slice of the
+    /// mapping (no copy), else a decoded buffer. With `verify`, the stored payload is checked
+    /// against its checksum first; the blob's header and key are always checked. Any failure is
+    /// an [`Error::CorruptRecord`] naming the shard, offset and key.
+    pub fn raw(&self, i: usize, verify: bool) -> Result<Cow<'_, [u8]>> {
+        let e = self.entry(i)?;
+        let stored = self.stored(e)?;
+        if verify {
+            self.check_crc(e, stored)?;
+        }
+        let raw = match e.codec {
+            Codec::None => Cow::Borrowed(stored),
+            _ => Cow::Owned(self.decode(e, stored)?),
+        };
+        self.parse_blob(e, &raw)?;
+        Ok(raw)
+    }
+
+    /// Reads record `i` into bytes the caller owns and may modify (see [`RecordBytes`]): for
+    /// codec `none`, records of at least [`MAP_MIN_BYTES`] get a private copy-on-write mapping of
+    /// their own (no copy), smaller ones a copy. Checks as [`ShardReader::raw`] does.
+    pub fn read(&self, i: usize, verify: bool) -> Result<Record> {
+        let e = self.entry(i)?;
+        let stored = self.stored(e)?;
+        let bytes = match e.codec {
+            Codec::None => {
+                let bytes = self.private_copy(e, stored);
+                if verify {
+                    self.check_crc(e, bytes.as_slice())?;
+                }
+                bytes
+            }
+            _ => {
+                if verify {
+                    self.check_crc(e, stored)?;
+                }
+                RecordBytes::from_vec(self.decode(e, stored)?)
+            }
+        };
+        let header = self.parse_blob(e, bytes.as_slice())?;
+        Ok(Record { key: e.key.clone(), offset: e.frame_offset, header, bytes })
+    }
+
+    /// The stored bytes of a codec-`none` record as bytes of the caller's own: a private mapping
+    /// when large enough (and the kernel grants one), else a copy.
+    fn private_copy(&self, e: &IndexEntry, stored: &[u8]) -> RecordBytes {
+        if e.stored_len >= MAP_MIN_BYTES {
+            // SAFETY: the mapping is private (copy-on-write): writes to it never reach the file,
+            // and RecordBytes owns it for as long as anyone uses it. It covers the payload, which
+            // lies inside the file's length at open; see `from_file` on files changing under a
+            // mapping.
+            let mapped = unsafe {
+                memmap2::MmapOptions::new().offset(e.payload_offset()).len(stored.len()).map_copy(&self.file)
+            };
+            if let Ok(map) = mapped {
+                return RecordBytes::from_mapping(map);
+            }
+            // Out of mappings or address space: a copy still works.
+        }
+        RecordBytes::from_vec(stored.to_vec())
+    }
+
+    /// Checks record `i` fully: the frame header at its offset decodes and agrees with its entry
+    /// (which for a complete shard comes from the index), the payload matches its checksum,
+    /// decodes to `raw_len` bytes, and is a safetensors blob whose key is the record's.
+    pub fn check(&self, i: usize) -> Result<()> {
+        let e = self.entry(i)?;
+        let frame = self.map.get(e.frame_offset as usize..).unwrap_or(&[]);
+        let h = FrameHeader::decode(frame)
+            .map_err(|err| self.corrupt(e, format!("frame header: {}", String::from(err))))?;
+        if !e.matches(&h) {
+            return Err(self.corrupt(e, format!("the frame header disagrees with the index: {h:?}")));
+        }
+        self.raw(i, true).map(drop)
+    }
+}

@@ -1,1 +1,0 @@
-//! Writer (to be written).

@@ -1,0 +1,227 @@
+//! What a [`ShardWriter`](super::ShardWriter) is asked to do: codec, sizes, durability, threads,
+//! I/O backend. Checked once, when the writer opens.
+
+use crate::codec::{check_level, Codec};
+use crate::error::{Error, Result};
+use crate::names;
+use std::collections::BTreeMap;
+
+/// When the writer `fsync`s what it wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Never; the page cache decides (fastest, loses recent records on power loss).
+    None,
+    /// `fsync` each shard when it is closed, and the directory when a shard is created.
+    OnClose,
+    /// Like `OnClose`, and also `fsync` the open shard after every this many bytes written.
+    EveryBytes(u64),
+}
+
+/// Which system calls write the records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoMode {
+    /// io_uring when the kernel allows it, else `pwritev`.
+    Auto,
+    /// io_uring or fail.
+    Uring,
+    /// `pwritev` only.
+    Pwrite,
+}
+
+impl IoMode {
+    /// Parses `"auto"`, `"uring"` (or `"io_uring"`) and `"pwrite"`.
+    pub fn from_name(name: &str) -> Result<IoMode> {
+        match name {
+            "auto" => Ok(IoMode::Auto),
+            "uring" | "io_uring" => Ok(IoMode::Uring),
+            "pwrite" => Ok(IoMode::Pwrite),
+            _ => Err(Error::invalid(format!("io {name:?} is not one of: auto, uring, pwrite"))),
+        }
+    }
+
+    /// The mode from the environment variable [`IO_ENV_VAR`], which overrides the configured
+    /// one (for tests and operations), if set.
+    pub fn from_env() -> Result<Option<IoMode>> {
+        match std::env::var(IO_ENV_VAR) {
+            Ok(v) if v.is_empty() => Ok(None),
+            Ok(v) => IoMode::from_name(&v)
+                .map(Some)
+                .map_err(|e| Error::invalid(format!("environment variable {IO_ENV_VAR}: {e}"))),
+            Err(_) => Ok(None),
+        }
+    }
+}
+
+/// Environment variable that overrides [`WriterConfig::io`]: `pwrite`, `uring` or `auto`.
+pub const IO_ENV_VAR: &str = "LAYERTAP_IO";
+
+/// The I/O backend a writer uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// Linux io_uring, several writes in flight.
+    IoUring,
+    /// Plain `pwritev` from the I/O thread.
+    Pwrite,
+}
+
+impl Backend {
+    /// `"io_uring"` or `"pwrite"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::IoUring => "io_uring",
+            Backend::Pwrite => "pwrite",
+        }
+    }
+}
+
+/// Options of a [`ShardWriter`](super::ShardWriter). `WriterConfig::default()` gives the
+/// documented defaults (docs/API.md).
+#[derive(Debug, Clone)]
+pub struct WriterConfig {
+    /// How payloads are stored.
+    pub codec: Codec,
+    /// zstd level (ignored by `none`).
+    pub level: i32,
+    /// A shard is closed and the next one started when the next record would take it past this
+    /// many bytes (a shard always holds at least one record).
+    pub shard_size: u64,
+    /// When to `fsync`.
+    pub durability: Durability,
+    /// Compression (and checksum) threads; `None`: `min(4, cpu count)`.
+    pub threads: Option<usize>,
+    /// Raw bytes submitted but not yet written; `submit` waits past this.
+    pub max_inflight_bytes: u64,
+    /// Consecutive ready records are coalesced into writes of about this many bytes.
+    pub batch_bytes: u64,
+    /// Shard names are `{writer_id}-{n:06}.lts`; `None`: a random id.
+    pub writer_id: Option<String>,
+    /// Which system calls write (overridden by the `LAYERTAP_IO` environment variable).
+    pub io: IoMode,
+    /// Stored in every shard's header as `"user"`.
+    pub shard_metadata: BTreeMap<String, String>,
+}
+
+impl Default for WriterConfig {
+    fn default() -> Self {
+        WriterConfig {
+            codec: Codec::Bp16Zstd,
+            level: 3,
+            shard_size: 1 << 30,
+            durability: Durability::OnClose,
+            threads: None,
+            max_inflight_bytes: 1 << 30,
+            batch_bytes: 8 << 20,
+            writer_id: None,
+            io: IoMode::Auto,
+            shard_metadata: BTreeMap::new(),
+        }
+    }
+}
+
+impl WriterConfig {
+    /// Checks every option; the error names the option.
+    pub fn validate(&self) -> Result<()> {
+        if self.codec != Codec::None {
+            check_level(self.level).map_err(|e| Error::invalid(format!("level: {e}")))?;
+        }
+        let positive = [
+            ("shard_size", self.shard_size),
+            ("max_inflight_bytes", self.max_inflight_bytes),
+            ("batch_bytes", self.batch_bytes),
+        ];
+        for (name, v) in positive {
+            if v == 0 {
+                return Err(Error::invalid(format!("{name} must be positive")));
+            }
+        }
+        if self.durability == Durability::EveryBytes(0) {
+            return Err(Error::invalid("durability: fsync every 0 bytes; give a positive count"));
+        }
+        if let Some(t) = self.threads {
+            if t == 0 || t > 256 {
+                return Err(Error::invalid(format!("threads must be 1 to 256, not {t}")));
+            }
+        }
+        if let Some(id) = &self.writer_id {
+            names::check_writer_id(id).map_err(|e| Error::invalid(format!("writer_id: {e}")))?;
+        }
+        let meta_len: usize = self.shard_metadata.iter().map(|(k, v)| k.len() + v.len() + 8).sum();
+        if meta_len > crate::format::MAX_META_LEN / 2 {
+            return Err(Error::invalid(format!(
+                "metadata: {meta_len} bytes is too large for a shard header"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The number of compression threads to start.
+    pub fn thread_count(&self) -> usize {
+        self.threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(4))
+    }
+}
+
+/// A fresh, valid writer id: `<hostname>-<pid>-<6 hex digits>`, the host name reduced to the
+/// characters writer ids allow.
+pub fn random_writer_id() -> String {
+    let mut host = hostname()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '-' })
+        .collect::<String>();
+    host = host.trim_start_matches('.').chars().take(40).collect();
+    if host.is_empty() {
+        host = "host".into();
+    }
+    let mut rnd = [0u8; 3];
+    if getrandom::fill(&mut rnd).is_err() {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        rnd.copy_from_slice(&nanos.to_le_bytes()[..3]);
+    }
+    format!("{host}-{}-{:02x}{:02x}{:02x}", std::process::id(), rnd[0], rnd[1], rnd[2])
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: `buf` outlives the call and its length is passed; gethostname writes at most that.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return String::new();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn random_ids_are_valid_and_distinct() {
+        let a = random_writer_id();
+        let b = random_writer_id();
+        names::check_writer_id(&a).unwrap();
+        assert_ne!(a, b);
+        assert!(a.contains(&format!("-{}-", std::process::id())), "{a}");
+    }
+
+    #[test]
+    fn bad_options_are_named() {
+        let bad = |c: WriterConfig, word: &str| {
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(word), "{e} should name {word}");
+        };
+        bad(WriterConfig { level: 99, ..Default::default() }, "level");
+        bad(WriterConfig { shard_size: 0, ..Default::default() }, "shard_size");
+        bad(WriterConfig { batch_bytes: 0, ..Default::default() }, "batch_bytes");
+        bad(WriterConfig { max_inflight_bytes: 0, ..Default::default() }, "max_inflight_bytes");
+        bad(WriterConfig { durability: Durability::EveryBytes(0), ..Default::default() }, "durability");
+        bad(WriterConfig { threads: Some(0), ..Default::default() }, "threads");
+        bad(WriterConfig { writer_id: Some("a/b".into()), ..Default::default() }, "writer_id");
+        WriterConfig { codec: Codec::None, level: 99, ..Default::default() }.validate().unwrap();
+        assert_eq!(IoMode::from_name("io_uring").unwrap(), IoMode::Uring);
+        assert!(IoMode::from_name("mmap").is_err());
+    }
+}

@@ -1,0 +1,136 @@
+//! What callers hand the writer: records made of tensor descriptions and the buffers holding
+//! their bytes, and the checks a record passes before anything is queued.
+
+use crate::blob::{self, TensorSpec};
+use crate::error::{Error, Result};
+use crate::names;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Memory holding one tensor's bytes, owned by the writer until the record is written.
+///
+/// The writer reads the bytes from its own threads and, on the `none` path, hands their address
+/// to the kernel, so an implementation MUST return the same memory from every call of `bytes`
+/// for as long as the value lives, and that memory must not be modified while the writer holds
+/// the value. The writer drops the value (on one of its threads) once the record's bytes are
+/// written, or when it gives up on the record.
+pub trait RecordBuffer: Send + 'static {
+    /// The tensor's bytes, C order, little-endian elements.
+    fn bytes(&self) -> &[u8];
+}
+
+impl RecordBuffer for Vec<u8> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+impl RecordBuffer for Box<[u8]> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+impl RecordBuffer for Arc<[u8]> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+impl RecordBuffer for Arc<Vec<u8>> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+impl RecordBuffer for &'static [u8] {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+/// One tensor of a record: its name, dtype and shape, and its bytes.
+pub struct TensorInput {
+    /// Name, dtype, shape.
+    pub spec: TensorSpec,
+    /// The bytes; their length must be what `spec` needs.
+    pub data: Box<dyn RecordBuffer>,
+}
+
+impl TensorInput {
+    /// A tensor from a spec and any buffer.
+    pub fn new(spec: TensorSpec, data: impl RecordBuffer) -> TensorInput {
+        TensorInput { spec, data: Box::new(data) }
+    }
+}
+
+impl std::fmt::Debug for TensorInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TensorInput")
+            .field("spec", &self.spec)
+            .field("bytes", &self.data.bytes().len())
+            .finish()
+    }
+}
+
+/// One record to write.
+#[derive(Debug)]
+pub struct RecordInput {
+    /// The record key (docs/FORMAT.md, "Keys"); unique for the writer's lifetime.
+    pub key: String,
+    /// The tensors, in the order they are stored.
+    pub tensors: Vec<TensorInput>,
+    /// Extra `__metadata__` entries; may not set `key`, which the writer sets.
+    pub metadata: BTreeMap<String, String>,
+    /// Tokens in the record (the length of `token_ids`), 0 if none.
+    pub num_tokens: u32,
+}
+
+/// A checked record: its blob header is built, its length known.
+pub(crate) struct Prepared {
+    pub key: String,
+    pub blob_header: Vec<u8>,
+    pub tensors: Vec<TensorInput>,
+    /// Whether each tensor has 2-byte elements (for `bp16-zstd`).
+    pub two_byte: Vec<bool>,
+    pub num_tokens: u32,
+    /// Length of the decoded payload: blob header plus tensor bytes.
+    pub raw_len: u64,
+}
+
+/// Checks a record and builds its safetensors header. Nothing about the writer's state is
+/// looked at here (duplicate keys are checked by the writer).
+pub(crate) fn prepare(rec: RecordInput) -> Result<Prepared> {
+    let RecordInput { key, tensors, mut metadata, num_tokens } = rec;
+    names::check_key(&key)?;
+    if metadata.contains_key("key") {
+        return Err(Error::invalid(format!(
+            "record {key:?}: metadata may not set \"key\"; the writer stores the record key there"
+        )));
+    }
+    let specs: Vec<TensorSpec> = tensors.iter().map(|t| t.spec.clone()).collect();
+    metadata.insert("key".into(), key.clone());
+    let blob_header = blob::build_header(&specs, &metadata)
+        .map_err(|e| Error::invalid(format!("record {key:?}: {}", strip_prefix(e))))?;
+    let mut raw_len = blob_header.len() as u64;
+    for t in &tensors {
+        let want = t.spec.byte_len()?;
+        let got = t.data.bytes().len() as u64;
+        if got != want {
+            return Err(Error::invalid(format!(
+                "record {key:?}: tensor {:?} has {got} bytes but {} {:?} needs {want}",
+                t.spec.name, t.spec.dtype, t.spec.shape
+            )));
+        }
+        raw_len += got;
+    }
+    let two_byte = tensors.iter().map(|t| t.spec.dtype.is_two_byte()).collect();
+    Ok(Prepared { key, blob_header, tensors, two_byte, num_tokens, raw_len })
+}
+
+fn strip_prefix(e: Error) -> String {
+    match e {
+        Error::InvalidInput(msg) => msg,
+        other => other.to_string(),
+    }
+}

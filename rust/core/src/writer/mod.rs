@@ -1,0 +1,294 @@
+//! The shard writer: callers submit records, a pool of named threads encodes them
+//! (`layertap-zstd-N`) and one I/O thread (`layertap-io`) writes them, in submission order,
+//! into shards through io_uring or `pwritev`.
+//!
+//! ```text
+//! submit (caller: checks, budget) -> jobs -> workers (encode, CRC, frame header)
+//!     -> I/O thread (reorder by seq, batch, rotate shards, write, fsync) -> poll (completions)
+//! ```
+//!
+//! The caller's buffers are not copied on the `none` path: the frame header, the safetensors
+//! header and the caller's buffers go to the kernel as one iovec list. The writer owns each
+//! buffer until the record's bytes are written (or, for compressing codecs, encoded), then
+//! drops it on one of its threads.
+//!
+//! Memory is bounded by `max_inflight_bytes` of raw bytes submitted and not yet written:
+//! `submit` blocks past it, and nothing is ever dropped. Errors of the writer's threads are
+//! kept and returned by the next call; after one, the writer takes no more records.
+
+mod batch;
+mod config;
+mod encode;
+mod input;
+mod io;
+mod io_thread;
+mod shard;
+mod state;
+
+pub use config::{random_writer_id, Backend, Durability, IoMode, WriterConfig, IO_ENV_VAR};
+pub use input::{RecordBuffer, RecordInput, TensorInput};
+pub use state::{Completion, Stats};
+
+use crate::error::{Error, Result};
+use crossbeam_channel::Sender;
+use encode::Job;
+use io_thread::{IoSettings, ToIo};
+use parking_lot::Mutex;
+use shard::ShardNaming;
+use state::Shared;
+use std::collections::HashSet;
+use std::mem::ManuallyDrop;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// Writes records into the shards of one dataset directory. See the module docs.
+///
+/// All methods take `&self` and may be called from several threads. The writer belongs to the
+/// process that opened it: in a forked child every call fails.
+pub struct ShardWriter {
+    inner: ManuallyDrop<Inner>,
+}
+
+struct Inner {
+    dir: PathBuf,
+    writer_id: String,
+    backend: Backend,
+    pid: u32,
+    shared: Arc<Shared>,
+    submit: Mutex<SubmitSide>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// What submitting needs, under one lock so that sequence numbers follow queue order.
+struct SubmitSide {
+    keys: HashSet<String>,
+    next_seq: u64,
+    jobs: Option<Sender<Job>>,
+    to_io: Option<Sender<ToIo>>,
+    closed: bool,
+}
+
+impl ShardWriter {
+    /// Opens a writer on directory `dir` (created if missing). The first shard is created here,
+    /// so that a directory it cannot write or a clash of writer ids fails at once; the next
+    /// ones when a record needs them. With a `writer_id`, numbering continues after the
+    /// highest shard that id already has in `dir`.
+    pub fn open(dir: impl AsRef<Path>, cfg: WriterConfig) -> Result<ShardWriter> {
+        cfg.validate()?;
+        let mode = IoMode::from_env()?.unwrap_or(cfg.io);
+        let dir = dir.as_ref().to_path_buf();
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, "create directory", e))?;
+        let writer_id = cfg.writer_id.clone().unwrap_or_else(random_writer_id);
+        let first_index = shard::next_shard_index(&dir, &writer_id)?;
+        let engine = io::open_engine(mode).map_err(|e| Error::io(&dir, "io_uring_setup", e))?;
+        let backend = engine.backend();
+        let shared = Arc::new(Shared::new(cfg.max_inflight_bytes));
+
+        let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded::<Job>();
+        let (io_tx, io_rx) = crossbeam_channel::unbounded::<ToIo>();
+        let mut threads = Vec::new();
+        let naming = ShardNaming {
+            dir: dir.clone(),
+            writer_id: writer_id.clone(),
+            user_meta: cfg.shard_metadata.clone(),
+        };
+        let first_shard = shard::OpenShard::create(&naming, first_index, cfg.durability != Durability::None)?;
+        let settings = IoSettings {
+            naming,
+            next_index: first_index + 1,
+            shard_size: cfg.shard_size,
+            batch_bytes: cfg.batch_bytes,
+            durability: cfg.durability,
+        };
+        let io_shared = shared.clone();
+        threads.push(spawn(&dir, "layertap-io".into(), shared.clone(), move || {
+            io_thread::run(settings, first_shard, engine, io_rx, io_shared)
+        })?);
+        for n in 0..cfg.thread_count() {
+            let (rx, tx) = (jobs_rx.clone(), io_tx.clone());
+            let (codec, level) = (cfg.codec, cfg.level);
+            let name = format!("layertap-zstd-{n}");
+            threads
+                .push(spawn(&dir, name, shared.clone(), move || encode::run_worker(codec, level, rx, tx))?);
+        }
+        Ok(ShardWriter {
+            inner: ManuallyDrop::new(Inner {
+                dir,
+                writer_id,
+                backend,
+                pid: std::process::id(),
+                shared,
+                submit: Mutex::new(SubmitSide {
+                    keys: HashSet::new(),
+                    next_seq: 0,
+                    jobs: Some(jobs_tx),
+                    to_io: Some(io_tx),
+                    closed: false,
+                }),
+                threads: Mutex::new(threads),
+            }),
+        })
+    }
+
+    /// Checks `rec` and queues it; returns its sequence number (0, 1, 2...). Waits while
+    /// `max_inflight_bytes` are in flight. Bad input is refused before anything is queued.
+    /// The record's buffers are owned by the writer until it is written.
+    pub fn submit(&self, rec: RecordInput) -> Result<u64> {
+        let inner = self.live()?;
+        if inner.submit.lock().closed {
+            return Err(Error::Closed(None));
+        }
+        inner.shared.check()?;
+        let prepared = input::prepare(rec)?;
+        let mut side = inner.submit.lock();
+        if side.closed {
+            return Err(Error::Closed(None));
+        }
+        inner.shared.check()?;
+        if side.keys.contains(&prepared.key) {
+            return Err(Error::DuplicateKey { key: prepared.key });
+        }
+        inner.shared.admit(prepared.raw_len)?;
+        let seq = side.next_seq;
+        side.next_seq += 1;
+        side.keys.insert(prepared.key.clone());
+        let jobs = side.jobs.as_ref().expect("open writer has a job queue");
+        jobs.send(Job { seq, rec: prepared }).map_err(|_| Error::Closed(Some("workers gone".into())))?;
+        Ok(seq)
+    }
+
+    /// The records written since the last call, in sequence order. Returns a pending error of
+    /// the writer's threads first (once); after that, still the records written before it.
+    pub fn poll(&self) -> Result<Vec<Completion>> {
+        let inner = self.live()?;
+        if let Some(e) = inner.shared.take_error() {
+            return Err(e);
+        }
+        Ok(inner.shared.drain_completions())
+    }
+
+    /// Waits until every record submitted so far is written and, unless durability is
+    /// `None`, fsynced.
+    pub fn flush(&self) -> Result<()> {
+        let inner = self.live()?;
+        let (upto, to_io) = {
+            let side = inner.submit.lock();
+            if side.closed {
+                return Err(Error::Closed(None));
+            }
+            (side.next_seq, side.to_io.clone().expect("open writer has an I/O queue"))
+        };
+        inner.shared.check()?;
+        let (ack, acked) = crossbeam_channel::bounded(1);
+        if to_io.send(ToIo::Flush { upto, ack }).is_ok() {
+            let _ = acked.recv();
+        }
+        inner.shared.check()?;
+        if !inner.shared.all_written_upto(upto) {
+            return Err(Error::Closed(Some("the writer's I/O thread stopped".into())));
+        }
+        Ok(())
+    }
+
+    /// Writes everything submitted, completes the open shard (index and trailer), fsyncs per
+    /// the durability policy, releases the lock and stops the threads. Idempotent. Records it
+    /// completed can still be collected with [`ShardWriter::poll`].
+    pub fn close(&self) -> Result<()> {
+        let inner = self.live()?;
+        let (upto, jobs, to_io) = {
+            let mut side = inner.submit.lock();
+            if side.closed {
+                return Ok(());
+            }
+            side.closed = true;
+            (side.next_seq, side.jobs.take(), side.to_io.take())
+        };
+        drop(jobs); // workers finish the queued jobs, then stop
+        if let Some(to_io) = to_io {
+            let (ack, acked) = crossbeam_channel::bounded(1);
+            if to_io.send(ToIo::Close { upto, ack }).is_ok() {
+                let _ = acked.recv();
+            }
+        }
+        for t in inner.threads.lock().drain(..) {
+            let _ = t.join(); // panics were turned into errors by `spawn`
+        }
+        if let Some(e) = inner.shared.take_error() {
+            return Err(e);
+        }
+        if !inner.shared.failed() && !inner.shared.all_written_upto(upto) {
+            return Err(Error::Closed(Some("the writer's I/O thread stopped early".into())));
+        }
+        Ok(())
+    }
+
+    /// The writer's counters.
+    pub fn stats(&self) -> Stats {
+        self.inner.shared.stats(self.inner.backend)
+    }
+
+    /// The I/O backend in use.
+    pub fn backend(&self) -> Backend {
+        self.inner.backend
+    }
+
+    /// The writer id in the names of this writer's shards.
+    pub fn writer_id(&self) -> &str {
+        &self.inner.writer_id
+    }
+
+    /// The dataset directory.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// The writer, if this is the process that opened it.
+    fn live(&self) -> Result<&Inner> {
+        let me = std::process::id();
+        if me != self.inner.pid {
+            return Err(Error::Closed(Some(format!(
+                "this writer belongs to process {}; it cannot be used in a forked child \
+                 (process {me}); open a new writer in the child",
+                self.inner.pid
+            ))));
+        }
+        Ok(&self.inner)
+    }
+}
+
+impl Drop for ShardWriter {
+    fn drop(&mut self) {
+        if std::process::id() != self.inner.pid {
+            // A forked child: the threads and the ring do not exist here and the locks are
+            // shared with the parent. Leak everything rather than touch the parent's state.
+            return;
+        }
+        let _ = self.close();
+        // SAFETY: dropped exactly once, here, and never used again.
+        unsafe { ManuallyDrop::drop(&mut self.inner) };
+    }
+}
+
+/// Starts a named writer thread; a panic in it fails the writer instead of hanging it.
+fn spawn(
+    dir: &Path,
+    name: String,
+    shared: Arc<Shared>,
+    body: impl FnOnce() + Send + 'static,
+) -> Result<JoinHandle<()>> {
+    let thread_name = name.clone();
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(move || {
+            if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                shared.fail(Error::Closed(Some(format!("thread {thread_name} panicked: {what}"))));
+            }
+        })
+        .map_err(|e| Error::io(dir, "spawn thread", e))
+}

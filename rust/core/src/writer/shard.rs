@@ -1,0 +1,165 @@
+//! One shard file being written: exclusive creation, the lock, the file header, the index kept
+//! in memory, and the footer (index frame and trailer) written when the shard is complete.
+
+use crate::error::{Error, Result};
+use crate::format::{self, FileHeader, IndexEntry};
+use crate::names;
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// What every shard header of a writer holds besides its index.
+pub(crate) struct ShardNaming {
+    pub dir: PathBuf,
+    pub writer_id: String,
+    pub user_meta: BTreeMap<String, String>,
+}
+
+/// An open shard: created by this writer, locked, its file header written.
+pub(crate) struct OpenShard {
+    pub path: PathBuf,
+    file: File,
+    /// Where the next frame goes (past every frame handed to the backend).
+    pub alloc_end: u64,
+    /// End of the last frame fully written (and retired, in order).
+    pub written_end: u64,
+    /// Records given a place in this shard.
+    pub allocated: u64,
+    /// Index entries of the records written, in file order.
+    pub entries: Vec<IndexEntry>,
+}
+
+impl OpenShard {
+    /// Creates shard `index` (never overwriting a file), locks it and writes its file header.
+    /// With `durable`, the directory is fsynced so the new name survives a crash.
+    pub fn create(naming: &ShardNaming, index: u64, durable: bool) -> Result<OpenShard> {
+        let path = naming.dir.join(names::shard_file_name(&naming.writer_id, index));
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(|e| Error::io(&path, "create", e))?;
+        let shard = OpenShard::start(path, file, naming, index);
+        match shard {
+            Ok(s) => {
+                if durable {
+                    fsync_dir(&naming.dir)?;
+                }
+                Ok(s)
+            }
+            Err((path, e)) => {
+                // The file holds no record yet: remove it rather than leave a headerless shard.
+                let _ = std::fs::remove_file(&path);
+                Err(e)
+            }
+        }
+    }
+
+    fn start(
+        path: PathBuf,
+        file: File,
+        naming: &ShardNaming,
+        index: u64,
+    ) -> std::result::Result<OpenShard, (PathBuf, Error)> {
+        // SAFETY: flock on a descriptor we own; no memory is involved.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = Error::io(&path, "flock", std::io::Error::last_os_error());
+            return Err((path, e));
+        }
+        let header = FileHeader { shard_id: random_id(), meta_json: shard_meta(naming, index) }.encode();
+        if let Err(e) = file.write_all_at(&header, 0) {
+            return Err((path.clone(), Error::io(&path, "write", e)));
+        }
+        let end = header.len() as u64;
+        Ok(OpenShard { path, file, alloc_end: end, written_end: end, allocated: 0, entries: Vec::new() })
+    }
+
+    /// The descriptor, for the I/O backend.
+    pub fn fd(&self) -> RawFd {
+        self.file.as_raw_fd()
+    }
+
+    /// Whether a frame of `frame_len` bytes must go to the next shard instead: this one holds
+    /// a record already and the frame would take it past `shard_size`.
+    pub fn is_full_for(&self, frame_len: u64, shard_size: u64) -> bool {
+        self.allocated > 0 && self.alloc_end.saturating_add(frame_len) > shard_size
+    }
+
+    /// `fsync`s the data written so far.
+    pub fn sync(&self) -> Result<()> {
+        self.file.sync_data().map_err(|e| Error::io(&self.path, "fsync", e))
+    }
+
+    /// Writes the index frame and trailer after the last frame, `fsync`s with `durable`, and
+    /// closes the file, which releases the lock. Every frame must be written (none in flight).
+    pub fn finish(self, durable: bool) -> Result<()> {
+        debug_assert_eq!(self.alloc_end, self.written_end);
+        let footer = format::encode_footer(&self.entries, self.written_end);
+        if let Err(e) = self.file.write_all_at(&footer, self.written_end) {
+            self.truncate_to_written();
+            return Err(Error::io(&self.path, "write", e));
+        }
+        if durable {
+            self.file.sync_all().map_err(|e| Error::io(&self.path, "fsync", e))?;
+        }
+        Ok(()) // dropping the file closes it and releases the lock
+    }
+
+    /// After a failed write: cuts the file back to the end of the last frame fully written, so
+    /// only whole frames remain (what recovery expects), and closes it. Best effort: the error
+    /// that got us here is what the caller reports.
+    pub fn truncate_to_written(&self) {
+        let _ = self.file.set_len(self.written_end);
+    }
+}
+
+/// The shard metadata JSON (docs/FORMAT.md, "File header").
+fn shard_meta(naming: &ShardNaming, index: u64) -> String {
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let meta = serde_json::json!({
+        "writer_id": naming.writer_id,
+        "shard_index": index,
+        "created_unix_ms": created,
+        "writer": concat!("layertap-rust ", env!("CARGO_PKG_VERSION")),
+        "user": naming.user_meta,
+    });
+    meta.to_string()
+}
+
+fn random_id() -> [u8; 16] {
+    let mut id = [0u8; 16];
+    if getrandom::fill(&mut id).is_err() {
+        // No entropy source: time and pid still make a collision very unlikely.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        id[..12].copy_from_slice(&nanos.to_le_bytes()[..12]);
+        id[12..].copy_from_slice(&std::process::id().to_le_bytes());
+    }
+    id
+}
+
+/// `fsync`s a directory, so that the names created in it are durable.
+pub(crate) fn fsync_dir(dir: &Path) -> Result<()> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io(dir, "fsync", e))
+}
+
+/// The index of the next shard of `writer_id` in `dir`: one past the highest it has there.
+pub(crate) fn next_shard_index(dir: &Path, writer_id: &str) -> Result<u64> {
+    let mut next = 0;
+    for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, "read directory", e))? {
+        let entry = entry.map_err(|e| Error::io(dir, "read directory", e))?;
+        if let Some(n) = entry.file_name().to_str().and_then(|n| names::parse_shard_index(n, writer_id)) {
+            next = next.max(n + 1);
+        }
+    }
+    Ok(next)
+}

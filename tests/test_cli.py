@@ -1,0 +1,173 @@
+"""The ``layertap`` command, run as ``python -m layertap`` on real shards."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from conftest import VECTORS, Holder, cut_footer, flip_bit, payload_offset, run_cli, shard_files, write_records
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    d = tmp_path / "ds"
+    write_records(d, 6, writer_id="a", prefix="a", codec="bp16-zstd", shard_size=1200)
+    write_records(d, 2, writer_id="b", prefix="b", codec="none")
+    return d
+
+
+def test_inspect_table(dataset):
+    proc = run_cli("inspect", dataset)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    first = out.splitlines()[0]
+    assert first.startswith(f"{dataset}: {len(shard_files(dataset))} shards, 8 records, 24 tokens")
+    assert "layer ids: [1, 3]" in out
+    header = next(line for line in out.splitlines() if line.startswith("shard "))
+    for col in ("state", "records", "tokens", "layers", "hidden", "dtype", "codecs", "raw", "stored", "ratio", "torn tail"):
+        assert col in header
+    rows = {line.split()[0]: line for line in out.splitlines() if line.endswith((".lts", "-")) or ".lts " in line}
+    assert "a-000000.lts" in rows and "b-000000.lts" in rows
+    assert "complete" in rows["b-000000.lts"] and "bfloat16" in rows["b-000000.lts"] and "none" in rows["b-000000.lts"]
+    total = next(line for line in out.splitlines() if line.startswith("total"))
+    assert " 8 " in total and " 24 " in total and "bfloat16" in total and "bp16-zstd,none" in total
+    assert "KiB" in total and "x" in total.split()[-2]
+
+
+def test_inspect_json(dataset):
+    proc = run_cli("inspect", dataset, "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert (doc["records"], doc["tokens"], doc["layers"], doc["hidden_size"], doc["dtype"]) == (8, 24, 2, 8, "bfloat16")
+    assert doc["layer_ids"] == [1, 3] and doc["codecs"] == {"bp16-zstd": 6, "none": 2}
+    assert doc["raw_bytes"] == sum(s["raw_bytes"] for s in doc["shards"]) and doc["ratio"] > 0
+    names = [s["name"] for s in doc["shards"]]
+    assert names == sorted(names) and names[-1] == "b-000000.lts"
+    b = doc["shards"][-1]
+    assert b["state"] == "complete" and b["records"] == 2 and b["ratio"] == 1.0 and b["torn_tail_bytes"] == 0
+    assert b["writer"].startswith("layertap-python ") and b["writer_id"] == "b" and b["problems"] == []
+
+
+def test_inspect_open_shard(dataset):
+    path = shard_files(dataset)[-1]
+    cut_footer(path, b"x" * 11)
+    doc = json.loads(run_cli("inspect", dataset, "--json").stdout)
+    b = doc["shards"][-1]
+    assert b["state"] == "open" and b["torn_tail_bytes"] == 11 and b["problems"][0]["kind"] == "torn_tail"
+    table = run_cli("inspect", path).stdout
+    assert "open" in table and "11 B" in table
+
+
+def test_verify_good(dataset):
+    proc = run_cli("verify", dataset)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"OK: {dataset}: 8 records ok, 0 bad, 0 problems in ")
+    assert proc.stderr == ""
+    quiet = run_cli("verify", "--quiet", dataset)
+    assert quiet.returncode == 0 and quiet.stdout == "" and quiet.stderr == ""
+
+
+def test_verify_corrupt_payload(dataset):
+    path = shard_files(dataset)[-1]
+    at, n, key = payload_offset(path, 1)
+    with open(path, "rb") as f:
+        offset_of_frame = at - 56  # key "b1": header 48 + 2 bytes of key, padded to 56
+        f.seek(offset_of_frame)
+        assert f.read(4) == b"LTRF"
+    flip_bit(path, at + n - 2)
+    proc = run_cli("verify", dataset)
+    assert proc.returncode == 1
+    assert proc.stdout.startswith("FAILED:") and "1 bad" in proc.stdout
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(f"corrupt_record: {path} offset {offset_of_frame} key 'b1': ")
+    assert "checksum" in line
+    doc = json.loads(run_cli("verify", "--json", dataset).stdout)
+    assert not doc["ok"] and doc["records_bad"] == 1 and doc["records_ok"] == 7
+    assert doc["problems"][0]["kind"] == "corrupt_record" and doc["problems"][0]["key"] == "b1"
+    assert doc["problems"][0]["offset"] == offset_of_frame
+
+
+def test_verify_truncated_file(dataset):
+    path = shard_files(dataset)[0]
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 100)  # index and trailer cut, part of a record too
+    proc = run_cli("verify", dataset)
+    assert proc.returncode == 1
+    assert "torn_tail: " + path in proc.stderr
+
+
+def test_recover_then_verify(tmp_path):
+    shard = tmp_path / "w-000000.lts"
+    shutil.copyfile(VECTORS / "open-torn.lts", shard)
+    assert run_cli("verify", shard).returncode == 1
+    proc = run_cli("recover", shard)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"{shard}: recovered: 3 records indexed, 100 B of torn tail cut"
+    ok = run_cli("verify", shard)
+    assert ok.returncode == 0, ok.stderr
+    again = run_cli("recover", "--json", shard)
+    assert again.returncode == 0
+    (r,) = json.loads(again.stdout)["shards"]
+    assert r["was_complete"] and r["records"] == 3 and r["truncated_bytes"] == 0 and r["ok"]
+
+
+@pytest.mark.parametrize("backend", ["python", "rust"])
+def test_recover_keeps_damage_and_exits_1(tmp_path, backend):
+    shard = tmp_path / "w-000000.lts"
+    shutil.copyfile(VECTORS / "open-damaged.lts", shard)
+    proc = run_cli("recover", "--backend", backend, "--json", shard)
+    assert proc.returncode == 1, proc.stderr
+    (r,) = json.loads(proc.stdout)["shards"]
+    assert r["records"] == 2 and r["truncated_bytes"] == 20 and not r["ok"]
+    assert [p["kind"] for p in r["problems"]] == ["corrupt_record", "damaged_region"]
+    assert "corrupt_record: " in proc.stderr and "damaged_region: " in proc.stderr
+
+
+def test_recover_locked_shard(tmp_path):
+    shard = tmp_path / "w-000000.lts"
+    shutil.copyfile(VECTORS / "open-torn.lts", shard)
+    code = "import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDONLY)\nfcntl.flock(fd, fcntl.LOCK_EX)\nprint('locked', flush=True)\nsys.stdin.readline()\n"
+    with Holder(code, str(shard)) as child:
+        assert child.ready == "locked"
+        proc = run_cli("recover", shard)
+        assert proc.returncode == 1 and "locked" in proc.stderr and "Traceback" not in proc.stderr
+        child.release()
+    assert os.path.getsize(shard) == os.path.getsize(VECTORS / "open-torn.lts")
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify", "recover"])
+def test_missing_path_exits_2(tmp_path, command):
+    missing = tmp_path / "nope.lts"
+    proc = run_cli(command, missing)
+    assert proc.returncode == 2
+    assert str(missing) in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify", "recover"])
+def test_not_a_shard_exits_2(tmp_path, command):
+    bogus = tmp_path / "bogus.lts"
+    bogus.write_text("this is a text file, not a shard\n")
+    proc = run_cli(command, bogus)
+    assert proc.returncode == 2
+    assert str(bogus) in proc.stderr and "not a layertap shard" in proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_directory_without_shards_exits_2(tmp_path):
+    proc = run_cli("verify", tmp_path)
+    assert proc.returncode == 2 and str(tmp_path) in proc.stderr and "no shards" in proc.stderr
+
+
+def test_usage_error_exits_2():
+    proc = run_cli("frobnicate")
+    assert proc.returncode == 2 and "usage:" in proc.stderr
+
+
+def test_verify_progress_bar(dataset):
+    proc = run_cli("verify", "--progress", dataset)
+    assert proc.returncode == 0
+    assert "8/8" in proc.stderr  # tqdm's counter

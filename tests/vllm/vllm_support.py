@@ -1,0 +1,153 @@
+"""Helpers of the vLLM tests: starting real engines with the connector, and the transformers
+reference the recorded hidden states are compared with.
+
+(Plain functions live here, fixtures in conftest.py: tests/conftest.py is imported as the module
+``conftest`` by the other test files, so these helpers cannot be.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+#: Warnings that vLLM's and torch's own imports raise in the test process (warnings are errors).
+VLLM_WARNINGS = [
+    pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
+]
+#: Layers recorded by the engines of the tests, deliberately not in ascending order.
+LAYERS = [4, 0, 2]
+#: What the KV group stores (ascending).
+STORED_LAYERS = sorted(LAYERS)
+NUM_MODEL_LAYERS = 4
+
+
+def connector_config(output_dir: str | os.PathLike, **extra: Any) -> dict:
+    return {
+        "kv_connector": "LayertapConnector",
+        "kv_connector_module_path": "layertap.vllm",
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"output_dir": str(output_dir), **extra},
+    }
+
+
+def speculative_config(layers: list[int] = LAYERS) -> dict:
+    return {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(layers)}},
+    }
+
+
+def engine_args(model: str, output_dir: str | os.PathLike, *, connector: dict | None = None,
+                dtype: str = "float32", **overrides: Any) -> dict:
+    """``LLM(**engine_args(...))`` for the tiny model with the connector (options ``connector``)."""
+    args = dict(
+        model=model,
+        dtype=dtype,
+        enforce_eager=True,
+        max_model_len=512,
+        block_size=32,  # the CPU attention needs a multiple of 32
+        kv_cache_memory_bytes=64 << 20,
+        seed=0,
+        speculative_config=speculative_config(),
+        kv_transfer_config=connector_config(output_dir, **(connector or {})),
+    )
+    args.update(overrides)
+    return args
+
+
+@contextlib.contextmanager
+def running_llm(multiprocessing: bool, **llm_args: Any) -> Iterator[Any]:
+    """An ``LLM`` engine, shut down (and its connector closed) on exit. ``multiprocessing``:
+    the engine core in its own process (vLLM's default) or in this one (starts faster)."""
+    from vllm import LLM
+
+    with pytest_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "1" if multiprocessing else "0"}):
+        llm = LLM(**llm_args)
+    try:
+        yield llm
+    finally:
+        shutdown(llm)
+
+
+def shutdown(llm: Any) -> None:
+    """Shuts an engine down now (vLLM would only do it when the object is collected)."""
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+
+
+@contextlib.contextmanager
+def pytest_env(values: dict[str, str]) -> Iterator[None]:
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def read_stats(path: str | os.PathLike) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+class Reference:
+    """Hidden states of the tiny model computed by transformers, in float32 or bfloat16."""
+
+    def __init__(self, model_dir: str):
+        from transformers import LlamaForCausalLM
+
+        self._models = {}
+        for dtype in (torch.float32, torch.bfloat16):
+            model = LlamaForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+            outputs: dict = {}
+            # Layer id == num_layers is the last layer's output before the final norm, which
+            # transformers' hidden_states does not return (its last entry is after the norm).
+            model.model.layers[-1].register_forward_hook(
+                lambda _m, _i, out, outputs=outputs: outputs.__setitem__("last", out[0] if isinstance(out, tuple) else out)
+            )
+            self._models[dtype] = (model, outputs)
+
+    def hidden_states(self, token_ids: list[int], layers: list[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """``[tokens, len(layers), hidden]``: layer id k < 4 is ``hidden_states[k]`` (the input
+        of decoder layer k), 4 the last layer's output before the norm."""
+        model, outputs = self._models[dtype]
+        with torch.no_grad():
+            out = model(torch.tensor([token_ids]), output_hidden_states=True)
+        per_layer = [
+            out.hidden_states[k][0] if k < NUM_MODEL_LAYERS else outputs["last"][0] for k in layers
+        ]
+        return torch.stack(per_layer, dim=1)
+
+
+def assert_hidden_states_match(record: Any, reference: Reference, token_ids: list[int]) -> None:
+    """The record holds ``token_ids`` and, per stored layer, what transformers computes: float32
+    to ~1e-6, bfloat16 to bfloat16 precision."""
+    assert record.token_ids.dtype == torch.int64
+    assert record.token_ids.tolist() == token_ids
+    assert record.layer_ids == STORED_LAYERS
+    got = record.hidden_states
+    assert got.shape == (len(token_ids), len(STORED_LAYERS), 128)
+    assert record.metadata["dtype"] == str(got.dtype).removeprefix("torch.")
+    assert record.metadata["num_tokens"] == str(len(token_ids))
+    if got.dtype == torch.float32:
+        ref = reference.hidden_states(token_ids, STORED_LAYERS, torch.float32)
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    else:
+        assert got.dtype == torch.bfloat16
+        ref = reference.hidden_states(token_ids, STORED_LAYERS, torch.bfloat16)
+        # Two bf16 forwards by different kernels differ by a few bf16 rounding steps (2**-8
+        # relative), growing with depth; compare against that, in float32.
+        torch.testing.assert_close(got.float(), ref.float(), rtol=4 * 2**-8, atol=4 * 2**-8)
