@@ -171,3 +171,26 @@ def test_verify_progress_bar(dataset):
     proc = run_cli("verify", "--progress", dataset)
     assert proc.returncode == 0
     assert "8/8" in proc.stderr  # tqdm's counter
+
+
+def test_inspect_shows_shards_being_written(tmp_path):
+    shard = tmp_path / "w-000000.lts"
+    shutil.copyfile(VECTORS / "open-torn.lts", shard)
+    code = "import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDONLY)\nfcntl.flock(fd, fcntl.LOCK_EX)\nprint('locked', flush=True)\nsys.stdin.readline()\n"
+    with Holder(code, str(shard)) as child:
+        assert child.ready == "locked"
+        doc = json.loads(run_cli("inspect", "--json", tmp_path).stdout)
+        assert doc["shards"][0]["state"] == "being_written" and doc["shards"][0]["being_written"]
+        table = run_cli("inspect", tmp_path).stdout
+        assert "being written" in table and "1 being written" in table
+        assert run_cli("verify", tmp_path).returncode == 0  # a live writer's torn tail is fine
+        child.release()
+
+
+def test_human_bytes():
+    from layertap.cli import human_bytes
+
+    assert human_bytes(0) == "0 B" and human_bytes(1023) == "1023 B"
+    assert human_bytes(1024) == "1.0 KiB" and human_bytes(1536) == "1.5 KiB"
+    assert human_bytes(5 << 20) == "5.0 MiB" and human_bytes(3 << 30) == "3.0 GiB"
+    assert human_bytes(None) == "-"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cut_footer, flip_bit, make_tensors, shard_files, write_records
-from layertap._py import blob, format as fmt
+from conftest import cut_footer, flip_bit, hand_made_shard, make_tensors, shard_files, write_records
+from layertap._py import format as fmt
 from layertap._py.reader import PyShardReader
 from layertap.errors import CorruptRecordError, FormatError
 
@@ -143,20 +143,10 @@ def test_read_reports_corruption_with_path_offset_key(tmp_path):
         r.read(0)
 
 
-def _hand_made_shard(path, key: str, meta_key: str) -> None:
-    header = blob.build_header([("x", "U8", (4,))], {"key": meta_key})
-    payload = header + b"abcd"
-    frame = fmt.encode_frame_header(1, 0, key.encode(), len(payload), len(payload), 0, fmt.crc32c(payload))
-    body = frame + payload + bytes(fmt.align8(len(payload)) - len(payload))
-    head = fmt.encode_file_header(bytes(16), {"writer_id": "h"})
-    entry = fmt.RawEntry(len(head), len(payload), len(payload), 0, fmt.crc32c(payload), 0, key)
-    with open(path, "wb") as f:
-        f.write(head + body + fmt.encode_footer([entry], len(head) + len(body)))
-
-
 def test_metadata_key_must_match_the_frame_key(tmp_path):
-    _hand_made_shard(tmp_path / "ok.lts", "a", "a")
-    _hand_made_shard(tmp_path / "bad.lts", "a", "b")
+    x = [("x", "U8", (4,), b"abcd")]
+    hand_made_shard(tmp_path / "ok.lts", [("a", x, {})])
+    hand_made_shard(tmp_path / "bad.lts", [("a", x, {})], meta_key={"a": "b"})
     with PyShardReader(tmp_path / "ok.lts") as r:
         assert r.read(0)[0] == {"key": "a"}
         r.check(0)

@@ -140,6 +140,18 @@ def test_a_killed_writer_is_recovered(tmp_path):
             assert torch.equal(got["hidden_states"], want["hidden_states"]) and torch.equal(got["token_ids"], want["token_ids"])
 
 
+def test_shard_cut_inside_its_header_padding_is_padded_and_completed(tmp_path):
+    from test_rust_reader import _shard_cut_in_header_padding
+
+    path, cut, header_len = _shard_cut_in_header_padding(tmp_path)
+    head = Path(path).read_bytes()
+    assert recover(path) == RecoverReport(path, False, 0, 0, [])
+    data = Path(path).read_bytes()
+    assert data[:cut] == head and data[cut:header_len] == bytes(header_len - cut)
+    with reader_class("rust")(path) as r:
+        assert r.complete and r.entries == [] and r.data_end == header_len
+
+
 def test_not_a_shard_and_missing(tmp_path):
     p = tmp_path / "notes.lts"
     p.write_bytes(b"just some text that is long enough to not be a header")

@@ -94,6 +94,7 @@ def test_vectors_match_expected_json():
             assert r.shard_id.hex() == want["shard_id"], name
             assert r.meta == want["meta"], name
             assert r.torn_tail_bytes == want["torn_tail_bytes"], name
+            assert r.data_end == want["data_end"], name
             assert [{"kind": p.kind, "offset": p.offset, "key": p.key} for p in r.scan_problems] == want["open_problems"]
             assert all(p.shard == path and p.message for p in r.scan_problems)
             assert len(r.entries) == len(want["records"]), name
@@ -214,6 +215,32 @@ def test_not_a_shard_raises_format_error(tmp_path, content, reason):
     assert missing.value.filename == str(tmp_path / "missing.lts")
 
 
+def _shard_cut_in_header_padding(tmp_path) -> tuple[str, int, int]:
+    """A shard cut after its header checksum but before the header's zero padding ends, as a
+    writer killed right after writing its header can leave it: ``(path, cut, header_len)``."""
+    from layertap import PyShardWriter
+
+    for k in range(8):  # user metadata of k bytes, until the header needs padding
+        directory = tmp_path / f"ds{k}"
+        with PyShardWriter(os.fspath(directory), writer_id="w", metadata={"pad": "x" * k}) as w:
+            w.submit("a", {"x": (b"12345678", "U8", (8,))})
+        path = shard_files(directory)[0]
+        with open(path, "rb") as f:
+            meta_len = int.from_bytes(f.read(16)[12:16], "little")
+        cut = 36 + meta_len
+        if cut % 8:
+            os.truncate(path, cut)
+            return path, cut, (cut + 7) // 8 * 8
+    raise AssertionError("no metadata length gave a header with padding")
+
+
+def test_shard_cut_inside_its_header_padding(tmp_path):
+    path, cut, header_len = _shard_cut_in_header_padding(tmp_path)
+    with RustShardReader(path) as r:
+        assert not r.complete and r.entries == [] and r.file_bytes == cut
+        assert (r.header_len, r.data_end, r.torn_tail_bytes, r.scan_problems) == (header_len, header_len, 0, [])
+
+
 def test_being_written_follows_a_writers_lock(tmp_path):
     write_records(tmp_path, 1)
     path = shard_files(tmp_path)[0]
@@ -272,7 +299,7 @@ def test_dataset_reads_through_the_rust_backend(tmp_path):
 
 def _summary(r):
     return (
-        r.complete, r.file_bytes, r.torn_tail_bytes, r.meta, list(r.entries),
+        r.complete, r.file_bytes, r.data_end, r.torn_tail_bytes, r.meta, list(r.entries),
         [(p.kind, p.offset, p.key) for p in r.scan_problems],
     )
 

@@ -24,7 +24,7 @@ class RustShardReader:
     """One shard, read by the Rust core. Implements the shard-backend protocol: ``path``,
     ``complete``, ``meta``, ``file_bytes``, ``torn_tail_bytes``, ``being_written``,
     ``scan_problems``, ``entries``, ``read()``, ``check()``, ``close()``; also ``shard_id``,
-    ``header_len``, ``index_unusable``, ``closed``.
+    ``header_len``, ``data_end``, ``index_unusable``, ``closed``.
 
     Raises ``FormatError`` for a file that is not a shard and ``OSError`` (e.g.
     ``FileNotFoundError``) when the file cannot be opened. ``probe_lock=False`` skips the check of
@@ -38,6 +38,9 @@ class RustShardReader:
         self.file_bytes: int = native.file_bytes
         self.torn_tail_bytes: int = native.torn_tail_bytes
         self.header_len: int = native.header_len
+        #: The end of the record data: the index frame's offset of a complete shard, the end of
+        #: the last valid record frame of an open one.
+        self.data_end: int = native.data_end
         self.index_unusable: bool = native.index_unusable
         self.shard_id: bytes = native.shard_id
         try:

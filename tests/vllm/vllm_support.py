@@ -21,6 +21,7 @@ import torch
 #: Warnings that vLLM's and torch's own imports raise in the test process (warnings are errors).
 VLLM_WARNINGS = [
     pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:`torch.distributed.reduce_op` is deprecated:FutureWarning"),
 ]
 #: Layers recorded by the engines of the tests, deliberately not in ascending order.
 LAYERS = [4, 0, 2]
@@ -142,12 +143,18 @@ def assert_hidden_states_match(record: Any, reference: Reference, token_ids: lis
     assert got.shape == (len(token_ids), len(STORED_LAYERS), 128)
     assert record.metadata["dtype"] == str(got.dtype).removeprefix("torch.")
     assert record.metadata["num_tokens"] == str(len(token_ids))
+    ref = reference.hidden_states(token_ids, STORED_LAYERS, got.dtype)
+    # Layer 0 is the embedding lookup: exact in any dtype.
+    assert torch.equal(got[:, 0], ref[:, 0])
     if got.dtype == torch.float32:
-        ref = reference.hidden_states(token_ids, STORED_LAYERS, torch.float32)
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
-    else:
-        assert got.dtype == torch.bfloat16
-        ref = reference.hidden_states(token_ids, STORED_LAYERS, torch.bfloat16)
-        # Two bf16 forwards by different kernels differ by a few bf16 rounding steps (2**-8
-        # relative), growing with depth; compare against that, in float32.
-        torch.testing.assert_close(got.float(), ref.float(), rtol=4 * 2**-8, atol=4 * 2**-8)
+        return
+    assert got.dtype == torch.bfloat16
+    # Two bf16 forwards by different kernels differ by a few rounding steps (eps = 2**-8) of the
+    # values they add up, growing with depth (seen here: mean 1.5-2.3 eps, max under 3 eps of
+    # the layer's largest value); compare each layer on its own scale.
+    for j, layer in enumerate(STORED_LAYERS):
+        want, have = ref[:, j].float(), got[:, j].float()
+        diff = (have - want).abs()
+        assert diff.max() <= 6 * 2**-8 * want.abs().max(), f"layer {layer}: max error {diff.max()}"
+        assert diff.mean() <= 4 * 2**-8 * want.abs().mean(), f"layer {layer}: mean error {diff.mean()}"

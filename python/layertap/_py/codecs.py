@@ -16,6 +16,9 @@ from layertap._types import CODECS
 from layertap.errors import InvalidInputError
 
 CODEC_NONE, CODEC_ZSTD, CODEC_BP16_ZSTD = 0, 1, 2
+#: zstd cannot expand data by more than this (about 32 000 to 1 at best); a larger raw_len is
+#: corrupt. The Rust reader uses the same bound.
+ZSTD_MAX_RATIO = 32 << 10
 #: zstd levels accepted (the library's own range; negative levels are zstd's fast modes).
 MIN_LEVEL, MAX_LEVEL = -(1 << 17), zstandard.MAX_COMPRESSION_LEVEL
 
@@ -89,6 +92,8 @@ def decode(codec: int, stored, raw_len: int):
     if codec == CODEC_NONE:
         out = stored
     elif codec in (CODEC_ZSTD, CODEC_BP16_ZSTD):
+        if raw_len > len(stored) * ZSTD_MAX_RATIO:
+            raise FormatProblem(f"raw length {raw_len} is more than {len(stored)} stored bytes can decode to")
         # The frame's own content size must agree with raw_len, so a wrong raw_len cannot make
         # the decoder allocate more than the data claims.
         try:

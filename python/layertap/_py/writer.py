@@ -22,7 +22,6 @@ from layertap._py.dtypes import TWO_BYTE
 from layertap._py.format import (
     KIND_RECORD,
     MAX_META_LEN,
-    FrameHeader,
     RawEntry,
     align8,
     crc32c,
@@ -40,7 +39,6 @@ from layertap.errors import (
     InvalidInputError,
     LayertapError,
     WriterClosedError,
-    WriterIOError,
 )
 
 
@@ -495,5 +493,4 @@ class PyShardWriter:
         return f"PyShardWriter({self._path!r}, writer_id={self._writer_id!r}, {state})"
 
 
-# FrameHeader is re-exported for tests that decode what this writer wrote.
-__all__ = ["PyShardWriter", "FrameHeader"]
+__all__ = ["PyShardWriter"]

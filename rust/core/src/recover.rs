@@ -47,7 +47,9 @@ pub fn recover(path: impl AsRef<Path>) -> Result<RecoverReport> {
         });
     }
     let data_end = reader.data_end();
-    let truncated_bytes = reader.file_len() - data_end;
+    // A file cut inside the header's padding is shorter than `data_end`: set_len below pads it
+    // with zeros, so that the index frame starts at a multiple of 8.
+    let truncated_bytes = reader.file_len().saturating_sub(data_end);
     let entries = reader.entries().to_vec();
     let problems = reader
         .problems()

@@ -1,4 +1,4 @@
-//! `RecordBuffer`: the bytes of one tensor of a record read from a shard, handed to Python
+//! `TensorBuffer`: the bytes of one tensor of a record read from a shard, handed to Python
 //! without a copy.
 //!
 //! Python reaches the bytes through the NumPy array interface (`__array_interface__`):
@@ -16,7 +16,7 @@ use std::sync::Arc;
 /// of the shard (codec `none`, large records) or of its decoded buffer. Writable; writes never
 /// reach the file, nor the bytes any other read of the record returns.
 #[pyclass(frozen, module = "layertap._native")]
-pub struct RecordBuffer {
+pub struct TensorBuffer {
     /// Keeps the record's mapping or buffer alive for as long as this object, and so for as
     /// long as any array or tensor made from it (they hold a reference to it).
     bytes: Arc<RecordBytes>,
@@ -24,10 +24,10 @@ pub struct RecordBuffer {
     len: usize,
 }
 
-impl RecordBuffer {
+impl TensorBuffer {
     /// The bytes `[start, start + len)` of `bytes`; the range must lie inside them.
-    pub fn new(bytes: Arc<RecordBytes>, start: usize, len: usize) -> Option<RecordBuffer> {
-        (start.checked_add(len)? <= bytes.len()).then_some(RecordBuffer { bytes, start, len })
+    pub fn new(bytes: Arc<RecordBytes>, start: usize, len: usize) -> Option<TensorBuffer> {
+        (start.checked_add(len)? <= bytes.len()).then_some(TensorBuffer { bytes, start, len })
     }
 
     fn address(&self) -> usize {
@@ -38,7 +38,7 @@ impl RecordBuffer {
 }
 
 #[pymethods]
-impl RecordBuffer {
+impl TensorBuffer {
     /// The NumPy array interface (version 3): a one-dimensional, writable array of bytes.
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
@@ -46,7 +46,10 @@ impl RecordBuffer {
         d.set_item("version", 3)?;
         d.set_item("shape", (self.len,))?;
         d.set_item("typestr", "|u1")?;
-        // (address, read_only): the memory is the record's own, so writing is allowed.
+        // (address, read_only): the memory is the record's own, so writing is allowed. The
+        // address stays valid for as long as this object lives (`bytes` owns the memory), and
+        // NumPy keeps this object alive as the `base` of every array made from the interface;
+        // torch.frombuffer keeps the array alive in turn.
         d.set_item("data", (self.address(), false))?;
         Ok(d)
     }
@@ -74,6 +77,6 @@ impl RecordBuffer {
     }
 
     fn __repr__(&self) -> String {
-        format!("<RecordBuffer of {} bytes{}>", self.len, if self.mapped() { ", mapped" } else { "" })
+        format!("<TensorBuffer of {} bytes{}>", self.len, if self.mapped() { ", mapped" } else { "" })
     }
 }

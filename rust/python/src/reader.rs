@@ -2,7 +2,7 @@
 //! `is_being_written`. The GIL is released around everything that touches shard bytes (scanning,
 //! checksums, decompression) and around system calls.
 
-use crate::buffers_out::RecordBuffer;
+use crate::buffers_out::TensorBuffer;
 use crate::errors::{to_py, IntoPyResult};
 use layertap_core::reader::{Problem, ShardReader};
 use layertap_core::Error;
@@ -56,6 +56,8 @@ pub struct NativeShardReader {
     #[pyo3(get)]
     file_bytes: u64,
     #[pyo3(get)]
+    data_end: u64,
+    #[pyo3(get)]
     torn_tail_bytes: u64,
     #[pyo3(get)]
     index_unusable: bool,
@@ -94,6 +96,7 @@ impl NativeShardReader {
             meta_json: reader.meta_json().to_string(),
             header_len: reader.header_len(),
             file_bytes: reader.file_len(),
+            data_end: reader.data_end(),
             torn_tail_bytes: reader.torn_tail_bytes(),
             index_unusable: reader.index_unusable(),
             problems: reader.problems().iter().map(problem_tuple).collect(),
@@ -154,7 +157,7 @@ impl NativeShardReader {
         let bytes = Arc::new(record.bytes);
         let tensors = PyList::empty(py);
         for t in &record.header.tensors {
-            let buffer = RecordBuffer::new(bytes.clone(), t.range.start, t.range.len())
+            let buffer = TensorBuffer::new(bytes.clone(), t.range.start, t.range.len())
                 .ok_or_else(|| PyValueError::new_err("tensor range outside its record"))?;
             let shape = PyTuple::new(py, &t.spec.shape)?;
             tensors.append((t.spec.name.as_str(), t.spec.dtype.name(), shape, Py::new(py, buffer)?))?;
@@ -211,7 +214,7 @@ fn is_being_written(py: Python<'_>, path: PathBuf) -> PyResult<bool> {
 /// Adds this module's classes and functions to `layertap._native`.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeShardReader>()?;
-    m.add_class::<RecordBuffer>()?;
+    m.add_class::<TensorBuffer>()?;
     m.add_function(wrap_pyfunction!(recover, m)?)?;
     m.add_function(wrap_pyfunction!(is_being_written, m)?)?;
     Ok(())

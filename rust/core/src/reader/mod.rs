@@ -106,47 +106,49 @@ impl ShardReader {
             torn_tail_bytes: 0,
             index_unusable: false,
         };
-        let footer = footer::read_footer(&reader.map, header_len);
-        let footer_present = !matches!(footer, Footer::Absent);
-        let footer_at = match footer {
-            Footer::Bad { index_offset, .. } => Some(index_offset),
-            _ => None,
-        };
-        match footer {
+        reader.find_records();
+        Ok(reader)
+    }
+
+    /// Takes the records from the index of a complete shard, else from a scan of its frames
+    /// (docs/FORMAT.md, "Reading" steps 2 and 3), noting what is wrong on the way.
+    fn find_records(&mut self) {
+        let footer_at = match footer::read_footer(&self.map, self.header_len) {
             Footer::Valid { index_offset, entries } => {
-                reader.complete = true;
-                reader.entries = entries;
-                reader.data_end = index_offset;
-                return Ok(reader);
+                self.complete = true;
+                self.entries = entries;
+                self.data_end = index_offset;
+                return;
             }
             Footer::Bad { index_offset, reason } => {
-                reader.index_unusable = true;
-                reader.problems.push(Problem::BadIndex { offset: Some(index_offset), reason });
+                self.index_unusable = true;
+                self.problems.push(Problem::BadIndex { offset: Some(index_offset), reason });
+                Some(index_offset)
             }
-            Footer::Absent => {}
-        }
-        let scanned = scan::scan(&reader.map, header_len);
-        reader.problems.extend(scanned.problems.iter().cloned());
+            Footer::Absent => None,
+        };
+        let scanned = scan::scan(&self.map, self.header_len);
+        self.problems.extend(scanned.problems);
         // Behind a valid trailer, the footer (however damaged) is not a torn tail.
         let tail_end = match footer_at {
             Some(at) if at >= scanned.data_end && at <= scanned.stop => at,
             _ => scanned.stop,
         };
-        reader.torn_tail_bytes = tail_end - scanned.data_end;
-        if reader.torn_tail_bytes > 0 {
-            reader.problems.push(Problem::TornTail { offset: scanned.data_end, len: reader.torn_tail_bytes });
+        // A file cut inside the header's padding ends before `header_len`, where data_end is.
+        self.torn_tail_bytes = tail_end.saturating_sub(scanned.data_end);
+        if self.torn_tail_bytes > 0 {
+            self.problems.push(Problem::TornTail { offset: scanned.data_end, len: self.torn_tail_bytes });
         }
-        if scanned.stopped_at_index && !footer_present {
-            reader.index_unusable = true;
-            reader.problems.push(Problem::BadIndex {
+        if scanned.stopped_at_index && footer_at.is_none() {
+            self.index_unusable = true;
+            self.problems.push(Problem::BadIndex {
                 offset: Some(scanned.stop),
                 reason: "an index frame without a valid trailer after it (the writer died while closing the shard?)"
                     .into(),
             });
         }
-        reader.entries = scanned.entries;
-        reader.data_end = scanned.data_end;
-        Ok(reader)
+        self.entries = scanned.entries;
+        self.data_end = scanned.data_end;
     }
 
     /// The path the shard was opened from.
