@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 
-from layertap import _native
 from layertap._types import Problem, RecoverReport
 
 
@@ -22,6 +21,9 @@ def recover(path: str | os.PathLike) -> RecoverReport:
     ``FormatError`` if the file is not a shard, ``OSError`` (e.g. ``FileNotFoundError``) if it
     cannot be opened, and ``WriterIOError`` if truncating, writing or fsyncing fails.
     """
+    # Imported here so that ``import layertap`` works without the extension built.
+    from layertap import _native
+
     path = os.fspath(path)
     d = _native.recover(path)
     return RecoverReport(

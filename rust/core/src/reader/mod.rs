@@ -306,20 +306,15 @@ impl ShardReader {
     pub fn read(&self, i: usize, verify: bool) -> Result<Record> {
         let e = self.entry(i)?;
         let stored = self.stored(e)?;
+        // The checksum is checked on the reader's mapping, whose pages stay mapped from one read
+        // to the next; a private mapping of the same (append-only) bytes is faulted in only
+        // where the caller touches it.
+        if verify {
+            self.check_crc(e, stored)?;
+        }
         let bytes = match e.codec {
-            Codec::None => {
-                let bytes = self.private_copy(e, stored);
-                if verify {
-                    self.check_crc(e, bytes.as_slice())?;
-                }
-                bytes
-            }
-            _ => {
-                if verify {
-                    self.check_crc(e, stored)?;
-                }
-                RecordBytes::from_vec(self.decode(e, stored)?)
-            }
+            Codec::None => self.private_copy(e, stored),
+            _ => RecordBytes::from_vec(self.decode(e, stored)?),
         };
         let header = self.parse_blob(e, bytes.as_slice())?;
         Ok(Record { key: e.key.clone(), offset: e.frame_offset, header, bytes })

@@ -65,10 +65,17 @@ impl OpenShard {
         naming: &ShardNaming,
         index: u64,
     ) -> std::result::Result<OpenShard, (PathBuf, Error)> {
-        // SAFETY: flock on a descriptor we own; no memory is involved.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let e = Error::io(&path, "flock", std::io::Error::last_os_error());
-            return Err((path, e));
+        // Blocking: the file is new (O_EXCL), so the only other holders are readers probing
+        // `being_written` or a `recover` that found no header, each holding it for an instant.
+        loop {
+            // SAFETY: flock on a descriptor we own; no memory is involved.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                break;
+            }
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::EINTR) {
+                return Err((path.clone(), Error::io(&path, "flock", err)));
+            }
         }
         let header = FileHeader { shard_id: random_id(), meta_json: shard_meta(naming, index) }.encode();
         if let Err(e) = file.write_all_at(&header, 0) {

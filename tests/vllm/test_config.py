@@ -1,0 +1,168 @@
+"""Configuration: every option is checked and a bad one stops the engine at start-up with an error
+naming it; the connector costs nothing, and imports nothing, when it is not configured."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from vllm_support import VLLM_WARNINGS, engine_args, pytest_env, speculative_config
+
+from layertap.vllm.config import OPTION_NAMES, ConfigError, parse_options, sample_id_problem
+from layertap.vllm.online import record_location
+
+pytestmark = VLLM_WARNINGS  # the engine tests below are marked vllm one by one
+
+GOOD = {"output_dir": "hs"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "option", "message"),
+    [
+        ({"output_dir": "hs", "bogus": 1}, "bogus", "unknown option; the options are: output_dir, writer"),
+        ({}, "output_dir", "required"),
+        ({"output_dir": ""}, "output_dir", "expected a non-empty path"),
+        ({**GOOD, "writer": "c++"}, "writer", "expected one of 'rust', 'python', got 'c++'"),
+        ({**GOOD, "codec": "lz4"}, "codec", "unknown codec 'lz4'"),
+        ({**GOOD, "level": 99}, "level", "out of range"),
+        ({**GOOD, "level": "3"}, "level", "out of range"),
+        ({**GOOD, "shard_size": 0}, "shard_size", "expected an integer >= 1, got 0"),
+        ({**GOOD, "shard_size": 1.5}, "shard_size", "expected an integer"),
+        ({**GOOD, "durability": "sometimes"}, "durability", "expected 'none', 'close' or a positive number"),
+        ({**GOOD, "durability": True}, "durability", "expected 'none', 'close'"),
+        ({**GOOD, "pool_bytes": -1}, "pool_bytes", "expected an integer >= 1"),
+        ({**GOOD, "writer_threads": 0}, "writer_threads", "expected an integer >= 1"),
+        ({**GOOD, "max_inflight_bytes": "1G"}, "max_inflight_bytes", "expected an integer"),
+        ({**GOOD, "io": "mmap"}, "io", "expected one of 'auto', 'uring', 'pwrite'"),
+        ({**GOOD, "writer": "python", "io": "uring"}, "io", "'uring' needs writer='rust'"),
+        ({**GOOD, "writer_id": "rank/0"}, "writer_id", "writer id 'rank/0' is not valid"),
+        ({**GOOD, "writer_id": ".hidden"}, "writer_id", "not starting with '.'"),
+        ({**GOOD, "stats_path": 3}, "stats_path", "expected a non-empty path"),
+        ({**GOOD, "shard_metadata": {"run": 1}}, "shard_metadata", "mapping of str to str"),
+    ],
+)
+def test_bad_option_is_named(extra, option, message):
+    with pytest.raises(ConfigError, match="layertap connector: ") as info:
+        parse_options(extra)
+    assert info.value.option == option
+    assert message in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+def test_every_option_parses(tmp_path):
+    options = parse_options({
+        "output_dir": str(tmp_path), "writer": "python", "codec": "zstd", "level": 5, "shard_size": 1 << 20,
+        "durability": 1 << 20, "pool_bytes": 1 << 24, "writer_threads": 2, "max_inflight_bytes": 1 << 25,
+        "io": "pwrite", "writer_id": "rank-0", "stats_path": str(tmp_path / "s.json"),
+        "shard_metadata": {"run": "7"},
+    })
+    assert options.output_dir == str(tmp_path) and options.durability == 1 << 20
+    assert set(OPTION_NAMES) == set(options.__dataclass_fields__)
+    assert parse_options({"output_dir": "rel/dir"}).output_dir == os.path.abspath("rel/dir")
+
+
+@pytest.mark.parametrize(
+    ("sample_id", "message"),
+    [
+        ("../etc/passwd", "contains '/'"),
+        ("a\\b", "contains '\\\\'"),
+        ("line\nbreak", "contains '\\n'"),
+        ("", "empty"),
+        ("x" * 1025, "1025 bytes long"),
+        (7, "must be a str"),
+    ],
+)
+def test_bad_sample_id_is_explained(sample_id, message):
+    problem = sample_id_problem(sample_id)
+    assert problem is not None and problem.startswith("sample_id: ") and message in problem
+
+
+def test_good_sample_ids():
+    for ok in ("row 17", "prompt:42#3", "ünïcode ✓", "x" * 1024):
+        assert sample_id_problem(ok) is None
+
+
+def test_record_location_reports_the_server_error():
+    from layertap.errors import InvalidInputError, LayertapError
+
+    with pytest.raises(InvalidInputError, match="did not save .*: sample_id: bad"):
+        record_location({"layertap": {"error": "sample_id: bad", "reason": "invalid_request"}})
+    with pytest.raises(LayertapError, match="only 3 of 9 tokens"):
+        record_location({"layertap": {"error": "only 3 of 9 tokens are in the KV cache", "reason": "not_saved"}})
+    with pytest.raises(InvalidInputError, match="no kv_transfer_params"):
+        record_location(None)
+    with pytest.raises(InvalidInputError, match="not valid"):
+        record_location({"layertap": {"dataset": "/d", "writer_id": "../x", "key": "k"}})
+    loc = record_location({"layertap": {"dataset": "/d", "writer_id": "w", "key": "k", "num_tokens": 3}})
+    assert (loc.dataset, loc.writer_id, loc.key, loc.num_tokens) == ("/d", "w", "k", 3)
+
+
+# -- real engines --------------------------------------------------------------------------------
+
+
+def start_and_fail(args: dict) -> str:
+    from vllm import LLM
+
+    from vllm.distributed.kv_transfer.kv_transfer_state import ensure_kv_transfer_shutdown
+
+    try:
+        with pytest_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}), pytest.raises(Exception) as info:
+            LLM(**args)
+    finally:
+        # An in-process engine that fails after creating its worker connector leaves it as the
+        # process's connector, and the next engine would reuse it.
+        ensure_kv_transfer_shutdown()
+    # vLLM may wrap the connector's error; it must be in the chain.
+    texts = []
+    err: BaseException | None = info.value
+    while err is not None:
+        texts.append(str(err))
+        err = err.__cause__ or err.__context__
+    return "\n".join(texts)
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda a: a["kv_transfer_config"]["kv_connector_extra_config"].update(bogus=1),
+         "layertap connector: bogus: unknown option"),
+        (lambda a: a["kv_transfer_config"]["kv_connector_extra_config"].update(pool_bytes=1 << 16),
+         "layertap connector: pool_bytes: 65536 bytes cannot hold the largest possible request: max_model_len 512"),
+        (lambda a: a.update(speculative_config=speculative_config([1, 1])),
+         "eagle_aux_hidden_state_layer_ids: [1, 1] repeats a layer"),
+    ],
+    ids=["unknown-option", "pool-too-small", "repeated-layer"],
+)
+def test_bad_configuration_stops_the_engine(change, expected, tiny_model, tmp_path):
+    args = engine_args(tiny_model, tmp_path / "hs", connector={"writer": "python"})
+    change(args)
+    assert expected in start_and_fail(args)
+    assert not any(tmp_path.glob("hs/*.lts"))
+
+
+@pytest.mark.vllm
+def test_no_cost_without_the_connector(tiny_model, tmp_path):
+    """An engine without kv_transfer_config imports nothing of layertap, even with the package
+    installed; and the online API imports nothing of vLLM."""
+    code = textwrap.dedent(f"""
+        import sys
+        import layertap.vllm
+        assert "vllm" not in sys.modules, "layertap.vllm imported vLLM"
+        for name in [m for m in sys.modules if m == "layertap" or m.startswith("layertap.")]:
+            del sys.modules[name]
+        from vllm import LLM, SamplingParams
+        llm = LLM(model={tiny_model!r}, dtype="float32", enforce_eager=True, max_model_len=256,
+                  block_size=32, kv_cache_memory_bytes=16 << 20)
+        llm.generate([{{"prompt_token_ids": [5, 6, 7]}}], SamplingParams(max_tokens=2), use_tqdm=False)
+        loaded = sorted(m for m in sys.modules if m == "layertap" or m.startswith("layertap."))
+        assert not loaded, loaded
+        print("NO-LAYERTAP-OK")
+    """)
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
+                          cwd=tmp_path)
+    assert proc.returncode == 0 and "NO-LAYERTAP-OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
