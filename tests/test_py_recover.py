@@ -117,3 +117,35 @@ def test_shard_without_records(tmp_path):
     assert report.records == 0 and report.truncated_bytes == 30
     with PyShardReader(path) as r:
         assert r.complete and r.entries == []
+
+
+@pytest.mark.parametrize("impl", ["python", "rust"])
+def test_file_cut_inside_the_header_padding(tmp_path, impl):
+    # docs/FORMAT.md: an open shard without records or torn tail; recovery pads it with zeros.
+    import layertap
+    from layertap._py import format as fmt
+
+    recover_fn = recover if impl == "python" else layertap.recover
+
+    meta = {"writer_id": "p", "x": ""}
+    while fmt.align8(36 + len(json_bytes(meta))) - (36 + len(json_bytes(meta))) < 2:
+        meta["x"] += "a"  # until the header has at least 2 bytes of padding
+    header = fmt.encode_file_header(bytes(16), meta)
+    cut = 36 + len(json_bytes(meta)) + 1  # the CRC is there, not all the padding
+    assert cut < len(header)
+    path = tmp_path / "p-000000.lts"
+    path.write_bytes(header[:cut])
+    with PyShardReader(path) as r:
+        assert not r.complete and r.entries == [] and r.torn_tail_bytes == 0 and r.scan_problems == []
+        assert r.header_len == len(header)
+    report = recover_fn(path)
+    assert not report.was_complete and report.records == 0 and report.truncated_bytes == 0
+    assert path.read_bytes() == header + fmt.encode_footer([], len(header))
+    with PyShardReader(path) as r:
+        assert r.complete and r.entries == []
+
+
+def json_bytes(meta: dict) -> bytes:
+    import json
+
+    return json.dumps(meta, ensure_ascii=False, separators=(",", ":")).encode()

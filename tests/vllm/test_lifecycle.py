@@ -105,7 +105,7 @@ def test_last_requests_are_written_at_shutdown(engine, reference):
                            use_tqdm=False)
     keys = [out.kv_transfer_params["layertap"]["key"] for out in outputs]
     shutdown(llm)
-    with layertap.open(out_dir, backend="python") as ds:
+    with layertap.open(out_dir) as ds:
         assert "aborted" in ds and ds["aborted"].num_tokens == 10  # the later request, not the aborted one
         for key, out in zip(keys, outputs):
             ids = list(out.prompt_token_ids) + list(out.outputs[0].token_ids)[:-1]

@@ -104,7 +104,9 @@ class PyShardReader:
             tail_end = found.stop
             if footer is not None and found.data_end <= footer.index_offset <= found.stop:
                 tail_end = footer.index_offset
-            self.torn_tail_bytes = tail_end - found.data_end
+            # A file cut inside the header's padding ends before header_len, where data_end is:
+            # an open shard without records or torn tail (docs/FORMAT.md, "File header").
+            self.torn_tail_bytes = max(0, tail_end - found.data_end)
             if self.torn_tail_bytes:
                 self.scan_problems.append(Problem(
                     self.path, found.data_end, None, "torn_tail",

@@ -39,7 +39,9 @@ def recover(path: str | os.PathLike) -> RecoverReport:
                 return RecoverReport(path, True, len(shard.entries), 0, [])
             entries = shard.raw_entries()
             data_end = shard.data_end
-            truncated = shard.file_bytes - data_end
+            # A file cut inside the header's padding is shorter than data_end: ftruncate below
+            # pads it with zeros, so that the index frame starts at header_len.
+            truncated = max(0, shard.file_bytes - data_end)
             problems = [p for p in shard.scan_problems if p.kind in ("corrupt_record", "damaged_region")]
         footer = encode_footer(entries, data_end)
         try:
