@@ -153,6 +153,22 @@ def test_rust_and_python_writers_make_identical_frames(recs):
         assert tail_py[8:20] == tail_rs[8:20] and tail_py[24:] == tail_rs[24:]
 
 
+def test_rust_and_python_writers_split_shards_alike(tmp_path):
+    """Both writers start a new shard before a record that would take the shard past
+    shard_size, so they cut a dataset into the same shards."""
+    rust = writer_class("rust")
+    tensors = lambda i: {"x": np.full(40 + 30 * (i % 4), i, dtype=np.float32)}  # noqa: E731
+    split = {}
+    for name, cls in (("python", layertap.PyShardWriter), ("rust", rust)):
+        with cls(tmp_path / name, codec="none", shard_size=1500, writer_id="w") as w:
+            for i in range(20):
+                w.submit(f"k{i}", tensors(i))
+        with layertap.open(tmp_path / name, backend="python") as ds:
+            split[name] = [(os.path.basename(s.path), s.records) for s in ds.shards]
+    assert len(split["python"]) > 3
+    assert split["python"] == split["rust"]
+
+
 def test_rust_writer_header_differs_only_where_allowed(tmp_path):
     rust = writer_class("rust")
     recs = [("k", {"x": ("F32", (2,), np.arange(2, dtype=np.float32).tobytes(), "buffer")}, {})]

@@ -18,10 +18,14 @@ from typing import Any
 import pytest
 import torch
 
-#: Warnings that vLLM's and torch's own imports raise in the test process (warnings are errors).
+#: Warnings that vLLM and torch raise in the test process (warnings are errors): deprecations in
+#: their imports, and the ZMQ context an engine client leaves to the garbage collector.
 VLLM_WARNINGS = [
     pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
     pytest.mark.filterwarnings("ignore:`torch.distributed.reduce_op` is deprecated:FutureWarning"),
+    pytest.mark.filterwarnings(
+        "ignore:Exception ignored in. <function Context.__del__:pytest.PytestUnraisableExceptionWarning"
+    ),
 ]
 #: Layers recorded by the engines of the tests, deliberately not in ascending order.
 LAYERS = [4, 0, 2]

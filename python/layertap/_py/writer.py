@@ -179,26 +179,46 @@ class _State:
 
     def write_batch(self, encoder: codecs.Encoder, job: _Job) -> None:
         """Encodes ``job`` and the records queued right behind it (up to ``batch_bytes``) and
-        writes them to the current shard in one system call."""
-        if self.shard is None:
-            self.open_shard()
-        shard = self.shard
-        buffers: list = []
-        done: list[tuple[_Job, RawEntry]] = []
-        offset = shard.offset
+        writes them with one system call per shard. A record that would take the shard past
+        ``shard_size`` goes to the next shard; a shard holds at least one record (the same rule
+        as the Rust writer, so both split a dataset into the same shards)."""
+        encoded = []
         pending = 0
         while True:
-            frame, entry = self.encode(encoder, job, offset)
-            buffers += frame
-            done.append((job, entry))
-            offset += entry.frame_len
+            frame, entry = self.encode(encoder, job)
+            encoded.append((job, frame, entry))
             pending += entry.frame_len
-            if offset >= self.shard_size or pending >= self.batch_bytes:
+            if pending >= self.batch_bytes:
                 break
             with self.cond:
                 if not self.queue or not isinstance(self.queue[0], _Job):
                     break
                 job = self.queue.popleft()
+        run: list = []
+        for item in encoded:
+            if self.shard is None:
+                self.open_shard()
+            end = self.shard.offset + sum(e.frame_len for _, _, e in run)
+            if (self.shard.entries or run) and end + item[2].frame_len > self.shard_size:
+                self.write_run(run)
+                run = []
+                self.close_shard()
+                self.open_shard()
+            run.append(item)
+        self.write_run(run)
+
+    def write_run(self, run: list) -> None:
+        """Writes encoded records at the end of the current shard and reports them done."""
+        if not run:
+            return
+        shard = self.shard
+        buffers: list = []
+        done = []
+        offset = shard.offset
+        for job, frame, entry in run:
+            buffers += frame
+            done.append((job, entry._replace(frame_offset=offset)))
+            offset += entry.frame_len
         shard.write(buffers)
         shard.entries += [entry for _, entry in done]
         if isinstance(self.durability, int) and shard.offset - shard.synced_to >= self.durability:
@@ -214,10 +234,10 @@ class _State:
                     Completion(job.seq, job.key, shard.path, entry.frame_offset, entry.stored_len, entry.raw_len)
                 )
             self.cond.notify_all()
-        if shard.offset >= self.shard_size:
-            self.close_shard()
 
-    def encode(self, encoder: codecs.Encoder, job: _Job, offset: int) -> tuple[list, RawEntry]:
+    def encode(self, encoder: codecs.Encoder, job: _Job) -> tuple[list, RawEntry]:
+        """The frame of ``job`` (header, payload pieces, padding) and its index entry, whose
+        ``frame_offset`` is filled in when the frame is placed."""
         two_byte = [(view, dtype in TWO_BYTE) for _, view, dtype, _ in job.tensors]
         payload = encoder.encode(job.header, two_byte)
         stored_len = sum(memoryview(p).nbytes for p in payload)
@@ -227,7 +247,7 @@ class _State:
         key = job.key.encode("utf-8")
         head = encode_frame_header(KIND_RECORD, self.codec, key, stored_len, job.raw_len, job.num_tokens, crc)
         pad = bytes(align8(stored_len) - stored_len)
-        entry = RawEntry(offset, stored_len, job.raw_len, job.num_tokens, crc, self.codec, job.key)
+        entry = RawEntry(0, stored_len, job.raw_len, job.num_tokens, crc, self.codec, job.key)
         return [head, *payload, pad], entry
 
     def fail(self, e: Exception) -> None:
