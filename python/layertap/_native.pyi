@@ -15,7 +15,7 @@ class NativeShardWriter:
         path: str | os.PathLike[str],
         *,
         codec: str = "bp16-zstd",
-        level: int = 3,
+        level: int = 1,
         shard_size: int = ...,
         durability: str | int | None = None,
         threads: int | None = None,

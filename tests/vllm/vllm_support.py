@@ -15,12 +15,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
+
+try:
+    import pytest
+except ImportError:  # gpu_check.py runs on machines without pytest
+    pytest = None
 
 #: Warnings that vLLM and torch raise in the test process (warnings are errors): deprecations in
 #: their imports, and the ZMQ context an engine client leaves to the garbage collector.
-VLLM_WARNINGS = [
+VLLM_WARNINGS = [] if pytest is None else [
     pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
     pytest.mark.filterwarnings("ignore:`torch.distributed.reduce_op` is deprecated:FutureWarning"),
     pytest.mark.filterwarnings(
@@ -31,7 +35,6 @@ VLLM_WARNINGS = [
 LAYERS = [4, 0, 2]
 #: What the KV group stores (ascending).
 STORED_LAYERS = sorted(LAYERS)
-NUM_MODEL_LAYERS = 4
 
 
 def connector_config(output_dir: str | os.PathLike, **extra: Any) -> dict:
@@ -126,39 +129,45 @@ class Reference:
             self._models[dtype] = (model, outputs)
 
     def hidden_states(self, token_ids: list[int], layers: list[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """``[tokens, len(layers), hidden]``: layer id k < 4 is ``hidden_states[k]`` (the input
-        of decoder layer k), 4 the last layer's output before the norm."""
+        """``[tokens, len(layers), hidden]``: layer id k < num_layers is ``hidden_states[k]``
+        (the input of decoder layer k), num_layers the last layer's output before the norm."""
         model, outputs = self._models[dtype]
         with torch.no_grad():
             out = model(torch.tensor([token_ids]), output_hidden_states=True)
-        per_layer = [
-            out.hidden_states[k][0] if k < NUM_MODEL_LAYERS else outputs["last"][0] for k in layers
-        ]
+        n = model.config.num_hidden_layers
+        per_layer = [out.hidden_states[k][0] if k < n else outputs["last"][0] for k in layers]
         return torch.stack(per_layer, dim=1)
 
 
-def assert_hidden_states_match(record: Any, reference: Reference, token_ids: list[int]) -> None:
-    """The record holds ``token_ids`` and, per stored layer, what transformers computes: float32
-    to ~1e-6, bfloat16 to bfloat16 precision."""
+def assert_hidden_states_match(record: Any, reference: Reference, token_ids: list[int],
+                                layers: list[int] = STORED_LAYERS, hidden_size: int = 128) -> None:
+    """The record holds ``token_ids`` and, per stored layer (``layers``, ascending), what
+    transformers computes: float32 to ~1e-6, bfloat16 to bfloat16 precision."""
     assert record.token_ids.dtype == torch.int64
     assert record.token_ids.tolist() == token_ids
-    assert record.layer_ids == STORED_LAYERS
+    assert record.layer_ids == layers
     got = record.hidden_states
-    assert got.shape == (len(token_ids), len(STORED_LAYERS), 128)
+    assert got.shape == (len(token_ids), len(layers), hidden_size)
     assert record.metadata["dtype"] == str(got.dtype).removeprefix("torch.")
     assert record.metadata["num_tokens"] == str(len(token_ids))
-    ref = reference.hidden_states(token_ids, STORED_LAYERS, got.dtype)
-    # Layer 0 is the embedding lookup: exact in any dtype.
-    assert torch.equal(got[:, 0], ref[:, 0])
+    ref = reference.hidden_states(token_ids, layers, got.dtype)
+    if layers[0] == 0:  # the embedding lookup: exact in any dtype
+        assert torch.equal(got[:, 0], ref[:, 0])
     if got.dtype == torch.float32:
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
         return
     assert got.dtype == torch.bfloat16
-    # Two bf16 forwards by different kernels differ by a few rounding steps (eps = 2**-8) of the
-    # values they add up, growing with depth (seen here: mean 1.5-2.3 eps, max under 3 eps of
-    # the layer's largest value); compare each layer on its own scale.
-    for j, layer in enumerate(STORED_LAYERS):
-        want, have = ref[:, j].float(), got[:, j].float()
-        diff = (have - want).abs()
-        assert diff.max() <= 6 * 2**-8 * want.abs().max(), f"layer {layer}: max error {diff.max()}"
-        assert diff.mean() <= 4 * 2**-8 * want.abs().mean(), f"layer {layer}: mean error {diff.mean()}"
+    # "bfloat16 precision": as close to the exact (float32) values as transformers' own bfloat16
+    # forward gets. Both drift from them by rounding steps that add up with depth (1 eps = 2**-8
+    # of the values after one layer, about 3.5 eps after 16 here), so that forward is the yardstick.
+    exact = reference.hidden_states(token_ids, layers, torch.float32)
+    eps = 2**-8
+    for j, layer in enumerate(layers):
+        want, have, yardstick = exact[:, j], got[:, j].float(), ref[:, j].float()
+        err, allowed = (have - want).abs(), (yardstick - want).abs()
+        assert err.mean() <= 2 * allowed.mean() + eps * want.abs().mean(), (
+            f"layer {layer}: mean error {err.mean()}, transformers bf16 {allowed.mean()}"
+        )
+        assert err.max() <= 2 * allowed.max() + eps * want.abs().max(), (
+            f"layer {layer}: max error {err.max()}, transformers bf16 {allowed.max()}"
+        )

@@ -294,7 +294,7 @@ class PyShardWriter:
         path: str | os.PathLike,
         *,
         codec: str = "bp16-zstd",
-        level: int = 3,
+        level: int = 1,
         shard_size: int = 1 << 30,
         durability: str | int = "close",
         threads: int | None = None,

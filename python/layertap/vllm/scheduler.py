@@ -70,7 +70,11 @@ class SchedulerSide:
         """Plans the save of a finished request. Returns (keep its blocks, kv_transfer_params)."""
         status = getattr(request.status, "name", str(request.status))
         if status not in _SAVED_STATES:
-            return False, None
+            # An aborted request has no response to carry an answer; others (a prompt longer
+            # than the model, an error) say why nothing was saved.
+            if status == "FINISHED_ABORTED":
+                return False, None
+            return False, _error("not_saved", f"the request finished as {status}; only completed requests are saved")
         params = request.kv_transfer_params or {}
         req_id = request.request_id
         if not isinstance(params, dict):

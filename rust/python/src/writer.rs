@@ -91,7 +91,7 @@ impl NativeShardWriter {
     /// `"pwrite"`.
     #[new]
     #[pyo3(signature = (
-        path, *, codec = "bp16-zstd", level = 3, shard_size = 1 << 30, durability = None,
+        path, *, codec = "bp16-zstd", level = 1, shard_size = 1 << 30, durability = None,
         threads = None, max_inflight_bytes = 1 << 30, batch_bytes = 8 << 20, writer_id = None,
         io = "auto", metadata = None
     ))]

@@ -105,7 +105,7 @@ impl Default for WriterConfig {
     fn default() -> Self {
         WriterConfig {
             codec: Codec::Bp16Zstd,
-            level: 3,
+            level: 1,
             shard_size: 1 << 30,
             durability: Durability::OnClose,
             threads: None,

@@ -1,0 +1,116 @@
+"""The connector on a GPU machine (vLLM 0.26 + CUDA): ``python tests/vllm/gpu_check.py OUT_DIR``.
+
+Not a pytest module (the GPU machine has no pytest); the CPU tests cover the same cases on vLLM
+0.32. Two engines, each checked against transformers:
+
+- a 4-layer tiny Llama in bfloat16 with CUDA graphs, layers [4, 0, 2]: a batch of prompts of
+  different lengths, a prompt prefilled in chunks, shared prefixes, include_output_tokens; each
+  record read with ``layertap.vllm.fetch`` right after ``generate`` returns;
+- a 16-layer one recording 16 layers, as many as a block has tokens, so the cache's layer and
+  token axes have the same size.
+
+Prints one JSON line per engine (records, connector statistics) and exits non-zero on a mismatch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from vllm_support import Reference, assert_hidden_states_match, connector_config, speculative_config  # noqa: E402
+
+from layertap._tiny_model import build_tiny_llama  # noqa: E402
+from layertap.vllm import fetch  # noqa: E402
+
+
+def prompt_ids(n: int, start: int) -> list[int]:
+    return [3 + (start + 37 * i) % 490 for i in range(n)]
+
+
+def run_engine(name: str, model: str, out: Path, layers: list[int], writer: str, **llm_args) -> dict:
+    from vllm import LLM, SamplingParams
+
+    dataset = out / f"hs-{name}"
+    stats_path = out / f"stats-{name}.json"
+    if not torch.cuda.is_available():  # a dry run of this script on a CPU machine
+        llm_args.update(kv_cache_memory_bytes=256 << 20, block_size=32, enforce_eager=True)
+    else:
+        llm_args.update(gpu_memory_utilization=0.2)
+    llm = LLM(
+        model=model, dtype="bfloat16", max_model_len=1024, seed=0,
+        speculative_config=speculative_config(layers),
+        kv_transfer_config=connector_config(dataset, writer=writer, stats_path=str(stats_path)),
+        **llm_args,
+    )
+    reference = Reference(model)
+    stored = sorted(layers)
+    hidden = llm.llm_engine.model_config.get_hidden_size()
+
+    def sampling(max_tokens: int, params: dict | None = None):
+        return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
+                              extra_args={"kv_transfer_params": params} if params else None)
+
+    checked = 0
+
+    def check(outputs, include_outputs: bool = False) -> None:
+        nonlocal checked
+        for o in outputs:
+            ids = list(o.prompt_token_ids) + (list(o.outputs[0].token_ids)[:-1] if include_outputs else [])
+            record = fetch(o.kv_transfer_params, timeout=120)
+            assert_hidden_states_match(record, reference, ids, layers=stored, hidden_size=hidden)
+            checked += 1
+
+    t0 = time.perf_counter()
+    lengths = [1, 7, 33, 100, 300]  # 300 > max_num_batched_tokens where set: chunked prefill
+    check(llm.generate([{"prompt_token_ids": prompt_ids(n, n)} for n in lengths], sampling(4), use_tqdm=False))
+    prefix = prompt_ids(64, 11)
+    check(llm.generate([{"prompt_token_ids": prefix + prompt_ids(9, 1)}], sampling(3), use_tqdm=False))
+    shared = llm.generate([{"prompt_token_ids": prefix + prompt_ids(n, n)} for n in (5, 40)], sampling(3),
+                          use_tqdm=False)
+    assert all(o.num_cached_tokens >= 64 for o in shared), [o.num_cached_tokens for o in shared]
+    check(shared)
+    check(llm.generate([{"prompt_token_ids": prompt_ids(20, 2)}],
+                       sampling(6, {"include_output_tokens": True, "sample_id": f"{name}-with-outputs"}),
+                       use_tqdm=False), include_outputs=True)
+    # A larger batch, for the connector's statistics.
+    many = llm.generate([{"prompt_token_ids": prompt_ids(256, s)} for s in range(64)], sampling(16), use_tqdm=False)
+    check(many[:4])
+    elapsed = time.perf_counter() - t0
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    stats = json.loads(stats_path.read_text())
+    import layertap
+
+    with layertap.open(dataset) as ds:
+        assert len(ds) == 5 + 1 + 2 + 1 + 64, len(ds)
+        assert ds.verify().ok and all(s.complete for s in ds.shards)
+    return {"engine": name, "layers": stored, "records_checked": checked, "seconds": round(elapsed, 2),
+            "stats": stats}
+
+
+def main() -> int:
+    import vllm
+
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "gpu-check-output").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    print(json.dumps({"vllm": vllm.__version__, "torch": torch.__version__, "cuda": torch.cuda.is_available()}),
+          flush=True)
+    import layertap
+
+    writer = "rust" if hasattr(layertap.ShardWriter, "submit") else "python"
+    small = build_tiny_llama(out / "tiny-4", dtype="bfloat16")
+    print(json.dumps(run_engine("cudagraphs", small, out, [4, 0, 2], writer, max_num_batched_tokens=128)), flush=True)
+    deep = build_tiny_llama(out / "tiny-16", num_layers=16, dtype="bfloat16")
+    print(json.dumps(run_engine("16-layers", deep, out, list(range(16)), writer, enforce_eager=True)), flush=True)
+    print("GPU-CHECK-OK", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
