@@ -16,6 +16,9 @@ with one advanced-indexing call, which is correct for any strides.
 
 from __future__ import annotations
 
+import itertools
+
+import numpy as np
 import torch
 
 
@@ -46,7 +49,14 @@ def token_axis(shape: tuple[int, ...], num_layers: int, hidden_size: int) -> int
 
 
 class HiddenStatesCache:
-    """The hidden-states KV-cache tensor and how to gather tokens out of it."""
+    """The hidden-states KV-cache tensor and how to gather tokens out of it.
+
+    Every (token, layer) of the cache is ``hidden`` contiguous elements: a *row*. When every row
+    starts at a multiple of ``hidden`` elements (all vLLM layouts so far), the cache is viewed as
+    a table of rows and a batch is gathered with one ``index_select`` of ``tokens x layers`` row
+    numbers, whatever the order of the axes. Otherwise (a padded layout) the gather indexes
+    blocks and in-block offsets with advanced indexing, which is slower on the CPU.
+    """
 
     def __init__(self, kv: torch.Tensor, num_layers: int, hidden_size: int, block_size: int):
         self.kv = kv
@@ -67,30 +77,63 @@ class HiddenStatesCache:
         self.is_cuda = kv.device.type == "cuda"
         self.row_bytes = num_layers * hidden_size * kv.dtype.itemsize
         """Bytes of one token's hidden states (all saved layers)."""
+        strides = kv.stride()
+        block_stride, token_stride, layer_stride = strides[0], strides[self.axis], strides[3 - self.axis]
+        self.by_rows = strides[3] == 1 and all(s % hidden_size == 0 for s in (block_stride, token_stride, layer_stride))
+        if self.by_rows:
+            # Row numbers of (block, token) and of each layer, in rows of `hidden` elements.
+            self._row_steps = (block_stride // hidden_size, token_stride // hidden_size)
+            self._layer_rows = np.arange(num_layers, dtype=np.int64) * (layer_stride // hidden_size)
+            last = (kv.shape[0] - 1) * block_stride + (self.tensor_block_size - 1) * token_stride
+            last += (num_layers - 1) * layer_stride
+            self._rows = torch.as_strided(kv, (last // hidden_size + 1, hidden_size), (hidden_size, 1))
+        self.index_width = num_layers if self.by_rows else 2
+        """int64 indices per token that ``write_indices`` produces."""
 
-    def write_indices(self, block_ids: list[int], num_tokens: int, blk: torch.Tensor, off: torch.Tensor) -> None:
-        """Fills ``blk``/``off`` (int64, ``num_tokens`` long) with the tensor block and offset of
-        each token of a request whose scheduler blocks are ``block_ids``."""
-        blocks = torch.as_tensor(block_ids[: -(-num_tokens // self.block_size)], dtype=torch.int64)
-        slots = (blocks[:, None] * self.block_size + torch.arange(self.block_size)).reshape(-1)[:num_tokens]
-        torch.div(slots, self.tensor_block_size, rounding_mode="floor", out=blk)
-        torch.remainder(slots, self.tensor_block_size, out=off)
-
-    def gather(self, blk: torch.Tensor, off: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Copies the tokens at (``blk``, ``off``) into ``out`` ``[tokens, layers, hidden]`` on
-        the host. On the CPU the gather writes straight into ``out``. On CUDA the indices are
-        copied to the device, gathered there, and the result copied into ``out`` without
-        waiting: call it under the copy stream and keep the returned device tensors alive until
-        the copy is done."""
-        if not self.is_cuda and self.device.type == "cpu":
-            index = [blk, off] if self.axis == 1 else [blk, None, off]
-            torch.ops.aten.index.Tensor_out(self.kv, index, out=out)
-            return ()
-        blk_d = blk.to(self.device, non_blocking=True)
-        off_d = off.to(self.device, non_blocking=True)
-        if self.axis == 1:
-            gathered = self.kv[blk_d, off_d]
+    def write_indices(self, requests: list[tuple[list[int], int]], index: np.ndarray) -> None:
+        """Fills ``index`` (int64 ``[tokens, index_width]``, one row per token of all
+        ``requests`` in order) with where each token is in the cache: its row number per layer,
+        or its block and in-block offset. A request is ``(scheduler block ids, number of
+        tokens)``. One vectorised pass for the whole batch."""
+        counts = np.fromiter((n for _, n in requests), dtype=np.int64, count=len(requests))
+        nblocks = np.fromiter((len(b) for b, _ in requests), dtype=np.int64, count=len(requests))
+        blocks = np.fromiter(itertools.chain.from_iterable(b for b, _ in requests), dtype=np.int64,
+                             count=int(nblocks.sum()))
+        token_starts = np.cumsum(counts) - counts
+        block_starts = np.cumsum(nblocks) - nblocks
+        # Position of each token within its request, then its scheduler block and slot.
+        t = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(token_starts, counts)
+        slots = blocks[np.repeat(block_starts, counts) + t // self.block_size] * self.block_size + t % self.block_size
+        blk, off = np.divmod(slots, self.tensor_block_size)
+        if self.by_rows:
+            per_block, per_token = self._row_steps
+            np.add((blk * per_block + off * per_token)[:, None], self._layer_rows[None, :], out=index)
         else:
-            gathered = self.kv[blk_d, :, off_d]
-        out.copy_(gathered, non_blocking=self.is_cuda)
-        return (blk_d, off_d, gathered)
+            index[:, 0] = blk
+            index[:, 1] = off
+
+    def gather(self, index: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Copies the tokens that ``index`` (from ``write_indices``) locates into ``out``
+        ``[tokens, layers, hidden]`` on the host. On the CPU the gather writes straight into
+        ``out``. On CUDA the indices are copied to the device, gathered there, and the result
+        copied into ``out`` without waiting: call it under the copy stream and keep the returned
+        device tensors alive until the copy is done."""
+        on_cpu = self.device.type == "cpu"
+        if self.by_rows:
+            rows = index.reshape(-1)
+            if on_cpu:
+                torch.index_select(self._rows, 0, rows, out=out.view(-1, self.hidden_size))
+                return ()
+            rows = rows.to(self.device, non_blocking=True)
+            gathered = torch.index_select(self._rows, 0, rows)
+        else:
+            blk, off = index[:, 0], index[:, 1]
+            if on_cpu:
+                where = [blk, off] if self.axis == 1 else [blk, None, off]
+                torch.ops.aten.index.Tensor_out(self.kv, where, out=out)
+                return ()
+            blk, off = blk.to(self.device, non_blocking=True), off.to(self.device, non_blocking=True)
+            gathered = self.kv[blk, off] if self.axis == 1 else self.kv[blk, :, off]
+            rows = (blk, off)
+        out.view(gathered.shape).copy_(gathered, non_blocking=self.is_cuda)
+        return (rows, gathered)

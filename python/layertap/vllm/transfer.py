@@ -29,9 +29,13 @@ from layertap.vllm.stats import ConnectorStats
 logger = logging.getLogger("vllm.layertap")  # under vLLM's logging configuration
 
 
-def region_bytes(num_tokens: int, row_bytes: int) -> int:
-    """Pool bytes for ``num_tokens`` tokens: hidden states, token ids and two index arrays."""
-    return align_up(num_tokens * row_bytes) + 3 * align_up(num_tokens * 8)
+def region_bytes(num_tokens: int, cache: HiddenStatesCache) -> int:
+    """Pool bytes for ``num_tokens`` tokens: hidden states, token ids and gather indices."""
+    return (
+        align_up(num_tokens * cache.row_bytes)
+        + align_up(num_tokens * 8)
+        + align_up(num_tokens * cache.index_width * 8)
+    )
 
 
 class _Batch:
@@ -106,7 +110,7 @@ class HiddenStatesSaver:
             total += save.num_tokens
             sizes.append(total)
         for n in range(len(sizes), 0, -1):
-            region = self.pool.try_alloc(region_bytes(sizes[n - 1], self.row_bytes))
+            region = self.pool.try_alloc(region_bytes(sizes[n - 1], self.cache))
             if region is not None:
                 return region, n
         return None, 0
@@ -137,28 +141,28 @@ class HiddenStatesSaver:
         ids_bytes = align_up(total * 8)
         hidden = region.carve(0, total * self.row_bytes, self.cache.dtype, (total, layers, hidden_size))
         token_ids = region.carve(hidden_bytes, total * 8, torch.int64, (total,))
-        blk = region.carve(hidden_bytes + ids_bytes, total * 8, torch.int64, (total,))
-        off = region.carve(hidden_bytes + 2 * ids_bytes, total * 8, torch.int64, (total,))
+        width = self.cache.index_width
+        index = region.carve(hidden_bytes + ids_bytes, total * width * 8, torch.int64, (total, width))
         ids_np = token_ids.numpy()
         bounds = []
         at = 0
         for save in saves:
             end = at + save.num_tokens
             ids_np[at:end] = save.token_ids
-            self.cache.write_indices(save.block_ids, save.num_tokens, blk[at:end], off[at:end])
             bounds.append((at, end))
             at = end
+        self.cache.write_indices([(s.block_ids, s.num_tokens) for s in saves], index.numpy())
         batch = _Batch(region, saves, bounds, hidden, token_ids)
         self.stats.gathers += 1
         if self._stream is None:
-            self.cache.gather(blk, off, hidden)
+            self.cache.gather(index, hidden)
             self._submit(batch)
             return
         # The copy stream starts after the work the model has queued so far (which wrote these
         # hidden states); the engine thread goes on at once.
         self._stream.wait_stream(torch.cuda.current_stream(self.cache.device))
         with torch.cuda.stream(self._stream):
-            batch.keep = self.cache.gather(blk, off, hidden)
+            batch.keep = self.cache.gather(index, hidden)
             batch.event = torch.cuda.Event()
             batch.event.record(self._stream)
         self._inflight.append(batch)

@@ -89,7 +89,7 @@ class WorkerSide:
         facts = self.facts
         name = self._hidden_states_layer(kv_caches)
         cache = HiddenStatesCache(kv_caches[name], len(facts.layer_ids), facts.hidden_size, facts.block_size)
-        largest = region_bytes(facts.max_model_len, cache.row_bytes)
+        largest = region_bytes(facts.max_model_len, cache)
         pool_bytes = self.options.pool_bytes or max(DEFAULT_MIN_POOL_BYTES, 2 * largest)
         if pool_bytes < largest:
             raise ConfigError(
@@ -103,9 +103,11 @@ class WorkerSide:
         writer = open_writer(self.options, facts, pool_bytes)
         self.saver = HiddenStatesSaver(cache, writer, pool, facts, self.stats, self.options.output_dir)
         logger.info(
-            "layertap: writing hidden states of layers %s (%s, cache axis %d) to %s as writer %s "
-            "(%s writer, %s; pool %.0f MiB%s)",
-            list(facts.layer_ids), str(cache.dtype).removeprefix("torch."), cache.axis,
+            "layertap: writing hidden states of layers %s (%s, cache %s strides %s, token axis %d, "
+            "block %d/%d, gather by %s) to %s as writer %s (%s writer, %s; pool %.0f MiB%s)",
+            list(facts.layer_ids), str(cache.dtype).removeprefix("torch."), list(cache.kv.shape),
+            list(cache.kv.stride()), cache.axis, cache.tensor_block_size, facts.block_size,
+            "rows" if cache.by_rows else "blocks",
             self.options.output_dir, facts.writer_id, self.options.writer, writer.backend,
             pool_bytes / 2**20, " pinned" if pool.pinned else "",
         )
