@@ -8,6 +8,7 @@ prints ``layertap inspect`` of the dataset. Runs on a CPU in about a minute.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -21,7 +22,8 @@ LAYERS = [2, 0, 4]  # asked in any order; the records store them ascending
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m layertap.demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--output", default="demo-output", help="folder for the model and the dataset (default: %(default)s)")
+    p.add_argument("--output", default="demo-output",
+                   help="folder for the model and the dataset (default: %(default)s)")
     p.add_argument("--writer", choices=("auto", "rust", "python"), default="auto",
                    help="shard writer; auto: the Rust one when the extension is built (default: %(default)s)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
@@ -49,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(os.environ[var], exist_ok=True)
     tempfile.tempdir = None
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
+    stats_path = os.path.join(out, "connector-stats.json")
     model = build_tiny_llama(os.path.join(out, "tiny-llama"))
     print(f"model: random 4-layer Llama in {model}; writer: {writer}; dataset: {dataset}", flush=True)
 
@@ -77,14 +81,15 @@ def main(argv: list[str] | None = None) -> int:
             "kv_connector_extra_config": {
                 "output_dir": dataset,
                 "writer": writer,
-                "stats_path": os.path.join(out, "connector-stats.json"),
+                "stats_path": stats_path,
             },
         },
     )
     prompts = [prompt(8 + 11 * i, offset=i) for i in range(args.prompts)]
+    # Every other request also records its generated tokens.
     params = [
-        SamplingParams(max_tokens=8, temperature=0.0,
-                       extra_args={"kv_transfer_params": {"sample_id": f"demo-{i}", "include_output_tokens": i % 2 == 1}})
+        SamplingParams(max_tokens=8, temperature=0.0, extra_args={
+            "kv_transfer_params": {"sample_id": f"demo-{i}", "include_output_tokens": i % 2 == 1}})
         for i in range(len(prompts))
     ]
     t0 = time.perf_counter()
@@ -98,7 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nfetched online: {record}\n  layer_ids {record.layer_ids}, metadata {record.metadata}\n")
     llm.llm_engine.engine_core.shutdown()  # the connector closes its writer: shards complete
     del llm
-    sys.stdout.flush()
+    with open(stats_path) as f:
+        stats = json.load(f)
+    hook = stats["hook"]
+    print(f"connector: {stats['records_written']} records, {stats['tokens']} tokens in {stats['gathers']} gathers; "
+          f"engine-thread time per step p50 {hook['p50_us']:.0f} us, p99 {hook['p99_us']:.0f} us "
+          f"(all statistics: {stats_path})\n", flush=True)
     return layertap_cli(["inspect", dataset])
 
 

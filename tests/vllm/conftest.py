@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 import tempfile
 from pathlib import Path
 

@@ -23,10 +23,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from vllm_support import Reference, assert_hidden_states_match, connector_config, speculative_config  # noqa: E402
 
 from layertap._tiny_model import build_tiny_llama  # noqa: E402
 from layertap.vllm import fetch  # noqa: E402
+
+from vllm_support import Reference, assert_hidden_states_match, connector_config, speculative_config  # noqa: E402
 
 
 def prompt_ids(n: int, start: int) -> list[int]:
@@ -105,7 +106,6 @@ def run_engine(name: str, model: str, out: Path, layers: list[int], writer: str,
     check(many[:4])
     elapsed = time.perf_counter() - t0
     llm.llm_engine.engine_core.shutdown()
-    del llm
     stats = json.loads(stats_path.read_text())
     import layertap
 

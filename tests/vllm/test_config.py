@@ -9,10 +9,11 @@ import sys
 import textwrap
 
 import pytest
-from vllm_support import VLLM_WARNINGS, engine_args, pytest_env, speculative_config
 
 from layertap.vllm.config import OPTION_NAMES, ConfigError, parse_options, sample_id_problem
 from layertap.vllm.online import record_location
+
+from vllm_support import VLLM_WARNINGS, engine_args, pytest_env, speculative_config
 
 pytestmark = VLLM_WARNINGS  # the engine tests below are marked vllm one by one
 
@@ -105,7 +106,6 @@ def test_record_location_reports_the_server_error():
 
 def start_and_fail(args: dict) -> str:
     from vllm import LLM
-
     from vllm.distributed.kv_transfer.kv_transfer_state import ensure_kv_transfer_shutdown
 
     try:

@@ -1,20 +1,22 @@
 """Requests that do not simply run to their end, on an engine in the test's process
-(``VLLM_ENABLE_V1_MULTIPROCESSING=0``): preemption for lack of KV space, aborts, and the requests
-an in-process engine has not handed to the connector when it shuts down."""
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``): preemption for lack of KV space, a host pool too small for
+what finishes in one step, aborts, and the requests an in-process engine has not handed to the
+connector when it shuts down."""
 
 from __future__ import annotations
 
 import pytest
-from vllm_support import VLLM_WARNINGS, assert_hidden_states_match, engine_args, read_stats, running_llm, shutdown
 
 import layertap
 from layertap.vllm import fetch
 
+from vllm_support import VLLM_WARNINGS, assert_hidden_states_match, engine_args, read_stats, running_llm, shutdown
+
 pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
 
-#: 24 blocks of 32 tokens: one 512-token request fits, eight 300-token ones do not.
+#: 40 blocks of 32 tokens: one 512-token request fits, three 300-token ones too, eight do not.
 PAGE_BYTES = 32 * (4 * 2 * 64 + 3 * 128) * 4  # per block: 4 attention layers (K, V) + 3 hidden-state rows
-KV_CACHE_BYTES = 24 * PAGE_BYTES
+KV_CACHE_BYTES = 40 * PAGE_BYTES
 
 
 def prompt_ids(n: int, start: int) -> list[int]:
@@ -42,7 +44,9 @@ def engine(tiny_model, tmp_path_factory):
     stats = out.parent / "stats-lifecycle.json"
     args = engine_args(
         tiny_model, out,
-        connector={"writer": "python", "stats_path": str(stats), "pool_bytes": 4 << 20},
+        # A pool for little more than the largest request (512 tokens x 1568 bytes): requests that
+        # finish together do not fit at once, and the connector must wait for the writer.
+        connector={"writer": "python", "stats_path": str(stats), "pool_bytes": 1 << 20},
         kv_cache_memory_bytes=KV_CACHE_BYTES,
         max_num_seqs=8,
         enable_prefix_caching=False,
@@ -69,6 +73,21 @@ def test_preempted_requests_are_saved_whole(engine, reference):
         record = fetch(out.kv_transfer_params, timeout=30)
         assert_hidden_states_match(record, reference, list(out.prompt_token_ids))
     assert metric(llm, "vllm:kv_cache_usage_perc") == 0
+
+
+def test_full_pool_waits_for_the_writer(engine, reference):
+    """Three requests finishing in one step need more than the whole pool (3 x 300 x 1568 bytes):
+    the connector gathers what fits, waits for the writer to free the pool, gathers the rest."""
+    llm, _, _ = engine
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    stalls = get_kv_transfer_group().layertap_stats()["pool_stalls"]
+    prompts = [prompt_ids(300, start=100 + s) for s in range(3)]
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], sampling(2), use_tqdm=False)
+    hand_over(llm)
+    assert get_kv_transfer_group().layertap_stats()["pool_stalls"] > stalls
+    for out in outputs:
+        assert_hidden_states_match(fetch(out.kv_transfer_params, timeout=30), reference, list(out.prompt_token_ids))
 
 
 def test_aborted_request_leaves_no_record_and_no_blocks(engine):
@@ -110,7 +129,8 @@ def test_last_requests_are_written_at_shutdown(engine, reference):
         for key, out in zip(keys, outputs):
             ids = list(out.prompt_token_ids) + list(out.outputs[0].token_ids)[:-1]
             assert_hidden_states_match(ds[key], reference, ids)
-        assert ds.verify().ok and len(ds) == 8 + 1 + 2
+        assert ds.verify().ok and len(ds) == 8 + 3 + 1 + 2
     stats = read_stats(stats_path)
     assert stats["saved_at_shutdown"] == 2
-    assert stats["records_written"] == 11 and stats["pool"]["in_use_bytes"] == 0
+    assert stats["records_written"] == 14 and stats["pool"]["in_use_bytes"] == 0
+    assert stats["pool_stalls"] > 0 and stats["pool"]["high_water_bytes"] <= 1 << 20

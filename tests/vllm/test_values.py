@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+import layertap
+from layertap.vllm import fetch
+
 from vllm_support import (
     STORED_LAYERS,
     VLLM_WARNINGS,
@@ -17,9 +21,6 @@ from vllm_support import (
     read_stats,
     running_llm,
 )
-
-import layertap
-from layertap.vllm import fetch
 
 pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
 

@@ -22,14 +22,10 @@ try:
 except ImportError:  # gpu_check.py runs on machines without pytest
     pytest = None
 
-#: Warnings that vLLM and torch raise in the test process (warnings are errors): deprecations in
-#: their imports, and the ZMQ context an engine client leaves to the garbage collector.
+#: Warnings that vLLM's and torch's imports raise in the test process (warnings are errors).
 VLLM_WARNINGS = [] if pytest is None else [
     pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
     pytest.mark.filterwarnings("ignore:`torch.distributed.reduce_op` is deprecated:FutureWarning"),
-    pytest.mark.filterwarnings(
-        "ignore:Exception ignored in. <function Context.__del__:pytest.PytestUnraisableExceptionWarning"
-    ),
 ]
 #: Layers recorded by the engines of the tests, deliberately not in ascending order.
 LAYERS = [4, 0, 2]
@@ -84,13 +80,18 @@ def running_llm(multiprocessing: bool, **llm_args: Any) -> Iterator[Any]:
         yield llm
     finally:
         shutdown(llm)
+        del llm
+        gc.collect()
 
 
 def shutdown(llm: Any) -> None:
     """Shuts an engine down now (vLLM would only do it when the object is collected)."""
-    llm.llm_engine.engine_core.shutdown()
-    del llm
-    gc.collect()
+    client = llm.llm_engine.engine_core
+    client.shutdown()
+    # vLLM's client leaves its ZMQ context open; it would warn whenever it is collected.
+    ctx = getattr(client, "ctx", None)
+    if ctx is not None and not ctx.closed:
+        ctx.destroy(linger=0)
 
 
 @contextlib.contextmanager
@@ -123,12 +124,14 @@ class Reference:
             outputs: dict = {}
             # Layer id == num_layers is the last layer's output before the final norm, which
             # transformers' hidden_states does not return (its last entry is after the norm).
-            model.model.layers[-1].register_forward_hook(
-                lambda _m, _i, out, outputs=outputs: outputs.__setitem__("last", out[0] if isinstance(out, tuple) else out)
-            )
+            def keep_last(_module, _inputs, out, outputs=outputs):
+                outputs["last"] = out[0] if isinstance(out, tuple) else out
+
+            model.model.layers[-1].register_forward_hook(keep_last)
             self._models[dtype] = (model, outputs)
 
-    def hidden_states(self, token_ids: list[int], layers: list[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def hidden_states(self, token_ids: list[int], layers: list[int],
+                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """``[tokens, len(layers), hidden]``: layer id k < num_layers is ``hidden_states[k]``
         (the input of decoder layer k), num_layers the last layer's output before the norm."""
         model, outputs = self._models[dtype]

@@ -14,20 +14,15 @@ from layertap.vllm import registry
 from layertap.vllm.config import ConnectorOptions, sample_id_problem
 from layertap.vllm.engine import read_engine_facts
 from layertap.vllm.metadata import LayertapMetadata, SaveRequest
+from layertap.vllm.online import PARAMS_KEY
 
 logger = logging.getLogger("vllm.layertap")  # under vLLM's logging configuration
 
-#: The key under which the connector's answer goes into a response's kv_transfer_params.
-PARAMS_KEY = "layertap"
 #: Request kv_transfer_params the connector reads.
 REQUEST_KEYS = ("sample_id", "include_output_tokens")
 #: Finish states whose hidden states are saved: the request ran to its end. Aborted, ignored
 #: (prompt too long) and failed requests are not.
 _SAVED_STATES = ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED", "FINISHED_REPETITION")
-
-
-def _error(reason: str, message: str) -> dict[str, Any]:
-    return {PARAMS_KEY: {"error": message, "reason": reason}}
 
 
 class SchedulerSide:
@@ -56,7 +51,7 @@ class SchedulerSide:
             self._held.difference_update(finished_sending)
 
     def has_pending_block_frees(self) -> bool:
-        """Whether blocks will come back without preempting anything (vLLM >= 0.27 asks)."""
+        """Whether blocks will come back without preempting anything (vLLM 0.32 asks, 0.26 does not)."""
         return bool(self._held)
 
     def take_unsent(self) -> list[SaveRequest]:
@@ -74,11 +69,12 @@ class SchedulerSide:
             # than the model, an error) say why nothing was saved.
             if status == "FINISHED_ABORTED":
                 return False, None
-            return False, _error("not_saved", f"the request finished as {status}; only completed requests are saved")
+            return self._refuse(request.request_id, "not_saved",
+                                f"the request finished as {status}; only completed requests are saved")
         params = request.kv_transfer_params or {}
         req_id = request.request_id
         if not isinstance(params, dict):
-            return False, _error("invalid_request", f"kv_transfer_params must be an object, got {params!r}")
+            return self._refuse(req_id, "invalid_request", f"kv_transfer_params must be an object, got {params!r}")
         sample_id = params.get("sample_id")
         include_outputs = params.get("include_output_tokens", False)
         if not isinstance(include_outputs, bool):
@@ -132,4 +128,4 @@ class SchedulerSide:
 
     def _refuse(self, req_id: str, reason: str, message: str) -> tuple[bool, dict]:
         logger.warning("layertap: hidden states of request %s not saved: %s", req_id, message)
-        return False, _error(reason, message)
+        return False, {PARAMS_KEY: {"error": message, "reason": reason}}

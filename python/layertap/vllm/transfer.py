@@ -219,12 +219,14 @@ class HiddenStatesSaver:
     # -- end ----------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Finishes every copy, closes the writer (all records on disk) and reclaims the pool."""
+        """Finishes every copy, closes the writer (all records on disk) and reclaims the pool.
+        After a writer failure there is nothing left to write to."""
+        if self.failed is not None:
+            return
         while self._inflight:
             batch = self._inflight.popleft()
             batch.event.synchronize()
             self._submit(batch)
-        if self.failed is None:
-            self._writer_call(self.writer.close)
-            self._reap()
+        self._writer_call(self.writer.close)
+        self._reap()
 

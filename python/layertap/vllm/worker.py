@@ -96,8 +96,8 @@ class WorkerSide:
                 "pool_bytes",
                 f"{pool_bytes} bytes cannot hold the largest possible request: max_model_len "
                 f"{facts.max_model_len} x {cache.num_layers} layers x hidden {cache.hidden_size} x "
-                f"{cache.dtype.itemsize} bytes ({str(cache.dtype).removeprefix('torch.')}), plus token ids, "
-                f"needs {largest} bytes; raise pool_bytes or lower max_model_len",
+                f"{cache.dtype.itemsize} bytes ({str(cache.dtype).removeprefix('torch.')}), plus token ids "
+                f"and gather indices, needs {largest} bytes; raise pool_bytes or lower max_model_len",
             )
         pool = HostPool(pool_bytes, pin=cache.is_cuda)
         writer = open_writer(self.options, facts, pool_bytes)

@@ -1,0 +1,93 @@
+"""``layertap.vllm.fetch`` against real writers in this process: it waits for a record that is not
+written yet, finds records in live and in complete shards, and reports failures and timeouts."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+import layertap
+from layertap.errors import InvalidInputError, LayertapError
+from layertap.vllm import RecordLocation, fetch
+from layertap.vllm.online import error_marker_path
+
+
+def tensors(i: int, tokens: int = 5) -> dict:
+    return {
+        "hidden_states": torch.full((tokens, 2, 16), float(i), dtype=torch.bfloat16),
+        "token_ids": torch.arange(tokens, dtype=torch.int64) + i,
+    }
+
+
+def location(path, key: str, writer_id: str = "w") -> dict:
+    return {"layertap": {"dataset": str(path), "writer_id": writer_id, "key": key}}
+
+
+@pytest.fixture(params=["python", "rust"])
+def writer_class(request):
+    return layertap.PyShardWriter if request.param == "python" else layertap.ShardWriter
+
+
+def test_fetch_waits_for_a_record_written_later(tmp_path, writer_class):
+    with writer_class(tmp_path, writer_id="w", codec="bp16-zstd") as w:
+        w.submit("early", tensors(1))
+
+        def later():
+            time.sleep(0.5)
+            w.submit("late", tensors(2))
+
+        thread = threading.Thread(target=later)
+        t0 = time.monotonic()
+        thread.start()
+        record = fetch(location(tmp_path, "late"), timeout=30)
+        waited = time.monotonic() - t0
+        thread.join()
+        assert record.key == "late" and record.token_ids.tolist() == [2, 3, 4, 5, 6]
+        assert torch.equal(record.hidden_states, tensors(2)["hidden_states"])
+        assert 0.4 < waited < 10
+        # A record already there comes back at once, from the live shard.
+        assert fetch(RecordLocation(str(tmp_path), "w", "early"), timeout=5).token_ids[0] == 1
+
+
+def test_fetch_finds_records_in_complete_and_live_shards(tmp_path, writer_class):
+    # Tiny shards: the writer moves on after every record or two.
+    with writer_class(tmp_path, writer_id="w", codec="none", shard_size=4096) as w:
+        for i in range(6):
+            w.submit(f"k{i}", tensors(i, tokens=20))
+        w.flush()
+        assert len(list(tmp_path.glob("w-*.lts"))) >= 3
+        for i in (0, 3, 5):
+            assert fetch(location(tmp_path, f"k{i}"), timeout=10).token_ids[0] == i
+    assert fetch(location(tmp_path, "k4"), timeout=10).hidden_states.float().mean() == 4.0
+
+
+def test_fetch_only_looks_at_its_writer(tmp_path):
+    with layertap.PyShardWriter(tmp_path, writer_id="other") as other, layertap.PyShardWriter(tmp_path, writer_id="w"):
+        other.submit("k", tensors(1))
+        other.flush()
+        with pytest.raises(TimeoutError, match="record 'k' of writer w did not appear"):
+            fetch(location(tmp_path, "k"), timeout=0.5)
+
+
+def test_fetch_reports_a_failed_writer(tmp_path):
+    with layertap.PyShardWriter(tmp_path, writer_id="w"):
+        def fail():
+            time.sleep(0.3)
+            with open(error_marker_path(str(tmp_path), "w"), "w") as f:
+                f.write("WriterIOError: No space left on device\n")
+
+        thread = threading.Thread(target=fail)
+        thread.start()
+        with pytest.raises(LayertapError, match="writer w failed and writes no more: WriterIOError: No space"):
+            fetch(location(tmp_path, "never"), timeout=30)
+        thread.join()
+
+
+def test_fetch_reports_what_the_server_refused(tmp_path):
+    with pytest.raises(InvalidInputError, match="did not save this request's hidden states: sample_id: key"):
+        fetch({"layertap": {"error": "sample_id: key 'a/b' contains '/'", "reason": "invalid_request"}})
+    with pytest.raises(FileNotFoundError):
+        fetch(location(tmp_path / "missing", "k"), timeout=1)
