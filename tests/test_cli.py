@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from conftest import VECTORS, Holder, cut_footer, flip_bit, payload_offset, run_cli, shard_files, write_records
+from helpers import VECTORS, Holder, cut_footer, flip_bit, payload_offset, run_cli, shard_files, write_records
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import layertap
-from conftest import (
+from helpers import (
     VECTORS,
     Holder,
     cut_footer,

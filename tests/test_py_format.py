@@ -11,7 +11,7 @@ import safetensors.torch
 import torch
 import zstandard
 
-from conftest import make_tensors, payload_offset, shard_files, write_records
+from helpers import make_tensors, payload_offset, shard_files, write_records
 from layertap._py import blob, codecs, format as fmt
 from layertap._py.format import FormatProblem, Truncated, crc32c
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cut_footer, flip_bit, shard_files, write_records
+from helpers import cut_footer, flip_bit, shard_files, write_records
 from layertap._py.reader import PyShardReader
 from layertap._py.recover import recover
 from layertap.errors import FormatError, ShardLockedError

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from conftest import VECTORS, reader_class
+from helpers import VECTORS, reader_class
 from layertap._tensors import TORCH_DTYPES
 from layertap.errors import CorruptRecordError
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import layertap
-from conftest import make_tensors, run_python, shard_files, write_records
+from helpers import make_tensors, run_python, shard_files, write_records
 from layertap import PyShardWriter
 from layertap._py.reader import PyShardReader
 from layertap.errors import (

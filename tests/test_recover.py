@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import Holder, cut_footer, flip_bit, make_tensors, payload_offset, reader_class, shard_files, write_records
+from helpers import Holder, cut_footer, flip_bit, make_tensors, payload_offset, reader_class, shard_files, write_records
 from layertap._py.recover import recover as py_recover
 from layertap._types import RecoverReport
 from layertap.errors import FormatError, ShardLockedError
@@ -111,7 +111,7 @@ def test_a_killed_writer_is_recovered(tmp_path):
     code = (
         "import sys, torch\n"
         "sys.path.insert(0, sys.argv[2])\n"
-        "from conftest import make_tensors\n"
+        "from helpers import make_tensors\n"
         "from layertap import PyShardWriter\n"
         "w = PyShardWriter(sys.argv[1], codec='bp16-zstd', writer_id='dead')\n"
         "for i in range(6):\n"

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import layertap
-from conftest import reader_class, shard_files, writer_class
+from helpers import reader_class, shard_files, writer_class
 from layertap._py.format import key_problem
 from layertap._py.reader import PyShardReader
 from layertap._tensors import ITEMSIZE, TORCH_DTYPES

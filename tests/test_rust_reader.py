@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (
+from helpers import (
     VECTORS,
     Holder,
     cut_footer,

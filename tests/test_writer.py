@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import layertap
-from conftest import make_tensors, run_python, shard_files, writer_class
+from helpers import make_tensors, run_python, shard_files, writer_class
 from layertap.errors import DuplicateKeyError, InvalidInputError, WriterClosedError
 
 
@@ -546,3 +546,21 @@ for i in range(3):
     assert proc.returncode == 0, proc.stderr
     with read(tmp_path) as ds:
         assert ds.shards[0].complete and len(ds) == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Waiting for completions (both writers: the connector's pool waits on it when it is full)
+
+
+@pytest.mark.parametrize("kind", ["rust", "python"])
+def test_poll_with_a_timeout_waits_for_the_first_record(tmp_path, kind):
+    with writer_class(kind)(os.fspath(tmp_path), codec="zstd", level=1) as w:
+        assert w.poll(timeout=None) == []  # nothing in flight: returns at once
+        w.submit("a", make_tensors(0, tokens=2000, hidden=512))
+        assert [c.key for c in w.poll(timeout=None)] == ["a"]
+        w.submit("b", make_tensors(1, tokens=2000, hidden=512))
+        got = w.poll(timeout=30.0)
+        assert [c.key for c in got] == ["b"]
+        for bad in (-1, float("nan"), float("inf")):
+            with pytest.raises(InvalidInputError, match="timeout"):
+                w.poll(timeout=bad)

@@ -126,9 +126,11 @@ class ShardWriter:
         native_parts = [(name, view, dtype, list(shape)) for name, view, dtype, shape in parts]
         return self._native.submit(key, native_parts, meta, num_tokens)
 
-    def poll(self) -> list[Completion]:
-        """The records written since the last call, in sequence order."""
-        return [Completion(*c) for c in self._native.poll()]
+    def poll(self, timeout: float | None = 0.0) -> list[Completion]:
+        """The records written since the last call, in sequence order. With ``timeout`` > 0
+        (seconds) or ``None`` (no limit), first waits until at least one record is written,
+        unless none is in flight."""
+        return [Completion(*c) for c in self._native.poll(timeout)]
 
     def flush(self) -> None:
         """Waits until every submitted record is written (and fsynced, unless durability is

@@ -3,33 +3,10 @@ transformers reference. Helpers that tests import are in vllm_support.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import tempfile
-from pathlib import Path
 
 import pytest
-
-
-def _reexport_root_conftest_helpers() -> None:
-    # The other test files import helpers with ``from conftest import ...`` from tests/conftest.py.
-    # pytest imports every conftest.py under the module name "conftest", the last one imported
-    # winning, so this module must offer those helpers too (its fixtures and hooks stay there).
-    root = Path(__file__).resolve().parents[1] / "conftest.py"
-    spec = importlib.util.spec_from_file_location("_layertap_tests_conftest", root)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    for name, value in vars(module).items():
-        if name.startswith(("_", "pytest_")) or name in globals() or _is_fixture(value):
-            continue
-        globals()[name] = value
-
-
-def _is_fixture(value) -> bool:
-    return type(value).__name__ == "FixtureFunctionDefinition" or hasattr(value, "_pytestfixturefunction")
-
-
-_reexport_root_conftest_helpers()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -91,3 +91,25 @@ def test_fetch_reports_what_the_server_refused(tmp_path):
         fetch({"layertap": {"error": "sample_id: key 'a/b' contains '/'", "reason": "invalid_request"}})
     with pytest.raises(FileNotFoundError):
         fetch(location(tmp_path / "missing", "k"), timeout=1)
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_fetch_makes_the_record_durable_unless_asked_not_to(tmp_path, monkeypatch, durable):
+    """The writer does not fsync (durability "none"); fetch fsyncs the record's shard itself."""
+    import os
+
+    synced = []
+    real_fsync = os.fsync
+
+    def spy(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real_fsync(fd)
+
+    with layertap.ShardWriter(tmp_path, writer_id="w", durability="none") as w:
+        w.submit("k", tensors(3))
+        w.flush()
+        monkeypatch.setattr(os, "fsync", spy)
+        record = fetch(location(tmp_path, "k"), timeout=30, durable=durable)
+        monkeypatch.undo()
+    assert record.key == "k"
+    assert synced == ([record.shard] if durable else [])

@@ -1,8 +1,5 @@
 """Helpers of the vLLM tests: starting real engines with the connector, and the transformers
-reference the recorded hidden states are compared with.
-
-(Plain functions live here, fixtures in conftest.py: tests/conftest.py is imported as the module
-``conftest`` by the other test files, so these helpers cannot be.)
+reference the recorded hidden states are compared with. Fixtures are in conftest.py.
 """
 
 from __future__ import annotations

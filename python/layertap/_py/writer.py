@@ -441,11 +441,24 @@ class PyShardWriter:
             state.cond.notify_all()
         return seq
 
-    def poll(self) -> list[Completion]:
-        """The records written since the last call, in sequence order."""
+    def poll(self, timeout: float | None = 0.0) -> list[Completion]:
+        """The records written since the last call, in sequence order. With ``timeout`` > 0
+        (seconds) or ``None`` (no limit), first waits until at least one record is written,
+        unless none is in flight."""
+        if timeout is not None and not (isinstance(timeout, (int, float)) and 0 <= timeout < float("inf")):
+            raise InvalidInputError(f"poll timeout must be >= 0 seconds or None, not {timeout!r}")
+        state = self._state
+        with state.cond:
+            if timeout != 0:
+                deadline = None if timeout is None else time.monotonic() + timeout
+                while not state.completions and state.queue_depth > 0 and state.error is None:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        break
+                    state.cond.wait(left)
         self._raise_pending()
-        with self._state.cond:
-            out, self._state.completions = self._state.completions, []
+        with state.cond:
+            out, state.completions = state.completions, []
         return out
 
     def flush(self) -> None:

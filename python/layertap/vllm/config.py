@@ -39,7 +39,7 @@ class ConnectorOptions:
     writer: str = "rust"
     """``"rust"`` (``layertap.ShardWriter``) or ``"python"`` (``layertap.PyShardWriter``)."""
     codec: str = "bp16-zstd"
-    level: int = 3
+    level: int = 1
     shard_size: int = 1 << 30
     durability: str | int = "close"
     pool_bytes: int | None = None

@@ -96,15 +96,21 @@ def record_location(kv_transfer_params: Mapping[str, Any] | None) -> RecordLocat
     return RecordLocation(dataset, writer_id, key, num_tokens if isinstance(num_tokens, int) else None)
 
 
-def fetch(kv_transfer_params: Mapping[str, Any] | RecordLocation, timeout: float | None = None):
+def fetch(
+    kv_transfer_params: Mapping[str, Any] | RecordLocation,
+    timeout: float | None = None,
+    durable: bool = True,
+):
     """The ``layertap.Record`` of a finished request, once its writer has written it.
 
     ``kv_transfer_params``: the response's (``output.kv_transfer_params`` offline,
     ``response["kv_transfer_params"]`` over HTTP), or a ``RecordLocation``. Waits up to
-    ``timeout`` seconds (None: without limit) and raises ``TimeoutError`` past it. Returns as soon
-    as the record's bytes are in the shard and match their checksum (readable by any reader);
-    it is on stable storage per the connector's ``durability`` option. Raises
-    ``LayertapError`` if the server's writer failed."""
+    ``timeout`` seconds (None: without limit) and raises ``TimeoutError`` past it. The record is
+    found as soon as its bytes are in the shard and match their checksum (readable by any
+    reader); with ``durable`` (the default) the shard is then fsynced before returning, so the
+    record is on stable storage whatever the connector's ``durability`` option (``durable=False``
+    skips that, for callers that only need the tensors). Raises ``LayertapError`` if the
+    server's writer failed."""
     loc = kv_transfer_params if isinstance(kv_transfer_params, RecordLocation) else record_location(kv_transfer_params)
     deadline = None if timeout is None else time.monotonic() + timeout
     # Watch first, then look: a change between the two is still seen.
@@ -114,6 +120,8 @@ def fetch(kv_transfer_params: Mapping[str, Any] | RecordLocation, timeout: float
             while True:
                 record = finder.look()
                 if record is not None:
+                    if durable:
+                        _fsync(record.shard)
                     return record
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
@@ -124,6 +132,16 @@ def fetch(kv_transfer_params: Mapping[str, Any] | RecordLocation, timeout: float
                 watch.wait(remaining, finder.concerns)
         finally:
             finder.close()
+
+
+def _fsync(path: str) -> None:
+    """Flushes a shard to stable storage (what its writer wrote so far): fsync works on a
+    read-only descriptor, so a client can make a record durable without the server's help."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -80,14 +80,21 @@ class HiddenStatesSaver:
     # -- the engine step ----------------------------------------------------------------------
 
     def start(self, saves: list[SaveRequest]) -> None:
-        """Gathers ``saves`` (one batch if the pool has room for all, else as many as fit, waiting
-        for the writer when nothing fits)."""
+        """Gathers ``saves`` (one batch if the pool has room for all, else as many as fit,
+        waiting for the writer to hand regions back when nothing fits)."""
         i = 0
+        stalled_since = None
         while i < len(saves):
             region, n = self._alloc_prefix(saves, i)
             if region is None:
-                self._stall()
+                if stalled_since is None:
+                    stalled_since = time.perf_counter()
+                    self.stats.pool_stalls += 1
+                self._wait_for_room()
                 continue
+            if stalled_since is not None:
+                self.stats.pool_stall_seconds += time.perf_counter() - stalled_since
+                stalled_since = None
             self._launch(region, saves[i : i + n])
             i += n
 
@@ -115,10 +122,9 @@ class HiddenStatesSaver:
                 return region, n
         return None, 0
 
-    def _stall(self) -> None:
-        """Waits until the pool is empty: copies in flight finish, the writer writes all."""
-        t0 = time.perf_counter()
-        self.stats.pool_stalls += 1
+    def _wait_for_room(self) -> None:
+        """Finishes the copies in flight, hands them to the writer, then waits until the writer
+        has written at least one more record and returns the regions it no longer needs."""
         if self.pool.live_regions == 0:
             raise RuntimeError(
                 f"layertap connector: a request does not fit the empty pool of {self.pool.nbytes} "
@@ -128,9 +134,7 @@ class HiddenStatesSaver:
             batch = self._inflight.popleft()
             batch.event.synchronize()
             self._submit(batch)
-        self._writer_call(self.writer.flush)
-        self._reap()
-        self.stats.pool_stall_seconds += time.perf_counter() - t0
+        self._reap(timeout=None)
 
     # -- gather and submit --------------------------------------------------------------------
 
@@ -192,8 +196,10 @@ class HiddenStatesSaver:
         if region.records == 0:
             self.pool.release(region)
 
-    def _reap(self) -> None:
-        for done in self._writer_call(self.writer.poll):
+    def _reap(self, timeout: float | None = 0.0) -> None:
+        """Returns the regions of records the writer has written (waiting up to ``timeout``
+        for the first one: see ``ShardWriter.poll``)."""
+        for done in self._writer_call(self.writer.poll, timeout):
             region = self._region_of_seq.pop(done.seq)
             region.records -= 1
             if region.records == 0:

@@ -13,6 +13,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::time::Duration;
 
 fn invalid(msg: impl Into<String>) -> PyErr {
     to_py(Error::invalid(msg))
@@ -151,10 +152,25 @@ impl NativeShardWriter {
     }
 
     /// The records written since the last call, in sequence order, as tuples
-    /// `(seq, key, shard, offset, stored_len, raw_len)`.
-    fn poll<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+    /// `(seq, key, shard, offset, stored_len, raw_len)`. With `timeout` > 0 (seconds) or
+    /// `None` (no limit), first waits (GIL released) until at least one record is written,
+    /// unless none is in flight.
+    #[pyo3(signature = (timeout = Some(0.0)))]
+    fn poll<'py>(&self, py: Python<'py>, timeout: Option<f64>) -> PyResult<Bound<'py, PyList>> {
+        let wait = match timeout {
+            Some(t) if !(t >= 0.0 && t.is_finite()) => {
+                return Err(to_py(Error::invalid(format!("poll timeout must be >= 0 seconds or None, not {t}"))));
+            }
+            Some(t) if t == 0.0 => None,
+            Some(t) => Some(Some(Duration::from_secs_f64(t))),
+            None => Some(None),
+        };
+        let done = match wait {
+            None => self.writer.poll(),
+            Some(limit) => py.detach(|| self.writer.poll_wait(limit)),
+        };
         drain_graveyard(py);
-        let done = self.writer.poll().py_err()?;
+        let done = done.py_err()?;
         let list = PyList::empty(py);
         for c in done {
             list.append(completion_tuple(py, c)?)?;

@@ -168,6 +168,14 @@ impl ShardWriter {
         Ok(inner.shared.drain_completions())
     }
 
+    /// Like [`ShardWriter::poll`], but first waits until at least one record is written, unless
+    /// none is in flight or the writer failed, for at most `timeout` (`None`: no limit). Lets a
+    /// caller whose buffers are all in flight wait for the first one back instead of spinning.
+    pub fn poll_wait(&self, timeout: Option<std::time::Duration>) -> Result<Vec<Completion>> {
+        self.live()?.shared.wait_for_completion(timeout);
+        self.poll()
+    }
+
     /// Waits until every record submitted so far is written and, unless durability is
     /// `None`, fsynced.
     pub fn flush(&self) -> Result<()> {

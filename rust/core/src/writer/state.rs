@@ -69,7 +69,8 @@ struct State {
 /// The shared part of a writer.
 pub(crate) struct Shared {
     state: Mutex<State>,
-    /// Signalled when in-flight bytes are released or the writer fails.
+    /// Signalled when records are written (which frees budget), when budget of abandoned
+    /// records is freed, and when the writer fails.
     budget_freed: Condvar,
     max_inflight: u64,
 }
@@ -168,6 +169,23 @@ impl Shared {
         }
         drop(s);
         self.budget_freed.notify_all();
+    }
+
+    /// Waits until a completion is queued, or no record is in flight, or the writer failed, or
+    /// `timeout` passed (`None`: no limit).
+    pub fn wait_for_completion(&self, timeout: Option<Duration>) {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut s = self.state.lock();
+        while s.completions.is_empty() && s.records_written < s.records_submitted && s.failure.is_none() {
+            match deadline {
+                None => self.budget_freed.wait(&mut s),
+                Some(d) => {
+                    if self.budget_freed.wait_until(&mut s, d).timed_out() {
+                        break;
+                    }
+                }
+            }
+        }
     }
 
     /// Takes the completions queued so far, in sequence order.

@@ -1,0 +1,208 @@
+"""Helpers shared by the Python tests (``from helpers import ...``); fixtures are in conftest.py.
+
+Tests that need the Rust implementation do not skip when it is missing: they fail, saying what
+is not built, because a skipped test must never count as a pass.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON_SRC = REPO / "python"
+VECTORS = REPO / "tests" / "vectors"
+
+
+# ---------------------------------------------------------------------------------------------
+# Which implementations are there
+
+
+def rust_writer_class():
+    """``layertap.ShardWriter`` if it is the real Rust writer, else a string saying why not."""
+    try:
+        from layertap import ShardWriter
+    except ImportError as e:
+        return f"layertap.ShardWriter cannot be imported: {e}"
+    if not hasattr(ShardWriter, "submit"):
+        return "layertap.ShardWriter is still a placeholder (the Rust writer binding is not built)"
+    return ShardWriter
+
+
+def rust_reader_class():
+    """``layertap._rust_reader.RustShardReader``, else a string saying why not."""
+    try:
+        from layertap._rust_reader import RustShardReader
+    except ImportError as e:
+        return f"layertap._rust_reader.RustShardReader cannot be imported (run `make build`): {e}"
+    return RustShardReader
+
+
+def require(impl, what: str):
+    """The implementation, or a test failure (never a skip) naming what is missing."""
+    if isinstance(impl, str):
+        pytest.fail(f"{what} is required by this test but is missing: {impl}", pytrace=False)
+    return impl
+
+
+def writer_class(kind: str):
+    """``"python"`` -> PyShardWriter, ``"rust"`` -> ShardWriter (failing the test if missing)."""
+    if kind == "python":
+        from layertap import PyShardWriter
+
+        return PyShardWriter
+    return require(rust_writer_class(), "the Rust writer (layertap.ShardWriter)")
+
+
+def reader_class(kind: str):
+    """``"python"`` -> PyShardReader, ``"rust"`` -> RustShardReader (failing if missing)."""
+    if kind == "python":
+        from layertap._py.reader import PyShardReader
+
+        return PyShardReader
+    return require(rust_reader_class(), "the Rust reader (layertap._rust_reader.RustShardReader)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Records
+
+
+def make_tensors(i: int, tokens: int = 3, layers: int = 2, hidden: int = 8, dtype=torch.bfloat16) -> dict:
+    """A connector-like record: ``hidden_states [tokens, layers, hidden]`` and ``token_ids``,
+    with values that depend on ``i``."""
+    g = torch.Generator().manual_seed(i)
+    return {
+        "hidden_states": torch.randn(tokens, layers, hidden, generator=g).to(dtype),
+        "token_ids": torch.arange(tokens, dtype=torch.int64) + 1000 * i,
+    }
+
+
+def write_records(path, n: int, writer_id: str = "w", prefix: str = "k", cls=None, **options) -> list:
+    """Writes ``n`` records ``{prefix}{i}`` and returns the completions."""
+    if cls is None:
+        from layertap import PyShardWriter as cls
+    with cls(os.fspath(path), writer_id=writer_id, **options) as w:
+        for i in range(n):
+            w.submit(f"{prefix}{i}", make_tensors(i), {"layer_ids": "[1, 3]", "i": str(i)})
+        w.flush()
+        done = w.poll()
+    return done + w.poll()
+
+
+def shard_files(path) -> list[str]:
+    return sorted(str(p) for p in Path(path).glob("*.lts"))
+
+
+def flip_bit(path, offset: int, mask: int = 0x01) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ mask]))
+
+
+def cut_footer(path, extra: bytes = b"") -> int:
+    """Turns a complete shard into an open one: removes index and trailer, appends ``extra``.
+    Returns where the records end."""
+    from layertap._py.format import decode_trailer
+
+    with open(path, "r+b") as f:
+        f.seek(-32, os.SEEK_END)
+        index_offset, _ = decode_trailer(f.read(32))
+        f.truncate(index_offset)
+        f.seek(index_offset)
+        f.write(extra)
+    return index_offset
+
+
+def payload_offset(path, record: int) -> tuple[int, int, str]:
+    """``(payload offset, stored_len, key)`` of a record of a shard, from the Python reader."""
+    from layertap._py.reader import PyShardReader
+
+    with PyShardReader(path, probe_lock=False) as r:
+        e = r.raw_entries()[record]
+    return e.payload_offset, e.stored_len, e.key
+
+
+# ---------------------------------------------------------------------------------------------
+# Subprocesses
+
+
+def subprocess_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PYTHON_SRC), env.get("PYTHONPATH")]))
+    return env
+
+
+def run_python(code: str, *args: str, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+    """Runs ``code`` in a fresh interpreter with the package importable."""
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
+        env=subprocess_env(), **kw,
+    )
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Runs ``python -m layertap ARGS``."""
+    return subprocess.run(
+        [sys.executable, "-m", "layertap", *map(str, args)], capture_output=True, text=True,
+        timeout=timeout, env=subprocess_env(),
+    )
+
+
+class Holder:
+    """A child process that does something (take a lock, keep a writer open), prints one line
+    when it is ready, then waits for a line on stdin before finishing."""
+
+    def __init__(self, code: str, *args: str, timeout: float = 60):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True, env=subprocess_env(),
+        )
+        self.timeout = timeout
+
+    def __enter__(self) -> "Holder":
+        self.ready = self.proc.stdout.readline().strip()
+        return self
+
+    def release(self) -> int:
+        """Lets the child go on and waits for it; returns its exit status."""
+        if self.proc.poll() is None:
+            self.proc.stdin.write("go\n")
+            self.proc.stdin.flush()
+        return self.proc.wait(timeout=self.timeout)
+
+    def __exit__(self, *exc) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.proc.stdin.close()
+        self.proc.stdout.close()
+
+
+def hand_made_shard(path, records: list, meta_key: dict | None = None) -> None:
+    """Writes a complete codec-``none`` shard with the format functions alone (no writer, so no
+    writer-side checks): ``records`` is ``[(key, [(name, dtype, shape, data bytes)], metadata)]``.
+    ``meta_key`` maps a record key to a different ``__metadata__`` key (a corrupt record)."""
+    from layertap._py import blob, format as fmt
+
+    head = fmt.encode_file_header(bytes(16), {"writer_id": "hand", "shard_index": 0, "created_unix_ms": 0,
+                                              "writer": "hand-made", "user": {}})
+    body = b""
+    entries = []
+    for key, tensors, metadata in records:
+        meta = {**metadata, "key": (meta_key or {}).get(key, key)}
+        payload = blob.build_header([(n, d, s) for n, d, s, _ in tensors], meta) + b"".join(t[3] for t in tensors)
+        num_tokens = next((s[0] for n, _, s, _ in tensors if n == "token_ids" and s), 0)
+        crc = fmt.crc32c(payload)
+        kb = key.encode()
+        frame = fmt.encode_frame_header(1, 0, kb, len(payload), len(payload), num_tokens, crc)
+        entries.append(fmt.RawEntry(len(head) + len(body), len(payload), len(payload), num_tokens, crc, 0, key))
+        body += frame + payload + bytes(fmt.align8(len(payload)) - len(payload))
+    with open(path, "wb") as f:
+        f.write(head + body + fmt.encode_footer(entries, len(head) + len(body)))
