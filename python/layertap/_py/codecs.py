@@ -55,17 +55,32 @@ def join_planes(src, out: np.ndarray) -> None:
     np.bitwise_or(out16, a[m:], out=out16)
 
 
+#: zstd parameters of ``bp16-zstd`` at level 1 (the default), tuned on the byte planes of bf16
+#: activations: matches shorter than 7 bytes are left to the entropy coder. The Rust writer uses
+#: the same set (``BYTE_PLANE_LEVEL_1`` in rust/core/src/codec.rs, which says why).
+BYTE_PLANE_LEVEL_1 = zstandard.ZstdCompressionParameters(
+    strategy=zstandard.STRATEGY_FAST,
+    window_log=17,
+    hash_log=8,
+    min_match=7,
+    target_length=0,
+    write_content_size=True,
+    write_checksum=False,
+)
+
+
 class Encoder:
     """Turns a record's pieces (blob header, then each tensor's bytes) into its stored payload.
     Keeps one zstd context; use one per thread."""
 
     def __init__(self, codec: int, level: int):
         self.codec = codec
-        self._zstd = (
-            None
-            if codec == CODEC_NONE
-            else zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=False)
-        )
+        if codec == CODEC_NONE:
+            self._zstd = None
+        elif codec == CODEC_BP16_ZSTD and level == 1:
+            self._zstd = zstandard.ZstdCompressor(compression_params=BYTE_PLANE_LEVEL_1)
+        else:
+            self._zstd = zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=False)
 
     def encode(self, header: bytes, tensors: list[tuple[memoryview, bool]]) -> list:
         """The stored payload as a list of buffers (for ``none``: the pieces themselves, no copy).

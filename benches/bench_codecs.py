@@ -1,0 +1,99 @@
+"""Compression ratio and speed of each codec on real activations (benches/activations.py).
+
+For each dtype (bf16, f16, f32), codec and zstd level: the ratio (raw / stored), the encode speed
+of the Rust writer with 1 and with all compression threads (records of ~4 MiB written to a
+tmpfs, durability none, so the disk is out of the picture), and the decode speed of the Rust
+reader (read + checksum + decode, one thread).
+
+    python benches/bench_codecs.py --out benches/results/codecs-NAME
+
+writes NAME.json and NAME.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from bench_writer import load_activations  # noqa: E402
+
+RECORD_TOKENS = 512  # 512 x 7 x 384 x 2 bytes = 2.6 MiB of bf16 a record
+
+
+def measure(acts, codec: str, level: int, threads: int, scratch: Path, passes: int) -> dict:
+    import layertap
+
+    out = scratch / f"{codec}-{level}-{threads}"
+    shutil.rmtree(out, ignore_errors=True)
+    n = acts.shape[0] // RECORD_TOKENS
+    records = [acts[i * RECORD_TOKENS : (i + 1) * RECORD_TOKENS] for i in range(n)] * passes
+    raw = sum(r.numel() * r.element_size() for r in records)
+    t0 = time.perf_counter()
+    with layertap.ShardWriter(out, codec=codec, level=level, threads=threads, durability="none") as w:
+        for i, r in enumerate(records):
+            w.submit(f"r{i}", {"hidden_states": r})
+    t_enc = time.perf_counter() - t0
+    stats = w.stats
+    t0 = time.perf_counter()
+    with layertap.open(out, backend="rust") as ds:
+        for rec in ds:
+            rec.hidden_states.view(-1)[0].item()  # touch the data
+    t_dec = time.perf_counter() - t0
+    shutil.rmtree(out)
+    return {"codec": codec, "level": level, "threads": threads, "raw_bytes": raw, "ratio": stats["ratio"],
+            "encode_gbps": raw / t_enc / 1e9, "decode_gbps": raw / t_dec / 1e9}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True, help="results path without suffix")
+    ap.add_argument("--tokens", type=int, default=32768, help="tokens of activations to use per dtype")
+    ap.add_argument("--passes", type=int, default=3, help="times each record is written (distinct keys)")
+    ap.add_argument("--levels", default="-3,1,3")
+    args = ap.parse_args(argv)
+    cpus = os.cpu_count() or 1
+    scratch = Path(tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+    rows = []
+    try:
+        for dtype in ("bf16", "f16", "f32"):
+            acts = load_activations(dtype)[: args.tokens].contiguous()
+            rows.append(dict(measure(acts, "none", 1, 1, scratch, args.passes), dtype=dtype))
+            print(rows[-1], flush=True)
+            for codec in ("zstd", "bp16-zstd"):
+                if codec == "bp16-zstd" and dtype == "f32":
+                    continue  # the transform only touches 2-byte elements
+                for level in (int(x) for x in args.levels.split(",")):
+                    for threads in sorted({1, cpus}):
+                        rows.append(dict(measure(acts, codec, level, threads, scratch, args.passes), dtype=dtype))
+                        print(rows[-1], flush=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    machine = {"host": platform.node(), "cpus": cpus, "processor": platform.processor() or platform.machine(),
+               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+               "activations": "all-MiniLM-L6-v2, 7 hidden-state layers x 384, stdlib docstrings"}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=1))
+    lines = ["| dtype | codec | level | threads | ratio | encode GB/s | decode GB/s (1 thread) |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['dtype']} | {r['codec']} | {r['level'] if r['codec'] != 'none' else '-'} | {r['threads']} | "
+                     f"{r['ratio']:.3f} | {r['encode_gbps']:.2f} | {r['decode_gbps']:.2f} |")
+    md = f"# Codecs on real activations, {machine['date']}\n\n{json.dumps(machine)}\n\n" + "\n".join(lines) + "\n"
+    args.out.with_suffix(".md").write_text(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
