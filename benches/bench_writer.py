@@ -48,12 +48,15 @@ def parse_size(text: str) -> int:
     return int(text)
 
 
-def load_activations(dtype: str = "bf16") -> torch.Tensor:
-    if not ACTIVATIONS.exists():
-        subprocess.run([sys.executable, str(HERE / "activations.py")], check=True)
+def load_activations(dtype: str = "bf16", path: Path | None = None) -> torch.Tensor:
+    """Real activations from benches/activations.py (made on first use), or from ``path``."""
     from safetensors.torch import load_file
 
-    return load_file(str(ACTIVATIONS))[dtype]
+    if path is None:
+        path = ACTIVATIONS
+        if not path.exists():
+            subprocess.run([sys.executable, str(HERE / "activations.py")], check=True)
+    return load_file(str(path))[dtype]
 
 
 def records(acts: torch.Tensor, record_bytes: int, total: int):
@@ -167,10 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--writers", default="uring,pwrite,python,safetensors")
     ap.add_argument("--threads", type=int, default=min(8, os.cpu_count() or 1))
     ap.add_argument("--out", type=Path, required=True, help="results path without suffix")
+    ap.add_argument("--activations", type=Path, help="a safetensors file with a 'bf16' tensor (default: made here)")
     args = ap.parse_args(argv)
 
     total = parse_size(args.total)
-    acts = load_activations("bf16")
+    acts = load_activations("bf16", args.activations)
     args.dir.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
 

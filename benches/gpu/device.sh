@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, from the repository root, once .devbundle/unpack.sh has unpacked vLLM
+# 0.26 into /tmp/site (benches/gpu/README.md says how). Installs the carried wheels, then:
+#   bash benches/gpu/device.sh smoke|1b|8b [MODE...]   extraction benchmark (run.sh) + disk + table
+#   bash benches/gpu/device.sh writer                  writer benchmark against dd
+# Results accumulate in /tmp/layertap-results (kept while the machine stays warm) and are packed
+# into $OUT/results.tgz after every call.
+set -uo pipefail
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+if compgen -G ".devbundle/wheels/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .devbundle/wheels/*.whl || exit 1
+fi
+# FlashInfer would JIT-compile its sampler for minutes; a forked engine hung at start-up there.
+export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_WORKER_MULTIPROC_METHOD=spawn VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1
+export SCRATCH=${SCRATCH:-/var/tmp/layertap-bench}
+results=/tmp/layertap-results
+mkdir -p "$results"
+what=$1; shift
+case $what in
+  writer)
+    python3 benches/bench_writer.py --dir "$SCRATCH/writer" --total 4GiB --threads 8 \
+      --activations .devbundle/acts/activations.safetensors --out "$results/writer-h200" ;;
+  *)
+    [ -f "$results/disk.json" ] || bash benches/gpu/disk.sh "$results" 8
+    bash benches/gpu/run.sh "$what" "$results" "$@"
+    python3 benches/gpu/report.py "$results" > "$results/table.md"
+    cat "$results/table.md" ;;
+esac
+[ -n "${OUT:-}" ] && tar czf "$OUT/results.tgz" -C "$results" .
+exit 0

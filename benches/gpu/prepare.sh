@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Here (the CPU machine), before a GPU session: fills .devbundle/ (ignored by git) with
+#  - vLLM 0.26 in four parts (../shared/device/build-vllm-bundle.sh), unless already there;
+#  - wheels/: layertap's abi3 wheel and the crc32c wheel for CPython 3.12 (the GPU image has
+#    the other dependencies, zstandard comes with the vLLM bundle);
+#  - acts/activations.safetensors: 8192 tokens of real bf16 activations for the writer benchmark.
+# Then follow benches/gpu/README.md.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+grep -qx '/.devbundle/' .git/info/exclude 2>/dev/null || echo '/.devbundle/' >> .git/info/exclude
+[ -f .devbundle/parts ] || bash ../shared/device/build-vllm-bundle.sh .devbundle
+rm -rf .devbundle/wheels && mkdir -p .devbundle/wheels .devbundle/acts
+.venv/bin/maturin build --release -q -o .devbundle/wheels
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  -d .devbundle/wheels crc32c
+.venv/bin/python - <<'PY'
+import sys
+sys.path.insert(0, "benches")
+from bench_writer import load_activations
+from safetensors.torch import save_file
+save_file({"bf16": load_activations("bf16")[:8192].contiguous()}, ".devbundle/acts/activations.safetensors")
+PY
+du -sh .devbundle/part-* .devbundle/wheels .devbundle/acts
