@@ -12,27 +12,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from layertap._options import check_writer_options
 from layertap._tensors import check_metadata, normalize
-from layertap._types import CODECS, Completion
+from layertap._types import Completion
 from layertap.errors import InvalidInputError, WriterClosedError
-
-_U64 = 1 << 64
-
-
-def _positive(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value < _U64:
-        raise InvalidInputError(f"{name} must be a positive integer below 2**64, not {value!r}")
-    return value
-
-
-def _durability(value: object) -> str | int:
-    if value in ("none", "close"):
-        return value  # type: ignore[return-value]
-    if isinstance(value, int) and not isinstance(value, bool) and 0 < value < _U64:
-        return value
-    raise InvalidInputError(
-        f"durability must be 'none', 'close' or a positive number of bytes, not {value!r}"
-    )
 
 
 def _native_class():
@@ -69,44 +52,17 @@ class ShardWriter:
         io: str = "auto",
         metadata: Mapping[str, str] | None = None,
     ):
-        if codec not in CODECS:
-            raise InvalidInputError(f"unknown codec {codec!r}; choose one of: {', '.join(CODECS)}")
-        if not isinstance(level, int) or isinstance(level, bool):
-            raise InvalidInputError(f"level must be an integer, not {level!r}")
-        _positive("shard_size", shard_size)
-        durability = _durability(durability)
-        if threads is not None and (_positive("threads", threads) > 256):
-            raise InvalidInputError(f"threads must be 1 to 256, not {threads!r}")
-        _positive("max_inflight_bytes", max_inflight_bytes)
-        _positive("batch_bytes", batch_bytes)
-        if writer_id is not None and not isinstance(writer_id, str):
-            raise InvalidInputError(f"writer_id must be a str, not {type(writer_id).__name__}")
-        if io not in ("auto", "uring", "pwrite"):
-            raise InvalidInputError(f"io must be 'auto', 'uring' or 'pwrite', not {io!r}")
-        if metadata is not None:
-            if not isinstance(metadata, Mapping):
-                raise InvalidInputError(f"metadata must be a mapping of str to str, not {type(metadata).__name__}")
-            for k, v in metadata.items():
-                if not isinstance(k, str) or not isinstance(v, str):
-                    raise InvalidInputError(f"metadata entry {k!r}: {v!r}: keys and values must be str")
+        options = check_writer_options(
+            codec=codec, level=level, shard_size=shard_size, durability=durability, threads=threads,
+            max_inflight_bytes=max_inflight_bytes, batch_bytes=batch_bytes, writer_id=writer_id, io=io,
+            metadata=metadata,
+        )
         try:
             directory = os.fspath(path)
         except TypeError:
             raise InvalidInputError(f"path must be a str or os.PathLike, not {type(path).__name__}") from None
         self._closed = False
-        self._native = _native_class()(
-            directory,
-            codec=codec,
-            level=level,
-            shard_size=shard_size,
-            durability=durability,
-            threads=threads,
-            max_inflight_bytes=max_inflight_bytes,
-            batch_bytes=batch_bytes,
-            writer_id=writer_id,
-            io=io,
-            metadata=dict(metadata) if metadata is not None else None,
-        )
+        self._native = _native_class()(directory, **options)
 
     def submit(self, key: str, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> int:
         """Queues one record and returns its sequence number (0, 1, 2...).

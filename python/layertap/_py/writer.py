@@ -16,12 +16,12 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
+from layertap._options import check_utf8, check_writer_options
 from layertap._py import codecs
 from layertap._py.blob import build_header
 from layertap._py.dtypes import TWO_BYTE
 from layertap._py.format import (
     KIND_RECORD,
-    MAX_META_LEN,
     RawEntry,
     align8,
     crc32c,
@@ -29,7 +29,6 @@ from layertap._py.format import (
     key_problem,
     parse_shard_index,
     shard_file_name,
-    writer_id_problem,
 )
 from layertap._py.shardfile import ShardFile, io_error
 from layertap._py.version import package_version
@@ -40,28 +39,6 @@ from layertap.errors import (
     LayertapError,
     WriterClosedError,
 )
-
-
-def _positive_int(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise InvalidInputError(f"{name} must be a positive integer, not {value!r}")
-    return value
-
-
-def _check_durability(durability: object) -> int | str:
-    if durability in ("none", "close"):
-        return durability  # type: ignore[return-value]
-    if isinstance(durability, int) and not isinstance(durability, bool) and durability > 0:
-        return durability
-    raise InvalidInputError(f"durability must be 'none', 'close' or a positive number of bytes, not {durability!r}")
-
-
-def _check_utf8(what: str, *texts: str) -> None:
-    for t in texts:
-        try:
-            t.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidInputError(f"{what} {t!r} is not valid UTF-8 (it holds a lone surrogate)") from None
 
 
 class _Job:
@@ -304,24 +281,18 @@ class PyShardWriter:
         io: str = "auto",
         metadata: Mapping[str, str] | None = None,
     ):
-        codec_id = codecs.codec_id(codec)
-        if codec_id != codecs.CODEC_NONE:
-            codecs.check_level(level)
-        _positive_int("shard_size", shard_size)
-        durability = _check_durability(durability)
-        if threads is not None:
-            _positive_int("threads", threads)
-        _positive_int("max_inflight_bytes", max_inflight_bytes)
-        _positive_int("batch_bytes", batch_bytes)
+        options = check_writer_options(
+            codec=codec, level=level, shard_size=shard_size, durability=durability, threads=threads,
+            max_inflight_bytes=max_inflight_bytes, batch_bytes=batch_bytes, writer_id=writer_id, io=io,
+            metadata=metadata,
+        )
         if io == "uring":
             raise InvalidInputError("io='uring': the Python writer has no io_uring backend; use 'auto' or 'pwrite'")
-        if io not in ("auto", "pwrite"):
-            raise InvalidInputError(f"io must be 'auto', 'uring' or 'pwrite', not {io!r}")
-        user_meta = self._check_shard_metadata(metadata)
+        codec_id = codecs.codec_id(codec)
+        durability = options["durability"]
+        user_meta = options["metadata"]
         if writer_id is None:
             writer_id = secrets.token_hex(6)
-        elif writer_id_problem(writer_id):
-            raise InvalidInputError(writer_id_problem(writer_id))
         try:
             directory = os.fspath(path)
         except TypeError:
@@ -366,20 +337,6 @@ class PyShardWriter:
         that the background thread holds no reference to the writer."""
         return secrets.token_bytes(16), time.time_ns() // 1_000_000
 
-    @staticmethod
-    def _check_shard_metadata(metadata) -> dict[str, str]:
-        if metadata is None:
-            return {}
-        if not isinstance(metadata, Mapping):
-            raise InvalidInputError(f"metadata must be a mapping of str to str, not {type(metadata).__name__}")
-        for k, v in metadata.items():
-            if not isinstance(k, str) or not isinstance(v, str):
-                raise InvalidInputError(f"metadata entry {k!r}: {v!r}: keys and values must be str")
-            _check_utf8("metadata entry", k, v)
-        if sum(len(k.encode()) + len(v.encode()) + 8 for k, v in metadata.items()) > MAX_META_LEN // 2:
-            raise InvalidInputError("writer metadata is too large: shard metadata is limited to 1 MiB")
-        return dict(metadata)
-
     # -- errors -------------------------------------------------------------------------------
 
     def _raise_pending(self) -> None:
@@ -412,10 +369,10 @@ class PyShardWriter:
         parts, num_tokens = normalize(tensors)
         meta = check_metadata(metadata)
         for k, v in meta.items():
-            _check_utf8("metadata entry", k, v)
+            check_utf8("metadata entry", k, v)
         meta["key"] = key
         for name, *_ in parts:
-            _check_utf8("tensor name", name)
+            check_utf8("tensor name", name)
         header = build_header([(name, dtype, shape) for name, _, dtype, shape in parts], meta)
         raw_len = len(header) + sum(view.nbytes for _, view, _, _ in parts)
 
