@@ -2,9 +2,10 @@
 
 Same run, same disk, one after the other:
 - `dd` sequential writes (buffered + fsync, and O_DIRECT): the disk's bandwidth;
-- `ShardWriter` with io_uring and with pwrite, `PyShardWriter`, and one safetensors file per
-  record written by a thread pool (what vLLM's ExampleHiddenStatesConnector does), for record
-  sizes from 256 KiB to 64 MiB and every codec.
+- `ShardWriter` with io_uring and with pwrite, through the page cache or with O_DIRECT
+  (`uring-direct`, `pwrite-direct`, `auto-direct`: dd O_DIRECT is their reference),
+  `PyShardWriter`, and one safetensors file per record written by a thread pool (what vLLM's
+  ExampleHiddenStatesConnector does), for record sizes from 256 KiB to 64 MiB and every codec.
 Each writer run writes `--total` bytes of records and counts the time until its data is durable
 (the writer's close() with durability "close"; for the safetensors files, an fsync of each
 file). Records are slices of real activations (benches/activations.py), handed over without copy.
@@ -102,13 +103,16 @@ def run_dd(path: Path, total: int, direct: bool) -> dict:
 
 
 def run_layertap(kind: str, path: Path, acts: torch.Tensor, record_bytes: int, total: int, codec: str, threads: int) -> dict:
+    """``kind``: python, or an io mode (auto, uring, pwrite) with ``-direct`` for O_DIRECT."""
     import layertap
 
     if kind == "python":
         w = layertap.PyShardWriter(path, codec=codec, level=1, durability="close")
     else:
-        w = layertap.ShardWriter(path, codec=codec, level=1, durability="close", threads=threads, io=kind)
-    backend = w.backend
+        io, _, mode = kind.partition("-")
+        w = layertap.ShardWriter(path, codec=codec, level=1, durability="close", threads=threads, io=io,
+                                 direct=mode == "direct")
+    backend = w.backend + (", O_DIRECT" if w.stats.get("direct") else "")
     nbytes = 0
     t0 = time.perf_counter()
     with w:
@@ -151,13 +155,14 @@ def run_safetensors_per_record(path: Path, acts: torch.Tensor, record_bytes: int
 
 
 def table(rows: list[dict]) -> str:
-    head = "| writer | codec | record | GB/s of input | s | stored / input | blocked s |\n|---|---|---|---:|---:|---:|---:|\n"
+    head = ("| round | writer | codec | record | GB/s of input | s | stored / input | blocked s |\n"
+            "|---:|---|---|---|---:|---:|---:|---:|\n")
     lines = []
     for r in rows:
         ratio = r["bytes_on_disk"] / r["bytes_in"] if r["bytes_in"] else 0
         blocked = r.get("blocked_seconds")
-        lines.append(f"| {r['writer']} | {r['codec']} | {r['record']} | {r['gbps_in']:.2f} | {r['seconds']:.2f} | "
-                     f"{ratio:.3f} | {'' if blocked is None else f'{blocked:.2f}'} |")
+        lines.append(f"| {r['round']} | {r['writer']} | {r['codec']} | {r['record']} | {r['gbps_in']:.2f} | "
+                     f"{r['seconds']:.2f} | {ratio:.3f} | {'' if blocked is None else f'{blocked:.2f}'} |")
     return head + "\n".join(lines) + "\n"
 
 
@@ -167,10 +172,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--total", default="1GiB", help="bytes of records per run")
     ap.add_argument("--sizes", default=",".join(SIZES), help="record sizes")
     ap.add_argument("--codecs", default=",".join(CODECS))
-    ap.add_argument("--writers", default="uring,pwrite,python,safetensors")
+    ap.add_argument("--writers", default="uring,pwrite,uring-direct,pwrite-direct,python,safetensors",
+                    help="uring, pwrite, auto (ShardWriter io modes, each also with -direct), python, safetensors")
     ap.add_argument("--threads", type=int, default=min(8, os.cpu_count() or 1))
     ap.add_argument("--out", type=Path, required=True, help="results path without suffix")
     ap.add_argument("--activations", type=Path, help="a safetensors file with a 'bf16' tensor (default: made here)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run everything (dd included) this many times, writers in reverse order every other "
+                         "round (for noisy disks, where the first runs after a pause are often slower)")
     args = ap.parse_args(argv)
 
     total = parse_size(args.total)
@@ -185,28 +194,31 @@ def main(argv: list[str] | None = None) -> int:
         drop_caches()
         return d
 
-    for direct in (False, True):
-        fresh()
-        rows.append(run_dd(args.dir, total, direct))
-        print(rows[-1], flush=True)
-    for size in args.sizes.split(","):
-        rb = SIZES[size]
-        for writer in args.writers.split(","):
-            codecs = ["none"] if writer == "safetensors" else args.codecs.split(",")
-            for codec in codecs:
-                d = fresh()
-                if writer == "safetensors":
-                    r = run_safetensors_per_record(d, acts, rb, total)
-                else:
-                    r = run_layertap(writer, d, acts, rb, total, codec, args.threads)
-                r["record"] = size
-                rows.append(r)
-                print(r, flush=True)
+    for round_ in range(1, args.rounds + 1):
+        for direct in (False, True):
+            fresh()
+            rows.append(dict(run_dd(args.dir, total, direct), round=round_))
+            print(rows[-1], flush=True)
+        for size in args.sizes.split(","):
+            rb = SIZES[size]
+            writers = args.writers.split(",")
+            for writer in writers if round_ % 2 else writers[::-1]:
+                codecs = ["none"] if writer == "safetensors" else args.codecs.split(",")
+                for codec in codecs:
+                    d = fresh()
+                    if writer == "safetensors":
+                        r = run_safetensors_per_record(d, acts, rb, total)
+                    else:
+                        r = run_layertap(writer, d, acts, rb, total, codec, args.threads)
+                    r["record"] = size
+                    r["round"] = round_
+                    rows.append(r)
+                    print(r, flush=True)
     shutil.rmtree(args.dir / "run", ignore_errors=True)
 
     machine = {"host": platform.node(), "cpus": os.cpu_count(), "kernel": platform.release(),
                "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "total_bytes": total,
-               "threads": args.threads, "dir": str(args.dir)}
+               "threads": args.threads, "dir": str(args.dir), "rounds": args.rounds}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=1))
     md = f"# Writer benchmark, {machine['date']}\n\n{json.dumps(machine)}\n\n" + table(rows)

@@ -206,3 +206,18 @@ def hand_made_shard(path, records: list, meta_key: dict | None = None) -> None:
         body += frame + payload + bytes(fmt.align8(len(payload)) - len(payload))
     with open(path, "wb") as f:
         f.write(head + body + fmt.encode_footer(entries, len(head) + len(body)))
+
+
+def takes_o_direct(directory) -> bool:
+    """Whether the file system of ``directory`` opens files with O_DIRECT (tmpfs does since
+    Linux 6.6, ramfs never): what a writer with ``direct=True`` reports in ``stats["direct"]``."""
+    probe = os.path.join(os.fspath(directory), ".o_direct_probe")
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT)
+    except OSError:
+        return False
+    finally:
+        if os.path.exists(probe):
+            os.unlink(probe)
+    os.close(fd)
+    return True

@@ -22,12 +22,12 @@ import pytest
 import torch
 
 import layertap
-from helpers import PYTHON_SRC, shard_files
+from helpers import PYTHON_SRC, shard_files, takes_o_direct
 
 CHILD = r"""
 import sys, torch
 from layertap import ShardWriter, PyShardWriter
-out, kind, io = sys.argv[1], sys.argv[2], sys.argv[3]
+out, kind, io, o_direct = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
 g = torch.Generator().manual_seed(0)
 base = torch.randn(1024 + 64, 3, 256, generator=g).to(torch.bfloat16)
 
@@ -41,8 +41,11 @@ cls = PyShardWriter if kind == "python" else ShardWriter
 opts = dict(codec="none", shard_size=48 << 20, durability="none", batch_bytes=8 << 20,
             writer_id="victim")
 if kind == "rust":
-    opts["io"] = io
+    # "uring-direct": io_uring with O_DIRECT (staged blocks, the partial last one buffered)
+    opts["io"], _, mode = io.partition("-")
+    opts["direct"] = mode == "direct"
 w = cls(out, **opts)
+assert w.stats["direct"] == (opts.get("direct", False) and o_direct), w.stats
 i = 0
 while True:
     w.submit(f"rec-{i:06d}", tensors(i))
@@ -69,7 +72,7 @@ def _run_and_kill(out: Path, kind: str, io: str, kill_after: int) -> list[str]:
     """Starts the writer child, reads the keys it reports done, kills it after ``kill_after``."""
     env = dict(os.environ, PYTHONPATH=str(PYTHON_SRC))
     proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(out), kind, io],
+        [sys.executable, "-c", CHILD, str(out), kind, io, str(int(takes_o_direct(out)))],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
@@ -121,6 +124,8 @@ def _recover_once_unlocked(path: str, timeout: float = 30) -> layertap.RecoverRe
         ("rust", "uring", 40),
         ("rust", "uring", 157),
         ("rust", "pwrite", 90),
+        ("rust", "uring-direct", 70),
+        ("rust", "pwrite-direct", 133),
         ("python", "pwrite", 60),
     ],
 )

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import layertap
-from helpers import make_tensors, run_python, shard_files, writer_class
+from helpers import make_tensors, run_python, shard_files, takes_o_direct, writer_class
 from layertap.errors import DuplicateKeyError, InvalidInputError, WriterClosedError
 
 
@@ -38,6 +38,12 @@ def io(request, tmp_path_factory):
     return request.param
 
 
+@pytest.fixture(params=[False, True], ids=["buffered", "direct"])
+def direct(request):
+    """Through the page cache, and with O_DIRECT (tests/test_writer_direct.py has the rest)."""
+    return request.param
+
+
 def Writer(path, **options):
     return writer_class("rust")(os.fspath(path), **options)
 
@@ -51,7 +57,7 @@ def read(path) -> layertap.Dataset:
 
 
 @pytest.mark.parametrize("codec", ["none", "zstd", "bp16-zstd"])
-def test_torch_numpy_and_buffers_round_trip(tmp_path, io, codec):
+def test_torch_numpy_and_buffers_round_trip(tmp_path, io, codec, direct):
     rng = np.random.default_rng(0)
     tensors = {
         "hidden_states": torch.randn(5, 3, 16).to(torch.bfloat16),
@@ -65,8 +71,9 @@ def test_torch_numpy_and_buffers_round_trip(tmp_path, io, codec):
         "raw_view": (memoryview(np.arange(4, dtype=np.float64)), "F64", [4]),
         "raw_array": (array.array("i", [1, -2, 3]), "I32", (3,)),
     }
-    with Writer(tmp_path, codec=codec, io=io, writer_id="w", metadata={"model": "m"}) as w:
+    with Writer(tmp_path, codec=codec, io=io, direct=direct, writer_id="w", metadata={"model": "m"}) as w:
         assert w.backend == {"uring": "io_uring", "pwrite": "pwrite"}[io]
+        assert w.stats["direct"] is (direct and takes_o_direct(tmp_path))
         seq = w.submit("rec", tensors, {"layer_ids": "[1, 2, 3]"})
         w.flush()
         done = w.poll()
@@ -92,8 +99,8 @@ def test_torch_numpy_and_buffers_round_trip(tmp_path, io, codec):
         assert (done[0].offset, done[0].stored_len) == (rec.offset, entry.stored_bytes)
 
 
-def test_many_records_in_order_across_shards(tmp_path, io):
-    with Writer(tmp_path, codec="bp16-zstd", level=1, io=io, shard_size=4096, writer_id="r") as w:
+def test_many_records_in_order_across_shards(tmp_path, io, direct):
+    with Writer(tmp_path, codec="bp16-zstd", level=1, io=io, direct=direct, shard_size=4096, writer_id="r") as w:
         seqs = [w.submit(f"k{i}", make_tensors(i, tokens=8, hidden=32)) for i in range(40)]
         w.flush()
         done = w.poll()
@@ -132,10 +139,10 @@ def test_submit_from_many_threads(tmp_path):
         assert ds.keys() == [c.key for c in done]
 
 
-def test_durability_modes(tmp_path, io):
+def test_durability_modes(tmp_path, io, direct):
     for n, durability in enumerate(["none", "close", 4096]):
         d = tmp_path / str(n)
-        with Writer(d, io=io, durability=durability, codec="none") as w:
+        with Writer(d, io=io, direct=direct, durability=durability, codec="none") as w:
             for i in range(10):
                 w.submit(f"k{i}", make_tensors(i, tokens=32, hidden=32))
             w.flush()
@@ -300,6 +307,8 @@ def test_bad_record_metadata(tmp_path, metadata):
         ({"writer_id": "a/b"}, "writer id"),
         ({"writer_id": 5}, "writer_id"),
         ({"io": "mmap"}, "io must be"),
+        ({"direct": "yes"}, "direct must be True or False"),
+        ({"direct": 1}, "direct must be True or False"),
         ({"metadata": {"a": 1}}, "must be str"),
         ({"metadata": ["a"]}, "metadata"),
     ],
@@ -495,14 +504,16 @@ def _check_failed_shard(shard: str, out: dict, want_errno: int, recover: bool = 
             assert ds.shards[0].complete and ds.keys() == keys
 
 
-def test_file_size_limit_gives_efbig_and_keeps_written_records(tmp_path, io):
+def test_file_size_limit_gives_efbig_and_keeps_written_records(tmp_path, io, direct):
+    # With O_DIRECT the write crossing the limit is cut to a length O_DIRECT refuses (EINVAL);
+    # the writer retries it through the page cache, which gives EFBIG.
     code = _FILL_UNTIL_ERROR + """
 import resource, signal
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, resource.RLIM_INFINITY))
-print(json.dumps(fill(sys.argv[1], sys.argv[2])))
+print(json.dumps(fill(sys.argv[1], sys.argv[2], direct=sys.argv[3] == "1")))
 """
-    proc = run_python(code, str(tmp_path), io)
+    proc = run_python(code, str(tmp_path), io, str(int(direct)))
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     _check_failed_shard(os.path.join(str(tmp_path), "f-000000.lts"), out, errno.EFBIG)
@@ -523,10 +534,10 @@ def small_tmpfs(tmp_path):
         subprocess.run(["umount", str(mnt)], check=True)
 
 
-def test_disk_full_gives_enospc_and_keeps_written_records(small_tmpfs, io):
-    code = _FILL_UNTIL_ERROR + "print(json.dumps(fill(sys.argv[1], sys.argv[2])))"
+def test_disk_full_gives_enospc_and_keeps_written_records(small_tmpfs, io, direct):
+    code = _FILL_UNTIL_ERROR + "print(json.dumps(fill(sys.argv[1], sys.argv[2], direct=sys.argv[3] == '1')))"
     ds_dir = small_tmpfs / "ds"
-    proc = run_python(code, str(ds_dir), io)
+    proc = run_python(code, str(ds_dir), io, str(int(direct)))
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["backend"] == {"uring": "io_uring", "pwrite": "pwrite"}[io]

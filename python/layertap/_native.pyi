@@ -23,6 +23,7 @@ class NativeShardWriter:
         batch_bytes: int = ...,
         writer_id: str | None = None,
         io: str = "auto",
+        direct: bool = False,
         metadata: dict[str, str] | None = None,
     ) -> None: ...
     def submit(

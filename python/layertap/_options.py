@@ -64,6 +64,7 @@ def check_writer_options(
     batch_bytes: Any,
     writer_id: Any,
     io: Any,
+    direct: Any,
     metadata: Any,
 ) -> dict[str, Any]:
     """Checks every option; returns them normalised (durability, metadata as a dict)."""
@@ -85,6 +86,8 @@ def check_writer_options(
             raise InvalidInputError(problem)
     if io not in ("auto", "uring", "pwrite"):
         raise InvalidInputError(f"io must be 'auto', 'uring' or 'pwrite', not {io!r}")
+    if not isinstance(direct, bool):
+        raise InvalidInputError(f"direct must be True or False, not {direct!r}")
     return dict(
         codec=codec,
         level=level,
@@ -95,5 +98,6 @@ def check_writer_options(
         batch_bytes=batch_bytes,
         writer_id=writer_id,
         io=io,
+        direct=direct,
         metadata=check_shard_metadata(metadata),
     )

@@ -34,7 +34,9 @@ class ShardWriter:
 
     ``submit`` checks a record and queues it without copying its tensors; a pool of threads
     compresses and checksums records in parallel and one I/O thread writes them, in submission
-    order, through io_uring (or ``pwritev``). See docs/API.md for every option.
+    order, through io_uring (or ``pwritev``). With ``direct=True`` record data bypasses the page
+    cache (``O_DIRECT``) where the file system allows it; ``stats["direct"]`` says whether it
+    does. See docs/API.md for every option.
     """
 
     def __init__(
@@ -50,12 +52,13 @@ class ShardWriter:
         batch_bytes: int = 8 << 20,
         writer_id: str | None = None,
         io: str = "auto",
+        direct: bool = False,
         metadata: Mapping[str, str] | None = None,
     ):
         options = check_writer_options(
             codec=codec, level=level, shard_size=shard_size, durability=durability, threads=threads,
             max_inflight_bytes=max_inflight_bytes, batch_bytes=batch_bytes, writer_id=writer_id, io=io,
-            metadata=metadata,
+            direct=direct, metadata=metadata,
         )
         try:
             directory = os.fspath(path)
@@ -109,7 +112,7 @@ class ShardWriter:
     def stats(self) -> dict:
         """Counters: ``records_submitted``, ``records_written``, ``bytes_in``, ``bytes_stored``,
         ``ratio``, ``queue_depth``, ``inflight_bytes``, ``blocked_seconds``, ``shards_closed``,
-        ``backend``."""
+        ``backend``, ``direct``."""
         return self._native.stats
 
     @property

@@ -39,6 +39,9 @@ GOOD = {"output_dir": "hs"}
         ({**GOOD, "max_inflight_bytes": "1G"}, "max_inflight_bytes", "expected an integer"),
         ({**GOOD, "io": "mmap"}, "io", "expected one of 'auto', 'uring', 'pwrite'"),
         ({**GOOD, "writer": "python", "io": "uring"}, "io", "'uring' needs writer='rust'"),
+        ({**GOOD, "direct": "yes"}, "direct", "expected true or false, got 'yes'"),
+        ({**GOOD, "direct": 1}, "direct", "expected true or false, got 1"),
+        ({**GOOD, "writer": "python", "direct": True}, "direct", "true needs writer='rust'"),
         ({**GOOD, "writer_id": "rank/0"}, "writer_id", "writer id 'rank/0' is not valid"),
         ({**GOOD, "writer_id": ".hidden"}, "writer_id", "not starting with '.'"),
         ({**GOOD, "stats_path": 3}, "stats_path", "expected a non-empty path"),
@@ -57,10 +60,11 @@ def test_every_option_parses(tmp_path):
     options = parse_options({
         "output_dir": str(tmp_path), "writer": "python", "codec": "zstd", "level": 5, "shard_size": 1 << 20,
         "durability": 1 << 20, "pool_bytes": 1 << 24, "writer_threads": 2, "max_inflight_bytes": 1 << 25,
-        "io": "pwrite", "writer_id": "rank-0", "stats_path": str(tmp_path / "s.json"),
+        "io": "pwrite", "direct": False, "writer_id": "rank-0", "stats_path": str(tmp_path / "s.json"),
         "shard_metadata": {"run": "7"},
     })
     assert options.output_dir == str(tmp_path) and options.durability == 1 << 20
+    assert parse_options({**GOOD, "direct": True}).direct is True
     assert set(OPTION_NAMES) == set(options.__dataclass_fields__)
     assert parse_options({"output_dir": "rel/dir"}).output_dir == os.path.abspath("rel/dir")
 

@@ -262,7 +262,8 @@ class PyShardWriter:
 
     Same constructor, methods and behaviour as ``layertap.ShardWriter`` (docs/API.md); for codec
     ``none`` both write byte-identical records. ``threads`` is accepted for compatibility: this
-    writer encodes on its one background thread. ``io`` may be ``"auto"`` or ``"pwrite"``."""
+    writer encodes on its one background thread. ``io`` may be ``"auto"`` or ``"pwrite"``, and
+    ``direct`` only ``False`` (it writes through the page cache)."""
 
     _software = f"layertap-python {package_version()}"
 
@@ -279,15 +280,18 @@ class PyShardWriter:
         batch_bytes: int = 8 << 20,
         writer_id: str | None = None,
         io: str = "auto",
+        direct: bool = False,
         metadata: Mapping[str, str] | None = None,
     ):
         options = check_writer_options(
             codec=codec, level=level, shard_size=shard_size, durability=durability, threads=threads,
             max_inflight_bytes=max_inflight_bytes, batch_bytes=batch_bytes, writer_id=writer_id, io=io,
-            metadata=metadata,
+            direct=direct, metadata=metadata,
         )
         if io == "uring":
             raise InvalidInputError("io='uring': the Python writer has no io_uring backend; use 'auto' or 'pwrite'")
+        if direct:
+            raise InvalidInputError("direct=True: the Python writer writes through the page cache; use ShardWriter")
         codec_id = codecs.codec_id(codec)
         durability = options["durability"]
         user_meta = options["metadata"]
@@ -464,6 +468,7 @@ class PyShardWriter:
                 "blocked_seconds": self._blocked,
                 "shards_closed": s.shards_closed,
                 "backend": "python",
+                "direct": False,
             }
 
     @property

@@ -48,6 +48,8 @@ class ConnectorOptions:
     max_inflight_bytes: int | None = None
     """The writer's bound on bytes in flight; None: twice the pool (``submit`` never waits)."""
     io: str = "auto"
+    direct: bool = False
+    """Write record data with ``O_DIRECT`` where the file system allows it (Rust writer only)."""
     writer_id: str | None = None
     """None: derived from vLLM's engine id (one per engine, so data-parallel ranks differ)."""
     stats_path: str | None = None
@@ -116,6 +118,12 @@ def _io(value: Any) -> str:
     return _choice("io", value, ("auto", "uring", "pwrite"))
 
 
+def _direct(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError("direct", f"expected true or false, got {value!r}")
+    return value
+
+
 def _writer_id(value: Any) -> str | None:
     if value is not None and writer_id_problem(value):
         raise ConfigError("writer_id", writer_id_problem(value))
@@ -145,6 +153,7 @@ _PARSERS = {
     "writer_threads": _optional_int("writer_threads"),
     "max_inflight_bytes": _optional_int("max_inflight_bytes"),
     "io": _io,
+    "direct": _direct,
     "writer_id": _writer_id,
     "stats_path": _stats_path,
     "shard_metadata": _shard_metadata,
@@ -171,6 +180,8 @@ def parse_options(extra_config: Mapping[str, Any] | None) -> ConnectorOptions:
     values = {name: _PARSERS[name](value) for name, value in extra_config.items()}
     if values.get("writer", "rust") == "python" and values.get("io") == "uring":
         raise ConfigError("io", "'uring' needs writer='rust'; the Python writer writes with pwrite")
+    if values.get("writer", "rust") == "python" and values.get("direct"):
+        raise ConfigError("direct", "true needs writer='rust'; the Python writer writes through the page cache")
     return ConnectorOptions(**values)
 
 

@@ -45,6 +45,7 @@ def open_writer(options: ConnectorOptions, facts: EngineFacts, pool_bytes: int) 
             max_inflight_bytes=options.max_inflight_bytes or 2 * pool_bytes,
             writer_id=facts.writer_id,
             io=options.io,
+            direct=options.direct,
             metadata=shard_meta,
         )
     except TypeError as e:

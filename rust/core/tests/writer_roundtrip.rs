@@ -297,12 +297,13 @@ proptest! {
         recs in prop::collection::vec(arb_record(), 1..6),
         codec in 0..3usize,
         uring in any::<bool>(),
+        direct in any::<bool>(),
         level in 1..6i32,
     ) {
         let codec = Codec::ALL[codec];
         let io = if uring && io_modes().contains(&IoMode::Uring) { IoMode::Uring } else { IoMode::Pwrite };
         let dir = tempfile::tempdir().unwrap();
-        let cfg = WriterConfig { level, ..config(io, codec) };
+        let cfg = WriterConfig { level, direct, ..config(io, codec) };
         let w = ShardWriter::open(dir.path(), cfg).unwrap();
         let mut want = Vec::new();
         for (n, (key, tensors, mut meta)) in recs.into_iter().enumerate() {

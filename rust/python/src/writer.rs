@@ -89,12 +89,12 @@ pub struct NativeShardWriter {
 impl NativeShardWriter {
     /// Opens a writer on a dataset directory (created if missing). Options as in docs/API.md;
     /// `durability` is `"none"`, `"close"` or a positive int, `io` is `"auto"`, `"uring"` or
-    /// `"pwrite"`.
+    /// `"pwrite"`, `direct` asks for `O_DIRECT` where the file system allows it.
     #[new]
     #[pyo3(signature = (
         path, *, codec = "bp16-zstd", level = 1, shard_size = 1 << 30, durability = None,
         threads = None, max_inflight_bytes = 1 << 30, batch_bytes = 8 << 20, writer_id = None,
-        io = "auto", metadata = None
+        io = "auto", direct = false, metadata = None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -109,6 +109,7 @@ impl NativeShardWriter {
         batch_bytes: u64,
         writer_id: Option<String>,
         io: &str,
+        direct: bool,
         metadata: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<NativeShardWriter> {
         let cfg = WriterConfig {
@@ -121,6 +122,7 @@ impl NativeShardWriter {
             batch_bytes,
             writer_id,
             io: IoMode::from_name(io).py_err()?,
+            direct,
             shard_metadata: string_map("metadata", metadata)?,
         };
         let writer = py.detach(|| ShardWriter::open(&path, cfg)).py_err()?;
@@ -210,6 +212,7 @@ impl NativeShardWriter {
         d.set_item("blocked_seconds", s.blocked_seconds)?;
         d.set_item("shards_closed", s.shards_closed)?;
         d.set_item("backend", s.backend.name())?;
+        d.set_item("direct", s.direct)?;
         Ok(d)
     }
 

@@ -97,6 +97,11 @@ pub struct WriterConfig {
     pub writer_id: Option<String>,
     /// Which system calls write (overridden by the `LAYERTAP_IO` environment variable).
     pub io: IoMode,
+    /// Write record data with `O_DIRECT`, bypassing the page cache, where the file system
+    /// allows it (else buffered, and [`Stats::direct`](super::Stats::direct) says so). Each
+    /// batch is copied into aligned buffers; the partial last block of a batch is written
+    /// through the page cache when no more records are ready.
+    pub direct: bool,
     /// Stored in every shard's header as `"user"`.
     pub shard_metadata: BTreeMap<String, String>,
 }
@@ -113,6 +118,7 @@ impl Default for WriterConfig {
             batch_bytes: 8 << 20,
             writer_id: None,
             io: IoMode::Auto,
+            direct: false,
             shard_metadata: BTreeMap::new(),
         }
     }

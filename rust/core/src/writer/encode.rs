@@ -2,6 +2,7 @@
 //! the payload (or, for codec `none`, only checksums the caller's buffers), builds the frame
 //! header, and hands the result to the I/O thread.
 
+use super::aligned::AlignedBuf;
 use super::input::{Prepared, TensorInput};
 use super::io_thread::ToIo;
 use crate::codec::{Codec, Encoder};
@@ -57,6 +58,25 @@ impl Encoded {
         if pad > 0 {
             f(&ZEROS[..pad]);
         }
+    }
+
+    /// Copies the frame's bytes from offset `from` on into `out`, as many as fit before `out`
+    /// holds `limit` bytes; returns how many were copied.
+    pub fn copy_into(&self, from: u64, out: &mut AlignedBuf, limit: usize) -> usize {
+        let mut skip = usize::try_from(from).unwrap_or(usize::MAX);
+        let mut copied = 0;
+        self.for_each_piece(|piece| {
+            if skip >= piece.len() {
+                skip -= piece.len();
+                return;
+            }
+            let rest = &piece[skip..];
+            skip = 0;
+            let n = rest.len().min(limit.saturating_sub(out.len()));
+            out.extend_from_slice(&rest[..n]);
+            copied += n;
+        });
+        copied
     }
 
     /// Number of pieces [`Encoded::for_each_piece`] gives.

@@ -1,9 +1,12 @@
 //! The I/O thread (`layertap-io`): puts encoded records back in submission order, coalesces
-//! them into writes of about `batch_bytes`, rotates shards, applies the durability policy,
-//! reports records done, and answers `flush` and `close`.
+//! them into writes of about `batch_bytes` (staged in aligned buffers for direct I/O, see
+//! `direct.rs`), rotates shards, applies the durability policy, reports records done once all
+//! their bytes are in the file, and answers `flush` and `close`.
 
-use super::batch::{WriteOp, IOV_MAX};
+use super::aligned::BufferPool;
+use super::batch::{Placed, WriteOp, IOV_MAX};
 use super::config::Durability;
+use super::direct;
 use super::encode::Encoded;
 use super::io::{Engine, Finished};
 use super::shard::{OpenShard, ShardNaming};
@@ -35,7 +38,17 @@ pub(crate) struct IoSettings {
     pub shard_size: u64,
     pub batch_bytes: u64,
     pub durability: Durability,
+    /// Write record data with `O_DIRECT` where the file system allows it.
+    pub direct: bool,
 }
+
+/// Direct I/O: bounce-buffer bytes in flight at most, in batches (chunks of `batch_bytes`).
+/// Direct writes run concurrently where the file system allows it (XFS appends; ext4
+/// serialises appending direct writes, which still overlaps the copy into the next chunk).
+const DIRECT_DEPTH: u64 = 4;
+/// Buffered writes in flight at most: io_uring's workers run buffered writes to one file one
+/// at a time, so more in flight only delays their completions.
+const BUFFERED_DEPTH: usize = 2;
 
 struct Waiter {
     upto: u64,
@@ -46,6 +59,8 @@ struct Waiter {
 /// A write handed to the engine, in issue order; `outcome` is set when it finishes.
 struct Issued {
     id: u64,
+    /// Bytes of bounce buffer the write holds.
+    staged: u64,
     outcome: Option<(WriteOp, io::Result<()>)>,
 }
 
@@ -63,6 +78,10 @@ struct IoLoop {
     written_upto: u64,
     issued: VecDeque<Issued>,
     next_op_id: u64,
+    /// Bounce-buffer bytes of the writes in flight (direct I/O).
+    staged_in_flight: u64,
+    /// Bounce buffers for direct writes.
+    pool: BufferPool,
     shard: Option<OpenShard>,
     next_index: u64,
     since_sync: u64,
@@ -81,6 +100,9 @@ pub(crate) fn run(
 ) {
     let next_index = set.next_index;
     let shard = Some(first_shard);
+    // Bounce buffers are chunks of about `batch_bytes` (rounded up to the alignment).
+    let chunk_max = (set.batch_bytes as usize).next_multiple_of(direct::MAX_ALIGN);
+    let pool = BufferPool::new(DIRECT_DEPTH as usize + 1, chunk_max);
     let mut lp = IoLoop {
         set,
         engine,
@@ -91,6 +113,8 @@ pub(crate) fn run(
         written_upto: 0,
         issued: VecDeque::new(),
         next_op_id: 0,
+        staged_in_flight: 0,
+        pool,
         shard,
         next_index,
         since_sync: 0,
@@ -137,6 +161,7 @@ impl IoLoop {
             || (self.ready.is_empty()
                 && self.engine.in_flight() == 0
                 && self.issued.is_empty()
+                && !self.shard.as_ref().is_some_and(OpenShard::is_staging)
                 && !self.waiters.iter().any(|w| w.upto <= self.written_upto))
     }
 
@@ -167,17 +192,20 @@ impl IoLoop {
         }
         let issued_any = self.issue()?;
         let wait = self.engine.in_flight() > 0 && !issued_any;
-        let finished = self.engine.reap(wait).map_err(|e| self.io_err("io_uring_enter", e))?;
+        let finished = self.engine.reap(wait).map_err(|e| self.io_err("wait for writes", e))?;
         self.mark(finished);
         if self.issued.iter().any(|i| matches!(i.outcome, Some((_, Err(_))))) {
             // A write failed: let every other write in flight finish, so that those before it
             // can still be reported and no buffer is freed while the kernel may read it.
             while self.engine.in_flight() > 0 {
-                let finished = self.engine.reap(true).map_err(|e| self.io_err("io_uring_enter", e))?;
+                let finished = self.engine.reap(true).map_err(|e| self.io_err("wait for writes", e))?;
                 self.mark(finished);
             }
         }
         self.retire()?;
+        if self.ready.is_empty() {
+            self.flush_tail()?; // nothing more to write now: the last records must not wait
+        }
         if let Durability::EveryBytes(n) = self.set.durability {
             if self.since_sync >= n {
                 if let Some(shard) = &self.shard {
@@ -189,55 +217,117 @@ impl IoLoop {
         Ok(())
     }
 
-    /// Gives ready records to the engine, batched, while it has room. Returns whether it
-    /// issued anything.
+    /// Gives ready records to the engine, batched (and, for direct I/O, staged in chunks),
+    /// while it has room. Returns whether it issued anything.
     fn issue(&mut self) -> Result<bool> {
         let mut issued_any = false;
-        while !self.ready.is_empty() && self.engine.in_flight() < self.engine.capacity() {
-            let first_len = self.ready[0].frame_len();
-            if let Some(shard) = &self.shard {
-                if shard.is_full_for(first_len, self.set.shard_size) {
-                    if !self.issued.is_empty() {
-                        break; // rotate once the shard's writes are done
+        while self.has_room() {
+            if !self.shard.as_ref().is_some_and(OpenShard::is_staging) {
+                let Some((start, batch)) = self.take_batch()? else { break };
+                let shard = self.shard.as_mut().expect("the batch went to the open shard");
+                match shard.direct.as_mut() {
+                    Some(direct) => {
+                        let mut at = start;
+                        for rec in &batch {
+                            let header = rec.header.clone();
+                            shard.unreported.push_back(Placed { seq: rec.seq, offset: at, header });
+                            at += rec.frame_len();
+                        }
+                        direct.enqueue(batch);
                     }
-                    self.finish_shard()?;
+                    None => {
+                        let (op, placed) = WriteOp::frames(shard.fd(), start, batch);
+                        shard.unreported.extend(placed);
+                        self.submit(op);
+                        issued_any = true;
+                        continue;
+                    }
                 }
             }
-            if self.shard.is_none() {
-                let durable = self.set.durability != Durability::None;
-                self.shard = Some(OpenShard::create(&self.set.naming, self.next_index, durable)?);
-                self.next_index += 1;
-            }
-            let shard = self.shard.as_mut().expect("shard just opened");
-            let mut batch = Vec::new();
-            let (mut bytes, mut iovs) = (0u64, 0usize);
-            while let Some(rec) = self.ready.front() {
-                let len = rec.frame_len();
-                let pieces = rec.piece_count();
-                let fits_batch = bytes + len <= self.set.batch_bytes && iovs + pieces <= IOV_MAX;
-                if !batch.is_empty() && (!fits_batch || shard.is_full_for(bytes + len, self.set.shard_size)) {
-                    break;
-                }
-                if batch.is_empty() && shard.is_full_for(len, self.set.shard_size) {
-                    break;
-                }
-                bytes += len;
-                iovs += pieces;
-                shard.allocated += 1;
-                batch.push(self.ready.pop_front().expect("front exists"));
-            }
-            if batch.is_empty() {
-                break;
-            }
-            let op = WriteOp::new(shard.fd(), shard.alloc_end, batch);
-            shard.alloc_end = op.end();
-            let id = self.next_op_id;
-            self.next_op_id += 1;
-            self.issued.push_back(Issued { id, outcome: None });
-            self.engine.submit(id, op);
-            issued_any = true;
+            let shard = self.shard.as_mut().expect("staging goes to the open shard");
+            let fd = shard.fd();
+            let direct = shard.direct.as_mut().expect("only direct shards stage");
+            if let Some(op) = direct.stage_chunk(&mut self.pool, fd) {
+                self.submit(op);
+                issued_any = true;
+            } // else less than a block: carried to the next write
         }
         Ok(issued_any)
+    }
+
+    /// Takes the next ready records for one write: consecutive, about `batch_bytes` (less the
+    /// bytes a direct shard carries), all for the open shard, which is rotated or created as
+    /// needed. Returns the offset of the first and the records, or `None` if there are none
+    /// or the shard cannot rotate yet (writes of it are in flight).
+    fn take_batch(&mut self) -> Result<Option<(u64, Vec<Encoded>)>> {
+        let Some(first) = self.ready.front() else { return Ok(None) };
+        let first_len = first.frame_len();
+        if let Some(shard) = &self.shard {
+            if shard.is_full_for(first_len, self.set.shard_size) {
+                if !self.issued.is_empty() {
+                    return Ok(None); // rotate once the shard's writes are done
+                }
+                self.finish_shard()?;
+            }
+        }
+        if self.shard.is_none() {
+            let durable = self.set.durability != Durability::None;
+            let chunk = self.set.direct.then_some(self.set.batch_bytes);
+            let shard = OpenShard::create(&self.set.naming, self.next_index, durable, chunk)?;
+            self.shared.set_direct(shard.is_direct());
+            self.shard = Some(shard);
+            self.next_index += 1;
+        }
+        let shard = self.shard.as_mut().expect("shard just opened");
+        let carried = shard.direct.as_ref().map_or(0, |d| d.carry.len() as u64);
+        let limit = self.set.batch_bytes.saturating_sub(carried);
+        let mut batch = Vec::new();
+        let (mut bytes, mut iovs) = (0u64, 0usize);
+        while let Some(rec) = self.ready.front() {
+            let len = rec.frame_len();
+            let pieces = rec.piece_count();
+            let fits_batch = bytes + len <= limit && iovs + pieces <= IOV_MAX;
+            if !batch.is_empty() && (!fits_batch || shard.is_full_for(bytes + len, self.set.shard_size)) {
+                break;
+            }
+            if batch.is_empty() && shard.is_full_for(len, self.set.shard_size) {
+                break;
+            }
+            bytes += len;
+            iovs += pieces;
+            shard.allocated += 1;
+            batch.push(self.ready.pop_front().expect("front exists"));
+        }
+        if batch.is_empty() {
+            return Ok(None);
+        }
+        let start = shard.alloc_end;
+        shard.alloc_end += bytes;
+        Ok(Some((start, batch)))
+    }
+
+    /// Hands `op` to the engine.
+    fn submit(&mut self, op: WriteOp) {
+        let id = self.next_op_id;
+        self.next_op_id += 1;
+        let staged = op.staged_len();
+        self.staged_in_flight += staged;
+        self.issued.push_back(Issued { id, staged, outcome: None });
+        self.engine.submit(id, op);
+    }
+
+    /// Whether another write may be issued: the engine has room, and the writes in flight
+    /// stay within [`DIRECT_DEPTH`] chunks (direct I/O) or [`BUFFERED_DEPTH`] writes.
+    fn has_room(&self) -> bool {
+        let in_flight = self.engine.in_flight();
+        if in_flight >= self.engine.capacity() {
+            return false;
+        }
+        if self.shard.as_ref().is_some_and(|s| s.direct.is_some()) {
+            self.staged_in_flight == 0 || self.staged_in_flight < DIRECT_DEPTH * self.set.batch_bytes
+        } else {
+            in_flight < BUFFERED_DEPTH
+        }
     }
 
     fn mark(&mut self, finished: Vec<Finished>) {
@@ -248,7 +338,8 @@ impl IoLoop {
         }
     }
 
-    /// Reports the writes finished at the front of the issue order; fails at a failed one.
+    /// Retires the writes finished at the front of the issue order and reports the records
+    /// whose bytes are now all in the file; fails at a failed write.
     fn retire(&mut self) -> Result<()> {
         while let Some(Issued { outcome: Some((_, result)), .. }) = self.issued.front() {
             if let Err(e) = result {
@@ -259,26 +350,65 @@ impl IoLoop {
                 };
                 return Err(self.io_err("write", e));
             }
-            let (op, _) = self.issued.pop_front().and_then(|i| i.outcome).expect("checked");
+            let issued = self.issued.pop_front().expect("checked");
+            let (op, _) = issued.outcome.expect("checked");
+            self.staged_in_flight -= issued.staged;
             let shard = self.shard.as_mut().expect("writes go to the open shard");
-            let mut done = Vec::with_capacity(op.frames.len());
-            for (offset, rec) in &op.frames {
-                shard.entries.push(IndexEntry::for_frame(*offset, &rec.header));
-                done.push(Completion {
-                    seq: rec.seq,
-                    key: rec.header.key.clone(),
-                    shard: shard.path.clone(),
-                    offset: *offset,
-                    stored_len: rec.header.stored_len,
-                    raw_len: rec.header.raw_len,
-                });
+            shard.file_end = shard.file_end.max(op.end());
+            if issued.staged == 0 && self.set.durability != Durability::None {
+                shard.start_writeback(op.start(), op.end()); // buffered data that will be fsynced
             }
-            self.since_sync += op.end() - shard.written_end;
-            shard.written_end = op.end();
-            self.written_upto = op.frames.last().map(|(_, r)| r.seq + 1).unwrap_or(self.written_upto);
-            drop(op); // releases the caller's buffers before the records are reported
+            if op.fell_back {
+                if let Some(direct) = shard.direct.as_mut() {
+                    direct.refused = true; // the rest of this shard goes through the page cache
+                    self.shared.set_direct(false);
+                }
+            }
+            // A bounce buffer goes back to the pool; a write of frames releases the caller's
+            // buffers here, before the records are reported.
+            if let Some(buf) = op.into_bounce() {
+                self.pool.put(buf);
+            }
+            self.report_written();
+        }
+        Ok(())
+    }
+
+    /// Reports the frames of the open shard that lie wholly before its `file_end`.
+    fn report_written(&mut self) {
+        let Some(shard) = self.shard.as_mut() else { return };
+        let mut done = Vec::new();
+        while shard.unreported.front().is_some_and(|p| p.end() <= shard.file_end) {
+            let p = shard.unreported.pop_front().expect("checked");
+            shard.entries.push(IndexEntry::for_frame(p.offset, &p.header));
+            self.since_sync += p.end() - shard.written_end;
+            shard.written_end = p.end();
+            self.written_upto = p.seq + 1;
+            done.push(Completion {
+                seq: p.seq,
+                shard: shard.path.clone(),
+                offset: p.offset,
+                stored_len: p.header.stored_len,
+                raw_len: p.header.raw_len,
+                key: p.header.key,
+            });
+        }
+        if !done.is_empty() {
             self.shared.written(done);
         }
+    }
+
+    /// Direct I/O, once no write is in flight: writes the carried partial block through the
+    /// page cache, so that the records ending in it are in the file and reported.
+    fn flush_tail(&mut self) -> Result<()> {
+        let Some(shard) = self.shard.as_mut() else { return Ok(()) };
+        let Some(direct) = shard.direct.as_ref() else { return Ok(()) };
+        if !self.issued.is_empty() || shard.unreported.is_empty() || direct.is_staging() {
+            return Ok(());
+        }
+        let end = direct.write_tail(shard.file()).map_err(|e| Error::io(&shard.path, "write", e))?;
+        shard.file_end = shard.file_end.max(end);
+        self.report_written();
         Ok(())
     }
 
@@ -322,6 +452,7 @@ impl IoLoop {
         if !self.issued.is_empty() {
             return Ok(()); // not everything is written: leave it open (recoverable)
         }
+        self.flush_tail()?;
         if let Some(shard) = self.shard.take() {
             shard.finish(self.set.durability != Durability::None)?;
             self.shared.shard_closed();
@@ -352,15 +483,13 @@ impl IoLoop {
         }
         // Writes that finished well before the failed one are still reported.
         let _ = self.retire();
+        let mut abandoned = 0;
         if let Some(shard) = self.shard.take() {
             shard.truncate_to_written();
+            abandoned += shard.unreported.iter().map(|p| p.header.raw_len).sum::<u64>();
         }
-        let mut abandoned = 0;
-        for i in self.issued.drain(..) {
-            if let Some((op, _)) = i.outcome {
-                abandoned += op.frames.iter().map(|(_, r)| r.header.raw_len).sum::<u64>();
-            }
-        }
+        // Finished writes are freed; any still in the kernel stay with the engine.
+        self.issued.clear();
         for rec in self.ready.drain(..).chain(std::mem::take(&mut self.reorder).into_values()) {
             abandoned += rec.header.raw_len;
         }

@@ -1,23 +1,28 @@
 //! The shard writer: callers submit records, a pool of named threads encodes them
 //! (`layertap-zstd-N`) and one I/O thread (`layertap-io`) writes them, in submission order,
-//! into shards through io_uring or `pwritev`.
+//! into shards through io_uring or `pwritev` (on a thread of its own, `layertap-pwrite`).
 //!
 //! ```text
 //! submit (caller: checks, budget) -> jobs -> workers (encode, CRC, frame header)
 //!     -> I/O thread (reorder by seq, batch, rotate shards, write, fsync) -> poll (completions)
 //! ```
 //!
-//! The caller's buffers are not copied on the `none` path: the frame header, the safetensors
-//! header and the caller's buffers go to the kernel as one iovec list. The writer owns each
-//! buffer until the record's bytes are written (or, for compressing codecs, encoded), then
-//! drops it on one of its threads.
+//! Without direct I/O the caller's buffers are not copied on the `none` path: the frame
+//! header, the safetensors header and the caller's buffers go to the kernel as one iovec list,
+//! and with a durability policy the writer starts writeback of each write at once
+//! (`sync_file_range`) so that the disk works while the next ones are copied. With direct
+//! I/O (`WriterConfig::direct`) the I/O thread copies records into aligned bounce buffers and
+//! writes them with `O_DIRECT` (see `direct.rs`). The writer owns each buffer until the
+//! record's bytes are written, copied or encoded, then drops it on one of its threads.
 //!
 //! Memory is bounded by `max_inflight_bytes` of raw bytes submitted and not yet written:
 //! `submit` blocks past it, and nothing is ever dropped. Errors of the writer's threads are
 //! kept and returned by the next call; after one, the writer takes no more records.
 
+mod aligned;
 mod batch;
 mod config;
+mod direct;
 mod encode;
 mod input;
 mod io;
@@ -81,7 +86,8 @@ impl ShardWriter {
         std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, "create directory", e))?;
         let writer_id = cfg.writer_id.clone().unwrap_or_else(random_writer_id);
         let first_index = shard::next_shard_index(&dir, &writer_id)?;
-        let engine = io::open_engine(mode).map_err(|e| Error::io(&dir, "io_uring_setup", e))?;
+        let op = if mode == IoMode::Pwrite { "start the pwrite thread" } else { "io_uring_setup" };
+        let engine = io::open_engine(mode).map_err(|e| Error::io(&dir, op, e))?;
         let backend = engine.backend();
         let shared = Arc::new(Shared::new(cfg.max_inflight_bytes));
 
@@ -93,13 +99,17 @@ impl ShardWriter {
             writer_id: writer_id.clone(),
             user_meta: cfg.shard_metadata.clone(),
         };
-        let first_shard = shard::OpenShard::create(&naming, first_index, cfg.durability != Durability::None)?;
+        let durable = cfg.durability != Durability::None;
+        let direct_chunk = cfg.direct.then_some(cfg.batch_bytes);
+        let first_shard = shard::OpenShard::create(&naming, first_index, durable, direct_chunk)?;
+        shared.set_direct(first_shard.is_direct());
         let settings = IoSettings {
             naming,
             next_index: first_index + 1,
             shard_size: cfg.shard_size,
             batch_bytes: cfg.batch_bytes,
             durability: cfg.durability,
+            direct: cfg.direct,
         };
         let io_shared = shared.clone();
         threads.push(spawn(&dir, "layertap-io".into(), shared.clone(), move || {

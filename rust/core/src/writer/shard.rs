@@ -1,10 +1,12 @@
 //! One shard file being written: exclusive creation, the lock, the file header, the index kept
 //! in memory, and the footer (index frame and trailer) written when the shard is complete.
 
+use super::batch::Placed;
+use super::direct::DirectShard;
 use crate::error::{Error, Result};
 use crate::format::{self, FileHeader, IndexEntry};
 use crate::names;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -20,21 +22,35 @@ pub(crate) struct ShardNaming {
 /// An open shard: created by this writer, locked, its file header written.
 pub(crate) struct OpenShard {
     pub path: PathBuf,
+    /// Direct I/O state, when the shard is written with `O_DIRECT`. Declared before `file` so
+    /// that its descriptor closes first: closing `file` releases the lock.
+    pub direct: Option<DirectShard>,
     file: File,
     /// Where the next frame goes (past every frame handed to the backend).
     pub alloc_end: u64,
-    /// End of the last frame fully written (and retired, in order).
+    /// Every byte before this offset is in the file (writes retired in order, tail written).
+    pub file_end: u64,
+    /// End of the last frame fully in the file and reported done.
     pub written_end: u64,
     /// Records given a place in this shard.
     pub allocated: u64,
+    /// Frames handed to writes (or staged) and not reported done yet, in file order.
+    pub unreported: VecDeque<Placed>,
     /// Index entries of the records written, in file order.
     pub entries: Vec<IndexEntry>,
 }
 
 impl OpenShard {
     /// Creates shard `index` (never overwriting a file), locks it and writes its file header.
-    /// With `durable`, the directory is fsynced so the new name survives a crash.
-    pub fn create(naming: &ShardNaming, index: u64, durable: bool) -> Result<OpenShard> {
+    /// With `durable`, the directory is fsynced so the new name survives a crash. With
+    /// `direct_chunk` (the size of direct writes), record data goes through an `O_DIRECT`
+    /// descriptor if the file system allows it (`direct` is `None` on the shard if it does not).
+    pub fn create(
+        naming: &ShardNaming,
+        index: u64,
+        durable: bool,
+        direct_chunk: Option<u64>,
+    ) -> Result<OpenShard> {
         let path = naming.dir.join(names::shard_file_name(&naming.writer_id, index));
         let file = OpenOptions::new()
             .write(true)
@@ -43,7 +59,7 @@ impl OpenShard {
             .custom_flags(libc::O_CLOEXEC)
             .open(&path)
             .map_err(|e| Error::io(&path, "create", e))?;
-        let shard = OpenShard::start(path, file, naming, index);
+        let shard = OpenShard::start(path, file, naming, index, direct_chunk);
         match shard {
             Ok(s) => {
                 if durable {
@@ -64,6 +80,7 @@ impl OpenShard {
         file: File,
         naming: &ShardNaming,
         index: u64,
+        direct_chunk: Option<u64>,
     ) -> std::result::Result<OpenShard, (PathBuf, Error)> {
         // Blocking: the file is new (O_EXCL), so the only other holders are readers probing
         // `being_written` or a `recover` that found no header, each holding it for an instant.
@@ -81,8 +98,40 @@ impl OpenShard {
         if let Err(e) = file.write_all_at(&header, 0) {
             return Err((path.clone(), Error::io(&path, "write", e)));
         }
+        let direct = match direct_chunk {
+            None => None,
+            Some(chunk) => match DirectShard::open(&path, &file, &header, chunk) {
+                Ok(d) => d,
+                Err(e) => return Err((path.clone(), Error::io(&path, "open with O_DIRECT", e))),
+            },
+        };
         let end = header.len() as u64;
-        Ok(OpenShard { path, file, alloc_end: end, written_end: end, allocated: 0, entries: Vec::new() })
+        Ok(OpenShard {
+            path,
+            file,
+            alloc_end: end,
+            file_end: end,
+            written_end: end,
+            allocated: 0,
+            unreported: VecDeque::new(),
+            entries: Vec::new(),
+            direct,
+        })
+    }
+
+    /// The buffered descriptor's file, for writes outside the backend (the direct tail).
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// Whether records of this shard wait to be copied into bounce buffers (direct I/O).
+    pub fn is_staging(&self) -> bool {
+        self.direct.as_ref().is_some_and(DirectShard::is_staging)
+    }
+
+    /// Whether record data goes through `O_DIRECT` (false when the file system refused it).
+    pub fn is_direct(&self) -> bool {
+        self.direct.as_ref().is_some_and(|d| !d.refused)
     }
 
     /// The descriptor, for the I/O backend.
@@ -96,6 +145,27 @@ impl OpenShard {
         self.allocated > 0 && self.alloc_end.saturating_add(frame_len) > shard_size
     }
 
+    /// Starts writing `[start, end)` back to the disk without waiting for it (Linux
+    /// `sync_file_range`), so that the disk works while the next records are copied into the
+    /// page cache and the `fsync` that makes the shard durable finds little left to write.
+    /// Best effort: a failure shows at that `fsync`.
+    pub fn start_writeback(&self, start: u64, end: u64) {
+        #[cfg(target_os = "linux")]
+        if end > start {
+            // SAFETY: a system call on a descriptor we own; no memory is involved.
+            unsafe {
+                libc::sync_file_range(
+                    self.file.as_raw_fd(),
+                    start as libc::off64_t,
+                    (end - start) as libc::off64_t,
+                    libc::SYNC_FILE_RANGE_WRITE,
+                )
+            };
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = (start, end);
+    }
+
     /// `fsync`s the data written so far.
     pub fn sync(&self) -> Result<()> {
         self.file.sync_data().map_err(|e| Error::io(&self.path, "fsync", e))
@@ -105,6 +175,7 @@ impl OpenShard {
     /// closes the file, which releases the lock. Every frame must be written (none in flight).
     pub fn finish(self, durable: bool) -> Result<()> {
         debug_assert_eq!(self.alloc_end, self.written_end);
+        debug_assert!(self.unreported.is_empty());
         let footer = format::encode_footer(&self.entries, self.written_end);
         if let Err(e) = self.file.write_all_at(&footer, self.written_end) {
             self.truncate_to_written();

@@ -48,6 +48,9 @@ pub struct Stats {
     pub shards_closed: u64,
     /// The I/O backend in use.
     pub backend: Backend,
+    /// Whether record data goes to the open (or last) shard with `O_DIRECT`: false when not
+    /// asked for, or when the file system refused it.
+    pub direct: bool,
 }
 
 #[derive(Default)]
@@ -59,6 +62,7 @@ struct State {
     bytes_stored: u64,
     blocked: Duration,
     shards_closed: u64,
+    direct: bool,
     completions: VecDeque<Completion>,
     /// The first error of the writer's threads, until a call returns it.
     error: Option<Error>,
@@ -154,6 +158,11 @@ impl Shared {
         self.budget_freed.notify_all();
     }
 
+    /// Whether the shard being written now goes through `O_DIRECT`.
+    pub fn set_direct(&self, direct: bool) {
+        self.state.lock().direct = direct;
+    }
+
     /// A shard was completed.
     pub fn shard_closed(&self) {
         self.state.lock().shards_closed += 1;
@@ -212,6 +221,7 @@ impl Shared {
             blocked_seconds: s.blocked.as_secs_f64(),
             shards_closed: s.shards_closed,
             backend,
+            direct: s.direct,
         }
     }
 }

@@ -36,18 +36,18 @@ pub(crate) trait Engine: Send {
 /// The engine for `mode`: io_uring when asked for or available, else pwrite.
 pub(crate) fn open_engine(mode: IoMode) -> io::Result<Box<dyn Engine>> {
     match mode {
-        IoMode::Pwrite => Ok(Box::new(pwrite::PwriteEngine::new())),
+        IoMode::Pwrite => Ok(Box::new(pwrite::PwriteEngine::new()?)),
         #[cfg(target_os = "linux")]
         IoMode::Uring => Ok(Box::new(uring::UringEngine::new()?)),
         #[cfg(target_os = "linux")]
         IoMode::Auto => match uring::UringEngine::new() {
             Ok(e) => Ok(Box::new(e)),
             // Refused (ENOSYS, EPERM, seccomp, io_uring_disabled, missing opcodes): fall back.
-            Err(_) => Ok(Box::new(pwrite::PwriteEngine::new())),
+            Err(_) => Ok(Box::new(pwrite::PwriteEngine::new()?)),
         },
         #[cfg(not(target_os = "linux"))]
         IoMode::Uring => Err(io::Error::new(io::ErrorKind::Unsupported, "io_uring needs Linux")),
         #[cfg(not(target_os = "linux"))]
-        IoMode::Auto => Ok(Box::new(pwrite::PwriteEngine::new())),
+        IoMode::Auto => Ok(Box::new(pwrite::PwriteEngine::new()?)),
     }
 }

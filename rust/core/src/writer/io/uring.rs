@@ -78,6 +78,7 @@ impl UringEngine {
         let outcome: Option<io::Result<()>> = if res < 0 {
             match -res {
                 libc::EINTR | libc::EAGAIN => None,
+                errno if op.fall_back(errno) => None, // a refused direct write: again, buffered
                 errno => Some(Err(io::Error::from_raw_os_error(errno))),
             }
         } else if res == 0 && op.remaining > 0 {
