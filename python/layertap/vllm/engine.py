@@ -29,6 +29,8 @@ class EngineFacts:
     hidden_size: int
     model: str
     max_model_len: int
+    max_num_batched_tokens: int
+    """Most tokens the scheduler puts in one step: what one step can hand the pool at most."""
     group_id: int
     """Index of the KV-cache group that holds the hidden-states layer."""
     block_size: int
@@ -153,6 +155,7 @@ def read_engine_facts(vllm_config: Any, kv_cache_config: Any, options: Connector
         hidden_size=model_config.get_hidden_size(),
         model=str(model_config.model),
         max_model_len=int(model_config.max_model_len),
+        max_num_batched_tokens=int(vllm_config.scheduler_config.max_num_batched_tokens),
         group_id=group_id,
         block_size=block_size,
         engine_id=engine_id,

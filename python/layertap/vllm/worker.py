@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from layertap.vllm import registry
-from layertap.vllm.config import DEFAULT_MIN_POOL_BYTES, ConfigError, ConnectorOptions
+from layertap.vllm.config import ConfigError, ConnectorOptions, default_pool_bytes, default_writer_threads
 from layertap.vllm.engine import EngineFacts, read_engine_facts
 from layertap.vllm.gather import HiddenStatesCache
 from layertap.vllm.metadata import LayertapMetadata
@@ -40,7 +40,7 @@ def open_writer(options: ConnectorOptions, facts: EngineFacts, pool_bytes: int) 
             level=options.level,
             shard_size=options.shard_size,
             durability=options.durability,
-            threads=options.writer_threads,
+            threads=options.writer_threads or default_writer_threads(),
             # Everything in flight lives in the pool, so with this bound submit never waits.
             max_inflight_bytes=options.max_inflight_bytes or 2 * pool_bytes,
             writer_id=facts.writer_id,
@@ -91,7 +91,9 @@ class WorkerSide:
         name = self._hidden_states_layer(kv_caches)
         cache = HiddenStatesCache(kv_caches[name], len(facts.layer_ids), facts.hidden_size, facts.block_size)
         largest = region_bytes(facts.max_model_len, cache)
-        pool_bytes = self.options.pool_bytes or max(DEFAULT_MIN_POOL_BYTES, 2 * largest)
+        pool_bytes = self.options.pool_bytes or default_pool_bytes(
+            largest, region_bytes(facts.max_num_batched_tokens, cache)
+        )
         if pool_bytes < largest:
             raise ConfigError(
                 "pool_bytes",

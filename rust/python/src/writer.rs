@@ -213,6 +213,8 @@ impl NativeShardWriter {
         d.set_item("shards_closed", s.shards_closed)?;
         d.set_item("backend", s.backend.name())?;
         d.set_item("direct", s.direct)?;
+        d.set_item("threads", s.threads)?;
+        d.set_item("encode_seconds", s.encode_seconds)?;
         Ok(d)
     }
 

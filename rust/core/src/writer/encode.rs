@@ -5,10 +5,12 @@
 use super::aligned::AlignedBuf;
 use super::input::{Prepared, TensorInput};
 use super::io_thread::ToIo;
+use super::state::Shared;
 use crate::codec::{Codec, Encoder};
 use crate::error::Result;
 use crate::format::{self, FrameHeader, FrameKind};
 use crossbeam_channel::{Receiver, Sender};
+use std::time::Instant;
 
 /// A record queued for a worker.
 pub(crate) struct Job {
@@ -90,16 +92,24 @@ impl Encoded {
 }
 
 /// The body of a worker thread: encodes jobs until the job channel closes.
-pub(crate) fn run_worker(codec: Codec, level: i32, jobs: Receiver<Job>, to_io: Sender<ToIo>) {
+pub(crate) fn run_worker(
+    codec: Codec,
+    level: i32,
+    jobs: Receiver<Job>,
+    to_io: Sender<ToIo>,
+    shared: &Shared,
+) {
     let mut encoder = Encoder::new(codec, level);
     for job in jobs.iter() {
         let raw_len = job.rec.raw_len;
+        let started = Instant::now();
         let result = match encoder.as_mut() {
             // A panic must not lose the record silently: the I/O thread waits for every seq.
             Ok(enc) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| encode(enc, job)))
                 .unwrap_or_else(|_| Err(codec_error(codec, "encoder panicked".into()))),
             Err(e) => Err(codec_error(codec, e.to_string())),
         };
+        shared.add_encode_time(started.elapsed());
         let msg = match result {
             Ok(encoded) => ToIo::Encoded(encoded),
             Err(error) => ToIo::Failed { raw_len, error },

@@ -59,6 +59,8 @@ struct Inner {
     dir: PathBuf,
     writer_id: String,
     backend: Backend,
+    /// Compression threads started.
+    encoders: usize,
     pid: u32,
     shared: Arc<Shared>,
     submit: Mutex<SubmitSide>,
@@ -119,14 +121,17 @@ impl ShardWriter {
             let (rx, tx) = (jobs_rx.clone(), io_tx.clone());
             let (codec, level) = (cfg.codec, cfg.level);
             let name = format!("layertap-zstd-{n}");
-            threads
-                .push(spawn(&dir, name, shared.clone(), move || encode::run_worker(codec, level, rx, tx))?);
+            let timing = shared.clone();
+            threads.push(spawn(&dir, name, shared.clone(), move || {
+                encode::run_worker(codec, level, rx, tx, &timing)
+            })?);
         }
         Ok(ShardWriter {
             inner: ManuallyDrop::new(Inner {
                 dir,
                 writer_id,
                 backend,
+                encoders: cfg.thread_count(),
                 pid: std::process::id(),
                 shared,
                 submit: Mutex::new(SubmitSide {
@@ -243,7 +248,7 @@ impl ShardWriter {
 
     /// The writer's counters.
     pub fn stats(&self) -> Stats {
-        self.inner.shared.stats(self.inner.backend)
+        self.inner.shared.stats(self.inner.backend, self.inner.encoders)
     }
 
     /// The I/O backend in use.

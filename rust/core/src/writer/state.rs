@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// A record the writer has written (returned by [`ShardWriter::poll`](super::ShardWriter::poll)).
@@ -51,6 +52,11 @@ pub struct Stats {
     /// Whether record data goes to the open (or last) shard with `O_DIRECT`: false when not
     /// asked for, or when the file system refused it.
     pub direct: bool,
+    /// Compression threads.
+    pub threads: u64,
+    /// Time the compression threads spent encoding and checksumming, summed over threads:
+    /// with `threads` and the wall time it tells whether compression is the bottleneck.
+    pub encode_seconds: f64,
 }
 
 #[derive(Default)]
@@ -77,11 +83,25 @@ pub(crate) struct Shared {
     /// records is freed, and when the writer fails.
     budget_freed: Condvar,
     max_inflight: u64,
+    /// Nanoseconds the compression threads spent encoding (an atomic: added to once per
+    /// record, outside the state lock).
+    encode_nanos: AtomicU64,
 }
 
 impl Shared {
     pub fn new(max_inflight: u64) -> Shared {
-        Shared { state: Mutex::new(State::default()), budget_freed: Condvar::new(), max_inflight }
+        Shared {
+            state: Mutex::new(State::default()),
+            budget_freed: Condvar::new(),
+            max_inflight,
+            encode_nanos: AtomicU64::new(0),
+        }
+    }
+
+    /// Adds one record's encoding time.
+    pub fn add_encode_time(&self, spent: Duration) {
+        let nanos = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
+        self.encode_nanos.fetch_add(nanos, Ordering::Relaxed);
     }
 
     /// Returns the pending error (once), or `Closed` with its reason if the writer failed
@@ -208,7 +228,7 @@ impl Shared {
     }
 
     /// The counters.
-    pub fn stats(&self, backend: Backend) -> Stats {
+    pub fn stats(&self, backend: Backend, threads: usize) -> Stats {
         let s = self.state.lock();
         Stats {
             records_submitted: s.records_submitted,
@@ -222,6 +242,8 @@ impl Shared {
             shards_closed: s.shards_closed,
             backend,
             direct: s.direct,
+            threads: threads as u64,
+            encode_seconds: self.encode_nanos.load(Ordering::Relaxed) as f64 * 1e-9,
         }
     }
 }
