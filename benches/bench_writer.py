@@ -9,6 +9,9 @@ Same run, same disk, one after the other:
 Each writer run writes `--total` bytes of records and counts the time until its data is durable
 (the writer's close() with durability "close"; for the safetensors files, an fsync of each
 file). Records are slices of real activations (benches/activations.py), handed over without copy.
+For the layertap writers it also reports `longest gap s`, the longest time between two polls that
+returned records: how long a caller that recycles its buffers on completions could stall (with a
+small `--shard-size`, an fsync at each shard rotation that blocked writing would show there).
 
     python benches/bench_writer.py --dir /path/on/the/disk --total 2GiB --out benches/results/NAME
 
@@ -102,29 +105,35 @@ def run_dd(path: Path, total: int, direct: bool) -> dict:
             "seconds": dt, "bytes_in": nbytes, "bytes_on_disk": nbytes, "gbps_in": nbytes / dt / 1e9}
 
 
-def run_layertap(kind: str, path: Path, acts: torch.Tensor, record_bytes: int, total: int, codec: str, threads: int) -> dict:
+def run_layertap(kind: str, path: Path, acts: torch.Tensor, record_bytes: int, total: int, codec: str, threads: int,
+                 shard_size: int) -> dict:
     """``kind``: python, or an io mode (auto, uring, pwrite) with ``-direct`` for O_DIRECT."""
     import layertap
 
     if kind == "python":
-        w = layertap.PyShardWriter(path, codec=codec, level=1, durability="close")
+        w = layertap.PyShardWriter(path, codec=codec, level=1, durability="close", shard_size=shard_size)
     else:
         io, _, mode = kind.partition("-")
         w = layertap.ShardWriter(path, codec=codec, level=1, durability="close", threads=threads, io=io,
-                                 direct=mode == "direct")
+                                 direct=mode == "direct", shard_size=shard_size)
     backend = w.backend + (", O_DIRECT" if w.stats.get("direct") else "")
     nbytes = 0
+    last_done, longest_gap = None, 0.0
     t0 = time.perf_counter()
     with w:
         for key, tensors in records(acts, record_bytes, total):
             w.submit(key, tensors)
             nbytes += sum(t.numel() * t.element_size() for t in tensors.values())
-            w.poll()
+            if w.poll():
+                now = time.perf_counter()
+                longest_gap = max(longest_gap, now - (t0 if last_done is None else last_done))
+                last_done = now
     dt = time.perf_counter() - t0
     stats = w.stats
     return {"writer": f"layertap {kind} ({backend})", "codec": codec, "seconds": dt, "bytes_in": nbytes,
             "bytes_on_disk": dir_bytes(path), "gbps_in": nbytes / dt / 1e9,
-            "blocked_seconds": stats.get("blocked_seconds")}
+            "blocked_seconds": stats.get("blocked_seconds"), "longest_gap_seconds": longest_gap,
+            "shards": stats.get("shards_closed")}
 
 
 def run_safetensors_per_record(path: Path, acts: torch.Tensor, record_bytes: int, total: int) -> dict:
@@ -155,14 +164,18 @@ def run_safetensors_per_record(path: Path, acts: torch.Tensor, record_bytes: int
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| round | writer | codec | record | GB/s of input | s | stored / input | blocked s |\n"
-            "|---:|---|---|---|---:|---:|---:|---:|\n")
+    head = ("| round | writer | codec | record | GB/s of input | s | stored / input | blocked s | longest gap s |\n"
+            "|---:|---|---|---|---:|---:|---:|---:|---:|\n")
     lines = []
+
+    def opt(v: float | None) -> str:
+        return "" if v is None else f"{v:.2f}"
+
     for r in rows:
         ratio = r["bytes_on_disk"] / r["bytes_in"] if r["bytes_in"] else 0
-        blocked = r.get("blocked_seconds")
         lines.append(f"| {r['round']} | {r['writer']} | {r['codec']} | {r['record']} | {r['gbps_in']:.2f} | "
-                     f"{r['seconds']:.2f} | {ratio:.3f} | {'' if blocked is None else f'{blocked:.2f}'} |")
+                     f"{r['seconds']:.2f} | {ratio:.3f} | {opt(r.get('blocked_seconds'))} | "
+                     f"{opt(r.get('longest_gap_seconds'))} |")
     return head + "\n".join(lines) + "\n"
 
 
@@ -175,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--writers", default="uring,pwrite,uring-direct,pwrite-direct,python,safetensors",
                     help="uring, pwrite, auto (ShardWriter io modes, each also with -direct), python, safetensors")
     ap.add_argument("--threads", type=int, default=min(8, os.cpu_count() or 1))
+    ap.add_argument("--shard-size", default="1GiB", help="the layertap writers' shard_size")
     ap.add_argument("--out", type=Path, required=True, help="results path without suffix")
     ap.add_argument("--activations", type=Path, help="a safetensors file with a 'bf16' tensor (default: made here)")
     ap.add_argument("--rounds", type=int, default=1,
@@ -209,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                     if writer == "safetensors":
                         r = run_safetensors_per_record(d, acts, rb, total)
                     else:
-                        r = run_layertap(writer, d, acts, rb, total, codec, args.threads)
+                        r = run_layertap(writer, d, acts, rb, total, codec, args.threads, parse_size(args.shard_size))
                     r["record"] = size
                     r["round"] = round_
                     rows.append(r)
@@ -218,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
 
     machine = {"host": platform.node(), "cpus": os.cpu_count(), "kernel": platform.release(),
                "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "total_bytes": total,
-               "threads": args.threads, "dir": str(args.dir), "rounds": args.rounds}
+               "threads": args.threads, "dir": str(args.dir), "rounds": args.rounds,
+               "shard_size": parse_size(args.shard_size)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=1))
     md = f"# Writer benchmark, {machine['date']}\n\n{json.dumps(machine)}\n\n" + table(rows)

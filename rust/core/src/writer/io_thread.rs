@@ -1,7 +1,8 @@
 //! The I/O thread (`layertap-io`): puts encoded records back in submission order, coalesces
 //! them into writes of about `batch_bytes` (staged in aligned buffers for direct I/O, see
-//! `direct.rs`), rotates shards, applies the durability policy, reports records done once all
-//! their bytes are in the file, and answers `flush` and `close`.
+//! `direct.rs`), rotates shards, applies the durability policy by handing `fsync`s to the sync
+//! thread (`sync.rs`), reports records done once all their bytes are in the file, and answers
+//! `flush` and `close`.
 
 use super::aligned::BufferPool;
 use super::batch::{Placed, WriteOp, IOV_MAX};
@@ -11,6 +12,7 @@ use super::encode::Encoded;
 use super::io::{Engine, Finished};
 use super::shard::{OpenShard, ShardNaming};
 use super::state::{Completion, Shared};
+use super::sync::{SyncJob, Syncer};
 use crate::error::{Error, Result};
 use crate::format::IndexEntry;
 use crossbeam_channel::{Receiver, Sender};
@@ -24,7 +26,8 @@ pub(crate) enum ToIo {
     Encoded(Encoded),
     /// A worker could not encode a record.
     Failed { raw_len: u64, error: Error },
-    /// Answer `ack` once every record before `upto` is written (and synced, per policy).
+    /// Answer `ack` once every record before `upto` is written (and synced, per policy: then
+    /// the sync thread answers).
     Flush { upto: u64, ack: Sender<()> },
     /// Like `Flush`, then complete the open shard and stop.
     Close { upto: u64, ack: Sender<()> },
@@ -68,6 +71,8 @@ struct IoLoop {
     set: IoSettings,
     engine: Box<dyn Engine>,
     shared: Arc<Shared>,
+    /// Where the `fsync`s go; `None` with durability `None`.
+    syncer: Option<Syncer>,
     /// Encoded records that arrived before an earlier one.
     reorder: BTreeMap<u64, Encoded>,
     /// Records in order, not yet given to a write.
@@ -90,12 +95,14 @@ struct IoLoop {
 }
 
 /// The body of the I/O thread. `first_shard` was created by `open`, so that errors
-/// (permissions, a clash of writer ids) show at once.
+/// (permissions, a clash of writer ids) show at once. `syncer` (with a durability policy) is
+/// the only sender to the sync thread, which ends after this thread.
 pub(crate) fn run(
     set: IoSettings,
     first_shard: OpenShard,
     engine: Box<dyn Engine>,
     rx: Receiver<ToIo>,
+    syncer: Option<Syncer>,
     shared: Arc<Shared>,
 ) {
     let next_index = set.next_index;
@@ -107,6 +114,7 @@ pub(crate) fn run(
         set,
         engine,
         shared,
+        syncer,
         reorder: BTreeMap::new(),
         ready: VecDeque::new(),
         next_ready: 0,
@@ -145,6 +153,9 @@ impl IoLoop {
             }
             while let Ok(m) = rx.try_recv() {
                 self.handle(m);
+            }
+            if !self.failed && self.syncer.as_ref().is_some_and(Syncer::failed) {
+                self.stop(None); // the sync thread kept its error for the caller
             }
             if let Err(e) = self.step() {
                 self.fail(e);
@@ -209,7 +220,7 @@ impl IoLoop {
         if let Durability::EveryBytes(n) = self.set.durability {
             if self.since_sync >= n {
                 if let Some(shard) = &self.shard {
-                    shard.sync()?;
+                    self.sync(SyncJob::Data(shard.sync_handle()))?;
                 }
                 self.since_sync = 0;
             }
@@ -271,12 +282,14 @@ impl IoLoop {
             }
         }
         if self.shard.is_none() {
-            let durable = self.set.durability != Durability::None;
             let chunk = self.set.direct.then_some(self.set.batch_bytes);
-            let shard = OpenShard::create(&self.set.naming, self.next_index, durable, chunk)?;
+            let shard = OpenShard::create(&self.set.naming, self.next_index, chunk)?;
             self.shared.set_direct(shard.is_direct());
             self.shard = Some(shard);
             self.next_index += 1;
+            if self.syncer.is_some() {
+                self.sync(SyncJob::Dir(self.set.naming.dir.clone()))?;
+            }
         }
         let shard = self.shard.as_mut().expect("shard just opened");
         let carried = shard.direct.as_ref().map_or(0, |d| d.carry.len() as u64);
@@ -424,41 +437,61 @@ impl IoLoop {
                 continue;
             }
             let w = self.waiters.swap_remove(i);
-            if !self.failed {
-                let done = if w.close { self.finish_shard() } else { self.sync_for_flush() };
-                if let Err(e) = done {
+            stop |= w.close;
+            if self.failed {
+                let _ = w.ack.send(());
+            } else if w.close {
+                // `close` joins the sync thread after this answer, so it still waits for the
+                // `fsync` of this shard.
+                if let Err(e) = self.finish_shard() {
                     self.fail(e);
                 }
+                let _ = w.ack.send(());
+            } else if let Err(e) = self.sync_for_flush(w.ack) {
+                self.fail(e); // the ack is dropped, which wakes the caller, who sees the error
             }
-            stop |= w.close;
-            let _ = w.ack.send(());
         }
         stop
     }
 
-    fn sync_for_flush(&mut self) -> Result<()> {
-        if self.set.durability == Durability::None {
+    /// Answers a flush whose records are written: at once without a durability policy, else
+    /// through the sync thread once the open shard and every shard before it are synced.
+    fn sync_for_flush(&mut self, ack: Sender<()>) -> Result<()> {
+        if self.syncer.is_none() {
+            let _ = ack.send(());
             return Ok(());
         }
         if let Some(shard) = &self.shard {
-            shard.sync()?;
+            self.sync(SyncJob::Data(shard.sync_handle()))?;
             self.since_sync = 0;
         }
-        Ok(())
+        self.sync(SyncJob::Barrier(ack))
     }
 
-    /// Completes the open shard (if any). Its writes must all be retired.
+    /// Completes the open shard (if any). Its writes must all be retired. With a durability
+    /// policy the sync thread `fsync`s and closes it (and counts it closed); the records are
+    /// reported already and readable, so nothing waits for that here.
     fn finish_shard(&mut self) -> Result<()> {
         if !self.issued.is_empty() {
             return Ok(()); // not everything is written: leave it open (recoverable)
         }
         self.flush_tail()?;
         if let Some(shard) = self.shard.take() {
-            shard.finish(self.set.durability != Durability::None)?;
-            self.shared.shard_closed();
+            let complete = shard.finish()?;
             self.since_sync = 0;
+            if self.syncer.is_some() {
+                self.sync(SyncJob::Finish(complete))?;
+            } else {
+                drop(complete); // closes the file, which releases the lock
+                self.shared.shard_closed();
+            }
         }
         Ok(())
+    }
+
+    /// Hands `job` to the sync thread; waits while it is behind (see `sync.rs`).
+    fn sync(&self, job: SyncJob) -> Result<()> {
+        self.syncer.as_ref().expect("a durability policy has a sync thread").send(job)
     }
 
     fn io_err(&self, op: &'static str, e: io::Error) -> Error {
@@ -466,9 +499,15 @@ impl IoLoop {
         Error::io(path, op, e)
     }
 
-    /// Stops for good after `e`: waits for writes in flight, cuts the shard back to its last
-    /// whole frame, drops every queued record, and keeps `e` for the caller.
+    /// Stops for good after `e`: see [`IoLoop::stop`].
     fn fail(&mut self, e: Error) {
+        self.stop(Some(e));
+    }
+
+    /// Stops for good: waits for writes in flight, cuts the shard back to its last whole frame,
+    /// drops every queued record, and keeps `e` for the caller (`None`: the sync thread kept
+    /// its error already).
+    fn stop(&mut self, e: Option<Error>) {
         if self.failed {
             return;
         }
@@ -493,7 +532,9 @@ impl IoLoop {
         for rec in self.ready.drain(..).chain(std::mem::take(&mut self.reorder).into_values()) {
             abandoned += rec.header.raw_len;
         }
-        self.shared.fail(e);
+        if let Some(e) = e {
+            self.shared.fail(e);
+        }
         self.shared.abandoned(abandoned);
     }
 }

@@ -1,10 +1,13 @@
 //! The shard writer: callers submit records, a pool of named threads encodes them
 //! (`layertap-zstd-N`) and one I/O thread (`layertap-io`) writes them, in submission order,
-//! into shards through io_uring or `pwritev` (on a thread of its own, `layertap-pwrite`).
+//! into shards through io_uring or `pwritev` (on a thread of its own, `layertap-pwrite`). With
+//! a durability policy a sync thread (`layertap-sync`) does the `fsync`s, so that the I/O thread
+//! never waits for the disk to make a shard durable (see `sync.rs`).
 //!
 //! ```text
 //! submit (caller: checks, budget) -> jobs -> workers (encode, CRC, frame header)
-//!     -> I/O thread (reorder by seq, batch, rotate shards, write, fsync) -> poll (completions)
+//!     -> I/O thread (reorder by seq, batch, rotate shards, write) -> poll (completions)
+//!                                                        \-> sync thread (fsync, close shards)
 //! ```
 //!
 //! Without direct I/O the caller's buffers are not copied on the `none` path: the frame
@@ -29,6 +32,7 @@ mod io;
 mod io_thread;
 mod shard;
 mod state;
+mod sync;
 
 pub use config::{random_writer_id, Backend, Durability, IoMode, WriterConfig, IO_ENV_VAR};
 pub use input::{RecordBuffer, RecordInput, TensorInput};
@@ -103,7 +107,10 @@ impl ShardWriter {
         };
         let durable = cfg.durability != Durability::None;
         let direct_chunk = cfg.direct.then_some(cfg.batch_bytes);
-        let first_shard = shard::OpenShard::create(&naming, first_index, durable, direct_chunk)?;
+        let first_shard = shard::OpenShard::create(&naming, first_index, direct_chunk)?;
+        if durable {
+            shard::fsync_dir(&dir)?; // here, not on the sync thread: open fails at once
+        }
         shared.set_direct(first_shard.is_direct());
         let settings = IoSettings {
             naming,
@@ -113,9 +120,19 @@ impl ShardWriter {
             durability: cfg.durability,
             direct: cfg.direct,
         };
+        let syncer = if durable {
+            let (syncer, queue) = sync::queue();
+            let sync_shared = shared.clone();
+            threads.push(spawn(&dir, "layertap-sync".into(), shared.clone(), move || {
+                sync::run(queue, &sync_shared)
+            })?);
+            Some(syncer)
+        } else {
+            None // nothing is ever fsynced: no sync thread
+        };
         let io_shared = shared.clone();
         threads.push(spawn(&dir, "layertap-io".into(), shared.clone(), move || {
-            io_thread::run(settings, first_shard, engine, io_rx, io_shared)
+            io_thread::run(settings, first_shard, engine, io_rx, syncer, io_shared)
         })?);
         for n in 0..cfg.thread_count() {
             let (rx, tx) = (jobs_rx.clone(), io_tx.clone());
@@ -215,8 +232,9 @@ impl ShardWriter {
     }
 
     /// Writes everything submitted, completes the open shard (index and trailer), fsyncs per
-    /// the durability policy, releases the lock and stops the threads. Idempotent. Records it
-    /// completed can still be collected with [`ShardWriter::poll`].
+    /// the durability policy (it returns once every shard's `fsync` is done), releases the lock
+    /// and stops the threads. Idempotent. Records it completed can still be collected with
+    /// [`ShardWriter::poll`].
     pub fn close(&self) -> Result<()> {
         let inner = self.live()?;
         let (upto, jobs, to_io) = {
@@ -234,6 +252,7 @@ impl ShardWriter {
                 let _ = acked.recv();
             }
         }
+        // The sync thread ends once the I/O thread is gone and every fsync it was handed is done.
         for t in inner.threads.lock().drain(..) {
             let _ = t.join(); // panics were turned into errors by `spawn`
         }

@@ -11,6 +11,7 @@ use std::fs::{File, OpenOptions};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// What every shard header of a writer holds besides its index.
 pub(crate) struct ShardNaming {
@@ -25,7 +26,9 @@ pub(crate) struct OpenShard {
     /// Direct I/O state, when the shard is written with `O_DIRECT`. Declared before `file` so
     /// that its descriptor closes first: closing `file` releases the lock.
     pub direct: Option<DirectShard>,
-    file: File,
+    /// Shared with the sync thread while it `fsync`s the shard; the file closes (and the lock
+    /// is released) when the last handle is dropped.
+    file: Arc<File>,
     /// Where the next frame goes (past every frame handed to the backend).
     pub alloc_end: u64,
     /// Every byte before this offset is in the file (writes retired in order, tail written).
@@ -42,15 +45,11 @@ pub(crate) struct OpenShard {
 
 impl OpenShard {
     /// Creates shard `index` (never overwriting a file), locks it and writes its file header.
-    /// With `durable`, the directory is fsynced so the new name survives a crash. With
-    /// `direct_chunk` (the size of direct writes), record data goes through an `O_DIRECT`
-    /// descriptor if the file system allows it (`direct` is `None` on the shard if it does not).
-    pub fn create(
-        naming: &ShardNaming,
-        index: u64,
-        durable: bool,
-        direct_chunk: Option<u64>,
-    ) -> Result<OpenShard> {
+    /// With a durability policy the caller then `fsync`s the directory ([`fsync_dir`]), so that
+    /// the new name survives a crash. With `direct_chunk` (the size of direct writes), record
+    /// data goes through an `O_DIRECT` descriptor if the file system allows it (`direct` is
+    /// `None` on the shard if it does not).
+    pub fn create(naming: &ShardNaming, index: u64, direct_chunk: Option<u64>) -> Result<OpenShard> {
         let path = naming.dir.join(names::shard_file_name(&naming.writer_id, index));
         let file = OpenOptions::new()
             .write(true)
@@ -59,20 +58,11 @@ impl OpenShard {
             .custom_flags(libc::O_CLOEXEC)
             .open(&path)
             .map_err(|e| Error::io(&path, "create", e))?;
-        let shard = OpenShard::start(path, file, naming, index, direct_chunk);
-        match shard {
-            Ok(s) => {
-                if durable {
-                    fsync_dir(&naming.dir)?;
-                }
-                Ok(s)
-            }
-            Err((path, e)) => {
-                // The file holds no record yet: remove it rather than leave a headerless shard.
-                let _ = std::fs::remove_file(&path);
-                Err(e)
-            }
-        }
+        OpenShard::start(path, file, naming, index, direct_chunk).map_err(|(path, e)| {
+            // The file holds no record yet: remove it rather than leave a headerless shard.
+            let _ = std::fs::remove_file(&path);
+            e
+        })
     }
 
     fn start(
@@ -108,7 +98,7 @@ impl OpenShard {
         let end = header.len() as u64;
         Ok(OpenShard {
             path,
-            file,
+            file: Arc::new(file),
             alloc_end: end,
             file_end: end,
             written_end: end,
@@ -166,14 +156,16 @@ impl OpenShard {
         let _ = (start, end);
     }
 
-    /// `fsync`s the data written so far.
-    pub fn sync(&self) -> Result<()> {
-        self.file.sync_data().map_err(|e| Error::io(&self.path, "fsync", e))
+    /// A second handle on the file, for an `fsync` of what is written so far on the sync
+    /// thread while the I/O thread goes on writing.
+    pub fn sync_handle(&self) -> ShardFile {
+        ShardFile { path: self.path.clone(), file: self.file.clone() }
     }
 
-    /// Writes the index frame and trailer after the last frame, `fsync`s with `durable`, and
-    /// closes the file, which releases the lock. Every frame must be written (none in flight).
-    pub fn finish(self, durable: bool) -> Result<()> {
+    /// Writes the index frame and trailer after the last frame. Every frame must be written
+    /// (none in flight). Returns the complete shard still open and locked, to be `fsync`ed
+    /// per the durability policy: dropping it closes the file, which releases the lock.
+    pub fn finish(self) -> Result<ShardFile> {
         debug_assert_eq!(self.alloc_end, self.written_end);
         debug_assert!(self.unreported.is_empty());
         let footer = format::encode_footer(&self.entries, self.written_end);
@@ -181,10 +173,10 @@ impl OpenShard {
             self.truncate_to_written();
             return Err(Error::io(&self.path, "write", e));
         }
-        if durable {
-            self.file.sync_all().map_err(|e| Error::io(&self.path, "fsync", e))?;
-        }
-        Ok(()) // dropping the file closes it and releases the lock
+        // The O_DIRECT descriptor closes here, before the file (see `direct`).
+        let OpenShard { path, direct, file, .. } = self;
+        drop(direct);
+        Ok(ShardFile { path, file })
     }
 
     /// After a failed write: cuts the file back to the end of the last frame fully written, so
@@ -192,6 +184,24 @@ impl OpenShard {
     /// that got us here is what the caller reports.
     pub fn truncate_to_written(&self) {
         let _ = self.file.set_len(self.written_end);
+    }
+}
+
+/// A shard's path and a handle on its file: what the sync thread needs to `fsync` it.
+pub(crate) struct ShardFile {
+    pub path: PathBuf,
+    pub file: Arc<File>,
+}
+
+impl ShardFile {
+    /// `fdatasync`s what was written so far.
+    pub fn sync_data(&self) -> Result<()> {
+        self.file.sync_data().map_err(|e| Error::io(&self.path, "fsync", e))
+    }
+
+    /// `fsync`s the file, data and metadata (its length, for the footer).
+    pub fn sync_all(&self) -> Result<()> {
+        self.file.sync_all().map_err(|e| Error::io(&self.path, "fsync", e))
     }
 }
 
