@@ -194,6 +194,23 @@ def normalize(tensors: Mapping[str, Any]) -> tuple[list[tuple[str, memoryview, s
     return out, num_tokens
 
 
+#: A record in normalized form, what both writers take internally (and the vLLM connector
+#: builds directly): ``(key, [(name, bytes view, dtype name, shape)], metadata, num_tokens)``.
+Prepared = tuple[str, list[tuple[str, memoryview, str, Any]], dict[str, str], int]
+
+
+def prepare_record(record: Any) -> Prepared:
+    """One item of ``submit_many``: ``(key, tensors)`` or ``(key, tensors, metadata)``, checked
+    and normalized (the key itself is checked by the writer)."""
+    if not isinstance(record, (tuple, list)) or len(record) not in (2, 3):
+        raise InvalidInputError(f"each record must be a tuple (key, tensors) or (key, tensors, metadata), got {record!r:.80}")
+    key, tensors, metadata = (*record, None) if len(record) == 2 else record
+    if not isinstance(key, str):
+        raise InvalidInputError(f"record key must be a str, not {type(key).__name__}")
+    parts, num_tokens = normalize(tensors)
+    return key, parts, check_metadata(metadata), num_tokens
+
+
 def check_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
     """Checks a record's caller-given metadata: a mapping of strings, without the reserved ``key``."""
     if metadata is None:

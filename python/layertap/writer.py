@@ -9,11 +9,11 @@ released.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from layertap._options import check_writer_options
-from layertap._tensors import check_metadata, normalize
+from layertap._tensors import Prepared, check_metadata, normalize, prepare_record
 from layertap._types import Completion
 from layertap.errors import InvalidInputError, WriterClosedError
 
@@ -84,6 +84,22 @@ class ShardWriter:
         meta = check_metadata(metadata)
         native_parts = [(name, view, dtype, list(shape)) for name, view, dtype, shape in parts]
         return self._native.submit(key, native_parts, meta, num_tokens)
+
+    def submit_many(self, records: Iterable[tuple]) -> list[int]:
+        """Queues several records at once: ``(key, tensors)`` or ``(key, tensors, metadata)``
+        tuples, each as ``submit`` takes them; returns their sequence numbers (consecutive).
+        One call into the writer for all of them (the GIL released once). Bad input in any
+        record, or a key given twice, refuses them all before anything is queued."""
+        if self._closed:
+            raise WriterClosedError("writer is closed")
+        return self._submit_prepared([prepare_record(r) for r in records])
+
+    def _submit_prepared(self, records: list[Prepared]) -> list[int]:
+        """``submit_many`` of records already in normalized form (``_tensors.Prepared``): the
+        vLLM connector's path, which builds them from its pool without torch views."""
+        if self._closed:
+            raise WriterClosedError("writer is closed")
+        return self._native.submit_many(records)
 
     def poll(self, timeout: float | None = 0.0) -> list[Completion]:
         """The records written since the last call, in sequence order. With ``timeout`` > 0

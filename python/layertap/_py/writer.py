@@ -8,18 +8,19 @@ numpy release the GIL) and writes, records in submission order. The queue is bou
 from __future__ import annotations
 
 import collections
+import math
 import os
 import secrets
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from layertap._options import check_utf8, check_writer_options
 from layertap._py import codecs
 from layertap._py.blob import build_header
-from layertap._py.dtypes import TWO_BYTE
+from layertap._py.dtypes import ITEMSIZE, TWO_BYTE
 from layertap._py.format import (
     KIND_RECORD,
     RawEntry,
@@ -365,45 +366,73 @@ class PyShardWriter:
     def submit(self, key: str, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> int:
         """Queues one record; returns its sequence number. See docs/API.md."""
         self._check_open()
-        problem = key_problem(key)
-        if problem:
-            raise InvalidInputError(problem)
-        if key in self._keys:
-            raise DuplicateKeyError(f"duplicate key {key!r}: this writer already wrote a record with this key", key)
+        self._check_key(key, set())
         # Imported here: it imports torch, which the readers and the command line do without.
         from layertap._tensors import check_metadata, normalize
 
         parts, num_tokens = normalize(tensors)
-        meta = check_metadata(metadata)
-        for k, v in meta.items():
-            check_utf8("metadata entry", k, v)
-        meta["key"] = key
-        for name, *_ in parts:
-            check_utf8("tensor name", name)
-        header = build_header([(name, dtype, shape) for name, _, dtype, shape in parts], meta)
-        raw_len = len(header) + sum(view.nbytes for _, view, _, _ in parts)
+        return self._submit_prepared([(key, parts, check_metadata(metadata), num_tokens)])[0]
+
+    def submit_many(self, records: Iterable[tuple]) -> list[int]:
+        """Queues several records at once; all or none. See docs/API.md."""
+        self._check_open()
+        from layertap._tensors import prepare_record
+
+        return self._submit_prepared([prepare_record(r) for r in records])
+
+    def _check_key(self, key: Any, batch_keys: set[str]) -> None:
+        problem = key_problem(key)
+        if problem:
+            raise InvalidInputError(problem)
+        if key in self._keys or key in batch_keys:
+            raise DuplicateKeyError(f"duplicate key {key!r}: this writer already wrote a record with this key", key)
+
+    def _submit_prepared(self, records: list) -> list[int]:
+        """Records in normalized form (``layertap._tensors.Prepared``): all are checked before
+        any is queued."""
+        self._check_open()
+        jobs = []
+        batch_keys: set[str] = set()
+        for key, parts, metadata, num_tokens in records:
+            self._check_key(key, batch_keys)
+            batch_keys.add(key)
+            meta = dict(metadata or {})
+            for k, v in meta.items():
+                check_utf8("metadata entry", k, v)
+            meta["key"] = key
+            for name, view, dtype, shape in parts:
+                check_utf8("tensor name", name)
+                if view.nbytes != math.prod(shape) * ITEMSIZE[dtype]:
+                    raise InvalidInputError(f"tensor {name!r}: {view.nbytes} bytes, but {dtype} {list(shape)} needs "
+                                            f"{math.prod(shape) * ITEMSIZE[dtype]}")
+            header = build_header([(name, dtype, tuple(shape)) for name, _, dtype, shape in parts], meta)
+            raw_len = len(header) + sum(view.nbytes for _, view, _, _ in parts)
+            jobs.append((key, header, parts, num_tokens, raw_len))
 
         state = self._state
+        seqs = []
         with state.cond:
-            if state.inflight_bytes and state.inflight_bytes + raw_len > self._max_inflight:
-                start = time.perf_counter()
-                while (
-                    state.inflight_bytes
-                    and state.inflight_bytes + raw_len > self._max_inflight
-                    and state.error is None
-                ):
-                    state.cond.wait()
-                self._blocked += time.perf_counter() - start
-            if state.error is not None:
-                self._raise_pending()
-            seq = self._next_seq
-            self._next_seq += 1
-            self._keys.add(key)
-            state.queue.append(_Job(seq, key, header, parts, num_tokens, raw_len))
-            state.inflight_bytes += raw_len
-            state.queue_depth += 1
-            state.cond.notify_all()
-        return seq
+            for key, header, parts, num_tokens, raw_len in jobs:
+                if state.inflight_bytes and state.inflight_bytes + raw_len > self._max_inflight:
+                    start = time.perf_counter()
+                    while (
+                        state.inflight_bytes
+                        and state.inflight_bytes + raw_len > self._max_inflight
+                        and state.error is None
+                    ):
+                        state.cond.wait()
+                    self._blocked += time.perf_counter() - start
+                if state.error is not None:
+                    self._raise_pending()
+                seq = self._next_seq
+                self._next_seq += 1
+                self._keys.add(key)
+                state.queue.append(_Job(seq, key, header, parts, num_tokens, raw_len))
+                state.inflight_bytes += raw_len
+                state.queue_depth += 1
+                state.cond.notify_all()
+                seqs.append(seq)
+        return seqs
 
     def poll(self, timeout: float | None = 0.0) -> list[Completion]:
         """The records written since the last call, in sequence order. With ``timeout`` > 0

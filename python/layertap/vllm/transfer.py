@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from layertap._tensors import dtype_name
 from layertap.errors import InvalidInputError, LayertapError
 from layertap.vllm.engine import EngineFacts
 from layertap.vllm.gather import HiddenStatesCache
@@ -66,6 +67,8 @@ class HiddenStatesSaver:
         self.dataset = dataset
         self.writer_id = facts.writer_id
         self.row_bytes = cache.row_bytes
+        self._row_shape = (cache.num_layers, cache.hidden_size)
+        self._dtype_name = dtype_name(cache.dtype)
         self._record_meta = {
             "layer_ids": json.dumps(list(facts.layer_ids)),
             "model": facts.model,
@@ -172,29 +175,50 @@ class HiddenStatesSaver:
         self._inflight.append(batch)
 
     def _submit(self, batch: _Batch) -> None:
-        """Hands each record of a gathered batch to the writer (views into the pool)."""
+        """Hands the records of a gathered batch to the writer in one call: byte views of the
+        pool region, built here rather than as torch views, because making and later freeing
+        two tensors per record cost more engine-thread time than the rest of the step's work
+        (benches/RESULTS.md)."""
         batch.keep = ()
         region = batch.region
+        hidden = memoryview(batch.hidden.reshape(-1).view(torch.uint8).numpy())
+        token_ids = memoryview(batch.token_ids.view(torch.uint8).numpy())
+        row, row_shape, dtype = self.row_bytes, self._row_shape, self._dtype_name
+        records = []
         for save, (s, e) in zip(batch.saves, batch.bounds):
             meta = dict(self._record_meta, num_tokens=str(e - s), request_id=save.req_id,
                         num_prompt_tokens=str(save.num_prompt_tokens))
-            tensors = {"hidden_states": batch.hidden[s:e], "token_ids": batch.token_ids[s:e]}
-            try:
-                seq = self._writer_call(self.writer.submit, save.key, tensors, meta)
-            except InvalidInputError as err:
-                # The scheduler checked the key already; anything left is a bug worth a log line,
-                # not a reason to stop the engine.
-                self.stats.records_failed += 1
-                logger.error("layertap: record %r of request %s not written: %s", save.key, save.req_id, err)
+            parts = [
+                ("hidden_states", hidden[s * row : e * row], dtype, [e - s, *row_shape]),
+                ("token_ids", token_ids[s * 8 : e * 8], "I64", [e - s]),
+            ]
+            records.append((save.key, parts, meta, e - s))
+        try:
+            seqs = self._writer_call(self.writer._submit_prepared, records)
+        except InvalidInputError:
+            # All or none: find the bad records one by one and write the others.
+            seqs = [self._submit_alone(record, save) for record, save in zip(records, batch.saves)]
+        for seq, (s, e) in zip(seqs, batch.bounds):
+            if seq is None:
                 continue
             self._region_of_seq[seq] = region
             region.records += 1
             self.stats.records_submitted += 1
             self.stats.tokens += e - s
-            self.stats.bytes_submitted += (e - s) * (self.row_bytes + 8)
+            self.stats.bytes_submitted += (e - s) * (row + 8)
         self._copied.extend(save.req_id for save in batch.saves)
         if region.records == 0:
             self.pool.release(region)
+
+    def _submit_alone(self, record: tuple, save: SaveRequest) -> int | None:
+        try:
+            return self._writer_call(self.writer._submit_prepared, [record])[0]
+        except InvalidInputError as err:
+            # The scheduler checked the key already; anything left is a bug worth a log line,
+            # not a reason to stop the engine.
+            self.stats.records_failed += 1
+            logger.error("layertap: record %r of request %s not written: %s", save.key, save.req_id, err)
+            return None
 
     def _reap(self, timeout: float | None = 0.0) -> None:
         """Returns the regions of records the writer has written (waiting up to ``timeout``

@@ -125,3 +125,26 @@ fn io_env_var_is_checked() {
         assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"));
     }
 }
+
+#[test]
+fn submit_many_takes_all_or_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = ShardWriter::open(dir.path(), WriterConfig::default()).unwrap();
+    let ok = || vec![tensor("x", Dtype::F32, vec![2], 8)];
+    assert_eq!(w.submit(rec("k0", ok())).unwrap(), 0);
+    let refused = |batch: Vec<RecordInput>| w.submit_many(batch).unwrap_err();
+    // A bad record, a key twice in the batch, a key taken earlier: nothing of the batch queued.
+    let bad = refused(vec![rec("k1", ok()), rec("k2", vec![tensor("x", Dtype::F32, vec![2], 7)])]);
+    assert!(matches!(bad, Error::InvalidInput(_)), "{bad:?}");
+    let twice = refused(vec![rec("k1", ok()), rec("k1", ok())]);
+    assert!(matches!(&twice, Error::DuplicateKey { key } if key == "k1"), "{twice:?}");
+    let taken = refused(vec![rec("k1", ok()), rec("k0", ok())]);
+    assert!(matches!(&taken, Error::DuplicateKey { key } if key == "k0"), "{taken:?}");
+    assert_eq!(w.stats().records_submitted, 1);
+
+    assert_eq!(w.submit_many(vec![rec("k1", ok()), rec("k2", ok()), rec("k3", ok())]).unwrap(), vec![1, 2, 3]);
+    assert_eq!(w.submit_many(vec![]).unwrap(), Vec::<u64>::new());
+    w.close().unwrap();
+    let keys: Vec<String> = read_records(dir.path()).into_iter().map(|r| r.key).collect();
+    assert_eq!(keys, ["k0", "k1", "k2", "k3"]);
+}

@@ -153,6 +153,32 @@ impl NativeShardWriter {
         seq.py_err()
     }
 
+    /// Several records at once: a list of `(key, tensors, metadata, num_tokens)` tuples, each
+    /// as `submit` takes them; returns their sequence numbers. Bad input in any record refuses
+    /// them all (`ShardWriter::submit_many`).
+    fn submit_many(&self, py: Python<'_>, records: &Bound<'_, PyList>) -> PyResult<Vec<u64>> {
+        drain_graveyard(py);
+        let mut batch = Vec::with_capacity(records.len());
+        for item in records.iter() {
+            let (key, tensors, metadata, num_tokens): (
+                Bound<'_, PyAny>,
+                Bound<'_, PyList>,
+                Option<Bound<'_, PyAny>>,
+                u32,
+            ) = item.extract().map_err(|_| {
+                invalid("each record must be a tuple (key, list of tensors, metadata or None, num_tokens)")
+            })?;
+            let key: String =
+                key.extract().map_err(|_| invalid(format!("record key {key} is not a str of valid UTF-8")))?;
+            let metadata = string_map("metadata", metadata.as_ref())?;
+            let tensors = tensors.iter().map(|t| tensor_input(&t)).collect::<PyResult<Vec<_>>>()?;
+            batch.push(RecordInput { key, tensors, metadata, num_tokens });
+        }
+        let seqs = py.detach(|| self.writer.submit_many(batch));
+        drain_graveyard(py); // refused records' buffers
+        seqs.py_err()
+    }
+
     /// The records written since the last call, in sequence order, as tuples
     /// `(seq, key, shard, offset, stored_len, raw_len)`. With `timeout` > 0 (seconds) or
     /// `None` (no limit), first waits (GIL released) until at least one record is written,
