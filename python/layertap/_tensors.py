@@ -203,7 +203,9 @@ def prepare_record(record: Any) -> Prepared:
     """One item of ``submit_many``: ``(key, tensors)`` or ``(key, tensors, metadata)``, checked
     and normalized (the key itself is checked by the writer)."""
     if not isinstance(record, (tuple, list)) or len(record) not in (2, 3):
-        raise InvalidInputError(f"each record must be a tuple (key, tensors) or (key, tensors, metadata), got {record!r:.80}")
+        raise InvalidInputError(
+            f"each record must be a tuple (key, tensors) or (key, tensors, metadata), got {record!r:.80}"
+        )
     key, tensors, metadata = (*record, None) if len(record) == 2 else record
     if not isinstance(key, str):
         raise InvalidInputError(f"record key must be a str, not {type(key).__name__}")
