@@ -38,8 +38,9 @@ def check_utf8(what: str, *texts: str) -> None:
             raise InvalidInputError(f"{what} {t!r} is not valid UTF-8 (it holds a lone surrogate)") from None
 
 
-def check_shard_metadata(metadata: object) -> dict[str, str]:
-    """The writer's ``metadata`` (stored in every shard header): strings, well under 1 MiB."""
+def check_str_map(metadata: object) -> dict[str, str]:
+    """A copy of ``metadata`` (None: empty) once it is checked to be a mapping of str to str:
+    what record and shard metadata both must be."""
     if metadata is None:
         return {}
     if not isinstance(metadata, Mapping):
@@ -47,10 +48,17 @@ def check_shard_metadata(metadata: object) -> dict[str, str]:
     for k, v in metadata.items():
         if not isinstance(k, str) or not isinstance(v, str):
             raise InvalidInputError(f"metadata entry {k!r}: {v!r}: keys and values must be str")
+    return dict(metadata)
+
+
+def check_shard_metadata(metadata: object) -> dict[str, str]:
+    """The writer's ``metadata`` (stored in every shard header): strings, well under 1 MiB."""
+    metadata = check_str_map(metadata)
+    for k, v in metadata.items():
         check_utf8("metadata entry", k, v)
     if sum(len(k.encode()) + len(v.encode()) + 8 for k, v in metadata.items()) > MAX_META_LEN // 2:
         raise InvalidInputError("writer metadata is too large: shard metadata is limited to 1 MiB")
-    return dict(metadata)
+    return metadata
 
 
 def check_writer_options(

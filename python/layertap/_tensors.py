@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from layertap._options import check_str_map
 from layertap.errors import InvalidInputError
 
 if sys.byteorder != "little":  # pragma: no cover - the format is little-endian
@@ -215,16 +216,10 @@ def prepare_record(record: Any) -> Prepared:
 
 def check_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
     """Checks a record's caller-given metadata: a mapping of strings, without the reserved ``key``."""
-    if metadata is None:
-        return {}
-    if not isinstance(metadata, Mapping):
-        raise InvalidInputError(f"metadata must be a mapping of str to str, not {type(metadata).__name__}")
-    for k, v in metadata.items():
-        if not isinstance(k, str) or not isinstance(v, str):
-            raise InvalidInputError(f"metadata entry {k!r}: {v!r}: keys and values must be str")
-        if k == "key":
-            raise InvalidInputError("metadata may not set 'key'; it is the record key")
-    return dict(metadata)
+    metadata = check_str_map(metadata)
+    if "key" in metadata:
+        raise InvalidInputError("metadata may not set 'key'; it is the record key")
+    return metadata
 
 
 def to_torch(buffer: Any, dtype: str, shape: tuple[int, ...] | list[int]):
