@@ -6,6 +6,7 @@ is not built, because a skipped test must never count as a pass.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -153,6 +154,32 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         [sys.executable, "-m", "layertap", *map(str, args)], capture_output=True, text=True,
         timeout=timeout, env=subprocess_env(),
     )
+
+
+@contextlib.contextmanager
+def mounted(mnt: Path, *mount_args: str, purpose: str):
+    """A file system mounted at ``mnt`` (created) while the block runs: ``mount_args`` as
+    ``mount`` takes them before the directory. The test fails (never skips) if it cannot be
+    mounted; ``purpose`` says what for."""
+    mnt.mkdir()
+    proc = subprocess.run(["mount", *mount_args, str(mnt)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.fail(f"cannot mount {' '.join(mount_args)} for {purpose}: {proc.stderr.strip()}", pytrace=False)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+#: A child script for ``Holder``: holds an exclusive flock on the file ``argv[1]`` (as a writer
+#: does on the shard it writes) until told to stop.
+HOLD_LOCK = (
+    "import fcntl, sys\n"
+    "f = open(sys.argv[1], 'rb')\n"
+    "fcntl.flock(f, fcntl.LOCK_EX)\n"
+    "print('locked', flush=True)\n"
+    "sys.stdin.readline()\n"
+)
 
 
 class Holder:

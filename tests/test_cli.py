@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from helpers import VECTORS, Holder, cut_footer, flip_bit, payload_offset, run_cli, shard_files, write_records
+from helpers import HOLD_LOCK, VECTORS, Holder, cut_footer, flip_bit, payload_offset, run_cli, shard_files, write_records
 
 
 @pytest.fixture
@@ -129,8 +129,7 @@ def test_recover_keeps_damage_and_exits_1(tmp_path, backend):
 def test_recover_locked_shard(tmp_path):
     shard = tmp_path / "w-000000.lts"
     shutil.copyfile(VECTORS / "open-torn.lts", shard)
-    code = "import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDONLY)\nfcntl.flock(fd, fcntl.LOCK_EX)\nprint('locked', flush=True)\nsys.stdin.readline()\n"
-    with Holder(code, str(shard)) as child:
+    with Holder(HOLD_LOCK, str(shard)) as child:
         assert child.ready == "locked"
         proc = run_cli("recover", shard)
         assert proc.returncode == 1 and "locked" in proc.stderr and "Traceback" not in proc.stderr
@@ -176,8 +175,7 @@ def test_verify_progress_bar(dataset):
 def test_inspect_shows_shards_being_written(tmp_path):
     shard = tmp_path / "w-000000.lts"
     shutil.copyfile(VECTORS / "open-torn.lts", shard)
-    code = "import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDONLY)\nfcntl.flock(fd, fcntl.LOCK_EX)\nprint('locked', flush=True)\nsys.stdin.readline()\n"
-    with Holder(code, str(shard)) as child:
+    with Holder(HOLD_LOCK, str(shard)) as child:
         assert child.ready == "locked"
         doc = json.loads(run_cli("inspect", "--json", tmp_path).stdout)
         assert doc["shards"][0]["state"] == "being_written" and doc["shards"][0]["being_written"]

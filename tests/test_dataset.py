@@ -14,6 +14,7 @@ import torch
 
 import layertap
 from helpers import (
+    HOLD_LOCK,
     VECTORS,
     Holder,
     cut_footer,
@@ -237,21 +238,10 @@ def test_shard_being_written_by_another_process(tmp_path, backend):
         assert ds.keys()[-1] == "last"
 
 
-_HOLD_LOCK = textwrap.dedent(
-    """
-    import fcntl, os, sys
-    fd = os.open(sys.argv[1], os.O_RDONLY)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    print("locked", flush=True)
-    sys.stdin.readline()
-    """
-)
-
-
 def test_torn_tail_of_a_live_shard_is_not_a_problem(tmp_path, backend):
     shard = tmp_path / "w-000000.lts"
     shutil.copyfile(VECTORS / "open-torn.lts", shard)
-    with Holder(_HOLD_LOCK, str(shard)) as child:
+    with Holder(HOLD_LOCK, str(shard)) as child:
         assert child.ready == "locked"
         with _open(tmp_path, backend) as ds:
             assert ds.shards[0].being_written and ds.shards[0].torn_tail_bytes == 100
@@ -266,7 +256,7 @@ def test_shard_whose_header_is_not_written_yet(tmp_path):
     write_records(tmp_path, 1, writer_id="a")
     fresh = tmp_path / "b-000000.lts"
     fresh.write_bytes(b"\x89LTAP")  # created, locked, header not written yet
-    with Holder(_HOLD_LOCK, str(fresh)) as child:
+    with Holder(HOLD_LOCK, str(fresh)) as child:
         assert child.ready == "locked"
         with layertap.open(tmp_path, backend="python") as ds:
             assert len(ds) == 1 and ds.shards[1].being_written and ds.verify().ok

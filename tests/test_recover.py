@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import Holder, cut_footer, flip_bit, make_tensors, payload_offset, reader_class, shard_files, write_records
+from helpers import HOLD_LOCK, Holder, cut_footer, flip_bit, make_tensors, payload_offset, reader_class, shard_files, write_records
 from layertap._py.recover import recover as py_recover
 from layertap._types import RecoverReport
 from layertap.errors import FormatError, ShardLockedError
@@ -88,14 +88,7 @@ def test_locked_shard_is_refused_and_untouched(tmp_path):
     path = _shard(tmp_path)
     cut_footer(path, b"x" * 9)
     before = Path(path).read_bytes()
-    code = (
-        "import fcntl, sys\n"
-        "f = open(sys.argv[1], 'rb')\n"
-        "fcntl.flock(f, fcntl.LOCK_EX)\n"
-        "print('locked', flush=True)\n"
-        "sys.stdin.readline()\n"
-    )
-    with Holder(code, path) as child:
+    with Holder(HOLD_LOCK, path) as child:
         assert child.ready == "locked"
         with pytest.raises(ShardLockedError) as info:
             recover(path)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from helpers import (
+    HOLD_LOCK,
     VECTORS,
     Holder,
     cut_footer,
@@ -244,14 +245,7 @@ def test_shard_cut_inside_its_header_padding(tmp_path):
 def test_being_written_follows_a_writers_lock(tmp_path):
     write_records(tmp_path, 1)
     path = shard_files(tmp_path)[0]
-    code = (
-        "import fcntl, sys\n"
-        "f = open(sys.argv[1], 'rb')\n"
-        "fcntl.flock(f, fcntl.LOCK_EX)\n"
-        "print('locked', flush=True)\n"
-        "sys.stdin.readline()\n"
-    )
-    with Holder(code, path) as child:
+    with Holder(HOLD_LOCK, path) as child:
         assert child.ready == "locked"
         assert RustShardReader(path).being_written
         assert not RustShardReader(path, probe_lock=False).being_written

@@ -8,7 +8,6 @@ import errno
 import gc
 import json
 import os
-import subprocess
 import threading
 import time
 import weakref
@@ -18,7 +17,7 @@ import pytest
 import torch
 
 import layertap
-from helpers import make_tensors, run_python, shard_files, takes_o_direct, writer_class
+from helpers import make_tensors, mounted, run_python, shard_files, takes_o_direct, writer_class
 from layertap.errors import DuplicateKeyError, InvalidInputError, WriterClosedError
 
 
@@ -525,15 +524,8 @@ print(json.dumps(fill(sys.argv[1], sys.argv[2], direct=sys.argv[3] == "1")))
 @pytest.fixture
 def small_tmpfs(tmp_path):
     """A 1 MiB tmpfs; the test fails (never skips) if it cannot be mounted."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.fail(f"cannot mount a 1 MiB tmpfs for the disk-full test: {proc.stderr.strip()}", pytrace=False)
-    try:
+    with mounted(tmp_path / "small", "-t", "tmpfs", "-o", "size=1m", "tmpfs", purpose="the disk-full test") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 def test_disk_full_gives_enospc_and_keeps_written_records(small_tmpfs, io, direct):

@@ -7,14 +7,13 @@ fixture); the SIGKILL case is in test_crash.py."""
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
 import layertap
-from helpers import make_tensors, shard_files, takes_o_direct, writer_class
+from helpers import make_tensors, mounted, shard_files, takes_o_direct, writer_class
 from layertap.errors import InvalidInputError
 
 
@@ -27,15 +26,8 @@ def _no_io_override(monkeypatch):
 def ramfs(tmp_path):
     """A ramfs, whose files refuse O_DIRECT; the test fails (never skips) if it cannot be
     mounted."""
-    mnt = tmp_path / "ramfs"
-    mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "ramfs", "ramfs", str(mnt)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.fail(f"cannot mount a ramfs for the O_DIRECT fallback test: {proc.stderr.strip()}", pytrace=False)
-    try:
+    with mounted(tmp_path / "ramfs", "-t", "ramfs", "ramfs", purpose="the O_DIRECT fallback test") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 def _records(n: int):
