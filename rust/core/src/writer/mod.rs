@@ -187,9 +187,12 @@ impl ShardWriter {
             return Err(Error::Closed(None));
         }
         inner.shared.check()?;
-        let mut batch_keys = HashSet::with_capacity(prepared.len());
+        // A key twice within the batch; not looked for in the common batch of one (`submit`),
+        // which would pay a set's allocation per record.
+        let mut batch_keys = HashSet::with_capacity(if prepared.len() > 1 { prepared.len() } else { 0 });
         for rec in &prepared {
-            if side.keys.contains(&rec.key) || !batch_keys.insert(rec.key.as_str()) {
+            let repeated = prepared.len() > 1 && !batch_keys.insert(rec.key.as_str());
+            if repeated || side.keys.contains(&rec.key) {
                 return Err(Error::DuplicateKey { key: rec.key.clone() });
             }
         }
