@@ -19,7 +19,7 @@ from layertap.vllm.transfer import HiddenStatesSaver, region_bytes
 logger = logging.getLogger("vllm.layertap")  # under vLLM's logging configuration
 
 
-def open_writer(options: ConnectorOptions, facts: EngineFacts, pool_bytes: int) -> Any:
+def open_writer(options: ConnectorOptions, facts: EngineFacts, pool_bytes: int, dtype: str) -> Any:
     """The shard writer the options ask for, with what the connector adds to the shard header."""
     import json
 
@@ -31,6 +31,7 @@ def open_writer(options: ConnectorOptions, facts: EngineFacts, pool_bytes: int) 
         "source": "layertap.vllm",
         "model": facts.model,
         "layer_ids": json.dumps(list(facts.layer_ids)),
+        "dtype": dtype,
         **options.shard_metadata,
     }
     try:
@@ -103,7 +104,7 @@ class WorkerSide:
                 f"and gather indices, needs {largest} bytes; raise pool_bytes or lower max_model_len",
             )
         pool = HostPool(pool_bytes, pin=cache.is_cuda)
-        writer = open_writer(self.options, facts, pool_bytes)
+        writer = open_writer(self.options, facts, pool_bytes, str(cache.dtype).removeprefix("torch."))
         self.saver = HiddenStatesSaver(cache, writer, pool, facts, self.stats, self.options.output_dir)
         logger.info(
             "layertap: writing hidden states of layers %s (%s, cache %s strides %s, token axis %d, "
