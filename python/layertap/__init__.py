@@ -30,6 +30,7 @@ from layertap.errors import (
 from layertap.reader import Dataset, Record, open
 from layertap.recover import recover
 from layertap.writer import ShardWriter
+from layertap import generate  # a callable package: layertap.generate(model, data, out, ...)
 
 try:
     from importlib.metadata import version as _version
@@ -43,6 +44,7 @@ __all__ = [
     "PyShardWriter",
     "open",
     "recover",
+    "generate",
     "Dataset",
     "Record",
     "Completion",
