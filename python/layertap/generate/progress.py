@@ -124,6 +124,8 @@ class Progress:
         self.bad = 0
         self.tokens = 0
         self.start = time.monotonic()
+        self._last_row = self.start
+        """When the last row finished: rates are measured up to it, not through the shutdown."""
         self._last_poll = 0.0
         self._last_line = self.start
         self._bar = None
@@ -139,6 +141,8 @@ class Progress:
         self.bad += bad
         self.tokens += tokens
         now = time.monotonic()
+        if rows or bad:
+            self._last_row = now
         if now - self._last_poll >= min(1.0, self.interval):
             self._last_poll = now
             self.follower.poll()
@@ -155,7 +159,7 @@ class Progress:
         f = self.follower
         ratio = f"{f.ratio:.2f}x" if f.ratio else "-"
         bad = f", {self.bad} bad" if self.bad else ""
-        return (f"{_rate(self.tokens, now - self.start)} tok/s, {human_bytes(f.stored_bytes)} written, "
+        return (f"{_rate(self.tokens, min(now, self._last_row) - self.start)} tok/s, {human_bytes(f.stored_bytes)} written, "
                 f"ratio {ratio}{bad}")
 
     def line(self, now: float | None = None) -> None:

@@ -19,6 +19,7 @@ import numpy as np
 
 from layertap.generate.data import BadRow, open_rows
 from layertap.generate.engine import (
+    Outcome,
     check_connector_args,
     check_engine_args,
     check_json_object,
@@ -136,6 +137,28 @@ def _read_back(state: OutputState, num_rows: int) -> dict:
     return out
 
 
+def _run_engine(llm_args: dict, items: Iterator, num_rows: int, todo: int, state: OutputState, sampling: dict,
+                include_output_tokens: bool, progress: str, interval: float) -> tuple[Outcome, float, float]:
+    """Starts the engine, runs the rows, stops it once its records are in files. Returns the
+    outcome and when the engine was ready and when the last request finished."""
+    from vllm import LLM
+
+    llm = LLM(**llm_args)
+    t_engine = time.monotonic()
+    follower = ShardFollower(state.path, state.writer_id)
+    bar = Progress(todo, follower, progress, interval)
+    try:
+        outcome = run_rows(llm, items, num_rows, sampling, include_output_tokens, bar.update)
+        t_gen = time.monotonic()
+        if not _in_process(llm):
+            _drain(follower, outcome.saved_count)
+        shutdown(llm, SHUTDOWN_SECONDS)
+    finally:
+        bar.close()
+        follower.close()
+    return outcome, t_engine, t_gen
+
+
 def generate(
     model: str,
     data: str | os.PathLike,
@@ -188,23 +211,14 @@ def generate(
             },
         )
         t_load = time.monotonic()
-        from vllm import LLM
-
-        llm = LLM(**llm_kwargs(model, layer_ids, {**engine_args, "max_model_len": model_len}, connector))
-        t_engine = time.monotonic()
-        follower = ShardFollower(out_dir, state.writer_id)
-        bar = Progress(rows.num_rows - done_before, follower, progress, progress_interval)
-        try:
-            outcome = run_rows(llm, _rendered(rows, done, renderer), rows.num_rows, sampling,
-                               include_output_tokens, bar.update)
-            t_gen = time.monotonic()
-            if not _in_process(llm):
-                _drain(follower, outcome.saved_count)
-            shutdown(llm, SHUTDOWN_SECONDS)
-        finally:
-            bar.close()
-            follower.close()
-        del llm
+        if done_before < rows.num_rows:
+            outcome, t_engine, t_gen = _run_engine(
+                llm_kwargs(model, layer_ids, {**engine_args, "max_model_len": model_len}, connector),
+                _rendered(rows, done, renderer), rows.num_rows, rows.num_rows - done_before, state,
+                sampling, include_output_tokens, progress, progress_interval,
+            )
+        else:  # nothing left to do: no engine
+            outcome, t_engine, t_gen = Outcome(saved=np.zeros(rows.num_rows, dtype=bool)), t_load, t_load
         written = _read_back(state, rows.num_rows)
         t_end = time.monotonic()
     finally:
