@@ -139,6 +139,20 @@ class Reference:
         return torch.stack(per_layer, dim=1)
 
 
+    def hidden_states_batch(self, seqs: list[list[int]], layers: list[int],
+                            dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+        """``hidden_states`` of several sequences in one forward: right-padded, so with causal
+        attention the padding never reaches a real token (positions count from 0 in each row)."""
+        model, outputs = self._models[dtype]
+        longest = max(len(s) for s in seqs)
+        batch = torch.tensor([s + [0] * (longest - len(s)) for s in seqs])
+        with torch.no_grad():
+            out = model(batch, output_hidden_states=True)
+        n = model.config.num_hidden_layers
+        stacked = torch.stack([out.hidden_states[k] if k < n else outputs["last"] for k in layers], dim=2)
+        return [stacked[i, : len(s)] for i, s in enumerate(seqs)]
+
+
 def assert_hidden_states_match(record: Any, reference: Reference, token_ids: list[int],
                                 layers: list[int] = STORED_LAYERS, hidden_size: int = 128) -> None:
     """The record holds ``token_ids`` and, per stored layer (``layers``, ascending), what

@@ -96,6 +96,15 @@ class ShardFollower:
             shard.close()
 
 
+def _sized(stream: TextIO) -> bool:
+    """Whether the terminal says how large it is."""
+    try:
+        size = os.get_terminal_size(stream.fileno())
+    except (AttributeError, OSError, ValueError):
+        return False
+    return size.columns > 0 and size.lines > 0
+
+
 def _rate(n: float, seconds: float) -> str:
     r = n / seconds if seconds > 0 else 0.0
     return f"{r / 1000:.1f}k" if r >= 10_000 else f"{r:.0f}"
@@ -132,8 +141,11 @@ class Progress:
         if mode == "bar":
             from tqdm import tqdm
 
+            # A terminal that reports no size (a fresh pty's 0x0) would get no bar from tqdm.
+            sized = _sized(self.stream)
             self._bar = tqdm(total=total_rows, unit="row", desc="generate", file=self.stream,
-                             dynamic_ncols=True, mininterval=0.5, smoothing=0.1)
+                             dynamic_ncols=sized, ncols=None if sized else 100, nrows=None if sized else 20,
+                             mininterval=0.5, smoothing=0.1)
 
     def update(self, rows: int = 0, tokens: int = 0, bad: int = 0) -> None:
         """Counts rows finished (recorded or bad) and their tokens; shows them now and then."""

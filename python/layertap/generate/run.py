@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -193,6 +194,11 @@ def generate(
     renderer = Renderer(info.tokenizer, rows.column, info.vocab_size, max_len)
     out_dir = os.path.abspath(os.fspath(out))
     connector = check_connector_args(check_json_object(connector_args, "--connector-args"), out_dir)
+    if progress == "auto":
+        progress = "bar" if sys.stderr.isatty() else "lines"
+    if progress != "bar":
+        # vLLM's own bar while it loads the weights: only where a bar of ours is drawn too.
+        engine_args.setdefault("use_tqdm_on_load", False)
     state = prepare_output(out_dir, model, layer_ids)
     try:
         done = np.zeros(rows.num_rows, dtype=bool)
