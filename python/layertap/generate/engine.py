@@ -128,6 +128,9 @@ class Outcome:
     """Tokens of the records the connector took."""
     bad: list[tuple[int, str]] = field(default_factory=list)
     """Rows not saved, with the reason (bad input, or refused by vLLM or the connector)."""
+    drain_seconds: float = 0.0
+    """From the last request's end until the engine's writer had put every record in a file
+    (engine in its own process; in this process the engine writes them as it stops)."""
 
 
 def run_rows(llm: Any, items: Iterator, num_rows: int, sampling: dict, include_output_tokens: bool,

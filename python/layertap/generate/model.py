@@ -25,9 +25,11 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-def load_model_info(model: str, engine_args: dict) -> ModelInfo:
-    """Loads the model's configuration and tokenizer the way vLLM will (same revision,
-    tokenizer and trust_remote_code). Raises GenerateError (one line) when either fails."""
+def load_model_info(model: str, engine_args: dict, need_tokenizer: bool = True) -> ModelInfo:
+    """Loads the model's configuration and, when rows must be tokenized (``need_tokenizer``),
+    its tokenizer, the way vLLM will (same revision, tokenizer and trust_remote_code). Raises
+    GenerateError (one line) when either fails. Token-id data needs no tokenizer (a model
+    directory with only ``config.json`` and ``load_format="dummy"`` works)."""
     from transformers import AutoConfig, AutoTokenizer
 
     revision = engine_args.get("revision")
@@ -40,14 +42,16 @@ def load_model_info(model: str, engine_args: dict) -> ModelInfo:
     num_layers = getattr(text, "num_hidden_layers", None)
     if not isinstance(num_layers, int) or num_layers < 1:
         raise GenerateError(f"model {model!r}: its configuration gives no number of decoder layers (num_hidden_layers)")
-    tok_name = engine_args.get("tokenizer") or model
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            tok_name, revision=engine_args.get("tokenizer_revision", revision), trust_remote_code=trust
-        )
-    except Exception as e:
-        raise GenerateError(f"cannot load the tokenizer of {tok_name!r}: {_first_line(e)}") from None
-    vocab = max(int(getattr(text, "vocab_size", 0) or 0), len(tokenizer))
+    tokenizer = None
+    if need_tokenizer:
+        tok_name = engine_args.get("tokenizer") or model
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(
+                tok_name, revision=engine_args.get("tokenizer_revision", revision), trust_remote_code=trust
+            )
+        except Exception as e:
+            raise GenerateError(f"cannot load the tokenizer of {tok_name!r}: {_first_line(e)}") from None
+    vocab = max(int(getattr(text, "vocab_size", 0) or 0), len(tokenizer) if tokenizer is not None else 0)
     return ModelInfo(
         name=model,
         revision=revision or "",

@@ -153,6 +153,7 @@ def _run_engine(llm_args: dict, items: Iterator, num_rows: int, todo: int, state
         t_gen = time.monotonic()
         if not _in_process(llm):
             _drain(follower, outcome.saved_count)
+        outcome.drain_seconds = time.monotonic() - t_gen
         shutdown(llm, SHUTDOWN_SECONDS)
     finally:
         bar.close()
@@ -188,7 +189,7 @@ def generate(
     rows = open_rows(data, limit)
     engine_args = check_engine_args(engine_args)
     sampling = sampling_kwargs(check_json_object(sampling_args, "--sampling-args"), max_tokens)
-    info = load_model_info(model, engine_args)
+    info = load_model_info(model, engine_args, need_tokenizer=rows.column != "input_ids")
     layer_ids = parse_layers(layers, info.num_layers)
     max_len, model_len = _max_lengths(max_len, max_tokens, engine_args, info.max_positions)
     renderer = Renderer(info.tokenizer, rows.column, info.vocab_size, max_len)
@@ -268,7 +269,8 @@ def generate(
             "load": round(t_load - t0, 3),
             "engine_start": round(t_engine - t_load, 3),
             "generate": round(gen_seconds, 3),
-            "shutdown": round(t_end - t_gen, 3),
+            "drain": round(outcome.drain_seconds, 3),
+            "shutdown": round(t_end - t_gen - outcome.drain_seconds, 3),
             "total": round(t_end - t0, 3),
         },
     }

@@ -19,7 +19,8 @@ def summary_text(s: dict) -> str:
         f"model {s['model']}, layers {s['layer_ids']} (vLLM numbering), {s['dtype'] or '-'}; "
         f"writer {s['writer_id']}",
         f"time: {secs['total']:.1f} s (start-up {secs['load'] + secs['engine_start']:.1f} s, "
-        f"generation {secs['generate']:.1f} s at {s['tokens_per_second']:,.0f} tok/s, shutdown {secs['shutdown']:.1f} s)",
+        f"generation {secs['generate']:.1f} s at {s['tokens_per_second']:,.0f} tok/s, last records written "
+        f"{secs['drain']:.1f} s, shutdown {secs['shutdown']:.1f} s)",
     ]
     if s["shards_recovered"] or s["files_set_aside"]:
         lines.append(f"completed {len(s['shards_recovered'])} shard(s) left open by an earlier run; "
