@@ -180,8 +180,12 @@ def test_resume_refuses_foreign_content(tmp_path):
     out = tmp_path / "out"
     with layertap.ShardWriter(str(out), writer_id="vllm-x", metadata={"source": "layertap.vllm"}) as w:
         w.submit("0", make_tensors(0))
+    [foreign] = out.glob("*.lts")
+    cut_footer(foreign)  # left open: refused before anything is changed, so it stays open
     with pytest.raises(GenerateError, match="not written by layertap generate"):
         prepare_output(str(out), "m", [1, 2])
+    with layertap.open(foreign) as ds:
+        assert not ds.shards[0].complete and len(ds) == 1
     other = tmp_path / "other"
     with layertap.ShardWriter(str(other), writer_id="gen-0", metadata=shard_meta()) as w:
         w.submit("row-7", make_tensors(0))
@@ -190,7 +194,7 @@ def test_resume_refuses_foreign_content(tmp_path):
     junk = tmp_path / "junk"
     junk.mkdir()
     (junk / "notes.lts").write_bytes(b"hello")
-    with pytest.raises(GenerateError, match="must hold only layertap generate's shards"):
+    with pytest.raises(GenerateError, match="notes.lts: not a layertap shard.*must hold only layertap generate.s shards"):
         prepare_output(str(junk), "m", [1, 2])
     # A live writer's shard: waited for, then refused (the test holds its lock).
     held = tmp_path / "held"

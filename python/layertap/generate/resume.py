@@ -143,7 +143,7 @@ def prepare_output(path: str, model: str, layer_ids: list[int]) -> OutputState:
         raise GenerateError(f"{path}: the output directory is not writable")
     state = OutputState(path, run=0, _lock_fd=_lock(path))
     try:
-        _complete_shards(state)
+        _complete_shards(state, model, layer_ids)
         state.run = _run_number(os.listdir(path))
         ds = _open_dataset(path)
         if ds is not None:
@@ -159,23 +159,27 @@ def prepare_output(path: str, model: str, layer_ids: list[int]) -> OutputState:
     return state
 
 
-def _complete_shards(state: OutputState) -> None:
+def _complete_shards(state: OutputState, model: str, layer_ids: list[int]) -> None:
     from layertap.errors import FormatError
 
     ds = _open_dataset(state.path)
     if ds is None:
         return
+    # Everything is checked before anything is changed: a directory of another kind is left as it is.
     with ds:
+        for info in ds.shards:
+            if info.meta or not info.being_written:  # (a live writer's header may not be there yet)
+                _check_meta(info, model, layer_ids)
         open_shards = [i.path for i in ds.shards if not i.complete]
-        unreadable = [p.shard for p in ds.unreadable]
-    for shard in open_shards + unreadable:
-        ours = _RUN_SHARD.match(os.path.basename(shard))
+        unreadable = [p for p in ds.unreadable]
+    for problem in unreadable:
+        if not _RUN_SHARD.match(os.path.basename(problem.shard)):
+            raise GenerateError(f"{problem.shard}: {problem.message}; --out must hold only layertap generate's shards")
+    for shard in open_shards + [p.shard for p in unreadable]:
         try:
             recover_shard(shard)
-        except FormatError as e:
+        except FormatError:
             # No complete header (the writer died writing it): no record can follow it.
-            if not ours:
-                raise GenerateError(f"{shard}: {e}; --out must hold only layertap generate's shards") from None
             _set_aside(shard, state)
         else:
             state.recovered.append(shard)
