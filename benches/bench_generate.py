@@ -153,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
             r = json.loads(lines[-1][len("RESULT "):])
             r["round"] = rnd
             runs.append(r)
-            print(f"round {rnd} {mode:8} {r['t_written']:7.2f} s until written, {r['tok_s_written']:,.0f} tok/s", flush=True)
+            print(f"round {rnd} {mode:8} {r['t_written']:7.2f} s until written, "
+                  f"{r['tok_s_written']:,.0f} tok/s", flush=True)
     ratios = []
     for rnd in range(args.rounds):
         bare = next(r for r in runs if r["round"] == rnd and r["mode"] == "bare")

@@ -223,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "Bytes on disk: " + ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in sizes.items()),
         "",
-        "| workers | cache | reader | median s/epoch | records/s | GB/s (raw) | time / safetensors, per round | median |",
+        "| workers | cache | reader | median s/epoch | records/s | GB/s (raw) "
+        "| time / safetensors, per round | median |",
         "|---:|---|---|---:|---:|---:|---|---:|",
     ]
     for r in rows:

@@ -87,7 +87,8 @@ def test_column_choice_and_input_errors(tmp_path):
     assert open_rows(write_jsonl(tmp_path / "m.jsonl", [{"prompt": "x", "messages": []}])).column == "messages"
     cases = [
         (tmp_path / "missing.jsonl", "no such file or directory"),
-        (write_jsonl(tmp_path / "nocol.jsonl", [{"text": "x"}]), "no prompt column: expected one of input_ids, messages, prompt"),
+        (write_jsonl(tmp_path / "nocol.jsonl", [{"text": "x"}]),
+         "no prompt column: expected one of input_ids, messages, prompt"),
         (write_jsonl(tmp_path / "empty.jsonl", []), "no line holds a JSON object"),
         (write_jsonl(tmp_path / "bad.parquet", ["nope"]), "not a readable Parquet file"),
     ]
@@ -104,7 +105,8 @@ def test_render_rows(tokenizer):
     r = Renderer(tokenizer, "messages", vocab_size=len(tokenizer), max_len=20)
     chat = [{"role": "user", "content": "the water"}, {"role": "assistant", "content": "is hot"}]
     ids, mask = r.render(chat)
-    assert tokenizer.convert_ids_to_tokens(ids) == ["<|user|>", "the", "water", "<|end|>", "<|assistant|>", "is", "hot", "<|end|>"]
+    assert tokenizer.convert_ids_to_tokens(ids) == [
+        "<|user|>", "the", "water", "<|end|>", "<|assistant|>", "is", "hot", "<|end|>"]
     assert mask is None
     # A chat that ends with the user gets the generation prompt.
     ids, _ = r.render(chat[:1])
@@ -194,7 +196,7 @@ def test_resume_refuses_foreign_content(tmp_path):
     junk = tmp_path / "junk"
     junk.mkdir()
     (junk / "notes.lts").write_bytes(b"hello")
-    with pytest.raises(GenerateError, match="notes.lts: not a layertap shard.*must hold only layertap generate.s shards"):
+    with pytest.raises(GenerateError, match="notes.lts: not a layertap shard.*must hold only layertap generate"):
         prepare_output(str(junk), "m", [1, 2])
     # A live writer's shard: waited for, then refused (the test holds its lock).
     held = tmp_path / "held"

@@ -99,9 +99,11 @@ def test_dataloader_workers(dataset_path, context):
 
 def test_collates():
     items = [
-        {"hidden_states": torch.ones(2, 3, 4), "token_ids": torch.tensor([5, 6]), "loss_mask": torch.tensor([0, 1], dtype=torch.uint8), "key": "a"},
+        {"hidden_states": torch.ones(2, 3, 4), "token_ids": torch.tensor([5, 6]),
+         "loss_mask": torch.tensor([0, 1], dtype=torch.uint8), "key": "a"},
         None,  # a skipped record
-        {"hidden_states": torch.full((3, 3, 4), 2.0), "token_ids": torch.tensor([7, 8, 9]), "loss_mask": torch.tensor([1, 1, 0], dtype=torch.uint8), "key": "b"},
+        {"hidden_states": torch.full((3, 3, 4), 2.0), "token_ids": torch.tensor([7, 8, 9]),
+         "loss_mask": torch.tensor([1, 1, 0], dtype=torch.uint8), "key": "b"},
     ]
     pad = pad_collate(items, pad_token_id=-1)
     assert pad["hidden_states"].shape == (2, 3, 3, 4) and pad["keys"] == ["a", "b"]

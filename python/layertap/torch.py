@@ -73,7 +73,9 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
         else:
             missing = [k for k in self._given_keys if k not in self._ds]
             if missing:
-                raise RecordNotFoundError(f"{self.path}: no record with key {missing[0]!r} ({len(missing)} keys missing)")
+                raise RecordNotFoundError(
+                    f"{self.path}: no record with key {missing[0]!r} ({len(missing)} keys missing)"
+                )
             self._keys = self._given_keys
         return self._ds
 

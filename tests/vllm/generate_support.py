@@ -83,7 +83,8 @@ class Child:
         self._cond = threading.Condition()
         self._threads = [threading.Thread(target=self._read_stdout, daemon=True)]
         if stderr_fd is None:
-            self._threads.append(threading.Thread(target=self._read_lines, args=(self.proc.stderr.fileno(),), daemon=True))
+            reader = threading.Thread(target=self._read_lines, args=(self.proc.stderr.fileno(),), daemon=True)
+            self._threads.append(reader)
         for t in self._threads:
             t.start()
 

@@ -112,6 +112,7 @@ def test_output_directory_not_for_this_run(capsys, tiny_model, data, tmp_path):
     fd = os.open(busy / LOCK_NAME, os.O_RDWR | os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
-        assert_refused(capsys, "another layertap generate is writing into this directory", tiny_model, data["ids"], busy)
+        assert_refused(capsys, "another layertap generate is writing into this directory", tiny_model,
+                       data["ids"], busy)
     finally:
         os.close(fd)

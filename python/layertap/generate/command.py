@@ -42,7 +42,8 @@ def add_parser(sub) -> None:
                    help='other vLLM LLM() arguments, e.g. \'{"tensor_parallel_size": 2}\'')
     p.add_argument("--sampling-args", metavar="JSON", help="SamplingParams arguments, e.g. '{\"temperature\": 0}'")
     p.add_argument("--connector-args", metavar="JSON",
-                   help='connector options (docs/CONNECTOR.md), e.g. \'{"codec": "zstd"}\'; default Rust writer, bp16-zstd')
+                   help='connector options (docs/CONNECTOR.md), e.g. \'{"codec": "zstd"}\'; '
+                        "default Rust writer, bp16-zstd")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--progress", choices=PROGRESS_MODES, default="auto",
                    help="bar (a terminal), lines (periodic lines), none; default: bar on a terminal, else lines")

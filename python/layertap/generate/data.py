@@ -43,7 +43,8 @@ def _optional_import(module: str, what: str):
     try:
         return __import__(module, fromlist=["_"])
     except ImportError as e:
-        raise GenerateError(f"reading {what} needs the '{module.split('.')[0]}' package ({e}); pip install it") from None
+        package = module.split(".")[0]
+        raise GenerateError(f"reading {what} needs the '{package}' package ({e}); pip install it") from None
 
 
 class RowSource:
@@ -188,7 +189,8 @@ class HfDatasetRows(_Columnar):
             raise GenerateError(f"{path}: not a datasets directory (load_from_disk failed: {e})") from None
         if isinstance(ds, datasets.DatasetDict):
             raise GenerateError(
-                f"{path}: a DatasetDict with splits {sorted(ds)}; pass one split's directory, e.g. {path}/{sorted(ds)[0]}"
+                f"{path}: a DatasetDict with splits {sorted(ds)}; pass one split's directory, "
+                f"e.g. {path}/{sorted(ds)[0]}"
             )
         self._ds = ds
         self._setup(list(ds.column_names), ds.num_rows)

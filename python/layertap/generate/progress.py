@@ -171,7 +171,8 @@ class Progress:
         f = self.follower
         ratio = f"{f.ratio:.2f}x" if f.ratio else "-"
         bad = f", {self.bad} bad" if self.bad else ""
-        return (f"{_rate(self.tokens, min(now, self._last_row) - self.start)} tok/s, {human_bytes(f.stored_bytes)} written, "
+        rate = _rate(self.tokens, min(now, self._last_row) - self.start)
+        return (f"{rate} tok/s, {human_bytes(f.stored_bytes)} written, "
                 f"ratio {ratio}{bad}")
 
     def line(self, now: float | None = None) -> None:

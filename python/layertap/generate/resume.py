@@ -122,7 +122,9 @@ def _check_meta(info, model: str, layer_ids: list[int]) -> None:
             "empty or new --out"
         )
     if user.get("model") != model:
-        raise GenerateError(f"--out holds {name} made with model {user.get('model')!r}, not {model!r}; use another --out")
+        raise GenerateError(
+            f"--out holds {name} made with model {user.get('model')!r}, not {model!r}; use another --out"
+        )
     try:
         theirs = json.loads(user.get("layer_ids", "null"))
     except ValueError:
