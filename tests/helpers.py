@@ -110,7 +110,7 @@ def flip_bit(path, offset: int, mask: int = 0x01) -> None:
 def cut_footer(path, extra: bytes = b"") -> int:
     """Turns a complete shard into an open one: removes index and trailer, appends ``extra``.
     Returns where the records end."""
-    from layertap._py.format import decode_trailer
+    from layertap._spec.format import decode_trailer
 
     with open(path, "r+b") as f:
         f.seek(-32, os.SEEK_END)
@@ -216,7 +216,7 @@ def hand_made_shard(path, records: list, meta_key: dict | None = None) -> None:
     """Writes a complete codec-``none`` shard with the format functions alone (no writer, so no
     writer-side checks): ``records`` is ``[(key, [(name, dtype, shape, data bytes)], metadata)]``.
     ``meta_key`` maps a record key to a different ``__metadata__`` key (a corrupt record)."""
-    from layertap._py import blob, format as fmt
+    from layertap._spec import blob, format as fmt
 
     head = fmt.encode_file_header(bytes(16), {"writer_id": "hand", "shard_index": 0, "created_unix_ms": 0,
                                               "writer": "hand-made", "user": {}})

@@ -123,7 +123,7 @@ def test_shard_without_records(tmp_path):
 def test_file_cut_inside_the_header_padding(tmp_path, impl):
     # docs/FORMAT.md: an open shard without records or torn tail; recovery pads it with zeros.
     import layertap
-    from layertap._py import format as fmt
+    from layertap._spec import format as fmt
 
     recover_fn = recover if impl == "python" else layertap.recover
 

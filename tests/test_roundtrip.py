@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import layertap
 from helpers import reader_class, shard_files, writer_class
-from layertap._py.format import key_problem
+from layertap._spec.format import key_problem
 from layertap._py.reader import PyShardReader
 from layertap._tensors import ITEMSIZE, TORCH_DTYPES
 

@@ -69,7 +69,7 @@ def _open(path: str, backend: str):
 
 def _first_record_shape(backend) -> dict[str, Any]:
     """layers, hidden size, dtype and layer ids of a shard, from its first record."""
-    from layertap._py.dtypes import TORCH_NAMES
+    from layertap._spec.dtypes import TORCH_NAMES
 
     out: dict[str, Any] = {"layers": None, "hidden_size": None, "dtype": None, "layer_ids": None}
     if not backend.entries:

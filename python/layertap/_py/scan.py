@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol
 
-from layertap._py.format import (
+from layertap._spec import format as fmt
+from layertap._spec.format import (
     FRAME_HEADER_LEN,
     FRAME_MAGIC,
     KIND_INDEX,
@@ -25,7 +26,6 @@ from layertap._py.format import (
     FrameHeader,
     RawEntry,
     crc32c,
-    decode_frame_header,
     decode_index,
     decode_trailer,
 )
@@ -45,13 +45,7 @@ class _Shard(Protocol):
 def read_frame_header(shard: _Shard, pos: int) -> FrameHeader:
     """The valid frame header at ``pos`` (the whole frame inside the file), else raises
     FormatProblem (``Truncated`` when the file ends first)."""
-    remaining = shard.file_bytes - pos
-    head = shard.pread(pos, min(remaining, FRAME_HEADER_LEN))
-    if len(head) == FRAME_HEADER_LEN and head[:4] == FRAME_MAGIC:
-        key_len = int.from_bytes(head[6:8], "little")
-        if key_len:
-            head += shard.pread(pos + FRAME_HEADER_LEN, min(key_len, remaining - FRAME_HEADER_LEN))
-    return decode_frame_header(head, remaining)
+    return fmt.read_frame_header(shard.pread, pos, shard.file_bytes)
 
 
 def payload_crc(shard: _Shard, offset: int, length: int) -> int:

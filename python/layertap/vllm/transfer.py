@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from layertap._sink import RecordSink
 from layertap._tensors import dtype_name
 from layertap.errors import InvalidInputError, LayertapError
 from layertap.vllm.engine import EngineFacts
@@ -58,7 +59,7 @@ class _Batch:
 class HiddenStatesSaver:
     """Moves finished requests from the KV cache through the pool into the writer."""
 
-    def __init__(self, cache: HiddenStatesCache, writer: Any, pool: HostPool, facts: EngineFacts,
+    def __init__(self, cache: HiddenStatesCache, writer: RecordSink, pool: HostPool, facts: EngineFacts,
                  stats: ConnectorStats, dataset: str):
         self.cache = cache
         self.writer = writer
@@ -194,7 +195,7 @@ class HiddenStatesSaver:
             ]
             records.append((save.key, parts, meta, e - s))
         try:
-            seqs = self._writer_call(self.writer._submit_prepared, records)
+            seqs = self._writer_call(self.writer.submit_buffers, records)
         except InvalidInputError:
             # All or none: find the bad records one by one and write the others.
             seqs = [self._submit_alone(record, save) for record, save in zip(records, batch.saves)]
@@ -212,7 +213,7 @@ class HiddenStatesSaver:
 
     def _submit_alone(self, record: tuple, save: SaveRequest) -> int | None:
         try:
-            return self._writer_call(self.writer._submit_prepared, [record])[0]
+            return self._writer_call(self.writer.submit_buffers, [record])[0]
         except InvalidInputError as err:
             # The scheduler checked the key already; anything left is a bug worth a log line,
             # not a reason to stop the engine.
