@@ -83,9 +83,9 @@ def test_stats(tmp_path):
 @pytest.mark.parametrize(
     "options, option, match",
     [
-        ({"io": "uring"}, "io", "io 'uring' asks for io_uring, which the Python writer does not have"),
-        ({"io": "io_uring"}, "io", "io 'uring' asks for io_uring"),
-        ({"direct": True}, "direct", "direct True needs the Rust writer"),
+        ({"io": "uring"}, "io", "io must be 'auto' or 'pwrite': the Python writer has no io_uring"),
+        ({"io": "io_uring"}, "io", "the Python writer has no io_uring"),
+        ({"direct": True}, "direct", "direct must be False: the Python writer writes through the page cache"),
     ],
 )
 def test_what_the_python_writer_cannot_do_is_refused(tmp_path, options, option, match):

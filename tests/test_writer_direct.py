@@ -103,7 +103,7 @@ def test_each_record_is_readable_once_reported(tmp_path):
 
 
 def test_python_writer_refuses_direct(tmp_path):
-    with pytest.raises(InvalidInputError, match="direct=True: the Python writer writes through the page cache"):
+    with pytest.raises(InvalidInputError, match="direct must be False: the Python writer writes through the page cache"):
         layertap.PyShardWriter(tmp_path / "a", direct=True)
     with pytest.raises(InvalidInputError, match="direct must be True or False"):
         layertap.PyShardWriter(tmp_path / "b", direct="yes")
