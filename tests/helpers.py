@@ -193,7 +193,7 @@ class Holder:
         )
         self.timeout = timeout
 
-    def __enter__(self) -> "Holder":
+    def __enter__(self) -> Holder:
         self.ready = self.proc.stdout.readline().strip()
         return self
 
@@ -216,7 +216,8 @@ def hand_made_shard(path, records: list, meta_key: dict | None = None) -> None:
     """Writes a complete codec-``none`` shard with the format functions alone (no writer, so no
     writer-side checks): ``records`` is ``[(key, [(name, dtype, shape, data bytes)], metadata)]``.
     ``meta_key`` maps a record key to a different ``__metadata__`` key (a corrupt record)."""
-    from layertap._spec import blob, format as fmt
+    from layertap._spec import blob
+    from layertap._spec import format as fmt
 
     head = fmt.encode_file_header(bytes(16), {"writer_id": "hand", "shard_index": 0, "created_unix_ms": 0,
                                               "writer": "hand-made", "user": {}})

@@ -8,14 +8,12 @@ import shutil
 
 import pytest
 
-import layertap
 from helpers import (
     HOLD_LOCK,
     VECTORS,
     Holder,
     cut_footer,
     flip_bit,
-    make_tensors,
     payload_offset,
     run_cli,
     shard_files,
@@ -113,7 +111,7 @@ def test_verify_good(dataset):
 
 def test_verify_corrupt_payload(dataset):
     path = shard_files(dataset)[-1]
-    at, n, key = payload_offset(path, 1)
+    at, n, _key = payload_offset(path, 1)
     with open(path, "rb") as f:
         offset_of_frame = at - 56  # key "b1": header 48 + 2 bytes of key, padded to 56
         f.seek(offset_of_frame)

@@ -137,7 +137,7 @@ def test_duplicate_keys_across_writers(tmp_path, backend):
 def test_corrupt_record_reported_by_verify(tmp_path, backend):
     write_records(tmp_path, 3, codec="none")
     path = shard_files(tmp_path)[0]
-    at, n, key = payload_offset(path, 1)
+    at, n, _key = payload_offset(path, 1)
     flip_bit(path, at + n - 3)
     with _open(tmp_path, backend) as ds:
         assert ds[0].key == "k0"

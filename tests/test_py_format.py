@@ -13,7 +13,8 @@ import zstandard
 
 from helpers import make_tensors, payload_offset, shard_files, write_records
 from layertap._py import encode
-from layertap._spec import blob, codecs, format as fmt
+from layertap._spec import blob, codecs
+from layertap._spec import format as fmt
 from layertap._spec.format import FormatProblem, Truncated, crc32c
 
 

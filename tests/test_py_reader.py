@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from helpers import cut_footer, flip_bit, hand_made_shard, make_tensors, shard_files, write_records
-from layertap._spec import format as fmt
 from layertap._py.reader import PyShardReader
+from layertap._spec import format as fmt
 from layertap.errors import CorruptRecordError, FormatError
 
 

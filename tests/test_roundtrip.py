@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 import layertap
 from helpers import reader_class, shard_files, writer_class
-from layertap._spec.format import key_problem
 from layertap._py.reader import PyShardReader
+from layertap._spec.format import key_problem
 from layertap._tensors import ITEMSIZE, TORCH_DTYPES
 
 DTYPES = sorted(TORCH_DTYPES)
@@ -157,7 +157,7 @@ def test_rust_and_python_writers_split_shards_alike(tmp_path):
     """Both writers start a new shard before a record that would take the shard past
     shard_size, so they cut a dataset into the same shards."""
     rust = writer_class("rust")
-    tensors = lambda i: {"x": np.full(40 + 30 * (i % 4), i, dtype=np.float32)}  # noqa: E731
+    tensors = lambda i: {"x": np.full(40 + 30 * (i % 4), i, dtype=np.float32)}
     split = {}
     for name, cls in (("python", layertap.PyShardWriter), ("rust", rust)):
         with cls(tmp_path / name, codec="none", shard_size=1500, writer_id="w") as w:

@@ -103,7 +103,7 @@ def test_vectors_match_expected_json():
                 assert e == IndexEntry(w["key"], w["frame_offset"], w["stored_len"], w["raw_len"], w["num_tokens"],
                                        w["codec"], w["payload_crc"]), (name, i)
                 if not w["ok"]:
-                    for call in (lambda: r.read(i), lambda: r.check(i)):
+                    for call in (lambda i=i: r.read(i), lambda i=i: r.check(i)):
                         with pytest.raises(CorruptRecordError) as err:
                             call()
                         assert (err.value.path, err.value.offset, err.value.key) == (path, e.frame_offset, e.key)
@@ -129,7 +129,7 @@ def test_codec_none_is_zero_copy_and_private(tmp_path):
     path = shard_files(tmp_path)[0]
     before = _sha(path)
     r = RustShardReader(path)
-    metadata, tensors = r.read(0)
+    _metadata, tensors = r.read(0)
     name, dtype, shape, buf = tensors[0]
     assert name == "hidden_states" and buf.base.mapped
     assert isinstance(buf, np.ndarray) and buf.flags.writeable and buf.dtype == np.uint8

@@ -36,7 +36,7 @@ def test_records_get_consecutive_seqs_and_read_back(tmp_path, Writer):
         done = w.poll()
     assert [c.seq for c in done] == list(range(7)) and [c.key for c in done][1:] == [k for k, *_ in records]
     back = read_all(tmp_path)
-    for key, tensors, *meta in records:
+    for key, tensors, *_meta in records:
         for name, t in tensors.items():
             assert torch.equal(back[key][name], t), (key, name)
     assert back["k2"]["_meta"]["source"] == "two"
@@ -53,7 +53,7 @@ def test_same_bytes_as_one_by_one(tmp_path, Writer):
     (many,), (one,) = shard_files(tmp_path / "many"), shard_files(tmp_path / "one")
     with open(many, "rb") as f, open(one, "rb") as g:
         a, b = f.read(), g.read()
-    header_len = lambda data: (36 + int.from_bytes(data[12:16], "little") + 7) // 8 * 8  # noqa: E731
+    header_len = lambda data: (36 + int.from_bytes(data[12:16], "little") + 7) // 8 * 8
     assert a[header_len(a) : -32] == b[header_len(b) : -32] and len(a) - header_len(a) > 5 * 7 * 8
 
 

@@ -169,7 +169,7 @@ def test_forked_child_gets_a_clear_error(tmp_path):
                 except WriterClosedError as e:
                     if "forked child" not in str(e):
                         msg = f"unclear message: {e}"
-                except BaseException as e:  # noqa: BLE001 - reported to the parent
+                except BaseException as e:
                     msg = f"{type(e).__name__}: {e}"
             os.write(wfd, msg.encode())
             os._exit(0)

@@ -143,7 +143,7 @@ def step_stats(mode: str, stats_path: Path) -> dict:
         steps = sorted(data["step_seconds"])
         if not steps:
             return {}
-        pick = lambda q: steps[max(0, int(round(q / 100 * len(steps))) - 1)] * 1e6  # noqa: E731
+        pick = lambda q: steps[max(0, round(q / 100 * len(steps)) - 1)] * 1e6
         return {"steps": len(steps), "p50_us": pick(50), "p99_us": pick(99), "max_us": steps[-1] * 1e6}
     return {"connector_stats": data}
 

@@ -12,6 +12,10 @@ reader and recovery) is imported only when it is asked for.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+from layertap._options import WriterOptions
+from layertap._sink import RecordSink
 from layertap._types import (
     Completion,
     IndexEntry,
@@ -20,10 +24,6 @@ from layertap._types import (
     ShardInfo,
     VerifyReport,
 )
-from typing import TYPE_CHECKING, Any
-
-from layertap._options import WriterOptions
-from layertap._sink import RecordSink
 from layertap.errors import (
     CorruptRecordError,
     DuplicateKeyError,

@@ -173,7 +173,7 @@ def normalize(tensors: Mapping[str, Any]) -> tuple[list[tuple[str, memoryview, s
             raise InvalidInputError(f"tensor {name!r} is empty (shape {list(shape)}); records hold no empty tensors")
         out.append((name, view, dtype, shape))
     num_tokens = 0
-    for name, view, dtype, shape in out:
+    for name, _, _, shape in out:
         if name == "token_ids" and shape:
             num_tokens = shape[0]
     if num_tokens >= 1 << 32:

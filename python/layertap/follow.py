@@ -243,9 +243,8 @@ class DatasetTail:
         self.directory = os.fspath(directory)
         self.writer_id = writer_id
         self._backend_class = backend_class(backend)
-        if not os.path.isdir(self.directory):
-            if os.path.exists(self.directory):
-                raise InvalidInputError(f"{self.directory}: not a directory; follow reads a dataset directory")
+        if not os.path.isdir(self.directory) and os.path.exists(self.directory):
+            raise InvalidInputError(f"{self.directory}: not a directory; follow reads a dataset directory")
         # Watch first, then look: a change between the two is still seen.
         self._watch = DirectoryWatch(self.directory)
         self._shards: dict[str, ShardTail] = {}

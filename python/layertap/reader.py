@@ -393,7 +393,7 @@ def _reason(err: Exception, path: str) -> str:
     return text[len(path) + 2 :] if text.startswith(path + ": ") else text
 
 
-def open(path: str | os.PathLike, backend: str = "auto", *, tensors: str = "auto") -> Dataset:  # noqa: A001 - the API's name
+def open(path: str | os.PathLike, backend: str = "auto", *, tensors: str = "auto") -> Dataset:
     """Opens a shard file or a dataset directory (its ``*.lts`` files, by file name).
 
     ``backend``: ``"rust"`` (memory-mapped), ``"python"`` (reference implementation) or

@@ -20,10 +20,10 @@ import tempfile
 import numpy as np
 import torch
 
-from layertap._spec.codecs import decode
-from layertap._spec.format import crc32c, decode_trailer
 from layertap._py.reader import PyShardReader
 from layertap._py.writer import PyShardWriter
+from layertap._spec.codecs import decode
+from layertap._spec.format import crc32c, decode_trailer
 from layertap._tensors import TORCH_DTYPES
 from layertap.errors import CorruptRecordError
 from layertap.reader import _reason

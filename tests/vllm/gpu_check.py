@@ -22,12 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
+import torch
 
-from layertap._tiny_model import build_tiny_llama  # noqa: E402
-from layertap.vllm import fetch  # noqa: E402
-
-from vllm_support import Reference, assert_hidden_states_match, connector_config, speculative_config  # noqa: E402
+from layertap._tiny_model import build_tiny_llama
+from layertap.vllm import fetch
+from vllm_support import Reference, assert_hidden_states_match, connector_config, speculative_config
 
 
 def prompt_ids(n: int, start: int) -> list[int]:

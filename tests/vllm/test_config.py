@@ -25,7 +25,6 @@ from layertap.vllm.config import (
     writer_options_for,
 )
 from layertap.vllm.online import record_location
-
 from vllm_support import VLLM_WARNINGS, engine_args, pytest_env, speculative_config
 
 pytestmark = VLLM_WARNINGS  # the engine tests below are marked vllm one by one

@@ -9,7 +9,6 @@ import pytest
 
 import layertap
 from layertap.vllm import fetch
-
 from vllm_support import VLLM_WARNINGS, assert_hidden_states_match, engine_args, read_stats, running_llm, shutdown
 
 pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
@@ -91,7 +90,7 @@ def test_full_pool_waits_for_the_writer(engine, reference):
 
 
 def test_aborted_request_leaves_no_record_and_no_blocks(engine):
-    llm, out_dir, _ = engine
+    llm, _out_dir, _ = engine
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 
     engine_api = llm.llm_engine

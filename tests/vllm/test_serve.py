@@ -23,7 +23,6 @@ import pytest
 import layertap
 from layertap.errors import InvalidInputError
 from layertap.vllm import fetch
-
 from vllm_support import VLLM_WARNINGS, assert_hidden_states_match, connector_config, read_stats, speculative_config
 
 pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]

@@ -14,7 +14,6 @@ from layertap.vllm.engine import EngineFacts
 from layertap.vllm.gather import HiddenStatesCache
 from layertap.vllm.pool import HostPool
 from layertap.vllm.stats import ConnectorStats
-
 from vllm_support import VLLM_WARNINGS
 
 pytestmark = VLLM_WARNINGS  # the saver's module imports vLLM (in the tests, under these filters)

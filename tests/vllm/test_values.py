@@ -12,7 +12,6 @@ import torch
 
 import layertap
 from layertap.vllm import fetch
-
 from vllm_support import (
     STORED_LAYERS,
     VLLM_WARNINGS,

@@ -12,6 +12,7 @@ from layertap._spec.blob import parse_header
 from layertap._spec.dtypes import TWO_BYTE
 from layertap._spec.format import CODEC_BP16_ZSTD, CODEC_NONE, CODEC_ZSTD, CODECS, FormatProblem
 from layertap.errors import InvalidInputError
+
 #: zstd cannot expand data by more than this (about 32 000 to 1 at best); a larger raw_len is
 #: corrupt. The Rust reader uses the same bound.
 ZSTD_MAX_RATIO = 32 << 10

@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 import re
 import struct
-from typing import NamedTuple
-
 from collections.abc import Callable
+from typing import NamedTuple
 
 import crc32c as _crc32c
 
@@ -63,7 +62,7 @@ class FormatProblem(Exception):
 # Names
 
 
-_WRITER_ID = re.compile(r"[A-Za-z0-9._-]{1,%d}" % MAX_WRITER_ID_LEN)
+_WRITER_ID = re.compile(rf"[A-Za-z0-9._-]{{1,{MAX_WRITER_ID_LEN}}}")
 _KEY_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f/\\]")
 
 

@@ -7,8 +7,8 @@ import logging
 import time
 from typing import Any
 
-from layertap.vllm import registry
 from layertap._sink import RecordSink
+from layertap.vllm import registry
 from layertap.vllm.config import ConfigError, ConnectorOptions, default_pool_bytes, writer_options_for
 from layertap.vllm.engine import EngineFacts, read_engine_facts
 from layertap.vllm.gather import HiddenStatesCache
