@@ -143,16 +143,23 @@ def subprocess_env() -> dict:
 def run_python(code: str, *args: str, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
     """Runs ``code`` in a fresh interpreter with the package importable."""
     return subprocess.run(
-        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
-        env=subprocess_env(), **kw,
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=subprocess_env(),
+        **kw,
     )
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """Runs ``python -m layertap ARGS``."""
     return subprocess.run(
-        [sys.executable, "-m", "layertap", *map(str, args)], capture_output=True, text=True,
-        timeout=timeout, env=subprocess_env(),
+        [sys.executable, "-m", "layertap", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=subprocess_env(),
     )
 
 
@@ -188,8 +195,11 @@ class Holder:
 
     def __init__(self, code: str, *args: str, timeout: float = 60):
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            text=True, env=subprocess_env(),
+            [sys.executable, "-c", code, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=subprocess_env(),
         )
         self.timeout = timeout
 
@@ -219,8 +229,9 @@ def hand_made_shard(path, records: list, meta_key: dict | None = None) -> None:
     from layertap._spec import blob
     from layertap._spec import format as fmt
 
-    head = fmt.encode_file_header(bytes(16), {"writer_id": "hand", "shard_index": 0, "created_unix_ms": 0,
-                                              "writer": "hand-made", "user": {}})
+    head = fmt.encode_file_header(
+        bytes(16), {"writer_id": "hand", "shard_index": 0, "created_unix_ms": 0, "writer": "hand-made", "user": {}}
+    )
     body = b""
     entries = []
     for key, tensors, metadata in records:

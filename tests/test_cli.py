@@ -62,7 +62,18 @@ def test_inspect_fits_100_columns_with_long_names_and_says_one_record(tmp_path):
     assert lines[0].startswith(f"{tmp_path}: 4 shards (3 complete, 1 open), 4 records, 12 tokens, ")
     table = lines[lines.index("") + 1 :]
     assert max(len(line) for line in table) <= 100, "\n".join(table)
-    assert table[0].split() == ["shard", "state", "records", "tokens", "codecs", "raw", "stored", "ratio", "torn", "tail"]
+    assert table[0].split() == [
+        "shard",
+        "state",
+        "records",
+        "tokens",
+        "codecs",
+        "raw",
+        "stored",
+        "ratio",
+        "torn",
+        "tail",
+    ]
     assert "11 B" in table[-2] and "11 B" in table[-1]
     names = [line.split()[0] for line in table[1:-1]]
     assert names[0].endswith("89ab-000000.lts") and names[1].endswith("_dp1-000000.lts")

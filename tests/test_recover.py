@@ -167,10 +167,14 @@ def test_a_killed_writer_is_recovered(tmp_path, recover):
         assert r.complete and not r.being_written
         for i in range(6):
             _, tensors = r.read(i)
-            got = {n: torch.frombuffer(b, dtype=torch.bfloat16 if d == "BF16" else torch.int64).reshape(s)
-                   for n, d, s, b in tensors}
+            got = {
+                n: torch.frombuffer(b, dtype=torch.bfloat16 if d == "BF16" else torch.int64).reshape(s)
+                for n, d, s, b in tensors
+            }
             want = make_tensors(i)
-            assert torch.equal(got["hidden_states"], want["hidden_states"]) and torch.equal(got["token_ids"], want["token_ids"])
+            assert torch.equal(got["hidden_states"], want["hidden_states"]) and torch.equal(
+                got["token_ids"], want["token_ids"]
+            )
 
 
 def test_shard_cut_inside_its_header_padding_is_padded_and_completed(tmp_path, recover):
@@ -235,8 +239,12 @@ def json_bytes(meta: dict) -> bytes:
 
 
 def _report_key(report: RecoverReport):
-    return (report.was_complete, report.records, report.truncated_bytes,
-            [(p.kind, p.offset, p.key) for p in report.problems])
+    return (
+        report.was_complete,
+        report.records,
+        report.truncated_bytes,
+        [(p.kind, p.offset, p.key) for p in report.problems],
+    )
 
 
 def test_rust_agrees_with_the_python_reference(tmp_path):

@@ -49,8 +49,11 @@ def records(draw):
     ks = draw(st.lists(keys, min_size=1, max_size=6, unique=True))
     out = []
     for k in ks:
-        names = draw(st.lists(st.sampled_from(["hidden_states", "token_ids", "a", "b", "ü"]), min_size=1,
-                              max_size=3, unique=True))
+        names = draw(
+            st.lists(
+                st.sampled_from(["hidden_states", "token_ids", "a", "b", "ü"]), min_size=1, max_size=3, unique=True
+            )
+        )
         tensors = {name: draw(tensor_specs()) for name in names}
         meta = draw(st.dictionaries(meta_text.filter(lambda s: s != "key"), meta_text, max_size=3))
         out.append((k, tensors, meta))
@@ -80,13 +83,22 @@ def _check(reader_cls, paths, recs):
             for i, e in enumerate(r.entries):
                 r.check(i)
                 metadata, tensors = r.read(i)
-                got.append((e.key, e.num_tokens, metadata, [(n, d, tuple(s), bytes(memoryview(b).cast("B"))) for n, d, s, b in tensors]))
+                got.append(
+                    (
+                        e.key,
+                        e.num_tokens,
+                        metadata,
+                        [(n, d, tuple(s), bytes(memoryview(b).cast("B"))) for n, d, s, b in tensors],
+                    )
+                )
         finally:
             r.close()
     want = []
     for key, tensors, meta in recs:
         num_tokens = tensors["token_ids"][1][0] if "token_ids" in tensors and tensors["token_ids"][1] else 0
-        want.append((key, num_tokens, {**meta, "key": key}, [(n, d, s, data) for n, (d, s, data, _) in tensors.items()]))
+        want.append(
+            (key, num_tokens, {**meta, "key": key}, [(n, d, s, data) for n, (d, s, data, _) in tensors.items()])
+        )
     assert got == want
 
 

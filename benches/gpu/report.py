@@ -14,8 +14,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_extract import MODES
 
-CASES = {"1b": "Llama-3.2-1B arch, layers 2,8,13, 3000 x 256", "8b": "Llama-3.1-8B arch, layers 2,16,29,32, 1500 x 1024",
-         "smoke": "smoke test: 64 prompts"}
+CASES = {
+    "1b": "Llama-3.2-1B arch, layers 2,8,13, 3000 x 256",
+    "8b": "Llama-3.1-8B arch, layers 2,16,29,32, 1500 x 1024",
+    "smoke": "smoke test: 64 prompts",
+}
 
 
 def step_times(r: dict) -> tuple[float | None, float | None]:
@@ -43,18 +46,23 @@ def fmt(x: float | None, spec: str) -> str:
 def case_table(case: str, rows: dict[str, dict]) -> str:
     base = rows.get("none")
     up = rows.get("upstream")
-    out = [f"### {CASES.get(case, case)}", "",
-           "| mode | tok/s generate | tok/s readable | tok/s durable | vs none (gen / read / durable) | "
-           "GB on disk | vs upstream bytes | engine-thread us/step p50 / p99 | pool stalls s | "
-           "compression thread-s / threads |",
-           "|---|---:|---:|---:|---|---:|---:|---|---:|---|"]
+    out = [
+        f"### {CASES.get(case, case)}",
+        "",
+        "| mode | tok/s generate | tok/s readable | tok/s durable | vs none (gen / read / durable) | "
+        "GB on disk | vs upstream bytes | engine-thread us/step p50 / p99 | pool stalls s | "
+        "compression thread-s / threads |",
+        "|---|---:|---:|---:|---|---:|---:|---|---:|---|",
+    ]
     for label, r in sorted(rows.items(), key=lambda kv: (MODES.index(kv[1]["mode"]), kv[0])):
         mode = r["mode"]
         ratios = "-"
         if base:
             b = base["tok_s_generate"]
             ratios = " / ".join(f"{r[k] / b:.2f}" for k in ("tok_s_generate", "tok_s_readable", "tok_s_durable"))
-        vs_up = f"{r['bytes_on_disk'] / up['bytes_on_disk']:.2f}" if up and up["bytes_on_disk"] and mode != "none" else "-"
+        vs_up = (
+            f"{r['bytes_on_disk'] / up['bytes_on_disk']:.2f}" if up and up["bytes_on_disk"] and mode != "none" else "-"
+        )
         p50, p99 = step_times(r)
         out.append(
             f"| {label} | {r['tok_s_generate']:,.0f} | {r['tok_s_readable']:,.0f} | {r['tok_s_durable']:,.0f} | {ratios} | "
@@ -84,8 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     disk = args.results / "disk.json"
     if disk.exists():
         d = json.loads(disk.read_text())
-        print(f"Disk (dd, {d['gib']} GiB): buffered + fsync {d['dd_buffered_fsync_gbps']} GB/s, "
-              f"O_DIRECT {d['dd_odirect_gbps']} GB/s.\n")
+        print(
+            f"Disk (dd, {d['gib']} GiB): buffered + fsync {d['dd_buffered_fsync_gbps']} GB/s, "
+            f"O_DIRECT {d['dd_odirect_gbps']} GB/s.\n"
+        )
     for case, rows in by_case.items():
         print(case_table(case, rows))
     return 0

@@ -61,6 +61,7 @@ def __getattr__(name: str) -> Any:
         return PyShardWriter
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 __all__ = [
     "ShardWriter",
     "PyShardWriter",

@@ -150,7 +150,9 @@ def python_writer_problem(options: WriterOptions) -> OptionError | None:
     """What ``PyShardWriter`` cannot do of ``options``: io_uring and ``O_DIRECT``. The vLLM
     connector asks too, so that a configuration is refused at start-up with the same words."""
     if options.io == "uring":
-        return OptionError("io", "must be 'auto' or 'pwrite': the Python writer has no io_uring ('uring' needs the Rust writer)")
+        return OptionError(
+            "io", "must be 'auto' or 'pwrite': the Python writer has no io_uring ('uring' needs the Rust writer)"
+        )
     if options.direct:
         return OptionError(
             "direct", "must be False: the Python writer writes through the page cache (O_DIRECT needs the Rust writer)"

@@ -260,7 +260,9 @@ def check_buffer_record(record: Any) -> Prepared:
     if not isinstance(parts, list) or not parts:
         raise InvalidInputError(f"record {key!r}: tensors must be a non-empty list of (name, buffer, dtype, shape)")
     if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or not 0 <= num_tokens < 1 << 32:
-        raise InvalidInputError(f"record {key!r}: num_tokens must be an integer from 0 to 2**32 - 1, not {num_tokens!r}")
+        raise InvalidInputError(
+            f"record {key!r}: num_tokens must be an integer from 0 to 2**32 - 1, not {num_tokens!r}"
+        )
     out = []
     names = set()
     for part in parts:

@@ -112,25 +112,27 @@ def inspect_summary(ds) -> dict:
     shards = []
     for info, backend in zip(ds.shards, ds.backends):
         shape = _first_record_shape(backend)
-        shards.append({
-            "path": info.path,
-            "name": os.path.basename(info.path),
-            "state": _state(info).replace(" ", "_"),
-            "complete": info.complete,
-            "being_written": info.being_written,
-            "records": info.records,
-            "tokens": info.tokens,
-            **shape,
-            "codecs": info.codecs,
-            "raw_bytes": info.raw_bytes,
-            "stored_bytes": info.stored_bytes,
-            "file_bytes": info.file_bytes,
-            "ratio": round(info.raw_bytes / info.stored_bytes, 4) if info.stored_bytes else None,
-            "torn_tail_bytes": info.torn_tail_bytes,
-            "writer": info.meta.get("writer"),
-            "writer_id": info.meta.get("writer_id"),
-            "problems": [_problem_json(p) for p in backend.scan_problems],
-        })
+        shards.append(
+            {
+                "path": info.path,
+                "name": os.path.basename(info.path),
+                "state": _state(info).replace(" ", "_"),
+                "complete": info.complete,
+                "being_written": info.being_written,
+                "records": info.records,
+                "tokens": info.tokens,
+                **shape,
+                "codecs": info.codecs,
+                "raw_bytes": info.raw_bytes,
+                "stored_bytes": info.stored_bytes,
+                "file_bytes": info.file_bytes,
+                "ratio": round(info.raw_bytes / info.stored_bytes, 4) if info.stored_bytes else None,
+                "torn_tail_bytes": info.torn_tail_bytes,
+                "writer": info.meta.get("writer"),
+                "writer_id": info.meta.get("writer_id"),
+                "problems": [_problem_json(p) for p in backend.scan_problems],
+            }
+        )
     codecs: dict[str, int] = {}
     for s in shards:
         for c, n in s["codecs"].items():
@@ -227,8 +229,12 @@ def inspect_table(summary: dict) -> str:
     # Columns that differ between shards stay in the table; the others are said once above it.
     varying = [
         (head, key, fmt)
-        for head, key, fmt in (("layers", "layers", _cell), ("hidden", "hidden_size", _cell),
-                               ("dtype", "dtype", _cell), ("codecs", "codecs", codecs))
+        for head, key, fmt in (
+            ("layers", "layers", _cell),
+            ("hidden", "hidden_size", _cell),
+            ("dtype", "dtype", _cell),
+            ("codecs", "codecs", codecs),
+        )
         if len({fmt(s[key]) for s in shards if s["records"]}) > 1
     ]
     torn = any(s["torn_tail_bytes"] for s in shards)
@@ -241,7 +247,9 @@ def inspect_table(summary: dict) -> str:
         row += [human_bytes(s["raw_bytes"]), human_bytes(s["stored_bytes"]), ratio(s["ratio"])]
         rows.append(row + [_tail(s["torn_tail_bytes"])] * torn)
     states = [s["state"] for s in shards]
-    counts = ", ".join(f"{states.count(k)} {k.replace('_', ' ')}" for k in ("complete", "open", "being_written") if k in states)
+    counts = ", ".join(
+        f"{states.count(k)} {k.replace('_', ' ')}" for k in ("complete", "open", "being_written") if k in states
+    )
     row = ["total", "", _cell(summary["records"]), _cell(summary["tokens"])]
     row += ["mixed" for _ in varying]
     row += [human_bytes(summary["raw_bytes"]), human_bytes(summary["stored_bytes"]), ratio(summary["ratio"])]
@@ -256,13 +264,23 @@ def inspect_table(summary: dict) -> str:
         for h, key in (("layers", "layers"), ("hidden", "hidden_size"), ("dtype", "dtype"))
         if h not in {v[0] for v in varying}
     ]
-    shared.append("codecs " + ", ".join(f"{c} ({n:,})" for c, n in sorted(summary["codecs"].items())) if summary["codecs"] else "codecs -")
+    shared.append(
+        "codecs " + ", ".join(f"{c} ({n:,})" for c, n in sorted(summary["codecs"].items()))
+        if summary["codecs"]
+        else "codecs -"
+    )
     out = [title]
     if summary["layer_ids"] is not None:
         shared.append(f"layer ids {summary['layer_ids']}")
     if shared:
         out.append(", ".join(shared))
-    out += ["", _table(rows, right=set(range(2, len(head))) - {4 + i for i, (h, _, _) in enumerate(varying) if h in ("dtype", "codecs")})]
+    out += [
+        "",
+        _table(
+            rows,
+            right=set(range(2, len(head))) - {4 + i for i, (h, _, _) in enumerate(varying) if h in ("dtype", "codecs")},
+        ),
+    ]
     for u in summary["unreadable"]:
         out.append(f"not a shard: {u['shard']}: {u['message']}")
     return "\n".join(out)
@@ -291,14 +309,19 @@ def cmd_verify(args) -> int:
     for p in report.problems:
         print(problem_line(p), file=sys.stderr)
     if args.json:
-        print(json.dumps({
-            "path": args.path,
-            "ok": report.ok,
-            "shards": shards,
-            "records_ok": report.records_ok,
-            "records_bad": report.records_bad,
-            "problems": [_problem_json(p) for p in report.problems],
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "path": args.path,
+                    "ok": report.ok,
+                    "shards": shards,
+                    "records_ok": report.records_ok,
+                    "records_bad": report.records_bad,
+                    "problems": [_problem_json(p) for p in report.problems],
+                },
+                indent=2,
+            )
+        )
     elif not args.quiet:
         verdict = "OK" if report.ok else "FAILED"
         print(
@@ -316,14 +339,17 @@ def cmd_verify(args) -> int:
 def _recover_function(backend: str):
     if backend == "python":
         from layertap._py.recover import recover
+
         return recover
     if backend == "auto":
         try:
             import layertap._native  # noqa: F401 - only asks whether the extension is built
         except ImportError:
             from layertap._py.recover import recover
+
             return recover
     from layertap.recover import recover
+
     return recover
 
 
@@ -395,8 +421,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="layertap", description="Inspect, verify and recover layertap datasets.")
     parser.add_argument("--version", action="version", version=f"layertap {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    backend = {"choices": ["auto", "rust", "python"], "default": "auto",
-               "help": "reader implementation (default: Rust when built)"}
+    backend = {
+        "choices": ["auto", "rust", "python"],
+        "default": "auto",
+        "help": "reader implementation (default: Rust when built)",
+    }
 
     p = sub.add_parser("inspect", help="summarise a dataset or shard")
     p.add_argument("path", help="dataset directory or shard file")

@@ -207,7 +207,9 @@ class ShardTail:
         # The words of the readers' errors, so that messages do not depend on who found it.
         key = f" (key {json.dumps(e.key, ensure_ascii=False)})" if e.key else ""
         return CorruptRecordError(
-            f"{self.path}: corrupt record at offset {e.frame_offset}{key}: {reason}", self.path, e.frame_offset,
+            f"{self.path}: corrupt record at offset {e.frame_offset}{key}: {reason}",
+            self.path,
+            e.frame_offset,
             e.key or None,
         )
 
@@ -329,7 +331,9 @@ class Follow:
                         e = shard.entries[shard.consumed]
                         self.skipped += 1
                         self.problems.append(
-                            Problem(shard.path, e.frame_offset, e.key or None, "corrupt_record", _reason(err, shard.path))
+                            Problem(
+                                shard.path, e.frame_offset, e.key or None, "corrupt_record", _reason(err, shard.path)
+                            )
                         )
                         shard.consumed += 1
                         continue

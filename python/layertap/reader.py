@@ -304,7 +304,9 @@ class Dataset:
                         s.check(i)
                     except FormatError as err:
                         report.records_bad += 1
-                        report.problems.append(Problem(s.path, e.frame_offset, e.key, "corrupt_record", _reason(err, s.path)))
+                        report.problems.append(
+                            Problem(s.path, e.frame_offset, e.key, "corrupt_record", _reason(err, s.path))
+                        )
                     else:
                         report.records_ok += 1
                     if bar is not None:
@@ -321,10 +323,15 @@ class Dataset:
         for s, e in self._entries():
             if e.key in first:
                 where = first[e.key]
-                out.append(Problem(
-                    s.path, e.frame_offset, e.key, "duplicate_key",
-                    f"key {e.key!r} was already used by the record at offset {where[1]} of {where[0]}",
-                ))
+                out.append(
+                    Problem(
+                        s.path,
+                        e.frame_offset,
+                        e.key,
+                        "duplicate_key",
+                        f"key {e.key!r} was already used by the record at offset {where[1]} of {where[0]}",
+                    )
+                )
             else:
                 first[e.key] = (s.path, e.frame_offset)
         return out
@@ -374,7 +381,9 @@ class RecordIterator:
                 shard, i = self._ds._locate(pos)
                 e = shard.entries[i]
                 self.skipped += 1
-                self.problems.append(Problem(shard.path, e.frame_offset, e.key, "corrupt_record", _reason(err, shard.path)))
+                self.problems.append(
+                    Problem(shard.path, e.frame_offset, e.key, "corrupt_record", _reason(err, shard.path))
+                )
         raise StopIteration
 
     def __repr__(self) -> str:

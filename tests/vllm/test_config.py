@@ -75,16 +75,38 @@ def test_bad_option_is_named(extra, option, message):
 
 
 def test_every_option_parses(tmp_path):
-    options = parse_options({
-        "output_dir": str(tmp_path), "writer": "python", "codec": "zstd", "level": 5, "shard_size": 1 << 20,
-        "durability": 1 << 20, "pool_bytes": 1 << 24, "writer_threads": 2, "max_inflight_bytes": 1 << 25,
-        "batch_bytes": 1 << 16, "io": "pwrite", "direct": False, "writer_id": "rank-0",
-        "stats_path": str(tmp_path / "s.json"), "shard_metadata": {"run": "7"},
-    })
+    options = parse_options(
+        {
+            "output_dir": str(tmp_path),
+            "writer": "python",
+            "codec": "zstd",
+            "level": 5,
+            "shard_size": 1 << 20,
+            "durability": 1 << 20,
+            "pool_bytes": 1 << 24,
+            "writer_threads": 2,
+            "max_inflight_bytes": 1 << 25,
+            "batch_bytes": 1 << 16,
+            "io": "pwrite",
+            "direct": False,
+            "writer_id": "rank-0",
+            "stats_path": str(tmp_path / "s.json"),
+            "shard_metadata": {"run": "7"},
+        }
+    )
     assert options.output_dir == str(tmp_path) and options.writer == "python" and options.pool_bytes == 1 << 24
     assert options.writer_options == WriterOptions(
-        codec="zstd", level=5, shard_size=1 << 20, durability=1 << 20, threads=2, max_inflight_bytes=1 << 25,
-        batch_bytes=1 << 16, io="pwrite", direct=False, writer_id="rank-0", metadata={"run": "7"},
+        codec="zstd",
+        level=5,
+        shard_size=1 << 20,
+        durability=1 << 20,
+        threads=2,
+        max_inflight_bytes=1 << 25,
+        batch_bytes=1 << 16,
+        io="pwrite",
+        direct=False,
+        writer_id="rank-0",
+        metadata={"run": "7"},
     )
     assert options.writer_id == "rank-0" and options.stats_path == str(tmp_path / "s.json")
     assert parse_options({**GOOD, "direct": True}).writer_options.direct is True
@@ -100,11 +122,21 @@ def test_the_worker_completes_the_writer_options():
     connector's own defaults for what was not configured; null means not configured."""
     defaults = writer_options_for(parse_options(GOOD), "w0", 1 << 20, {"source": "layertap.vllm", "model": "m"})
     assert defaults == WriterOptions(
-        threads=default_writer_threads(), max_inflight_bytes=2 << 20, writer_id="w0",
+        threads=default_writer_threads(),
+        max_inflight_bytes=2 << 20,
+        writer_id="w0",
         metadata={"source": "layertap.vllm", "model": "m"},
     )
-    given = parse_options({**GOOD, "writer_threads": 3, "max_inflight_bytes": 7, "shard_metadata": {"model": "x"},
-                           "codec": "none", "writer_id": None})
+    given = parse_options(
+        {
+            **GOOD,
+            "writer_threads": 3,
+            "max_inflight_bytes": 7,
+            "shard_metadata": {"model": "x"},
+            "codec": "none",
+            "writer_id": None,
+        }
+    )
     opts = writer_options_for(given, "w0", 1 << 20, {"source": "layertap.vllm", "model": "m"})
     assert (opts.threads, opts.max_inflight_bytes, opts.codec) == (3, 7, "none")
     assert dict(opts.metadata) == {"source": "layertap.vllm", "model": "x"}
@@ -193,12 +225,18 @@ def start_and_fail(args: dict) -> str:
 @pytest.mark.parametrize(
     ("change", "expected"),
     [
-        (lambda a: a["kv_transfer_config"]["kv_connector_extra_config"].update(bogus=1),
-         "layertap connector: bogus: unknown option"),
-        (lambda a: a["kv_transfer_config"]["kv_connector_extra_config"].update(pool_bytes=1 << 16),
-         "layertap connector: pool_bytes: 65536 bytes cannot hold the largest possible request: max_model_len 512"),
-        (lambda a: a.update(speculative_config=speculative_config([1, 1])),
-         "eagle_aux_hidden_state_layer_ids: [1, 1] repeats a layer"),
+        (
+            lambda a: a["kv_transfer_config"]["kv_connector_extra_config"].update(bogus=1),
+            "layertap connector: bogus: unknown option",
+        ),
+        (
+            lambda a: a["kv_transfer_config"]["kv_connector_extra_config"].update(pool_bytes=1 << 16),
+            "layertap connector: pool_bytes: 65536 bytes cannot hold the largest possible request: max_model_len 512",
+        ),
+        (
+            lambda a: a.update(speculative_config=speculative_config([1, 1])),
+            "eagle_aux_hidden_state_layer_ids: [1, 1] repeats a layer",
+        ),
     ],
     ids=["unknown-option", "pool-too-small", "repeated-layer"],
 )
@@ -228,6 +266,7 @@ def test_no_cost_without_the_connector(tiny_model, tmp_path):
         print("NO-LAYERTAP-OK")
     """)
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
-                          cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path
+    )
     assert proc.returncode == 0 and "NO-LAYERTAP-OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -23,9 +23,18 @@ LAYERS, HIDDEN, BLOCK, BLOCKS = 3, 8, 4, 16
 
 def facts() -> EngineFacts:
     return EngineFacts(
-        layer_ids=(1, 2, 3), requested_layer_ids=(1, 2, 3), num_model_layers=4, hidden_size=HIDDEN, model="tiny",
-        max_model_len=32, max_num_batched_tokens=64, group_id=1, block_size=BLOCK, engine_id="e",
-        writer_id="w", tensor_parallel_size=1,
+        layer_ids=(1, 2, 3),
+        requested_layer_ids=(1, 2, 3),
+        num_model_layers=4,
+        hidden_size=HIDDEN,
+        model="tiny",
+        max_model_len=32,
+        max_num_batched_tokens=64,
+        group_id=1,
+        block_size=BLOCK,
+        engine_id="e",
+        writer_id="w",
+        tensor_parallel_size=1,
     )
 
 
@@ -76,14 +85,19 @@ def test_the_worker_opens_the_writer_the_options_ask_for(tmp_path, kind):
     from layertap.vllm.config import default_writer_threads, parse_options
     from layertap.vllm.worker import open_writer
 
-    options = parse_options({"output_dir": str(tmp_path), "writer": kind, "codec": "zstd",
-                             "shard_metadata": {"run": "7"}})
+    options = parse_options(
+        {"output_dir": str(tmp_path), "writer": kind, "codec": "zstd", "shard_metadata": {"run": "7"}}
+    )
     with open_writer(options, facts(), pool_bytes=1 << 20) as w:
         assert isinstance(w, layertap.RecordSink) and isinstance(w, writer_class(kind))
         assert w.writer_id == "w" and w.options.codec == "zstd" and w.options.max_inflight_bytes == 2 << 20
         assert w.options.threads == default_writer_threads()
-        assert dict(w.options.metadata) == {"source": "layertap.vllm", "model": "tiny", "layer_ids": "[1, 2, 3]",
-                                            "run": "7"}
+        assert dict(w.options.metadata) == {
+            "source": "layertap.vllm",
+            "model": "tiny",
+            "layer_ids": "[1, 2, 3]",
+            "run": "7",
+        }
 
 
 def test_a_missing_extension_is_named_as_the_writer_option(tmp_path, monkeypatch):

@@ -73,11 +73,16 @@ class PyShardReader:
         else:
             self.complete = False
             if footer is not None:
-                self.scan_problems.append(Problem(
-                    self.path, footer.index_offset, None, "bad_index",
-                    f"index at offset {footer.index_offset} is unusable ({footer.problem}); "
-                    "the shard was scanned instead",
-                ))
+                self.scan_problems.append(
+                    Problem(
+                        self.path,
+                        footer.index_offset,
+                        None,
+                        "bad_index",
+                        f"index at offset {footer.index_offset} is unusable ({footer.problem}); "
+                        "the shard was scanned instead",
+                    )
+                )
             found = scan.scan(self)
             self._raw = found.entries
             self.data_end = found.data_end
@@ -90,17 +95,26 @@ class PyShardReader:
             # an open shard without records or torn tail (docs/FORMAT.md, "File header").
             self.torn_tail_bytes = max(0, tail_end - found.data_end)
             if self.torn_tail_bytes:
-                self.scan_problems.append(Problem(
-                    self.path, found.data_end, None, "torn_tail",
-                    f"torn tail of {self.torn_tail_bytes} bytes at offset {found.data_end}: "
-                    "an unfinished frame after the last valid one",
-                ))
+                self.scan_problems.append(
+                    Problem(
+                        self.path,
+                        found.data_end,
+                        None,
+                        "torn_tail",
+                        f"torn tail of {self.torn_tail_bytes} bytes at offset {found.data_end}: "
+                        "an unfinished frame after the last valid one",
+                    )
+                )
             if found.stopped_at_index and footer is None:
-                self.scan_problems.append(Problem(
-                    self.path, found.stop, None, "bad_index",
-                    "an index frame without a valid trailer after it (the writer died while closing "
-                    "the shard?)",
-                ))
+                self.scan_problems.append(
+                    Problem(
+                        self.path,
+                        found.stop,
+                        None,
+                        "bad_index",
+                        "an index frame without a valid trailer after it (the writer died while closing the shard?)",
+                    )
+                )
         self.entries = [
             IndexEntry(e.key, e.frame_offset, e.stored_len, e.raw_len, e.num_tokens, CODECS[e.codec], e.payload_crc)
             for e in self._raw

@@ -162,11 +162,16 @@ def scan(shard: _Shard) -> ScanResult:
             pos = _next_candidate(shard, pos + 8)
             continue
         if damaged_from is not None:
-            pending.append(Problem(
-                shard.path, damaged_from, None, "damaged_region",
-                f"damaged region of {pos - damaged_from} bytes at [{damaged_from}, {pos}): "
-                "no valid frame header in it",
-            ))
+            pending.append(
+                Problem(
+                    shard.path,
+                    damaged_from,
+                    None,
+                    "damaged_region",
+                    f"damaged region of {pos - damaged_from} bytes at [{damaged_from}, {pos}): "
+                    "no valid frame header in it",
+                )
+            )
             damaged_from = None
         if h.kind == KIND_INDEX:
             stop, stopped_at_index = pos, True
@@ -179,10 +184,15 @@ def scan(shard: _Shard) -> ScanResult:
             entries.append(RawEntry(pos, h.stored_len, h.raw_len, h.num_tokens, h.payload_crc, h.codec, h.key))
             data_end = nxt
         else:
-            pending.append(Problem(
-                shard.path, pos, h.key, "corrupt_record",
-                f"payload checksum mismatch (frame says {h.payload_crc:#010x}, payload has {crc:#010x})",
-            ))
+            pending.append(
+                Problem(
+                    shard.path,
+                    pos,
+                    h.key,
+                    "corrupt_record",
+                    f"payload checksum mismatch (frame says {h.payload_crc:#010x}, payload has {crc:#010x})",
+                )
+            )
         pos = nxt
     return ScanResult(entries, data_end, stop, stopped_at_index, problems)
 

@@ -305,8 +305,15 @@ class PyShardWriter:
         self._closed = False
         self._error_raised = False
         state = _State(
-            directory, writer_id, codec_id, options.level, options.shard_size, options.durability,
-            options.batch_bytes, dict(options.metadata), max(taken) + 1 if taken else 0,
+            directory,
+            writer_id,
+            codec_id,
+            options.level,
+            options.shard_size,
+            options.durability,
+            options.batch_bytes,
+            dict(options.metadata),
+            max(taken) + 1 if taken else 0,
         )
         cls = type(self)
         state.identity = lambda index: cls._shard_identity(writer_id, index)
@@ -396,8 +403,10 @@ class PyShardWriter:
             for name, view, dtype, shape in parts:
                 check_utf8("tensor name", name)
                 if view.nbytes != math.prod(shape) * ITEMSIZE[dtype]:
-                    raise InvalidInputError(f"tensor {name!r}: {view.nbytes} bytes, but {dtype} {list(shape)} needs "
-                                            f"{math.prod(shape) * ITEMSIZE[dtype]}")
+                    raise InvalidInputError(
+                        f"tensor {name!r}: {view.nbytes} bytes, but {dtype} {list(shape)} needs "
+                        f"{math.prod(shape) * ITEMSIZE[dtype]}"
+                    )
             header = build_header([(name, dtype, tuple(shape)) for name, _, dtype, shape in parts], meta)
             raw_len = len(header) + sum(view.nbytes for _, view, _, _ in parts)
             jobs.append((key, header, parts, num_tokens, raw_len))

@@ -86,5 +86,3 @@ def decode(codec: int, stored, raw_len: int):
                 join_planes(out[t.begin : t.end], joined[t.begin : t.end])
         out = memoryview(joined).cast("B")
     return out
-
-

@@ -81,8 +81,7 @@ def key_problem(key: object) -> str | None:
     bad = _KEY_FORBIDDEN.search(key)
     if bad:
         return (
-            f"record key {key!r} contains {bad.group()!r}; keys may not contain path separators "
-            "or control characters"
+            f"record key {key!r} contains {bad.group()!r}; keys may not contain path separators or control characters"
         )
     return None
 

@@ -16,9 +16,7 @@ class DecodedRecord(NamedTuple):
     """``(name, dtype, shape, bytes)`` of each tensor, in the order of their data."""
 
 
-def decode_record(
-    stored, *, key: str, codec: int, raw_len: int, payload_crc: int | None
-) -> DecodedRecord:
+def decode_record(stored, *, key: str, codec: int, raw_len: int, payload_crc: int | None) -> DecodedRecord:
     """Checks the stored payload of the record ``key`` against its checksum (unless
     ``payload_crc`` is None: not asked), decodes it and parses its safetensors header. Raises
     FormatProblem saying what is wrong."""

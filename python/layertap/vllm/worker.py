@@ -90,11 +90,20 @@ class WorkerSide:
         logger.info(
             "layertap: writing hidden states of layers %s (%s, cache %s strides %s, token axis %d, "
             "block %d/%d, gather by %s) to %s as writer %s (%s writer, %s; pool %.0f MiB%s)",
-            list(facts.layer_ids), str(cache.dtype).removeprefix("torch."), list(cache.kv.shape),
-            list(cache.kv.stride()), cache.axis, cache.tensor_block_size, facts.block_size,
+            list(facts.layer_ids),
+            str(cache.dtype).removeprefix("torch."),
+            list(cache.kv.shape),
+            list(cache.kv.stride()),
+            cache.axis,
+            cache.tensor_block_size,
+            facts.block_size,
             "rows" if cache.by_rows else "blocks",
-            self.options.output_dir, facts.writer_id, self.options.writer, writer.backend,
-            pool_bytes / 2**20, " pinned" if pool.pinned else "",
+            self.options.output_dir,
+            facts.writer_id,
+            self.options.writer,
+            writer.backend,
+            pool_bytes / 2**20,
+            " pinned" if pool.pinned else "",
         )
 
     # -- every step ---------------------------------------------------------------------------
