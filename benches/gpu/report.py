@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_extract import MODES  # noqa: E402  (the row order of the tables)
+from bench_extract import MODES
 
 CASES = {
     "1b": "Llama-3.2-1B arch, layers 2,8,13, 3000 x 256",
