@@ -36,8 +36,14 @@ from pathlib import Path
 
 
 def engine_args(args) -> dict:
-    kw = dict(load_format="dummy", skip_tokenizer_init=True, enable_prefix_caching=False,
-              max_model_len=args.len + 8, dtype="bfloat16", seed=0)
+    kw = dict(
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        enable_prefix_caching=False,
+        max_model_len=args.len + 8,
+        dtype="bfloat16",
+        seed=0,
+    )
     if args.cpu_kv_bytes:
         kw.update(kv_cache_memory_bytes=args.cpu_kv_bytes, enforce_eager=True)
     else:
@@ -74,8 +80,15 @@ def run_bare(args, out: Path) -> dict:
     connector = {"output_dir": str(out), "writer": "rust", "codec": "bp16-zstd", "writer_id": "bare-0"}
     llm = LLM(**llm_kwargs(str(args.model), layers, engine_args(args), connector))
     prompts = [{"prompt_token_ids": ids} for ids in rows(args)]
-    params = [SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, extra_args={
-        "kv_transfer_params": {"sample_id": str(i), "record_metadata": {"row": str(i)}}}) for i in range(len(prompts))]
+    params = [
+        SamplingParams(
+            max_tokens=1,
+            temperature=0.0,
+            detokenize=False,
+            extra_args={"kv_transfer_params": {"sample_id": str(i), "record_metadata": {"row": str(i)}}},
+        )
+        for i in range(len(prompts))
+    ]
     t0, c0 = time.perf_counter(), time.process_time()
     llm.generate(prompts, params, use_tqdm=False)
     t_gen, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -104,12 +117,25 @@ def run_generate(args, out: Path) -> dict:
     with open(data, "w") as f:
         for ids in rows(args):
             f.write(json.dumps({"input_ids": ids}) + "\n")
-    summary = layertap.generate(str(args.model), data, out, layers=args.layers, engine_args=engine_args(args),
-                                sampling_args={"temperature": 0.0}, progress="lines", progress_interval=10.0)
+    summary = layertap.generate(
+        str(args.model),
+        data,
+        out,
+        layers=args.layers,
+        engine_args=engine_args(args),
+        sampling_args={"temperature": 0.0},
+        progress="lines",
+        progress_interval=10.0,
+    )
     assert summary["complete"] and summary["rows_written"] == args.prompts, summary
     secs = summary["seconds"]
-    return {"t_generate": secs["generate"], "t_written": secs["generate"] + secs["drain"],
-            "load_s": secs["load"], "ratio": summary["ratio"], **cpu}
+    return {
+        "t_generate": secs["generate"],
+        "t_written": secs["generate"] + secs["drain"],
+        "load_s": secs["load"],
+        "ratio": summary["ratio"],
+        **cpu,
+    }
 
 
 def one(args) -> int:
@@ -143,18 +169,20 @@ def main(argv: list[str] | None = None) -> int:
 
     runs = []
     for rnd in range(args.rounds):
-        for mode in (("bare", "generate") if rnd % 2 == 0 else ("generate", "bare")):
+        for mode in ("bare", "generate") if rnd % 2 == 0 else ("generate", "bare"):
             cmd = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--one", mode]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
             if proc.returncode or not lines:
                 print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
                 raise SystemExit(f"{mode} run of round {rnd} failed ({proc.returncode})")
-            r = json.loads(lines[-1][len("RESULT "):])
+            r = json.loads(lines[-1][len("RESULT ") :])
             r["round"] = rnd
             runs.append(r)
-            print(f"round {rnd} {mode:8} {r['t_written']:7.2f} s until written, "
-                  f"{r['tok_s_written']:,.0f} tok/s", flush=True)
+            print(
+                f"round {rnd} {mode:8} {r['t_written']:7.2f} s until written, {r['tok_s_written']:,.0f} tok/s",
+                flush=True,
+            )
     ratios = []
     for rnd in range(args.rounds):
         bare = next(r for r in runs if r["round"] == rnd and r["mode"] == "bare")
@@ -178,17 +206,23 @@ def main(argv: list[str] | None = None) -> int:
         bare = next(r for r in runs if r["round"] == rnd and r["mode"] == "bare")
         gen = next(r for r in runs if r["round"] == rnd and r["mode"] == "generate")
         extra_cpu.append(gen["front_cpu_s"] - bare["front_cpu_s"])
-        md.append(f"| {rnd} | {bare['t_written']:.2f} | {gen['t_written']:.2f} | {ratio:.3f} | "
-                  f"{bare['front_cpu_s']:.2f} | {gen['front_cpu_s']:.2f} |")
+        md.append(
+            f"| {rnd} | {bare['t_written']:.2f} | {gen['t_written']:.2f} | {ratio:.3f} | "
+            f"{bare['front_cpu_s']:.2f} | {gen['front_cpu_s']:.2f} |"
+        )
     per_row = statistics.median(extra_cpu) / args.prompts * 1e6
-    md += ["", f"Median generate / bare: **{statistics.median(ratios):.3f}** "
-               f"(wall-clock overhead {100 * (statistics.median(ratios) - 1):+.1f}%); the front end's extra CPU: "
-               f"median {statistics.median(extra_cpu):+.2f} s, **{per_row:+.0f} us a row**."]
+    md += [
+        "",
+        f"Median generate / bare: **{statistics.median(ratios):.3f}** "
+        f"(wall-clock overhead {100 * (statistics.median(ratios) - 1):+.1f}%); the front end's extra CPU: "
+        f"median {statistics.median(extra_cpu):+.2f} s, **{per_row:+.0f} us a row**.",
+    ]
     print("\n".join(md))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                                             "runs": runs, "ratios": ratios}, indent=1))
+        args.out.with_suffix(".json").write_text(
+            json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "runs": runs, "ratios": ratios}, indent=1)
+        )
         args.out.with_suffix(".md").write_text("\n".join(md) + "\n")
     return 0
 

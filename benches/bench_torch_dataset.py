@@ -136,8 +136,13 @@ def epoch(kind: str, d: Path, n: int, workers: int, batch: int, seed: int) -> di
     """One shuffled epoch as a training loop runs it; returns seconds, records and bytes."""
     ds = dataset(kind, d, n)
     loader = torch.utils.data.DataLoader(
-        ds, batch_size=batch, shuffle=True, generator=torch.Generator().manual_seed(seed),
-        num_workers=workers, collate_fn=pad_collate, multiprocessing_context="fork" if workers else None,
+        ds,
+        batch_size=batch,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+        num_workers=workers,
+        collate_fn=pad_collate,
+        multiprocessing_context="fork" if workers else None,
     )
     t0 = time.perf_counter()
     records = tokens = 0
@@ -179,8 +184,11 @@ def main(argv: list[str] | None = None) -> int:
                     r = epoch(kind, dirs[kind], args.records, workers, args.batch, seed=rnd)
                     r.update(round=rnd, kind=kind, workers=workers, cache=cache)
                     runs.append(r)
-                    print(f"round {rnd} workers {workers} {cache:4} {kind:14} {r['seconds']:6.2f} s "
-                          f"{r['records'] / r['seconds']:7.1f} rec/s", flush=True)
+                    print(
+                        f"round {rnd} workers {workers} {cache:4} {kind:14} {r['seconds']:6.2f} s "
+                        f"{r['records'] / r['seconds']:7.1f} rec/s",
+                        flush=True,
+                    )
     checks = {(r["round"], r["workers"], r["cache"]): set() for r in runs}
     for r in runs:
         checks[(r["round"], r["workers"], r["cache"])].add(round(r["check"], 1))
@@ -196,14 +204,18 @@ def main(argv: list[str] | None = None) -> int:
             for kind in kinds:
                 mine = {r["round"]: r["seconds"] for r in sel if r["kind"] == kind}
                 ratios = [mine[k] / st[k] for k in mine]
-                rows.append({
-                    "workers": workers, "cache": cache, "reader": kind,
-                    "median_s": statistics.median(mine.values()),
-                    "records_per_s": args.records / statistics.median(mine.values()),
-                    "gb_per_s_raw": sizes["safetensors"] / 1e9 / statistics.median(mine.values()),
-                    "time_vs_safetensors": [round(x, 3) for x in ratios],
-                    "median_time_vs_safetensors": round(statistics.median(ratios), 3),
-                })
+                rows.append(
+                    {
+                        "workers": workers,
+                        "cache": cache,
+                        "reader": kind,
+                        "median_s": statistics.median(mine.values()),
+                        "records_per_s": args.records / statistics.median(mine.values()),
+                        "gb_per_s_raw": sizes["safetensors"] / 1e9 / statistics.median(mine.values()),
+                        "time_vs_safetensors": [round(x, 3) for x in ratios],
+                        "median_time_vs_safetensors": round(statistics.median(ratios), 3),
+                    }
+                )
     result = {
         "machine": f"{platform.node()} {os.cpu_count()} CPUs, {platform.platform()}",
         "date": time.strftime("%Y-%m-%d"),
@@ -228,9 +240,11 @@ def main(argv: list[str] | None = None) -> int:
         "|---:|---|---|---:|---:|---:|---|---:|",
     ]
     for r in rows:
-        md.append(f"| {r['workers']} | {r['cache']} | {r['reader']} | {r['median_s']:.2f} | {r['records_per_s']:.1f} | "
-                  f"{r['gb_per_s_raw']:.2f} | {', '.join(f'{x:.2f}' for x in r['time_vs_safetensors'])} | "
-                  f"**{r['median_time_vs_safetensors']:.2f}** |")
+        md.append(
+            f"| {r['workers']} | {r['cache']} | {r['reader']} | {r['median_s']:.2f} | {r['records_per_s']:.1f} | "
+            f"{r['gb_per_s_raw']:.2f} | {', '.join(f'{x:.2f}' for x in r['time_vs_safetensors'])} | "
+            f"**{r['median_time_vs_safetensors']:.2f}** |"
+        )
     args.out.with_suffix(".md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     return 0

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 import layertap
+from helpers import cut_footer, make_tensors
+from layertap._spec.format import FILE_MAGIC
 from layertap.generate.data import BadRow, Row, open_rows
 from layertap.generate.errors import GenerateError
 from layertap.generate.model import default_layers, parse_layers
 from layertap.generate.render import BadRowError, Renderer
 from layertap.generate.resume import LOCK_NAME, prepare_output
-
-from helpers import cut_footer, make_tensors
 
 ROWS = [
     {"input_ids": [5, 6, 7], "loss_mask": [0, 1, 1]},
@@ -71,12 +71,17 @@ def test_jsonl_parquet_and_datasets_give_the_same_rows(tmp_path):
 
 
 def test_jsonl_bad_lines_are_rows_too(tmp_path):
-    path = write_jsonl(tmp_path / "d.jsonl", ['{"prompt": "a b"}', "", "{not json", "[1, 2]",
-                                                '{"other": 1}', '{"prompt": "c"}'])
+    path = write_jsonl(
+        tmp_path / "d.jsonl", ['{"prompt": "a b"}', "", "{not json", "[1, 2]", '{"other": 1}', '{"prompt": "c"}']
+    )
     got = read_all(open_rows(path))
     assert [type(r).__name__ for r in got] == ["Row", "BadRow", "BadRow", "BadRow", "BadRow", "Row"]
     assert [r.reason.split(":")[0] for r in got if isinstance(r, BadRow)] == [
-        "empty line", "not JSON", "not a JSON object but list", "no 'prompt'"]
+        "empty line",
+        "not JSON",
+        "not a JSON object but list",
+        "no 'prompt'",
+    ]
 
 
 def test_column_choice_and_input_errors(tmp_path):
@@ -87,15 +92,19 @@ def test_column_choice_and_input_errors(tmp_path):
     assert open_rows(write_jsonl(tmp_path / "m.jsonl", [{"prompt": "x", "messages": []}])).column == "messages"
     cases = [
         (tmp_path / "missing.jsonl", "no such file or directory"),
-        (write_jsonl(tmp_path / "nocol.jsonl", [{"text": "x"}]),
-         "no prompt column: expected one of input_ids, messages, prompt"),
+        (
+            write_jsonl(tmp_path / "nocol.jsonl", [{"text": "x"}]),
+            "no prompt column: expected one of input_ids, messages, prompt",
+        ),
         (write_jsonl(tmp_path / "empty.jsonl", []), "no line holds a JSON object"),
         (write_jsonl(tmp_path / "bad.parquet", ["nope"]), "not a readable Parquet file"),
     ]
     dd = tmp_path / "dd"
     datasets.DatasetDict({"train": datasets.Dataset.from_list([{"prompt": "x"}])}).save_to_disk(str(dd))
-    cases += [(dd, "a DatasetDict with splits ['train']; pass one split's directory"),
-              (tmp_path, "not a datasets directory")]
+    cases += [
+        (dd, "a DatasetDict with splits ['train']; pass one split's directory"),
+        (tmp_path, "not a datasets directory"),
+    ]
     for path, message in cases:
         with pytest.raises(GenerateError, match=message.replace("[", r"\[").replace("]", r"\]")):
             open_rows(path)
@@ -106,7 +115,15 @@ def test_render_rows(tokenizer):
     chat = [{"role": "user", "content": "the water"}, {"role": "assistant", "content": "is hot"}]
     ids, mask = r.render(chat)
     assert tokenizer.convert_ids_to_tokens(ids) == [
-        "<|user|>", "the", "water", "<|end|>", "<|assistant|>", "is", "hot", "<|end|>"]
+        "<|user|>",
+        "the",
+        "water",
+        "<|end|>",
+        "<|assistant|>",
+        "is",
+        "hot",
+        "<|end|>",
+    ]
     assert mask is None
     # A chat that ends with the user gets the generation prompt.
     ids, _ = r.render(chat[:1])
@@ -123,8 +140,13 @@ def test_render_rows(tokenizer):
             r.render(value, mask)
     ids_renderer = Renderer(tokenizer, "input_ids", vocab_size=100, max_len=20)
     assert ids_renderer.render([3, 4, 99])[0] == [3, 4, 99]
-    for value, why in [([3, 100], "holds 100, outside the vocabulary of 100"), ([-1], "holds -1"),
-                       ([1.5], "flat list of integers"), ("3 4", "must be a list"), ([], "no tokens")]:
+    for value, why in [
+        ([3, 100], "holds 100, outside the vocabulary of 100"),
+        ([-1], "holds -1"),
+        ([1.5], "flat list of integers"),
+        ("3 4", "must be a list"),
+        ([], "no tokens"),
+    ]:
         with pytest.raises(BadRowError, match=why):
             ids_renderer.render(value)
     text = Renderer(tokenizer, "prompt", vocab_size=len(tokenizer), max_len=20)
@@ -135,8 +157,13 @@ def test_layers():
     assert default_layers(32) == [2, 16, 29, 32]
     assert default_layers(4) == [1, 2, 4]  # 2, 4//2, 4-3, 4: distinct ones
     assert parse_layers("16, 2,32", 32) == [2, 16, 32]
-    for layers, why in [("2,33", r"\[33\] are out of range for a model of 32 layers"), ("2,2", "repeat"),
-                        ("a,b", "comma-separated integers"), ([], "non-empty list"), ("-1", "out of range")]:
+    for layers, why in [
+        ("2,33", r"\[33\] are out of range for a model of 32 layers"),
+        ("2,2", "repeat"),
+        ("a,b", "comma-separated integers"),
+        ([], "non-empty list"),
+        ("-1", "out of range"),
+    ]:
         with pytest.raises(GenerateError, match=why):
             parse_layers(layers, 32)
 
@@ -156,7 +183,7 @@ def test_resume_completes_what_killed_runs_left(tmp_path):
     [killed] = [p for p in out.iterdir() if p.name.startswith("gen-1-")]
     cut_footer(killed, extra=b"\x07" * 100)  # an open shard with a torn tail, as after a SIGKILL
     (out / "gen-2-000000.lts").write_bytes(b"")  # killed before the header was written
-    (out / "gen-3-000000.lts").write_bytes(layertap._py.format.FILE_MAGIC + b"\0" * 20)  # inside it
+    (out / "gen-3-000000.lts").write_bytes(FILE_MAGIC + b"\0" * 20)  # inside it
     state = prepare_output(str(out), "m", [2, 1])
     try:
         assert state.done.tolist() == [0, 1, 2, 3, 4] and state.duplicates == 0
@@ -169,7 +196,11 @@ def test_resume_completes_what_killed_runs_left(tmp_path):
     finally:
         state.release()
     assert sorted(p.name for p in out.iterdir()) == [
-        LOCK_NAME, "gen-0-000000.lts", "gen-1-000000.lts", "gen-3-000000.lts.torn"]
+        LOCK_NAME,
+        "gen-0-000000.lts",
+        "gen-1-000000.lts",
+        "gen-3-000000.lts.torn",
+    ]
     with layertap.open(out) as ds:
         assert ds.verify().ok and all(s.complete for s in ds.shards)
     with pytest.raises(GenerateError, match=r"made with model 'm', not 'other'"):

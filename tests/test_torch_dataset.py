@@ -11,10 +11,9 @@ import pytest
 import torch
 
 import layertap
+from helpers import flip_bit
 from layertap.errors import CorruptRecordError, RecordNotFoundError
 from layertap.torch import HiddenStatesDataset, pack_collate, pad_collate
-
-from helpers import flip_bit
 
 ROWS = 24
 LAYER_IDS = [2, 8, 13]
@@ -87,8 +86,9 @@ def collate_in_worker(batch):
 def test_dataloader_workers(dataset_path, context):
     ds = HiddenStatesDataset(dataset_path)
     ds[0]  # the parent has a reader open: a forked worker must open its own
-    loader = torch.utils.data.DataLoader(ds, batch_size=5, shuffle=True, num_workers=2,
-                                         multiprocessing_context=context, collate_fn=collate_in_worker)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=5, shuffle=True, num_workers=2, multiprocessing_context=context, collate_fn=collate_in_worker
+    )
     seen = []
     for batch in loader:
         seen += batch["keys"]
@@ -99,11 +99,19 @@ def test_dataloader_workers(dataset_path, context):
 
 def test_collates():
     items = [
-        {"hidden_states": torch.ones(2, 3, 4), "token_ids": torch.tensor([5, 6]),
-         "loss_mask": torch.tensor([0, 1], dtype=torch.uint8), "key": "a"},
+        {
+            "hidden_states": torch.ones(2, 3, 4),
+            "token_ids": torch.tensor([5, 6]),
+            "loss_mask": torch.tensor([0, 1], dtype=torch.uint8),
+            "key": "a",
+        },
         None,  # a skipped record
-        {"hidden_states": torch.full((3, 3, 4), 2.0), "token_ids": torch.tensor([7, 8, 9]),
-         "loss_mask": torch.tensor([1, 1, 0], dtype=torch.uint8), "key": "b"},
+        {
+            "hidden_states": torch.full((3, 3, 4), 2.0),
+            "token_ids": torch.tensor([7, 8, 9]),
+            "loss_mask": torch.tensor([1, 1, 0], dtype=torch.uint8),
+            "key": "b",
+        },
     ]
     pad = pad_collate(items, pad_token_id=-1)
     assert pad["hidden_states"].shape == (2, 3, 3, 4) and pad["keys"] == ["a", "b"]

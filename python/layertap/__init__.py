@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from layertap import generate  # a callable package: layertap.generate(model, data, out, ...)
 from layertap._options import WriterOptions
 from layertap._sink import RecordSink
 from layertap._types import (
@@ -40,7 +41,6 @@ from layertap.follow import Follow, follow
 from layertap.reader import Dataset, Record, RecordIterator, open
 from layertap.recover import recover
 from layertap.writer import ShardWriter
-from layertap import generate  # a callable package: layertap.generate(model, data, out, ...)
 
 if TYPE_CHECKING:
     from layertap._py.writer import PyShardWriter

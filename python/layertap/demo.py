@@ -23,8 +23,9 @@ DATA = Path(__file__).resolve().parent / "demo_data" / "chat.jsonl"
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m layertap.demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--output", default="demo-output",
-                   help="folder for the model and the dataset (default: %(default)s)")
+    p.add_argument(
+        "--output", default="demo-output", help="folder for the model and the dataset (default: %(default)s)"
+    )
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
     return p.parse_args(argv)
 
@@ -60,11 +61,18 @@ def main(argv: list[str] | None = None) -> int:
 
     # Saved in the dtype it runs in: vLLM warns about every weight it casts.
     model = build_tiny_llama(os.path.join(out, f"tiny-llama-{args.dtype}"), dtype=args.dtype)
-    rows = sum(1 for _ in open(DATA))
+    rows = len(DATA.read_text().splitlines())
     print(f"model: random 4-layer Llama ({args.dtype}) in {model}\ndata: {rows} chats in {DATA}\n", flush=True)
-    engine_args = json.dumps({"dtype": args.dtype, "enforce_eager": True, "max_model_len": 512,
-                              "block_size": 32, "kv_cache_memory_bytes": 64 << 20,
-                              "use_tqdm_on_load": False})
+    engine_args = json.dumps(
+        {
+            "dtype": args.dtype,
+            "enforce_eager": True,
+            "max_model_len": 512,
+            "block_size": 32,
+            "kv_cache_memory_bytes": 64 << 20,
+            "use_tqdm_on_load": False,
+        }
+    )
     generate = ["generate", model, "--data", str(DATA), "--out", dataset, "--engine-args", engine_args]
     steps = [
         (f"$ layertap generate MODEL --data chat.jsonl --out {dataset} --limit 10", [*generate, "--limit", "10"]),
@@ -81,8 +89,11 @@ def main(argv: list[str] | None = None) -> int:
 
     with layertap.open(dataset) as ds:
         rec = ds["7"]
-        print(f"record of row 7: {rec}\n  layer_ids {rec.layer_ids}, metadata row={rec.metadata['row']!r}, "
-              f"tokens {rec.token_ids[:12].tolist()}...\n", flush=True)
+        print(
+            f"record of row 7: {rec}\n  layer_ids {rec.layer_ids}, metadata row={rec.metadata['row']!r}, "
+            f"tokens {rec.token_ids[:12].tolist()}...\n",
+            flush=True,
+        )
     print(f"$ layertap inspect {dataset}", flush=True)
     return layertap_cli(["inspect", dataset])
 

@@ -44,8 +44,15 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
     "key": str}``; ``loss_mask`` is all ones for a record stored without one.
     """
 
-    def __init__(self, path: str | os.PathLike, layers: Sequence[int] | None = None,
-                 keys: Sequence[str] | None = None, *, errors: str = "raise", backend: str = "auto"):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        layers: Sequence[int] | None = None,
+        keys: Sequence[str] | None = None,
+        *,
+        errors: str = "raise",
+        backend: str = "auto",
+    ):
         if errors not in _ERRORS:
             raise ValueError(f"errors must be one of {', '.join(_ERRORS)}, not {errors!r}")
         self.path = os.fspath(path)
@@ -66,7 +73,7 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
         fork, so that each process reads through its own memory maps and file descriptors."""
         if self._ds is not None and self._pid == os.getpid():
             return self._ds
-        self._ds = layertap.open(self.path, backend=self.backend)
+        self._ds = layertap.open(self.path, backend=self.backend, tensors="torch")
         self._pid = os.getpid()
         if self._given_keys is None:
             self._keys = _row_order(self._ds.keys())
@@ -157,8 +164,14 @@ def pad_collate(batch: list[dict | None], pad_token_id: int = 0) -> dict:
         token_ids[j, :k] = b["token_ids"]
         loss_mask[j, :k] = b["loss_mask"]
     attention_mask = torch.arange(t)[None, :] < lengths[:, None]
-    return {"hidden_states": hidden, "token_ids": token_ids, "loss_mask": loss_mask,
-            "attention_mask": attention_mask, "lengths": lengths, "keys": [b["key"] for b in items]}
+    return {
+        "hidden_states": hidden,
+        "token_ids": token_ids,
+        "loss_mask": loss_mask,
+        "attention_mask": attention_mask,
+        "lengths": lengths,
+        "keys": [b["key"] for b in items],
+    }
 
 
 def pack_collate(batch: list[dict | None]) -> dict:

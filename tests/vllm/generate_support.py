@@ -57,8 +57,20 @@ def write_jsonl(path: Path, rows: list) -> str:
 
 
 def generate_cmd(model: str, data: str, out: str, *extra: str, engine_args: dict | None = None) -> list[str]:
-    return [sys.executable, "-m", "layertap", "generate", model, "--data", data, "--out", out,
-            "--engine-args", json.dumps({**TINY_ENGINE_ARGS, **(engine_args or {})}), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "layertap",
+        "generate",
+        model,
+        "--data",
+        data,
+        "--out",
+        out,
+        "--engine-args",
+        json.dumps({**TINY_ENGINE_ARGS, **(engine_args or {})}),
+        *extra,
+    ]
 
 
 def child_env(multiprocessing: bool) -> dict:
@@ -75,8 +87,11 @@ class Child:
 
     def __init__(self, cmd: list[str], multiprocessing: bool, stderr_fd: int | None = None):
         self.proc = subprocess.Popen(
-            cmd, env=child_env(multiprocessing), start_new_session=True,
-            stdout=subprocess.PIPE, stderr=stderr_fd if stderr_fd is not None else subprocess.PIPE,
+            cmd,
+            env=child_env(multiprocessing),
+            start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=stderr_fd if stderr_fd is not None else subprocess.PIPE,
         )
         self.lines: list[str] = []
         self.stdout = b""

@@ -13,10 +13,9 @@ import termios
 
 import pytest
 import torch
+from generate_support import TINY_ENGINE_ARGS, Child, chat_rows, generate_cmd, id_rows, write_jsonl
 
 import layertap
-
-from generate_support import TINY_ENGINE_ARGS, Child, chat_rows, generate_cmd, id_rows, write_jsonl
 from vllm_support import VLLM_WARNINGS, assert_hidden_states_match, pytest_env
 
 pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
@@ -27,8 +26,11 @@ DEFAULT_LAYERS = [1, 2, 4]
 
 def render(tokenizer, messages: list[dict]) -> list[int]:
     """The chat as transformers renders and tokenizes it."""
-    return list(tokenizer.apply_chat_template(
-        messages, tokenize=True, return_dict=False, add_generation_prompt=messages[-1]["role"] != "assistant"))
+    return list(
+        tokenizer.apply_chat_template(
+            messages, tokenize=True, return_dict=False, add_generation_prompt=messages[-1]["role"] != "assistant"
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -44,12 +46,13 @@ def chat_run(tiny_model, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gen-chat")
     rows = chat_rows(200)
     long_chat = {"messages": [{"role": "user", "content": " ".join(["water"] * 140)}]}
-    lines = rows + [long_chat, "{oops", {"prompt": "no messages"}, {"messages": "not a list"}]
+    lines = [*rows, long_chat, "{oops", {"prompt": "no messages"}, {"messages": "not a list"}]
     data = write_jsonl(tmp / "chat.jsonl", lines)
     out = tmp / "out"
     with pytest_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}):
-        summary = layertap.generate(tiny_model, data, out, max_len=128, progress="none",
-                                    engine_args={**TINY_ENGINE_ARGS, "dtype": "float32"})
+        summary = layertap.generate(
+            tiny_model, data, out, max_len=128, progress="none", engine_args={**TINY_ENGINE_ARGS, "dtype": "float32"}
+        )
     return rows, out, summary
 
 
@@ -62,11 +65,20 @@ def test_records_equal_transformers(chat_run, tiny_model, tokenizer, reference):
         assert sorted(ds.keys(), key=int) == [str(i) for i in range(200)]
         assert ds.verify().ok and all(s.complete for s in ds.shards)
         user = ds.shards[0].meta["user"]
-        assert user == {
-            "source": "layertap.generate", "model": tiny_model, "model_revision": "", "layer_ids": "[1, 2, 4]",
-            "layer_numbering": "vllm", "dtype": "float32", "layertap_version": layertap.__version__,
-            "vllm_version": user["vllm_version"],
-        } and user["vllm_version"]
+        assert (
+            user
+            == {
+                "source": "layertap.generate",
+                "model": tiny_model,
+                "model_revision": "",
+                "layer_ids": "[1, 2, 4]",
+                "layer_numbering": "vllm",
+                "dtype": "float32",
+                "layertap_version": layertap.__version__,
+                "vllm_version": user["vllm_version"],
+            }
+            and user["vllm_version"]
+        )
         seqs = [render(tokenizer, row["messages"]) for row in rows]
         # One batched transformers forward for all rows (a forward per row costs a minute here);
         # one row through the per-record check, which also compares layer by layer.
@@ -101,9 +113,15 @@ def test_loss_mask_and_output_tokens(tiny_model, reference, tmp_path):
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet")
     with pytest_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}):
         summary = layertap.generate(
-            tiny_model, tmp_path / "d.parquet", tmp_path / "out", layers="4,0", max_tokens=3,
-            include_output_tokens=True, sampling_args={"temperature": 0.0, "ignore_eos": True},
-            engine_args={**TINY_ENGINE_ARGS, "dtype": "bfloat16"}, progress="none",
+            tiny_model,
+            tmp_path / "d.parquet",
+            tmp_path / "out",
+            layers="4,0",
+            max_tokens=3,
+            include_output_tokens=True,
+            sampling_args={"temperature": 0.0, "ignore_eos": True},
+            engine_args={**TINY_ENGINE_ARGS, "dtype": "bfloat16"},
+            progress="none",
         )
     assert summary["complete"] and summary["rows_written"] == 12 and summary["loss_mask"]
     with layertap.open(tmp_path / "out") as ds:
@@ -122,8 +140,10 @@ def test_progress_lines_and_json_without_a_terminal(tiny_model, tmp_path):
     """The engine in its own process (vLLM's default); stderr a pipe: plain progress lines, and
     with --json the summary is all that stdout holds."""
     data = write_jsonl(tmp_path / "chat.jsonl", chat_rows(40, seed=1))
-    child = Child(generate_cmd(tiny_model, data, str(tmp_path / "out"), "--json", "--progress-interval", "0.2"),
-                  multiprocessing=True)
+    child = Child(
+        generate_cmd(tiny_model, data, str(tmp_path / "out"), "--json", "--progress-interval", "0.2"),
+        multiprocessing=True,
+    )
     assert child.finish(timeout=240) == 0, child.stderr
     summary = json.loads(child.stdout)
     assert summary["complete"] and summary["rows_written"] == 40

@@ -9,12 +9,11 @@ import os
 import shutil
 
 import pytest
+from generate_support import TINY_ENGINE_ARGS, chat_rows, id_rows, write_jsonl
 
 import layertap
 from layertap.cli import main as layertap_cli
 from layertap.generate.resume import LOCK_NAME
-
-from generate_support import TINY_ENGINE_ARGS, chat_rows, id_rows, write_jsonl
 from vllm_support import VLLM_WARNINGS
 
 pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
@@ -40,8 +39,17 @@ def data(tmp_path_factory):
 
 
 def run(capsys, model: str, data: str, out, *extra: str, engine_args: dict | None = None) -> tuple[int, str]:
-    args = ["generate", model, "--data", data, "--out", str(out),
-            "--engine-args", json.dumps(engine_args if engine_args is not None else TINY_ENGINE_ARGS), *extra]
+    args = [
+        "generate",
+        model,
+        "--data",
+        data,
+        "--out",
+        str(out),
+        "--engine-args",
+        json.dumps(engine_args if engine_args is not None else TINY_ENGINE_ARGS),
+        *extra,
+    ]
     status = layertap_cli(args)
     captured = capsys.readouterr()
     assert captured.out == ""
@@ -60,8 +68,13 @@ def assert_refused(capsys, message: str, model: str, data: str, out, *extra: str
 def test_bad_data(capsys, tiny_model, data, tmp_path):
     out = tmp_path / "out"
     assert_refused(capsys, "missing.jsonl: no such file or directory", tiny_model, str(tmp_path / "missing.jsonl"), out)
-    assert_refused(capsys, "no prompt column: expected one of input_ids, messages, prompt; the data has 'text'",
-                   tiny_model, data["nocol"], out)
+    assert_refused(
+        capsys,
+        "no prompt column: expected one of input_ids, messages, prompt; the data has 'text'",
+        tiny_model,
+        data["nocol"],
+        out,
+    )
     assert not out.exists()
 
 
@@ -70,26 +83,42 @@ def test_bad_model_and_layers(capsys, tiny_model, data, tmp_path):
     empty = tmp_path / "not-a-model"
     empty.mkdir()
     assert_refused(capsys, f"cannot load model '{empty}'", str(empty), data["ids"], out)
-    assert_refused(capsys, "layer ids [5, 9] are out of range for a model of 4 layers", tiny_model, data["ids"], out,
-                   "--layers", "2,5,9")
+    assert_refused(
+        capsys,
+        "layer ids [5, 9] are out of range for a model of 4 layers",
+        tiny_model,
+        data["ids"],
+        out,
+        "--layers",
+        "2,5,9",
+    )
     assert_refused(capsys, "--layers must be comma-separated integers", tiny_model, data["ids"], out, "--layers", "two")
     # A chat dataset needs a chat template.
     no_template = tmp_path / "no-template"
     shutil.copytree(tiny_model, no_template)
     (no_template / "chat_template.jinja").unlink()
-    assert_refused(capsys, "the data has 'messages' but the model's tokenizer has no chat template",
-                   str(no_template), data["chat"], out)
+    assert_refused(
+        capsys,
+        "the data has 'messages' but the model's tokenizer has no chat template",
+        str(no_template),
+        data["chat"],
+        out,
+    )
 
 
 def test_bad_options(capsys, tiny_model, data, tmp_path):
     out, ids = tmp_path / "out", data["ids"]
     cases = [
         ("--engine-args is not JSON", ["--engine-args", "{x"]),
-        ("--engine-args: 'tensor_paralel_size' is not an argument of vLLM's LLM",
-         ["--engine-args", '{"tensor_paralel_size": 2}']),
+        (
+            "--engine-args: 'tensor_paralel_size' is not an argument of vLLM's LLM",
+            ["--engine-args", '{"tensor_paralel_size": 2}'],
+        ),
         ("--engine-args may not set 'speculative_config'", ["--engine-args", '{"speculative_config": {}}']),
-        ("--max-len 600 plus --max-tokens 1 exceeds the engine's max_model_len 512",
-         ["--max-len", "600", "--engine-args", json.dumps({**TINY_ENGINE_ARGS, "max_model_len": 512})]),
+        (
+            "--max-len 600 plus --max-tokens 1 exceeds the engine's max_model_len 512",
+            ["--max-len", "600", "--engine-args", json.dumps({**TINY_ENGINE_ARGS, "max_model_len": 512})],
+        ),
         ("--max-tokens must be a positive integer, got 0", ["--max-tokens", "0"]),
         ("--limit must be a positive integer, got 0", ["--limit", "0"]),
         ("--sampling-args: n must be 1", ["--sampling-args", '{"n": 2}']),
@@ -112,7 +141,8 @@ def test_output_directory_not_for_this_run(capsys, tiny_model, data, tmp_path):
     fd = os.open(busy / LOCK_NAME, os.O_RDWR | os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
-        assert_refused(capsys, "another layertap generate is writing into this directory", tiny_model,
-                       data["ids"], busy)
+        assert_refused(
+            capsys, "another layertap generate is writing into this directory", tiny_model, data["ids"], busy
+        )
     finally:
         os.close(fd)

@@ -12,10 +12,9 @@ import signal
 import time
 
 import pytest
+from generate_support import TINY_ENGINE_ARGS, Child, generate_cmd, id_rows, write_jsonl
 
 import layertap
-
-from generate_support import TINY_ENGINE_ARGS, Child, generate_cmd, id_rows, write_jsonl
 from vllm_support import VLLM_WARNINGS, pytest_env
 
 pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
@@ -53,8 +52,7 @@ def test_sigkill_at_random_moments_then_resume(tiny_model, tmp_path):
     rows = id_rows(ROWS, 20, 160, seed=5, loss_mask=True)
     data = write_jsonl(tmp_path / "ids.jsonl", rows)
     out = tmp_path / "out"
-    cmd = generate_cmd(tiny_model, data, str(out), "--progress-interval", "0.2", "--json",
-                       engine_args=SLOW_ENGINE)
+    cmd = generate_cmd(tiny_model, data, str(out), "--progress-interval", "0.2", "--json", engine_args=SLOW_ENGINE)
     killed_at = []
     t0 = time.monotonic()
     # Three kills while records are written (the engine in this process, in its own process, in
@@ -65,7 +63,7 @@ def test_sigkill_at_random_moments_then_resume(tiny_model, tmp_path):
         if after_rows:
             want = rng.randint(5, 60)
             # ... and records in the shards (the line says how many bytes), not only finished rows.
-            line = child.wait_for(lambda s: rows_done(s) >= want and " 0 B written" not in s, timeout=240)
+            line = child.wait_for(lambda s, want=want: rows_done(s) >= want and " 0 B written" not in s, timeout=240)
             assert line is not None, f"the run ended or stalled before {want} rows:\n{child.stderr[-3000:]}"
             time.sleep(rng.uniform(0, 0.5))
         else:
@@ -93,8 +91,9 @@ def test_sigkill_at_random_moments_then_resume(tiny_model, tmp_path):
             assert record.tensors["loss_mask"].tolist() == row["loss_mask"]
     # Once more: nothing left to do, so no engine starts and nothing is written.
     with pytest_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}):
-        again = layertap.generate(tiny_model, data, out, progress="none",
-                                  engine_args={**TINY_ENGINE_ARGS, **SLOW_ENGINE})
+        again = layertap.generate(
+            tiny_model, data, out, progress="none", engine_args={**TINY_ENGINE_ARGS, **SLOW_ENGINE}
+        )
     assert again["rows_done_before"] == ROWS and again["rows_written"] == 0 and again["complete"]
     assert again["seconds"]["engine_start"] == 0
     with layertap.open(out) as ds:

@@ -10,7 +10,6 @@ import torch
 
 import layertap
 from layertap.vllm.extras import CONNECTOR_METADATA, loss_mask_array, record_metadata_problem
-
 from vllm_support import VLLM_WARNINGS, assert_hidden_states_match, engine_args, running_llm, shutdown
 
 pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
@@ -67,8 +66,10 @@ def test_extras_through_the_engine(tiny_model, reference, tmp_path):
     with running_llm(False, **args) as llm:
         outputs = llm.generate(
             [{"prompt_token_ids": prompt_ids(n, start=i)} for i, (_, _, n) in enumerate(requests)],
-            [SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, extra_args={"kv_transfer_params": p})
-             for _, p, _ in requests],
+            [
+                SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, extra_args={"kv_transfer_params": p})
+                for _, p, _ in requests
+            ],
             use_tqdm=False,
         )
         shutdown(llm)

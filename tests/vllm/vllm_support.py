@@ -150,8 +150,9 @@ class Reference:
         per_layer = [out.hidden_states[k][0] if k < n else outputs["last"][0] for k in layers]
         return torch.stack(per_layer, dim=1)
 
-    def hidden_states_batch(self, seqs: list[list[int]], layers: list[int],
-                            dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    def hidden_states_batch(
+        self, seqs: list[list[int]], layers: list[int], dtype: torch.dtype = torch.float32
+    ) -> list[torch.Tensor]:
         """``hidden_states`` of several sequences in one forward: right-padded, so with causal
         attention the padding never reaches a real token (positions count from 0 in each row)."""
         model, outputs = self._models[dtype]

@@ -19,36 +19,65 @@ def add_parser(sub) -> None:
         "generate",
         help="write the hidden states of a prompt dataset (resumable)",
         description="Run MODEL in vLLM over every row of DATA and write the hidden states of the chosen "
-                    "layers into DIR, one record per row keyed by its index. Rerun with the same --out to "
-                    "resume. See docs/GENERATE.md.",
+        "layers into DIR, one record per row keyed by its index. Rerun with the same --out to "
+        "resume. See docs/GENERATE.md.",
     )
     p.add_argument("model", metavar="MODEL", help="model name or path, as vLLM takes it")
-    p.add_argument("--data", required=True, metavar="DATA",
-                   help="JSONL file, Parquet file, or Hugging Face datasets directory (save_to_disk) with "
-                        "input_ids, messages or prompt, and optionally loss_mask")
+    p.add_argument(
+        "--data",
+        required=True,
+        metavar="DATA",
+        help="JSONL file, Parquet file, or Hugging Face datasets directory (save_to_disk) with "
+        "input_ids, messages or prompt, and optionally loss_mask",
+    )
     p.add_argument("--out", required=True, metavar="DIR", help="dataset directory (created; resumed when it exists)")
-    p.add_argument("--layers", metavar="IDS",
-                   help="comma-separated layer ids in vLLM numbering (N = the last layer's output before "
-                        "the final norm); default EAGLE-3's 2,N//2,N-3,N")
-    p.add_argument("--max-tokens", type=int, default=1, metavar="N",
-                   help="tokens to generate per row (default: %(default)s: prefill only)")
-    p.add_argument("--include-output-tokens", action="store_true",
-                   help="record the generated tokens too (all but the last)")
-    p.add_argument("--max-len", type=int, metavar="N",
-                   help="longest prompt in tokens; longer rows are skipped and listed "
-                        "(default: the model's context minus --max-tokens)")
+    p.add_argument(
+        "--layers",
+        metavar="IDS",
+        help="comma-separated layer ids in vLLM numbering (N = the last layer's output before "
+        "the final norm); default EAGLE-3's 2,N//2,N-3,N",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=1,
+        metavar="N",
+        help="tokens to generate per row (default: %(default)s: prefill only)",
+    )
+    p.add_argument(
+        "--include-output-tokens", action="store_true", help="record the generated tokens too (all but the last)"
+    )
+    p.add_argument(
+        "--max-len",
+        type=int,
+        metavar="N",
+        help="longest prompt in tokens; longer rows are skipped and listed "
+        "(default: the model's context minus --max-tokens)",
+    )
     p.add_argument("--limit", type=int, metavar="N", help="use only the first N rows")
-    p.add_argument("--engine-args", metavar="JSON",
-                   help='other vLLM LLM() arguments, e.g. \'{"tensor_parallel_size": 2}\'')
+    p.add_argument(
+        "--engine-args", metavar="JSON", help="other vLLM LLM() arguments, e.g. '{\"tensor_parallel_size\": 2}'"
+    )
     p.add_argument("--sampling-args", metavar="JSON", help="SamplingParams arguments, e.g. '{\"temperature\": 0}'")
-    p.add_argument("--connector-args", metavar="JSON",
-                   help='connector options (docs/CONNECTOR.md), e.g. \'{"codec": "zstd"}\'; '
-                        "default Rust writer, bp16-zstd")
+    p.add_argument(
+        "--connector-args",
+        metavar="JSON",
+        help='connector options (docs/CONNECTOR.md), e.g. \'{"codec": "zstd"}\'; default Rust writer, bp16-zstd',
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--progress", choices=PROGRESS_MODES, default="auto",
-                   help="bar (a terminal), lines (periodic lines), none; default: bar on a terminal, else lines")
-    p.add_argument("--progress-interval", type=float, default=10.0, metavar="S",
-                   help="seconds between progress lines (default: %(default)s)")
+    p.add_argument(
+        "--progress",
+        choices=PROGRESS_MODES,
+        default="auto",
+        help="bar (a terminal), lines (periodic lines), none; default: bar on a terminal, else lines",
+    )
+    p.add_argument(
+        "--progress-interval",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds between progress lines (default: %(default)s)",
+    )
     p.set_defaults(func=run)
 
 
@@ -66,7 +95,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         summary = generate(
-            args.model, args.data, args.out,
+            args.model,
+            args.data,
+            args.out,
             layers=args.layers,
             max_tokens=args.max_tokens,
             include_output_tokens=args.include_output_tokens,
@@ -87,8 +118,11 @@ def run(args: argparse.Namespace) -> int:
     except Exception as e:  # the engine failed: the traceback, then one line saying what to do
         traceback.print_exc()
         first = str(e).strip().splitlines()
-        print(f"layertap generate: the run failed: {type(e).__name__}: {first[0] if first else ''}; "
-              "run the same command again to resume", file=sys.stderr)
+        print(
+            f"layertap generate: the run failed: {type(e).__name__}: {first[0] if first else ''}; "
+            "run the same command again to resume",
+            file=sys.stderr,
+        )
         return 1
     if args.json:
         print(json.dumps(summary, indent=2))

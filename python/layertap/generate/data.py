@@ -74,9 +74,7 @@ def _pick_column(columns: list[str], path: str) -> str:
         if c in columns:
             return c
     have = ", ".join(repr(c) for c in columns[:20]) or "none"
-    raise GenerateError(
-        f"{path}: no prompt column: expected one of {', '.join(PROMPT_COLUMNS)}; the data has {have}"
-    )
+    raise GenerateError(f"{path}: no prompt column: expected one of {', '.join(PROMPT_COLUMNS)}; the data has {have}")
 
 
 class JsonlRows(RowSource):

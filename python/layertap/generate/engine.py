@@ -133,8 +133,14 @@ class Outcome:
     (engine in its own process; in this process the engine writes them as it stops)."""
 
 
-def run_rows(llm: Any, items: Iterator, num_rows: int, sampling: dict, include_output_tokens: bool,
-             on_progress: Callable[..., None]) -> Outcome:
+def run_rows(
+    llm: Any,
+    items: Iterator,
+    num_rows: int,
+    sampling: dict,
+    include_output_tokens: bool,
+    on_progress: Callable[..., None],
+) -> Outcome:
     """Feeds ``items`` (``(row, token ids, loss mask or None)`` or ``BadRow``) to the engine and
     waits for every request to finish. ``on_progress(rows=, tokens=, bad=)`` after each step."""
     from vllm import SamplingParams

@@ -80,8 +80,10 @@ def parse_layers(layers: Any, num_layers: int) -> list[int]:
             layers = [int(p) for p in layers.replace(" ", "").split(",") if p]
         except ValueError:
             raise GenerateError(f"--layers must be comma-separated integers, got {layers!r}") from None
-    if not isinstance(layers, (list, tuple)) or not layers or not all(
-        isinstance(i, int) and not isinstance(i, bool) for i in layers
+    if (
+        not isinstance(layers, (list, tuple))
+        or not layers
+        or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers)
     ):
         raise GenerateError(f"layers must be a non-empty list of integers, got {layers!r}")
     if len(set(layers)) != len(layers):

@@ -12,47 +12,53 @@ import sys
 import time
 from typing import Any, TextIO
 
-from layertap._py.format import FILE_HEADER_FIXED_LEN, KIND_RECORD, MAX_META_LEN, FormatProblem, decode_file_header
-from layertap._py.scan import read_frame_header
+from layertap._spec.format import (
+    FILE_HEADER_FIXED_LEN,
+    KIND_RECORD,
+    MAX_META_LEN,
+    SHARD_SUFFIX,
+    FormatProblem,
+    decode_file_header,
+    read_frame_header,
+)
 from layertap.cli import human_bytes
 
 PROGRESS_MODES = ("auto", "bar", "lines", "none")
 
 
 class _GrowingShard:
-    """One shard of this run, read frame by frame as the writer appends them."""
+    """One shard of this run, its frame headers read as the writer appends them (the payloads
+    are neither read nor checked: this only counts)."""
 
     def __init__(self, path: str):
         self.path = path
         self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        self.file_bytes = 0
-        self.header_len: int | None = None
-        self.pos = 0
+        self.pos: int | None = None
+        """Offset of the next frame header; None until the file header is complete."""
         self.finished = False
 
-    def pread(self, offset: int, n: int) -> bytes:
+    def _pread(self, offset: int, n: int) -> bytes:
         return os.pread(self.fd, n, offset)
 
     def advance(self, on_record) -> None:
-        """Reads the frames completed since the last call; ``on_record(frame header)`` each."""
-        self.file_bytes = os.fstat(self.fd).st_size
-        if self.header_len is None:
-            head = self.pread(0, min(self.file_bytes, FILE_HEADER_FIXED_LEN + 4 + MAX_META_LEN))
+        """Reads the frame headers completed since the last call; ``on_record(header)`` each."""
+        size = os.fstat(self.fd).st_size
+        if self.pos is None:
+            head = self._pread(0, min(size, FILE_HEADER_FIXED_LEN + 4 + MAX_META_LEN))
             try:
-                self.header_len = self.pos = decode_file_header(head, self.file_bytes).header_len
+                self.pos = decode_file_header(head, size).header_len
             except FormatProblem:
                 return  # the header is still being written
-        while not self.finished:
+        while True:
             try:
-                frame = read_frame_header(self, self.pos)
+                frame = read_frame_header(self._pread, self.pos, size)
             except FormatProblem:
                 return  # the next frame is not (all) there yet
-            if frame.kind != KIND_RECORD:
-                self.finished = True  # the index: the shard is complete
-                break
+            if frame.kind != KIND_RECORD:  # the index: the shard is complete
+                self.close()
+                return
             on_record(frame)
             self.pos += frame.frame_len
-        os.close(self.fd)
 
     def close(self) -> None:
         if not self.finished:
@@ -61,7 +67,10 @@ class _GrowingShard:
 
 
 class ShardFollower:
-    """Records that the run's writer (``writer_id``) has put in ``directory`` so far."""
+    """Counts the records that the run's writer (``writer_id``) has put in ``directory`` so far.
+
+    ``layertap.follow``'s ``DatasetTail`` reads the same frame headers, but keeps every entry of
+    every shard for key lookups; a run of ten million rows needs only running totals."""
 
     def __init__(self, directory: str, writer_id: str):
         self.directory = directory
@@ -78,7 +87,7 @@ class ShardFollower:
 
     def poll(self) -> None:
         for name in sorted(os.listdir(self.directory)):
-            if name.startswith(self.prefix) and name.endswith(".lts") and name not in self._shards:
+            if name.startswith(self.prefix) and name.endswith(SHARD_SUFFIX) and name not in self._shards:
                 try:
                     self._shards[name] = _GrowingShard(os.path.join(self.directory, name))
                 except FileNotFoundError:
@@ -120,8 +129,14 @@ class Progress:
     ``bar`` (tqdm), ``lines`` (one line every ``interval`` s), ``none``, or ``auto``
     (a bar when ``stream`` is a terminal, else lines)."""
 
-    def __init__(self, total_rows: int, follower: ShardFollower, mode: str = "auto",
-                 interval: float = 10.0, stream: TextIO | None = None):
+    def __init__(
+        self,
+        total_rows: int,
+        follower: ShardFollower,
+        mode: str = "auto",
+        interval: float = 10.0,
+        stream: TextIO | None = None,
+    ):
         self.stream = stream if stream is not None else sys.stderr
         if mode == "auto":
             mode = "bar" if self.stream.isatty() else "lines"
@@ -143,9 +158,17 @@ class Progress:
 
             # A terminal that reports no size (a fresh pty's 0x0) would get no bar from tqdm.
             sized = _sized(self.stream)
-            self._bar = tqdm(total=total_rows, unit="row", desc="generate", file=self.stream,
-                             dynamic_ncols=sized, ncols=None if sized else 100, nrows=None if sized else 20,
-                             mininterval=0.5, smoothing=0.1)
+            self._bar = tqdm(
+                total=total_rows,
+                unit="row",
+                desc="generate",
+                file=self.stream,
+                dynamic_ncols=sized,
+                ncols=None if sized else 100,
+                nrows=None if sized else 20,
+                mininterval=0.5,
+                smoothing=0.1,
+            )
 
     def update(self, rows: int = 0, tokens: int = 0, bad: int = 0) -> None:
         """Counts rows finished (recorded or bad) and their tokens; shows them now and then."""
@@ -172,8 +195,7 @@ class Progress:
         ratio = f"{f.ratio:.2f}x" if f.ratio else "-"
         bad = f", {self.bad} bad" if self.bad else ""
         rate = _rate(self.tokens, min(now, self._last_row) - self.start)
-        return (f"{rate} tok/s, {human_bytes(f.stored_bytes)} written, "
-                f"ratio {ratio}{bad}")
+        return f"{rate} tok/s, {human_bytes(f.stored_bytes)} written, ratio {ratio}{bad}"
 
     def line(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
@@ -182,8 +204,12 @@ class Progress:
         eta = ""
         if 0 < self.rows < self.total:
             eta = f", ETA {_duration(elapsed * (self.total - self.rows) / self.rows)}"
-        print(f"generate: {self.rows:,}/{self.total:,} rows{pct}, {self.tokens:,} tokens, "
-              f"{self._stats(now)}, {_duration(elapsed)} elapsed{eta}", file=self.stream, flush=True)
+        print(
+            f"generate: {self.rows:,}/{self.total:,} rows{pct}, {self.tokens:,} tokens, "
+            f"{self._stats(now)}, {_duration(elapsed)} elapsed{eta}",
+            file=self.stream,
+            flush=True,
+        )
 
     def close(self) -> None:
         self.follower.poll()

@@ -72,8 +72,10 @@ class Renderer:
     def _chat(self, value: Any) -> list[int]:
         if isinstance(value, np.ndarray):
             value = value.tolist()
-        if not isinstance(value, (list, tuple)) or not value or not all(
-            isinstance(m, dict) and "role" in m for m in value
+        if (
+            not isinstance(value, (list, tuple))
+            or not value
+            or not all(isinstance(m, dict) and "role" in m for m in value)
         ):
             raise BadRowError("messages must be a non-empty list of objects with a 'role'")
         try:

@@ -118,8 +118,7 @@ def _check_meta(info, model: str, layer_ids: list[int]) -> None:
     name = os.path.basename(info.path)
     if user.get("source") != SOURCE:
         raise GenerateError(
-            f"{info.path}: not written by layertap generate (source {user.get('source')!r}); use an "
-            "empty or new --out"
+            f"{info.path}: not written by layertap generate (source {user.get('source')!r}); use an empty or new --out"
         )
     if user.get("model") != model:
         raise GenerateError(
@@ -173,7 +172,7 @@ def _complete_shards(state: OutputState, model: str, layer_ids: list[int]) -> No
             if info.meta or not info.being_written:  # (a live writer's header may not be there yet)
                 _check_meta(info, model, layer_ids)
         open_shards = [i.path for i in ds.shards if not i.complete]
-        unreadable = [p for p in ds.unreadable]
+        unreadable = list(ds.unreadable)
     for problem in unreadable:
         if not _RUN_SHARD.match(os.path.basename(problem.shard)):
             raise GenerateError(f"{problem.shard}: {problem.message}; --out must hold only layertap generate's shards")

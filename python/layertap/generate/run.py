@@ -138,8 +138,17 @@ def _read_back(state: OutputState, num_rows: int) -> dict:
     return out
 
 
-def _run_engine(llm_args: dict, items: Iterator, num_rows: int, todo: int, state: OutputState, sampling: dict,
-                include_output_tokens: bool, progress: str, interval: float) -> tuple[Outcome, float, float]:
+def _run_engine(
+    llm_args: dict,
+    items: Iterator,
+    num_rows: int,
+    todo: int,
+    state: OutputState,
+    sampling: dict,
+    include_output_tokens: bool,
+    progress: str,
+    interval: float,
+) -> tuple[Outcome, float, float]:
     """Starts the engine, runs the rows, stops it once its records are in files. Returns the
     outcome and when the engine was ready and when the last request finished."""
     from vllm import LLM
@@ -221,8 +230,14 @@ def generate(
         if done_before < rows.num_rows:
             outcome, t_engine, t_gen = _run_engine(
                 llm_kwargs(model, layer_ids, {**engine_args, "max_model_len": model_len}, connector),
-                _rendered(rows, done, renderer), rows.num_rows, rows.num_rows - done_before, state,
-                sampling, include_output_tokens, progress, progress_interval,
+                _rendered(rows, done, renderer),
+                rows.num_rows,
+                rows.num_rows - done_before,
+                state,
+                sampling,
+                include_output_tokens,
+                progress,
+                progress_interval,
             )
         else:  # nothing left to do: no engine
             outcome, t_engine, t_gen = Outcome(saved=np.zeros(rows.num_rows, dtype=bool)), t_load, t_load
@@ -274,8 +289,7 @@ def generate(
             "total": round(t_end - t0, 3),
         },
     }
-    summary["complete"] = (
-        summary["rows_done_before"] + summary["rows_written"] + summary["rows_bad"] == summary["rows"]
-        and not len(missing)
-    )
+    summary["complete"] = summary["rows_done_before"] + summary["rows_written"] + summary["rows_bad"] == summary[
+        "rows"
+    ] and not len(missing)
     return summary

@@ -47,9 +47,7 @@ def loss_mask_array(value: Any, num_prompt_tokens: int, num_output_tokens: int) 
     if not isinstance(value, (list, tuple)):
         return None, f"loss_mask must be a list of 0 and 1, got {type(value).__name__}"
     if len(value) != num_prompt_tokens:
-        return None, (
-            f"loss_mask has {len(value)} entries; it needs one per prompt token ({num_prompt_tokens})"
-        )
+        return None, (f"loss_mask has {len(value)} entries; it needs one per prompt token ({num_prompt_tokens})")
     try:
         mask = np.array(value)
     except (ValueError, TypeError, OverflowError):
