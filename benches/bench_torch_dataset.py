@@ -12,7 +12,8 @@ Each reader is a ``DataLoader`` over an epoch, shuffled, ``--batch`` records a b
 training loop consumes it. Runs are interleaved (readers in alternating order, round after
 round), cold (every file dropped from the page cache first with ``posix_fadvise``) and warm
 (everything read once just before), so that a loaded, shared machine slows both sides alike:
-compare the ratios within a round.
+compare the ratios within a round. The CPU time of each epoch (the loop's process and its
+workers) says what reading costs whatever else the machine runs.
 
     python benches/bench_torch_dataset.py --dir /var/tmp/layertap-dsbench --out benches/results/torch-dataset-cpu2
 """
@@ -23,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import sys
@@ -132,8 +134,15 @@ def dataset(kind: str, d: Path, n: int):
     return SafetensorsFiles(str(d), n) if kind == "safetensors" else HiddenStatesDataset(d)
 
 
+def _cpu_seconds() -> float:
+    """CPU time of this process and of its children that have ended (the DataLoader's workers
+    once the epoch is over): what reading costs, whatever else the machine runs."""
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+
 def epoch(kind: str, d: Path, n: int, workers: int, batch: int, seed: int) -> dict:
-    """One shuffled epoch as a training loop runs it; returns seconds, records and bytes."""
+    """One shuffled epoch as a training loop runs it; returns seconds, CPU seconds, records."""
     ds = dataset(kind, d, n)
     loader = torch.utils.data.DataLoader(
         ds,
@@ -144,7 +153,7 @@ def epoch(kind: str, d: Path, n: int, workers: int, batch: int, seed: int) -> di
         collate_fn=pad_collate,
         multiprocessing_context="fork" if workers else None,
     )
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu_seconds()
     records = tokens = 0
     check = 0.0
     for b in loader:
@@ -152,7 +161,14 @@ def epoch(kind: str, d: Path, n: int, workers: int, batch: int, seed: int) -> di
         tokens += int(b["lengths"].sum())
         check += float(b["hidden_states"][:, ::97, 0, ::61].float().sum())  # touch the batch
     seconds = time.perf_counter() - t0
-    return {"seconds": seconds, "records": records, "tokens": tokens, "check": check}
+    del loader  # its workers have ended: their CPU time is counted
+    return {
+        "seconds": seconds,
+        "cpu_seconds": _cpu_seconds() - c0,
+        "records": records,
+        "tokens": tokens,
+        "check": check,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
             for kind in kinds:
                 mine = {r["round"]: r["seconds"] for r in sel if r["kind"] == kind}
                 ratios = [mine[k] / st[k] for k in mine]
+                cpu = statistics.median(r["cpu_seconds"] for r in sel if r["kind"] == kind)
+                st_cpu = statistics.median(r["cpu_seconds"] for r in sel if r["kind"] == "safetensors")
                 rows.append(
                     {
                         "workers": workers,
@@ -214,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
                         "gb_per_s_raw": sizes["safetensors"] / 1e9 / statistics.median(mine.values()),
                         "time_vs_safetensors": [round(x, 3) for x in ratios],
                         "median_time_vs_safetensors": round(statistics.median(ratios), 3),
+                        "median_cpu_s": round(cpu, 2),
+                        "cpu_vs_safetensors": round(cpu / st_cpu, 3),
                     }
                 )
     result = {
@@ -236,14 +256,14 @@ def main(argv: list[str] | None = None) -> int:
         "Bytes on disk: " + ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in sizes.items()),
         "",
         "| workers | cache | reader | median s/epoch | records/s | GB/s (raw) "
-        "| time / safetensors, per round | median |",
-        "|---:|---|---|---:|---:|---:|---|---:|",
+        "| time / safetensors, per round | median | CPU s | CPU / safetensors |",
+        "|---:|---|---|---:|---:|---:|---|---:|---:|---:|",
     ]
     for r in rows:
         md.append(
             f"| {r['workers']} | {r['cache']} | {r['reader']} | {r['median_s']:.2f} | {r['records_per_s']:.1f} | "
             f"{r['gb_per_s_raw']:.2f} | {', '.join(f'{x:.2f}' for x in r['time_vs_safetensors'])} | "
-            f"**{r['median_time_vs_safetensors']:.2f}** |"
+            f"**{r['median_time_vs_safetensors']:.2f}** | {r['median_cpu_s']:.1f} | {r['cpu_vs_safetensors']:.2f} |"
         )
     args.out.with_suffix(".md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
