@@ -20,20 +20,18 @@ from layertap.vllm.transfer import HiddenStatesSaver, region_bytes
 logger = logging.getLogger("vllm.layertap")  # under vLLM's logging configuration
 
 
-def open_writer(options: ConnectorOptions, facts: EngineFacts, pool_bytes: int, dtype: str) -> RecordSink:
-    """The shard writer the options ask for, with what the connector adds to the shard header."""
+def open_writer(options: ConnectorOptions, facts: EngineFacts, pool_bytes: int, dtype: str | None = None) -> RecordSink:
+    """The shard writer the options ask for, with what the connector adds to the shard header
+    (``dtype``: the hidden states' dtype, as torch names it, when known)."""
     import json
 
     if options.writer == "python":
         from layertap import PyShardWriter as writer_class
     else:
         from layertap import ShardWriter as writer_class
-    shard_meta = {
-        "source": "layertap.vllm",
-        "model": facts.model,
-        "layer_ids": json.dumps(list(facts.layer_ids)),
-        "dtype": dtype,
-    }
+    shard_meta = {"source": "layertap.vllm", "model": facts.model, "layer_ids": json.dumps(list(facts.layer_ids))}
+    if dtype is not None:
+        shard_meta["dtype"] = dtype
     writer_options = writer_options_for(options, facts.writer_id, pool_bytes, shard_meta)
     try:
         return writer_class(options.output_dir, options=writer_options)
