@@ -104,14 +104,6 @@ def specforge_ids(vllm_ids: list[int]) -> list[int]:
     return [i - 1 for i in vllm_ids]
 
 
-def same_tensors(a: dict, b: dict) -> bool:
-    import torch
-
-    return a.keys() == b.keys() and all(
-        a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and torch.equal(a[k], b[k]) for k in a
-    )
-
-
 class SpeculatorsLayout:
     """speculators' cached hidden states: ``hs_{row}.safetensors`` under ``OUT/hidden_states``."""
 
@@ -147,11 +139,6 @@ class SpeculatorsLayout:
 
         return save(tensors, metadata={"row": str(row), "layer_ids": json.dumps(self.layer_ids),
                                        "source": "layertap export"})
-
-    def load(self, data: bytes) -> dict:
-        from safetensors.torch import load
-
-        return load(data)
 
 
 class SpecForgeLayout:
@@ -231,11 +218,6 @@ class SpecForgeLayout:
         torch.save(tensors, buf)
         return buf.getvalue()
 
-    def load(self, data: bytes) -> dict:
-        import torch
-
-        return torch.load(io.BytesIO(data), weights_only=True)
-
 
 __all__ = [
     "DTYPES",
@@ -246,6 +228,5 @@ __all__ = [
     "SpecForgeLayout",
     "SpeculatorsLayout",
     "check_record",
-    "same_tensors",
     "specforge_ids",
 ]
