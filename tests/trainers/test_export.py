@@ -182,6 +182,8 @@ def test_refusals(hs_dataset, tmp_path, verifier, truth, rows, capsys):
     assert "needs --model" in refused(hs_dataset, "--to", "specforge", out)
     assert "no such file" in refused(str(tmp_path / "absent"), "--to", "speculators", out)
     assert "no layer [7]" in refused(hs_dataset, "--to", "specforge", out, "--strategy", "dflash", "--layers", "1,7")
+    write_dataset(tmp_path / "with0", rows[:1], truth, layers=[0, 2])
+    assert "embeddings" in refused(str(tmp_path / "with0"), "--to", "specforge", out, "--strategy", "dflash")
     assert "3 auxiliary layers" in refused(hs_dataset, "--to", "specforge", out, "--model", verifier, "--layers", "1,2")
     # Keys that are not row indices (a server whose client set no sample_id).
     write_dataset(tmp_path / "ids", rows[:2], truth, keys=["cmpl-a", "cmpl-b"])

@@ -183,6 +183,10 @@ class SpecForgeLayout:
                              f"{specforge_ids(self.layer_ids)})")
         else:
             raise InvalidInputError(f"--strategy must be eagle3 or dflash, not {strategy!r}")
+        if 0 in self.layer_ids:
+            raise InvalidInputError(
+                "vLLM layer 0 (the embeddings) has no SGLang/SpecForge layer number: leave it out with --layers"
+            )
         if num_layers is not None and max(self.layer_ids) > num_layers:
             raise InvalidInputError(f"layer ids {self.layer_ids} exceed the model's {num_layers} layers")
         self.settings = {
