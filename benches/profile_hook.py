@@ -56,19 +56,32 @@ def main() -> None:
     try:
         model = build_tiny_llama(os.path.join(scratch, "model"), dtype="bfloat16")
         llm = LLM(
-            model=model, skip_tokenizer_init=True, enable_prefix_caching=False, max_model_len=TOKENS + 8,
-            kv_cache_memory_bytes=2_000_000_000, enforce_eager=True, max_num_batched_tokens=13312,
+            model=model,
+            skip_tokenizer_init=True,
+            enable_prefix_caching=False,
+            max_model_len=TOKENS + 8,
+            kv_cache_memory_bytes=2_000_000_000,
+            enforce_eager=True,
+            max_num_batched_tokens=13312,
             max_num_seqs=256,
-            speculative_config={"method": "extract_hidden_states", "num_speculative_tokens": 1,
-                                "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}}},
-            kv_transfer_config={"kv_connector": "LayertapConnector", "kv_connector_module_path": "layertap.vllm",
-                                "kv_role": "kv_producer",
-                                "kv_connector_extra_config": {"output_dir": os.path.join(scratch, "out")}},
+            speculative_config={
+                "method": "extract_hidden_states",
+                "num_speculative_tokens": 1,
+                "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}},
+            },
+            kv_transfer_config={
+                "kv_connector": "LayertapConnector",
+                "kv_connector_module_path": "layertap.vllm",
+                "kv_role": "kv_producer",
+                "kv_connector_extra_config": {"output_dir": os.path.join(scratch, "out")},
+            },
         )
         rng = random.Random(0)
         vocab = llm.llm_engine.model_config.get_vocab_size()
-        prompts = [{"prompt_token_ids": [rng.randrange(10, vocab - 10) for _ in range(TOKENS)]}
-                   for _ in range(args.requests + 64)]
+        prompts = [
+            {"prompt_token_ids": [rng.randrange(10, vocab - 10) for _ in range(TOKENS)]}
+            for _ in range(args.requests + 64)
+        ]
         sp = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
         llm.generate(prompts[:64], sp, use_tqdm=False)  # warm-up
         step_seconds.clear()
@@ -77,8 +90,10 @@ def main() -> None:
         llm.generate(prompts[64:], sp, use_tqdm=False)
         elapsed = time.perf_counter() - t0
         steps = sorted(step_seconds)
-        print(f"generate {elapsed:.2f} s, {len(steps)} steps; hook total {sum(steps):.3f} s, "
-              f"p50 {steps[len(steps) // 2] * 1e3:.2f} ms, max {steps[-1] * 1e3:.2f} ms per step")
+        print(
+            f"generate {elapsed:.2f} s, {len(steps)} steps; hook total {sum(steps):.3f} s, "
+            f"p50 {steps[len(steps) // 2] * 1e3:.2f} ms, max {steps[-1] * 1e3:.2f} ms per step"
+        )
         if args.profile:
             pstats.Stats(profiler).sort_stats("cumulative").print_stats(30)
         del llm

@@ -15,5 +15,3 @@ def dataset_dir(tmp_path):
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
-
-

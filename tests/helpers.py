@@ -110,7 +110,7 @@ def flip_bit(path, offset: int, mask: int = 0x01) -> None:
 def cut_footer(path, extra: bytes = b"") -> int:
     """Turns a complete shard into an open one: removes index and trailer, appends ``extra``.
     Returns where the records end."""
-    from layertap._py.format import decode_trailer
+    from layertap._spec.format import decode_trailer
 
     with open(path, "r+b") as f:
         f.seek(-32, os.SEEK_END)
@@ -143,16 +143,23 @@ def subprocess_env() -> dict:
 def run_python(code: str, *args: str, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
     """Runs ``code`` in a fresh interpreter with the package importable."""
     return subprocess.run(
-        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
-        env=subprocess_env(), **kw,
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=subprocess_env(),
+        **kw,
     )
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """Runs ``python -m layertap ARGS``."""
     return subprocess.run(
-        [sys.executable, "-m", "layertap", *map(str, args)], capture_output=True, text=True,
-        timeout=timeout, env=subprocess_env(),
+        [sys.executable, "-m", "layertap", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=subprocess_env(),
     )
 
 
@@ -188,12 +195,15 @@ class Holder:
 
     def __init__(self, code: str, *args: str, timeout: float = 60):
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            text=True, env=subprocess_env(),
+            [sys.executable, "-c", code, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=subprocess_env(),
         )
         self.timeout = timeout
 
-    def __enter__(self) -> "Holder":
+    def __enter__(self) -> Holder:
         self.ready = self.proc.stdout.readline().strip()
         return self
 
@@ -216,10 +226,12 @@ def hand_made_shard(path, records: list, meta_key: dict | None = None) -> None:
     """Writes a complete codec-``none`` shard with the format functions alone (no writer, so no
     writer-side checks): ``records`` is ``[(key, [(name, dtype, shape, data bytes)], metadata)]``.
     ``meta_key`` maps a record key to a different ``__metadata__`` key (a corrupt record)."""
-    from layertap._py import blob, format as fmt
+    from layertap._spec import blob
+    from layertap._spec import format as fmt
 
-    head = fmt.encode_file_header(bytes(16), {"writer_id": "hand", "shard_index": 0, "created_unix_ms": 0,
-                                              "writer": "hand-made", "user": {}})
+    head = fmt.encode_file_header(
+        bytes(16), {"writer_id": "hand", "shard_index": 0, "created_unix_ms": 0, "writer": "hand-made", "user": {}}
+    )
     body = b""
     entries = []
     for key, tensors, metadata in records:

@@ -8,7 +8,17 @@ import shutil
 
 import pytest
 
-from helpers import HOLD_LOCK, VECTORS, Holder, cut_footer, flip_bit, payload_offset, run_cli, shard_files, write_records
+from helpers import (
+    HOLD_LOCK,
+    VECTORS,
+    Holder,
+    cut_footer,
+    flip_bit,
+    payload_offset,
+    run_cli,
+    shard_files,
+    write_records,
+)
 
 
 @pytest.fixture
@@ -23,18 +33,58 @@ def test_inspect_table(dataset):
     proc = run_cli("inspect", dataset)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    first = out.splitlines()[0]
-    assert first.startswith(f"{dataset}: {len(shard_files(dataset))} shards, 8 records, 24 tokens")
-    assert "layer ids: [1, 3]" in out
-    header = next(line for line in out.splitlines() if line.startswith("shard "))
-    for col in ("state", "records", "tokens", "layers", "hidden", "dtype", "codecs", "raw", "stored", "ratio", "torn tail"):
-        assert col in header
-    rows = {line.split()[0]: line for line in out.splitlines() if line.endswith((".lts", "-")) or ".lts " in line}
+    lines = out.splitlines()
+    n = len(shard_files(dataset))
+    assert lines[0].startswith(f"{dataset}: {n} shards ({n} complete), 8 records, 24 tokens, ")
+    # What every shard shares is said once; what differs (the codecs here) has a column.
+    assert lines[1] == "layers 2, hidden 8, dtype bfloat16, codecs bp16-zstd (6), none (2), layer ids [1, 3]"
+    header = next(line for line in lines if line.startswith("shard "))
+    assert header.split() == ["shard", "state", "records", "tokens", "codecs", "raw", "stored", "ratio"]
+    rows = {line.split()[0]: line for line in lines if ".lts " in line}
     assert "a-000000.lts" in rows and "b-000000.lts" in rows
-    assert "complete" in rows["b-000000.lts"] and "bfloat16" in rows["b-000000.lts"] and "none" in rows["b-000000.lts"]
-    total = next(line for line in out.splitlines() if line.startswith("total"))
-    assert " 8 " in total and " 24 " in total and "bfloat16" in total and "bp16-zstd,none" in total
-    assert "KiB" in total and "x" in total.split()[-2]
+    assert "complete" in rows["b-000000.lts"] and " none " in rows["b-000000.lts"]
+    total = next(line for line in lines if line.startswith("total"))
+    assert " 8 " in total and " 24 " in total and " mixed " in total
+    assert "KiB" in total and total.split()[-1].endswith("x")
+    assert max(len(line) for line in lines[lines.index("") :]) <= 100
+
+
+def test_inspect_fits_100_columns_with_long_names_and_says_one_record(tmp_path):
+    """vLLM's writer ids are 41 characters long (more on data-parallel ranks): shard names are
+    shortened in the middle, keeping the shard number; a torn tail brings its column."""
+    wid = "vllm-1b7c1f0e-3a0b-4b6f-9d7c-0123456789ab"
+    write_records(tmp_path, 1, writer_id=wid, codec="bp16-zstd")
+    one = run_cli("inspect", tmp_path).stdout.splitlines()
+    assert one[0].startswith(f"{tmp_path}: 1 shard (1 complete), 1 record, 3 tokens, ")
+    write_records(tmp_path, 3, writer_id=wid + "_dp1", prefix="dp1-", codec="none", shard_size=800)
+    cut_footer(shard_files(tmp_path)[-1], b"x" * 11)
+    lines = run_cli("inspect", tmp_path).stdout.splitlines()
+    assert lines[0].startswith(f"{tmp_path}: 4 shards (3 complete, 1 open), 4 records, 12 tokens, ")
+    table = lines[lines.index("") + 1 :]
+    assert max(len(line) for line in table) <= 100, "\n".join(table)
+    assert table[0].split() == [
+        "shard",
+        "state",
+        "records",
+        "tokens",
+        "codecs",
+        "raw",
+        "stored",
+        "ratio",
+        "torn",
+        "tail",
+    ]
+    assert "11 B" in table[-2] and "11 B" in table[-1]
+    names = [line.split()[0] for line in table[1:-1]]
+    assert names[0].endswith("89ab-000000.lts") and names[1].endswith("_dp1-000000.lts")
+    assert all("…" in n for n in names) and len(set(names)) == len(names)
+    doc = json.loads(run_cli("inspect", "--json", tmp_path).stdout)
+    assert doc["shards"][0]["name"] == f"{wid}-000000.lts"  # whole in --json
+
+
+def test_version():
+    proc = run_cli("--version")
+    assert proc.returncode == 0 and proc.stdout.startswith("layertap ") and proc.stdout.split()[1][0].isdigit()
 
 
 def test_inspect_json(dataset):
@@ -72,7 +122,7 @@ def test_verify_good(dataset):
 
 def test_verify_corrupt_payload(dataset):
     path = shard_files(dataset)[-1]
-    at, n, key = payload_offset(path, 1)
+    at, n, _key = payload_offset(path, 1)
     with open(path, "rb") as f:
         offset_of_frame = at - 56  # key "b1": header 48 + 2 bytes of key, padded to 56
         f.seek(offset_of_frame)

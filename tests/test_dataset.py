@@ -110,9 +110,12 @@ def test_records_without_hidden_states(tmp_path, backend):
 
 def test_foreign_records_empty_tensors_and_any_order(tmp_path, backend):
     # Another writer may store empty tensors and list tensors in the header in any order.
-    hand_made_shard(tmp_path / "x.lts", [
-        ("r", [("empty", "F32", (0, 3), b""), ("ids", "I32", (2,), b"\x01\0\0\0\x02\0\0\0")], {"m": "v"}),
-    ])
+    hand_made_shard(
+        tmp_path / "x.lts",
+        [
+            ("r", [("empty", "F32", (0, 3), b""), ("ids", "I32", (2,), b"\x01\0\0\0\x02\0\0\0")], {"m": "v"}),
+        ],
+    )
     with _open(tmp_path, backend) as ds:
         rec = ds["r"]
         assert tuple(rec["empty"].shape) == (0, 3) and rec["ids"].tolist() == [1, 2]
@@ -137,7 +140,7 @@ def test_duplicate_keys_across_writers(tmp_path, backend):
 def test_corrupt_record_reported_by_verify(tmp_path, backend):
     write_records(tmp_path, 3, codec="none")
     path = shard_files(tmp_path)[0]
-    at, n, key = payload_offset(path, 1)
+    at, n, _key = payload_offset(path, 1)
     flip_bit(path, at + n - 3)
     with _open(tmp_path, backend) as ds:
         assert ds[0].key == "k0"
@@ -149,6 +152,53 @@ def test_corrupt_record_reported_by_verify(tmp_path, backend):
         (p,) = report.problems
         assert (p.kind, p.key, p.shard) == ("corrupt_record", "k1", path)
         assert not p.message.startswith(path)
+
+
+def test_iteration_goes_on_past_corrupt_records_when_asked(tmp_path, backend):
+    write_records(tmp_path, 5, codec="zstd", shard_size=1000)  # several shards
+    paths = shard_files(tmp_path)
+    damaged = []
+    for path, record in ((paths[0], 1), (paths[-1], 0)):
+        at, n, key = payload_offset(path, record)
+        flip_bit(path, at + n // 2)
+        damaged.append(key)
+    with _open(tmp_path, backend) as ds:
+        with pytest.raises(layertap.CorruptRecordError) as info:
+            list(ds)  # errors="raise", the default
+        assert info.value.key == damaged[0]
+        with pytest.raises(layertap.CorruptRecordError):
+            list(ds.iter(errors="raise"))
+        it = ds.iter(errors="skip")
+        assert isinstance(it, layertap.RecordIterator) and it.skipped == 0
+        keys = [rec.key for rec in it]
+        assert keys == [k for k in ds.keys() if k not in damaged]
+        assert it.skipped == 2 and [p.key for p in it.problems] == damaged
+        assert {p.kind for p in it.problems} == {"corrupt_record"}
+        assert "checksum" in it.problems[0].message and not it.problems[0].message.startswith(paths[0])
+        assert list(it) == []  # exhausted
+        with pytest.raises(InvalidInputError, match="errors must be 'raise' or 'skip'"):
+            ds.iter(errors="ignore")
+
+
+def test_records_as_numpy_arrays(tmp_path, backend):
+    import ml_dtypes
+    import numpy as np
+
+    write_records(tmp_path, 2)
+    with _open(tmp_path, backend) as torch_ds:
+        want = [{n: t.clone() for n, t in rec.tensors.items()} for rec in torch_ds]
+    reader_class(backend)
+    with layertap.open(tmp_path, backend=backend, tensors="numpy") as ds:
+        for rec, tensors in zip(ds, want):
+            assert isinstance(rec.hidden_states, np.ndarray) and rec.hidden_states.dtype == ml_dtypes.bfloat16
+            assert rec.hidden_states.shape == tuple(tensors["hidden_states"].shape)
+            assert torch.equal(
+                torch.from_numpy(rec.hidden_states.view(np.uint16)), tensors["hidden_states"].view(torch.uint16)
+            )
+            assert rec.token_ids.dtype == np.int64 and rec.token_ids.tolist() == tensors["token_ids"].tolist()
+            assert "hidden_states: bfloat16[3, 2, 8]" in repr(rec)
+    with pytest.raises(InvalidInputError, match="tensors must be 'auto', 'torch' or 'numpy'"):
+        layertap.open(tmp_path, tensors="jax")
 
 
 def test_open_shard_torn_tail(tmp_path, backend):

@@ -12,8 +12,10 @@ import torch
 import zstandard
 
 from helpers import make_tensors, payload_offset, shard_files, write_records
-from layertap._py import blob, codecs, format as fmt
-from layertap._py.format import FormatProblem, Truncated, crc32c
+from layertap._py import encode
+from layertap._spec import blob, codecs
+from layertap._spec import format as fmt
+from layertap._spec.format import FormatProblem, Truncated, crc32c
 
 
 def test_crc32c_check_value():
@@ -166,25 +168,24 @@ def test_bp16_transforms_only_two_byte_tensors():
     bf16 = np.frombuffer(bytes(range(16, 28)), dtype=np.uint8)  # 6 elements as raw bytes
     specs = [("a", "F16", (4,)), ("b", "I64", (3,)), ("c", "BF16", (6,))]
     header = blob.build_header(specs, {"key": "k"})
-    pieces = [(memoryview(f16.view(np.uint8)), True), (memoryview(i64.view(np.uint8)), False),
-              (memoryview(bf16), True)]
-    stored = codecs.Encoder(codecs.CODEC_BP16_ZSTD, 3).encode(header, pieces)[0]
+    pieces = [(memoryview(f16.view(np.uint8)), True), (memoryview(i64.view(np.uint8)), False), (memoryview(bf16), True)]
+    stored = encode.Encoder(fmt.CODEC_BP16_ZSTD, 3).encode(header, pieces)[0]
     transformed = zstandard.ZstdDecompressor().decompress(stored)
     a = f16.view(np.uint8)
     c = bf16
     want = header + a[1::2].tobytes() + a[0::2].tobytes() + i64.tobytes() + c[1::2].tobytes() + c[0::2].tobytes()
     assert transformed == want
-    raw = codecs.decode(codecs.CODEC_BP16_ZSTD, stored, len(want))
+    raw = codecs.decode(fmt.CODEC_BP16_ZSTD, stored, len(want))
     assert bytes(raw) == header + f16.tobytes() + i64.tobytes() + bf16.tobytes()
     with pytest.raises(FormatProblem, match="frame header says"):
-        codecs.decode(codecs.CODEC_BP16_ZSTD, stored, len(want) + 1)
+        codecs.decode(fmt.CODEC_BP16_ZSTD, stored, len(want) + 1)
 
 
 def test_zstd_payload_has_content_size_and_one_frame():
-    stored = codecs.Encoder(codecs.CODEC_ZSTD, 3).encode(b"x" * 16, [(memoryview(b"abcd"), False)])[0]
+    stored = encode.Encoder(fmt.CODEC_ZSTD, 3).encode(b"x" * 16, [(memoryview(b"abcd"), False)])[0]
     assert zstandard.frame_content_size(stored) == 20
     with pytest.raises(FormatProblem):
-        codecs.decode(codecs.CODEC_ZSTD, stored + b"\0", 20)
+        codecs.decode(fmt.CODEC_ZSTD, stored + b"\0", 20)
 
 
 def test_keys_and_writer_ids():

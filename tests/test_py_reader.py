@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from helpers import cut_footer, flip_bit, hand_made_shard, make_tensors, shard_files, write_records
-from layertap._py import format as fmt
 from layertap._py.reader import PyShardReader
+from layertap._spec import format as fmt
 from layertap.errors import CorruptRecordError, FormatError
 
 
@@ -36,7 +36,10 @@ def test_complete_shard_uses_the_index(tmp_path):
         assert r.entries[0].codec == "bp16-zstd" and r.file_bytes == os.path.getsize(path)
         metadata, tensors = r.read(2)
         assert metadata == {"key": "k2", "layer_ids": "[1, 3]", "i": "2"}
-        assert [(n, d, s) for n, d, s, _ in tensors] == [("hidden_states", "BF16", (3, 2, 8)), ("token_ids", "I64", (3,))]
+        assert [(n, d, s) for n, d, s, _ in tensors] == [
+            ("hidden_states", "BF16", (3, 2, 8)),
+            ("token_ids", "I64", (3,)),
+        ]
         assert bytes(tensors[1][3]) == make_tensors(2)["token_ids"].numpy().tobytes()
         for i in range(4):
             r.check(i)

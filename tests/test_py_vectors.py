@@ -67,7 +67,9 @@ def test_reader_finds_what_expected_json_says(reader, name):
         assert [(p.kind, p.offset, p.key) for p in r.scan_problems] == [
             (p["kind"], p["offset"], p["key"]) for p in want["open_problems"]
         ]
-        assert [(e.key, e.frame_offset, e.codec, e.stored_len, e.raw_len, e.num_tokens, e.payload_crc) for e in r.entries] == [
+        assert [
+            (e.key, e.frame_offset, e.codec, e.stored_len, e.raw_len, e.num_tokens, e.payload_crc) for e in r.entries
+        ] == [
             (x["key"], x["frame_offset"], x["codec"], x["stored_len"], x["raw_len"], x["num_tokens"], x["payload_crc"])
             for x in want["records"]
         ]

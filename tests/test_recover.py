@@ -1,31 +1,54 @@
-"""``layertap.recover`` (the Rust core, docs/FORMAT.md "Recovery") on real damaged shards: the
-result is the complete shard the writer would have closed, problems stay unindexed, locked and
-complete shards are not touched, and it agrees byte for byte with the pure-Python reference."""
+"""Recovery (docs/FORMAT.md, "Recovery") by both implementations, ``layertap.recover`` (the Rust
+core) and the pure-Python reference, on real damaged shards: the result is the complete shard the
+writer would have closed, problems stay unindexed, locked and complete shards are not touched,
+and the two agree byte for byte."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import HOLD_LOCK, Holder, cut_footer, flip_bit, make_tensors, payload_offset, reader_class, shard_files, write_records
-from layertap._py.recover import recover as py_recover
+from helpers import (
+    HOLD_LOCK,
+    Holder,
+    cut_footer,
+    flip_bit,
+    make_tensors,
+    payload_offset,
+    reader_class,
+    shard_files,
+    write_records,
+)
 from layertap._types import RecoverReport
 from layertap.errors import FormatError, ShardLockedError
 
-recover = None  # layertap.recover.recover, set by the autouse fixture once the extension is checked
 
+def _recover_function(impl: str):
+    if impl == "python":
+        from layertap._py.recover import recover
 
-@pytest.fixture(autouse=True)
-def _rust_recover():
-    global recover
+        return recover
     reader_class("rust")  # fails (never skips) when the extension is not built
-    from layertap.recover import recover as rust_recover
+    from layertap.recover import recover
 
-    recover = rust_recover
+    return recover
+
+
+@pytest.fixture(params=["rust", "python"])
+def recover(request):
+    """``recover`` of each implementation."""
+    return _recover_function(request.param)
+
+
+def _read(path):
+    """The shard read back by the reference reader."""
+    return reader_class("python")(path, probe_lock=False)
 
 
 def _shard(tmp_path, n=4, codec="zstd") -> str:
@@ -33,7 +56,7 @@ def _shard(tmp_path, n=4, codec="zstd") -> str:
     return shard_files(tmp_path)[0]
 
 
-def test_torn_shard_becomes_the_complete_shard_it_would_have_been(tmp_path):
+def test_torn_shard_becomes_the_complete_shard_it_would_have_been(tmp_path, recover):
     path = _shard(tmp_path)
     original = Path(path).read_bytes()
     cut_footer(path, b"LTRF" + bytes(37))
@@ -44,11 +67,11 @@ def test_torn_shard_becomes_the_complete_shard_it_would_have_been(tmp_path):
     again = recover(Path(path))  # os.PathLike works too
     assert again == RecoverReport(path, True, 4, 0, [])
     assert Path(path).read_bytes() == original
-    with reader_class("rust")(path) as r:
+    with _read(path) as r:
         assert r.complete and [e.key for e in r.entries] == ["k0", "k1", "k2", "k3"]
 
 
-def test_complete_shard_is_left_as_it_is(tmp_path):
+def test_complete_shard_is_left_as_it_is(tmp_path, recover):
     path = _shard(tmp_path)
     before = Path(path).read_bytes()
     st = os.stat(path)
@@ -56,9 +79,26 @@ def test_complete_shard_is_left_as_it_is(tmp_path):
     assert Path(path).read_bytes() == before and os.stat(path).st_mtime_ns == st.st_mtime_ns
 
 
-def test_corrupt_records_and_damaged_regions_stay_unindexed(tmp_path):
+def test_interrupted_recovery_gives_the_same_result(tmp_path, recover):
+    path = _shard(tmp_path)
+    cut_footer(path, b"torn bytes")
+    reference = tmp_path / "reference.lts"
+    shutil.copyfile(path, reference)
+    recover(reference)
+    done = Path(reference).read_bytes()
+    data_end = cut_footer(reference)
+    footer = done[data_end:]
+    # Every way a recovery can be cut short: footer partly written, trailer missing or torn.
+    for cut in (1, 47, 48, len(footer) - 32, len(footer) - 5):
+        Path(path).write_bytes(done[: data_end + cut])
+        report = recover(path)
+        assert not report.was_complete and report.records == 4 and report.truncated_bytes == cut
+        assert Path(path).read_bytes() == done, cut
+
+
+def test_corrupt_records_and_damaged_regions_stay_unindexed(tmp_path, recover):
     path = _shard(tmp_path, n=5, codec="none")
-    with reader_class("rust")(path) as r:
+    with _read(path) as r:
         e = r.entries
     cut_footer(path, b"\1" * 13)
     at, stored_len, _ = payload_offset(path, 1)
@@ -76,7 +116,7 @@ def test_corrupt_records_and_damaged_regions_stay_unindexed(tmp_path):
     assert all(p.message for p in report.problems)
     after = Path(path).read_bytes()
     assert after[: len(damaged) - 13] == damaged[:-13]  # the damaged bytes stay in the file
-    with reader_class("rust")(path) as r:
+    with _read(path) as r:
         assert r.complete and [x.key for x in r.entries] == ["k0", "k2", "k4"]
         for i, k in enumerate([0, 2, 4]):
             r.check(i)
@@ -84,7 +124,7 @@ def test_corrupt_records_and_damaged_regions_stay_unindexed(tmp_path):
             assert bytes(tensors[1][3]) == make_tensors(k)["token_ids"].numpy().tobytes()
 
 
-def test_locked_shard_is_refused_and_untouched(tmp_path):
+def test_locked_shard_is_refused_and_untouched(tmp_path, recover):
     path = _shard(tmp_path)
     cut_footer(path, b"x" * 9)
     before = Path(path).read_bytes()
@@ -98,7 +138,7 @@ def test_locked_shard_is_refused_and_untouched(tmp_path):
     assert recover(path).records == 4
 
 
-def test_a_killed_writer_is_recovered(tmp_path):
+def test_a_killed_writer_is_recovered(tmp_path, recover):
     """A writer process SIGKILLed with records written but the shard not closed: while it runs
     the shard is refused; once it is dead, recovery makes every flushed record readable."""
     code = (
@@ -127,13 +167,17 @@ def test_a_killed_writer_is_recovered(tmp_path):
         assert r.complete and not r.being_written
         for i in range(6):
             _, tensors = r.read(i)
-            got = {n: torch.frombuffer(b, dtype=torch.bfloat16 if d == "BF16" else torch.int64).reshape(s)
-                   for n, d, s, b in tensors}
+            got = {
+                n: torch.frombuffer(b, dtype=torch.bfloat16 if d == "BF16" else torch.int64).reshape(s)
+                for n, d, s, b in tensors
+            }
             want = make_tensors(i)
-            assert torch.equal(got["hidden_states"], want["hidden_states"]) and torch.equal(got["token_ids"], want["token_ids"])
+            assert torch.equal(got["hidden_states"], want["hidden_states"]) and torch.equal(
+                got["token_ids"], want["token_ids"]
+            )
 
 
-def test_shard_cut_inside_its_header_padding_is_padded_and_completed(tmp_path):
+def test_shard_cut_inside_its_header_padding_is_padded_and_completed(tmp_path, recover):
     from test_rust_reader import _shard_cut_in_header_padding
 
     path, cut, header_len = _shard_cut_in_header_padding(tmp_path)
@@ -141,11 +185,11 @@ def test_shard_cut_inside_its_header_padding_is_padded_and_completed(tmp_path):
     assert recover(path) == RecoverReport(path, False, 0, 0, [])
     data = Path(path).read_bytes()
     assert data[:cut] == head and data[cut:header_len] == bytes(header_len - cut)
-    with reader_class("rust")(path) as r:
+    with _read(path) as r:
         assert r.complete and r.entries == [] and r.data_end == header_len
 
 
-def test_not_a_shard_and_missing(tmp_path):
+def test_not_a_shard_and_missing(tmp_path, recover):
     p = tmp_path / "notes.lts"
     p.write_bytes(b"just some text that is long enough to not be a header")
     with pytest.raises(FormatError) as info:
@@ -156,12 +200,55 @@ def test_not_a_shard_and_missing(tmp_path):
         recover(tmp_path / "missing.lts")
 
 
+def test_shard_without_records(tmp_path, recover):
+    path = _shard(tmp_path, n=1)
+    with _read(path) as r:
+        first = r.entries[0].frame_offset
+    with open(path, "r+b") as f:
+        f.truncate(first + 30)
+    report = recover(path)
+    assert report.records == 0 and report.truncated_bytes == 30
+    with _read(path) as r:
+        assert r.complete and r.entries == []
+
+
+def test_file_cut_inside_the_header_padding(tmp_path, recover):
+    # docs/FORMAT.md: an open shard without records or torn tail; recovery pads it with zeros.
+    from layertap._spec import format as fmt
+
+    meta = {"writer_id": "p", "x": ""}
+    while fmt.align8(36 + len(json_bytes(meta))) - (36 + len(json_bytes(meta))) < 2:
+        meta["x"] += "a"  # until the header has at least 2 bytes of padding
+    header = fmt.encode_file_header(bytes(16), meta)
+    cut = 36 + len(json_bytes(meta)) + 1  # the CRC is there, not all the padding
+    assert cut < len(header)
+    path = tmp_path / "p-000000.lts"
+    path.write_bytes(header[:cut])
+    with _read(path) as r:
+        assert not r.complete and r.entries == [] and r.torn_tail_bytes == 0 and r.scan_problems == []
+        assert r.header_len == len(header)
+    report = recover(path)
+    assert not report.was_complete and report.records == 0 and report.truncated_bytes == 0
+    assert path.read_bytes() == header + fmt.encode_footer([], len(header))
+    with _read(path) as r:
+        assert r.complete and r.entries == []
+
+
+def json_bytes(meta: dict) -> bytes:
+    return json.dumps(meta, ensure_ascii=False, separators=(",", ":")).encode()
+
+
 def _report_key(report: RecoverReport):
-    return (report.was_complete, report.records, report.truncated_bytes,
-            [(p.kind, p.offset, p.key) for p in report.problems])
+    return (
+        report.was_complete,
+        report.records,
+        report.truncated_bytes,
+        [(p.kind, p.offset, p.key) for p in report.problems],
+    )
 
 
-def test_agrees_with_the_python_reference(tmp_path):
+def test_rust_agrees_with_the_python_reference(tmp_path):
+    recover, py_recover = _recover_function("rust"), _recover_function("python")
     """Both recoveries give the same bytes and reports on shards cut or damaged anywhere."""
     path = _shard(tmp_path, n=3, codec="none")
     original = Path(path).read_bytes()

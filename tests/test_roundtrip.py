@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 import layertap
 from helpers import reader_class, shard_files, writer_class
-from layertap._py.format import key_problem
 from layertap._py.reader import PyShardReader
+from layertap._spec.format import key_problem
 from layertap._tensors import ITEMSIZE, TORCH_DTYPES
 
 DTYPES = sorted(TORCH_DTYPES)
@@ -49,8 +49,11 @@ def records(draw):
     ks = draw(st.lists(keys, min_size=1, max_size=6, unique=True))
     out = []
     for k in ks:
-        names = draw(st.lists(st.sampled_from(["hidden_states", "token_ids", "a", "b", "ü"]), min_size=1,
-                              max_size=3, unique=True))
+        names = draw(
+            st.lists(
+                st.sampled_from(["hidden_states", "token_ids", "a", "b", "ü"]), min_size=1, max_size=3, unique=True
+            )
+        )
         tensors = {name: draw(tensor_specs()) for name in names}
         meta = draw(st.dictionaries(meta_text.filter(lambda s: s != "key"), meta_text, max_size=3))
         out.append((k, tensors, meta))
@@ -80,13 +83,22 @@ def _check(reader_cls, paths, recs):
             for i, e in enumerate(r.entries):
                 r.check(i)
                 metadata, tensors = r.read(i)
-                got.append((e.key, e.num_tokens, metadata, [(n, d, tuple(s), bytes(memoryview(b).cast("B"))) for n, d, s, b in tensors]))
+                got.append(
+                    (
+                        e.key,
+                        e.num_tokens,
+                        metadata,
+                        [(n, d, tuple(s), bytes(memoryview(b).cast("B"))) for n, d, s, b in tensors],
+                    )
+                )
         finally:
             r.close()
     want = []
     for key, tensors, meta in recs:
         num_tokens = tensors["token_ids"][1][0] if "token_ids" in tensors and tensors["token_ids"][1] else 0
-        want.append((key, num_tokens, {**meta, "key": key}, [(n, d, s, data) for n, (d, s, data, _) in tensors.items()]))
+        want.append(
+            (key, num_tokens, {**meta, "key": key}, [(n, d, s, data) for n, (d, s, data, _) in tensors.items()])
+        )
     assert got == want
 
 
@@ -157,7 +169,7 @@ def test_rust_and_python_writers_split_shards_alike(tmp_path):
     """Both writers start a new shard before a record that would take the shard past
     shard_size, so they cut a dataset into the same shards."""
     rust = writer_class("rust")
-    tensors = lambda i: {"x": np.full(40 + 30 * (i % 4), i, dtype=np.float32)}  # noqa: E731
+    tensors = lambda i: {"x": np.full(40 + 30 * (i % 4), i, dtype=np.float32)}
     split = {}
     for name, cls in (("python", layertap.PyShardWriter), ("rust", rust)):
         with cls(tmp_path / name, codec="none", shard_size=1500, writer_id="w") as w:

@@ -96,14 +96,23 @@ def test_vectors_match_expected_json():
             assert r.meta == want["meta"], name
             assert r.torn_tail_bytes == want["torn_tail_bytes"], name
             assert r.data_end == want["data_end"], name
-            assert [{"kind": p.kind, "offset": p.offset, "key": p.key} for p in r.scan_problems] == want["open_problems"]
+            assert [{"kind": p.kind, "offset": p.offset, "key": p.key} for p in r.scan_problems] == want[
+                "open_problems"
+            ]
             assert all(p.shard == path and p.message for p in r.scan_problems)
             assert len(r.entries) == len(want["records"]), name
             for i, (e, w) in enumerate(zip(r.entries, want["records"])):
-                assert e == IndexEntry(w["key"], w["frame_offset"], w["stored_len"], w["raw_len"], w["num_tokens"],
-                                       w["codec"], w["payload_crc"]), (name, i)
+                assert e == IndexEntry(
+                    w["key"],
+                    w["frame_offset"],
+                    w["stored_len"],
+                    w["raw_len"],
+                    w["num_tokens"],
+                    w["codec"],
+                    w["payload_crc"],
+                ), (name, i)
                 if not w["ok"]:
-                    for call in (lambda: r.read(i), lambda: r.check(i)):
+                    for call in (lambda i=i: r.read(i), lambda i=i: r.check(i)):
                         with pytest.raises(CorruptRecordError) as err:
                             call()
                         assert (err.value.path, err.value.offset, err.value.key) == (path, e.frame_offset, e.key)
@@ -129,7 +138,7 @@ def test_codec_none_is_zero_copy_and_private(tmp_path):
     path = shard_files(tmp_path)[0]
     before = _sha(path)
     r = RustShardReader(path)
-    metadata, tensors = r.read(0)
+    _metadata, tensors = r.read(0)
     name, dtype, shape, buf = tensors[0]
     assert name == "hidden_states" and buf.base.mapped
     assert isinstance(buf, np.ndarray) and buf.flags.writeable and buf.dtype == np.uint8
@@ -293,7 +302,12 @@ def test_dataset_reads_through_the_rust_backend(tmp_path):
 
 def _summary(r):
     return (
-        r.complete, r.file_bytes, r.data_end, r.torn_tail_bytes, r.meta, list(r.entries),
+        r.complete,
+        r.file_bytes,
+        r.data_end,
+        r.torn_tail_bytes,
+        r.meta,
+        list(r.entries),
         [(p.kind, p.offset, p.key) for p in r.scan_problems],
     )
 

@@ -36,7 +36,7 @@ def test_records_get_consecutive_seqs_and_read_back(tmp_path, Writer):
         done = w.poll()
     assert [c.seq for c in done] == list(range(7)) and [c.key for c in done][1:] == [k for k, *_ in records]
     back = read_all(tmp_path)
-    for key, tensors, *meta in records:
+    for key, tensors, *_meta in records:
         for name, t in tensors.items():
             assert torch.equal(back[key][name], t), (key, name)
     assert back["k2"]["_meta"]["source"] == "two"
@@ -53,7 +53,7 @@ def test_same_bytes_as_one_by_one(tmp_path, Writer):
     (many,), (one,) = shard_files(tmp_path / "many"), shard_files(tmp_path / "one")
     with open(many, "rb") as f, open(one, "rb") as g:
         a, b = f.read(), g.read()
-    header_len = lambda data: (36 + int.from_bytes(data[12:16], "little") + 7) // 8 * 8  # noqa: E731
+    header_len = lambda data: (36 + int.from_bytes(data[12:16], "little") + 7) // 8 * 8
     assert a[header_len(a) : -32] == b[header_len(b) : -32] and len(a) - header_len(a) > 5 * 7 * 8
 
 
@@ -87,13 +87,33 @@ def test_closed_writer_refuses(tmp_path, Writer):
         w.submit_many([("k", make_tensors(0))])
 
 
-def test_prepared_records_are_checked_by_both_writers(tmp_path, Writer):
-    """The connector's path (``_submit_prepared``) skips the Python-side normalization; the
-    writer still refuses a view whose size does not match its dtype and shape."""
+def test_submit_buffers_is_checked_alike_by_both_writers(tmp_path, Writer):
+    """``submit_buffers`` (the ``RecordSink`` method the vLLM connector calls) takes records as
+    byte buffers, without torch or numpy; both writers check them and refuse all or none."""
     data = memoryview(bytearray(12))
+    ids = memoryview(bytearray(16))
+    good = ("k", [("x", data, "F32", [3]), ("token_ids", ids, "I64", [2])], {"m": "1"}, 2)
+    bad = [
+        (("k", [("x", data, "F32", [4])], None, 0), "tensor .x."),  # 12 bytes are not 4 F32
+        (("k", [("x", data, "Q4", [3])], None, 0), "dtype"),
+        (("k", [("x", data, "F32", [3])], {"key": "y"}, 0), "key"),
+        (("k", [("x", data, "F32", [3])], {"a": 1}, 0), "metadata"),
+        (("k", [("x", data, "F32", [3])], None, -1), "num_tokens|each record must be a tuple"),
+        (("k", [("x", data, "F32", [3])], None), "tuple"),
+        (("a/b", [("x", data, "F32", [3])], None, 0), "a/b"),
+        (("k", [("x", memoryview(bytearray(8))[::2], "U8", [4])], None, 0), "C-contiguous"),
+    ]
     with Writer(tmp_path) as w:
-        with pytest.raises(InvalidInputError, match="tensor .x."):
-            w._submit_prepared([("k", [("x", data, "F32", [4])], {}, 0)])
-        assert w._submit_prepared([("k", [("x", data, "F32", [3])], {}, 0)]) == [0]
+        assert isinstance(w, layertap.RecordSink)
+        for record, match in bad:
+            with pytest.raises(InvalidInputError, match=match):
+                w.submit_buffers([good, record])
+        assert w.stats["records_submitted"] == 0
+        assert w.submit_buffers([good]) == [0]
+        assert w.submit_buffers([]) == []
     with layertap.open(os.fspath(tmp_path)) as ds:
-        assert ds["k"]["x"].tolist() == [0.0, 0.0, 0.0]
+        rec = ds["k"]
+        assert rec["x"].tolist() == [0.0, 0.0, 0.0] and rec.num_tokens == 2
+        assert rec.metadata == {"key": "k", "m": "1"}
+    with pytest.raises(WriterClosedError):
+        w.submit_buffers([("k2", [("x", data, "F32", [3])], None, 0)])

@@ -49,8 +49,9 @@ def _check(path, n: int) -> None:
 @pytest.mark.parametrize("codec", ["none", "bp16-zstd"])
 def test_a_file_system_without_o_direct_falls_back_to_buffered_writes(ramfs, io, codec):
     assert not takes_o_direct(ramfs)
-    w = writer_class("rust")(os.fspath(ramfs), codec=codec, io=io, direct=True, shard_size=200_000,
-                             batch_bytes=64 << 10)
+    w = writer_class("rust")(
+        os.fspath(ramfs), codec=codec, io=io, direct=True, shard_size=200_000, batch_bytes=64 << 10
+    )
     with w:
         assert w.stats["direct"] is False  # asked for, not in effect: reported, not an error
         for key, tensors in _records(30):
@@ -64,8 +65,14 @@ def test_direct_buffered_and_python_writers_write_the_same_frames(tmp_path):
     creation time."""
     kinds = {"direct": ("rust", True), "buffered": ("rust", False), "python": ("python", False)}
     for name, (kind, direct) in kinds.items():
-        with writer_class(kind)(os.fspath(tmp_path / name), codec="none", direct=direct, writer_id="w",
-                                shard_size=150_000, batch_bytes=64 << 10) as w:
+        with writer_class(kind)(
+            os.fspath(tmp_path / name),
+            codec="none",
+            direct=direct,
+            writer_id="w",
+            shard_size=150_000,
+            batch_bytes=64 << 10,
+        ) as w:
             assert w.stats["direct"] is (direct and takes_o_direct(tmp_path))
             for key, tensors in _records(25):
                 w.submit(key, tensors)
@@ -103,7 +110,9 @@ def test_each_record_is_readable_once_reported(tmp_path):
 
 
 def test_python_writer_refuses_direct(tmp_path):
-    with pytest.raises(InvalidInputError, match="direct=True: the Python writer writes through the page cache"):
+    with pytest.raises(
+        InvalidInputError, match="direct must be False: the Python writer writes through the page cache"
+    ):
         layertap.PyShardWriter(tmp_path / "a", direct=True)
     with pytest.raises(InvalidInputError, match="direct must be True or False"):
         layertap.PyShardWriter(tmp_path / "b", direct="yes")

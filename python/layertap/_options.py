@@ -1,32 +1,35 @@
-"""The writers' options (docs/API.md, "Writers"), checked in one place for ``ShardWriter`` and
-``PyShardWriter``, so both refuse the same values with the same messages, each naming the
-option."""
+"""The writers' options (docs/API.md, "Writers"): ``WriterOptions``, one frozen schema with the
+defaults written once and every value checked when it is made.
+
+Both writers take it (or its fields as keyword arguments), and the vLLM connector maps its keys
+onto it (``layertap.vllm.config``), so all three refuse the same values with the same messages,
+each naming the option. The Rust binding takes the checked values as they are
+(``WriterOptions.native_kwargs``); the Rust core checks them again only for its Rust callers.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
-from layertap._py.codecs import CODEC_NONE, check_level, codec_id
-from layertap._py.format import MAX_META_LEN, writer_id_problem
-from layertap.errors import InvalidInputError
+from layertap._spec.codecs import MAX_LEVEL, MIN_LEVEL
+from layertap._spec.format import CODECS, MAX_META_LEN, WRITER_ID_RULE, writer_id_problem
+from layertap.errors import InvalidInputError, OptionError
 
 _U64 = 1 << 64
+_I32 = 1 << 31
 MAX_THREADS = 256
+#: Values of ``io``; ``"io_uring"`` is taken for ``"uring"`` (the name ``stats["backend"]`` uses).
+IO_MODES = ("auto", "uring", "pwrite")
 
 
-def positive_int(name: str, value: object) -> int:
+def _positive(name: str, value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not 0 < value < _U64:
-        raise InvalidInputError(f"{name} must be a positive integer below 2**64, not {value!r}")
+        raise OptionError(name, f"must be a positive integer below 2**64, not {value!r}")
     return value
-
-
-def check_durability(value: object) -> str | int:
-    if value in ("none", "close"):
-        return value  # type: ignore[return-value]
-    if isinstance(value, int) and not isinstance(value, bool) and 0 < value < _U64:
-        return value
-    raise InvalidInputError(f"durability must be 'none', 'close' or a positive number of bytes, not {value!r}")
 
 
 def check_utf8(what: str, *texts: str) -> None:
@@ -51,61 +54,110 @@ def check_str_map(metadata: object) -> dict[str, str]:
     return dict(metadata)
 
 
-def check_shard_metadata(metadata: object) -> dict[str, str]:
+def _shard_metadata(metadata: object) -> dict[str, str]:
     """The writer's ``metadata`` (stored in every shard header): strings, well under 1 MiB."""
-    metadata = check_str_map(metadata)
-    for k, v in metadata.items():
-        check_utf8("metadata entry", k, v)
+    try:
+        metadata = check_str_map(metadata)
+        for k, v in metadata.items():
+            check_utf8("metadata entry", k, v)
+    except OptionError:
+        raise
+    except InvalidInputError as e:
+        raise OptionError("metadata", str(e).removeprefix("metadata ")) from None
     if sum(len(k.encode()) + len(v.encode()) + 8 for k, v in metadata.items()) > MAX_META_LEN // 2:
-        raise InvalidInputError("writer metadata is too large: shard metadata is limited to 1 MiB")
+        raise OptionError("metadata", "is too large: shard metadata is limited to 1 MiB")
     return metadata
 
 
-def check_writer_options(
-    *,
-    codec: Any,
-    level: Any,
-    shard_size: Any,
-    durability: Any,
-    threads: Any,
-    max_inflight_bytes: Any,
-    batch_bytes: Any,
-    writer_id: Any,
-    io: Any,
-    direct: Any,
-    metadata: Any,
-) -> dict[str, Any]:
-    """Checks every option; returns them normalised (durability, metadata as a dict)."""
-    if codec_id(codec) != CODEC_NONE:
-        check_level(level)
-    elif not isinstance(level, int) or isinstance(level, bool):
-        raise InvalidInputError(f"level must be an integer, not {level!r}")
-    positive_int("shard_size", shard_size)
-    durability = check_durability(durability)
-    if threads is not None and positive_int("threads", threads) > MAX_THREADS:
-        raise InvalidInputError(f"threads must be 1 to {MAX_THREADS}, not {threads!r}")
-    positive_int("max_inflight_bytes", max_inflight_bytes)
-    positive_int("batch_bytes", batch_bytes)
-    if writer_id is not None:
-        if not isinstance(writer_id, str):
-            raise InvalidInputError(f"writer_id must be a str, not {type(writer_id).__name__}")
-        problem = writer_id_problem(writer_id)
-        if problem:
-            raise InvalidInputError(problem)
-    if io not in ("auto", "uring", "pwrite"):
-        raise InvalidInputError(f"io must be 'auto', 'uring' or 'pwrite', not {io!r}")
-    if not isinstance(direct, bool):
-        raise InvalidInputError(f"direct must be True or False, not {direct!r}")
-    return dict(
-        codec=codec,
-        level=level,
-        shard_size=shard_size,
-        durability=durability,
-        threads=threads,
-        max_inflight_bytes=max_inflight_bytes,
-        batch_bytes=batch_bytes,
-        writer_id=writer_id,
-        io=io,
-        direct=direct,
-        metadata=check_shard_metadata(metadata),
-    )
+@dataclass(frozen=True)
+class WriterOptions:
+    """The options of ``ShardWriter`` and ``PyShardWriter`` (docs/API.md, "Writers"), checked
+    when made: a bad value raises ``OptionError`` (an ``InvalidInputError``) naming the option.
+    ``dataclasses.replace(options, field=value)`` makes a changed copy, checked again."""
+
+    codec: str = "bp16-zstd"
+    """``"none"``, ``"zstd"`` or ``"bp16-zstd"``."""
+    level: int = 1
+    """zstd level (ignored by ``"none"``)."""
+    shard_size: int = 1 << 30
+    """Bytes of frames a shard holds at most; the next record starts a new shard."""
+    durability: str | int = "close"
+    """``"none"``, ``"close"`` (fsync each shard when it closes) or N (also every N bytes)."""
+    threads: int | None = None
+    """Compression threads (Rust writer); None: ``min(4, cpu count)``."""
+    max_inflight_bytes: int = 1 << 30
+    """Raw bytes submitted but not yet written; ``submit`` waits past this."""
+    batch_bytes: int = 8 << 20
+    """Records are coalesced into writes of about this size."""
+    writer_id: str | None = None
+    """Shard names are ``f"{writer_id}-{n:06}.lts"``; None: a random id."""
+    io: str = "auto"
+    """``"auto"``, ``"uring"`` (io_uring or an error) or ``"pwrite"``."""
+    direct: bool = False
+    """Write record data with ``O_DIRECT`` where the file system allows it (Rust writer)."""
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    """Stored in every shard's header (``"user"``)."""
+
+    def __post_init__(self) -> None:
+        if self.codec not in CODECS:
+            raise OptionError("codec", f"must be one of {', '.join(map(repr, CODECS))}, not {self.codec!r}")
+        level = self.level
+        if not isinstance(level, int) or isinstance(level, bool):
+            raise OptionError("level", f"must be an integer, not {level!r}")
+        if self.codec != "none" and not MIN_LEVEL <= level <= MAX_LEVEL:
+            raise OptionError("level", f"must be a zstd level from {MIN_LEVEL} to {MAX_LEVEL}, not {level!r}")
+        if not -_I32 <= level < _I32:
+            raise OptionError("level", f"must be a 32-bit integer, not {level!r}")
+        _positive("shard_size", self.shard_size)
+        if self.durability not in ("none", "close"):
+            d = self.durability
+            if not isinstance(d, int) or isinstance(d, bool) or not 0 < d < _U64:
+                raise OptionError("durability", f"must be 'none', 'close' or a positive number of bytes, not {d!r}")
+        t = self.threads
+        if t is not None and (not isinstance(t, int) or isinstance(t, bool) or not 0 < t <= MAX_THREADS):
+            raise OptionError("threads", f"must be None or an integer from 1 to {MAX_THREADS}, not {t!r}")
+        _positive("max_inflight_bytes", self.max_inflight_bytes)
+        _positive("batch_bytes", self.batch_bytes)
+        if self.writer_id is not None and writer_id_problem(self.writer_id):
+            raise OptionError("writer_id", f"must be None or {WRITER_ID_RULE}, not {self.writer_id!r}")
+        if self.io == "io_uring":
+            object.__setattr__(self, "io", "uring")
+        elif self.io not in IO_MODES:
+            raise OptionError("io", f"must be 'auto', 'uring' or 'pwrite', not {self.io!r}")
+        if not isinstance(self.direct, bool):
+            raise OptionError("direct", f"must be True or False, not {self.direct!r}")
+        # Read-only, so that no one changes a checked value behind the check.
+        object.__setattr__(self, "metadata", MappingProxyType(_shard_metadata(self.metadata)))
+
+    @classmethod
+    def of(cls, options: WriterOptions | None, overrides: Mapping[str, Any]) -> WriterOptions:
+        """``options`` (None: the defaults) with the fields in ``overrides`` changed: what a
+        writer's ``options=`` and keyword arguments give together."""
+        if options is None:
+            return cls(**overrides)
+        if not isinstance(options, cls):
+            raise InvalidInputError(f"options must be a layertap.WriterOptions, not {type(options).__name__}")
+        return dataclasses.replace(options, **overrides) if overrides else options
+
+    def native_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of ``layertap._native.NativeShardWriter``."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["metadata"] = dict(self.metadata)
+        return out
+
+
+def python_writer_problem(options: WriterOptions) -> OptionError | None:
+    """What ``PyShardWriter`` cannot do of ``options``: io_uring and ``O_DIRECT``. The vLLM
+    connector asks too, so that a configuration is refused at start-up with the same words."""
+    if options.io == "uring":
+        return OptionError(
+            "io", "must be 'auto' or 'pwrite': the Python writer has no io_uring ('uring' needs the Rust writer)"
+        )
+    if options.direct:
+        return OptionError(
+            "direct", "must be False: the Python writer writes through the page cache (O_DIRECT needs the Rust writer)"
+        )
+    return None
+
+
+__all__ = ["WriterOptions"]

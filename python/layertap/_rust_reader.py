@@ -53,7 +53,9 @@ class RustShardReader:
         self.entries: list[IndexEntry] = [IndexEntry(*row) for row in native.entries()]
         self.being_written: bool = _native.is_being_written(self.path) if probe_lock else False
 
-    def read(self, i: int, verify: bool = True) -> tuple[dict[str, str], list[tuple[str, str, tuple[int, ...], np.ndarray]]]:
+    def read(
+        self, i: int, verify: bool = True
+    ) -> tuple[dict[str, str], list[tuple[str, str, tuple[int, ...], np.ndarray]]]:
         """``(metadata, [(name, dtype, shape, buffer)])`` of record ``i``, tensors in the order of
         their data. Each buffer is a writable one-dimensional ``uint8`` numpy array over the
         record's own memory (it keeps that memory alive). With ``verify`` the payload checksum

@@ -1,6 +1,6 @@
 """Conversions between what callers hand the writers (torch tensors, numpy arrays, raw buffers)
-and what the format stores (bytes, a safetensors dtype name, a shape), shared by both writers and
-both readers.
+and what the format stores (bytes, a safetensors dtype name, a shape), and back into tensors (or
+numpy arrays where torch is not installed), shared by both writers and both readers.
 
 Writers never copy: a tensor becomes a ``memoryview`` over its own memory, and the memoryview
 keeps the tensor alive for as long as the writer holds it.
@@ -8,6 +8,7 @@ keeps the tensor alive for as long as the writer holds it.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import sys
 from collections.abc import Mapping
@@ -16,48 +17,17 @@ from typing import Any
 import numpy as np
 
 from layertap._options import check_str_map
+from layertap._spec.dtypes import ITEMSIZE, NUMPY_DTYPES, TORCH_NAMES, numpy_dtype
 from layertap.errors import InvalidInputError
 
 if sys.byteorder != "little":  # pragma: no cover - the format is little-endian
     raise ImportError("layertap supports little-endian machines only")
 
 # torch is imported only when a torch tensor or dtype is met (or TORCH_DTYPES is asked for), so
-# that importing layertap (the readers, the command line) does not pay torch's seconds of start-up.
-_TORCH_NAMES: dict[str, str] = {
-    "BOOL": "bool",
-    "U8": "uint8",
-    "I8": "int8",
-    "U16": "uint16",
-    "I16": "int16",
-    "F16": "float16",
-    "BF16": "bfloat16",
-    "U32": "uint32",
-    "I32": "int32",
-    "F32": "float32",
-    "U64": "uint64",
-    "I64": "int64",
-    "F64": "float64",
-}
-#: Bytes per element of each dtype.
-ITEMSIZE: dict[str, int] = {
-    "BOOL": 1, "U8": 1, "I8": 1, "U16": 2, "I16": 2, "F16": 2, "BF16": 2,
-    "U32": 4, "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8,
-}
-_NUMPY_DTYPES: dict[str, np.dtype] = {
-    "BOOL": np.dtype(np.bool_),
-    "U8": np.dtype(np.uint8),
-    "I8": np.dtype(np.int8),
-    "U16": np.dtype("<u2"),
-    "I16": np.dtype("<i2"),
-    "F16": np.dtype("<f2"),
-    "U32": np.dtype("<u4"),
-    "I32": np.dtype("<i4"),
-    "F32": np.dtype("<f4"),
-    "U64": np.dtype("<u8"),
-    "I64": np.dtype("<i8"),
-    "F64": np.dtype("<f8"),
-}
-_NAMES_OF_NUMPY = {v: k for k, v in _NUMPY_DTYPES.items()}
+# that importing layertap (the readers, the command line) does not pay torch's seconds of start-up,
+# and works where torch is not installed.
+_NAMES_OF_NUMPY = {v: k for k, v in NUMPY_DTYPES.items()}
+_NAMES_OF_TORCH_NAMES = {v: k for k, v in TORCH_NAMES.items()}
 _torch_maps: tuple[dict, dict] | None = None
 
 
@@ -67,7 +37,7 @@ def _torch_dtypes() -> tuple[dict, dict]:
     if _torch_maps is None:
         import torch
 
-        to_torch_dtype = {name: getattr(torch, t) for name, t in _TORCH_NAMES.items()}
+        to_torch_dtype = {name: getattr(torch, t) for name, t in TORCH_NAMES.items()}
         _torch_maps = (to_torch_dtype, {v: k for k, v in to_torch_dtype.items()})
     return _torch_maps
 
@@ -79,13 +49,24 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def _torch_available() -> bool:
+    """Whether torch can be imported (without importing it when it is not loaded yet)."""
+    if "torch" in sys.modules:
+        return sys.modules["torch"] is not None
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def _loaded_torch():
     """The torch module if something imported it already, else None (then no value is a tensor)."""
     return sys.modules.get("torch")
 
 
 def dtype_name(dtype: Any) -> str:
-    """The safetensors name of a torch dtype, numpy dtype or name (``"BF16"``, ``"bfloat16"``)."""
+    """The safetensors name of a torch dtype, numpy dtype (bfloat16 from ml_dtypes included) or
+    name (``"BF16"``, ``"bfloat16"``, ``"torch.bfloat16"``)."""
     torch = _loaded_torch()
     if torch is not None and isinstance(dtype, torch.dtype):
         names = _torch_dtypes()[1]
@@ -94,17 +75,22 @@ def dtype_name(dtype: Any) -> str:
     elif isinstance(dtype, str):
         if dtype in ITEMSIZE:
             return dtype
-        import torch
+        if dtype.removeprefix("torch.") in _NAMES_OF_TORCH_NAMES:
+            return _NAMES_OF_TORCH_NAMES[dtype.removeprefix("torch.")]
+        if _torch_available():  # torch's other names: "half", "long", ...
+            import torch
 
-        as_torch = getattr(torch, dtype, None)
-        names = _torch_dtypes()[1]
-        if isinstance(as_torch, torch.dtype) and as_torch in names:
-            return names[as_torch]
+            as_torch = getattr(torch, dtype, None)
+            names = _torch_dtypes()[1]
+            if isinstance(as_torch, torch.dtype) and as_torch in names:
+                return names[as_torch]
     else:
         try:
             np_dtype = np.dtype(dtype)
         except TypeError:
             np_dtype = None
+        if np_dtype is not None and np_dtype.name == "bfloat16" and np_dtype.itemsize == 2:
+            return "BF16"  # ml_dtypes.bfloat16
         if np_dtype is not None and np_dtype.newbyteorder("<") in _NAMES_OF_NUMPY:
             if np_dtype.byteorder == ">":
                 raise InvalidInputError(f"dtype {dtype!r} is big-endian; the format is little-endian")
@@ -187,7 +173,7 @@ def normalize(tensors: Mapping[str, Any]) -> tuple[list[tuple[str, memoryview, s
             raise InvalidInputError(f"tensor {name!r} is empty (shape {list(shape)}); records hold no empty tensors")
         out.append((name, view, dtype, shape))
     num_tokens = 0
-    for name, view, dtype, shape in out:
+    for name, _, _, shape in out:
         if name == "token_ids" and shape:
             num_tokens = shape[0]
     if num_tokens >= 1 << 32:
@@ -233,3 +219,61 @@ def to_torch(buffer: Any, dtype: str, shape: tuple[int, ...] | list[int]):
         view = memoryview(bytearray(view))
     flat = torch.frombuffer(view, dtype=_torch_dtypes()[0][dtype])
     return flat.reshape(tuple(shape))
+
+
+def to_numpy(buffer: Any, dtype: str, shape: tuple[int, ...] | list[int]) -> np.ndarray:
+    """A ``numpy.ndarray`` over ``buffer`` (no copy when it is writable, else one copy); BF16
+    as ``ml_dtypes.bfloat16``."""
+    view = memoryview(buffer)
+    if view.readonly:
+        view = memoryview(bytearray(view))
+    return np.frombuffer(view, dtype=numpy_dtype(dtype)).reshape(tuple(shape))
+
+
+def tensor_maker(tensors: str = "auto"):
+    """The function that turns a record's ``(buffer, dtype, shape)`` into what readers hand
+    back: ``"torch"`` tensors, ``"numpy"`` arrays, or ``"auto"``: torch where it can be
+    imported, else numpy. Raises InvalidInputError for another value, ImportError for
+    ``"torch"`` without torch."""
+    if tensors == "auto":
+        return to_torch if _torch_available() else to_numpy
+    if tensors == "torch":
+        if not _torch_available():
+            raise ImportError("tensors='torch' needs torch (pip install 'layertap[torch]'); or use tensors='numpy'")
+        return to_torch
+    if tensors == "numpy":
+        return to_numpy
+    raise InvalidInputError(f"tensors must be 'auto', 'torch' or 'numpy', not {tensors!r}")
+
+
+def check_buffer_record(record: Any) -> Prepared:
+    """One record of ``submit_buffers``: ``(key, [(name, buffer, dtype, shape)], metadata,
+    num_tokens)``, checked as the Rust binding checks it (the key itself is checked by the
+    writer)."""
+    if not isinstance(record, (tuple, list)) or len(record) != 4:
+        raise InvalidInputError(
+            f"each record must be a tuple (key, list of tensors, metadata or None, num_tokens), got {record!r:.80}"
+        )
+    key, parts, metadata, num_tokens = record
+    if not isinstance(key, str):
+        raise InvalidInputError(f"record key must be a str, not {type(key).__name__}")
+    if not isinstance(parts, list) or not parts:
+        raise InvalidInputError(f"record {key!r}: tensors must be a non-empty list of (name, buffer, dtype, shape)")
+    if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or not 0 <= num_tokens < 1 << 32:
+        raise InvalidInputError(
+            f"record {key!r}: num_tokens must be an integer from 0 to 2**32 - 1, not {num_tokens!r}"
+        )
+    out = []
+    names = set()
+    for part in parts:
+        if not isinstance(part, tuple) or len(part) != 4:
+            raise InvalidInputError("each tensor must be a tuple (name, buffer, dtype, shape)")
+        name, buffer, dtype, shape = part
+        if not isinstance(name, str) or not name or name == "__metadata__" or name in names:
+            raise InvalidInputError(f"tensor name {name!r} is not allowed")
+        names.add(name)
+        view, dtype, shape = _from_buffer(name, (buffer, dtype, shape))
+        if view.nbytes == 0:
+            raise InvalidInputError(f"tensor {name!r} is empty (shape {list(shape)}); records hold no empty tensors")
+        out.append((name, view, dtype, shape))
+    return key, out, check_metadata(metadata), num_tokens

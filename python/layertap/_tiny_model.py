@@ -78,9 +78,7 @@ def build_tiny_llama(
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + WORDS)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
-    )
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
     fast.save_pretrained(out)
 
     config = LlamaConfig(

@@ -5,9 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-#: Codec names, indexed by the id stored in frame headers (docs/FORMAT.md, "Codecs").
-CODECS: tuple[str, ...] = ("none", "zstd", "bp16-zstd")
-
 
 class Completion(NamedTuple):
     """A record a writer has written (returned by ``poll()``)."""

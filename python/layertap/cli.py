@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from typing import Any
 
@@ -69,7 +70,7 @@ def _open(path: str, backend: str):
 
 def _first_record_shape(backend) -> dict[str, Any]:
     """layers, hidden size, dtype and layer ids of a shard, from its first record."""
-    from layertap._py.dtypes import TORCH_NAMES
+    from layertap._spec.dtypes import TORCH_NAMES
 
     out: dict[str, Any] = {"layers": None, "hidden_size": None, "dtype": None, "layer_ids": None}
     if not backend.entries:
@@ -111,25 +112,27 @@ def inspect_summary(ds) -> dict:
     shards = []
     for info, backend in zip(ds.shards, ds.backends):
         shape = _first_record_shape(backend)
-        shards.append({
-            "path": info.path,
-            "name": os.path.basename(info.path),
-            "state": _state(info).replace(" ", "_"),
-            "complete": info.complete,
-            "being_written": info.being_written,
-            "records": info.records,
-            "tokens": info.tokens,
-            **shape,
-            "codecs": info.codecs,
-            "raw_bytes": info.raw_bytes,
-            "stored_bytes": info.stored_bytes,
-            "file_bytes": info.file_bytes,
-            "ratio": round(info.raw_bytes / info.stored_bytes, 4) if info.stored_bytes else None,
-            "torn_tail_bytes": info.torn_tail_bytes,
-            "writer": info.meta.get("writer"),
-            "writer_id": info.meta.get("writer_id"),
-            "problems": [_problem_json(p) for p in backend.scan_problems],
-        })
+        shards.append(
+            {
+                "path": info.path,
+                "name": os.path.basename(info.path),
+                "state": _state(info).replace(" ", "_"),
+                "complete": info.complete,
+                "being_written": info.being_written,
+                "records": info.records,
+                "tokens": info.tokens,
+                **shape,
+                "codecs": info.codecs,
+                "raw_bytes": info.raw_bytes,
+                "stored_bytes": info.stored_bytes,
+                "file_bytes": info.file_bytes,
+                "ratio": round(info.raw_bytes / info.stored_bytes, 4) if info.stored_bytes else None,
+                "torn_tail_bytes": info.torn_tail_bytes,
+                "writer": info.meta.get("writer"),
+                "writer_id": info.meta.get("writer_id"),
+                "problems": [_problem_json(p) for p in backend.scan_problems],
+            }
+        )
     codecs: dict[str, int] = {}
     for s in shards:
         for c, n in s["codecs"].items():
@@ -167,8 +170,37 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
-def _table(rows: list[list[str]], right: set[int]) -> str:
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+#: ``inspect`` fits its table in this many columns: shard names are shortened in the middle
+#: (``--json`` has them whole), and columns whose value all shards share move to the summary.
+TABLE_WIDTH = 100
+_MIN_NAME = 20
+
+
+def _middle(text: str, width: int) -> str:
+    """``text`` shortened to ``width`` characters by an ellipsis in the middle; of a shard name,
+    the writer id is shortened and the shard number kept (``-000000.lts``)."""
+    if len(text) <= width:
+        return text
+    keep = re.search(r"-\d{6,}\.lts$", text)
+    tail = keep.group() if keep and width - len(keep.group()) >= 9 else ""
+    text = text[: len(text) - len(tail)]
+    room = width - len(tail) - 1
+    head = (room + 1) // 2
+    return text[:head] + "…" + text[len(text) - (room - head) :] + tail
+
+
+def _table(rows: list[list[str]], right: set[int], width: int = TABLE_WIDTH) -> str:
+    """Rows in columns two spaces apart; the first column is shortened so that the table fits
+    ``width`` columns, where it can."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    room = width - sum(widths[1:]) - 2 * (len(widths) - 1)
+    if widths[0] > room:
+        widths[0] = max(_MIN_NAME, room)
+        rows = [[_middle(r[0], widths[0]), *r[1:]] for r in rows]
     lines = []
     for r in rows:
         cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
@@ -181,10 +213,8 @@ def _tail(n: int) -> str:
 
 
 def inspect_table(summary: dict) -> str:
-    """What ``layertap inspect`` prints."""
-    head = ["shard", "state", "records", "tokens", "layers", "hidden", "dtype", "codecs",
-            "raw", "stored", "ratio", "torn tail"]
-    rows = [head]
+    """What ``layertap inspect`` prints: a summary, then one row per shard and a total, within
+    ``TABLE_WIDTH`` columns."""
 
     def ratio(r):
         return f"{r:.2f}x" if r else "-"
@@ -192,33 +222,65 @@ def inspect_table(summary: dict) -> str:
     def codecs(c):
         return ",".join(sorted(c)) or "-"
 
-    for s in summary["shards"]:
-        rows.append([
-            s["name"], s["state"].replace("_", " "), _cell(s["records"]), _cell(s["tokens"]), _cell(s["layers"]),
-            _cell(s["hidden_size"]), _cell(s["dtype"]), codecs(s["codecs"]), human_bytes(s["raw_bytes"]),
-            human_bytes(s["stored_bytes"]), ratio(s["ratio"]), _tail(s["torn_tail_bytes"]),
-        ])
-    states = [s["state"] for s in summary["shards"]]
-    counts = ", ".join(f"{states.count(k)} {k.replace('_', ' ')}" for k in ("complete", "open", "being_written") if k in states)
-
     def total(key):
         return "mixed" if summary.get(f"{key}_mixed") else _cell(summary[key])
 
-    rows.append([
-        "total", counts or "-", _cell(summary["records"]), _cell(summary["tokens"]), total("layers"),
-        total("hidden_size"), total("dtype"), codecs(summary["codecs"]), human_bytes(summary["raw_bytes"]),
-        human_bytes(summary["stored_bytes"]), ratio(summary["ratio"]),
-        _tail(sum(s["torn_tail_bytes"] for s in summary["shards"])),
-    ])
-    n = len(summary["shards"])
+    shards = summary["shards"]
+    # Columns that differ between shards stay in the table; the others are said once above it.
+    varying = [
+        (head, key, fmt)
+        for head, key, fmt in (
+            ("layers", "layers", _cell),
+            ("hidden", "hidden_size", _cell),
+            ("dtype", "dtype", _cell),
+            ("codecs", "codecs", codecs),
+        )
+        if len({fmt(s[key]) for s in shards if s["records"]}) > 1
+    ]
+    torn = any(s["torn_tail_bytes"] for s in shards)
+    head = ["shard", "state", "records", "tokens", *(h for h, _, _ in varying), "raw", "stored", "ratio"]
+    head += ["torn tail"] * torn
+    rows = [head]
+    for s in shards:
+        row = [s["name"], s["state"].replace("_", " "), _cell(s["records"]), _cell(s["tokens"])]
+        row += [fmt(s[key]) for _, key, fmt in varying]
+        row += [human_bytes(s["raw_bytes"]), human_bytes(s["stored_bytes"]), ratio(s["ratio"])]
+        rows.append(row + [_tail(s["torn_tail_bytes"])] * torn)
+    states = [s["state"] for s in shards]
+    counts = ", ".join(
+        f"{states.count(k)} {k.replace('_', ' ')}" for k in ("complete", "open", "being_written") if k in states
+    )
+    row = ["total", "", _cell(summary["records"]), _cell(summary["tokens"])]
+    row += ["mixed" for _ in varying]
+    row += [human_bytes(summary["raw_bytes"]), human_bytes(summary["stored_bytes"]), ratio(summary["ratio"])]
+    rows.append(row + [_tail(sum(s["torn_tail_bytes"] for s in shards))] * torn)
     title = (
-        f"{summary['path']}: {n} shard{'s' if n != 1 else ''}, {summary['records']:,} records, "
-        f"{summary['tokens']:,} tokens, {human_bytes(summary['file_bytes'])} on disk"
+        f"{summary['path']}: {_plural(len(shards), 'shard')}{f' ({counts})' if counts else ''}, "
+        f"{_plural(summary['records'], 'record')}, {_plural(summary['tokens'], 'token')}, "
+        f"{human_bytes(summary['file_bytes'])} on disk"
+    )
+    shared = [
+        f"{h} {total(key)}"
+        for h, key in (("layers", "layers"), ("hidden", "hidden_size"), ("dtype", "dtype"))
+        if h not in {v[0] for v in varying}
+    ]
+    shared.append(
+        "codecs " + ", ".join(f"{c} ({n:,})" for c, n in sorted(summary["codecs"].items()))
+        if summary["codecs"]
+        else "codecs -"
     )
     out = [title]
     if summary["layer_ids"] is not None:
-        out.append(f"layer ids: {summary['layer_ids']}")
-    out += ["", _table(rows, right={2, 3, 4, 5, 8, 9, 10, 11})]
+        shared.append(f"layer ids {summary['layer_ids']}")
+    if shared:
+        out.append(", ".join(shared))
+    out += [
+        "",
+        _table(
+            rows,
+            right=set(range(2, len(head))) - {4 + i for i, (h, _, _) in enumerate(varying) if h in ("dtype", "codecs")},
+        ),
+    ]
     for u in summary["unreadable"]:
         out.append(f"not a shard: {u['shard']}: {u['message']}")
     return "\n".join(out)
@@ -247,14 +309,19 @@ def cmd_verify(args) -> int:
     for p in report.problems:
         print(problem_line(p), file=sys.stderr)
     if args.json:
-        print(json.dumps({
-            "path": args.path,
-            "ok": report.ok,
-            "shards": shards,
-            "records_ok": report.records_ok,
-            "records_bad": report.records_bad,
-            "problems": [_problem_json(p) for p in report.problems],
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "path": args.path,
+                    "ok": report.ok,
+                    "shards": shards,
+                    "records_ok": report.records_ok,
+                    "records_bad": report.records_bad,
+                    "problems": [_problem_json(p) for p in report.problems],
+                },
+                indent=2,
+            )
+        )
     elif not args.quiet:
         verdict = "OK" if report.ok else "FAILED"
         print(
@@ -272,14 +339,17 @@ def cmd_verify(args) -> int:
 def _recover_function(backend: str):
     if backend == "python":
         from layertap._py.recover import recover
+
         return recover
     if backend == "auto":
         try:
             import layertap._native  # noqa: F401 - only asks whether the extension is built
         except ImportError:
             from layertap._py.recover import recover
+
             return recover
     from layertap.recover import recover
+
     return recover
 
 
@@ -338,11 +408,24 @@ def cmd_recover(args) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("layertap")
+    except PackageNotFoundError:  # a source tree without installed metadata
+        return "0+unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="layertap", description="Inspect, verify and recover layertap datasets.")
+    parser.add_argument("--version", action="version", version=f"layertap {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    backend = {"choices": ["auto", "rust", "python"], "default": "auto",
-               "help": "reader implementation (default: Rust when built)"}
+    backend = {
+        "choices": ["auto", "rust", "python"],
+        "default": "auto",
+        "help": "reader implementation (default: Rust when built)",
+    }
 
     p = sub.add_parser("inspect", help="summarise a dataset or shard")
     p.add_argument("path", help="dataset directory or shard file")

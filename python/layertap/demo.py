@@ -22,10 +22,15 @@ LAYERS = [2, 0, 4]  # asked in any order; the records store them ascending
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m layertap.demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--output", default="demo-output",
-                   help="folder for the model and the dataset (default: %(default)s)")
-    p.add_argument("--writer", choices=("auto", "rust", "python"), default="auto",
-                   help="shard writer; auto: the Rust one when the extension is built (default: %(default)s)")
+    p.add_argument(
+        "--output", default="demo-output", help="folder for the model and the dataset (default: %(default)s)"
+    )
+    p.add_argument(
+        "--writer",
+        choices=("auto", "rust", "python"),
+        default="auto",
+        help="shard writer; auto: the Rust one when the extension is built (default: %(default)s)",
+    )
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
     p.add_argument("--prompts", type=int, default=6, help="number of prompts (default: %(default)s)")
     return p.parse_args(argv)
@@ -88,8 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [prompt(8 + 11 * i, offset=i) for i in range(args.prompts)]
     # Every other request also records its generated tokens.
     params = [
-        SamplingParams(max_tokens=8, temperature=0.0, extra_args={
-            "kv_transfer_params": {"sample_id": f"demo-{i}", "include_output_tokens": i % 2 == 1}})
+        SamplingParams(
+            max_tokens=8,
+            temperature=0.0,
+            extra_args={"kv_transfer_params": {"sample_id": f"demo-{i}", "include_output_tokens": i % 2 == 1}},
+        )
         for i in range(len(prompts))
     ]
     t0 = time.perf_counter()
@@ -97,8 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ngenerated {len(outputs)} completions in {time.perf_counter() - t0:.2f} s:")
     for o in outputs:
         loc = o.kv_transfer_params["layertap"]
-        print(f"  {loc['key']}: {len(o.prompt_token_ids)} prompt tokens -> {loc['num_tokens']} tokens recorded; "
-              f"text: {o.outputs[0].text[:40]!r}")
+        print(
+            f"  {loc['key']}: {len(o.prompt_token_ids)} prompt tokens -> {loc['num_tokens']} tokens recorded; "
+            f"text: {o.outputs[0].text[:40]!r}"
+        )
     record = fetch(outputs[-1].kv_transfer_params, timeout=60)
     print(f"\nfetched online: {record}\n  layer_ids {record.layer_ids}, metadata {record.metadata}\n")
     llm.llm_engine.engine_core.shutdown()  # the connector closes its writer: shards complete
@@ -106,9 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     with open(stats_path) as f:
         stats = json.load(f)
     hook = stats["hook"]
-    print(f"connector: {stats['records_written']} records, {stats['tokens']} tokens in {stats['gathers']} gathers; "
-          f"engine-thread time per step p50 {hook['p50_us']:.0f} us, p99 {hook['p99_us']:.0f} us "
-          f"(all statistics: {stats_path})\n", flush=True)
+    print(
+        f"connector: {stats['records_written']} records, {stats['tokens']} tokens in {stats['gathers']} gathers; "
+        f"engine-thread time per step p50 {hook['p50_us']:.0f} us, p99 {hook['p99_us']:.0f} us "
+        f"(all statistics: {stats_path})\n",
+        flush=True,
+    )
     return layertap_cli(["inspect", dataset])
 
 

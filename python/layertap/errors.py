@@ -16,6 +16,19 @@ class InvalidInputError(LayertapError, ValueError):
     """A value given to the API is not acceptable: a bad key, dtype, shape, buffer or option."""
 
 
+class OptionError(InvalidInputError):
+    """A writer option is not acceptable: ``option`` names it, ``problem`` says why (the message
+    is both: ``f"{option} {problem}"``)."""
+
+    def __init__(self, option: str, problem: str):
+        super().__init__(f"{option} {problem}")
+        self.option = option
+        self.problem = problem
+
+    def __reduce__(self):  # pickles with both arguments (vLLM sends errors between processes)
+        return type(self), (self.option, self.problem)
+
+
 class DuplicateKeyError(InvalidInputError):
     """A writer was given a key it has already written."""
 
@@ -79,6 +92,7 @@ class WriterIOError(LayertapError, OSError):
 __all__ = [
     "LayertapError",
     "InvalidInputError",
+    "OptionError",
     "DuplicateKeyError",
     "FormatError",
     "CorruptRecordError",

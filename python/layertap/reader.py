@@ -1,9 +1,9 @@
 """Reading datasets: ``layertap.open`` returns a ``Dataset`` of ``Record``s (docs/API.md,
-"Reading").
+"Reading"); ``layertap.follow`` (``follow.py``) reads one while it is written.
 
 A dataset is a list of shards, each read by a *shard backend*: ``RustShardReader`` (memory-mapped,
-``layertap._rust_reader``) or ``PyShardReader`` (pure Python, ``layertap._py.reader``). Both
-follow this protocol::
+``layertap._rust_reader``) or ``PyShardReader`` (the pure-Python reference, ``layertap._py.reader``,
+imported only when it is chosen or the extension is not built). Both follow this protocol::
 
     class ShardBackend(Protocol):
         path: str
@@ -31,12 +31,14 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from layertap._py.format import SHARD_SUFFIX
-from layertap._py.reader import PyShardReader, is_locked
+from layertap._spec.format import SHARD_SUFFIX
+from layertap._spec.lock import is_locked
+from layertap._tensors import tensor_maker
 from layertap._types import IndexEntry, Problem, ShardInfo, VerifyReport
-from layertap.errors import FormatError, InvalidInputError, RecordNotFoundError
+from layertap.errors import CorruptRecordError, FormatError, InvalidInputError, RecordNotFoundError
 
 _BACKENDS = ("auto", "rust", "python")
+_ERRORS = ("raise", "skip")
 
 
 def _rust_backend():
@@ -48,21 +50,30 @@ def _rust_backend():
     return RustShardReader
 
 
-def _backend_class(backend: str):
+def _python_backend():
+    from layertap._py.reader import PyShardReader
+
+    return PyShardReader
+
+
+def backend_class(backend: str):
+    """The shard backend class ``backend`` names: ``"rust"``, ``"python"``, or ``"auto"`` (Rust
+    when the extension is built)."""
     if backend not in _BACKENDS:
         raise InvalidInputError(f"backend must be one of {', '.join(_BACKENDS)}, not {backend!r}")
     if backend == "python":
-        return PyShardReader
+        return _python_backend()
     rust = _rust_backend()
     if isinstance(rust, ImportError):
         if backend == "rust":
             raise ImportError(f"backend 'rust' is not available: the native extension is not built ({rust})")
-        return PyShardReader
+        return _python_backend()
     return rust
 
 
 class Record:
-    """One record: its tensors (``torch.Tensor``, in stored order), metadata and place."""
+    """One record: its tensors (``torch.Tensor``, or ``numpy.ndarray`` where torch is not
+    installed or ``tensors="numpy"`` was asked for; in stored order), metadata and place."""
 
     __slots__ = ("key", "tensors", "metadata", "shard", "offset", "num_tokens")
 
@@ -103,6 +114,19 @@ class Record:
     def __getitem__(self, name: str):
         return self.tensors[name]
 
+    @classmethod
+    def from_parts(cls, entry: IndexEntry, shard: str, metadata: dict[str, str], tensors: list, make) -> Record:
+        """A record from what a shard backend's ``read`` returns, its tensors made by ``make``
+        (``layertap._tensors.tensor_maker``)."""
+        return cls(
+            entry.key,
+            {name: make(buf, dtype, shape) for name, dtype, shape, buf in tensors},
+            metadata,
+            shard,
+            entry.frame_offset,
+            entry.num_tokens,
+        )
+
     def __repr__(self) -> str:
         parts = ", ".join(
             f"{name}: {str(t.dtype).removeprefix('torch.')}{list(t.shape)}" for name, t in self.tensors.items()
@@ -135,7 +159,7 @@ class _WrittenNoHeader:
         pass
 
 
-def _shard_paths(directory: str) -> list[str]:
+def shard_paths(directory: str) -> list[str]:
     names = []
     with os.scandir(directory) as it:
         for entry in it:
@@ -149,8 +173,9 @@ class Dataset:
     """The records of one shard or of every shard of a dataset directory, in dataset order
     (shards by file name, records in file order). Use ``layertap.open`` to make one."""
 
-    def __init__(self, path: str, shards: list, unreadable: list[Problem] | None = None):
+    def __init__(self, path: str, shards: list, unreadable: list[Problem] | None = None, tensors: str = "auto"):
         self.path = path
+        self._make = tensor_maker(tensors)
         self._shards = shards
         self._unreadable = unreadable or []
         self._starts = [0]
@@ -171,18 +196,8 @@ class Dataset:
 
     def _record(self, pos: int) -> Record:
         shard, i = self._locate(pos)
-        e = shard.entries[i]
         metadata, tensors = shard.read(i)
-        from layertap._tensors import to_torch  # torch is imported on the first record read
-
-        return Record(
-            e.key,
-            {name: to_torch(buf, dtype, shape) for name, dtype, shape, buf in tensors},
-            metadata,
-            shard.path,
-            e.frame_offset,
-            e.num_tokens,
-        )
+        return Record.from_parts(shard.entries[i], shard.path, metadata, tensors, self._make)
 
     # -- lookup -------------------------------------------------------------------------------
 
@@ -219,8 +234,17 @@ class Dataset:
         return key in self._first
 
     def __iter__(self) -> Iterator[Record]:
-        for pos in range(len(self)):
-            yield self._record(pos)
+        """Every record, in dataset order; raises ``CorruptRecordError`` at a corrupt one (see
+        ``iter`` to go on past it)."""
+        return self.iter()
+
+    def iter(self, errors: str = "raise") -> RecordIterator:
+        """Every record, in dataset order. ``errors="raise"`` raises ``CorruptRecordError`` at
+        the first corrupt record; ``errors="skip"`` leaves corrupt records out and counts them
+        in the iterator's ``skipped`` (and lists them in its ``problems``)."""
+        if errors not in _ERRORS:
+            raise InvalidInputError(f"errors must be 'raise' or 'skip', not {errors!r}")
+        return RecordIterator(self, errors == "skip")
 
     # -- summaries ----------------------------------------------------------------------------
 
@@ -280,7 +304,9 @@ class Dataset:
                         s.check(i)
                     except FormatError as err:
                         report.records_bad += 1
-                        report.problems.append(Problem(s.path, e.frame_offset, e.key, "corrupt_record", _reason(err, s.path)))
+                        report.problems.append(
+                            Problem(s.path, e.frame_offset, e.key, "corrupt_record", _reason(err, s.path))
+                        )
                     else:
                         report.records_ok += 1
                     if bar is not None:
@@ -297,10 +323,15 @@ class Dataset:
         for s, e in self._entries():
             if e.key in first:
                 where = first[e.key]
-                out.append(Problem(
-                    s.path, e.frame_offset, e.key, "duplicate_key",
-                    f"key {e.key!r} was already used by the record at offset {where[1]} of {where[0]}",
-                ))
+                out.append(
+                    Problem(
+                        s.path,
+                        e.frame_offset,
+                        e.key,
+                        "duplicate_key",
+                        f"key {e.key!r} was already used by the record at offset {where[1]} of {where[0]}",
+                    )
+                )
             else:
                 first[e.key] = (s.path, e.frame_offset)
         return out
@@ -322,6 +353,43 @@ class Dataset:
         return f"Dataset({self.path!r}, {len(self._shards)} shards, {len(self)} records)"
 
 
+class RecordIterator:
+    """Iterates over a dataset's records (``Dataset.iter``); with ``errors="skip"`` it goes on
+    past corrupt records and says how many it left out."""
+
+    def __init__(self, ds: Dataset, skip: bool):
+        self._ds = ds
+        self._skip = skip
+        self._pos = 0
+        self.skipped = 0
+        """Corrupt records left out so far."""
+        self.problems: list[Problem] = []
+        """A ``corrupt_record`` problem for each record left out."""
+
+    def __iter__(self) -> RecordIterator:
+        return self
+
+    def __next__(self) -> Record:
+        while self._pos < len(self._ds):
+            pos = self._pos
+            self._pos += 1
+            try:
+                return self._ds._record(pos)
+            except CorruptRecordError as err:
+                if not self._skip:
+                    raise
+                shard, i = self._ds._locate(pos)
+                e = shard.entries[i]
+                self.skipped += 1
+                self.problems.append(
+                    Problem(shard.path, e.frame_offset, e.key, "corrupt_record", _reason(err, shard.path))
+                )
+        raise StopIteration
+
+    def __repr__(self) -> str:
+        return f"RecordIterator({self._ds.path!r}, at {self._pos} of {len(self._ds)}, skipped {self.skipped})"
+
+
 def _reason(err: Exception, path: str) -> str:
     """An error's message without what the Problem it goes into names anyway: the shard path
     and, for a corrupt record, its offset and key."""
@@ -334,19 +402,22 @@ def _reason(err: Exception, path: str) -> str:
     return text[len(path) + 2 :] if text.startswith(path + ": ") else text
 
 
-def open(path: str | os.PathLike, backend: str = "auto") -> Dataset:  # noqa: A001 - the API's name
+def open(path: str | os.PathLike, backend: str = "auto", *, tensors: str = "auto") -> Dataset:
     """Opens a shard file or a dataset directory (its ``*.lts`` files, by file name).
 
     ``backend``: ``"rust"`` (memory-mapped), ``"python"`` (reference implementation) or
-    ``"auto"`` (Rust when the native extension is built). Raises FileNotFoundError for a missing
-    path, FormatError for a file that is not a shard or a directory without shards."""
-    cls = _backend_class(backend)
+    ``"auto"`` (Rust when the native extension is built). ``tensors``: what records hold,
+    ``"torch"`` tensors, ``"numpy"`` arrays (bfloat16 as ``ml_dtypes.bfloat16``), or ``"auto"``:
+    torch where it is installed. Raises FileNotFoundError for a missing path, FormatError for a
+    file that is not a shard or a directory without shards."""
+    cls = backend_class(backend)
+    tensor_maker(tensors)  # a bad value fails before any file is opened
     path = os.fspath(path)
     if not os.path.isdir(path):
         if not os.path.exists(path):
             raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
-        return Dataset(path, [cls(path)])
-    paths = _shard_paths(path)
+        return Dataset(path, [cls(path)], tensors=tensors)
+    paths = shard_paths(path)
     if not paths:
         raise FormatError(f"{path}: no shards (*{SHARD_SUFFIX} files) in this directory", path)
     shards, unreadable = [], []
@@ -363,7 +434,7 @@ def open(path: str | os.PathLike, backend: str = "auto") -> Dataset:  # noqa: A0
         for s in shards:
             s.close()
         raise
-    return Dataset(path, shards, unreadable)
+    return Dataset(path, shards, unreadable, tensors=tensors)
 
 
-__all__ = ["Dataset", "Record", "open"]
+__all__ = ["Dataset", "Record", "RecordIterator", "open"]

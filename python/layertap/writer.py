@@ -1,9 +1,9 @@
 """``ShardWriter``: the Rust writer (docs/API.md, "Writers").
 
-A thin layer over ``layertap._native.NativeShardWriter``: it checks options and turns tensors
-into buffers (no copy, see ``layertap._tensors``); the native writer checks each record, queues
-it and returns at once, and its own threads compress, checksum and write, with the GIL
-released.
+A thin layer over ``layertap._native.NativeShardWriter``: it checks options
+(``layertap.WriterOptions``) and turns tensors into buffers (no copy, see ``layertap._tensors``);
+the native writer checks each record, queues it and returns at once, and its own threads
+compress, checksum and write, with the GIL released.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from layertap._options import check_writer_options
-from layertap._tensors import Prepared, check_metadata, normalize, prepare_record
+from layertap._options import WriterOptions
+from layertap._sink import BufferRecord
+from layertap._tensors import check_metadata, normalize, prepare_record
 from layertap._types import Completion
 from layertap.errors import InvalidInputError, WriterClosedError
 
@@ -39,33 +40,19 @@ class ShardWriter:
     does. See docs/API.md for every option.
     """
 
-    def __init__(
-        self,
-        path: str | os.PathLike,
-        *,
-        codec: str = "bp16-zstd",
-        level: int = 1,
-        shard_size: int = 1 << 30,
-        durability: str | int = "close",
-        threads: int | None = None,
-        max_inflight_bytes: int = 1 << 30,
-        batch_bytes: int = 8 << 20,
-        writer_id: str | None = None,
-        io: str = "auto",
-        direct: bool = False,
-        metadata: Mapping[str, str] | None = None,
-    ):
-        options = check_writer_options(
-            codec=codec, level=level, shard_size=shard_size, durability=durability, threads=threads,
-            max_inflight_bytes=max_inflight_bytes, batch_bytes=batch_bytes, writer_id=writer_id, io=io,
-            direct=direct, metadata=metadata,
-        )
+    def __init__(self, path: str | os.PathLike, *, options: WriterOptions | None = None, **overrides: Any):
+        """Opens a writer on the dataset directory ``path`` (created if missing) with
+        ``options`` (a ``layertap.WriterOptions``; None: the defaults) and any of its fields given
+        as keyword arguments (``codec="zstd"``...), which take precedence."""
+        options = WriterOptions.of(options, overrides)
         try:
             directory = os.fspath(path)
         except TypeError:
             raise InvalidInputError(f"path must be a str or os.PathLike, not {type(path).__name__}") from None
         self._closed = False
-        self._native = _native_class()(directory, **options)
+        self.options = options
+        """The checked options this writer was opened with."""
+        self._native = _native_class()(directory, **options.native_kwargs())
 
     def submit(self, key: str, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> int:
         """Queues one record and returns its sequence number (0, 1, 2...).
@@ -92,11 +79,13 @@ class ShardWriter:
         record, or a key given twice, refuses them all before anything is queued."""
         if self._closed:
             raise WriterClosedError("writer is closed")
-        return self._submit_prepared([prepare_record(r) for r in records])
+        return self._native.submit_many([prepare_record(r) for r in records])
 
-    def _submit_prepared(self, records: list[Prepared]) -> list[int]:
-        """``submit_many`` of records already in normalized form (``_tensors.Prepared``): the
-        vLLM connector's path, which builds them from its pool without torch views."""
+    def submit_buffers(self, records: list[BufferRecord]) -> list[int]:
+        """Queues records given as byte buffers: a list of ``(key, [(name, buffer, dtype,
+        shape)], metadata or None, num_tokens)``, ``dtype`` a safetensors name, ``num_tokens``
+        the record's token count. No torch or numpy conversion: the vLLM connector's path
+        (``layertap.RecordSink``). Checked like ``submit_many``, all or none."""
         if self._closed:
             raise WriterClosedError("writer is closed")
         return self._native.submit_many(records)

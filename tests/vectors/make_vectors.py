@@ -20,10 +20,10 @@ import tempfile
 import numpy as np
 import torch
 
-from layertap._py.codecs import decode
-from layertap._py.format import crc32c, decode_trailer
 from layertap._py.reader import PyShardReader
 from layertap._py.writer import PyShardWriter
+from layertap._spec.codecs import decode
+from layertap._spec.format import crc32c, decode_trailer
 from layertap._tensors import TORCH_DTYPES
 from layertap.errors import CorruptRecordError
 from layertap.reader import _reason
@@ -78,8 +78,7 @@ def records(count: int = 3) -> list[tuple[str, dict, dict]]:
 
 
 def write_shard(directory: str, writer_id: str, codec: str, count: int = 3) -> str:
-    with VectorWriter(directory, codec=codec, writer_id=writer_id, level=3, durability="none",
-                      metadata=USER_META) as w:
+    with VectorWriter(directory, codec=codec, writer_id=writer_id, level=3, durability="none", metadata=USER_META) as w:
         for key, tensors, meta in records(count):
             w.submit(key, tensors, meta)
     return os.path.join(directory, f"{writer_id}-000000.lts")
@@ -189,9 +188,9 @@ def describe(path: str) -> dict:
                 rec["metadata"] = metadata
                 rec["tensors"] = [_tensor_json(*t) for t in tensors]
             desc["records"].append(rec)
-        desc["verify_problems"] = [
-            {"kind": p.kind, "offset": p.offset, "key": p.key} for p in r.scan_problems
-        ] + desc["verify_problems"]
+        desc["verify_problems"] = [{"kind": p.kind, "offset": p.offset, "key": p.key} for p in r.scan_problems] + desc[
+            "verify_problems"
+        ]
     return desc
 
 
@@ -209,8 +208,11 @@ def main(out: str) -> None:
     }
     text = json.dumps(expected, indent=1, ensure_ascii=False)
     # Lists of numbers on one line each, so that the file stays short and diffs stay readable.
-    text = re.sub(r"\[\s*(-?[0-9.e+-]+(?:,\s*-?[0-9.e+-]+)*)\s*\]",
-                  lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]", text)
+    text = re.sub(
+        r"\[\s*(-?[0-9.e+-]+(?:,\s*-?[0-9.e+-]+)*)\s*\]",
+        lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]",
+        text,
+    )
     assert json.loads(text) == expected
     with open(os.path.join(out, "expected.json"), "w", encoding="utf-8") as f:
         f.write(text + "\n")

@@ -22,12 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
+import torch
 
-from layertap._tiny_model import build_tiny_llama  # noqa: E402
-from layertap.vllm import fetch  # noqa: E402
-
-from vllm_support import Reference, assert_hidden_states_match, connector_config, speculative_config  # noqa: E402
+from layertap._tiny_model import build_tiny_llama
+from layertap.vllm import fetch
+from vllm_support import Reference, assert_hidden_states_match, connector_config, speculative_config
 
 
 def prompt_ids(n: int, start: int) -> list[int]:
@@ -55,7 +54,10 @@ def run_engine(name: str, model: str, out: Path, layers: list[int], writer: str,
     else:
         llm_args.update(gpu_memory_utilization=0.2)
     llm = LLM(
-        model=model, dtype="bfloat16", max_model_len=1024, seed=0,
+        model=model,
+        dtype="bfloat16",
+        max_model_len=1024,
+        seed=0,
         speculative_config=speculative_config(layers),
         kv_transfer_config=connector_config(dataset, writer=writer, stats_path=str(stats_path)),
         **llm_args,
@@ -65,8 +67,12 @@ def run_engine(name: str, model: str, out: Path, layers: list[int], writer: str,
     hidden = llm.llm_engine.model_config.get_hidden_size()
 
     def sampling(max_tokens: int, params: dict | None = None):
-        return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
-                              extra_args={"kv_transfer_params": params} if params else None)
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=0.0,
+            ignore_eos=True,
+            extra_args={"kv_transfer_params": params} if params else None,
+        )
 
     checked = 0
     in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
@@ -94,13 +100,19 @@ def run_engine(name: str, model: str, out: Path, layers: list[int], writer: str,
     check(llm.generate([{"prompt_token_ids": prompt_ids(n, n)} for n in lengths], sampling(4), use_tqdm=False))
     prefix = prompt_ids(64, 11)
     check(llm.generate([{"prompt_token_ids": prefix + prompt_ids(9, 1)}], sampling(3), use_tqdm=False))
-    shared = llm.generate([{"prompt_token_ids": prefix + prompt_ids(n, n)} for n in (5, 40)], sampling(3),
-                          use_tqdm=False)
+    shared = llm.generate(
+        [{"prompt_token_ids": prefix + prompt_ids(n, n)} for n in (5, 40)], sampling(3), use_tqdm=False
+    )
     assert all(o.num_cached_tokens >= 64 for o in shared), [o.num_cached_tokens for o in shared]
     check(shared)
-    check(llm.generate([{"prompt_token_ids": prompt_ids(20, 2)}],
-                       sampling(6, {"include_output_tokens": True, "sample_id": f"{name}-with-outputs"}),
-                       use_tqdm=False), include_outputs=True)
+    check(
+        llm.generate(
+            [{"prompt_token_ids": prompt_ids(20, 2)}],
+            sampling(6, {"include_output_tokens": True, "sample_id": f"{name}-with-outputs"}),
+            use_tqdm=False,
+        ),
+        include_outputs=True,
+    )
     # A larger batch, for the connector's statistics.
     many = llm.generate([{"prompt_token_ids": prompt_ids(256, s)} for s in range(64)], sampling(16), use_tqdm=False)
     check(many[:4])
@@ -112,8 +124,7 @@ def run_engine(name: str, model: str, out: Path, layers: list[int], writer: str,
     with layertap.open(dataset) as ds:
         assert len(ds) == 5 + 1 + 2 + 1 + 64, len(ds)
         assert ds.verify().ok and all(s.complete for s in ds.shards)
-    return {"engine": name, "layers": stored, "records_checked": checked, "seconds": round(elapsed, 2),
-            "stats": stats}
+    return {"engine": name, "layers": stored, "records_checked": checked, "seconds": round(elapsed, 2), "stats": stats}
 
 
 def main() -> int:
@@ -121,18 +132,22 @@ def main() -> int:
 
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "gpu-check-output").resolve()
     out.mkdir(parents=True, exist_ok=True)
-    print(json.dumps({"vllm": vllm.__version__, "torch": torch.__version__, "cuda": torch.cuda.is_available()}),
-          flush=True)
+    print(
+        json.dumps({"vllm": vllm.__version__, "torch": torch.__version__, "cuda": torch.cuda.is_available()}),
+        flush=True,
+    )
     import layertap
 
     writer = "rust" if hasattr(layertap.ShardWriter, "submit") else "python"
     if os.environ.get("GPU_CHECK_ONLY") != "16":
         small = build_tiny_llama(out / "tiny-4", dtype="bfloat16")
-        print(json.dumps(run_engine("cudagraphs", small, out, [4, 0, 2], writer, max_num_batched_tokens=128)),
-              flush=True)
+        print(
+            json.dumps(run_engine("cudagraphs", small, out, [4, 0, 2], writer, max_num_batched_tokens=128)), flush=True
+        )
     deep = build_tiny_llama(out / "tiny-16", num_layers=16, dtype="bfloat16")
-    print(json.dumps(run_engine("16-layers", deep, out, list(range(16)), writer, max_num_batched_tokens=128)),
-          flush=True)
+    print(
+        json.dumps(run_engine("16-layers", deep, out, list(range(16)), writer, max_num_batched_tokens=128)), flush=True
+    )
     print("GPU-CHECK-OK", flush=True)
     return 0
 

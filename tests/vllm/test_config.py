@@ -4,24 +4,27 @@ naming it; the connector costs nothing, and imports nothing, when it is not conf
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
+from layertap import WriterOptions
 from layertap.vllm.config import (
     DEFAULT_MAX_POOL_BYTES,
     DEFAULT_MIN_POOL_BYTES,
     OPTION_NAMES,
+    WRITER_KEYS,
     ConfigError,
     default_pool_bytes,
     default_writer_threads,
     parse_options,
     sample_id_problem,
+    writer_options_for,
 )
 from layertap.vllm.online import record_location
-
 from vllm_support import VLLM_WARNINGS, engine_args, pytest_env, speculative_config
 
 pytestmark = VLLM_WARNINGS  # the engine tests below are marked vllm one by one
@@ -34,48 +37,110 @@ GOOD = {"output_dir": "hs"}
     [
         ({"output_dir": "hs", "bogus": 1}, "bogus", "unknown option; the options are: output_dir, writer"),
         ({}, "output_dir", "required"),
-        ({"output_dir": ""}, "output_dir", "expected a non-empty path"),
-        ({**GOOD, "writer": "c++"}, "writer", "expected one of 'rust', 'python', got 'c++'"),
-        ({**GOOD, "codec": "lz4"}, "codec", "unknown codec 'lz4'"),
-        ({**GOOD, "level": 99}, "level", "out of range"),
-        ({**GOOD, "level": "3"}, "level", "out of range"),
-        ({**GOOD, "shard_size": 0}, "shard_size", "expected an integer >= 1, got 0"),
-        ({**GOOD, "shard_size": 1.5}, "shard_size", "expected an integer"),
-        ({**GOOD, "durability": "sometimes"}, "durability", "expected 'none', 'close' or a positive number"),
-        ({**GOOD, "durability": True}, "durability", "expected 'none', 'close'"),
-        ({**GOOD, "pool_bytes": -1}, "pool_bytes", "expected an integer >= 1"),
-        ({**GOOD, "writer_threads": 0}, "writer_threads", "expected an integer >= 1"),
-        ({**GOOD, "max_inflight_bytes": "1G"}, "max_inflight_bytes", "expected an integer"),
-        ({**GOOD, "io": "mmap"}, "io", "expected one of 'auto', 'uring', 'pwrite'"),
-        ({**GOOD, "writer": "python", "io": "uring"}, "io", "'uring' needs writer='rust'"),
-        ({**GOOD, "direct": "yes"}, "direct", "expected true or false, got 'yes'"),
-        ({**GOOD, "direct": 1}, "direct", "expected true or false, got 1"),
-        ({**GOOD, "writer": "python", "direct": True}, "direct", "true needs writer='rust'"),
-        ({**GOOD, "writer_id": "rank/0"}, "writer_id", "writer id 'rank/0' is not valid"),
+        ({"output_dir": ""}, "output_dir", "must be a non-empty path, not ''"),
+        ({**GOOD, "writer": "c++"}, "writer", "must be 'rust' or 'python', not 'c++'"),
+        ({**GOOD, "pool_bytes": -1}, "pool_bytes", "must be a positive integer, not -1"),
+        ({**GOOD, "stats_path": 3}, "stats_path", "must be a non-empty path"),
+        # The writer's options, checked by layertap.WriterOptions, named by the connector's key:
+        ({**GOOD, "codec": "lz4"}, "codec", "must be one of 'none', 'zstd', 'bp16-zstd', not 'lz4'"),
+        ({**GOOD, "level": 99}, "level", "must be a zstd level from -131072 to 22, not 99"),
+        ({**GOOD, "level": "3"}, "level", "must be an integer, not '3'"),
+        ({**GOOD, "shard_size": 0}, "shard_size", "must be a positive integer below 2**64, not 0"),
+        ({**GOOD, "shard_size": 1.5}, "shard_size", "must be a positive integer"),
+        ({**GOOD, "durability": "sometimes"}, "durability", "must be 'none', 'close' or a positive number"),
+        ({**GOOD, "durability": True}, "durability", "must be 'none', 'close'"),
+        ({**GOOD, "writer_threads": 0}, "writer_threads", "must be None or an integer from 1 to 256, not 0"),
+        ({**GOOD, "max_inflight_bytes": "1G"}, "max_inflight_bytes", "must be a positive integer"),
+        ({**GOOD, "batch_bytes": 0}, "batch_bytes", "must be a positive integer"),
+        ({**GOOD, "io": "mmap"}, "io", "must be 'auto', 'uring' or 'pwrite', not 'mmap'"),
+        ({**GOOD, "writer": "python", "io": "uring"}, "io", "the Python writer has no io_uring"),
+        ({**GOOD, "direct": "yes"}, "direct", "must be True or False, not 'yes'"),
+        ({**GOOD, "direct": 1}, "direct", "must be True or False, not 1"),
+        ({**GOOD, "writer": "python", "direct": True}, "direct", "must be False: the Python writer writes"),
+        ({**GOOD, "writer_id": "rank/0"}, "writer_id", "must be None or 1 to 64 characters"),
         ({**GOOD, "writer_id": ".hidden"}, "writer_id", "not starting with '.'"),
-        ({**GOOD, "stats_path": 3}, "stats_path", "expected a non-empty path"),
-        ({**GOOD, "shard_metadata": {"run": 1}}, "shard_metadata", "mapping of str to str"),
+        ({**GOOD, "shard_metadata": {"run": 1}}, "shard_metadata", "entry 'run': 1: keys and values must be str"),
+        ({**GOOD, "shard_metadata": [1]}, "shard_metadata", "must be a mapping of str to str"),
     ],
 )
 def test_bad_option_is_named(extra, option, message):
     with pytest.raises(ConfigError, match="layertap connector: ") as info:
         parse_options(extra)
     assert info.value.option == option
-    assert message in str(info.value)
+    assert f"layertap connector: {option}: " in str(info.value) and message in str(info.value)
     assert isinstance(info.value, ValueError)
+    # vLLM may send it to another process.
+    again = pickle.loads(pickle.dumps(info.value))
+    assert type(again) is ConfigError and str(again) == str(info.value) and again.option == option
 
 
 def test_every_option_parses(tmp_path):
-    options = parse_options({
-        "output_dir": str(tmp_path), "writer": "python", "codec": "zstd", "level": 5, "shard_size": 1 << 20,
-        "durability": 1 << 20, "pool_bytes": 1 << 24, "writer_threads": 2, "max_inflight_bytes": 1 << 25,
-        "io": "pwrite", "direct": False, "writer_id": "rank-0", "stats_path": str(tmp_path / "s.json"),
-        "shard_metadata": {"run": "7"},
-    })
-    assert options.output_dir == str(tmp_path) and options.durability == 1 << 20
-    assert parse_options({**GOOD, "direct": True}).direct is True
-    assert set(OPTION_NAMES) == set(options.__dataclass_fields__)
+    options = parse_options(
+        {
+            "output_dir": str(tmp_path),
+            "writer": "python",
+            "codec": "zstd",
+            "level": 5,
+            "shard_size": 1 << 20,
+            "durability": 1 << 20,
+            "pool_bytes": 1 << 24,
+            "writer_threads": 2,
+            "max_inflight_bytes": 1 << 25,
+            "batch_bytes": 1 << 16,
+            "io": "pwrite",
+            "direct": False,
+            "writer_id": "rank-0",
+            "stats_path": str(tmp_path / "s.json"),
+            "shard_metadata": {"run": "7"},
+        }
+    )
+    assert options.output_dir == str(tmp_path) and options.writer == "python" and options.pool_bytes == 1 << 24
+    assert options.writer_options == WriterOptions(
+        codec="zstd",
+        level=5,
+        shard_size=1 << 20,
+        durability=1 << 20,
+        threads=2,
+        max_inflight_bytes=1 << 25,
+        batch_bytes=1 << 16,
+        io="pwrite",
+        direct=False,
+        writer_id="rank-0",
+        metadata={"run": "7"},
+    )
+    assert options.writer_id == "rank-0" and options.stats_path == str(tmp_path / "s.json")
+    assert parse_options({**GOOD, "direct": True}).writer_options.direct is True
+    assert set(OPTION_NAMES) == {f for f in options.__dataclass_fields__ if f not in ("writer_options", "given")} | set(
+        WRITER_KEYS
+    )
+    assert set(WRITER_KEYS.values()) == set(WriterOptions.__dataclass_fields__)
     assert parse_options({"output_dir": "rel/dir"}).output_dir == os.path.abspath("rel/dir")
+
+
+def test_the_worker_completes_the_writer_options():
+    """The worker's writer gets the configured options, its writer id and shard metadata, and the
+    connector's own defaults for what was not configured; null means not configured."""
+    defaults = writer_options_for(parse_options(GOOD), "w0", 1 << 20, {"source": "layertap.vllm", "model": "m"})
+    assert defaults == WriterOptions(
+        threads=default_writer_threads(),
+        max_inflight_bytes=2 << 20,
+        writer_id="w0",
+        metadata={"source": "layertap.vllm", "model": "m"},
+    )
+    given = parse_options(
+        {
+            **GOOD,
+            "writer_threads": 3,
+            "max_inflight_bytes": 7,
+            "shard_metadata": {"model": "x"},
+            "codec": "none",
+            "writer_id": None,
+        }
+    )
+    opts = writer_options_for(given, "w0", 1 << 20, {"source": "layertap.vllm", "model": "m"})
+    assert (opts.threads, opts.max_inflight_bytes, opts.codec) == (3, 7, "none")
+    assert dict(opts.metadata) == {"source": "layertap.vllm", "model": "x"}
+    assert given.writer_id is None
 
 
 @pytest.mark.parametrize(
@@ -160,12 +225,18 @@ def start_and_fail(args: dict) -> str:
 @pytest.mark.parametrize(
     ("change", "expected"),
     [
-        (lambda a: a["kv_transfer_config"]["kv_connector_extra_config"].update(bogus=1),
-         "layertap connector: bogus: unknown option"),
-        (lambda a: a["kv_transfer_config"]["kv_connector_extra_config"].update(pool_bytes=1 << 16),
-         "layertap connector: pool_bytes: 65536 bytes cannot hold the largest possible request: max_model_len 512"),
-        (lambda a: a.update(speculative_config=speculative_config([1, 1])),
-         "eagle_aux_hidden_state_layer_ids: [1, 1] repeats a layer"),
+        (
+            lambda a: a["kv_transfer_config"]["kv_connector_extra_config"].update(bogus=1),
+            "layertap connector: bogus: unknown option",
+        ),
+        (
+            lambda a: a["kv_transfer_config"]["kv_connector_extra_config"].update(pool_bytes=1 << 16),
+            "layertap connector: pool_bytes: 65536 bytes cannot hold the largest possible request: max_model_len 512",
+        ),
+        (
+            lambda a: a.update(speculative_config=speculative_config([1, 1])),
+            "eagle_aux_hidden_state_layer_ids: [1, 1] repeats a layer",
+        ),
     ],
     ids=["unknown-option", "pool-too-small", "repeated-layer"],
 )
@@ -195,6 +266,7 @@ def test_no_cost_without_the_connector(tiny_model, tmp_path):
         print("NO-LAYERTAP-OK")
     """)
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
-                          cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path
+    )
     assert proc.returncode == 0 and "NO-LAYERTAP-OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]

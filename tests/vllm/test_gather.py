@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from layertap.vllm.gather import HiddenStatesCache, token_axis
 from layertap.vllm.pool import ALIGN, HostPool
-
 from vllm_support import VLLM_WARNINGS
 
 pytestmark = VLLM_WARNINGS  # one test imports vLLM

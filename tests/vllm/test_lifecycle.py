@@ -9,7 +9,6 @@ import pytest
 
 import layertap
 from layertap.vllm import fetch
-
 from vllm_support import VLLM_WARNINGS, assert_hidden_states_match, engine_args, read_stats, running_llm, shutdown
 
 pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
@@ -33,7 +32,9 @@ def sampling(max_tokens: int, kv_params: dict | None = None):
     from vllm import SamplingParams
 
     return SamplingParams(
-        max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
+        max_tokens=max_tokens,
+        temperature=0.0,
+        ignore_eos=True,
         extra_args={"kv_transfer_params": kv_params} if kv_params else None,
     )
 
@@ -43,7 +44,8 @@ def engine(tiny_model, tmp_path_factory):
     out = tmp_path_factory.mktemp("hs-lifecycle")
     stats = out.parent / "stats-lifecycle.json"
     args = engine_args(
-        tiny_model, out,
+        tiny_model,
+        out,
         # A pool for little more than the largest request (512 tokens x 1568 bytes): requests that
         # finish together do not fit at once, and the connector must wait for the writer.
         connector={"writer": "python", "stats_path": str(stats), "pool_bytes": 1 << 20},
@@ -91,12 +93,13 @@ def test_full_pool_waits_for_the_writer(engine, reference):
 
 
 def test_aborted_request_leaves_no_record_and_no_blocks(engine):
-    llm, out_dir, _ = engine
+    llm, _out_dir, _ = engine
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 
     engine_api = llm.llm_engine
-    engine_api.add_request("to-abort", {"prompt_token_ids": prompt_ids(150, start=3)},
-                           sampling(300, {"sample_id": "aborted"}))
+    engine_api.add_request(
+        "to-abort", {"prompt_token_ids": prompt_ids(150, start=3)}, sampling(300, {"sample_id": "aborted"})
+    )
     generated = 0
     while generated < 3:
         for out in engine_api.step():
@@ -109,8 +112,9 @@ def test_aborted_request_leaves_no_record_and_no_blocks(engine):
     stats = get_kv_transfer_group().layertap_stats()
     assert stats["pool"]["in_use_bytes"] == 0 and stats["pool"]["live_regions"] == 0
     # The engine goes on: a later request is saved under the same sample id.
-    [ok] = llm.generate([{"prompt_token_ids": prompt_ids(10, start=1)}], sampling(2, {"sample_id": "aborted"}),
-                        use_tqdm=False)
+    [ok] = llm.generate(
+        [{"prompt_token_ids": prompt_ids(10, start=1)}], sampling(2, {"sample_id": "aborted"}), use_tqdm=False
+    )
     hand_over(llm)
     record = fetch(ok.kv_transfer_params, timeout=30)
     assert record.key == "aborted" and record.num_tokens == 10
@@ -120,8 +124,9 @@ def test_last_requests_are_written_at_shutdown(engine, reference):
     """Last test of the module: the engine is shut down right after generate returns."""
     llm, out_dir, stats_path = engine
     prompts = [prompt_ids(n, start=n) for n in (33, 70)]
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], sampling(3, {"include_output_tokens": True}),
-                           use_tqdm=False)
+    outputs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts], sampling(3, {"include_output_tokens": True}), use_tqdm=False
+    )
     keys = [out.kv_transfer_params["layertap"]["key"] for out in outputs]
     shutdown(llm)
     with layertap.open(out_dir) as ds:

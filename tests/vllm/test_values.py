@@ -12,7 +12,6 @@ import torch
 
 import layertap
 from layertap.vllm import fetch
-
 from vllm_support import (
     STORED_LAYERS,
     VLLM_WARNINGS,
@@ -43,7 +42,9 @@ class Engine:
 
         params = [
             SamplingParams(
-                max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
+                max_tokens=max_tokens,
+                temperature=0.0,
+                ignore_eos=True,
                 extra_args={"kv_transfer_params": p} if p else None,
             )
             for p in (kv_params or [None] * len(prompts))
@@ -64,7 +65,9 @@ def engine(request, tiny_model, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"hs-{writer}")
     stats = out.parent / f"stats-{writer}.json"
     args = engine_args(
-        tiny_model, out, dtype=dtype,
+        tiny_model,
+        out,
+        dtype=dtype,
         connector={"writer": writer, "stats_path": str(stats), "codec": "bp16-zstd", "pool_bytes": 8 << 20},
         enable_prefix_caching=True,
         max_num_batched_tokens=64,  # prompts longer than this are prefilled in chunks
@@ -121,8 +124,9 @@ def test_prefix_caching_with_shared_prefixes(engine, reference):
 
 def test_include_output_tokens_and_sample_id(engine, reference):
     sample_id = f"sample #1 of {engine.writer}"
-    [out] = engine.generate([prompt_ids(12, start=3)], max_tokens=6,
-                            kv_params=[{"include_output_tokens": True, "sample_id": sample_id}])
+    [out] = engine.generate(
+        [prompt_ids(12, start=3)], max_tokens=6, kv_params=[{"include_output_tokens": True, "sample_id": sample_id}]
+    )
     generated = list(out.outputs[0].token_ids)
     assert len(generated) == 6
     loc = out.kv_transfer_params["layertap"]

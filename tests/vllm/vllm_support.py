@@ -20,10 +20,14 @@ except ImportError:  # gpu_check.py runs on machines without pytest
     pytest = None
 
 #: Warnings that vLLM's and torch's imports raise in the test process (warnings are errors).
-VLLM_WARNINGS = [] if pytest is None else [
-    pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
-    pytest.mark.filterwarnings("ignore:`torch.distributed.reduce_op` is deprecated:FutureWarning"),
-]
+VLLM_WARNINGS = (
+    []
+    if pytest is None
+    else [
+        pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
+        pytest.mark.filterwarnings("ignore:`torch.distributed.reduce_op` is deprecated:FutureWarning"),
+    ]
+)
 #: Layers recorded by the engines of the tests, deliberately not in ascending order.
 LAYERS = [4, 0, 2]
 #: What the KV group stores (ascending).
@@ -47,8 +51,14 @@ def speculative_config(layers: list[int] = LAYERS) -> dict:
     }
 
 
-def engine_args(model: str, output_dir: str | os.PathLike, *, connector: dict | None = None,
-                dtype: str = "float32", **overrides: Any) -> dict:
+def engine_args(
+    model: str,
+    output_dir: str | os.PathLike,
+    *,
+    connector: dict | None = None,
+    dtype: str = "float32",
+    **overrides: Any,
+) -> dict:
     """``LLM(**engine_args(...))`` for the tiny model with the connector (options ``connector``)."""
     args = dict(
         model=model,
@@ -119,6 +129,7 @@ class Reference:
         for dtype in (torch.float32, torch.bfloat16):
             model = LlamaForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
             outputs: dict = {}
+
             # Layer id == num_layers is the last layer's output before the final norm, which
             # transformers' hidden_states does not return (its last entry is after the norm).
             def keep_last(_module, _inputs, out, outputs=outputs):
@@ -127,8 +138,9 @@ class Reference:
             model.model.layers[-1].register_forward_hook(keep_last)
             self._models[dtype] = (model, outputs)
 
-    def hidden_states(self, token_ids: list[int], layers: list[int],
-                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def hidden_states(
+        self, token_ids: list[int], layers: list[int], dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
         """``[tokens, len(layers), hidden]``: layer id k < num_layers is ``hidden_states[k]``
         (the input of decoder layer k), num_layers the last layer's output before the norm."""
         model, outputs = self._models[dtype]
@@ -139,8 +151,9 @@ class Reference:
         return torch.stack(per_layer, dim=1)
 
 
-def assert_hidden_states_match(record: Any, reference: Reference, token_ids: list[int],
-                                layers: list[int] = STORED_LAYERS, hidden_size: int = 128) -> None:
+def assert_hidden_states_match(
+    record: Any, reference: Reference, token_ids: list[int], layers: list[int] = STORED_LAYERS, hidden_size: int = 128
+) -> None:
     """The record holds ``token_ids`` and, per stored layer (``layers``, ascending), what
     transformers computes: float32 to ~1e-6, bfloat16 to bfloat16 precision."""
     assert record.token_ids.dtype == torch.int64

@@ -1,1 +1,8 @@
-"""Pure-Python reference implementation of the format (writer, reader)."""
+"""The pure-Python reference implementation of the format: ``PyShardWriter`` (``writer``), the
+shard reader with its scan (``reader``, ``scan``) and recovery (``recover``), built on the shared
+definitions of ``layertap._spec``. The Rust core is tested against it.
+
+The production path (``ShardWriter``, the Rust reader backend, ``layertap.follow``, the command
+line, the vLLM connector) never imports this package: it is loaded only where a user picks it
+(``layertap.PyShardWriter``, ``backend="python"``, ``writer="python"``) or where the extension is
+not built (``backend="auto"``)."""

@@ -7,41 +7,23 @@ there when it was opened is what the reader sees.
 
 from __future__ import annotations
 
-import errno as _errno
-import fcntl
 import json
 import os
 import stat
 
 from layertap._py import scan
-from layertap._py.blob import parse_header
-from layertap._py.codecs import decode
-from layertap._py.format import (
+from layertap._spec.format import (
+    CODECS,
     FILE_HEADER_FIXED_LEN,
     MAX_META_LEN,
     FormatProblem,
     RawEntry,
-    crc32c,
     decode_file_header,
 )
-from layertap._types import CODECS, IndexEntry, Problem
+from layertap._spec.lock import is_locked
+from layertap._spec.record import decode_record
+from layertap._types import IndexEntry, Problem
 from layertap.errors import CorruptRecordError, FormatError, LayertapError
-
-
-def is_locked(path: str) -> bool:
-    """Whether another open file holds an exclusive ``flock`` on ``path`` (a live writer)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError as e:
-        if e.errno in (_errno.EWOULDBLOCK, _errno.EAGAIN):
-            return True
-        raise
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
 
 
 def _quoted(key: str) -> str:
@@ -91,11 +73,16 @@ class PyShardReader:
         else:
             self.complete = False
             if footer is not None:
-                self.scan_problems.append(Problem(
-                    self.path, footer.index_offset, None, "bad_index",
-                    f"index at offset {footer.index_offset} is unusable ({footer.problem}); "
-                    "the shard was scanned instead",
-                ))
+                self.scan_problems.append(
+                    Problem(
+                        self.path,
+                        footer.index_offset,
+                        None,
+                        "bad_index",
+                        f"index at offset {footer.index_offset} is unusable ({footer.problem}); "
+                        "the shard was scanned instead",
+                    )
+                )
             found = scan.scan(self)
             self._raw = found.entries
             self.data_end = found.data_end
@@ -108,17 +95,26 @@ class PyShardReader:
             # an open shard without records or torn tail (docs/FORMAT.md, "File header").
             self.torn_tail_bytes = max(0, tail_end - found.data_end)
             if self.torn_tail_bytes:
-                self.scan_problems.append(Problem(
-                    self.path, found.data_end, None, "torn_tail",
-                    f"torn tail of {self.torn_tail_bytes} bytes at offset {found.data_end}: "
-                    "an unfinished frame after the last valid one",
-                ))
+                self.scan_problems.append(
+                    Problem(
+                        self.path,
+                        found.data_end,
+                        None,
+                        "torn_tail",
+                        f"torn tail of {self.torn_tail_bytes} bytes at offset {found.data_end}: "
+                        "an unfinished frame after the last valid one",
+                    )
+                )
             if found.stopped_at_index and footer is None:
-                self.scan_problems.append(Problem(
-                    self.path, found.stop, None, "bad_index",
-                    "an index frame without a valid trailer after it (the writer died while closing "
-                    "the shard?)",
-                ))
+                self.scan_problems.append(
+                    Problem(
+                        self.path,
+                        found.stop,
+                        None,
+                        "bad_index",
+                        "an index frame without a valid trailer after it (the writer died while closing the shard?)",
+                    )
+                )
         self.entries = [
             IndexEntry(e.key, e.frame_offset, e.stored_len, e.raw_len, e.num_tokens, CODECS[e.codec], e.payload_crc)
             for e in self._raw
@@ -163,21 +159,12 @@ class PyShardReader:
         stored = self.pread(e.payload_offset, e.stored_len)
         if len(stored) != e.stored_len:
             raise self._corrupt(e, "payload is cut off by the end of the file")
-        if verify:
-            crc = crc32c(stored)
-            if crc != e.payload_crc:
-                raise self._corrupt(
-                    e, f"payload checksum mismatch (frame says {e.payload_crc:#010x}, payload has {crc:#010x})"
-                )
         try:
-            raw = decode(e.codec, stored, e.raw_len)
-            metadata, tensors, _ = parse_header(raw)
+            return decode_record(
+                stored, key=e.key, codec=e.codec, raw_len=e.raw_len, payload_crc=e.payload_crc if verify else None
+            )
         except FormatProblem as problem:
             raise self._corrupt(e, str(problem)) from None
-        if metadata.get("key") != e.key:
-            raise self._corrupt(e, f"__metadata__ key {metadata.get('key')!r} differs from the frame key")
-        view = memoryview(raw).cast("B") if not isinstance(raw, memoryview) else raw
-        return metadata, [(t.name, t.dtype, t.shape, view[t.begin : t.end]) for t in tensors]
 
     def check(self, i: int) -> None:
         """Full check of record ``i``: its frame header agrees with the entry, then everything

@@ -10,9 +10,9 @@ import errno as _errno
 import fcntl
 import os
 
-from layertap._py.format import encode_footer
 from layertap._py.reader import PyShardReader
 from layertap._py.shardfile import io_error
+from layertap._spec.format import encode_footer
 from layertap._types import RecoverReport
 from layertap.errors import ShardLockedError
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol
 
-from layertap._py.format import (
+from layertap._spec import format as fmt
+from layertap._spec.format import (
     FRAME_HEADER_LEN,
     FRAME_MAGIC,
     KIND_INDEX,
@@ -25,7 +26,6 @@ from layertap._py.format import (
     FrameHeader,
     RawEntry,
     crc32c,
-    decode_frame_header,
     decode_index,
     decode_trailer,
 )
@@ -45,13 +45,7 @@ class _Shard(Protocol):
 def read_frame_header(shard: _Shard, pos: int) -> FrameHeader:
     """The valid frame header at ``pos`` (the whole frame inside the file), else raises
     FormatProblem (``Truncated`` when the file ends first)."""
-    remaining = shard.file_bytes - pos
-    head = shard.pread(pos, min(remaining, FRAME_HEADER_LEN))
-    if len(head) == FRAME_HEADER_LEN and head[:4] == FRAME_MAGIC:
-        key_len = int.from_bytes(head[6:8], "little")
-        if key_len:
-            head += shard.pread(pos + FRAME_HEADER_LEN, min(key_len, remaining - FRAME_HEADER_LEN))
-    return decode_frame_header(head, remaining)
+    return fmt.read_frame_header(shard.pread, pos, shard.file_bytes)
 
 
 def payload_crc(shard: _Shard, offset: int, length: int) -> int:
@@ -168,11 +162,16 @@ def scan(shard: _Shard) -> ScanResult:
             pos = _next_candidate(shard, pos + 8)
             continue
         if damaged_from is not None:
-            pending.append(Problem(
-                shard.path, damaged_from, None, "damaged_region",
-                f"damaged region of {pos - damaged_from} bytes at [{damaged_from}, {pos}): "
-                "no valid frame header in it",
-            ))
+            pending.append(
+                Problem(
+                    shard.path,
+                    damaged_from,
+                    None,
+                    "damaged_region",
+                    f"damaged region of {pos - damaged_from} bytes at [{damaged_from}, {pos}): "
+                    "no valid frame header in it",
+                )
+            )
             damaged_from = None
         if h.kind == KIND_INDEX:
             stop, stopped_at_index = pos, True
@@ -185,10 +184,15 @@ def scan(shard: _Shard) -> ScanResult:
             entries.append(RawEntry(pos, h.stored_len, h.raw_len, h.num_tokens, h.payload_crc, h.codec, h.key))
             data_end = nxt
         else:
-            pending.append(Problem(
-                shard.path, pos, h.key, "corrupt_record",
-                f"payload checksum mismatch (frame says {h.payload_crc:#010x}, payload has {crc:#010x})",
-            ))
+            pending.append(
+                Problem(
+                    shard.path,
+                    pos,
+                    h.key,
+                    "corrupt_record",
+                    f"payload checksum mismatch (frame says {h.payload_crc:#010x}, payload has {crc:#010x})",
+                )
+            )
         pos = nxt
     return ScanResult(entries, data_end, stop, stopped_at_index, problems)
 

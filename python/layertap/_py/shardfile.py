@@ -11,7 +11,7 @@ import errno as _errno
 import fcntl
 import os
 
-from layertap._py.format import RawEntry, encode_file_header, encode_footer
+from layertap._spec.format import RawEntry, encode_file_header, encode_footer
 from layertap.errors import WriterIOError
 
 # Linux caps the buffers of one writev at IOV_MAX.

@@ -17,11 +17,15 @@ import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from layertap._options import check_utf8, check_writer_options
-from layertap._py import codecs
-from layertap._py.blob import build_header
-from layertap._py.dtypes import ITEMSIZE, TWO_BYTE
-from layertap._py.format import (
+from layertap._options import WriterOptions, check_utf8, python_writer_problem
+from layertap._py.encode import Encoder
+from layertap._py.shardfile import ShardFile, io_error
+from layertap._py.version import package_version
+from layertap._sink import BufferRecord
+from layertap._spec.blob import build_header
+from layertap._spec.dtypes import ITEMSIZE, TWO_BYTE
+from layertap._spec.format import (
+    CODECS,
     KIND_RECORD,
     RawEntry,
     align8,
@@ -31,8 +35,6 @@ from layertap._py.format import (
     parse_shard_index,
     shard_file_name,
 )
-from layertap._py.shardfile import ShardFile, io_error
-from layertap._py.version import package_version
 from layertap._types import Completion
 from layertap.errors import (
     DuplicateKeyError,
@@ -132,7 +134,7 @@ class _State:
 
     def run(self) -> None:
         try:
-            encoder = codecs.Encoder(self.codec, self.level)
+            encoder = Encoder(self.codec, self.level)
             while True:
                 with self.cond:
                     while not self.queue and not self.closing:
@@ -156,7 +158,7 @@ class _State:
                 self.done = True
                 self.cond.notify_all()
 
-    def write_batch(self, encoder: codecs.Encoder, job: _Job) -> None:
+    def write_batch(self, encoder: Encoder, job: _Job) -> None:
         """Encodes ``job`` and the records queued right behind it (up to ``batch_bytes``) and
         writes them with one system call per shard. A record that would take the shard past
         ``shard_size`` goes to the next shard; a shard holds at least one record (the same rule
@@ -216,7 +218,7 @@ class _State:
                 )
             self.cond.notify_all()
 
-    def encode(self, encoder: codecs.Encoder, job: _Job) -> tuple[list, RawEntry]:
+    def encode(self, encoder: Encoder, job: _Job) -> tuple[list, RawEntry]:
         """The frame of ``job`` (header, payload pieces, padding) and its index entry, whose
         ``frame_offset`` is filled in when the frame is placed."""
         two_byte = [(view, dtype in TWO_BYTE) for _, view, dtype, _ in job.tensors]
@@ -266,41 +268,20 @@ class PyShardWriter:
 
     Same constructor, methods and behaviour as ``layertap.ShardWriter`` (docs/API.md); for codec
     ``none`` both write byte-identical records. ``threads`` is accepted for compatibility: this
-    writer encodes on its one background thread. ``io`` may be ``"auto"`` or ``"pwrite"``, and
+    writer encodes on its one background thread. ``io`` may be ``"auto"`` or ``"pwrite"``
+    (``"uring"`` asks for io_uring, which this writer does not have, and is refused), and
     ``direct`` only ``False`` (it writes through the page cache)."""
 
     _software = f"layertap-python {package_version()}"
 
-    def __init__(
-        self,
-        path: str | os.PathLike,
-        *,
-        codec: str = "bp16-zstd",
-        level: int = 1,
-        shard_size: int = 1 << 30,
-        durability: str | int = "close",
-        threads: int | None = None,
-        max_inflight_bytes: int = 1 << 30,
-        batch_bytes: int = 8 << 20,
-        writer_id: str | None = None,
-        io: str = "auto",
-        direct: bool = False,
-        metadata: Mapping[str, str] | None = None,
-    ):
-        options = check_writer_options(
-            codec=codec, level=level, shard_size=shard_size, durability=durability, threads=threads,
-            max_inflight_bytes=max_inflight_bytes, batch_bytes=batch_bytes, writer_id=writer_id, io=io,
-            direct=direct, metadata=metadata,
-        )
-        if io == "uring":
-            raise InvalidInputError("io='uring': the Python writer has no io_uring backend; use 'auto' or 'pwrite'")
-        if direct:
-            raise InvalidInputError("direct=True: the Python writer writes through the page cache; use ShardWriter")
-        codec_id = codecs.codec_id(codec)
-        durability = options["durability"]
-        user_meta = options["metadata"]
-        if writer_id is None:
-            writer_id = secrets.token_hex(6)
+    def __init__(self, path: str | os.PathLike, *, options: WriterOptions | None = None, **overrides: Any):
+        """Opens a writer on the dataset directory ``path``, as ``ShardWriter`` does."""
+        options = WriterOptions.of(options, overrides)
+        problem = python_writer_problem(options)
+        if problem is not None:
+            raise problem
+        codec_id = CODECS.index(options.codec)
+        writer_id = options.writer_id if options.writer_id is not None else secrets.token_hex(6)
         try:
             directory = os.fspath(path)
         except TypeError:
@@ -312,9 +293,11 @@ class PyShardWriter:
             raise io_error(e, directory, "create directory") from None
         taken = [i for i in (parse_shard_index(n, writer_id) for n in names) if i is not None]
 
+        self.options = options
+        """The checked options this writer was opened with."""
         self._path = directory
         self._writer_id = writer_id
-        self._max_inflight = max_inflight_bytes
+        self._max_inflight = options.max_inflight_bytes
         self._keys: set[str] = set()
         self._next_seq = 0
         self._blocked = 0.0
@@ -322,7 +305,14 @@ class PyShardWriter:
         self._closed = False
         self._error_raised = False
         state = _State(
-            directory, writer_id, codec_id, level, shard_size, durability, batch_bytes, user_meta,
+            directory,
+            writer_id,
+            codec_id,
+            options.level,
+            options.shard_size,
+            options.durability,
+            options.batch_bytes,
+            dict(options.metadata),
             max(taken) + 1 if taken else 0,
         )
         cls = type(self)
@@ -371,14 +361,24 @@ class PyShardWriter:
         from layertap._tensors import check_metadata, normalize
 
         parts, num_tokens = normalize(tensors)
-        return self._submit_prepared([(key, parts, check_metadata(metadata), num_tokens)])[0]
+        return self._queue([(key, parts, check_metadata(metadata), num_tokens)])[0]
 
     def submit_many(self, records: Iterable[tuple]) -> list[int]:
         """Queues several records at once; all or none. See docs/API.md."""
         self._check_open()
         from layertap._tensors import prepare_record
 
-        return self._submit_prepared([prepare_record(r) for r in records])
+        return self._queue([prepare_record(r) for r in records])
+
+    def submit_buffers(self, records: list[BufferRecord]) -> list[int]:
+        """Queues records given as byte buffers, ``(key, [(name, buffer, dtype, shape)],
+        metadata or None, num_tokens)``; all or none. See docs/API.md and ``RecordSink``."""
+        self._check_open()
+        from layertap._tensors import check_buffer_record
+
+        if not isinstance(records, list):
+            raise InvalidInputError(f"records must be a list, not {type(records).__name__}")
+        return self._queue([check_buffer_record(r) for r in records])
 
     def _check_key(self, key: Any, batch_keys: set[str]) -> None:
         problem = key_problem(key)
@@ -387,9 +387,9 @@ class PyShardWriter:
         if key in self._keys or key in batch_keys:
             raise DuplicateKeyError(f"duplicate key {key!r}: this writer already wrote a record with this key", key)
 
-    def _submit_prepared(self, records: list) -> list[int]:
-        """Records in normalized form (``layertap._tensors.Prepared``): all are checked before
-        any is queued."""
+    def _queue(self, records: list) -> list[int]:
+        """Queues records in normalized form (``layertap._tensors.Prepared``); the keys and
+        what only the writer can check are checked here, for all before any is queued."""
         self._check_open()
         jobs = []
         batch_keys: set[str] = set()
@@ -403,8 +403,10 @@ class PyShardWriter:
             for name, view, dtype, shape in parts:
                 check_utf8("tensor name", name)
                 if view.nbytes != math.prod(shape) * ITEMSIZE[dtype]:
-                    raise InvalidInputError(f"tensor {name!r}: {view.nbytes} bytes, but {dtype} {list(shape)} needs "
-                                            f"{math.prod(shape) * ITEMSIZE[dtype]}")
+                    raise InvalidInputError(
+                        f"tensor {name!r}: {view.nbytes} bytes, but {dtype} {list(shape)} needs "
+                        f"{math.prod(shape) * ITEMSIZE[dtype]}"
+                    )
             header = build_header([(name, dtype, tuple(shape)) for name, _, dtype, shape in parts], meta)
             raw_len = len(header) + sum(view.nbytes for _, view, _, _ in parts)
             jobs.append((key, header, parts, num_tokens, raw_len))

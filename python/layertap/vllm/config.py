@@ -2,19 +2,21 @@
 
 Both halves of the connector (scheduler and worker) parse the options with ``parse_options``, so a
 bad configuration stops the engine at start-up whichever half is built first, with a message that
-names the option. Nothing here imports vLLM.
+names the option. The writer's options are mapped onto ``layertap.WriterOptions`` (``WRITER_KEYS``),
+which checks and defaults them as it does for the writers themselves. Nothing here imports vLLM.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from layertap._py.codecs import check_level, codec_id
-from layertap._py.format import key_problem, writer_id_problem
-from layertap.errors import InvalidInputError
+from layertap._options import WriterOptions, python_writer_problem
+from layertap._spec.format import key_problem
+from layertap.errors import InvalidInputError, OptionError
 
 #: The default host buffer pool holds this many full steps (``max_num_batched_tokens`` tokens of
 #: hidden states each), so that the writer can fall behind for a few steps without stalling the
@@ -53,6 +55,27 @@ class ConfigError(InvalidInputError):
     def __init__(self, option: str, message: str):
         super().__init__(f"layertap connector: {option}: {message}")
         self.option = option
+        self._message = message
+
+    def __reduce__(self):  # pickles with both arguments (vLLM sends errors between processes)
+        return type(self), (self.option, self._message)
+
+
+#: The connector's keys for writer options, and the ``layertap.WriterOptions`` field each sets.
+WRITER_KEYS: dict[str, str] = {
+    "codec": "codec",
+    "level": "level",
+    "shard_size": "shard_size",
+    "durability": "durability",
+    "writer_threads": "threads",
+    "max_inflight_bytes": "max_inflight_bytes",
+    "batch_bytes": "batch_bytes",
+    "io": "io",
+    "direct": "direct",
+    "writer_id": "writer_id",
+    "shard_metadata": "metadata",
+}
+_KEY_OF_FIELD = {f: k for k, f in WRITER_KEYS.items()}
 
 
 @dataclass(frozen=True)
@@ -63,130 +86,65 @@ class ConnectorOptions:
     """Dataset directory, absolute (created if missing)."""
     writer: str = "rust"
     """``"rust"`` (``layertap.ShardWriter``) or ``"python"`` (``layertap.PyShardWriter``)."""
-    codec: str = "bp16-zstd"
-    level: int = 1
-    shard_size: int = 1 << 30
-    durability: str | int = "close"
     pool_bytes: int | None = None
     """Size of the host buffer pool; None: ``default_pool_bytes``."""
-    writer_threads: int | None = None
-    """Compression threads of the Rust writer; None: ``default_writer_threads()``."""
-    max_inflight_bytes: int | None = None
-    """The writer's bound on bytes in flight; None: twice the pool (``submit`` never waits)."""
-    io: str = "auto"
-    direct: bool = False
-    """Write record data with ``O_DIRECT`` where the file system allows it (Rust writer only)."""
-    writer_id: str | None = None
-    """None: derived from vLLM's engine id (one per engine, so data-parallel ranks differ)."""
     stats_path: str | None = None
     """Where to write the connector's statistics as JSON at shutdown; None: only logged."""
-    shard_metadata: dict[str, str] = field(default_factory=dict)
-    """Stored in every shard's header (``"user"``)."""
+    writer_options: WriterOptions = field(default_factory=WriterOptions)
+    """The writer options given (``WRITER_KEYS``), the others at the writers' defaults; the
+    worker completes them (``writer_options_for``)."""
+    given: frozenset[str] = frozenset()
+    """The ``WriterOptions`` fields the configuration set."""
+
+    @property
+    def writer_id(self) -> str | None:
+        """The configured writer id; None: derived from vLLM's engine id."""
+        return self.writer_options.writer_id
 
 
-def _int(option: str, value: Any, minimum: int = 1) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(option, f"expected an integer >= {minimum}, got {value!r}")
-    return value
+def writer_options_for(options: ConnectorOptions, writer_id: str, pool_bytes: int, shard_meta: Mapping[str, str]):
+    """The options the worker opens its writer with: the configured ones, its writer id, its
+    shard metadata (under the configured ``shard_metadata``), and where not configured:
+    ``default_writer_threads()`` compression threads and twice the pool in flight (everything
+    in flight lives in the pool, so ``submit`` never waits)."""
+    changes: dict[str, Any] = {
+        "writer_id": writer_id,
+        "metadata": {**shard_meta, **options.writer_options.metadata},
+    }
+    if "threads" not in options.given:
+        changes["threads"] = default_writer_threads()
+    if "max_inflight_bytes" not in options.given:
+        changes["max_inflight_bytes"] = 2 * pool_bytes
+    return dataclasses.replace(options.writer_options, **changes)
 
 
-def _choice(option: str, value: Any, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise ConfigError(option, f"expected one of {', '.join(map(repr, choices))}, got {value!r}")
+def _positive_or_none(option: str, value: Any) -> int | None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ConfigError(option, f"must be a positive integer, not {value!r}")
     return value
 
 
 def _path(option: str, value: Any) -> str:
     if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
-        raise ConfigError(option, f"expected a non-empty path, got {value!r}")
+        raise ConfigError(option, f"must be a non-empty path, not {value!r}")
     return os.path.abspath(os.fspath(value))
 
 
-def _output_dir(value: Any) -> str:
-    return _path("output_dir", value)
-
-
 def _writer(value: Any) -> str:
-    return _choice("writer", value, ("rust", "python"))
-
-
-def _codec(value: Any) -> str:
-    try:
-        codec_id(value)
-    except InvalidInputError as e:
-        raise ConfigError("codec", str(e)) from None
+    if value not in ("rust", "python"):
+        raise ConfigError("writer", f"must be 'rust' or 'python', not {value!r}")
     return value
 
 
-def _level(value: Any) -> int:
-    try:
-        return check_level(value)
-    except InvalidInputError as e:
-        raise ConfigError("level", str(e)) from None
-
-
-def _durability(value: Any) -> str | int:
-    if value in ("none", "close"):
-        return value
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    raise ConfigError("durability", f"expected 'none', 'close' or a positive number of bytes, got {value!r}")
-
-
-def _optional_int(option: str):
-    def check(value: Any) -> int | None:
-        return None if value is None else _int(option, value)
-
-    return check
-
-
-def _io(value: Any) -> str:
-    return _choice("io", value, ("auto", "uring", "pwrite"))
-
-
-def _direct(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError("direct", f"expected true or false, got {value!r}")
-    return value
-
-
-def _writer_id(value: Any) -> str | None:
-    if value is not None and writer_id_problem(value):
-        raise ConfigError("writer_id", writer_id_problem(value))
-    return value
-
-
-def _stats_path(value: Any) -> str | None:
-    return None if value is None else _path("stats_path", value)
-
-
-def _shard_metadata(value: Any) -> dict[str, str]:
-    if not isinstance(value, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-    ):
-        raise ConfigError("shard_metadata", f"expected a mapping of str to str, got {value!r}")
-    return dict(value)
-
-
-_PARSERS = {
-    "output_dir": _output_dir,
+_CONNECTOR_PARSERS = {
+    "output_dir": lambda v: _path("output_dir", v),
     "writer": _writer,
-    "codec": _codec,
-    "level": _level,
-    "shard_size": lambda v: _int("shard_size", v),
-    "durability": _durability,
-    "pool_bytes": _optional_int("pool_bytes"),
-    "writer_threads": _optional_int("writer_threads"),
-    "max_inflight_bytes": _optional_int("max_inflight_bytes"),
-    "io": _io,
-    "direct": _direct,
-    "writer_id": _writer_id,
-    "stats_path": _stats_path,
-    "shard_metadata": _shard_metadata,
+    "pool_bytes": lambda v: _positive_or_none("pool_bytes", v),
+    "stats_path": lambda v: None if v is None else _path("stats_path", v),
 }
 
 #: Every option ``kv_connector_extra_config`` may hold.
-OPTION_NAMES: tuple[str, ...] = tuple(_PARSERS)
+OPTION_NAMES: tuple[str, ...] = (*_CONNECTOR_PARSERS, *WRITER_KEYS)
 
 
 def parse_options(extra_config: Mapping[str, Any] | None) -> ConnectorOptions:
@@ -195,20 +153,23 @@ def parse_options(extra_config: Mapping[str, Any] | None) -> ConnectorOptions:
     if extra_config is None:
         extra_config = {}
     if not isinstance(extra_config, Mapping):
-        raise ConfigError("kv_connector_extra_config", f"expected a JSON object, got {extra_config!r}")
-    unknown = sorted(set(extra_config) - set(_PARSERS), key=str)
+        raise ConfigError("kv_connector_extra_config", f"must be a JSON object, not {extra_config!r}")
+    unknown = sorted(set(extra_config) - set(OPTION_NAMES), key=str)
     if unknown:
-        raise ConfigError(
-            str(unknown[0]), f"unknown option; the options are: {', '.join(OPTION_NAMES)}"
-        )
+        raise ConfigError(str(unknown[0]), f"unknown option; the options are: {', '.join(OPTION_NAMES)}")
     if "output_dir" not in extra_config:
         raise ConfigError("output_dir", "required: the dataset directory to write shards into")
-    values = {name: _PARSERS[name](value) for name, value in extra_config.items()}
-    if values.get("writer", "rust") == "python" and values.get("io") == "uring":
-        raise ConfigError("io", "'uring' needs writer='rust'; the Python writer writes with pwrite")
-    if values.get("writer", "rust") == "python" and values.get("direct"):
-        raise ConfigError("direct", "true needs writer='rust'; the Python writer writes through the page cache")
-    return ConnectorOptions(**values)
+    values = {k: parse(extra_config[k]) for k, parse in _CONNECTOR_PARSERS.items() if k in extra_config}
+    # null means the default, as if the key were not there.
+    given = {WRITER_KEYS[k]: v for k, v in extra_config.items() if k in WRITER_KEYS and v is not None}
+    try:
+        writer_options = WriterOptions(**given)
+        problem = python_writer_problem(writer_options) if values.get("writer", "rust") == "python" else None
+    except OptionError as e:
+        problem = e
+    if problem is not None:
+        raise ConfigError(_KEY_OF_FIELD[problem.option], problem.problem)
+    return ConnectorOptions(**values, writer_options=writer_options, given=frozenset(given))
 
 
 def sample_id_problem(sample_id: Any) -> str | None:

@@ -57,8 +57,10 @@ def _layer_ids(vllm_config: Any) -> tuple[int, ...]:
         eagle_config = getattr(hf_config, "eagle_config", None)
         if isinstance(eagle_config, dict):
             ids = eagle_config.get("eagle_aux_hidden_state_layer_ids")
-    if not ids or not isinstance(ids, (list, tuple)) or not all(
-        isinstance(i, int) and not isinstance(i, bool) for i in ids
+    if (
+        not ids
+        or not isinstance(ids, (list, tuple))
+        or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
     ):
         raise ConfigError(
             "eagle_aux_hidden_state_layer_ids",

@@ -97,8 +97,9 @@ class HiddenStatesCache:
         tokens)``. One vectorised pass for the whole batch."""
         counts = np.fromiter((n for _, n in requests), dtype=np.int64, count=len(requests))
         nblocks = np.fromiter((len(b) for b, _ in requests), dtype=np.int64, count=len(requests))
-        blocks = np.fromiter(itertools.chain.from_iterable(b for b, _ in requests), dtype=np.int64,
-                             count=int(nblocks.sum()))
+        blocks = np.fromiter(
+            itertools.chain.from_iterable(b for b, _ in requests), dtype=np.int64, count=int(nblocks.sum())
+        )
         token_starts = np.cumsum(counts) - counts
         block_starts = np.cumsum(nblocks) - nblocks
         # Position of each token within its request, then its scheduler block and slot.

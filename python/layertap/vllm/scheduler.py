@@ -69,8 +69,9 @@ class SchedulerSide:
             # than the model, an error) say why nothing was saved.
             if status == "FINISHED_ABORTED":
                 return False, None
-            return self._refuse(request.request_id, "not_saved",
-                                f"the request finished as {status}; only completed requests are saved")
+            return self._refuse(
+                request.request_id, "not_saved", f"the request finished as {status}; only completed requests are saved"
+            )
         params = request.kv_transfer_params or {}
         req_id = request.request_id
         if not isinstance(params, dict):
@@ -78,8 +79,9 @@ class SchedulerSide:
         sample_id = params.get("sample_id")
         include_outputs = params.get("include_output_tokens", False)
         if not isinstance(include_outputs, bool):
-            return self._refuse(req_id, "invalid_request",
-                                f"include_output_tokens must be true or false, got {include_outputs!r}")
+            return self._refuse(
+                req_id, "invalid_request", f"include_output_tokens must be true or false, got {include_outputs!r}"
+            )
         if sample_id is not None:
             problem = sample_id_problem(sample_id)
             if problem:
@@ -89,9 +91,11 @@ class SchedulerSide:
             key = req_id
         if key in self._keys:
             what = "sample_id" if sample_id is not None else "request id"
-            return self._refuse(req_id, "invalid_request",
-                                f"{what} {key!r} was used by an earlier request; this engine's writer "
-                                "takes each key once")
+            return self._refuse(
+                req_id,
+                "invalid_request",
+                f"{what} {key!r} was used by an earlier request; this engine's writer takes each key once",
+            )
         if include_outputs:
             # The last token was sampled, never fed back: the cache has no hidden states for it.
             token_ids = list(request.all_token_ids)[:-1]
@@ -103,9 +107,11 @@ class SchedulerSide:
         gid = self.facts.group_id
         blocks = block_ids[gid] if 0 <= gid < len(block_ids) else []
         if len(blocks) * self.facts.block_size < num_tokens:
-            return self._refuse(req_id, "not_saved",
-                                f"only {len(blocks) * self.facts.block_size} of {num_tokens} tokens are in "
-                                "the KV cache")
+            return self._refuse(
+                req_id,
+                "not_saved",
+                f"only {len(blocks) * self.facts.block_size} of {num_tokens} tokens are in the KV cache",
+            )
         self._keys.add(key)
         save = SaveRequest(
             req_id=req_id,

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from layertap._sink import RecordSink
 from layertap._tensors import dtype_name
 from layertap.errors import InvalidInputError, LayertapError
 from layertap.vllm.engine import EngineFacts
@@ -33,9 +34,7 @@ logger = logging.getLogger("vllm.layertap")  # under vLLM's logging configuratio
 def region_bytes(num_tokens: int, cache: HiddenStatesCache) -> int:
     """Pool bytes for ``num_tokens`` tokens: hidden states, token ids and gather indices."""
     return (
-        align_up(num_tokens * cache.row_bytes)
-        + align_up(num_tokens * 8)
-        + align_up(num_tokens * cache.index_width * 8)
+        align_up(num_tokens * cache.row_bytes) + align_up(num_tokens * 8) + align_up(num_tokens * cache.index_width * 8)
     )
 
 
@@ -44,8 +43,14 @@ class _Batch:
 
     __slots__ = ("region", "saves", "bounds", "hidden", "token_ids", "event", "keep")
 
-    def __init__(self, region: Region, saves: list[SaveRequest], bounds: list[tuple[int, int]],
-                 hidden: torch.Tensor, token_ids: torch.Tensor):
+    def __init__(
+        self,
+        region: Region,
+        saves: list[SaveRequest],
+        bounds: list[tuple[int, int]],
+        hidden: torch.Tensor,
+        token_ids: torch.Tensor,
+    ):
         self.region = region
         self.saves = saves
         self.bounds = bounds
@@ -58,8 +63,15 @@ class _Batch:
 class HiddenStatesSaver:
     """Moves finished requests from the KV cache through the pool into the writer."""
 
-    def __init__(self, cache: HiddenStatesCache, writer: Any, pool: HostPool, facts: EngineFacts,
-                 stats: ConnectorStats, dataset: str):
+    def __init__(
+        self,
+        cache: HiddenStatesCache,
+        writer: RecordSink,
+        pool: HostPool,
+        facts: EngineFacts,
+        stats: ConnectorStats,
+        dataset: str,
+    ):
         self.cache = cache
         self.writer = writer
         self.pool = pool
@@ -186,15 +198,19 @@ class HiddenStatesSaver:
         row, row_shape, dtype = self.row_bytes, self._row_shape, self._dtype_name
         records = []
         for save, (s, e) in zip(batch.saves, batch.bounds):
-            meta = dict(self._record_meta, num_tokens=str(e - s), request_id=save.req_id,
-                        num_prompt_tokens=str(save.num_prompt_tokens))
+            meta = dict(
+                self._record_meta,
+                num_tokens=str(e - s),
+                request_id=save.req_id,
+                num_prompt_tokens=str(save.num_prompt_tokens),
+            )
             parts = [
                 ("hidden_states", hidden[s * row : e * row], dtype, [e - s, *row_shape]),
                 ("token_ids", token_ids[s * 8 : e * 8], "I64", [e - s]),
             ]
             records.append((save.key, parts, meta, e - s))
         try:
-            seqs = self._writer_call(self.writer._submit_prepared, records)
+            seqs = self._writer_call(self.writer.submit_buffers, records)
         except InvalidInputError:
             # All or none: find the bad records one by one and write the others.
             seqs = [self._submit_alone(record, save) for record, save in zip(records, batch.saves)]
@@ -212,7 +228,7 @@ class HiddenStatesSaver:
 
     def _submit_alone(self, record: tuple, save: SaveRequest) -> int | None:
         try:
-            return self._writer_call(self.writer._submit_prepared, [record])[0]
+            return self._writer_call(self.writer.submit_buffers, [record])[0]
         except InvalidInputError as err:
             # The scheduler checked the key already; anything left is a bug worth a log line,
             # not a reason to stop the engine.
@@ -259,4 +275,3 @@ class HiddenStatesSaver:
             self._submit(batch)
         self._writer_call(self.writer.close)
         self._reap()
-

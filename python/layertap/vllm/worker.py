@@ -7,8 +7,9 @@ import logging
 import time
 from typing import Any
 
+from layertap._sink import RecordSink
 from layertap.vllm import registry
-from layertap.vllm.config import ConfigError, ConnectorOptions, default_pool_bytes, default_writer_threads
+from layertap.vllm.config import ConfigError, ConnectorOptions, default_pool_bytes, writer_options_for
 from layertap.vllm.engine import EngineFacts, read_engine_facts
 from layertap.vllm.gather import HiddenStatesCache
 from layertap.vllm.metadata import LayertapMetadata
@@ -19,7 +20,7 @@ from layertap.vllm.transfer import HiddenStatesSaver, region_bytes
 logger = logging.getLogger("vllm.layertap")  # under vLLM's logging configuration
 
 
-def open_writer(options: ConnectorOptions, facts: EngineFacts, pool_bytes: int) -> Any:
+def open_writer(options: ConnectorOptions, facts: EngineFacts, pool_bytes: int) -> RecordSink:
     """The shard writer the options ask for, with what the connector adds to the shard header."""
     import json
 
@@ -27,33 +28,14 @@ def open_writer(options: ConnectorOptions, facts: EngineFacts, pool_bytes: int) 
         from layertap import PyShardWriter as writer_class
     else:
         from layertap import ShardWriter as writer_class
-    shard_meta = {
-        "source": "layertap.vllm",
-        "model": facts.model,
-        "layer_ids": json.dumps(list(facts.layer_ids)),
-        **options.shard_metadata,
-    }
+    shard_meta = {"source": "layertap.vllm", "model": facts.model, "layer_ids": json.dumps(list(facts.layer_ids))}
+    writer_options = writer_options_for(options, facts.writer_id, pool_bytes, shard_meta)
     try:
-        return writer_class(
-            options.output_dir,
-            codec=options.codec,
-            level=options.level,
-            shard_size=options.shard_size,
-            durability=options.durability,
-            threads=options.writer_threads or default_writer_threads(),
-            # Everything in flight lives in the pool, so with this bound submit never waits.
-            max_inflight_bytes=options.max_inflight_bytes or 2 * pool_bytes,
-            writer_id=facts.writer_id,
-            io=options.io,
-            direct=options.direct,
-            metadata=shard_meta,
-        )
-    except TypeError as e:
-        if options.writer == "rust":
-            raise ConfigError(
-                "writer", f"the Rust writer is not available ({e}); build the extension or use writer='python'"
-            ) from e
-        raise
+        return writer_class(options.output_dir, options=writer_options)
+    except ImportError as e:  # the Rust writer without its compiled extension
+        raise ConfigError(
+            "writer", f"the Rust writer is not available ({e}); build the extension or use writer='python'"
+        ) from e
 
 
 class WorkerSide:
@@ -108,11 +90,20 @@ class WorkerSide:
         logger.info(
             "layertap: writing hidden states of layers %s (%s, cache %s strides %s, token axis %d, "
             "block %d/%d, gather by %s) to %s as writer %s (%s writer, %s; pool %.0f MiB%s)",
-            list(facts.layer_ids), str(cache.dtype).removeprefix("torch."), list(cache.kv.shape),
-            list(cache.kv.stride()), cache.axis, cache.tensor_block_size, facts.block_size,
+            list(facts.layer_ids),
+            str(cache.dtype).removeprefix("torch."),
+            list(cache.kv.shape),
+            list(cache.kv.stride()),
+            cache.axis,
+            cache.tensor_block_size,
+            facts.block_size,
             "rows" if cache.by_rows else "blocks",
-            self.options.output_dir, facts.writer_id, self.options.writer, writer.backend,
-            pool_bytes / 2**20, " pinned" if pool.pinned else "",
+            self.options.output_dir,
+            facts.writer_id,
+            self.options.writer,
+            writer.backend,
+            pool_bytes / 2**20,
+            " pinned" if pool.pinned else "",
         )
 
     # -- every step ---------------------------------------------------------------------------

@@ -10,7 +10,7 @@ use layertap_core::writer::{
 };
 use layertap_core::{Codec, Dtype, Error};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyDict, PyList, PyTuple};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -19,21 +19,16 @@ fn invalid(msg: impl Into<String>) -> PyErr {
     to_py(Error::invalid(msg))
 }
 
-/// `"none"`, `"close"` or a positive number of bytes.
-fn durability(value: Option<&Bound<'_, PyAny>>) -> PyResult<Durability> {
-    let Some(value) = value else { return Ok(Durability::OnClose) };
-    if let Ok(s) = value.cast::<PyString>() {
-        return match s.to_str()? {
-            "none" => Ok(Durability::None),
-            "close" => Ok(Durability::OnClose),
-            other => {
-                Err(invalid(format!("durability must be 'none', 'close' or a positive int, not {other:?}")))
-            }
-        };
+/// `durability` as `layertap.WriterOptions` checked it: `"none"`, `"close"` or a number of bytes
+/// (`WriterConfig::validate` checks the value again, for Rust callers).
+fn durability(value: &Bound<'_, PyAny>) -> PyResult<Durability> {
+    if let Ok(bytes) = value.extract::<u64>() {
+        return Ok(Durability::EveryBytes(bytes));
     }
-    match value.extract::<u64>() {
-        Ok(n) if n > 0 && !value.is_instance_of::<pyo3::types::PyBool>() => Ok(Durability::EveryBytes(n)),
-        _ => Err(invalid(format!("durability must be 'none', 'close' or a positive int, not {value}"))),
+    match value.extract::<String>().as_deref() {
+        Ok("none") => Ok(Durability::None),
+        Ok("close") => Ok(Durability::OnClose),
+        _ => Err(invalid(format!("durability must be 'none', 'close' or a number of bytes, not {value}"))),
     }
 }
 
@@ -87,14 +82,13 @@ pub struct NativeShardWriter {
 
 #[pymethods]
 impl NativeShardWriter {
-    /// Opens a writer on a dataset directory (created if missing). Options as in docs/API.md;
-    /// `durability` is `"none"`, `"close"` or a positive int, `io` is `"auto"`, `"uring"` or
-    /// `"pwrite"`, `direct` asks for `O_DIRECT` where the file system allows it.
+    /// Opens a writer on a dataset directory (created if missing), with the options of
+    /// `layertap.WriterOptions` (docs/API.md), which checked them and holds their defaults:
+    /// every one is required here.
     #[new]
     #[pyo3(signature = (
-        path, *, codec = "bp16-zstd", level = 1, shard_size = 1 << 30, durability = None,
-        threads = None, max_inflight_bytes = 1 << 30, batch_bytes = 8 << 20, writer_id = None,
-        io = "auto", direct = false, metadata = None
+        path, *, codec, level, shard_size, durability, threads, max_inflight_bytes, batch_bytes,
+        writer_id, io, direct, metadata
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -103,14 +97,14 @@ impl NativeShardWriter {
         codec: &str,
         level: i32,
         shard_size: u64,
-        durability: Option<&Bound<'_, PyAny>>,
+        durability: &Bound<'_, PyAny>,
         threads: Option<usize>,
         max_inflight_bytes: u64,
         batch_bytes: u64,
         writer_id: Option<String>,
         io: &str,
         direct: bool,
-        metadata: Option<&Bound<'_, PyAny>>,
+        metadata: BTreeMap<String, String>,
     ) -> PyResult<NativeShardWriter> {
         let cfg = WriterConfig {
             codec: Codec::from_name(codec).py_err()?,
@@ -123,7 +117,7 @@ impl NativeShardWriter {
             writer_id,
             io: IoMode::from_name(io).py_err()?,
             direct,
-            shard_metadata: string_map("metadata", metadata)?,
+            shard_metadata: metadata,
         };
         let writer = py.detach(|| ShardWriter::open(&path, cfg)).py_err()?;
         Ok(NativeShardWriter { writer, path: path.display().to_string() })

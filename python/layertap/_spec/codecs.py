@@ -1,7 +1,6 @@
-"""Payload codecs (docs/FORMAT.md, "Codecs"): ``none``, ``zstd`` and ``bp16-zstd``.
-
-The byte-plane transform of ``bp16-zstd`` uses numpy strided copies, and zstandard releases the
-GIL while it compresses, so the writer's background thread leaves the caller's thread free.
+"""Payload codecs (docs/FORMAT.md, "Codecs"): ``none``, ``zstd`` and ``bp16-zstd``: the names
+and levels writers accept, the byte-plane transform, and decoding. Encoding is the writers'
+(``layertap._py.encode`` for the Python one).
 """
 
 from __future__ import annotations
@@ -9,13 +8,11 @@ from __future__ import annotations
 import numpy as np
 import zstandard
 
-from layertap._py.blob import parse_header
-from layertap._py.dtypes import TWO_BYTE
-from layertap._py.format import FormatProblem
-from layertap._types import CODECS
+from layertap._spec.blob import parse_header
+from layertap._spec.dtypes import TWO_BYTE
+from layertap._spec.format import CODEC_BP16_ZSTD, CODEC_NONE, CODEC_ZSTD, CODECS, FormatProblem
 from layertap.errors import InvalidInputError
 
-CODEC_NONE, CODEC_ZSTD, CODEC_BP16_ZSTD = 0, 1, 2
 #: zstd cannot expand data by more than this (about 32 000 to 1 at best); a larger raw_len is
 #: corrupt. The Rust reader uses the same bound.
 ZSTD_MAX_RATIO = 32 << 10
@@ -55,52 +52,6 @@ def join_planes(src, out: np.ndarray) -> None:
     np.bitwise_or(out16, a[m:], out=out16)
 
 
-#: zstd parameters of ``bp16-zstd`` at level 1 (the default), tuned on the byte planes of bf16
-#: activations: matches shorter than 7 bytes are left to the entropy coder. The Rust writer uses
-#: the same set (``BYTE_PLANE_LEVEL_1`` in rust/core/src/codec.rs, which says why).
-BYTE_PLANE_LEVEL_1 = zstandard.ZstdCompressionParameters(
-    strategy=zstandard.STRATEGY_FAST,
-    window_log=17,
-    hash_log=8,
-    min_match=7,
-    target_length=0,
-    write_content_size=True,
-    write_checksum=False,
-)
-
-
-class Encoder:
-    """Turns a record's pieces (blob header, then each tensor's bytes) into its stored payload.
-    Keeps one zstd context; use one per thread."""
-
-    def __init__(self, codec: int, level: int):
-        self.codec = codec
-        if codec == CODEC_NONE:
-            self._zstd = None
-        elif codec == CODEC_BP16_ZSTD and level == 1:
-            self._zstd = zstandard.ZstdCompressor(compression_params=BYTE_PLANE_LEVEL_1)
-        else:
-            self._zstd = zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=False)
-
-    def encode(self, header: bytes, tensors: list[tuple[memoryview, bool]]) -> list:
-        """The stored payload as a list of buffers (for ``none``: the pieces themselves, no copy).
-        ``tensors`` lists each tensor's bytes and whether it is split into byte planes."""
-        if self._zstd is None:
-            return [header, *(view for view, _ in tensors)]
-        raw_len = len(header) + sum(view.nbytes for view, _ in tensors)
-        raw = np.empty(raw_len, dtype=np.uint8)
-        raw[: len(header)] = np.frombuffer(header, dtype=np.uint8)
-        at = len(header)
-        for view, split in tensors:
-            n = view.nbytes
-            if split and self.codec == CODEC_BP16_ZSTD:
-                split_planes(view, raw[at : at + n])
-            else:
-                raw[at : at + n] = np.frombuffer(view, dtype=np.uint8)
-            at += n
-        return [self._zstd.compress(raw)]
-
-
 def decode(codec: int, stored, raw_len: int):
     """Decodes a stored payload into the raw blob of ``raw_len`` bytes (a writable buffer when
     the codec made a new one). Raises FormatProblem saying why it cannot."""
@@ -135,5 +86,3 @@ def decode(codec: int, stored, raw_len: int):
                 join_planes(out[t.begin : t.end], joined[t.begin : t.end])
         out = memoryview(joined).cast("B")
     return out
-
-

@@ -12,8 +12,8 @@ import json
 import math
 from typing import NamedTuple
 
-from layertap._py.format import FormatProblem, align8
-from layertap._py.dtypes import ITEMSIZE
+from layertap._spec.dtypes import ITEMSIZE
+from layertap._spec.format import FormatProblem, align8
 
 MAX_HEADER_LEN = 100_000_000
 

@@ -1,8 +1,9 @@
-"""Byte layout of shards (docs/FORMAT.md): file header, frame headers, index and trailer.
+"""Byte layout of shards (docs/FORMAT.md): file header, frame headers, index and trailer; the
+codecs' wire ids; record keys, writer ids and shard file names.
 
-Pure encoding and decoding, no I/O; the Python twin of ``rust/core/src/format.rs``. Decoders
-return a reason string (or raise ``FormatProblem``) instead of guessing, so that callers can name
-what is wrong.
+Pure encoding and decoding, no I/O but through a caller's ``pread``; the Python twin of
+``rust/core/src/format.rs`` and ``names.rs``. Decoders raise ``FormatProblem`` saying what is
+wrong instead of guessing, so that callers can name it.
 """
 
 from __future__ import annotations
@@ -10,11 +11,10 @@ from __future__ import annotations
 import json
 import re
 import struct
+from collections.abc import Callable
 from typing import NamedTuple
 
 import crc32c as _crc32c
-
-from layertap._types import CODECS
 
 FILE_MAGIC = b"\x89LTAP\r\n\x1a"
 VERSION = 1
@@ -30,6 +30,11 @@ KIND_INDEX = 2
 MAX_KEY_LEN = 1024
 MAX_WRITER_ID_LEN = 64
 SHARD_SUFFIX = ".lts"
+
+#: Codec names, indexed by the id stored in frame headers and index entries (docs/FORMAT.md,
+#: "Codecs").
+CODECS: tuple[str, ...] = ("none", "zstd", "bp16-zstd")
+CODEC_NONE, CODEC_ZSTD, CODEC_BP16_ZSTD = 0, 1, 2
 
 # magic, kind, codec, key_len, stored_len, raw_len, num_tokens, payload_crc, 12 reserved bytes
 _FRAME = struct.Struct("<4sBBHQQII12x")
@@ -57,7 +62,7 @@ class FormatProblem(Exception):
 # Names
 
 
-_WRITER_ID = re.compile(r"[A-Za-z0-9._-]{1,%d}" % MAX_WRITER_ID_LEN)
+_WRITER_ID = re.compile(rf"[A-Za-z0-9._-]{{1,{MAX_WRITER_ID_LEN}}}")
 _KEY_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f/\\]")
 
 
@@ -76,20 +81,20 @@ def key_problem(key: object) -> str | None:
     bad = _KEY_FORBIDDEN.search(key)
     if bad:
         return (
-            f"record key {key!r} contains {bad.group()!r}; keys may not contain path separators "
-            "or control characters"
+            f"record key {key!r} contains {bad.group()!r}; keys may not contain path separators or control characters"
         )
     return None
+
+
+#: What a writer id may be, for messages.
+WRITER_ID_RULE = f"1 to {MAX_WRITER_ID_LEN} characters from [A-Za-z0-9._-], not starting with '.'"
 
 
 def writer_id_problem(writer_id: object) -> str | None:
     """Why ``writer_id`` is not a valid writer id, or None if it is."""
     if isinstance(writer_id, str) and _WRITER_ID.fullmatch(writer_id) and not writer_id.startswith("."):
         return None
-    return (
-        f"writer id {writer_id!r} is not valid: use 1 to {MAX_WRITER_ID_LEN} characters from "
-        "[A-Za-z0-9._-], not starting with '.'"
-    )
+    return f"writer id {writer_id!r} is not valid: use {WRITER_ID_RULE}"
 
 
 def shard_file_name(writer_id: str, index: int) -> str:
@@ -234,6 +239,19 @@ def decode_frame_header(data, remaining: int) -> FrameHeader:
     if frame_header_len(key_len) + align8(stored_len) > remaining:
         raise FrameCutOff("frame is cut off by the end of the file")
     return header
+
+
+def read_frame_header(pread: Callable[[int, int], bytes], pos: int, file_bytes: int) -> FrameHeader:
+    """The valid frame header at ``pos`` of a file of ``file_bytes`` bytes read with ``pread(offset,
+    n)`` (the whole frame inside the file), else raises FormatProblem (``Truncated`` when the file
+    ends first, ``FrameCutOff`` when only the payload does)."""
+    remaining = file_bytes - pos
+    head = pread(pos, min(remaining, FRAME_HEADER_LEN))
+    if len(head) == FRAME_HEADER_LEN and head[:4] == FRAME_MAGIC:
+        key_len = int.from_bytes(head[6:8], "little")
+        if key_len:
+            head = bytes(head) + bytes(pread(pos + FRAME_HEADER_LEN, min(key_len, remaining - FRAME_HEADER_LEN)))
+    return decode_frame_header(head, remaining)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,16 @@
+"""What docs/FORMAT.md defines, as code, in one place: limits, names and their checks (keys,
+writer ids, shard file names), codec wire ids and names, dtypes, the byte layout of shards and
+record payloads, and how a shard's lock is probed.
+
+Both the production path (the writers' option checks, the readers, ``layertap.follow``, the
+command line, the vLLM connector) and the pure-Python reference implementation (``layertap._py``)
+import from here; nothing here imports either of them. The Rust twin is ``rust/core`` (its
+``format``, ``names``, ``codec``, ``blob`` and ``dtype`` modules).
+
+- ``format``: byte layout of file headers, frames, indexes and trailers; names and limits;
+- ``codecs``: zstd levels and payload decoding (``none``, ``zstd``, ``bp16-zstd``);
+- ``blob``: the safetensors blob a record payload decodes to;
+- ``record``: a stored payload checked and decoded into metadata and tensor bytes;
+- ``dtypes``: element sizes, torch and numpy names of the safetensors dtypes;
+- ``lock``: whether a live writer holds a shard.
+"""

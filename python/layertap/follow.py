@@ -1,0 +1,398 @@
+"""Reading a dataset while it is written: ``layertap.follow`` (docs/API.md, "Following a dataset
+while it is written"), and ``DatasetTail``, what it and ``layertap.vllm.fetch`` are built on.
+
+A shard that is complete when it is first seen is read by the readers' shard backend (its index,
+memory-mapped by the Rust one). A shard that is still being written is read incrementally: each
+look reads the frame headers written since the previous look (``_spec.format``), so a look costs
+what was written since, not the size of the shard, and a record is decoded and checked with the
+same code as the Python reader's (``_spec.record``) once it is wanted. A record whose frame is
+there but whose payload does not match its checksum yet, in a shard a live writer holds (writes
+may land out of order), is waited for. Once a writer has left a shard for good (its lock is free
+and a newer shard of the same writer exists, or the shard ended with an index), damage that the
+incremental reading cannot pass is handed to the shard backend, which resynchronises past it.
+
+Waiting uses inotify on the directory (``_inotify``); nothing polls.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from layertap._inotify import DirectoryWatch
+from layertap._spec.format import (
+    CODECS,
+    FILE_HEADER_FIXED_LEN,
+    KIND_INDEX,
+    MAX_META_LEN,
+    SHARD_SUFFIX,
+    TRAILER_LEN,
+    FormatProblem,
+    Truncated,
+    decode_file_header,
+    decode_trailer,
+    frame_header_len,
+    read_frame_header,
+)
+from layertap._spec.lock import is_locked
+from layertap._spec.record import decode_record
+from layertap._tensors import tensor_maker
+from layertap._types import IndexEntry, Problem
+from layertap.errors import CorruptRecordError, FormatError, InvalidInputError
+from layertap.reader import Record, _reason, backend_class
+
+
+class NotYet(Exception):
+    """The record's frame is there but its payload is not all written yet."""
+
+
+def _writer_and_index(name: str) -> tuple[str, int] | None:
+    """``(writer_id, shard index)`` of a shard file name ``{writer_id}-{n:06}.lts``."""
+    if not name.endswith(SHARD_SUFFIX):
+        return None
+    stem = name[: -len(SHARD_SUFFIX)]
+    writer_id, sep, digits = stem.rpartition("-")
+    if not sep or not writer_id or len(digits) < 6 or not (digits.isascii() and digits.isdigit()):
+        return None
+    return writer_id, int(digits)
+
+
+class ShardTail:
+    """What has been found so far of one shard: ``entries`` (records in file order), and how
+    to read each. ``refresh`` finds what was written since the last call."""
+
+    def __init__(self, path: str, writer_id: str, index: int, backend: type):
+        self.path = path
+        self.writer_id = writer_id
+        self.index = index
+        self.entries: list[IndexEntry] = []
+        self.done = False
+        """Nothing more will be found in this shard."""
+        self.consumed = 0
+        """Records ``follow`` has handed out (or skipped)."""
+        self._backend_class = backend
+        self._backend: Any = None
+        self._from_backend: list[int | None] = []  # per entry: its position in the backend, or None (a frame)
+        self._corrupt: dict[int, str] = {}  # entry -> why the backend found it corrupt
+        self._keys: dict[str, int] = {}
+        self._fd = -1
+        self._pos: int | None = None  # offset of the next frame header to read; None: file header not read
+
+    # -- finding records ----------------------------------------------------------------------
+
+    def refresh(self, superseded: bool) -> None:
+        """Finds the records written since the last call. ``superseded``: a newer shard of the
+        same writer exists (so the writer will not come back to this one)."""
+        if self.done:
+            return
+        if self._fd < 0:
+            try:
+                self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                self.done = True  # removed meanwhile
+                return
+            if self._has_trailer():
+                self._take_from_backend(0)  # complete when first seen: its index says everything
+                return
+        size = os.fstat(self._fd).st_size
+        if self._pos is None:
+            head = self._pread(0, min(size, FILE_HEADER_FIXED_LEN + 4 + MAX_META_LEN))
+            try:
+                self._pos = decode_file_header(head, size).header_len
+            except FormatProblem:
+                if superseded and not is_locked(self.path):
+                    self._take_from_backend(0)  # left without a header (or not a shard)
+                return
+        while True:
+            pos = self._pos
+            try:
+                h = read_frame_header(self._pread, pos, size)
+            except Truncated:
+                # Nothing more yet (or the frame being written). A writer that left for good
+                # leaves only a torn tail here.
+                if superseded and not is_locked(self.path):
+                    self._finish()
+                return
+            except FormatProblem:
+                # Not written yet (writes may land out of order), or damage.
+                if not is_locked(self.path) and (superseded or self._has_trailer()):
+                    self._take_from_backend(pos)
+                return
+            if h.kind == KIND_INDEX:
+                self._finish()
+                return
+            self._add(IndexEntry(h.key, pos, h.stored_len, h.raw_len, h.num_tokens, CODECS[h.codec], h.payload_crc))
+            self._pos = pos + h.frame_len
+
+    def _add(self, entry: IndexEntry, at_backend: int | None = None, corrupt: str | None = None) -> None:
+        if corrupt is not None:
+            self._corrupt[len(self.entries)] = corrupt
+        else:
+            self._keys.setdefault(entry.key, len(self.entries))
+        self.entries.append(entry)
+        self._from_backend.append(at_backend)
+
+    def _has_trailer(self) -> bool:
+        size = os.fstat(self._fd).st_size
+        return size >= TRAILER_LEN and decode_trailer(self._pread(size - TRAILER_LEN, TRAILER_LEN)) is not None
+
+    def _take_from_backend(self, start: int) -> None:
+        """Takes the records from offset ``start`` on as the shard backend finds them (through
+        the index, or by a scan that resynchronises past damage); nothing more comes after."""
+        try:
+            backend = self._backend_class(self.path)
+        except (FormatError, FileNotFoundError):
+            self._finish()  # not a shard (``layertap.open`` lists it as such)
+            return
+        found: list[tuple[int, IndexEntry, int | None, str | None]] = [
+            (e.frame_offset, e, i, None) for i, e in enumerate(backend.entries) if e.frame_offset >= start
+        ]
+        for p in backend.scan_problems:
+            if p.kind == "corrupt_record" and p.offset is not None and p.offset >= start:
+                found.append((p.offset, IndexEntry(p.key or "", p.offset, 0, 0, 0, "none", 0), None, p.message))
+        for _, entry, at, corrupt in sorted(found, key=lambda f: f[0]):
+            self._add(entry, at, corrupt)
+        # Closed until a record is read: a fetch may look through many shards for one key.
+        backend.close()
+        self._finish()
+
+    def _finish(self) -> None:
+        self.done = True
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def position(self, key: str) -> int | None:
+        """The first readable entry with ``key``, if found so far."""
+        return self._keys.get(key)
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def read(self, i: int, make) -> Record:
+        """Record ``i``, its tensors made by ``make``. Raises NotYet while its payload is being
+        written, CorruptRecordError when it is damaged."""
+        e = self.entries[i]
+        if i in self._corrupt:
+            raise self._corrupt_error(e, self._corrupt[i])
+        at = self._from_backend[i]
+        if at is not None:
+            if self._backend is None:
+                self._backend = self._backend_class(self.path)
+            metadata, tensors = self._backend.read(at)
+            return Record.from_parts(e, self.path, metadata, tensors, make)
+        fd = self._fd if self._fd >= 0 else os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            offset = e.frame_offset + frame_header_len(len(e.key.encode("utf-8")))
+            stored = bytearray(e.stored_len)
+            got = os.preadv(fd, [stored], offset) if e.stored_len else 0
+            try:
+                if got != e.stored_len:
+                    raise FormatProblem("payload is cut off by the end of the file")
+                metadata, tensors = decode_record(
+                    stored, key=e.key, codec=CODECS.index(e.codec), raw_len=e.raw_len, payload_crc=e.payload_crc
+                )
+            except FormatProblem as problem:
+                if is_locked(self.path):
+                    raise NotYet from None
+                raise self._corrupt_error(e, str(problem)) from None
+        finally:
+            if fd != self._fd:
+                os.close(fd)
+        return Record.from_parts(e, self.path, metadata, tensors, make)
+
+    def _corrupt_error(self, e: IndexEntry, reason: str) -> CorruptRecordError:
+        # The words of the readers' errors, so that messages do not depend on who found it.
+        key = f" (key {json.dumps(e.key, ensure_ascii=False)})" if e.key else ""
+        return CorruptRecordError(
+            f"{self.path}: corrupt record at offset {e.frame_offset}{key}: {reason}",
+            self.path,
+            e.frame_offset,
+            e.key or None,
+        )
+
+    def _pread(self, offset: int, n: int) -> bytes:
+        parts = []
+        while n > 0:
+            chunk = os.pread(self._fd, n, offset)
+            if not chunk:
+                break
+            parts.append(chunk)
+            offset += len(chunk)
+            n -= len(chunk)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        """Releases the file and the backend; entries found stay."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if self._backend is not None:
+            self._backend.close()
+            self._backend = None
+
+    __del__ = close
+
+
+class DatasetTail:
+    """The shards of a dataset directory (of one writer, if ``writer_id`` is given) as they
+    appear, each a ``ShardTail``; ``wait`` blocks until one of them changes. Close it (or use
+    it as a context manager) to release the files."""
+
+    def __init__(self, directory: str | os.PathLike, *, writer_id: str | None = None, backend: str = "auto"):
+        self.directory = os.fspath(directory)
+        self.writer_id = writer_id
+        self._backend_class = backend_class(backend)
+        if not os.path.isdir(self.directory) and os.path.exists(self.directory):
+            raise InvalidInputError(f"{self.directory}: not a directory; follow reads a dataset directory")
+        # Watch first, then look: a change between the two is still seen.
+        self._watch = DirectoryWatch(self.directory)
+        self._shards: dict[str, ShardTail] = {}
+        self._newest: dict[str, int] = {}  # writer id -> highest shard index seen
+
+    def concerns(self, name: str) -> bool:
+        """Whether a file name is one of the shards this tail reads."""
+        parsed = _writer_and_index(name)
+        return parsed is not None and (self.writer_id is None or parsed[0] == self.writer_id)
+
+    def shards(self) -> list[ShardTail]:
+        """Every shard found so far, new ones included, in file-name order."""
+        with os.scandir(self.directory) as it:
+            for entry in it:
+                if entry.name in self._shards or not self.concerns(entry.name):
+                    continue
+                writer_id, index = _writer_and_index(entry.name)
+                self._shards[entry.name] = ShardTail(entry.path, writer_id, index, self._backend_class)
+                self._newest[writer_id] = max(index, self._newest.get(writer_id, -1))
+        return [self._shards[name] for name in sorted(self._shards, key=os.fsencode)]
+
+    def refresh(self, shard: ShardTail) -> None:
+        shard.refresh(superseded=shard.index < self._newest[shard.writer_id])
+
+    def find(self, key: str, make) -> Record | None:
+        """The record with ``key`` (newest shards first, where a record just written is), or
+        None while it is not (all) written."""
+        for shard in reversed(self.shards()):
+            self.refresh(shard)
+            i = shard.position(key)
+            if i is not None:
+                try:
+                    return shard.read(i, make)
+                except NotYet:
+                    return None
+        return None
+
+    def wait(self, timeout: float | None, also: str | None = None) -> None:
+        """Blocks until one of the shards (or the file ``also``) changed, or for ``timeout``
+        seconds."""
+        self._watch.wait(timeout, lambda name: name == also or self.concerns(name))
+
+    def close(self) -> None:
+        self._watch.close()
+        for shard in self._shards.values():
+            shard.close()
+
+    def __enter__(self) -> DatasetTail:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Follow:
+    """The records of a dataset as they are written (``layertap.follow``): an iterator, and a
+    context manager that releases the files. ``skipped`` counts the corrupt records left out
+    with ``errors="skip"``, ``problems`` lists them."""
+
+    def __init__(self, tail: DatasetTail, timeout: float | None, make, skip: bool):
+        self._tail = tail
+        self._timeout = timeout
+        self._make = make
+        self._skip = skip
+        self.skipped = 0
+        self.problems: list[Problem] = []
+        self._records = self._run()
+
+    def _run(self) -> Iterator[Record]:
+        idle_since = time.monotonic()
+        while True:
+            for shard in self._tail.shards():
+                self._tail.refresh(shard)
+                while shard.consumed < len(shard.entries):
+                    try:
+                        record = shard.read(shard.consumed, self._make)
+                    except NotYet:
+                        break
+                    except CorruptRecordError as err:
+                        if not self._skip:
+                            raise
+                        e = shard.entries[shard.consumed]
+                        self.skipped += 1
+                        self.problems.append(
+                            Problem(
+                                shard.path, e.frame_offset, e.key or None, "corrupt_record", _reason(err, shard.path)
+                            )
+                        )
+                        shard.consumed += 1
+                        continue
+                    shard.consumed += 1
+                    yield record
+                    idle_since = time.monotonic()
+                if shard.done and shard.consumed == len(shard.entries):
+                    shard.close()
+            left = None if self._timeout is None else self._timeout - (time.monotonic() - idle_since)
+            if left is not None and left <= 0:
+                return
+            self._tail.wait(left)
+
+    def __iter__(self) -> Follow:
+        return self
+
+    def __next__(self) -> Record:
+        return next(self._records)
+
+    def close(self) -> None:
+        """Stops following and releases the files (idempotent)."""
+        self._records.close()
+        self._tail.close()
+
+    def __enter__(self) -> Follow:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Follow({self._tail.directory!r}, skipped {self.skipped})"
+
+
+def follow(
+    path: str | os.PathLike,
+    *,
+    timeout: float | None = None,
+    writer_id: str | None = None,
+    errors: str = "raise",
+    backend: str = "auto",
+    tensors: str = "auto",
+) -> Follow:
+    """The records of the dataset directory ``path``, each once, as soon as it is written and
+    checked: records already there first, then new ones as writers add them (shards in
+    file-name order, records in file order). For a trainer that consumes a dataset while it is
+    generated.
+
+    ``timeout``: the iteration ends once no new record has come for this many seconds (None:
+    it waits for more until the caller stops). ``writer_id``: only that writer's shards.
+    ``errors``: ``"raise"`` raises ``CorruptRecordError`` at a damaged record, ``"skip"`` leaves
+    it out and counts it in ``skipped``. ``backend`` and ``tensors`` as for ``layertap.open``.
+    Raises FileNotFoundError if the directory does not exist."""
+    if errors not in ("raise", "skip"):
+        raise InvalidInputError(f"errors must be 'raise' or 'skip', not {errors!r}")
+    if timeout is not None and not (isinstance(timeout, (int, float)) and timeout >= 0):
+        raise InvalidInputError(f"timeout must be a number of seconds >= 0 or None, not {timeout!r}")
+    make = tensor_maker(tensors)
+    return Follow(DatasetTail(path, writer_id=writer_id, backend=backend), timeout, make, errors == "skip")
+
+
+__all__ = ["DatasetTail", "Follow", "ShardTail", "follow"]
