@@ -33,15 +33,24 @@ def make(dir_: Path, records: int, tokens: int, hidden: int) -> tuple[str, str]:
     import layertap
     from layertap._tiny_model import build_tiny_llama
 
-    model = build_tiny_llama(dir_ / "model", hidden_size=hidden, num_heads=hidden // 64, num_kv_heads=1,
-                             intermediate_size=2 * hidden, dtype="bfloat16")
+    model = build_tiny_llama(
+        dir_ / "model",
+        hidden_size=hidden,
+        num_heads=hidden // 64,
+        num_kv_heads=1,
+        intermediate_size=2 * hidden,
+        dtype="bfloat16",
+    )
     ds = dir_ / "ds"
     g = torch.Generator().manual_seed(0)
     with layertap.ShardWriter(str(ds), codec="bp16-zstd") as w:
         for i in range(records):
             hs = (torch.randn(tokens, 4, hidden, generator=g) * 2).bfloat16()
-            w.submit(str(i), {"hidden_states": hs, "token_ids": torch.arange(tokens, dtype=torch.int64)},
-                     metadata={"layer_ids": "[1, 2, 3, 4]"})
+            w.submit(
+                str(i),
+                {"hidden_states": hs, "token_ids": torch.arange(tokens, dtype=torch.int64)},
+                metadata={"layer_ids": "[1, 2, 3, 4]"},
+            )
     return str(ds), model
 
 
@@ -65,9 +74,10 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=512)
     p.add_argument("--hidden", type=int, default=1024)
     args = p.parse_args()
+    from safetensors.torch import save_file
+
     import layertap
     from layertap.export import export
-    from safetensors.torch import save_file
 
     work = Path(args.dir) / "export-bench"
     shutil.rmtree(work, ignore_errors=True)
@@ -86,35 +96,61 @@ def main() -> int:
         out.mkdir()
         with layertap.open(ds) as d:
             for rec in d:
-                save_file({"hidden_states": rec.hidden_states, "token_ids": rec.token_ids},
-                          str(out / f"hs_{rec.key}.safetensors"))
+                save_file(
+                    {"hidden_states": rec.hidden_states, "token_ids": rec.token_ids},
+                    str(out / f"hs_{rec.key}.safetensors"),
+                )
 
     read_all()  # warm the page cache
     results.append({"what": "read", "threads": 1, "fsync": False, "seconds": timed(read_all)})
-    results.append({"what": "loop (save_file)", "threads": 1, "fsync": False,
-                    "seconds": timed(loop, lambda: shutil.rmtree(work / "loop"))})
+    results.append(
+        {
+            "what": "loop (save_file)",
+            "threads": 1,
+            "fsync": False,
+            "seconds": timed(loop, lambda: shutil.rmtree(work / "loop")),
+        }
+    )
     for fmt in ("speculators", "specforge"):
         for fsync in (False, True):
             for threads in (1, 2, 4):
                 out = work / "out"
                 kw = {"model": model} if fmt == "specforge" else {}
-                secs = timed(lambda: export(ds, str(out), fmt, workers=threads, fsync=fsync, **kw),
-                             lambda: shutil.rmtree(out))
+                secs = timed(
+                    lambda out=out, fmt=fmt, threads=threads, fsync=fsync, kw=kw: export(
+                        ds, str(out), fmt, workers=threads, fsync=fsync, **kw
+                    ),
+                    lambda out=out: shutil.rmtree(out),
+                )
                 results.append({"what": fmt, "threads": threads, "fsync": fsync, "seconds": secs})
                 print(results[-1], file=sys.stderr)
     for r in results:
         r["seconds"] = round(r["seconds"], 2)
         r["raw_MB_per_s"] = round(raw / r["seconds"] / 1e6, 1)
-    meta = {"date": time.strftime("%Y-%m-%d"), "host": os.uname().nodename, "cpus": os.cpu_count(),
-            "load_avg_1m": round(os.getloadavg()[0], 1), "records": args.records, "tokens": args.tokens,
-            "hidden": args.hidden, "raw_bytes": raw}
+    meta = {
+        "date": time.strftime("%Y-%m-%d"),
+        "host": os.uname().nodename,
+        "cpus": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 1),
+        "records": args.records,
+        "tokens": args.tokens,
+        "hidden": args.hidden,
+        "raw_bytes": raw,
+    }
     Path(args.out + ".json").write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
-    lines = [f"# layertap export throughput ({meta['date']}, {meta['cpus']} CPUs, load {meta['load_avg_1m']})", "",
-             f"{args.records} records x {args.tokens} tokens x 4 layers x {args.hidden} bf16 "
-             f"({raw / 2**20:.0f} MiB raw), bp16-zstd, page cache warm.", "",
-             "| what | threads | fsync | seconds | raw MB/s |", "|---|---:|---|---:|---:|"]
-    lines += [f"| {r['what']} | {r['threads']} | {'yes' if r['fsync'] else 'no'} | {r['seconds']} | "
-              f"{r['raw_MB_per_s']} |" for r in results]
+    lines = [
+        f"# layertap export throughput ({meta['date']}, {meta['cpus']} CPUs, load {meta['load_avg_1m']})",
+        "",
+        f"{args.records} records x {args.tokens} tokens x 4 layers x {args.hidden} bf16 "
+        f"({raw / 2**20:.0f} MiB raw), bp16-zstd, page cache warm.",
+        "",
+        "| what | threads | fsync | seconds | raw MB/s |",
+        "|---|---:|---|---:|---:|",
+    ]
+    lines += [
+        f"| {r['what']} | {r['threads']} | {'yes' if r['fsync'] else 'no'} | {r['seconds']} | {r['raw_MB_per_s']} |"
+        for r in results
+    ]
     Path(args.out + ".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     shutil.rmtree(work)

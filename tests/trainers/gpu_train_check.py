@@ -32,7 +32,6 @@ with ``carry`` naming ``.gpu`` and ``python/layertap/_native.abi3.so``.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -40,25 +39,60 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-
-from trainers_support import Truth, build_verifier, prepared_rows, save_prepared, write_dataset  # noqa: E402
+import torch
+from trainers_support import Truth, build_verifier, prepared_rows, save_prepared, write_dataset
 
 
 def train(data: Path, backend: str, save: Path, steps: int) -> dict:
-    cmd = [sys.executable, "-m", "layertap.speculators", "train", "--verifier-name-or-path", str(data.parent / "verifier"),
-           "--data-path", str(data), "--hidden-states-backend", backend, "--speculator-type", "eagle3",
-           "--target-layer-ids", "1", "2", "3", "--total-seq-len", "256", "--num-workers", "2",
-           "--save-path", str(save), "--on-missing", "raise", "--train-data-ratio", "0.75",
-           "--max-steps", str(steps), "--epochs", "1", "--mask-token-id", "2", "--log-freq", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "layertap.speculators",
+        "train",
+        "--verifier-name-or-path",
+        str(data.parent / "verifier"),
+        "--data-path",
+        str(data),
+        "--hidden-states-backend",
+        backend,
+        "--speculator-type",
+        "eagle3",
+        "--target-layer-ids",
+        "1",
+        "2",
+        "3",
+        "--total-seq-len",
+        "256",
+        "--num-workers",
+        "2",
+        "--save-path",
+        str(save),
+        "--on-missing",
+        "raise",
+        "--train-data-ratio",
+        "0.75",
+        "--max-steps",
+        str(steps),
+        "--epochs",
+        "1",
+        "--mask-token-id",
+        "2",
+        "--log-freq",
+        "1",
+    ]
     if backend == "file":
         cmd += ["--hidden-states-path", str(data.parent / "exported" / "hidden_states")]
     started = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     log = proc.stdout + proc.stderr
     (save.parent / f"train-{backend}.log").write_text(log)
-    return {"backend": backend, "rc": proc.returncode, "seconds": round(time.monotonic() - started, 1),
-            "checkpoint": sorted(p.name for p in save.rglob("*.safetensors"))[:4], "tail": log[-1500:]}
+    return {
+        "backend": backend,
+        "rc": proc.returncode,
+        "seconds": round(time.monotonic() - started, 1),
+        "checkpoint": sorted(p.name for p in save.rglob("*.safetensors"))[:4],
+        "tail": log[-1500:],
+    }
 
 
 def main() -> int:
@@ -69,10 +103,24 @@ def main() -> int:
     rows = prepared_rows(48)
     data = Path(save_prepared(work / "data", rows))
     write_dataset(data / "hidden_states", rows, truth)
-    subprocess.run([sys.executable, "-m", "layertap", "export", str(data / "hidden_states"), "--to", "speculators",
-                    str(work / "exported")], check=True)
-    results = {"cuda": torch.cuda.is_available(), "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-               "runs": [train(data, b, work / f"ckpt-{b}", 6) for b in ("layertap", "file")]}
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "layertap",
+            "export",
+            str(data / "hidden_states"),
+            "--to",
+            "speculators",
+            str(work / "exported"),
+        ],
+        check=True,
+    )
+    results = {
+        "cuda": torch.cuda.is_available(),
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "runs": [train(data, b, work / f"ckpt-{b}", 6) for b in ("layertap", "file")],
+    }
     print(json.dumps(results))
     ok = all(r["rc"] == 0 and r["checkpoint"] for r in results["runs"])
     return 0 if ok else 1

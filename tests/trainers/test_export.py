@@ -16,13 +16,13 @@ import time
 import pytest
 import torch
 from safetensors.torch import load_file
+from trainers_support import LAYERS, layertap_cli, prepared_rows, write_dataset
 
 import layertap
 from layertap.errors import InvalidInputError
 from layertap.export import export
 from layertap.export.files import TMP_SUFFIX, ExportLock
 from layertap.export.rows import parse_keys, select
-from trainers_support import LAYERS, layertap_cli, prepared_rows, write_dataset
 
 # -------------------------------------------------------------------------------------------
 # rows
@@ -62,8 +62,9 @@ def test_speculators_layout_holds_the_records(hs_dataset, tmp_path, rows):
     s = export(hs_dataset, str(out), "speculators", workers=3)
     assert s.ok and (s.selected, s.written, s.failed) == (len(rows), len(rows), 0)
     names = sorted(os.listdir(out / "hidden_states"))
-    assert names == sorted([f"hs_{i}.safetensors" for i in range(len(rows))] +
-                           ["layertap-export.json", ".layertap-export.lock"])
+    assert names == sorted(
+        [f"hs_{i}.safetensors" for i in range(len(rows))] + ["layertap-export.json", ".layertap-export.lock"]
+    )
     manifest = json.loads((out / "hidden_states" / "layertap-export.json").read_text())
     assert manifest["layer_ids"] == LAYERS and manifest["dtype"] == "bfloat16"
     with layertap.open(hs_dataset) as ds:
@@ -129,8 +130,9 @@ def test_specforge_eagle3_layout(hs_dataset, tmp_path, rows, truth, verifier):
             # ...and transformers' own last hidden state (after its norm), to bfloat16 precision.
             states, after_norm = truth.states(row["input_ids"])
             torch.testing.assert_close(got["hidden_state"][0].float(), after_norm, rtol=2e-2, atol=2e-2)
-            torch.testing.assert_close(got["aux_hidden_state"][0].float(), states[:, 1:4].reshape(S, -1),
-                                       rtol=1e-2, atol=1e-2)
+            torch.testing.assert_close(
+                got["aux_hidden_state"][0].float(), states[:, 1:4].reshape(S, -1), rtol=1e-2, atol=1e-2
+            )
 
 
 def test_specforge_dflash_layout(tmp_path, truth):
@@ -156,8 +158,11 @@ def test_specforge_group_directories(tmp_path):
     g = torch.Generator().manual_seed(0)
     with layertap.ShardWriter(str(tmp_path / "ds")) as w:
         for key in ("1999", "2000"):
-            w.submit(key, {"hidden_states": torch.randn(5, 2, 8, generator=g),
-                           "token_ids": torch.arange(5, dtype=torch.int64)}, metadata={"layer_ids": "[1, 3]"})
+            w.submit(
+                key,
+                {"hidden_states": torch.randn(5, 2, 8, generator=g), "token_ids": torch.arange(5, dtype=torch.int64)},
+                metadata={"layer_ids": "[1, 3]"},
+            )
     s = export(str(tmp_path / "ds"), str(tmp_path / "df"), "specforge", strategy="dflash")
     assert s.written == 2 and s.no_loss_mask == 2
     assert os.path.exists(tmp_path / "df" / "rows_0-2000" / "data_1999.ckpt")
@@ -241,12 +246,32 @@ def test_sigkilled_export_continues(tmp_path):
     g = torch.Generator().manual_seed(1)
     with layertap.ShardWriter(str(tmp_path / "ds"), codec="zstd") as w:
         for i in range(count):
-            w.submit(str(i), {"hidden_states": torch.randn(64, 4, 128, generator=g).bfloat16(),
-                              "token_ids": torch.arange(64, dtype=torch.int64) + i}, metadata={"layer_ids": "[1, 2, 3, 4]"})
+            w.submit(
+                str(i),
+                {
+                    "hidden_states": torch.randn(64, 4, 128, generator=g).bfloat16(),
+                    "token_ids": torch.arange(64, dtype=torch.int64) + i,
+                },
+                metadata={"layer_ids": "[1, 2, 3, 4]"},
+            )
     out = tmp_path / "o"
     root = out / "hidden_states"
-    proc = subprocess.Popen([sys.executable, "-m", "layertap", "export", str(tmp_path / "ds"), "--to", "speculators",
-                             str(out), "--workers", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "layertap",
+            "export",
+            str(tmp_path / "ds"),
+            "--to",
+            "speculators",
+            str(out),
+            "--workers",
+            "2",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 120
     done = 0
     while time.monotonic() < deadline and proc.poll() is None:

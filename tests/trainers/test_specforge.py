@@ -18,9 +18,9 @@ import sys
 
 import pytest
 import torch
+from trainers_support import SPECFORGE_TARGET
 
 from layertap.export import export
-from trainers_support import SPECFORGE_TARGET
 
 LOADER = r"""
 import sys, torch
@@ -45,13 +45,20 @@ torch.save(out, sys.argv[3])
 
 def test_specforge_reads_the_export(tmp_path, hs_dataset, verifier, truth, rows):
     if not (SPECFORGE_TARGET / "specforge").is_dir():
-        pytest.fail(f"SpecForge's wheel is not in {SPECFORGE_TARGET}: run `make venv` (requirements-specforge.txt)",
-                    pytrace=False)
+        pytest.fail(
+            f"SpecForge's wheel is not in {SPECFORGE_TARGET}: run `make venv` (requirements-specforge.txt)",
+            pytrace=False,
+        )
     export(hs_dataset, str(tmp_path / "eagle3"), "specforge", model=verifier)
     export(hs_dataset, str(tmp_path / "dflash"), "specforge", strategy="dflash", layers=[2, 3])
     env = {**os.environ, "PYTHONPATH": str(SPECFORGE_TARGET)}
-    proc = subprocess.run([sys.executable, "-c", LOADER, str(tmp_path / "eagle3"), str(tmp_path / "dflash"),
-                           str(tmp_path / "loaded.pt")], capture_output=True, text=True, env=env, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "-c", LOADER, str(tmp_path / "eagle3"), str(tmp_path / "dflash"), str(tmp_path / "loaded.pt")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr
     loaded = torch.load(tmp_path / "loaded.pt", weights_only=True)
     assert sorted(loaded) == sorted([(s, i) for s in ("eagle3", "dflash") for i in range(len(rows))])
@@ -62,18 +69,20 @@ def test_specforge_reads_the_export(tmp_path, hs_dataset, verifier, truth, rows)
         e = loaded[("eagle3", i)]
         assert set(e) == {"attention_mask", "loss_mask", "target", "hidden_state", "input_ids"}
         assert e["input_ids"].tolist() == [row["input_ids"]]
-        assert e["loss_mask"].tolist() == [mask[:-1] + [0]]  # SpecForge drops the last position
+        assert e["loss_mask"].tolist() == [[*mask[:-1], 0]]  # SpecForge drops the last position
         assert e["attention_mask"].tolist() == [[1] * S]
         # "target" is what SpecForge's target head (the bare lm_head) turns into logits: the last
         # hidden state after the final norm. "hidden_state" feeds the draft: the 3 aux layers.
         assert e["target"].dtype == torch.bfloat16 and e["target"].shape == (1, S, 128)
         torch.testing.assert_close(e["target"][0].float(), after_norm, rtol=2e-2, atol=2e-2)
         assert e["hidden_state"].dtype == torch.bfloat16 and e["hidden_state"].shape == (1, S, 384)
-        torch.testing.assert_close(e["hidden_state"][0].float(), states[:, [1, 2, 3]].reshape(S, -1),
-                                   rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(
+            e["hidden_state"][0].float(), states[:, [1, 2, 3]].reshape(S, -1), rtol=1e-2, atol=1e-2
+        )
         d = loaded[("dflash", i)]
         assert set(d) == {"input_ids", "loss_mask", "hidden_states"}
         assert d["input_ids"].tolist() == [row["input_ids"]] and d["loss_mask"].tolist() == [mask]
         assert d["hidden_states"].shape == (1, S, 256)
-        torch.testing.assert_close(d["hidden_states"][0].float(), states[:, [2, 3]].reshape(S, -1),
-                                   rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(
+            d["hidden_states"][0].float(), states[:, [2, 3]].reshape(S, -1), rtol=1e-2, atol=1e-2
+        )

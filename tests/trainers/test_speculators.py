@@ -35,9 +35,10 @@ with warnings.catch_warnings():  # speculators' imports compile things torch dep
     from speculators.train.data import ArrowDataset
     from speculators.train.recovery import SampleUnavailable
 
+from trainers_support import save_prepared, write_dataset  # noqa: E402
+
 from layertap.export import export  # noqa: E402
 from layertap.speculators.backend import LayertapBackend, LayertapTransfer, check_dataset  # noqa: E402
-from trainers_support import save_prepared, write_dataset  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -66,13 +67,26 @@ def test_registered_once():
 def test_train_command_line_takes_the_backend(tmp_path):
     from speculators.train.config import TrainConfig
 
-    cfg = TrainConfig.resolve([
-        "--verifier-name-or-path", "m", "--data-path", str(tmp_path), "--hidden-states-backend", "layertap",
-        "--hidden-states-path", "/x/hs", "--layertap-fetch-timeout", "7",
-    ])
+    cfg = TrainConfig.resolve(
+        [
+            "--verifier-name-or-path",
+            "m",
+            "--data-path",
+            str(tmp_path),
+            "--hidden-states-backend",
+            "layertap",
+            "--hidden-states-path",
+            "/x/hs",
+            "--layertap-fetch-timeout",
+            "7",
+        ]
+    )
     flat = cfg.flatten()
     assert (flat["hidden_states_backend"], flat["hidden_states_path"], flat["layertap_fetch_timeout"]) == (
-        "layertap", "/x/hs", 7.0)
+        "layertap",
+        "/x/hs",
+        7.0,
+    )
     flat = TrainConfig.resolve(["--verifier-name-or-path", "m", "--hidden-states-backend", "layertap"]).flatten()
     assert flat["hidden_states_path"] is None and flat["layertap_fetch_timeout"] == 300.0
 
@@ -138,8 +152,9 @@ def test_launch_config():
     parser = argparse.ArgumentParser()
     for cls in HiddenStatesBackend.registry.values():
         cls.add_launch_args(parser)
-    args = parser.parse_args(["--hidden-states-path", "hs", "--layertap-codec", "zstd",
-                              "--layertap-options", '{"writer_threads": 2}'])
+    args = parser.parse_args(
+        ["--hidden-states-path", "hs", "--layertap-codec", "zstd", "--layertap-options", '{"writer_threads": 2}']
+    )
     cfg = LayertapBackend.build_kv_transfer_config(args)
     assert cfg["kv_connector"] == "LayertapSpeculatorsConnector"
     assert cfg["kv_connector_module_path"] == "layertap.speculators.connector"
@@ -153,14 +168,18 @@ def test_launch_config():
 
 def test_launcher(tmp_path):
     script = tmp_path / "show.py"
-    script.write_text("import sys\nfrom hs_connectors import HiddenStatesBackend\n"
-                      "print(sorted(HiddenStatesBackend.registry), sys.argv[1:])\n")
-    out = subprocess.run([sys.executable, "-m", "layertap.speculators", str(script), "a"], capture_output=True,
-                         text=True, timeout=120)
+    script.write_text(
+        "import sys\nfrom hs_connectors import HiddenStatesBackend\n"
+        "print(sorted(HiddenStatesBackend.registry), sys.argv[1:])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "layertap.speculators", str(script), "a"], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert "'layertap'" in out.stdout and "['a']" in out.stdout
-    out = subprocess.run([sys.executable, "-m", "layertap.speculators", "train", "--help"], capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "layertap.speculators", "train", "--help"], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert "--layertap-fetch-timeout" in out.stdout and "layertap" in out.stdout.split("--hidden-states-backend")[1]
 
@@ -206,15 +225,47 @@ def test_eagle3_trains_from_a_layertap_dataset_on_cpu(tmp_path, verifier, rows, 
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
                 for o in optimizers:
                     o.step()
-                steps.append({"loss": loss.item(), "dropped": batch["error_records"],
-                              "tokens": int((batch["document_ids"] >= 0).sum())})
+                steps.append(
+                    {
+                        "loss": loss.item(),
+                        "dropped": batch["error_records"],
+                        "tokens": int((batch["document_ids"] >= 0).sum()),
+                    }
+                )
 
     monkeypatch.setattr(train_cli, "Trainer", CpuTrainer)
-    argv = ["--verifier-name-or-path", verifier, "--data-path", data, "--hidden-states-backend", "layertap",
-            "--speculator-type", "eagle3", "--target-layer-ids", "1", "2", "3", "--total-seq-len", "128",
-            "--num-workers", "0", "--save-path", str(tmp_path / "ckpt"),
-            "--draft-attn-impl", "sdpa", "--loss-implementation", "eager", "--on-missing", "raise",
-            "--train-data-ratio", "0.75", "--lr", "1e-3", "--mask-token-id", "2"]
+    argv = [
+        "--verifier-name-or-path",
+        verifier,
+        "--data-path",
+        data,
+        "--hidden-states-backend",
+        "layertap",
+        "--speculator-type",
+        "eagle3",
+        "--target-layer-ids",
+        "1",
+        "2",
+        "3",
+        "--total-seq-len",
+        "128",
+        "--num-workers",
+        "0",
+        "--save-path",
+        str(tmp_path / "ckpt"),
+        "--draft-attn-impl",
+        "sdpa",
+        "--loss-implementation",
+        "eager",
+        "--on-missing",
+        "raise",
+        "--train-data-ratio",
+        "0.75",
+        "--lr",
+        "1e-3",
+        "--mask-token-id",
+        "2",
+    ]
     train_cli.main(TrainConfig.resolve(argv))
     assert len(steps) == 4, steps
     losses = [s["loss"] for s in steps]

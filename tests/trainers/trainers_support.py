@@ -76,25 +76,40 @@ def prepared_rows(count: int, seed: int = 0, vocab: int = 500) -> list[dict]:
     return rows
 
 
-def write_dataset(out: str | os.PathLike, rows: list[dict], truth: Truth, *, layers: list[int] = LAYERS,
-                  dtype: torch.dtype = torch.bfloat16, keys: list[str] | None = None, loss_mask: bool = True,
-                  writer_id: str | None = None) -> None:
+def write_dataset(
+    out: str | os.PathLike,
+    rows: list[dict],
+    truth: Truth,
+    *,
+    layers: list[int] = LAYERS,
+    dtype: torch.dtype = torch.bfloat16,
+    keys: list[str] | None = None,
+    loss_mask: bool = True,
+    writer_id: str | None = None,
+) -> None:
     """A layertap dataset like `layertap generate`'s: record key = row index, hidden_states of
     ``layers`` (vLLM ids) in ``dtype``, token_ids, the row's loss_mask (uint8) and metadata."""
     import layertap
 
-    with layertap.ShardWriter(str(out), writer_id=writer_id,
-                              metadata={"source": "layertap.generate", "layer_numbering": "vllm",
-                                        "layer_ids": json.dumps(layers)}) as w:
+    with layertap.ShardWriter(
+        str(out),
+        writer_id=writer_id,
+        metadata={"source": "layertap.generate", "layer_numbering": "vllm", "layer_ids": json.dumps(layers)},
+    ) as w:
         for i, row in enumerate(rows):
             key = str(i) if keys is None else keys[i]
             states, _ = truth.states(row["input_ids"])
-            tensors = {"hidden_states": states[:, layers].to(dtype).contiguous(),
-                       "token_ids": torch.tensor(row["input_ids"], dtype=torch.int64)}
+            tensors = {
+                "hidden_states": states[:, layers].to(dtype).contiguous(),
+                "token_ids": torch.tensor(row["input_ids"], dtype=torch.int64),
+            }
             if loss_mask:
                 tensors["loss_mask"] = torch.tensor(row["loss_mask"], dtype=torch.uint8)
-            w.submit(key, tensors, metadata={"layer_ids": json.dumps(layers), "row": key,
-                                             "dtype": str(dtype).removeprefix("torch.")})
+            w.submit(
+                key,
+                tensors,
+                metadata={"layer_ids": json.dumps(layers), "row": key, "dtype": str(dtype).removeprefix("torch.")},
+            )
 
 
 def save_prepared(path: str | os.PathLike, rows: list[dict]) -> str:
@@ -108,8 +123,9 @@ def save_prepared(path: str | os.PathLike, rows: list[dict]) -> str:
 
 
 def layertap_cli(*args: str, check: bool = False, **kw) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "layertap", *map(str, args)], capture_output=True, text=True,
-                          timeout=240, **kw)
+    proc = subprocess.run(
+        [sys.executable, "-m", "layertap", *map(str, args)], capture_output=True, text=True, timeout=240, **kw
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"layertap {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr}")
     return proc

@@ -18,10 +18,10 @@ import warnings
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_serve import Server, free_port
 
 from layertap.speculators import register
 from layertap.vllm import fetch
-from test_serve import Server, free_port
 from vllm_support import VLLM_WARNINGS, assert_hidden_states_match, engine_args, running_llm, speculative_config
 
 register()
@@ -66,8 +66,10 @@ def test_offline_engine_rows(tiny_model, reference, tmp_path):
     out = tmp_path / "hs"
     with running_llm(False, **engine_args(tiny_model, out, speculative_config=speculative_config(LAYERS))) as llm:
         prompts = [{"prompt_token_ids": r["input_ids"]} for r in rows]
-        params = [SamplingParams(max_tokens=1, extra_args={"kv_transfer_params": {"sample_id": str(i)}})
-                  for i in range(len(rows))]
+        params = [
+            SamplingParams(max_tokens=1, extra_args={"kv_transfer_params": {"sample_id": str(i)}})
+            for i in range(len(rows))
+        ]
         llm.generate(prompts[::-1], params[::-1])  # any order: the key says the row
     data = save_prepared(tmp_path / "data", rows)
     export(str(out), str(tmp_path / "exported"), "speculators")
@@ -93,17 +95,38 @@ def spec_server(tiny_model, tmp_path_factory):
     parser = argparse.ArgumentParser()
     for cls in HiddenStatesBackend.registry.values():
         cls.add_launch_args(parser)
-    launch = parser.parse_args(["--hidden-states-path", str(work / "hs"),
-                                "--layertap-options", json.dumps({"writer_id": "spec"})])
+    launch = parser.parse_args(
+        ["--hidden-states-path", str(work / "hs"), "--layertap-options", json.dumps({"writer_id": "spec"})]
+    )
     kv_config = LayertapBackend.build_kv_transfer_config(launch)
     port = free_port()
     cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", tiny_model, "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", "float32", "--enforce-eager", "--max-model-len", "512", "--block-size", "32",
-        "--kv-cache-memory-bytes", str(64 << 20), "--seed", "0", "--shutdown-timeout", "30",
-        "--speculative-config", json.dumps(speculative_config(LAYERS)),
-        "--kv-transfer-config", json.dumps(kv_config),
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        tiny_model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        "512",
+        "--block-size",
+        "32",
+        "--kv-cache-memory-bytes",
+        str(64 << 20),
+        "--seed",
+        "0",
+        "--shutdown-timeout",
+        "30",
+        "--speculative-config",
+        json.dumps(speculative_config(LAYERS)),
+        "--kv-transfer-config",
+        json.dumps(kv_config),
     ]
     log_path = work / "server.log"
     with open(log_path, "wb") as log:
@@ -127,8 +150,15 @@ def test_server_rows_and_generated_rows(spec_server, reference, tmp_path):
         fetch(params, timeout=60)
     data = save_prepared(tmp_path / "data", rows)
     transfer = LayertapTransfer(str(spec_server.out), fetch_timeout=60)
-    ds = ArrowDataset(64, data, transfer=transfer, on_missing="generate",
-                      vllm_endpoint=spec_server.base + "/v1", model=spec_server.model, request_timeout=60)
+    ds = ArrowDataset(
+        64,
+        data,
+        transfer=transfer,
+        on_missing="generate",
+        vllm_endpoint=spec_server.base + "/v1",
+        model=spec_server.model,
+        request_timeout=60,
+    )
     for i in range(4):
         assert transfer.get_cached(i)["token_ids"].tolist() == rows[i]["input_ids"]
         assert_hidden_states_match(transfer._open()[str(i)], reference, rows[i]["input_ids"], LAYERS)

@@ -25,31 +25,52 @@ def _layer_list(text: str) -> list[int]:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Adds ``export`` to the ``layertap`` command's subcommands."""
     p = sub.add_parser(
-        "export", help="write a dataset as speculators' or SpecForge's training files",
+        "export",
+        help="write a dataset as speculators' or SpecForge's training files",
         description="Write a dataset keyed by row index (layertap generate's) as the files a drafter trainer "
-                    "reads, one per row. Layer ids are vLLM's (SpecForge's are one lower). Rerunning continues "
-                    "an interrupted export. See docs/TRAINING.md.",
+        "reads, one per row. Layer ids are vLLM's (SpecForge's are one lower). Rerunning continues "
+        "an interrupted export. See docs/TRAINING.md.",
     )
     p.add_argument("path", metavar="DIR", help="the layertap dataset (directory or shard)")
     p.add_argument("--to", required=True, choices=FORMATS, help="the trainer whose layout to write")
-    p.add_argument("out", metavar="OUT", help="speculators: its --data-path (files go to OUT/hidden_states); "
-                                              "specforge: the hidden-states directory")
-    p.add_argument("--model", metavar="MODEL_DIR",
-                   help="the verifier (config and safetensors weights): needed for SpecForge's EAGLE-3 (final "
-                        "norm); elsewhere it checks the layer ids")
+    p.add_argument(
+        "out",
+        metavar="OUT",
+        help="speculators: its --data-path (files go to OUT/hidden_states); specforge: the hidden-states directory",
+    )
+    p.add_argument(
+        "--model",
+        metavar="MODEL_DIR",
+        help="the verifier (config and safetensors weights): needed for SpecForge's EAGLE-3 (final "
+        "norm); elsewhere it checks the layer ids",
+    )
     p.add_argument("--strategy", choices=["eagle3", "dflash"], default="eagle3", help="SpecForge's (default eagle3)")
-    p.add_argument("--layers", type=_layer_list, metavar="IDS",
-                   help="vLLM layer ids to export, comma-separated (EAGLE-3: the 3 auxiliary ones; default: every "
-                        "stored layer, and for EAGLE-3 every one but N)")
-    p.add_argument("--dtype", choices=DTYPES,
-                   help="dtype of the exported hidden states (default: speculators stored, specforge bfloat16)")
-    p.add_argument("--keys", metavar="ROWS",
-                   help="rows to export: row indices and inclusive ranges (0-99,150) or @FILE (one per line)")
+    p.add_argument(
+        "--layers",
+        type=_layer_list,
+        metavar="IDS",
+        help="vLLM layer ids to export, comma-separated (EAGLE-3: the 3 auxiliary ones; default: every "
+        "stored layer, and for EAGLE-3 every one but N)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        help="dtype of the exported hidden states (default: speculators stored, specforge bfloat16)",
+    )
+    p.add_argument(
+        "--keys",
+        metavar="ROWS",
+        help="rows to export: row indices and inclusive ranges (0-99,150) or @FILE (one per line)",
+    )
     p.add_argument("--limit", type=int, metavar="N", help="export at most the first N selected rows")
     p.add_argument("--workers", type=int, metavar="N", help="threads (default min(8, CPUs))")
-    p.add_argument("--no-fsync", dest="fsync", action="store_false",
-                   help="do not fsync each file before it takes its name (faster; a power loss may then lose files "
-                        "that a rerun would not redo)")
+    p.add_argument(
+        "--no-fsync",
+        dest="fsync",
+        action="store_false",
+        help="do not fsync each file before it takes its name (faster; a power loss may then lose files "
+        "that a rerun would not redo)",
+    )
     p.add_argument("--progress", action="store_true", help="always show a progress bar (default: on a terminal)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--backend", choices=["auto", "rust", "python"], default="auto", help="reader implementation")
@@ -86,9 +107,19 @@ def cmd_export(args: argparse.Namespace) -> int:
     try:
         keys = parse_keys(args.keys) if args.keys else None
         summary = export(
-            args.path, args.out, args.to, model=args.model, strategy=args.strategy, layers=args.layers,
-            dtype=args.dtype, keys=keys, limit=args.limit, workers=args.workers, fsync=args.fsync,
-            progress=progress, backend=args.backend,
+            args.path,
+            args.out,
+            args.to,
+            model=args.model,
+            strategy=args.strategy,
+            layers=args.layers,
+            dtype=args.dtype,
+            keys=keys,
+            limit=args.limit,
+            workers=args.workers,
+            fsync=args.fsync,
+            progress=progress,
+            backend=args.backend,
         )
     except FileNotFoundError as e:
         print(f"layertap export: {e.filename or args.path}: no such file or directory", file=sys.stderr)

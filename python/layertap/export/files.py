@@ -78,7 +78,7 @@ def write_file(path: str, data: bytes, fsync: bool) -> None:
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             if fsync:
                 os.fsync(fd)
         finally:

@@ -47,7 +47,7 @@ def _checkpoint_files(model_dir: str) -> dict[str, str]:
         from safetensors import safe_open
 
         with safe_open(single, framework="pt") as f:
-            return {k: single for k in f.keys()}
+            return dict.fromkeys(f.keys(), single)
     raise InvalidInputError(
         f"--model {model_dir}: no safetensors checkpoint (model.safetensors or "
         "model.safetensors.index.json) to read the final norm's weights from"

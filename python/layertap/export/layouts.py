@@ -109,8 +109,16 @@ class SpeculatorsLayout:
 
     name = "speculators"
 
-    def __init__(self, out: str, layer_ids: list[int], stored_dtype: Any, *, layers: list[int] | None = None,
-                 dtype: str = "stored", num_layers: int | None = None):
+    def __init__(
+        self,
+        out: str,
+        layer_ids: list[int],
+        stored_dtype: Any,
+        *,
+        layers: list[int] | None = None,
+        dtype: str = "stored",
+        num_layers: int | None = None,
+    ):
         self.root = os.path.join(out, "hidden_states")
         self.take = _pick(layer_ids, layers, "")
         self.layer_ids = [layer_ids[i] for i in self.take]
@@ -120,10 +128,15 @@ class SpeculatorsLayout:
                 f"{num_layers} (N) of this model, but the last is {self.layer_ids[-1]} (layers {self.layer_ids})"
             )
         self.dtype = _dtype(dtype, stored_dtype)
-        self.settings = {"format": "speculators", "layer_ids": self.layer_ids,
-                         "dtype": str(self.dtype).removeprefix("torch.")}
-        self.describe = (f"hs_{{row}}.safetensors: hidden_states [T, {len(self.layer_ids)}, H] {self.settings['dtype']} "
-                         f"(layers {self.layer_ids}), token_ids [T]")
+        self.settings = {
+            "format": "speculators",
+            "layer_ids": self.layer_ids,
+            "dtype": str(self.dtype).removeprefix("torch."),
+        }
+        self.describe = (
+            f"hs_{{row}}.safetensors: hidden_states [T, {len(self.layer_ids)}, H] {self.settings['dtype']} "
+            f"(layers {self.layer_ids}), token_ids [T]"
+        )
 
     def relpath(self, row: int) -> str:
         return f"hs_{row}.safetensors"
@@ -133,12 +146,13 @@ class SpeculatorsLayout:
         return {"hidden_states": hs.to(self.dtype).contiguous(), "token_ids": r.token_ids.contiguous()}
 
     def serialize(self, tensors: dict, row: int) -> bytes:
-        from safetensors.torch import save
-
         import json
 
-        return save(tensors, metadata={"row": str(row), "layer_ids": json.dumps(self.layer_ids),
-                                       "source": "layertap export"})
+        from safetensors.torch import save
+
+        return save(
+            tensors, metadata={"row": str(row), "layer_ids": json.dumps(self.layer_ids), "source": "layertap export"}
+        )
 
 
 class SpecForgeLayout:
@@ -146,9 +160,18 @@ class SpecForgeLayout:
 
     name = "specforge"
 
-    def __init__(self, out: str, layer_ids: list[int], stored_dtype: Any, *, strategy: str = "eagle3",
-                 layers: list[int] | None = None, dtype: str = "bfloat16", norm: Any = None,
-                 num_layers: int | None = None):
+    def __init__(
+        self,
+        out: str,
+        layer_ids: list[int],
+        stored_dtype: Any,
+        *,
+        strategy: str = "eagle3",
+        layers: list[int] | None = None,
+        dtype: str = "bfloat16",
+        norm: Any = None,
+        num_layers: int | None = None,
+    ):
         self.root = out
         self.strategy = strategy
         self.dtype = _dtype(dtype, stored_dtype)
@@ -163,7 +186,9 @@ class SpecForgeLayout:
                 )
             aux = [i for i in layer_ids if i != num_layers] if layers is None else layers
             if num_layers in aux:
-                raise InvalidInputError(f"--layers {aux}: layer {num_layers} (N) is the hidden_state, not an auxiliary layer")
+                raise InvalidInputError(
+                    f"--layers {aux}: layer {num_layers} (N) is the hidden_state, not an auxiliary layer"
+                )
             self.take = _pick(layer_ids, aux, "")
             self.last = layer_ids.index(num_layers)
             if len(self.take) != 3:
@@ -172,15 +197,19 @@ class SpecForgeLayout:
                     f"({[layer_ids[i] for i in self.take]}): choose them with --layers"
                 )
             self.layer_ids = [layer_ids[i] for i in self.take]
-            self.describe = (f"data_{{row}}.ckpt: input_ids, loss_mask, aux_hidden_state [1, S, 3H] (vLLM layers "
-                             f"{self.layer_ids} = SpecForge {specforge_ids(self.layer_ids)}), hidden_state [1, S, H] "
-                             f"(layer {num_layers} after {norm.kind})")
+            self.describe = (
+                f"data_{{row}}.ckpt: input_ids, loss_mask, aux_hidden_state [1, S, 3H] (vLLM layers "
+                f"{self.layer_ids} = SpecForge {specforge_ids(self.layer_ids)}), hidden_state [1, S, H] "
+                f"(layer {num_layers} after {norm.kind})"
+            )
         elif strategy == "dflash":
             self.take = _pick(layer_ids, layers, "")
             self.layer_ids = [layer_ids[i] for i in self.take]
-            self.describe = (f"data_{{row}}.ckpt: input_ids, loss_mask, hidden_states [1, S, {len(self.layer_ids)}H] "
-                             f"(vLLM layers {self.layer_ids} = SpecForge target_layer_ids "
-                             f"{specforge_ids(self.layer_ids)})")
+            self.describe = (
+                f"data_{{row}}.ckpt: input_ids, loss_mask, hidden_states [1, S, {len(self.layer_ids)}H] "
+                f"(vLLM layers {self.layer_ids} = SpecForge target_layer_ids "
+                f"{specforge_ids(self.layer_ids)})"
+            )
         else:
             raise InvalidInputError(f"--strategy must be eagle3 or dflash, not {strategy!r}")
         if 0 in self.layer_ids:
@@ -190,8 +219,11 @@ class SpecForgeLayout:
         if num_layers is not None and max(self.layer_ids) > num_layers:
             raise InvalidInputError(f"layer ids {self.layer_ids} exceed the model's {num_layers} layers")
         self.settings = {
-            "format": "specforge", "strategy": strategy, "layer_ids": self.layer_ids,
-            "specforge_layer_ids": specforge_ids(self.layer_ids), "dtype": str(self.dtype).removeprefix("torch."),
+            "format": "specforge",
+            "strategy": strategy,
+            "layer_ids": self.layer_ids,
+            "specforge_layer_ids": specforge_ids(self.layer_ids),
+            "dtype": str(self.dtype).removeprefix("torch."),
         }
         if strategy == "eagle3":
             self.settings["final_norm"] = norm.kind

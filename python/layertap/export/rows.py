@@ -35,9 +35,7 @@ def parse_keys(spec: str) -> list[int]:
         lo, sep, hi = part.partition("-")
         a, b = row_of(lo.strip()), row_of(hi.strip()) if sep else None
         if a is None or (sep and (b is None or b < a)):
-            raise InvalidInputError(
-                f"--keys: {part!r} is not a row index or a range of them (e.g. 0-99,150)"
-            )
+            raise InvalidInputError(f"--keys: {part!r} is not a row index or a range of them (e.g. 0-99,150)")
         rows.extend(range(a, (b if sep else a) + 1))
     return sorted(set(rows))
 

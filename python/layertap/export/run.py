@@ -70,8 +70,9 @@ def _first_record(ds: Any, sel: Selection) -> Any:
     return ds[sel.positions[sel.rows[0]]]
 
 
-def _layout(fmt: str, out: str, first: Any, *, model: str | None, strategy: str, layers: list[int] | None,
-            dtype: str | None) -> Any:
+def _layout(
+    fmt: str, out: str, first: Any, *, model: str | None, strategy: str, layers: list[int] | None, dtype: str | None
+) -> Any:
     from layertap.export.final_norm import FinalNorm, num_hidden_layers
 
     layer_ids = first.layer_ids
@@ -93,8 +94,9 @@ def _layout(fmt: str, out: str, first: Any, *, model: str | None, strategy: str,
                 raise InvalidInputError(f"--model {model}: hidden size {norm.hidden_size}, the dataset's is {hidden}")
         elif model:
             n = num_hidden_layers(model)
-        return SpecForgeLayout(out, layer_ids, stored, strategy=strategy, layers=layers, dtype=dtype or "bfloat16",
-                               norm=norm, num_layers=n)
+        return SpecForgeLayout(
+            out, layer_ids, stored, strategy=strategy, layers=layers, dtype=dtype or "bfloat16", norm=norm, num_layers=n
+        )
     raise InvalidInputError(f"--to must be one of {', '.join(FORMATS)}, not {fmt!r}")
 
 
@@ -143,13 +145,20 @@ def export(
     cannot start; problems with single records are counted in the summary."""
     import layertap
 
+    try:
+        import safetensors  # noqa: F401 - asked here to fail before any work, with one line
+        import torch  # noqa: F401
+    except ImportError as e:
+        raise ImportError(
+            f"layertap export needs torch and safetensors ({e}): pip install 'layertap[trainers]'"
+        ) from None
     if limit is not None and limit < 0:
         raise InvalidInputError(f"--limit must be >= 0, not {limit}")
     workers = workers or min(8, os.cpu_count() or 1)
     if workers < 1:
         raise InvalidInputError(f"--workers must be >= 1, not {workers}")
     started = time.monotonic()
-    with layertap.open(source, backend=backend) as ds:
+    with layertap.open(source, backend=backend, tensors="torch") as ds:
         sel = select(ds.keys(), keys, limit)
         if not sel.rows and not sel.missing:
             raise InvalidInputError(
@@ -160,17 +169,28 @@ def export(
         if first is None:
             raise InvalidInputError(f"{source}: none of the rows asked for with --keys has a record")
         layout = _layout(to, out, first, model=model, strategy=strategy, layers=layers, dtype=dtype)
-        summary = ExportSummary(os.path.abspath(source), os.path.abspath(out), to, layout.describe, layout.settings,
-                                selected=len(sel.rows), not_rows=sel.not_rows, missing=len(sel.missing),
-                                duplicates=len(sel.duplicates))
+        summary = ExportSummary(
+            os.path.abspath(source),
+            os.path.abspath(out),
+            to,
+            layout.describe,
+            layout.settings,
+            selected=len(sel.rows),
+            not_rows=sel.not_rows,
+            missing=len(sel.missing),
+            duplicates=len(sel.duplicates),
+        )
         if sel.missing:
             shown = ", ".join(map(str, sel.missing[:MAX_LISTED]))
             summary.problems.append(f"no record for {len(sel.missing)} row(s) asked for: {shown}")
         layer_ids = first.layer_ids
         with files.ExportLock(layout.root):
             summary.stale_temporaries = files.remove_stale_temporaries(layout.root)
-            info = {"source": summary.source, "model": os.path.abspath(model) if model else None,
-                    "layertap_version": layertap.__version__}
+            info = {
+                "source": summary.source,
+                "model": os.path.abspath(model) if model else None,
+                "layertap_version": layertap.__version__,
+            }
             files.check_manifest(layout.root, layout.settings, info, fsync)
             todo = []
             made_dirs: set[str] = set()
@@ -199,8 +219,17 @@ def export(
     return summary
 
 
-def _run(ds: Any, layout: Any, todo: list[int], sel: Selection, layer_ids: list[int], workers: int, fsync: bool,
-         summary: ExportSummary, bar: Any) -> None:
+def _run(
+    ds: Any,
+    layout: Any,
+    todo: list[int],
+    sel: Selection,
+    layer_ids: list[int],
+    workers: int,
+    fsync: bool,
+    summary: ExportSummary,
+    bar: Any,
+) -> None:
     """Exports ``todo`` on ``workers`` threads, at most 2 x workers records in memory at once."""
 
     def settle(row: int, fut: Future) -> None:

@@ -34,8 +34,10 @@ def main(argv: list[str] | None = None) -> int:
 
         register()
     except ImportError as e:
-        print(f"layertap.speculators: speculators' hs_connectors is not installed ({e}); "
-              "pip install speculators", file=sys.stderr)
+        print(
+            f"layertap.speculators: speculators' hs_connectors is not installed ({e}); pip install speculators",
+            file=sys.stderr,
+        )
         return 2
     if argv[0].endswith(".py"):
         script = argv[0]
