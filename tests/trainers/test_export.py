@@ -213,9 +213,9 @@ def test_corrupt_and_missing_rows_are_reported(hs_dataset, tmp_path, rows):
     ds_copy = tmp_path / "ds"
     shutil.copytree(hs_dataset, ds_copy)
     with layertap.open(str(ds_copy)) as ds:
-        entry = next(e for b in ds.backends for e in b.entries if e.key == "5")
+        entry = next(e for b in ds.backends for e in b.entries if e.key == "0")
         shard = ds.backends[0].path
-    with open(shard, "r+b") as f:  # a byte in the middle of row 5's payload
+    with open(shard, "r+b") as f:  # a byte in the middle of row 0's payload (the first selected)
         f.seek(entry.frame_offset + entry.stored_len // 2 + 64)
         b = f.read(1)
         f.seek(-1, 1)
@@ -224,8 +224,8 @@ def test_corrupt_and_missing_rows_are_reported(hs_dataset, tmp_path, rows):
     assert proc.returncode == 1, proc.stderr
     s = json.loads(proc.stdout)
     assert (s["written"], s["failed"], s["missing"], s["ok"]) == (5, 1, 1, False)
-    assert any(p.startswith("row 5:") for p in s["problems"]) and any("40" in p for p in s["problems"])
-    assert not os.path.exists(tmp_path / "o" / "hidden_states" / "hs_5.safetensors")
+    assert any(p.startswith("row 0:") for p in s["problems"]) and any("40" in p for p in s["problems"])
+    assert not os.path.exists(tmp_path / "o" / "hidden_states" / "hs_0.safetensors")
 
 
 def test_stale_temporaries_are_removed(hs_dataset, tmp_path):

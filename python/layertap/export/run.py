@@ -65,9 +65,21 @@ class ExportSummary:
 
 
 def _first_record(ds: Any, sel: Selection) -> Any:
-    if not sel.rows:
-        return None
-    return ds[sel.positions[sel.rows[0]]]
+    """The first selected record that reads (and holds hidden states): it sets the layers every
+    record must have. Damaged ones before it are reported with the others later."""
+    error: Exception | None = None
+    for row in sel.rows:
+        try:
+            record = ds[sel.positions[row]]
+        except LayertapError as e:
+            error = e
+            continue
+        if "hidden_states" not in record.tensors:
+            raise InvalidInputError(f"record {record.key!r} has no hidden_states tensor: not a hidden-states dataset")
+        return record
+    if error is not None:
+        raise InvalidInputError(f"no selected record could be read; the last error: {error}")
+    return None
 
 
 def _layout(
@@ -78,7 +90,7 @@ def _layout(
     layer_ids = first.layer_ids
     if not layer_ids:
         raise InvalidInputError(f"record {first.key!r} has no layer_ids metadata: cannot tell which layers it holds")
-    stored = first.tensors["hidden_states"].dtype if "hidden_states" in first.tensors else None
+    stored = first.tensors["hidden_states"].dtype
     if fmt == "speculators":
         n = num_hidden_layers(model) if model else None
         return SpeculatorsLayout(out, layer_ids, stored, layers=layers, dtype=dtype or "stored", num_layers=n)
