@@ -446,6 +446,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print a JSON report")
     p.add_argument("--backend", **backend)
     p.set_defaults(func=cmd_recover)
+
+    from layertap.export.cli import add_parser as add_export  # issue 9: the trainers' exports
+
+    add_export(sub)
     return parser
 
 
