@@ -47,18 +47,28 @@ def architectures_from_env(value: str | None = None) -> list[str]:
 
 def register(architectures: Iterable[str] | None = None) -> list[str]:
     """Registers the plugin's model class for ``architectures`` (default: all of ``FAMILIES``) in
-    this process's vLLM model registry and returns their names. The classes are imported lazily,
-    when vLLM loads a model of that architecture. Call it before the engine is created, in every
-    process that loads the model (the plugin does that through ``LAYERTAP_EAGLE3``)."""
+    this process's vLLM model registry, and returns the names registered: those whose vLLM class
+    lacks the interface (a later vLLM that adds it keeps its own class). Call it before the engine
+    is created, in every process that loads the model (the plugin does so when
+    ``LAYERTAP_EAGLE3`` is set). It imports vLLM's modules of those architectures (a few seconds
+    in a process that has imported no model yet); vLLM's own registry defers that to a
+    subprocess per architecture, which costs more the first time (its result is cached)."""
     from vllm import ModelRegistry
+
+    from layertap.vllm.models.classes import with_aux_hidden_states
 
     names = list(FAMILIES) if architectures is None else list(architectures)
     unknown = [name for name in names if name not in FAMILIES]
     if unknown:
         raise ValueError(f"layertap plugin: unknown architecture(s) {unknown}; known: {sorted(FAMILIES)}")
+    registered = []
     for name in names:
-        ModelRegistry.register_model(name, f"layertap.vllm.models.classes:{name}")
-    return names
+        cls = with_aux_hidden_states(name)
+        if cls.__module__.startswith("vllm."):
+            continue  # vLLM's own class has the interface
+        ModelRegistry.register_model(name, cls)
+        registered.append(name)
+    return registered
 
 
 __all__ = ["ENV_VAR", "FAMILIES", "Family", "architectures_from_env", "register"]

@@ -1,9 +1,9 @@
 """vLLM model classes with the EAGLE-3 interface, made on demand from vLLM's own.
 
-``ModelRegistry.register_model(arch, "layertap.vllm.models.classes:" + arch)`` makes vLLM import
-this module and look the architecture's name up here when it loads the model: the module's
-``__getattr__`` builds a subclass of vLLM's class that adds ``SupportsEagle3`` (see
-``with_aux_hidden_states``). Importing this module imports vLLM.
+``with_aux_hidden_states(arch)`` builds a subclass of vLLM's class for ``arch`` that adds
+``SupportsEagle3``; ``register()`` hands it to vLLM's model registry. The classes live in this
+module under the architecture's name (the module's ``__getattr__`` builds them), so that they
+pickle by reference. Importing this module imports vLLM.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def with_aux_hidden_states(arch: str) -> type:
 
 
 def __getattr__(name: str) -> type:
-    # vLLM's registry resolves "layertap.vllm.models.classes:<arch>" with getattr.
+    # Pickle finds the classes by module and name.
     if name in FAMILIES:
         return with_aux_hidden_states(name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -37,32 +37,31 @@ class Family:
     """Attribute path from the model to its ``ModuleList`` of decoder layers."""
     stream: str
     """``FUSED`` or ``PLAIN``: how a decoder layer carries the residual stream."""
-    tested: bool
-    """Checked against transformers on the CPU by tests/vllm/test_plugin_values.py."""
 
 
-def _family(module: str, stream: str = FUSED, *, tested: bool, class_name: str = "", layers: str = "model.layers"):
-    return lambda arch: Family(module, class_name or arch, layers, stream, tested)
+def _family(module: str, stream: str = FUSED, *, layers: str = "model.layers"):
+    return lambda arch: Family(module, arch, layers, stream)
 
 
 # Architecture -> family. Each entry was read in vLLM 0.26 and 0.32: the model's forward feeds
 # its layers in order from ``layers``, the first one the embeddings (scaled as transformers
-# scales them), and hands the last layer's output to the final norm with nothing in between.
+# scales them), and hands the last layer's output to the final norm with nothing in between. Each
+# is checked against transformers by tests/vllm/test_plugin_values.py (a tiny model of every one
+# is in layertap/_tiny_families.py).
 _FAMILIES = {
     # Embeddings times sqrt(hidden); Gemma 2 and 3 add sandwich norms (the post-attention and
     # post-feedforward norms apply to the branch output before it joins the stream).
-    "GemmaForCausalLM": _family("gemma", tested=True),
-    "Gemma2ForCausalLM": _family("gemma2", tested=True),
-    "Gemma3ForCausalLM": _family("gemma3", tested=True),
+    "GemmaForCausalLM": _family("gemma"),
+    "Gemma2ForCausalLM": _family("gemma2"),
+    "Gemma3ForCausalLM": _family("gemma3"),
     # Mixture of experts in place of the MLP; the stream is unchanged.
-    "MixtralForCausalLM": _family("mixtral", tested=True),
-    "Qwen2MoeForCausalLM": _family("qwen2_moe", tested=True),
-    "OlmoeForCausalLM": _family("olmoe", tested=False),
+    "MixtralForCausalLM": _family("mixtral"),
+    "Qwen2MoeForCausalLM": _family("qwen2_moe"),
+    "OlmoeForCausalLM": _family("olmoe"),
     # Sandwich norms (post-attention and post-MLP norms on the branch outputs).
-    "Glm4ForCausalLM": _family("glm4", tested=True),
-    "InternLM2ForCausalLM": _family("internlm2", tested=False),
+    "Glm4ForCausalLM": _family("glm4"),
     # Layers that take and return the whole stream.
-    "GPT2LMHeadModel": _family("gpt2", PLAIN, tested=True, layers="transformer.h"),
+    "GPT2LMHeadModel": _family("gpt2", PLAIN, layers="transformer.h"),
 }
 
 #: Every architecture the plugin knows, with its family.
