@@ -40,7 +40,7 @@ def _configs(vocab: dict[str, int]) -> dict:
             gemma, query_pre_attn_scalar=64, sliding_window=1024,
             attn_logit_softcapping=None, final_logit_softcapping=30.0,
         )),
-        # Query/key norms, local layers with their own rope base, one global layer in four.
+        # Query/key norms; sliding-window layers (with their own rope base) alternate with global ones.
         "Gemma3ForCausalLM": ("Gemma3ForCausalLM", "Gemma3TextConfig", dict(
             gemma, query_pre_attn_scalar=64, sliding_window=1024, sliding_window_pattern=2,
         )),

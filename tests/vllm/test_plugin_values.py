@@ -19,6 +19,7 @@ from layertap._tiny_families import ARCHITECTURES, build_tiny_model
 from layertap.vllm import fetch
 from layertap.vllm.models import ENV_VAR, FAMILIES
 
+from plugin_support import LAYERS, STORED_LAYERS, run_requests
 from vllm_support import (
     VLLM_WARNINGS,
     Reference,
@@ -31,18 +32,10 @@ from vllm_support import (
 
 pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
 
-#: Requested out of order: the embeddings (0), the first sum of a fused residual-add (1), a middle
-#: layer (2) and the last layer's output before the final norm (4 = N).
-LAYERS = [4, 0, 1, 2]
-STORED_LAYERS = sorted(LAYERS)
 #: The family run through the entry point, in its own engine process.
 ENTRY_POINT_FAMILY = "Gemma2ForCausalLM"
 IN_PROCESS_FAMILIES = [arch for arch in ARCHITECTURES if arch != ENTRY_POINT_FAMILY]
 FETCH_TIMEOUT = 60
-
-
-def prompt_ids(n: int, start: int = 0) -> list[int]:
-    return [3 + (start + 37 * i) % 490 for i in range(n)]
 
 
 def family_engine_args(model: str, output_dir, **overrides):
@@ -55,42 +48,6 @@ def family_engine_args(model: str, output_dir, **overrides):
         max_num_seqs=8,
         **overrides,
     )
-
-
-def generate(llm, prompts: list[list[int]], kv_params: list[dict] | None = None, max_tokens: int = 3):
-    """Runs ``prompts``; returns ``(output, token ids its record must hold)`` per prompt."""
-    from vllm import SamplingParams
-
-    kv_params = kv_params or [{}] * len(prompts)
-    params = [
-        SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
-                       extra_args={"kv_transfer_params": p} if p else None)
-        for p in kv_params
-    ]
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    result = []
-    for out, p in zip(outputs, kv_params):
-        ids = list(out.prompt_token_ids)
-        if p.get("include_output_tokens"):
-            ids += list(out.outputs[0].token_ids)[:-1]
-        result.append((out, ids))
-    return result
-
-
-def run_requests(llm) -> list:
-    """The same requests for every family: a shared prefix of three blocks cached by the first
-    request and reused by the next; a prompt of five 64-token chunks; one token; generated tokens
-    recorded too (decode steps)."""
-    prefix = prompt_ids(96, start=11)
-    first = generate(llm, [prefix + prompt_ids(10, start=1)])
-    rest = generate(
-        llm,
-        [prefix + prompt_ids(5, start=5), prompt_ids(300, start=3), prompt_ids(1, start=7), prompt_ids(12, start=9)],
-        kv_params=[{}, {}, {}, {"include_output_tokens": True}],
-        max_tokens=6,
-    )
-    assert rest[0][0].num_cached_tokens >= 96, rest[0][0].num_cached_tokens
-    return first + rest
 
 
 def test_entry_point_in_the_engine_process(tmp_path):

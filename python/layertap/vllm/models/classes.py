@@ -72,6 +72,12 @@ def with_aux_hidden_states(arch: str) -> type:
     base = getattr(importlib.import_module(f"vllm.model_executor.models.{family.module}"), family.class_name)
     if supports_eagle3(base):
         return base
+    return aux_hidden_states_class(base, family, arch)
+
+
+def aux_hidden_states_class(base: type, family: Family, name: str) -> type:
+    """A subclass of the vLLM model class ``base`` named ``name`` (in this module) that implements
+    ``SupportsEagle3`` through ``AuxHiddenStatesMixin``, reading the stream as ``family`` says."""
     base_forward = base.forward
 
     # The base's signature stays visible (functools.wraps): vLLM inspects the model's forward
@@ -83,11 +89,11 @@ def with_aux_hidden_states(arch: str) -> type:
     namespace = {
         "forward": forward,
         "__module__": __name__,
-        "__qualname__": arch,
+        "__qualname__": name,
         "__doc__": f"vLLM's {base.__module__}.{base.__qualname__} with the EAGLE-3 interface (layertap plugin).",
         "_layertap_family": family,
     }
-    return type(arch, (AuxHiddenStatesMixin, base, SupportsEagle3), namespace)
+    return type(name, (AuxHiddenStatesMixin, base, SupportsEagle3), namespace)
 
 
 def __getattr__(name: str) -> type:
