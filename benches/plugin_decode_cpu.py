@@ -8,8 +8,8 @@ is a copy whose ``architectures`` names a class made by ``layertap.vllm.models.c
 vLLM's Llama (registered at import of this script, which vLLM's spawned engine processes
 re-import). No connector: this is the method's own cost, the floor a connector sits on.
 
-The three engines run side by side (each engine core in its own process) and take turns on the
-same batch, many times; on a machine shared with other work, whose load swings from second to
+The engines run side by side (each engine core in its own process) and take turns on the same
+batch, many times, each turn starting with the next mode; on a machine shared with other work, whose load swings from second to
 second, the fastest of a mode's turns is its least disturbed one, so the ratios are taken between
 the best turns (medians are printed too). Usage:
 
@@ -104,7 +104,8 @@ def main() -> None:
             llm.generate(prompts, params, use_tqdm=False)
         runs = []
         for turn in range(args.turns):
-            for mode in MODES:
+            # Each turn starts with another mode, so that no mode always follows the same one.
+            for mode in MODES[turn % len(MODES):] + MODES[:turn % len(MODES)]:
                 start = time.perf_counter()
                 outputs = engines[mode].generate(prompts, params, use_tqdm=False)
                 seconds = time.perf_counter() - start
