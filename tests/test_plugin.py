@@ -22,18 +22,25 @@ def test_every_family_has_a_tiny_model_to_test_it_with():
     assert sorted(ARCHITECTURES) == sorted(FAMILIES)
 
 
-@pytest.mark.parametrize(("value", "expected"), [
-    ("", []), ("0", []), (" 0 ", []),
-    ("1", list(FAMILIES)),
-    ("Gemma2ForCausalLM", ["Gemma2ForCausalLM"]),
-    ("Gemma2ForCausalLM, GPT2LMHeadModel,", ["Gemma2ForCausalLM", "GPT2LMHeadModel"]),
-])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("", []),
+        ("0", []),
+        (" 0 ", []),
+        ("1", list(FAMILIES)),
+        ("Gemma2ForCausalLM", ["Gemma2ForCausalLM"]),
+        ("Gemma2ForCausalLM, GPT2LMHeadModel,", ["Gemma2ForCausalLM", "GPT2LMHeadModel"]),
+    ],
+)
 def test_the_variable_names_the_architectures(value, expected):
     assert architectures_from_env(value) == expected
 
 
 def test_an_unknown_architecture_is_refused_by_name():
-    with pytest.raises(ValueError, match=r"LAYERTAP_EAGLE3='LlamaForCausalLM': unknown architecture\(s\) \['LlamaForCausalLM'\]"):
+    with pytest.raises(
+        ValueError, match=r"LAYERTAP_EAGLE3='LlamaForCausalLM': unknown architecture\(s\) \['LlamaForCausalLM'\]"
+    ):
         architectures_from_env("LlamaForCausalLM")
 
 

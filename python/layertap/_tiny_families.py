@@ -36,23 +36,54 @@ def _configs(vocab: dict[str, int]) -> dict:
         # Sliding-window layers alternate with global ones (the window is longer than the tests'
         # prompts, so both compute the same). Soft-capping of the attention logits is off: vLLM's
         # CPU attention does not support it.
-        "Gemma2ForCausalLM": ("Gemma2ForCausalLM", "Gemma2Config", dict(
-            gemma, query_pre_attn_scalar=64, sliding_window=1024,
-            attn_logit_softcapping=None, final_logit_softcapping=30.0,
-        )),
+        "Gemma2ForCausalLM": (
+            "Gemma2ForCausalLM",
+            "Gemma2Config",
+            dict(
+                gemma,
+                query_pre_attn_scalar=64,
+                sliding_window=1024,
+                attn_logit_softcapping=None,
+                final_logit_softcapping=30.0,
+            ),
+        ),
         # Query/key norms; sliding-window layers (with their own rope base) alternate with global ones.
-        "Gemma3ForCausalLM": ("Gemma3ForCausalLM", "Gemma3TextConfig", dict(
-            gemma, query_pre_attn_scalar=64, sliding_window=1024, sliding_window_pattern=2,
-        )),
+        "Gemma3ForCausalLM": (
+            "Gemma3ForCausalLM",
+            "Gemma3TextConfig",
+            dict(
+                gemma,
+                query_pre_attn_scalar=64,
+                sliding_window=1024,
+                sliding_window_pattern=2,
+            ),
+        ),
         "MixtralForCausalLM": ("MixtralForCausalLM", "MixtralConfig", dict(common, num_local_experts=4, **moe)),
-        "Qwen2MoeForCausalLM": ("Qwen2MoeForCausalLM", "Qwen2MoeConfig", dict(
-            common, num_experts=4, moe_intermediate_size=128, shared_expert_intermediate_size=256, **moe,
-        )),
+        "Qwen2MoeForCausalLM": (
+            "Qwen2MoeForCausalLM",
+            "Qwen2MoeConfig",
+            dict(
+                common,
+                num_experts=4,
+                moe_intermediate_size=128,
+                shared_expert_intermediate_size=256,
+                **moe,
+            ),
+        ),
         "OlmoeForCausalLM": ("OlmoeForCausalLM", "OlmoeConfig", dict(common, num_experts=4, **moe)),
         "Glm4ForCausalLM": ("Glm4ForCausalLM", "Glm4Config", dict(common, head_dim=64)),
-        "GPT2LMHeadModel": ("GPT2LMHeadModel", "GPT2Config", dict(
-            ids, n_embd=128, n_layer=4, n_head=2, n_inner=256, n_positions=4096,
-        )),
+        "GPT2LMHeadModel": (
+            "GPT2LMHeadModel",
+            "GPT2Config",
+            dict(
+                ids,
+                n_embd=128,
+                n_layer=4,
+                n_head=2,
+                n_inner=256,
+                n_positions=4096,
+            ),
+        ),
     }
 
 

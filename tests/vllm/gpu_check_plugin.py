@@ -22,13 +22,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ["LAYERTAP_EAGLE3"] = "1"  # before vLLM is imported: every process it starts inherits it
 
-import torch  # noqa: E402
+import torch
 
-from layertap._tiny_families import build_tiny_model  # noqa: E402
-from layertap.vllm import fetch  # noqa: E402
-
-from plugin_support import LAYERS, STORED_LAYERS, run_requests  # noqa: E402
-from vllm_support import Reference, assert_hidden_states_match, connector_config, speculative_config  # noqa: E402
+from layertap._tiny_families import build_tiny_model
+from layertap.vllm import fetch
+from plugin_support import LAYERS, STORED_LAYERS, run_requests
+from vllm_support import Reference, assert_hidden_states_match, connector_config, speculative_config
 
 DEFAULT_FAMILIES = ["Gemma2ForCausalLM", "MixtralForCausalLM", "GPT2LMHeadModel"]
 
@@ -43,8 +42,13 @@ def run_engine(name: str, model: str, out: Path, eager: bool) -> dict:
         args.update(kv_cache_memory_bytes=256 << 20, block_size=32, enforce_eager=True)
     started = time.time()
     llm = LLM(
-        model=model, dtype="bfloat16", max_model_len=1024, seed=0, enable_prefix_caching=True,
-        max_num_batched_tokens=64, max_num_seqs=8,
+        model=model,
+        dtype="bfloat16",
+        max_model_len=1024,
+        seed=0,
+        enable_prefix_caching=True,
+        max_num_batched_tokens=64,
+        max_num_seqs=8,
         speculative_config=speculative_config(LAYERS),
         kv_transfer_config=connector_config(out / f"hs-{name}", writer="rust"),
         **args,
@@ -60,8 +64,7 @@ def run_engine(name: str, model: str, out: Path, eager: bool) -> dict:
             assert_hidden_states_match(record, reference, ids, layers=STORED_LAYERS)
         except AssertionError as err:
             failures.append(f"{record.key}: {err}")
-    return {"engine": name, "eager": eager, "records": len(records), "start_s": round(start_s, 1),
-            "failures": failures}
+    return {"engine": name, "eager": eager, "records": len(records), "start_s": round(start_s, 1), "failures": failures}
 
 
 def main() -> int:

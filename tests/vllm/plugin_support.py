@@ -19,8 +19,9 @@ def generate(llm, prompts: list[list[int]], kv_params: list[dict] | None = None,
 
     kv_params = kv_params or [{}] * len(prompts)
     params = [
-        SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
-                       extra_args={"kv_transfer_params": p} if p else None)
+        SamplingParams(
+            max_tokens=max_tokens, temperature=0.0, ignore_eos=True, extra_args={"kv_transfer_params": p} if p else None
+        )
         for p in kv_params
     ]
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)

@@ -18,7 +18,6 @@ import layertap
 from layertap._tiny_families import ARCHITECTURES, build_tiny_model
 from layertap.vllm import fetch
 from layertap.vllm.models import ENV_VAR, FAMILIES
-
 from plugin_support import LAYERS, STORED_LAYERS, run_requests
 from vllm_support import (
     VLLM_WARNINGS,
@@ -40,7 +39,8 @@ FETCH_TIMEOUT = 60
 
 def family_engine_args(model: str, output_dir, **overrides):
     return engine_args(
-        model, output_dir,
+        model,
+        output_dir,
         connector={"writer": "python", "pool_bytes": 8 << 20},
         speculative_config=speculative_config(LAYERS),
         enable_prefix_caching=True,

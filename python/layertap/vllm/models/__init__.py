@@ -39,8 +39,7 @@ def architectures_from_env(value: str | None = None) -> list[str]:
     unknown = [name for name in names if name not in FAMILIES]
     if unknown:
         raise ValueError(
-            f"{ENV_VAR}={value!r}: unknown architecture(s) {unknown}; "
-            f"use 1 (all) or names among {sorted(FAMILIES)}"
+            f"{ENV_VAR}={value!r}: unknown architecture(s) {unknown}; use 1 (all) or names among {sorted(FAMILIES)}"
         )
     return names
 

@@ -39,7 +39,7 @@ class StreamCapture:
 
     def set_layers(self, layer_ids: Sequence[int]) -> None:
         """Records ``layer_ids`` (0..N) from now on, replacing what was recorded before."""
-        ids = tuple(sorted(set(int(i) for i in layer_ids)))
+        ids = tuple(sorted({int(i) for i in layer_ids}))
         n = self.num_layers
         bad = [i for i in ids if not 0 <= i <= n]
         if bad:
@@ -100,12 +100,11 @@ class StreamCapture:
 def _argument_positions(layer: torch.nn.Module) -> tuple[int, int | None]:
     """Positions of ``hidden_states`` and ``residual`` among the layer's forward arguments."""
     names = [
-        p.name for p in inspect.signature(layer.forward).parameters.values()
+        p.name
+        for p in inspect.signature(layer.forward).parameters.values()
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
     ]
     if "hidden_states" not in names:
-        raise TypeError(
-            f"layertap plugin: {type(layer).__name__}.forward has no hidden_states argument ({names})"
-        )
+        raise TypeError(f"layertap plugin: {type(layer).__name__}.forward has no hidden_states argument ({names})")
     residual = names.index("residual") if "residual" in names else None
     return names.index("hidden_states"), residual
