@@ -8,7 +8,8 @@ loads the plugin through its entry point. Families: the arguments after OUT_DIR 
 Mixtral, GPT-2: one of each kind of model the plugin covers).
 
 Prints one JSON line per engine and exits non-zero on a mismatch. Needs layertap installed (its
-entry point) and transformers.
+entry point) and transformers; on the project's GPU machine, the variables gpu_check.py needs
+(docs/CONNECTOR.md, "Checks"). On a CPU machine it runs both engines eager (a dry run).
 """
 
 from __future__ import annotations
