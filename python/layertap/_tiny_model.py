@@ -79,19 +79,10 @@ def build_tiny_llama(
     rounded. Save the model in the dtype it will run in: vLLM warns about every cast. The
     tokenizer has a chat template (``CHAT_TEMPLATE``).
     """
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + WORDS + CHAT_TOKENS)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(out)
-
+    vocab = write_tokenizer(out)
     config = LlamaConfig(
         vocab_size=len(vocab),
         hidden_size=hidden_size,
@@ -104,20 +95,44 @@ def build_tiny_llama(
         eos_token_id=vocab["</s>"],
         tie_word_embeddings=False,
     )
+    return save_random_model(LlamaForCausalLM, config, out, dtype=dtype, seed=seed)
+
+
+def write_tokenizer(out: Path) -> dict[str, int]:
+    """Writes the word-level tokenizer, with its chat template, into ``out`` (created if
+    missing); returns its vocabulary."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + WORDS + CHAT_TOKENS)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+    return vocab
+
+
+def save_random_model(model_class, config, out: Path, *, dtype: str = "float32", seed: int = 0) -> str:
+    """Draws ``model_class(config)``'s weights with ``seed``, saves the model into ``out`` (beside
+    the tokenizer) and returns the path."""
+    import torch
+
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    model = model_class(config)
     # The default init (std 0.02) shrinks activations to nearly nothing; unit-variance embeddings
     # and 1/sqrt(fan_in) weights keep every layer's hidden states of order one and distinct.
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("embed_tokens.weight"):
+            if name.endswith(("embed_tokens.weight", "wte.weight")):
                 p.normal_(0.0, 1.0)
-            elif p.dim() == 2:
-                p.normal_(0.0, p.shape[1] ** -0.5)
+            elif p.dim() >= 2:  # [out, in], or [experts, out, in] for fused experts
+                p.normal_(0.0, p.shape[-1] ** -0.5)
     model.to(getattr(torch, dtype)).save_pretrained(out)
     # vLLM reads the generation defaults; keep sampling deterministic unless asked otherwise.
     (out / "generation_config.json").write_text(
-        json.dumps({"bos_token_id": vocab["<s>"], "eos_token_id": vocab["</s>"]})
+        json.dumps({"bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id})
     )
     return str(out)
 

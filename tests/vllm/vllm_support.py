@@ -119,15 +119,20 @@ def read_stats(path: str | os.PathLike) -> dict:
     return json.loads(Path(path).read_text())
 
 
+def decoder_layers(model: Any) -> Any:
+    """A transformers causal LM's decoder layers (``model.layers``; GPT-2: ``transformer.h``)."""
+    return model.transformer.h if hasattr(model, "transformer") else model.model.layers
+
+
 class Reference:
-    """Hidden states of the tiny model computed by transformers, in float32 or bfloat16."""
+    """Hidden states of a tiny model computed by transformers, in float32 or bfloat16."""
 
     def __init__(self, model_dir: str):
-        from transformers import LlamaForCausalLM
+        from transformers import AutoModelForCausalLM
 
         self._models = {}
         for dtype in (torch.float32, torch.bfloat16):
-            model = LlamaForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
             outputs: dict = {}
 
             # Layer id == num_layers is the last layer's output before the final norm, which
@@ -135,7 +140,7 @@ class Reference:
             def keep_last(_module, _inputs, out, outputs=outputs):
                 outputs["last"] = out[0] if isinstance(out, tuple) else out
 
-            model.model.layers[-1].register_forward_hook(keep_last)
+            decoder_layers(model)[-1].register_forward_hook(keep_last)
             self._models[dtype] = (model, outputs)
 
     def hidden_states(

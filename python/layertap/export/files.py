@@ -1,0 +1,138 @@
+"""Writing an export's files so that an interrupted export can continue: each file is written
+under a temporary name in its directory, read back and compared, (optionally) fsynced, then
+renamed to its final name. A file at its final name is therefore complete, and a rerun skips it.
+One export at a time per output directory (a lock file), and temporary files a killed export
+left behind are removed when the next one starts."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import threading
+from typing import Any
+
+from layertap.errors import InvalidInputError
+
+TMP_SUFFIX = ".layertap-tmp"
+LOCK_NAME = ".layertap-export.lock"
+MANIFEST_NAME = "layertap-export.json"
+
+
+class ExportLock:
+    """An exclusive lock on an export's root directory, held while the export runs."""
+
+    def __init__(self, root: str):
+        os.makedirs(root, exist_ok=True)
+        self.path = os.path.join(root, LOCK_NAME)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(self._fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise InvalidInputError(f"{root}: another layertap export is writing there") from None
+            raise
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)  # releases the lock; the file stays (removing it would race)
+            self._fd = -1
+
+    def __enter__(self) -> ExportLock:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def remove_stale_temporaries(root: str, depth: int = 1) -> int:
+    """Removes the temporary files under ``root`` (and its subdirectories, ``depth`` levels)
+    that an interrupted export left. Call with the lock held. Returns how many."""
+    removed = 0
+    try:
+        entries = list(os.scandir(root))
+    except FileNotFoundError:
+        return 0
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False) and depth > 0:
+            removed += remove_stale_temporaries(entry.path, depth - 1)
+        elif entry.name.endswith(TMP_SUFFIX) and entry.is_file(follow_symlinks=False):
+            os.unlink(entry.path)
+            removed += 1
+    return removed
+
+
+def _read_all(path: str, size: int) -> bytes:
+    with open(path, "rb", buffering=0) as f:
+        return f.read(size + 1)
+
+
+def write_file(path: str, data: bytes, fsync: bool) -> None:
+    """Writes ``data`` to ``path`` atomically: a temporary file beside it, read back and
+    compared, fsynced when asked, renamed. Raises ``OSError`` (the temporary file is removed)."""
+    tmp = f"{path}.{os.getpid()}-{threading.get_ident()}{TMP_SUFFIX}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        if _read_all(tmp, len(data)) != data:
+            raise OSError(errno.EIO, "the file read back differs from what was written", tmp)
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def check_manifest(root: str, settings: dict[str, Any], info: dict[str, Any], fsync: bool) -> bool:
+    """Writes the export's ``settings`` (and ``info``, not compared) to ``root``'s manifest, or
+    checks that an earlier export there used the same settings (so a rerun continues it rather
+    than mixing two exports). Returns whether an earlier export was found. Raises
+    ``InvalidInputError``."""
+    path = os.path.join(root, MANIFEST_NAME)
+    try:
+        with open(path, encoding="utf-8") as f:
+            earlier = json.load(f)
+    except FileNotFoundError:
+        write_file(path, (json.dumps({**settings, **info}, indent=2) + "\n").encode(), fsync)
+        return False
+    except ValueError as e:
+        raise InvalidInputError(f"{path}: not a layertap export manifest: {e}") from None
+    differ = sorted(k for k in settings if earlier.get(k) != settings[k])
+    if differ:
+        what = ", ".join(f"{k} {earlier.get(k)!r} (now {settings[k]!r})" for k in differ)
+        raise InvalidInputError(
+            f"{root} holds an export made with other settings: {what}; continue it with the same "
+            "settings, or export to another directory"
+        )
+    return True
+
+
+__all__ = [
+    "ExportLock",
+    "LOCK_NAME",
+    "MANIFEST_NAME",
+    "TMP_SUFFIX",
+    "check_manifest",
+    "fsync_dir",
+    "remove_stale_temporaries",
+    "write_file",
+]

@@ -1,0 +1,268 @@
+"""What an export writes for each row: the file layouts of speculators and SpecForge.
+
+Layer ids are vLLM's throughout (docs/CONNECTOR.md): for a model of N decoder layers, id k < N is
+the input of decoder layer k and id N the last decoder layer's output before the final norm.
+SGLang and SpecForge number the same states one lower: their layer j is the output of decoder
+layer j, vLLM's j + 1 (SpecForge's EAGLE-3 default ``[1, N//2-1, N-4]`` is vLLM's
+``[2, N//2, N-3]``).
+
+- ``SpeculatorsLayout``: ``{root}/hs_{row}.safetensors`` with ``hidden_states`` ``[T, L, H]``
+  and ``token_ids`` int64 ``[T]``, which speculators' file backend reads for row ``row``
+  (``root`` is ``OUT/hidden_states``, OUT being speculators' ``--data-path``).
+- ``SpecForgeLayout``: ``{root}/rows_{g}-{g+2000}/data_{row}.ckpt`` (``g`` = row rounded down to
+  a multiple of 2000) written with ``torch.save``, as SpecForge's
+  ``scripts/prepare_hidden_states.py`` writes them: for EAGLE-3 ``input_ids`` int64 ``[S]``,
+  ``loss_mask`` int64 ``[S]``, ``aux_hidden_state`` ``[1, S, 3H]`` (three layers side by side)
+  and ``hidden_state`` ``[1, S, H]`` (the last layer *after* the model's final norm); for
+  DFlash ``input_ids``, ``loss_mask`` and ``hidden_states`` ``[1, S, K*H]``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from layertap.errors import InvalidInputError
+
+#: Rows per subdirectory of a SpecForge export (its --file-group-size default).
+SPECFORGE_GROUP = 2000
+DTYPES = ("stored", "bfloat16", "float16", "float32")
+
+
+class RecordProblem(Exception):
+    """A record the export cannot use (named in the summary; its row gets no file)."""
+
+
+class Skip(Exception):
+    """A record the trainer would refuse; its row gets no file (counted in the summary)."""
+
+
+@dataclass
+class Row:
+    """One record's tensors, checked: what every layout builds from."""
+
+    row: int
+    token_ids: Any  # int64 [T]
+    hidden_states: Any  # [T, L, H]
+    layer_ids: list[int]
+    loss_mask: Any  # [T] or None
+
+
+def check_record(row: int, record: Any, layer_ids: list[int]) -> Row:
+    """The tensors of ``record`` (the record of row ``row``), or ``RecordProblem`` saying what is
+    wrong with them. ``layer_ids``: the layers every record of the export must have."""
+    import torch
+
+    hs, ids = record.tensors.get("hidden_states"), record.tensors.get("token_ids")
+    if hs is None or ids is None:
+        raise RecordProblem("no hidden_states or no token_ids tensor")
+    if hs.dim() != 3 or ids.dim() != 1 or hs.shape[0] != ids.shape[0]:
+        raise RecordProblem(
+            f"hidden_states {list(hs.shape)} and token_ids {list(ids.shape)}: expected [T, layers, hidden] and [T]"
+        )
+    if ids.dtype != torch.int64:
+        raise RecordProblem(f"token_ids are {ids.dtype}, not int64")
+    try:
+        ids_of_record = record.layer_ids
+    except Exception as e:  # a FormatError naming the bad metadata
+        raise RecordProblem(str(e)) from None
+    if ids_of_record != layer_ids:
+        raise RecordProblem(f"layer ids {ids_of_record}, not {layer_ids} like the export's first record")
+    if hs.shape[1] != len(layer_ids):
+        raise RecordProblem(f"hidden_states hold {hs.shape[1]} layers but layer_ids name {len(layer_ids)}")
+    mask = record.tensors.get("loss_mask")
+    if mask is not None:
+        if mask.shape != ids.shape:
+            raise RecordProblem(f"loss_mask {list(mask.shape)} does not match token_ids {list(ids.shape)}")
+        if bool(((mask != 0) & (mask != 1)).any()):
+            raise RecordProblem("loss_mask holds values other than 0 and 1")
+    return Row(row, ids, hs, layer_ids, mask)
+
+
+def _dtype(name: str, stored: Any) -> Any:
+    import torch
+
+    return stored if name == "stored" else getattr(torch, name)
+
+
+def _pick(layer_ids: list[int], wanted: list[int] | None, what: str) -> list[int]:
+    """Positions in ``layer_ids`` of the ``wanted`` layers (all when None)."""
+    if wanted is None:
+        return list(range(len(layer_ids)))
+    absent = [w for w in wanted if w not in layer_ids]
+    if absent:
+        raise InvalidInputError(f"--layers: the dataset has no layer {absent} (it has {layer_ids}) {what}")
+    if len(set(wanted)) != len(wanted):
+        raise InvalidInputError(f"--layers {wanted}: a layer is named twice")
+    return [layer_ids.index(w) for w in wanted]
+
+
+def specforge_ids(vllm_ids: list[int]) -> list[int]:
+    """vLLM layer ids in SGLang/SpecForge numbering (one lower)."""
+    return [i - 1 for i in vllm_ids]
+
+
+class SpeculatorsLayout:
+    """speculators' cached hidden states: ``hs_{row}.safetensors`` under ``OUT/hidden_states``."""
+
+    name = "speculators"
+
+    def __init__(
+        self,
+        out: str,
+        layer_ids: list[int],
+        stored_dtype: Any,
+        *,
+        layers: list[int] | None = None,
+        dtype: str = "stored",
+        num_layers: int | None = None,
+    ):
+        self.root = os.path.join(out, "hidden_states")
+        self.take = _pick(layer_ids, layers, "")
+        self.layer_ids = [layer_ids[i] for i in self.take]
+        if num_layers is not None and self.layer_ids[-1] != num_layers:
+            raise InvalidInputError(
+                f"speculators takes the last exported layer as the verifier's last hidden state, layer "
+                f"{num_layers} (N) of this model, but the last is {self.layer_ids[-1]} (layers {self.layer_ids})"
+            )
+        self.dtype = _dtype(dtype, stored_dtype)
+        self.settings = {
+            "format": "speculators",
+            "layer_ids": self.layer_ids,
+            "dtype": str(self.dtype).removeprefix("torch."),
+        }
+        self.describe = (
+            f"hs_{{row}}.safetensors: hidden_states [T, {len(self.layer_ids)}, H] {self.settings['dtype']} "
+            f"(layers {self.layer_ids}), token_ids [T]"
+        )
+
+    def relpath(self, row: int) -> str:
+        return f"hs_{row}.safetensors"
+
+    def build(self, r: Row) -> dict:
+        hs = r.hidden_states if self.take == list(range(r.hidden_states.shape[1])) else r.hidden_states[:, self.take]
+        return {"hidden_states": hs.to(self.dtype).contiguous(), "token_ids": r.token_ids.contiguous()}
+
+    def serialize(self, tensors: dict, row: int) -> bytes:
+        import json
+
+        from safetensors.torch import save
+
+        return save(
+            tensors, metadata={"row": str(row), "layer_ids": json.dumps(self.layer_ids), "source": "layertap export"}
+        )
+
+
+class SpecForgeLayout:
+    """SpecForge's offline features: ``rows_{g}-{g+2000}/data_{row}.ckpt`` (EAGLE-3 or DFlash)."""
+
+    name = "specforge"
+
+    def __init__(
+        self,
+        out: str,
+        layer_ids: list[int],
+        stored_dtype: Any,
+        *,
+        strategy: str = "eagle3",
+        layers: list[int] | None = None,
+        dtype: str = "bfloat16",
+        norm: Any = None,
+        num_layers: int | None = None,
+    ):
+        self.root = out
+        self.strategy = strategy
+        self.dtype = _dtype(dtype, stored_dtype)
+        self.norm = norm
+        if strategy == "eagle3":
+            if norm is None or num_layers is None:
+                raise InvalidInputError("--strategy eagle3 needs --model (the final norm's weights)")
+            if num_layers not in layer_ids:
+                raise InvalidInputError(
+                    f"EAGLE-3's hidden_state is the last layer after the final norm: the dataset needs layer "
+                    f"{num_layers} (N, the last decoder layer's output) but has {layer_ids}"
+                )
+            aux = [i for i in layer_ids if i != num_layers] if layers is None else layers
+            if num_layers in aux:
+                raise InvalidInputError(
+                    f"--layers {aux}: layer {num_layers} (N) is the hidden_state, not an auxiliary layer"
+                )
+            self.take = _pick(layer_ids, aux, "")
+            self.last = layer_ids.index(num_layers)
+            if len(self.take) != 3:
+                raise InvalidInputError(
+                    f"EAGLE-3 takes 3 auxiliary layers, the dataset gives {len(self.take)} "
+                    f"({[layer_ids[i] for i in self.take]}): choose them with --layers"
+                )
+            self.layer_ids = [layer_ids[i] for i in self.take]
+            self.describe = (
+                f"data_{{row}}.ckpt: input_ids, loss_mask, aux_hidden_state [1, S, 3H] (vLLM layers "
+                f"{self.layer_ids} = SpecForge {specforge_ids(self.layer_ids)}), hidden_state [1, S, H] "
+                f"(layer {num_layers} after {norm.kind})"
+            )
+        elif strategy == "dflash":
+            self.take = _pick(layer_ids, layers, "")
+            self.layer_ids = [layer_ids[i] for i in self.take]
+            self.describe = (
+                f"data_{{row}}.ckpt: input_ids, loss_mask, hidden_states [1, S, {len(self.layer_ids)}H] "
+                f"(vLLM layers {self.layer_ids} = SpecForge target_layer_ids "
+                f"{specforge_ids(self.layer_ids)})"
+            )
+        else:
+            raise InvalidInputError(f"--strategy must be eagle3 or dflash, not {strategy!r}")
+        if 0 in self.layer_ids:
+            raise InvalidInputError(
+                "vLLM layer 0 (the embeddings) has no SGLang/SpecForge layer number: leave it out with --layers"
+            )
+        if num_layers is not None and max(self.layer_ids) > num_layers:
+            raise InvalidInputError(f"layer ids {self.layer_ids} exceed the model's {num_layers} layers")
+        self.settings = {
+            "format": "specforge",
+            "strategy": strategy,
+            "layer_ids": self.layer_ids,
+            "specforge_layer_ids": specforge_ids(self.layer_ids),
+            "dtype": str(self.dtype).removeprefix("torch."),
+        }
+        if strategy == "eagle3":
+            self.settings["final_norm"] = norm.kind
+
+    def relpath(self, row: int) -> str:
+        g = row // SPECFORGE_GROUP * SPECFORGE_GROUP
+        return os.path.join(f"rows_{g}-{g + SPECFORGE_GROUP}", f"data_{row}.ckpt")
+
+    def build(self, r: Row) -> dict:
+        import torch
+
+        ids = r.token_ids.contiguous()
+        mask = torch.ones_like(ids) if r.loss_mask is None else r.loss_mask.to(torch.int64)
+        hs = r.hidden_states
+        side_by_side = hs[:, self.take].reshape(hs.shape[0], -1).to(self.dtype).unsqueeze(0).contiguous()
+        if self.strategy == "dflash":
+            # SpecForge refuses such a sample at training time; its own capture leaves it out.
+            if not bool((mask[1:].bool() & mask[:-1].bool()).any()):
+                raise Skip("no two consecutive supervised tokens (SpecForge's DFlash needs them)")
+            return {"input_ids": ids, "loss_mask": mask, "hidden_states": side_by_side}
+        last = self.norm(hs[:, self.last], self.dtype).unsqueeze(0).contiguous()
+        return {"input_ids": ids, "loss_mask": mask, "aux_hidden_state": side_by_side, "hidden_state": last}
+
+    def serialize(self, tensors: dict, row: int) -> bytes:
+        import torch
+
+        buf = io.BytesIO()
+        torch.save(tensors, buf)
+        return buf.getvalue()
+
+
+__all__ = [
+    "DTYPES",
+    "RecordProblem",
+    "Row",
+    "SPECFORGE_GROUP",
+    "Skip",
+    "SpecForgeLayout",
+    "SpeculatorsLayout",
+    "check_record",
+    "specforge_ids",
+]

@@ -1,0 +1,281 @@
+"""The export driver: picks the records, builds the layout, and writes one file per row on a
+pool of threads (the Rust reader and torch release the GIL while they decode and convert), with a
+progress bar, resuming where an earlier run stopped."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from layertap.errors import InvalidInputError, LayertapError
+from layertap.export import files
+from layertap.export.layouts import (
+    RecordProblem,
+    Skip,
+    SpecForgeLayout,
+    SpeculatorsLayout,
+    check_record,
+)
+from layertap.export.rows import Selection, select
+
+FORMATS = ("speculators", "specforge")
+#: Problems listed one by one in the summary; the rest are counted.
+MAX_LISTED = 20
+
+
+@dataclass
+class ExportSummary:
+    """What an export did. ``ok`` is True when every selected row has its file."""
+
+    source: str
+    out: str
+    format: str
+    describe: str
+    settings: dict
+    selected: int = 0
+    written: int = 0
+    existing: int = 0
+    """Rows whose file an earlier run had written (left as they were)."""
+    skipped: int = 0
+    """Rows the trainer would refuse (see ``skip_reasons``): no file."""
+    failed: int = 0
+    """Rows whose record could not be read or used: no file (see ``problems``)."""
+    not_rows: int = 0
+    missing: int = 0
+    duplicates: int = 0
+    no_loss_mask: int = 0
+    """Rows exported with a loss mask of ones because their record had none (SpecForge)."""
+    stale_temporaries: int = 0
+    bytes_written: int = 0
+    seconds: float = 0.0
+    problems: list[str] = field(default_factory=list)
+    skip_reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.failed == 0 and self.missing == 0
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "ok": self.ok}
+
+
+def _first_record(ds: Any, sel: Selection) -> Any:
+    """The first selected record that reads (and holds hidden states): it sets the layers every
+    record must have. Damaged ones before it are reported with the others later."""
+    error: Exception | None = None
+    for row in sel.rows:
+        try:
+            record = ds[sel.positions[row]]
+        except LayertapError as e:
+            error = e
+            continue
+        if "hidden_states" not in record.tensors:
+            raise InvalidInputError(f"record {record.key!r} has no hidden_states tensor: not a hidden-states dataset")
+        return record
+    if error is not None:
+        raise InvalidInputError(f"no selected record could be read; the last error: {error}")
+    return None
+
+
+def _layout(
+    fmt: str, out: str, first: Any, *, model: str | None, strategy: str, layers: list[int] | None, dtype: str | None
+) -> Any:
+    from layertap.export.final_norm import FinalNorm, num_hidden_layers
+
+    layer_ids = first.layer_ids
+    if not layer_ids:
+        raise InvalidInputError(f"record {first.key!r} has no layer_ids metadata: cannot tell which layers it holds")
+    stored = first.tensors["hidden_states"].dtype
+    if fmt == "speculators":
+        n = num_hidden_layers(model) if model else None
+        return SpeculatorsLayout(out, layer_ids, stored, layers=layers, dtype=dtype or "stored", num_layers=n)
+    if fmt == "specforge":
+        norm = n = None
+        if strategy == "eagle3":
+            if not model:
+                raise InvalidInputError("--to specforge --strategy eagle3 needs --model MODEL_DIR (for the final norm)")
+            norm = FinalNorm(model)
+            n = norm.num_hidden_layers
+            hidden = first.tensors["hidden_states"].shape[-1]
+            if hidden != norm.hidden_size:
+                raise InvalidInputError(f"--model {model}: hidden size {norm.hidden_size}, the dataset's is {hidden}")
+        elif model:
+            n = num_hidden_layers(model)
+        return SpecForgeLayout(
+            out, layer_ids, stored, strategy=strategy, layers=layers, dtype=dtype or "bfloat16", norm=norm, num_layers=n
+        )
+    raise InvalidInputError(f"--to must be one of {', '.join(FORMATS)}, not {fmt!r}")
+
+
+def _export_row(ds: Any, layout: Any, row: int, pos: int, layer_ids: list[int], fsync: bool) -> tuple[int, bool]:
+    """Writes row ``row``'s file: (bytes written, whether the record lacked a loss mask).
+    Raises RecordProblem, Skip, or OSError."""
+    try:
+        record = ds[pos]  # checks the record's checksum
+    except LayertapError as e:
+        raise RecordProblem(str(e)) from None
+    checked = check_record(row, record, layer_ids)
+    data = layout.serialize(layout.build(checked), row)
+    path = os.path.join(layout.root, layout.relpath(row))
+    files.write_file(path, data, fsync)
+    return len(data), checked.loss_mask is None
+
+
+def _progress_bar(total: int, show: bool):
+    if not show:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="rec", desc="export", file=sys.stderr, dynamic_ncols=True)
+
+
+def export(
+    source: str,
+    out: str,
+    to: str,
+    *,
+    model: str | None = None,
+    strategy: str = "eagle3",
+    layers: list[int] | None = None,
+    dtype: str | None = None,
+    keys: list[int] | None = None,
+    limit: int | None = None,
+    workers: int | None = None,
+    fsync: bool = True,
+    progress: bool = False,
+    backend: str = "auto",
+) -> ExportSummary:
+    """Exports the layertap dataset ``source`` to ``out`` in the layout of trainer ``to``
+    (``"speculators"`` or ``"specforge"``), one file per row; see docs/TRAINING.md. Rows whose
+    file exists are left as they are, so a rerun continues an interrupted export. Raises
+    ``InvalidInputError`` (or ``FileNotFoundError``/``FormatError`` for the source) when it
+    cannot start; problems with single records are counted in the summary."""
+    import layertap
+
+    try:
+        import safetensors  # noqa: F401 - asked here to fail before any work, with one line
+        import torch  # noqa: F401
+    except ImportError as e:
+        raise ImportError(
+            f"layertap export needs torch and safetensors ({e}): pip install 'layertap[trainers]'"
+        ) from None
+    if limit is not None and limit < 0:
+        raise InvalidInputError(f"--limit must be >= 0, not {limit}")
+    workers = workers or min(8, os.cpu_count() or 1)
+    if workers < 1:
+        raise InvalidInputError(f"--workers must be >= 1, not {workers}")
+    started = time.monotonic()
+    with layertap.open(source, backend=backend, tensors="torch") as ds:
+        sel = select(ds.keys(), keys, limit)
+        if not sel.rows and not sel.missing:
+            raise InvalidInputError(
+                f"{source}: no record is keyed by a row index (keys like '0', '17'): export needs a dataset "
+                "written by layertap generate, or by a server whose client set sample_id to the row index"
+            )
+        first = _first_record(ds, sel)
+        if first is None:
+            raise InvalidInputError(f"{source}: none of the rows asked for with --keys has a record")
+        layout = _layout(to, out, first, model=model, strategy=strategy, layers=layers, dtype=dtype)
+        summary = ExportSummary(
+            os.path.abspath(source),
+            os.path.abspath(out),
+            to,
+            layout.describe,
+            layout.settings,
+            selected=len(sel.rows),
+            not_rows=sel.not_rows,
+            missing=len(sel.missing),
+            duplicates=len(sel.duplicates),
+        )
+        if sel.missing:
+            shown = ", ".join(map(str, sel.missing[:MAX_LISTED]))
+            summary.problems.append(f"no record for {len(sel.missing)} row(s) asked for: {shown}")
+        layer_ids = first.layer_ids
+        with files.ExportLock(layout.root):
+            summary.stale_temporaries = files.remove_stale_temporaries(layout.root)
+            info = {
+                "source": summary.source,
+                "model": os.path.abspath(model) if model else None,
+                "layertap_version": layertap.__version__,
+            }
+            files.check_manifest(layout.root, layout.settings, info, fsync)
+            todo = []
+            made_dirs: set[str] = set()
+            for row in sel.rows:
+                path = os.path.join(layout.root, layout.relpath(row))
+                if os.path.exists(path):
+                    summary.existing += 1
+                    continue
+                parent = os.path.dirname(path)
+                if parent not in made_dirs:
+                    os.makedirs(parent, exist_ok=True)
+                    made_dirs.add(parent)
+                todo.append(row)
+            bar = _progress_bar(summary.selected, progress)
+            if bar is not None:
+                bar.update(summary.existing)
+            try:
+                _run(ds, layout, todo, sel, layer_ids, workers, fsync, summary, bar)
+            finally:
+                if bar is not None:
+                    bar.close()
+            if fsync:
+                for d in sorted(made_dirs | {layout.root}):
+                    files.fsync_dir(d)
+    summary.seconds = round(time.monotonic() - started, 3)
+    return summary
+
+
+def _run(
+    ds: Any,
+    layout: Any,
+    todo: list[int],
+    sel: Selection,
+    layer_ids: list[int],
+    workers: int,
+    fsync: bool,
+    summary: ExportSummary,
+    bar: Any,
+) -> None:
+    """Exports ``todo`` on ``workers`` threads, at most 2 x workers records in memory at once."""
+
+    def settle(row: int, fut: Future) -> None:
+        try:
+            nbytes, no_mask = fut.result()
+        except Skip as e:
+            summary.skipped += 1
+            summary.skip_reasons[str(e)] = summary.skip_reasons.get(str(e), 0) + 1
+        except (RecordProblem, OSError) as e:
+            summary.failed += 1
+            if len(summary.problems) < MAX_LISTED:
+                summary.problems.append(f"row {row}: {e}")
+            if isinstance(e, OSError) and e.errno is not None and e.errno in (28, 122):  # ENOSPC, EDQUOT
+                raise
+        else:
+            summary.written += 1
+            summary.bytes_written += nbytes
+            summary.no_loss_mask += no_mask and layout.name == "specforge"
+        if bar is not None:
+            bar.update(1)
+
+    window: deque[tuple[int, Future]] = deque()
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="layertap-export") as pool:
+        try:
+            for row in todo:
+                window.append((row, pool.submit(_export_row, ds, layout, row, sel.positions[row], layer_ids, fsync)))
+                if len(window) >= 2 * workers:
+                    settle(*window.popleft())
+            while window:
+                settle(*window.popleft())
+        except BaseException:
+            for _, fut in window:
+                fut.cancel()
+            raise
+
+
+__all__ = ["ExportSummary", "FORMATS", "export"]

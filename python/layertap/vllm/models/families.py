@@ -1,0 +1,68 @@
+"""The architectures the plugin covers, and where each keeps its residual stream.
+
+vLLM's ``extract_hidden_states`` needs the model to implement its EAGLE-3 interface; the
+architectures below lack it in vLLM 0.26 or 0.32 (or both). For each, the plugin taps the
+residual stream at the decoder layers' boundaries with forward hooks, so a layer id means the same
+as for the models that have the interface (docs/CONNECTOR.md, "Models without the EAGLE-3
+interface"): id ``k < N`` is the input of decoder layer ``k`` (transformers'
+``output_hidden_states[k]``: for ``k = 0`` the embeddings after the model's own scaling), id ``N``
+the output of the last decoder layer before the final norm.
+
+Nothing here imports vLLM or torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: The decoder layer returns ``(hidden_states, residual)`` and the residual stream is their sum:
+#: vLLM's fused residual-add norms defer each addition to the next norm (the next layer's input
+#: norm, or the model's final norm). The layer's ``residual`` argument is None for the first layer,
+#: whose ``hidden_states`` argument is the whole stream (the embeddings).
+FUSED = "fused"
+#: The decoder layer takes and returns the whole residual stream as ``hidden_states`` (the first
+#: element when it returns a tuple).
+PLAIN = "plain"
+
+
+@dataclass(frozen=True)
+class Family:
+    """How to reach one architecture's decoder layers and read its residual stream there."""
+
+    module: str
+    """vLLM's module under ``vllm.model_executor.models`` that defines the architecture's class."""
+    class_name: str
+    """The class in that module (the architecture's name unless vLLM aliases it)."""
+    layers: str
+    """Attribute path from the model to its ``ModuleList`` of decoder layers."""
+    stream: str
+    """``FUSED`` or ``PLAIN``: how a decoder layer carries the residual stream."""
+
+
+def _family(module: str, stream: str = FUSED, *, layers: str = "model.layers"):
+    return lambda arch: Family(module, arch, layers, stream)
+
+
+# Architecture -> family. Each entry was read in vLLM 0.26 and 0.32: the model's forward feeds
+# its layers in order from ``layers``, the first one the embeddings (scaled as transformers
+# scales them), and hands the last layer's output to the final norm with nothing in between. Each
+# is checked against transformers by tests/vllm/test_plugin_values.py (a tiny model of every one
+# is in layertap/_tiny_families.py).
+_FAMILIES = {
+    # Embeddings times sqrt(hidden); Gemma 2 and 3 add sandwich norms (the post-attention and
+    # post-feedforward norms apply to the branch output before it joins the stream).
+    "GemmaForCausalLM": _family("gemma"),
+    "Gemma2ForCausalLM": _family("gemma2"),
+    "Gemma3ForCausalLM": _family("gemma3"),
+    # Mixture of experts in place of the MLP; the stream is unchanged.
+    "MixtralForCausalLM": _family("mixtral"),
+    "Qwen2MoeForCausalLM": _family("qwen2_moe"),
+    "OlmoeForCausalLM": _family("olmoe"),
+    # Sandwich norms (post-attention and post-MLP norms on the branch outputs).
+    "Glm4ForCausalLM": _family("glm4"),
+    # Layers that take and return the whole stream.
+    "GPT2LMHeadModel": _family("gpt2", PLAIN, layers="transformer.h"),
+}
+
+#: Every architecture the plugin knows, with its family.
+FAMILIES: dict[str, Family] = {arch: make(arch) for arch, make in _FAMILIES.items()}
