@@ -131,7 +131,9 @@ def warm_cache(d: Path) -> None:
 
 
 def dataset(kind: str, d: Path, n: int):
-    return SafetensorsFiles(str(d), n) if kind == "safetensors" else HiddenStatesDataset(d)
+    if kind == "safetensors":
+        return SafetensorsFiles(str(d), n)
+    return HiddenStatesDataset(d, verify=not kind.endswith("-noverify"))
 
 
 def _cpu_seconds() -> float:
@@ -185,10 +187,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, nargs="+", default=[2, 0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--keep", action="store_true", help="keep the data in --dir")
+    ap.add_argument(
+        "--no-verify-too",
+        action="store_true",
+        help="also read the layertap shards with verify=False (no checksum pass)",
+    )
     args = ap.parse_args(argv)
 
     dirs = write_all(args, args.dir)
     sizes = {k: sum(p.stat().st_size for p in files_of(d)) for k, d in dirs.items()}
+    if args.no_verify_too:  # the same shards read without the checksum pass
+        for kind in ("layertap-bp16", "layertap-none"):
+            dirs[f"{kind}-noverify"] = dirs[kind]
     kinds = list(dirs)
     runs = []
     for rnd in range(args.rounds):

@@ -141,3 +141,6 @@ def test_corrupt_records_skipped_or_raised(tmp_path):
     assert pad_collate(items)["keys"] == ["0", "1", "3"]
     with pytest.raises(CorruptRecordError):
         HiddenStatesDataset(path)[2]
+    # Without the checksum pass, a flipped bit of an uncompressed record goes unnoticed.
+    unchecked = HiddenStatesDataset(path, verify=False)
+    assert unchecked[2]["key"] == "2" and torch.equal(unchecked[3]["hidden_states"], record(3)["hidden_states"])

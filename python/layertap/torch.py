@@ -11,6 +11,7 @@ lengths, with their loss masks.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 
 import layertap
+from layertap._tensors import to_torch
 from layertap.errors import LayertapError, RecordNotFoundError
 
 _ERRORS = ("raise", "skip")
@@ -39,6 +41,8 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
       are row indices, else in dataset order.
     - ``errors``: ``"raise"`` (a corrupt record raises) or ``"skip"`` (it is served as None, which
       the collate functions drop, and counted in ``skipped``, per process).
+    - ``verify``: check each record's checksum as it is read (the default). ``False`` skips that
+      pass over the record's bytes (a record that does not decode still raises or is skipped).
 
     An item is ``{"hidden_states": [T, L, H], "token_ids": int64 [T], "loss_mask": uint8 [T],
     "key": str}``; ``loss_mask`` is all ones for a record stored without one.
@@ -52,6 +56,7 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
         *,
         errors: str = "raise",
         backend: str = "auto",
+        verify: bool = True,
     ):
         if errors not in _ERRORS:
             raise ValueError(f"errors must be one of {', '.join(_ERRORS)}, not {errors!r}")
@@ -59,6 +64,7 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
         self.layers = None if layers is None else [int(i) for i in layers]
         self.errors = errors
         self.backend = backend
+        self.verify = bool(verify)
         self._given_keys = None if keys is None else list(keys)
         self.skipped = 0
         """Corrupt records served as None in this process (``errors="skip"``)."""
@@ -75,21 +81,28 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
             return self._ds
         self._ds = layertap.open(self.path, backend=self.backend, tensors="torch")
         self._pid = os.getpid()
+        # Where each key's record is: (shard backend, its position there); the first record of a
+        # key in dataset order, as ``Dataset[key]`` finds it.
+        where: dict[str, tuple[Any, int]] = {}
+        for shard in self._ds.backends:
+            for i, entry in enumerate(shard.entries):
+                where.setdefault(entry.key, (shard, i))
         if self._given_keys is None:
-            self._keys = _row_order(self._ds.keys())
+            self._keys = _row_order(list(where))
         else:
-            missing = [k for k in self._given_keys if k not in self._ds]
+            missing = [k for k in self._given_keys if k not in where]
             if missing:
                 raise RecordNotFoundError(
                     f"{self.path}: no record with key {missing[0]!r} ({len(missing)} keys missing)"
                 )
             self._keys = self._given_keys
+        self._where = [where[k] for k in self._keys]
         return self._ds
 
     def __getstate__(self) -> dict:
         # Only the arguments travel to a spawned worker (and default keys are found again there).
         state = self.__dict__.copy()
-        state.update(_ds=None, _pid=None, _keys=None)
+        state.update(_ds=None, _pid=None, _keys=None, _where=None)
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -107,33 +120,36 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
         return len(self.keys)
 
     def __getitem__(self, i: int) -> dict | None:
-        ds = self._open()
-        key = self._keys[i]
+        self._open()
+        shard, at = self._where[i]
         try:
-            return self._item(ds[key])
+            metadata, tensors = shard.read(at, verify=self.verify)
+            return self._item(self._keys[i], shard.path, metadata, tensors)
         except LayertapError:
             if self.errors == "raise":
                 raise
             self.skipped += 1
             return None
 
-    def _item(self, record: Any) -> dict:
-        hidden = record.hidden_states
+    def _item(self, key: str, shard: str, metadata: dict, tensors: list) -> dict:
+        found = {name: to_torch(buf, dtype, shape) for name, dtype, shape, buf in tensors}
+        hidden, token_ids = found.get("hidden_states"), found.get("token_ids")
+        if hidden is None or token_ids is None:
+            raise LayertapError(f"{shard}: record {key!r} has no hidden_states or token_ids tensor")
         if self.layers is not None:
-            stored = record.layer_ids or []
             try:
+                stored = json.loads(metadata.get("layer_ids", "null")) or []
                 index = [stored.index(i) for i in self.layers]
-            except ValueError:
+            except (ValueError, AttributeError):
                 raise LayertapError(
-                    f"{record.shard}: record {record.key!r} holds layers {stored}, not all of {self.layers}"
+                    f"{shard}: record {key!r} holds layers {metadata.get('layer_ids')}, not all of {self.layers}"
                 ) from None
             if index != list(range(len(stored))):
                 hidden = hidden[:, index]
-        token_ids = record.token_ids
-        mask = record.tensors.get("loss_mask")
+        mask = found.get("loss_mask")
         if mask is None:
             mask = torch.ones(len(token_ids), dtype=torch.uint8)
-        return {"hidden_states": hidden, "token_ids": token_ids, "loss_mask": mask, "key": record.key}
+        return {"hidden_states": hidden, "token_ids": token_ids, "loss_mask": mask, "key": key}
 
     def __repr__(self) -> str:
         return f"HiddenStatesDataset({self.path!r}, {len(self)} records, layers={self.layers})"
