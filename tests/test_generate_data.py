@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -246,3 +247,16 @@ def test_resume_refuses_foreign_content(tmp_path):
     finally:
         resume.LOCK_WAIT_SECONDS = old
         os.close(fd)
+
+
+def test_optional_packages_missing(tmp_path, monkeypatch):
+    """Parquet needs pyarrow and datasets directories need datasets, imported only then: without
+    them, one line saying which package to install."""
+    (tmp_path / "d.parquet").write_bytes(b"PAR1")
+    (tmp_path / "hf").mkdir()
+    for name in ("pyarrow", "pyarrow.parquet", "datasets"):
+        monkeypatch.setitem(sys.modules, name, None)  # import raises ImportError
+    with pytest.raises(GenerateError, match="reading Parquet files needs the 'pyarrow' package"):
+        open_rows(tmp_path / "d.parquet")
+    with pytest.raises(GenerateError, match="reading a Hugging Face datasets directory needs the 'datasets' package"):
+        open_rows(tmp_path / "hf")
