@@ -79,7 +79,7 @@ test-python: build ## Run the Python tests (real vLLM included)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 .PHONY: demo
-demo: build ## Run vLLM on a built-in tiny model with the connector and inspect the shards
+demo: build ## layertap generate over a small chat JSONL with a built-in tiny model, then inspect
 	$(BIN)/python -m layertap.demo $(DEMO_ARGS)
 
 BENCH_DIR ?= /var/tmp/layertap-bench

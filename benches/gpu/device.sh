@@ -3,6 +3,7 @@
 # 0.26 into /tmp/site (benches/gpu/README.md says how). Installs the carried wheels, then:
 #   bash benches/gpu/device.sh smoke|1b|8b [MODE...]   extraction benchmark (run.sh) + disk + table
 #   bash benches/gpu/device.sh writer                  writer benchmark against dd
+#   bash benches/gpu/device.sh generate 1b|8b          layertap generate against the bare connector
 # Results accumulate in /tmp/layertap-results (kept while the machine stays warm) and are packed
 # into $OUT/results.tgz after every call.
 set -uo pipefail
@@ -17,6 +18,13 @@ results=/tmp/layertap-results
 mkdir -p "$results"
 what=$1; shift
 case $what in
+  generate)
+    case ${1:-1b} in
+      1b) gen_args=(--model benches/gpu/models/llama-3.2-1b-arch --layers 2,8,13 --prompts 3000 --len 256) ;;
+      8b) gen_args=(--model benches/gpu/models/llama-3.1-8b-arch --layers 2,16,29,32 --prompts 1500 --len 1024) ;;
+    esac
+    python3 benches/bench_generate.py "${gen_args[@]}" --rounds 2 --scratch "$SCRATCH/generate" \
+      --out "$results/generate-${1:-1b}" 2>&1 | tail -n 20 ;;
   writer)
     python3 benches/bench_writer.py --dir "$SCRATCH/writer" --total 4GiB --threads 8 \
       --activations .devbundle/acts/activations.safetensors --out "$results/writer-h200" ;;

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from layertap import generate  # a callable package: layertap.generate(model, data, out, ...)
 from layertap._options import WriterOptions
 from layertap._sink import RecordSink
 from layertap._types import (
@@ -71,6 +72,7 @@ __all__ = [
     "open",
     "follow",
     "recover",
+    "generate",
     "Dataset",
     "Record",
     "RecordIterator",

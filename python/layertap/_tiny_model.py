@@ -48,6 +48,14 @@ WORDS: tuple[str, ...] = tuple(
     """.split()
 )
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
+#: Role markers of the chat template, after the words (so the words keep their ids).
+CHAT_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
+#: A minimal chat template: each message as ``<|role|> words <|end|>``, and ``<|assistant|>``
+#: when a generation prompt is asked for. Whitespace separates the tokens, as the tokenizer splits.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|> {% endif %}"
+)
 
 
 def build_tiny_llama(
@@ -66,8 +74,10 @@ def build_tiny_llama(
 
     The default shape (head size 64) is one vLLM's CPU attention kernels support.
 
-    Nothing is downloaded. The weights are drawn with ``seed``, so two builds with the same
-    arguments are identical. ``dtype`` is stored as the checkpoint's ``torch_dtype``.
+    Nothing is downloaded. The weights are drawn with ``seed`` in float32, so two builds with
+    the same arguments are identical, and a build in another ``dtype`` holds the same weights
+    rounded. Save the model in the dtype it will run in: vLLM warns about every cast. The
+    tokenizer has a chat template (``CHAT_TEMPLATE``).
     """
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -89,15 +99,17 @@ def build_tiny_llama(
 
 
 def write_tokenizer(out: Path) -> dict[str, int]:
-    """Writes the word-level tokenizer into ``out`` (created if missing); returns its vocabulary."""
+    """Writes the word-level tokenizer, with its chat template, into ``out`` (created if
+    missing); returns its vocabulary."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     out.mkdir(parents=True, exist_ok=True)
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + WORDS)}
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + WORDS + CHAT_TOKENS)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out)
     return vocab
 

@@ -450,6 +450,10 @@ def build_parser() -> argparse.ArgumentParser:
     from layertap.export.cli import add_parser as add_export  # issue 9: the trainers' exports
 
     add_export(sub)
+
+    from layertap.generate.command import add_parser as add_generate_parser  # its own package
+
+    add_generate_parser(sub)
     return parser
 
 

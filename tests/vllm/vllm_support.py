@@ -155,6 +155,20 @@ class Reference:
         per_layer = [out.hidden_states[k][0] if k < n else outputs["last"][0] for k in layers]
         return torch.stack(per_layer, dim=1)
 
+    def hidden_states_batch(
+        self, seqs: list[list[int]], layers: list[int], dtype: torch.dtype = torch.float32
+    ) -> list[torch.Tensor]:
+        """``hidden_states`` of several sequences in one forward: right-padded, so with causal
+        attention the padding never reaches a real token (positions count from 0 in each row)."""
+        model, outputs = self._models[dtype]
+        longest = max(len(s) for s in seqs)
+        batch = torch.tensor([s + [0] * (longest - len(s)) for s in seqs])
+        with torch.no_grad():
+            out = model(batch, output_hidden_states=True)
+        n = model.config.num_hidden_layers
+        stacked = torch.stack([out.hidden_states[k] if k < n else outputs["last"] for k in layers], dim=2)
+        return [stacked[i, : len(s)] for i, s in enumerate(seqs)]
+
 
 def assert_hidden_states_match(
     record: Any, reference: Reference, token_ids: list[int], layers: list[int] = STORED_LAYERS, hidden_size: int = 128

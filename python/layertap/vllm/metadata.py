@@ -20,6 +20,10 @@ class SaveRequest:
     block_ids: list[int]
     """The request's blocks of the hidden-states group, enough for ``token_ids``."""
     num_prompt_tokens: int
+    record_metadata: dict[str, str] | None = None
+    """The client's ``record_metadata``, checked (``extras.py``)."""
+    loss_mask: np.ndarray | None = None
+    """uint8 0/1, one per token saved, from the client's ``loss_mask`` (``extras.py``)."""
 
     @property
     def num_tokens(self) -> int:

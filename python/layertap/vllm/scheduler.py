@@ -13,13 +13,14 @@ import numpy as np
 from layertap.vllm import registry
 from layertap.vllm.config import ConnectorOptions, sample_id_problem
 from layertap.vllm.engine import read_engine_facts
+from layertap.vllm.extras import loss_mask_array, record_metadata_problem
 from layertap.vllm.metadata import LayertapMetadata, SaveRequest
 from layertap.vllm.online import PARAMS_KEY
 
 logger = logging.getLogger("vllm.layertap")  # under vLLM's logging configuration
 
 #: Request kv_transfer_params the connector reads.
-REQUEST_KEYS = ("sample_id", "include_output_tokens")
+REQUEST_KEYS = ("sample_id", "include_output_tokens", "record_metadata", "loss_mask")
 #: Finish states whose hidden states are saved: the request ran to its end. Aborted, ignored
 #: (prompt too long) and failed requests are not.
 _SAVED_STATES = ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED", "FINISHED_REPETITION")
@@ -96,6 +97,11 @@ class SchedulerSide:
                 "invalid_request",
                 f"{what} {key!r} was used by an earlier request; this engine's writer takes each key once",
             )
+        record_metadata = params.get("record_metadata")
+        if record_metadata is not None:
+            problem = record_metadata_problem(record_metadata)
+            if problem:
+                return self._refuse(req_id, "invalid_request", problem)
         if include_outputs:
             # The last token was sampled, never fed back: the cache has no hidden states for it.
             token_ids = list(request.all_token_ids)[:-1]
@@ -104,6 +110,12 @@ class SchedulerSide:
         if not token_ids:
             return self._refuse(req_id, "not_saved", "the request has no token ids (prompt embeddings?)")
         num_tokens = len(token_ids)
+        loss_mask = None
+        if params.get("loss_mask") is not None:
+            num_prompt = int(request.num_prompt_tokens)
+            loss_mask, problem = loss_mask_array(params["loss_mask"], num_prompt, num_tokens - num_prompt)
+            if problem:
+                return self._refuse(req_id, "invalid_request", problem)
         gid = self.facts.group_id
         blocks = block_ids[gid] if 0 <= gid < len(block_ids) else []
         if len(blocks) * self.facts.block_size < num_tokens:
@@ -119,6 +131,8 @@ class SchedulerSide:
             token_ids=np.asarray(token_ids, dtype=np.int64),
             block_ids=list(blocks[: -(-num_tokens // self.facts.block_size)]),
             num_prompt_tokens=int(request.num_prompt_tokens),
+            record_metadata=dict(record_metadata) if record_metadata else None,
+            loss_mask=loss_mask,
         )
         with self._unsent_lock:
             self._unsent.append(save)

@@ -204,10 +204,15 @@ class HiddenStatesSaver:
                 request_id=save.req_id,
                 num_prompt_tokens=str(save.num_prompt_tokens),
             )
+            if save.record_metadata:
+                meta.update(save.record_metadata)  # the scheduler refused the connector's names
             parts = [
                 ("hidden_states", hidden[s * row : e * row], dtype, [e - s, *row_shape]),
                 ("token_ids", token_ids[s * 8 : e * 8], "I64", [e - s]),
             ]
+            if save.loss_mask is not None:
+                # The scheduler's array, not the pool: the writer holds it until the record is written.
+                parts.append(("loss_mask", memoryview(save.loss_mask), "U8", [e - s]))
             records.append((save.key, parts, meta, e - s))
         try:
             seqs = self._writer_call(self.writer.submit_buffers, records)

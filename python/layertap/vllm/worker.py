@@ -20,8 +20,9 @@ from layertap.vllm.transfer import HiddenStatesSaver, region_bytes
 logger = logging.getLogger("vllm.layertap")  # under vLLM's logging configuration
 
 
-def open_writer(options: ConnectorOptions, facts: EngineFacts, pool_bytes: int) -> RecordSink:
-    """The shard writer the options ask for, with what the connector adds to the shard header."""
+def open_writer(options: ConnectorOptions, facts: EngineFacts, pool_bytes: int, dtype: str | None = None) -> RecordSink:
+    """The shard writer the options ask for, with what the connector adds to the shard header
+    (``dtype``: the hidden states' dtype, as torch names it, when known)."""
     import json
 
     if options.writer == "python":
@@ -29,6 +30,8 @@ def open_writer(options: ConnectorOptions, facts: EngineFacts, pool_bytes: int) 
     else:
         from layertap import ShardWriter as writer_class
     shard_meta = {"source": "layertap.vllm", "model": facts.model, "layer_ids": json.dumps(list(facts.layer_ids))}
+    if dtype is not None:
+        shard_meta["dtype"] = dtype
     writer_options = writer_options_for(options, facts.writer_id, pool_bytes, shard_meta)
     try:
         return writer_class(options.output_dir, options=writer_options)
@@ -85,7 +88,7 @@ class WorkerSide:
                 f"and gather indices, needs {largest} bytes; raise pool_bytes or lower max_model_len",
             )
         pool = HostPool(pool_bytes, pin=cache.is_cuda)
-        writer = open_writer(self.options, facts, pool_bytes)
+        writer = open_writer(self.options, facts, pool_bytes, str(cache.dtype).removeprefix("torch."))
         self.saver = HiddenStatesSaver(cache, writer, pool, facts, self.stats, self.options.output_dir)
         logger.info(
             "layertap: writing hidden states of layers %s (%s, cache %s strides %s, token axis %d, "

@@ -1,0 +1,31 @@
+"""``layertap generate``: a hidden-states dataset from a prompt dataset (docs/GENERATE.md).
+
+``layertap.generate(model, data, out, ...)`` runs it and returns the summary. The package itself
+is callable, so that this name can be both the function and the package of its modules:
+``layertap.generate(...)`` and ``from layertap.generate import generate`` are the same call.
+
+Modules: ``data`` (reading rows), ``render`` (rows to token ids), ``model`` (the model's facts
+and layer ids), ``resume`` (what the output directory holds), ``engine`` (the vLLM loop),
+``progress``, ``summary``, ``command`` (the command line) and ``run`` (the whole run). vLLM and
+transformers are imported only when a run starts.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+from layertap.generate.errors import GenerateError
+from layertap.generate.run import generate
+
+
+class _CallableModule(types.ModuleType):
+    def __call__(self, *args, **kwargs):
+        return generate(*args, **kwargs)
+
+    __call__.__doc__ = generate.__doc__
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+__all__ = ["GenerateError", "generate"]

@@ -1,0 +1,131 @@
+"""``layertap generate`` on the command line (docs/GENERATE.md): the subcommand's arguments and
+what it prints. Exit status: 0 every usable row has its record (bad rows are listed, not
+failures); 1 the run failed or left rows without their record (run it again); 2 bad input,
+found before the engine started."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+
+from layertap.generate.progress import PROGRESS_MODES
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="write the hidden states of a prompt dataset (resumable)",
+        description="Run MODEL in vLLM over every row of DATA and write the hidden states of the chosen "
+        "layers into DIR, one record per row keyed by its index. Rerun with the same --out to "
+        "resume. See docs/GENERATE.md.",
+    )
+    p.add_argument("model", metavar="MODEL", help="model name or path, as vLLM takes it")
+    p.add_argument(
+        "--data",
+        required=True,
+        metavar="DATA",
+        help="JSONL file, Parquet file, or Hugging Face datasets directory (save_to_disk) with "
+        "input_ids, messages or prompt, and optionally loss_mask",
+    )
+    p.add_argument("--out", required=True, metavar="DIR", help="dataset directory (created; resumed when it exists)")
+    p.add_argument(
+        "--layers",
+        metavar="IDS",
+        help="comma-separated layer ids in vLLM numbering (N = the last layer's output before "
+        "the final norm); default EAGLE-3's 2,N//2,N-3,N",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=1,
+        metavar="N",
+        help="tokens to generate per row (default: %(default)s: prefill only)",
+    )
+    p.add_argument(
+        "--include-output-tokens", action="store_true", help="record the generated tokens too (all but the last)"
+    )
+    p.add_argument(
+        "--max-len",
+        type=int,
+        metavar="N",
+        help="longest prompt in tokens; longer rows are skipped and listed "
+        "(default: the model's context minus --max-tokens)",
+    )
+    p.add_argument("--limit", type=int, metavar="N", help="use only the first N rows")
+    p.add_argument(
+        "--engine-args", metavar="JSON", help="other vLLM LLM() arguments, e.g. '{\"tensor_parallel_size\": 2}'"
+    )
+    p.add_argument("--sampling-args", metavar="JSON", help="SamplingParams arguments, e.g. '{\"temperature\": 0}'")
+    p.add_argument(
+        "--connector-args",
+        metavar="JSON",
+        help='connector options (docs/CONNECTOR.md), e.g. \'{"codec": "zstd"}\'; default Rust writer, bp16-zstd',
+    )
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument(
+        "--progress",
+        choices=PROGRESS_MODES,
+        default="auto",
+        help="bar (a terminal), lines (periodic lines), none; default: bar on a terminal, else lines",
+    )
+    p.add_argument(
+        "--progress-interval",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds between progress lines (default: %(default)s)",
+    )
+    p.set_defaults(func=run)
+
+
+def _quiet_vllm() -> None:
+    """vLLM logs INFO lines to stdout, where the summary (and --json) goes: unless the user chose
+    otherwise, it logs warnings and errors only, to stderr. Set before vLLM is imported."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+
+
+def run(args: argparse.Namespace) -> int:
+    _quiet_vllm()
+    from layertap.generate import GenerateError, generate
+    from layertap.generate.summary import summary_text
+
+    try:
+        summary = generate(
+            args.model,
+            args.data,
+            args.out,
+            layers=args.layers,
+            max_tokens=args.max_tokens,
+            include_output_tokens=args.include_output_tokens,
+            max_len=args.max_len,
+            limit=args.limit,
+            engine_args=args.engine_args,
+            sampling_args=args.sampling_args,
+            connector_args=args.connector_args,
+            progress=args.progress,
+            progress_interval=args.progress_interval,
+        )
+    except GenerateError as e:
+        print(f"layertap generate: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("layertap generate: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+    except Exception as e:  # the engine failed: the traceback, then one line saying what to do
+        traceback.print_exc()
+        first = str(e).strip().splitlines()
+        print(
+            f"layertap generate: the run failed: {type(e).__name__}: {first[0] if first else ''}; "
+            "run the same command again to resume",
+            file=sys.stderr,
+        )
+        return 1
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(summary_text(summary))
+    return 0 if summary["rows_missing"] == 0 else 1

@@ -1,0 +1,221 @@
+"""What a run shows while it works: a progress bar on a terminal (rows, tokens/s, bytes written,
+compression ratio, ETA), a plain line every ``interval`` seconds otherwise, or nothing.
+
+Bytes written and the ratio are read from the run's shards as they grow (``ShardFollower``), not
+estimated: the writer may run in the engine's process, and what counts is what is in the files.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, TextIO
+
+from layertap._spec.format import (
+    FILE_HEADER_FIXED_LEN,
+    KIND_RECORD,
+    MAX_META_LEN,
+    SHARD_SUFFIX,
+    FormatProblem,
+    decode_file_header,
+    read_frame_header,
+)
+from layertap.cli import human_bytes
+
+PROGRESS_MODES = ("auto", "bar", "lines", "none")
+
+
+class _GrowingShard:
+    """One shard of this run, its frame headers read as the writer appends them (the payloads
+    are neither read nor checked: this only counts)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self.pos: int | None = None
+        """Offset of the next frame header; None until the file header is complete."""
+        self.finished = False
+
+    def _pread(self, offset: int, n: int) -> bytes:
+        return os.pread(self.fd, n, offset)
+
+    def advance(self, on_record) -> None:
+        """Reads the frame headers completed since the last call; ``on_record(header)`` each."""
+        size = os.fstat(self.fd).st_size
+        if self.pos is None:
+            head = self._pread(0, min(size, FILE_HEADER_FIXED_LEN + 4 + MAX_META_LEN))
+            try:
+                self.pos = decode_file_header(head, size).header_len
+            except FormatProblem:
+                return  # the header is still being written
+        while True:
+            try:
+                frame = read_frame_header(self._pread, self.pos, size)
+            except FormatProblem:
+                return  # the next frame is not (all) there yet
+            if frame.kind != KIND_RECORD:  # the index: the shard is complete
+                self.close()
+                return
+            on_record(frame)
+            self.pos += frame.frame_len
+
+    def close(self) -> None:
+        if not self.finished:
+            os.close(self.fd)
+            self.finished = True
+
+
+class ShardFollower:
+    """Counts the records that the run's writer (``writer_id``) has put in ``directory`` so far.
+
+    ``layertap.follow``'s ``DatasetTail`` reads the same frame headers, but keeps every entry of
+    every shard for key lookups; a run of ten million rows needs only running totals."""
+
+    def __init__(self, directory: str, writer_id: str):
+        self.directory = directory
+        self.prefix = writer_id + "-"
+        self._shards: dict[str, _GrowingShard] = {}
+        self.records = 0
+        self.raw_bytes = 0
+        self.stored_bytes = 0
+
+    def _count(self, frame: Any) -> None:
+        self.records += 1
+        self.raw_bytes += frame.raw_len
+        self.stored_bytes += frame.stored_len
+
+    def poll(self) -> None:
+        for name in sorted(os.listdir(self.directory)):
+            if name.startswith(self.prefix) and name.endswith(SHARD_SUFFIX) and name not in self._shards:
+                try:
+                    self._shards[name] = _GrowingShard(os.path.join(self.directory, name))
+                except FileNotFoundError:
+                    continue
+        for shard in self._shards.values():
+            if not shard.finished:
+                shard.advance(self._count)
+
+    @property
+    def ratio(self) -> float | None:
+        return self.raw_bytes / self.stored_bytes if self.stored_bytes else None
+
+    def close(self) -> None:
+        for shard in self._shards.values():
+            shard.close()
+
+
+def _sized(stream: TextIO) -> bool:
+    """Whether the terminal says how large it is."""
+    try:
+        size = os.get_terminal_size(stream.fileno())
+    except (AttributeError, OSError, ValueError):
+        return False
+    return size.columns > 0 and size.lines > 0
+
+
+def _rate(n: float, seconds: float) -> str:
+    r = n / seconds if seconds > 0 else 0.0
+    return f"{r / 1000:.1f}k" if r >= 10_000 else f"{r:.0f}"
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+class Progress:
+    """Rows finished, tokens and bytes of a run, shown as ``mode`` says:
+    ``bar`` (tqdm), ``lines`` (one line every ``interval`` s), ``none``, or ``auto``
+    (a bar when ``stream`` is a terminal, else lines)."""
+
+    def __init__(
+        self,
+        total_rows: int,
+        follower: ShardFollower,
+        mode: str = "auto",
+        interval: float = 10.0,
+        stream: TextIO | None = None,
+    ):
+        self.stream = stream if stream is not None else sys.stderr
+        if mode == "auto":
+            mode = "bar" if self.stream.isatty() else "lines"
+        self.mode = mode
+        self.total = total_rows
+        self.follower = follower
+        self.interval = interval
+        self.rows = 0
+        self.bad = 0
+        self.tokens = 0
+        self.start = time.monotonic()
+        self._last_row = self.start
+        """When the last row finished: rates are measured up to it, not through the shutdown."""
+        self._last_poll = 0.0
+        self._last_line = self.start
+        self._bar = None
+        if mode == "bar":
+            from tqdm import tqdm
+
+            # A terminal that reports no size (a fresh pty's 0x0) would get no bar from tqdm.
+            sized = _sized(self.stream)
+            self._bar = tqdm(
+                total=total_rows,
+                unit="row",
+                desc="generate",
+                file=self.stream,
+                dynamic_ncols=sized,
+                ncols=None if sized else 100,
+                nrows=None if sized else 20,
+                mininterval=0.5,
+                smoothing=0.1,
+            )
+
+    def update(self, rows: int = 0, tokens: int = 0, bad: int = 0) -> None:
+        """Counts rows finished (recorded or bad) and their tokens; shows them now and then."""
+        self.rows += rows + bad
+        self.bad += bad
+        self.tokens += tokens
+        now = time.monotonic()
+        if rows or bad:
+            self._last_row = now
+        if now - self._last_poll >= min(1.0, self.interval):
+            self._last_poll = now
+            self.follower.poll()
+            if self._bar is not None:
+                self._bar.set_postfix_str(self._stats(now), refresh=False)
+        if self._bar is not None:
+            if rows or bad:
+                self._bar.update(rows + bad)
+        elif self.mode == "lines" and now - self._last_line >= self.interval:
+            self._last_line = now
+            self.line(now)
+
+    def _stats(self, now: float) -> str:
+        f = self.follower
+        ratio = f"{f.ratio:.2f}x" if f.ratio else "-"
+        bad = f", {self.bad} bad" if self.bad else ""
+        rate = _rate(self.tokens, min(now, self._last_row) - self.start)
+        return f"{rate} tok/s, {human_bytes(f.stored_bytes)} written, ratio {ratio}{bad}"
+
+    def line(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        elapsed = now - self.start
+        pct = f" ({100 * self.rows / self.total:.0f}%)" if self.total else ""
+        eta = ""
+        if 0 < self.rows < self.total:
+            eta = f", ETA {_duration(elapsed * (self.total - self.rows) / self.rows)}"
+        print(
+            f"generate: {self.rows:,}/{self.total:,} rows{pct}, {self.tokens:,} tokens, "
+            f"{self._stats(now)}, {_duration(elapsed)} elapsed{eta}",
+            file=self.stream,
+            flush=True,
+        )
+
+    def close(self) -> None:
+        self.follower.poll()
+        if self._bar is not None:
+            self._bar.set_postfix_str(self._stats(time.monotonic()), refresh=False)
+            self._bar.close()
+            self._bar = None
+        elif self.mode == "lines":
+            self.line()

@@ -1,0 +1,192 @@
+"""What an output directory already holds, so that a rerun writes each row exactly once.
+
+The state is the shards themselves, nothing else: a row is done when a record keyed by its index
+is in a shard. Before a run:
+
+1. the run takes ``.layertap-generate.lock`` in the directory (``flock``; the kernel drops it when
+   the process dies, however it dies), so two runs never write into one directory;
+2. every shard left open by a run that was killed is recovered (``layertap.recover``: the
+   records whose bytes are all there and match their checksums are kept and indexed, the torn
+   tail is cut), after waiting a little for a writer that is still shutting down to let go of it;
+   a file of an earlier run that died before its shard header was complete holds no record and is
+   removed (empty) or set aside as ``NAME.torn`` (a partial header);
+3. every shard must come from ``layertap generate`` with the same model and layers; the keys of
+   their records are the rows done.
+
+Each run writes with a fresh writer id ``gen-{run}`` (one more than any run before it), so it
+never appends to another run's shard.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from layertap.generate.errors import GenerateError
+
+LOCK_NAME = ".layertap-generate.lock"
+SOURCE = "layertap.generate"
+#: Shard names of generate runs: ``gen-{run}-{n:06}.lts``.
+_RUN_SHARD = re.compile(r"^gen-(\d+)-\d{6}\.lts(\.torn)?$")
+#: How long to wait for a shard still locked by a dying writer (io_uring teardown takes a moment).
+LOCK_WAIT_SECONDS = 10.0
+
+
+@dataclass
+class OutputState:
+    """The output directory, locked for this run."""
+
+    path: str
+    run: int
+    done: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Rows with a record (sorted, distinct)."""
+    recovered: list[str] = field(default_factory=list)
+    """Shards of killed runs completed by this run."""
+    set_aside: list[str] = field(default_factory=list)
+    """Files of killed runs without a complete header (no records), removed or renamed."""
+    duplicates: int = 0
+    """Records whose row already had one (should never happen; counted, not hidden)."""
+    _lock_fd: int | None = None
+
+    @property
+    def writer_id(self) -> str:
+        return f"gen-{self.run}"
+
+    def release(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor drops the flock
+            self._lock_fd = None
+
+
+def _lock(path: str) -> int:
+    fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise GenerateError(f"{path}: another layertap generate is writing into this directory") from None
+    return fd
+
+
+def _run_number(names: list[str]) -> int:
+    runs = [int(m.group(1)) for n in names if (m := _RUN_SHARD.match(n))]
+    return max(runs, default=-1) + 1
+
+
+def _open_dataset(path: str):
+    import layertap
+
+    names = [n for n in os.listdir(path) if n.endswith(".lts")]
+    return layertap.open(path) if names else None
+
+
+def recover_shard(shard: str) -> None:
+    import layertap
+    from layertap.errors import ShardLockedError
+
+    deadline = time.monotonic() + LOCK_WAIT_SECONDS
+    while True:
+        try:
+            layertap.recover(shard)
+            return
+        except ShardLockedError:
+            if time.monotonic() > deadline:
+                raise GenerateError(
+                    f"{shard}: a live writer holds this shard; is a process of an earlier run still "
+                    "running? Stop it, then run again"
+                ) from None
+            time.sleep(0.2)
+
+
+def _set_aside(shard: str, state: OutputState) -> None:
+    """A file of a killed run whose header is incomplete: it holds no record."""
+    if os.path.getsize(shard) == 0:
+        os.unlink(shard)
+    else:
+        os.replace(shard, shard + ".torn")
+    state.set_aside.append(shard)
+
+
+def _check_meta(info, model: str, layer_ids: list[int]) -> None:
+    user = info.meta.get("user", {})
+    name = os.path.basename(info.path)
+    if user.get("source") != SOURCE:
+        raise GenerateError(
+            f"{info.path}: not written by layertap generate (source {user.get('source')!r}); use an empty or new --out"
+        )
+    if user.get("model") != model:
+        raise GenerateError(
+            f"--out holds {name} made with model {user.get('model')!r}, not {model!r}; use another --out"
+        )
+    try:
+        theirs = json.loads(user.get("layer_ids", "null"))
+    except ValueError:
+        theirs = None
+    if theirs != sorted(layer_ids):
+        raise GenerateError(f"--out holds {name} with layers {theirs}, not {sorted(layer_ids)}; use another --out")
+
+
+def prepare_output(path: str, model: str, layer_ids: list[int]) -> OutputState:
+    """Locks ``path`` (created if missing), completes what killed runs left, and reads which rows
+    are done. Raises GenerateError when the directory cannot be resumed by this run."""
+    path = os.path.abspath(path)
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise GenerateError(f"{path}: cannot create the output directory: {e.strerror or e}") from None
+    if not os.access(path, os.W_OK):
+        raise GenerateError(f"{path}: the output directory is not writable")
+    state = OutputState(path, run=0, _lock_fd=_lock(path))
+    try:
+        _complete_shards(state, model, layer_ids)
+        state.run = _run_number(os.listdir(path))
+        ds = _open_dataset(path)
+        if ds is not None:
+            with ds:
+                for info in ds.shards:
+                    _check_meta(info, model, layer_ids)
+                rows = np.fromiter((_row_of(e.key, path) for b in ds.backends for e in b.entries), dtype=np.int64)
+                state.done = np.unique(rows)
+                state.duplicates = len(rows) - len(state.done)
+    except BaseException:
+        state.release()
+        raise
+    return state
+
+
+def _complete_shards(state: OutputState, model: str, layer_ids: list[int]) -> None:
+    from layertap.errors import FormatError
+
+    ds = _open_dataset(state.path)
+    if ds is None:
+        return
+    # Everything is checked before anything is changed: a directory of another kind is left as it is.
+    with ds:
+        for info in ds.shards:
+            if info.meta or not info.being_written:  # (a live writer's header may not be there yet)
+                _check_meta(info, model, layer_ids)
+        open_shards = [i.path for i in ds.shards if not i.complete]
+        unreadable = list(ds.unreadable)
+    for problem in unreadable:
+        if not _RUN_SHARD.match(os.path.basename(problem.shard)):
+            raise GenerateError(f"{problem.shard}: {problem.message}; --out must hold only layertap generate's shards")
+    for shard in open_shards + [p.shard for p in unreadable]:
+        try:
+            recover_shard(shard)
+        except FormatError:
+            # No complete header (the writer died writing it): no record can follow it.
+            _set_aside(shard, state)
+        else:
+            state.recovered.append(shard)
+
+
+def _row_of(key: str, path: str) -> int:
+    if not key.isdigit() or str(int(key)) != key:
+        raise GenerateError(f"{path}: holds a record with key {key!r}, not a row index; use another --out")
+    return int(key)

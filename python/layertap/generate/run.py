@@ -1,0 +1,295 @@
+"""``layertap.generate``: a hidden-states dataset from a prompt dataset (docs/GENERATE.md).
+
+Order of work: every input is checked before the engine starts (data, model, layers, options,
+the output directory, which is locked and whose earlier runs are completed); then the rows not
+done yet are rendered and streamed through vLLM with the layertap connector; then the engine is
+stopped once every record is in a file, and the run's shards are read back to confirm each row
+the connector took has its record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from layertap.generate.data import BadRow, open_rows
+from layertap.generate.engine import (
+    Outcome,
+    check_connector_args,
+    check_engine_args,
+    check_json_object,
+    llm_kwargs,
+    run_rows,
+    sampling_kwargs,
+    shutdown,
+)
+from layertap.generate.errors import GenerateError
+from layertap.generate.model import load_model_info, parse_layers
+from layertap.generate.progress import PROGRESS_MODES, Progress, ShardFollower
+from layertap.generate.render import BadRowError, Renderer
+from layertap.generate.resume import SOURCE, OutputState, prepare_output
+
+#: How long to wait for the writer of an engine in its own process to put the last records in
+#: files, counted from the last one that arrived, before stopping the engine anyway.
+DRAIN_STALL_SECONDS = 120.0
+#: What the engine is given to close its writer once everything is in files.
+SHUTDOWN_SECONDS = 60.0
+
+
+def _positive(name: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise GenerateError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _max_lengths(max_len: int | None, max_tokens: int, engine_args: dict, max_positions: int | None) -> tuple[int, int]:
+    """(longest prompt, the engine's max_model_len). By default a prompt may be as long as the
+    engine's context leaves room for ``max_tokens`` after it."""
+    model_len = engine_args.get("max_model_len")
+    if max_len is None:
+        limit = model_len or max_positions
+        if not limit:
+            raise GenerateError("the model's configuration gives no context length: pass --max-len")
+        max_len = limit - max_tokens
+        if max_len < 1:
+            raise GenerateError(f"--max-tokens {max_tokens} leaves no room for a prompt in {limit} tokens of context")
+    if model_len is None:
+        model_len = max_len + max_tokens
+    elif max_len + max_tokens > model_len:
+        raise GenerateError(
+            f"--max-len {max_len} plus --max-tokens {max_tokens} exceeds the engine's max_model_len {model_len}"
+        )
+    return max_len, model_len
+
+
+def _rendered(rows, skip: np.ndarray, renderer: Renderer) -> Iterator:
+    for row in rows.rows(skip):
+        if isinstance(row, BadRow):
+            yield row
+            continue
+        try:
+            ids, mask = renderer.render(row.value, row.loss_mask)
+        except BadRowError as e:
+            yield BadRow(row.index, str(e))
+            continue
+        yield row.index, ids, mask
+
+
+def _versions() -> dict[str, str]:
+    import vllm
+
+    import layertap
+
+    return {"layertap_version": layertap.__version__, "vllm_version": getattr(vllm, "__version__", "")}
+
+
+def _in_process(llm: Any) -> bool:
+    """Whether the engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+    return "Inproc" in type(llm.llm_engine.engine_core).__name__
+
+
+def _drain(follower: ShardFollower, expected: int) -> None:
+    """Waits until the run's shards hold ``expected`` records, or none arrived for a while."""
+    last, seen = time.monotonic(), follower.records
+    while follower.records < expected and time.monotonic() - last < DRAIN_STALL_SECONDS:
+        time.sleep(0.05)
+        follower.poll()
+        if follower.records != seen:
+            last, seen = time.monotonic(), follower.records
+
+
+def _read_back(state: OutputState, num_rows: int) -> dict:
+    """This run's records as its shards hold them (shards the engine left open are completed
+    first)."""
+    import layertap
+    from layertap.generate.resume import recover_shard
+
+    prefix = state.writer_id + "-"
+    names = sorted(n for n in os.listdir(state.path) if n.startswith(prefix) and n.endswith(".lts"))
+    present = np.zeros(num_rows, dtype=bool)
+    out = {"records": 0, "tokens": 0, "raw_bytes": 0, "stored_bytes": 0, "dtype": None, "shards": len(names)}
+    for name in names:
+        path = os.path.join(state.path, name)
+        with layertap.open(path) as ds:
+            complete = ds.shards[0].complete
+        if not complete:
+            recover_shard(path)
+            state.recovered.append(path)
+        with layertap.open(path) as ds:
+            info = ds.shards[0]
+            out["dtype"] = out["dtype"] or info.meta.get("user", {}).get("dtype")
+            for e in ds.backends[0].entries:
+                row = int(e.key)
+                if row < num_rows:
+                    present[row] = True
+                out["records"] += 1
+                out["tokens"] += e.num_tokens
+                out["raw_bytes"] += e.raw_len
+                out["stored_bytes"] += e.stored_len
+    out["present"] = present
+    return out
+
+
+def _run_engine(
+    llm_args: dict,
+    items: Iterator,
+    num_rows: int,
+    todo: int,
+    state: OutputState,
+    sampling: dict,
+    include_output_tokens: bool,
+    progress: str,
+    interval: float,
+) -> tuple[Outcome, float, float]:
+    """Starts the engine, runs the rows, stops it once its records are in files. Returns the
+    outcome and when the engine was ready and when the last request finished."""
+    from vllm import LLM
+
+    llm = LLM(**llm_args)
+    t_engine = time.monotonic()
+    follower = ShardFollower(state.path, state.writer_id)
+    bar = Progress(todo, follower, progress, interval)
+    try:
+        outcome = run_rows(llm, items, num_rows, sampling, include_output_tokens, bar.update)
+        t_gen = time.monotonic()
+        if not _in_process(llm):
+            _drain(follower, outcome.saved_count)
+        outcome.drain_seconds = time.monotonic() - t_gen
+        shutdown(llm, SHUTDOWN_SECONDS)
+    finally:
+        bar.close()
+        follower.close()
+    return outcome, t_engine, t_gen
+
+
+def generate(
+    model: str,
+    data: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    layers: str | list[int] | None = None,
+    max_tokens: int = 1,
+    include_output_tokens: bool = False,
+    max_len: int | None = None,
+    limit: int | None = None,
+    engine_args: dict | str | None = None,
+    sampling_args: dict | str | None = None,
+    connector_args: dict | str | None = None,
+    progress: str = "auto",
+    progress_interval: float = 10.0,
+) -> dict:
+    """Writes the hidden states of every row of ``data`` into ``out`` and returns the summary
+    (docs/GENERATE.md lists its fields). Raises GenerateError, before the engine starts, for bad
+    input. Rerunning with the same ``out`` resumes: rows whose records exist are skipped."""
+    t0 = time.monotonic()
+    if progress not in PROGRESS_MODES:
+        raise GenerateError(f"progress must be one of {', '.join(PROGRESS_MODES)}, got {progress!r}")
+    if not isinstance(include_output_tokens, bool):
+        raise GenerateError(f"include_output_tokens must be true or false, got {include_output_tokens!r}")
+    limit, max_len = _positive("--limit", limit), _positive("--max-len", max_len)
+    rows = open_rows(data, limit)
+    engine_args = check_engine_args(engine_args)
+    sampling = sampling_kwargs(check_json_object(sampling_args, "--sampling-args"), max_tokens)
+    info = load_model_info(model, engine_args, need_tokenizer=rows.column != "input_ids")
+    layer_ids = parse_layers(layers, info.num_layers)
+    max_len, model_len = _max_lengths(max_len, max_tokens, engine_args, info.max_positions)
+    renderer = Renderer(info.tokenizer, rows.column, info.vocab_size, max_len)
+    out_dir = os.path.abspath(os.fspath(out))
+    connector = check_connector_args(check_json_object(connector_args, "--connector-args"), out_dir)
+    if progress == "auto":
+        progress = "bar" if sys.stderr.isatty() else "lines"
+    if progress != "bar":
+        # vLLM's own bar while it loads the weights: only where a bar of ours is drawn too.
+        engine_args.setdefault("use_tqdm_on_load", False)
+    state = prepare_output(out_dir, model, layer_ids)
+    try:
+        done = np.zeros(rows.num_rows, dtype=bool)
+        done[state.done[state.done < rows.num_rows]] = True
+        done_before = int(done.sum())
+        connector.update(
+            output_dir=out_dir,
+            writer_id=state.writer_id,
+            shard_metadata={
+                "source": SOURCE,
+                "model": model,
+                "model_revision": info.revision,
+                "layer_ids": json.dumps(layer_ids),
+                "layer_numbering": "vllm",
+                **_versions(),
+            },
+        )
+        t_load = time.monotonic()
+        if done_before < rows.num_rows:
+            outcome, t_engine, t_gen = _run_engine(
+                llm_kwargs(model, layer_ids, {**engine_args, "max_model_len": model_len}, connector),
+                _rendered(rows, done, renderer),
+                rows.num_rows,
+                rows.num_rows - done_before,
+                state,
+                sampling,
+                include_output_tokens,
+                progress,
+                progress_interval,
+            )
+        else:  # nothing left to do: no engine
+            outcome, t_engine, t_gen = Outcome(saved=np.zeros(rows.num_rows, dtype=bool)), t_load, t_load
+        written = _read_back(state, rows.num_rows)
+        t_end = time.monotonic()
+    finally:
+        state.release()
+    missing = np.flatnonzero(outcome.saved & ~written["present"])
+    bad = sorted(outcome.bad)
+    gen_seconds = t_gen - t_engine
+    summary = {
+        "out": out_dir,
+        "data": os.path.abspath(os.fspath(data)),
+        "data_format": rows.format,
+        "column": rows.column,
+        "loss_mask": rows.has_loss_mask,
+        "model": model,
+        "model_revision": info.revision,
+        "layer_ids": layer_ids,
+        "layer_numbering": "vllm",
+        "dtype": written["dtype"],
+        "max_len": max_len,
+        "max_tokens": max_tokens,
+        "include_output_tokens": include_output_tokens,
+        "run": state.run,
+        "writer_id": state.writer_id,
+        "rows": rows.num_rows,
+        "rows_done_before": done_before,
+        "rows_written": int((written["present"] & ~done).sum()),
+        "rows_bad": len(bad),
+        "rows_missing": len(missing),
+        "bad_rows": [{"row": r, "reason": why} for r, why in bad],
+        "missing_rows": missing[:1000].tolist(),
+        "duplicate_records": state.duplicates + max(0, written["records"] - int(written["present"].sum())),
+        "tokens": written["tokens"],
+        "raw_bytes": written["raw_bytes"],
+        "stored_bytes": written["stored_bytes"],
+        "ratio": round(written["raw_bytes"] / written["stored_bytes"], 4) if written["stored_bytes"] else None,
+        "shards": written["shards"],
+        "shards_recovered": state.recovered,
+        "files_set_aside": state.set_aside,
+        "tokens_per_second": round(outcome.tokens / gen_seconds, 1) if gen_seconds > 0 else 0.0,
+        "seconds": {
+            "load": round(t_load - t0, 3),
+            "engine_start": round(t_engine - t_load, 3),
+            "generate": round(gen_seconds, 3),
+            "drain": round(outcome.drain_seconds, 3),
+            "shutdown": round(t_end - t_gen - outcome.drain_seconds, 3),
+            "total": round(t_end - t0, 3),
+        },
+    }
+    summary["complete"] = summary["rows_done_before"] + summary["rows_written"] + summary["rows_bad"] == summary[
+        "rows"
+    ] and not len(missing)
+    return summary

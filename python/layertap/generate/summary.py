@@ -1,0 +1,45 @@
+"""The summary of a run: what ``layertap.generate`` returns, ``--json`` prints, and the lines
+printed at the end otherwise."""
+
+from __future__ import annotations
+
+from layertap.cli import human_bytes
+
+#: Bad rows the text summary lists one by one (``--json`` lists all).
+LISTED_BAD_ROWS = 20
+
+
+def summary_text(s: dict) -> str:
+    secs = s["seconds"]
+    ratio = f"{s['ratio']:.2f}x" if s["ratio"] else "-"
+    lines = [
+        f"{s['out']}: {s['rows_written']:,} rows written this run ({s['tokens']:,} tokens, "
+        f"{human_bytes(s['stored_bytes'])} stored, ratio {ratio}), {s['rows_done_before']:,} done before, "
+        f"{s['rows_bad']:,} bad, of {s['rows']:,} rows",
+        f"model {s['model']}, layers {s['layer_ids']} (vLLM numbering), {s['dtype'] or '-'}; writer {s['writer_id']}",
+        f"time: {secs['total']:.1f} s (start-up {secs['load'] + secs['engine_start']:.1f} s, "
+        f"generation {secs['generate']:.1f} s at {s['tokens_per_second']:,.0f} tok/s, last records written "
+        f"{secs['drain']:.1f} s, shutdown {secs['shutdown']:.1f} s)",
+    ]
+    if s["shards_recovered"] or s["files_set_aside"]:
+        lines.append(
+            f"completed {len(s['shards_recovered'])} shard(s) left open by an earlier run; "
+            f"set aside {len(s['files_set_aside'])} file(s) without a complete header"
+        )
+    for row in s["bad_rows"][:LISTED_BAD_ROWS]:
+        lines.append(f"bad row {row['row']}: {row['reason']}")
+    if s["rows_bad"] > LISTED_BAD_ROWS:
+        lines.append(f"... and {s['rows_bad'] - LISTED_BAD_ROWS:,} more bad rows (--json lists them all)")
+    if s["rows_missing"]:
+        lines.append(
+            f"ERROR: {s['rows_missing']:,} rows the connector took have no record in --out "
+            f"(first: {s['missing_rows'][:10]}); run again to write them"
+        )
+    if s["duplicate_records"]:
+        lines.append(f"WARNING: {s['duplicate_records']} records repeat a row found in an earlier run")
+    state = "complete" if s["complete"] else "incomplete"
+    lines.append(
+        f"dataset {state}: {s['rows_done_before'] + s['rows_written']:,} of "
+        f"{s['rows'] - s['rows_bad']:,} usable rows have their record"
+    )
+    return "\n".join(lines)

@@ -1,0 +1,213 @@
+"""A ``torch.utils.data.Dataset`` over a layertap dataset, for training loops (docs/GENERATE.md,
+"Training on the dataset").
+
+``HiddenStatesDataset(path, layers=None, keys=None)`` gives random access to the records: item
+``i`` is the record of the ``i``-th key (by default the row indices of a ``layertap generate``
+dataset in ascending order) as a dict of tensors. It works with ``DataLoader`` workers started by
+fork or spawn: it pickles as its arguments only, and each worker opens the shards itself (its own
+memory maps) at its first item. ``pad_collate`` and ``pack_collate`` batch records of different
+lengths, with their loss masks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+import layertap
+from layertap._tensors import to_torch
+from layertap.errors import LayertapError, RecordNotFoundError
+
+_ERRORS = ("raise", "skip")
+
+
+def _row_order(keys: list[str]) -> list[str]:
+    """Row indices ascending when every key is one (a generate dataset), else dataset order."""
+    if keys and all(k.isdigit() and (k == "0" or not k.startswith("0")) for k in keys):
+        return sorted(keys, key=int)
+    return keys
+
+
+class HiddenStatesDataset(torch.utils.data.Dataset):
+    """The records of the layertap dataset at ``path`` (a directory or one shard).
+
+    - ``layers``: layer ids (as the records' ``layer_ids`` name them, vLLM numbering for datasets
+      made by layertap) to keep, in this order; None keeps every stored layer.
+    - ``keys``: the records to serve, in order; None: every record, by row index when the keys
+      are row indices, else in dataset order.
+    - ``errors``: ``"raise"`` (a corrupt record raises) or ``"skip"`` (it is served as None, which
+      the collate functions drop, and counted in ``skipped``, per process).
+    - ``verify``: check each record's checksum as it is read (the default). ``False`` skips that
+      pass over the record's bytes (a record that does not decode still raises or is skipped).
+
+    An item is ``{"hidden_states": [T, L, H], "token_ids": int64 [T], "loss_mask": uint8 [T],
+    "key": str}``; ``loss_mask`` is all ones for a record stored without one.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        layers: Sequence[int] | None = None,
+        keys: Sequence[str] | None = None,
+        *,
+        errors: str = "raise",
+        backend: str = "auto",
+        verify: bool = True,
+    ):
+        if errors not in _ERRORS:
+            raise ValueError(f"errors must be one of {', '.join(_ERRORS)}, not {errors!r}")
+        self.path = os.fspath(path)
+        self.layers = None if layers is None else [int(i) for i in layers]
+        self.errors = errors
+        self.backend = backend
+        self.verify = bool(verify)
+        self._given_keys = None if keys is None else list(keys)
+        self.skipped = 0
+        """Corrupt records served as None in this process (``errors="skip"``)."""
+        self._ds = None
+        self._pid = None
+        self._open()
+
+    # -- the shards, once per process ----------------------------------------------------------
+
+    def _open(self) -> Any:
+        """The reader of this process; opened again in a worker that inherited the parent's by
+        fork, so that each process reads through its own memory maps and file descriptors."""
+        if self._ds is not None and self._pid == os.getpid():
+            return self._ds
+        self._ds = layertap.open(self.path, backend=self.backend, tensors="torch")
+        self._pid = os.getpid()
+        # Where each key's record is: (shard backend, its position there); the first record of a
+        # key in dataset order, as ``Dataset[key]`` finds it.
+        where: dict[str, tuple[Any, int]] = {}
+        for shard in self._ds.backends:
+            for i, entry in enumerate(shard.entries):
+                where.setdefault(entry.key, (shard, i))
+        if self._given_keys is None:
+            self._keys = _row_order(list(where))
+        else:
+            missing = [k for k in self._given_keys if k not in where]
+            if missing:
+                raise RecordNotFoundError(
+                    f"{self.path}: no record with key {missing[0]!r} ({len(missing)} keys missing)"
+                )
+            self._keys = self._given_keys
+        self._where = [where[k] for k in self._keys]
+        return self._ds
+
+    def __getstate__(self) -> dict:
+        # Only the arguments travel to a spawned worker (and default keys are found again there).
+        state = self.__dict__.copy()
+        state.update(_ds=None, _pid=None, _keys=None, _where=None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    # -- items --------------------------------------------------------------------------------
+
+    @property
+    def keys(self) -> list[str]:
+        """The key of each item, in order."""
+        self._open()
+        return self._keys
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, i: int) -> dict | None:
+        self._open()
+        shard, at = self._where[i]
+        try:
+            metadata, tensors = shard.read(at, verify=self.verify)
+            return self._item(self._keys[i], shard.path, metadata, tensors)
+        except LayertapError:
+            if self.errors == "raise":
+                raise
+            self.skipped += 1
+            return None
+
+    def _item(self, key: str, shard: str, metadata: dict, tensors: list) -> dict:
+        found = {name: to_torch(buf, dtype, shape) for name, dtype, shape, buf in tensors}
+        hidden, token_ids = found.get("hidden_states"), found.get("token_ids")
+        if hidden is None or token_ids is None:
+            raise LayertapError(f"{shard}: record {key!r} has no hidden_states or token_ids tensor")
+        if self.layers is not None:
+            try:
+                stored = json.loads(metadata.get("layer_ids", "null")) or []
+                index = [stored.index(i) for i in self.layers]
+            except (ValueError, AttributeError):
+                raise LayertapError(
+                    f"{shard}: record {key!r} holds layers {metadata.get('layer_ids')}, not all of {self.layers}"
+                ) from None
+            if index != list(range(len(stored))):
+                hidden = hidden[:, index]
+        mask = found.get("loss_mask")
+        if mask is None:
+            mask = torch.ones(len(token_ids), dtype=torch.uint8)
+        return {"hidden_states": hidden, "token_ids": token_ids, "loss_mask": mask, "key": key}
+
+    def __repr__(self) -> str:
+        return f"HiddenStatesDataset({self.path!r}, {len(self)} records, layers={self.layers})"
+
+
+def _present(batch: list[dict | None]) -> list[dict]:
+    items = [b for b in batch if b is not None]
+    if not items:
+        raise ValueError("a batch with no readable record (all were corrupt and skipped)")
+    return items
+
+
+def pad_collate(batch: list[dict | None], pad_token_id: int = 0) -> dict:
+    """Pads a batch to its longest record: ``hidden_states [B, T, L, H]`` (zeros after each
+    record), ``token_ids [B, T]`` (``pad_token_id`` after), ``loss_mask [B, T]`` (0 after),
+    ``attention_mask [B, T]`` (bool), ``lengths [B]`` and ``keys``. Skipped records (None) are
+    left out."""
+    items = _present(batch)
+    lengths = torch.tensor([len(b["token_ids"]) for b in items])
+    n, t = len(items), int(lengths.max())
+    first = items[0]["hidden_states"]
+    hidden = first.new_zeros((n, t, *first.shape[1:]))
+    token_ids = torch.full((n, t), pad_token_id, dtype=torch.int64)
+    loss_mask = torch.zeros((n, t), dtype=torch.uint8)
+    for j, b in enumerate(items):
+        k = len(b["token_ids"])
+        hidden[j, :k] = b["hidden_states"]
+        token_ids[j, :k] = b["token_ids"]
+        loss_mask[j, :k] = b["loss_mask"]
+    attention_mask = torch.arange(t)[None, :] < lengths[:, None]
+    return {
+        "hidden_states": hidden,
+        "token_ids": token_ids,
+        "loss_mask": loss_mask,
+        "attention_mask": attention_mask,
+        "lengths": lengths,
+        "keys": [b["key"] for b in items],
+    }
+
+
+def pack_collate(batch: list[dict | None]) -> dict:
+    """Packs a batch end to end without padding: ``hidden_states [N, L, H]``, ``token_ids [N]``,
+    ``loss_mask [N]``, ``position_ids [N]`` (from 0 in each record), ``cu_seqlens [B + 1]``
+    (int32 offsets, as varlen attention kernels take them) and ``keys``. Skipped records (None)
+    are left out."""
+    items = _present(batch)
+    lengths = torch.tensor([len(b["token_ids"]) for b in items])
+    cu = torch.zeros(len(items) + 1, dtype=torch.int32)
+    torch.cumsum(lengths, 0, out=cu[1:])
+    starts = torch.repeat_interleave(cu[:-1].long(), lengths)
+    return {
+        "hidden_states": torch.cat([b["hidden_states"] for b in items]),
+        "token_ids": torch.cat([b["token_ids"] for b in items]),
+        "loss_mask": torch.cat([b["loss_mask"] for b in items]),
+        "position_ids": torch.arange(int(cu[-1])) - starts,
+        "cu_seqlens": cu,
+        "keys": [b["key"] for b in items],
+    }
+
+
+__all__ = ["HiddenStatesDataset", "pad_collate", "pack_collate"]

@@ -1,0 +1,146 @@
+"""``layertap.torch.HiddenStatesDataset`` and its collate functions: items by row, layer
+selection, DataLoader workers started by fork and by spawn, corrupt records skipped or raised."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+
+import pytest
+import torch
+
+import layertap
+from helpers import flip_bit
+from layertap.errors import CorruptRecordError, RecordNotFoundError
+from layertap.torch import HiddenStatesDataset, pack_collate, pad_collate
+
+ROWS = 24
+LAYER_IDS = [2, 8, 13]
+
+
+def record(row: int) -> dict:
+    g = torch.Generator().manual_seed(row)
+    n = 3 + row % 7
+    tensors = {
+        "hidden_states": torch.randn(n, len(LAYER_IDS), 16, generator=g).to(torch.bfloat16),
+        "token_ids": torch.arange(n, dtype=torch.int64) + 100 * row,
+    }
+    if row % 2 == 0:
+        tensors["loss_mask"] = (torch.arange(n) % 3 != 0).to(torch.uint8)
+    return tensors
+
+
+@pytest.fixture(scope="module")
+def dataset_path(tmp_path_factory):
+    """Rows written out of order by two writers (as resumed runs leave them)."""
+    path = tmp_path_factory.mktemp("torch-ds") / "ds"
+    rows = list(range(ROWS))
+    random.Random(0).shuffle(rows)
+    for writer_id, part in (("gen-0", rows[:10]), ("gen-1", rows[10:])):
+        with layertap.ShardWriter(str(path), writer_id=writer_id, codec="bp16-zstd") as w:
+            for r in part:
+                w.submit(str(r), record(r), {"layer_ids": "[2, 8, 13]", "row": str(r)})
+    return path
+
+
+def test_items_in_row_order(dataset_path):
+    ds = HiddenStatesDataset(dataset_path)
+    assert len(ds) == ROWS and ds.keys == [str(i) for i in range(ROWS)]
+    for i in (0, 5, 23):
+        item, want = ds[i], record(i)
+        assert item["key"] == str(i)
+        assert torch.equal(item["hidden_states"], want["hidden_states"])
+        assert torch.equal(item["token_ids"], want["token_ids"])
+        mask = want.get("loss_mask", torch.ones(len(want["token_ids"]), dtype=torch.uint8))
+        assert item["loss_mask"].dtype == torch.uint8 and torch.equal(item["loss_mask"], mask)
+
+
+def test_layers_and_keys(dataset_path):
+    ds = HiddenStatesDataset(dataset_path, layers=[13, 2], keys=["7", "3"])
+    assert len(ds) == 2 and ds.keys == ["7", "3"]
+    item = ds[0]
+    assert torch.equal(item["hidden_states"], record(7)["hidden_states"][:, [2, 0]])
+    with pytest.raises(layertap.LayertapError, match=r"holds layers \[2, 8, 13\], not all of \[4\]"):
+        HiddenStatesDataset(dataset_path, layers=[4])[0]
+    with pytest.raises(RecordNotFoundError, match="no record with key '99'"):
+        HiddenStatesDataset(dataset_path, keys=["1", "99"])
+
+
+def test_pickles_as_its_arguments(dataset_path):
+    ds = HiddenStatesDataset(dataset_path, layers=[8])
+    blob = pickle.dumps(ds)
+    assert len(blob) < 1000, len(blob)  # no keys, no reader
+    copy = pickle.loads(blob)
+    assert copy.keys == ds.keys and torch.equal(copy[4]["hidden_states"], ds[4]["hidden_states"])
+
+
+def collate_in_worker(batch):
+    """pack_collate, after checking that this worker reads through a reader it opened itself."""
+    info = torch.utils.data.get_worker_info()
+    assert info is not None and info.dataset._pid == os.getpid()
+    return pack_collate(batch)
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_dataloader_workers(dataset_path, context):
+    ds = HiddenStatesDataset(dataset_path)
+    ds[0]  # the parent has a reader open: a forked worker must open its own
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=5, shuffle=True, num_workers=2, multiprocessing_context=context, collate_fn=collate_in_worker
+    )
+    seen = []
+    for batch in loader:
+        seen += batch["keys"]
+        n = len(batch["token_ids"])
+        assert batch["hidden_states"].shape == (n, 3, 16) and batch["cu_seqlens"][-1] == n
+    assert sorted(seen, key=int) == ds.keys
+
+
+def test_collates():
+    items = [
+        {
+            "hidden_states": torch.ones(2, 3, 4),
+            "token_ids": torch.tensor([5, 6]),
+            "loss_mask": torch.tensor([0, 1], dtype=torch.uint8),
+            "key": "a",
+        },
+        None,  # a skipped record
+        {
+            "hidden_states": torch.full((3, 3, 4), 2.0),
+            "token_ids": torch.tensor([7, 8, 9]),
+            "loss_mask": torch.tensor([1, 1, 0], dtype=torch.uint8),
+            "key": "b",
+        },
+    ]
+    pad = pad_collate(items, pad_token_id=-1)
+    assert pad["hidden_states"].shape == (2, 3, 3, 4) and pad["keys"] == ["a", "b"]
+    assert pad["token_ids"].tolist() == [[5, 6, -1], [7, 8, 9]]
+    assert pad["loss_mask"].tolist() == [[0, 1, 0], [1, 1, 0]]
+    assert pad["attention_mask"].tolist() == [[True, True, False], [True, True, True]]
+    assert pad["hidden_states"][0, 2].abs().sum() == 0 and pad["lengths"].tolist() == [2, 3]
+    pack = pack_collate(items)
+    assert pack["hidden_states"].shape == (5, 3, 4) and pack["token_ids"].tolist() == [5, 6, 7, 8, 9]
+    assert pack["loss_mask"].tolist() == [0, 1, 1, 1, 0] and pack["position_ids"].tolist() == [0, 1, 0, 1, 2]
+    assert pack["cu_seqlens"].tolist() == [0, 2, 5] and pack["cu_seqlens"].dtype == torch.int32
+    with pytest.raises(ValueError, match="no readable record"):
+        pad_collate([None])
+
+
+def test_corrupt_records_skipped_or_raised(tmp_path):
+    path = tmp_path / "ds"
+    with layertap.ShardWriter(str(path), writer_id="gen-0", codec="none") as w:
+        for r in range(4):
+            w.submit(str(r), record(r), {"layer_ids": "[2, 8, 13]"})
+    with layertap.open(path) as reader:
+        entry = reader.backends[0].entries[2]
+    flip_bit(reader.shards[0].path, entry.frame_offset + entry.stored_len // 2 + 64)
+    skipping = HiddenStatesDataset(path, errors="skip")
+    items = [skipping[i] for i in range(4)]
+    assert items[2] is None and skipping.skipped == 1 and [b["key"] for b in items if b] == ["0", "1", "3"]
+    assert pad_collate(items)["keys"] == ["0", "1", "3"]
+    with pytest.raises(CorruptRecordError):
+        HiddenStatesDataset(path)[2]
+    # Without the checksum pass, a flipped bit of an uncompressed record goes unnoticed.
+    unchecked = HiddenStatesDataset(path, verify=False)
+    assert unchecked[2]["key"] == "2" and torch.equal(unchecked[3]["hidden_states"], record(3)["hidden_states"])

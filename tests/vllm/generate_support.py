@@ -1,0 +1,166 @@
+"""Helpers of the ``layertap generate`` tests: prompt datasets built from the tiny model's words,
+engine arguments for the tiny model, and running the command in a child process."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+#: LLM arguments for the tiny model on the CPU (generate adds the extraction and the connector).
+TINY_ENGINE_ARGS = {"enforce_eager": True, "block_size": 32, "kv_cache_memory_bytes": 64 << 20, "seed": 0}
+
+
+def words(rng: random.Random, lo: int, hi: int) -> str:
+    from layertap._tiny_model import WORDS
+
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi)))
+
+
+def chat_rows(n: int, seed: int = 0) -> list[dict]:
+    """``n`` chats: a system message now and then, one to three turns, some ending with the user
+    (rendered with the generation prompt)."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        msgs = [{"role": "system", "content": words(rng, 2, 6)}] if i % 7 == 0 else []
+        for turn in range(1 + i % 3):
+            msgs.append({"role": "user", "content": words(rng, 1, 20)})
+            if turn < i % 3 or i % 5 != 4:
+                msgs.append({"role": "assistant", "content": words(rng, 1, 25)})
+        rows.append({"messages": msgs})
+    return rows
+
+
+def id_rows(n: int, lo: int, hi: int, seed: int = 0, loss_mask: bool = False) -> list[dict]:
+    """``n`` rows of token ids (3.., the tiny vocabulary's words) of ``lo`` to ``hi`` tokens."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        ids = [rng.randrange(3, 400) for _ in range(rng.randint(lo, hi))]
+        row: dict = {"input_ids": ids}
+        if loss_mask:
+            row["loss_mask"] = [int(rng.random() < 0.6) for _ in ids]
+        rows.append(row)
+    return rows
+
+
+def write_jsonl(path: Path, rows: list) -> str:
+    with open(path, "w") as f:
+        for r in rows:
+            f.write((r if isinstance(r, str) else json.dumps(r)) + "\n")
+    return str(path)
+
+
+def generate_cmd(model: str, data: str, out: str, *extra: str, engine_args: dict | None = None) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "layertap",
+        "generate",
+        model,
+        "--data",
+        data,
+        "--out",
+        out,
+        "--engine-args",
+        json.dumps({**TINY_ENGINE_ARGS, **(engine_args or {})}),
+        *extra,
+    ]
+
+
+def child_env(multiprocessing: bool) -> dict:
+    env = dict(os.environ)
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocessing else "0"
+    env.pop("VLLM_LOGGING_LEVEL", None)
+    return env
+
+
+class Child:
+    """``layertap generate`` in a process group of its own (so that SIGKILL reaches the whole
+    tree), its stderr collected line by line (``\\r`` ends a line too, as a progress bar
+    redraws) and its stdout kept."""
+
+    def __init__(self, cmd: list[str], multiprocessing: bool, stderr_fd: int | None = None):
+        self.proc = subprocess.Popen(
+            cmd,
+            env=child_env(multiprocessing),
+            start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=stderr_fd if stderr_fd is not None else subprocess.PIPE,
+        )
+        self.lines: list[str] = []
+        self.stdout = b""
+        self._cond = threading.Condition()
+        self._threads = [threading.Thread(target=self._read_stdout, daemon=True)]
+        if stderr_fd is None:
+            reader = threading.Thread(target=self._read_lines, args=(self.proc.stderr.fileno(),), daemon=True)
+            self._threads.append(reader)
+        for t in self._threads:
+            t.start()
+
+    def _read_stdout(self) -> None:
+        self.stdout = self.proc.stdout.read()
+
+    def _read_lines(self, fd: int) -> None:
+        buf = b""
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # a pty's master reads EIO once the child side is closed
+                chunk = b""
+            if not chunk:
+                break
+            buf += chunk
+            *done, buf = buf.replace(b"\r", b"\n").split(b"\n")
+            with self._cond:
+                self.lines += [d.decode(errors="replace") for d in done if d]
+                self._cond.notify_all()
+        with self._cond:
+            if buf:
+                self.lines.append(buf.decode(errors="replace"))
+            self._cond.notify_all()
+
+    def follow(self, fd: int) -> None:
+        """Collects lines from ``fd`` (a pty's master side) instead of a pipe."""
+        t = threading.Thread(target=self._read_lines, args=(fd,), daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def wait_for(self, predicate, timeout: float) -> str | None:
+        """The first line for which ``predicate`` holds, waiting up to ``timeout`` s (None if
+        the process ended or the time ran out first)."""
+        with self._cond:
+            seen = 0
+            deadline = _now() + timeout
+            while True:
+                for line in self.lines[seen:]:
+                    if predicate(line):
+                        return line
+                seen = len(self.lines)
+                if self.proc.poll() is not None or _now() > deadline:
+                    return None
+                self._cond.wait(0.1)
+
+    def finish(self, timeout: float) -> int:
+        rc = self.proc.wait(timeout)
+        for t in self._threads:
+            t.join(10)
+        for f in (self.proc.stdout, self.proc.stderr):
+            if f is not None:
+                f.close()
+        return rc
+
+    @property
+    def stderr(self) -> str:
+        return "\n".join(self.lines)
+
+
+def _now() -> float:
+    import time
+
+    return time.monotonic()

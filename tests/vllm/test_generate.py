@@ -1,0 +1,173 @@
+"""``layertap generate`` through real vLLM engines: records equal transformers' hidden states
+for the rendered tokens, bad rows skipped and listed, loss masks and output tokens, and the
+progress output on a terminal and without one."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import struct
+import termios
+
+import pytest
+import torch
+from generate_support import TINY_ENGINE_ARGS, Child, chat_rows, generate_cmd, id_rows, write_jsonl
+
+import layertap
+from vllm_support import VLLM_WARNINGS, assert_hidden_states_match, pytest_env
+
+pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
+
+#: The tiny model's EAGLE-3 default: [2, 4//2, 4-3, 4], distinct.
+DEFAULT_LAYERS = [1, 2, 4]
+
+
+def render(tokenizer, messages: list[dict]) -> list[int]:
+    """The chat as transformers renders and tokenizes it."""
+    return list(
+        tokenizer.apply_chat_template(
+            messages, tokenize=True, return_dict=False, add_generation_prompt=messages[-1]["role"] != "assistant"
+        )
+    )
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model)
+
+
+@pytest.fixture(scope="module")
+def chat_run(tiny_model, tmp_path_factory):
+    """One run over 200 chats and 4 bad rows, in float32, with the engine in this process."""
+    tmp = tmp_path_factory.mktemp("gen-chat")
+    rows = chat_rows(200)
+    long_chat = {"messages": [{"role": "user", "content": " ".join(["water"] * 140)}]}
+    lines = [*rows, long_chat, "{oops", {"prompt": "no messages"}, {"messages": "not a list"}]
+    data = write_jsonl(tmp / "chat.jsonl", lines)
+    out = tmp / "out"
+    with pytest_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}):
+        summary = layertap.generate(
+            tiny_model, data, out, max_len=128, progress="none", engine_args={**TINY_ENGINE_ARGS, "dtype": "float32"}
+        )
+    return rows, out, summary
+
+
+def test_records_equal_transformers(chat_run, tiny_model, tokenizer, reference):
+    rows, out, summary = chat_run
+    assert summary["rows"] == 204 and summary["rows_written"] == 200 and summary["rows_done_before"] == 0
+    assert summary["complete"] and summary["rows_missing"] == 0 and summary["duplicate_records"] == 0
+    assert summary["layer_ids"] == DEFAULT_LAYERS and summary["column"] == "messages"
+    with layertap.open(out) as ds:
+        assert sorted(ds.keys(), key=int) == [str(i) for i in range(200)]
+        assert ds.verify().ok and all(s.complete for s in ds.shards)
+        user = ds.shards[0].meta["user"]
+        assert (
+            user
+            == {
+                "source": "layertap.generate",
+                "model": tiny_model,
+                "model_revision": "",
+                "layer_ids": "[1, 2, 4]",
+                "layer_numbering": "vllm",
+                "dtype": "float32",
+                "layertap_version": layertap.__version__,
+                "vllm_version": user["vllm_version"],
+            }
+            and user["vllm_version"]
+        )
+        seqs = [render(tokenizer, row["messages"]) for row in rows]
+        # One batched transformers forward for all rows (a forward per row costs a minute here);
+        # one row through the per-record check, which also compares layer by layer.
+        want = reference.hidden_states_batch(seqs, DEFAULT_LAYERS)
+        for i, ids in enumerate(seqs):
+            record = ds[str(i)]
+            assert record.token_ids.tolist() == ids and record.layer_ids == DEFAULT_LAYERS
+            assert record.metadata["row"] == str(i) and record.metadata["num_tokens"] == str(len(ids))
+            assert "loss_mask" not in record.tensors
+            torch.testing.assert_close(record.hidden_states, want[i], rtol=1e-5, atol=1e-5)
+        assert_hidden_states_match(ds["7"], reference, seqs[7], layers=DEFAULT_LAYERS)
+    assert summary["tokens"] == sum(map(len, seqs)) and summary["ratio"] > 1.0
+
+
+def test_bad_rows_are_skipped_and_listed(chat_run):
+    _, _, summary = chat_run
+    reasons = {b["row"]: b["reason"] for b in summary["bad_rows"]}
+    assert summary["rows_bad"] == 4 and sorted(reasons) == [200, 201, 202, 203]
+    assert reasons[200] == "143 tokens, more than --max-len 128"  # with role markers and generation prompt
+    assert reasons[201].startswith("not JSON")
+    assert reasons[202] == "no 'messages'"
+    assert reasons[203].startswith("messages must be a non-empty list")
+
+
+def test_loss_mask_and_output_tokens(tiny_model, reference, tmp_path):
+    """Token ids with loss masks from Parquet, three generated tokens of which two are recorded
+    (with mask 1), explicit layers, bfloat16."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = id_rows(12, 5, 60, seed=3, loss_mask=True)
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet")
+    with pytest_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}):
+        summary = layertap.generate(
+            tiny_model,
+            tmp_path / "d.parquet",
+            tmp_path / "out",
+            layers="4,0",
+            max_tokens=3,
+            include_output_tokens=True,
+            sampling_args={"temperature": 0.0, "ignore_eos": True},
+            engine_args={**TINY_ENGINE_ARGS, "dtype": "bfloat16"},
+            progress="none",
+        )
+    assert summary["complete"] and summary["rows_written"] == 12 and summary["loss_mask"]
+    with layertap.open(tmp_path / "out") as ds:
+        assert ds.verify().ok
+        for i, row in enumerate(rows):
+            record = ds[str(i)]
+            n = len(row["input_ids"])
+            assert record.num_tokens == n + 2 and record.token_ids[:n].tolist() == row["input_ids"]
+            mask = record.tensors["loss_mask"]
+            assert mask.dtype == torch.uint8 and mask.tolist() == row["loss_mask"] + [1, 1]
+            assert record.metadata["num_prompt_tokens"] == str(n)
+            assert_hidden_states_match(record, reference, record.token_ids.tolist(), layers=[0, 4])
+
+
+def test_progress_lines_and_json_without_a_terminal(tiny_model, tmp_path):
+    """The engine in its own process (vLLM's default); stderr a pipe: plain progress lines, and
+    with --json the summary is all that stdout holds."""
+    data = write_jsonl(tmp_path / "chat.jsonl", chat_rows(40, seed=1))
+    child = Child(
+        generate_cmd(tiny_model, data, str(tmp_path / "out"), "--json", "--progress-interval", "0.2"),
+        multiprocessing=True,
+    )
+    assert child.finish(timeout=240) == 0, child.stderr
+    summary = json.loads(child.stdout)
+    assert summary["complete"] and summary["rows_written"] == 40
+    lines = [line for line in child.lines if line.startswith("generate: ")]
+    assert lines and lines[-1].startswith("generate: 40/40 rows (100%), "), child.stderr
+    assert " tok/s, " in lines[-1] and " written, ratio " in lines[-1] and "elapsed" in lines[-1]
+    assert not any(line.startswith("generate:") and "%|" in line for line in child.lines)  # no bar drawn
+    assert not any("Loading safetensors checkpoint shards" in line for line in child.lines)  # nor vLLM's
+
+
+def test_progress_bar_on_a_terminal(tiny_model, tmp_path):
+    data = write_jsonl(tmp_path / "chat.jsonl", chat_rows(30, seed=2))
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # 40 rows, 120 columns
+    try:
+        child = Child(generate_cmd(tiny_model, data, str(tmp_path / "out")), multiprocessing=False, stderr_fd=slave)
+        os.close(slave)
+        child.follow(master)
+        assert child.finish(timeout=240) == 0, child.stderr
+    finally:
+        os.close(master)
+    bars = [line for line in child.lines if line.startswith("generate:") and "%|" in line]
+    assert bars, child.stderr
+    assert any("30/30" in b and "tok/s" in b and "written" in b and "ratio" in b for b in bars), bars
+    assert not any(line.startswith("generate: 30/30 rows (100%)") for line in child.lines)  # no plain lines
+    summary = child.stdout.decode()
+    assert "30 rows written this run" in summary and "dataset complete: 30 of 30 usable rows" in summary

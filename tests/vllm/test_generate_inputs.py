@@ -1,0 +1,148 @@
+"""Bad input to ``layertap generate`` gets a one-line error (exit status 2) before any engine
+starts, and nothing is written."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+
+import pytest
+from generate_support import TINY_ENGINE_ARGS, chat_rows, id_rows, write_jsonl
+
+import layertap
+from layertap.cli import main as layertap_cli
+from layertap.generate.resume import LOCK_NAME
+from vllm_support import VLLM_WARNINGS
+
+pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
+
+
+@pytest.fixture(autouse=True)
+def keep_environment():
+    """The command sets vLLM's logging variables when they are unset; keep them out of other tests."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gen-inputs")
+    return {
+        "chat": write_jsonl(tmp / "chat.jsonl", chat_rows(3)),
+        "ids": write_jsonl(tmp / "ids.jsonl", id_rows(3, 2, 5)),
+        "nocol": write_jsonl(tmp / "nocol.jsonl", [{"text": "the water"}]),
+    }
+
+
+def run(capsys, model: str, data: str, out, *extra: str, engine_args: dict | None = None) -> tuple[int, str]:
+    args = [
+        "generate",
+        model,
+        "--data",
+        data,
+        "--out",
+        str(out),
+        "--engine-args",
+        json.dumps(engine_args if engine_args is not None else TINY_ENGINE_ARGS),
+        *extra,
+    ]
+    status = layertap_cli(args)
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    return status, captured.err
+
+
+def assert_refused(capsys, message: str, model: str, data: str, out, *extra: str, **kw) -> None:
+    status, err = run(capsys, model, data, out, *extra, **kw)
+    assert status == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("layertap generate: "), err
+    assert message in lines[0], err
+    assert not list(out.glob("*.lts")) if out.exists() else True  # nothing written
+
+
+def test_bad_data(capsys, tiny_model, data, tmp_path):
+    out = tmp_path / "out"
+    assert_refused(capsys, "missing.jsonl: no such file or directory", tiny_model, str(tmp_path / "missing.jsonl"), out)
+    assert_refused(
+        capsys,
+        "no prompt column: expected one of input_ids, messages, prompt; the data has 'text'",
+        tiny_model,
+        data["nocol"],
+        out,
+    )
+    assert not out.exists()
+
+
+def test_bad_model_and_layers(capsys, tiny_model, data, tmp_path):
+    out = tmp_path / "out"
+    empty = tmp_path / "not-a-model"
+    empty.mkdir()
+    assert_refused(capsys, f"cannot load model '{empty}'", str(empty), data["ids"], out)
+    assert_refused(
+        capsys,
+        "layer ids [5, 9] are out of range for a model of 4 layers",
+        tiny_model,
+        data["ids"],
+        out,
+        "--layers",
+        "2,5,9",
+    )
+    assert_refused(capsys, "--layers must be comma-separated integers", tiny_model, data["ids"], out, "--layers", "two")
+    # A chat dataset needs a chat template.
+    no_template = tmp_path / "no-template"
+    shutil.copytree(tiny_model, no_template)
+    (no_template / "chat_template.jinja").unlink()
+    assert_refused(
+        capsys,
+        "the data has 'messages' but the model's tokenizer has no chat template",
+        str(no_template),
+        data["chat"],
+        out,
+    )
+
+
+def test_bad_options(capsys, tiny_model, data, tmp_path):
+    out, ids = tmp_path / "out", data["ids"]
+    cases = [
+        ("--engine-args is not JSON", ["--engine-args", "{x"]),
+        (
+            "--engine-args: 'tensor_paralel_size' is not an argument of vLLM's LLM",
+            ["--engine-args", '{"tensor_paralel_size": 2}'],
+        ),
+        ("--engine-args may not set 'speculative_config'", ["--engine-args", '{"speculative_config": {}}']),
+        (
+            "--max-len 600 plus --max-tokens 1 exceeds the engine's max_model_len 512",
+            ["--max-len", "600", "--engine-args", json.dumps({**TINY_ENGINE_ARGS, "max_model_len": 512})],
+        ),
+        ("--max-tokens must be a positive integer, got 0", ["--max-tokens", "0"]),
+        ("--limit must be a positive integer, got 0", ["--limit", "0"]),
+        ("--sampling-args: n must be 1", ["--sampling-args", '{"n": 2}']),
+        ("--sampling-args: ", ["--sampling-args", '{"temprature": 0}']),
+        ("--connector-args: layertap connector: codec", ["--connector-args", '{"codec": "lz4"}']),
+        ("--connector-args may not set 'writer_id'", ["--connector-args", '{"writer_id": "x"}']),
+    ]
+    for message, extra in cases:
+        assert_refused(capsys, message, tiny_model, ids, out, *extra)
+
+
+def test_output_directory_not_for_this_run(capsys, tiny_model, data, tmp_path):
+    foreign = tmp_path / "foreign"
+    with layertap.ShardWriter(str(foreign), writer_id="w") as w:
+        w.submit("0", {"token_ids": __import__("numpy").arange(3)})
+    status, err = run(capsys, tiny_model, data["ids"], foreign)
+    assert status == 2 and "not written by layertap generate" in err and len(err.strip().splitlines()) == 1
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    fd = os.open(busy / LOCK_NAME, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        assert_refused(
+            capsys, "another layertap generate is writing into this directory", tiny_model, data["ids"], busy
+        )
+    finally:
+        os.close(fd)

@@ -1,0 +1,100 @@
+"""Resume, exactly once: ``layertap generate`` killed with SIGKILL (its whole process group: the
+command and, when it has one, vLLM's engine process) at random moments, again and again, then run
+to the end, leaves exactly one verified record per row; a further run has nothing to do."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import time
+
+import pytest
+from generate_support import TINY_ENGINE_ARGS, Child, generate_cmd, id_rows, write_jsonl
+
+import layertap
+from vllm_support import VLLM_WARNINGS, pytest_env
+
+pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
+
+#: Small steps, so that a run takes seconds and a kill lands while records are being written.
+SLOW_ENGINE = {"max_num_seqs": 4, "max_num_batched_tokens": 256, "dtype": "float32"}
+ROWS = 300
+PROGRESS = re.compile(r"^generate: ([\d,]+)/([\d,]+) rows")
+
+
+def rows_done(line: str) -> int:
+    m = PROGRESS.match(line)
+    return int(m.group(1).replace(",", "")) if m else -1
+
+
+def kill_group(child: Child) -> None:
+    """SIGKILL to every process of the child's group, then waits until none is left."""
+    os.killpg(child.proc.pid, signal.SIGKILL)
+    child.finish(timeout=60)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            os.killpg(child.proc.pid, 0)
+        except ProcessLookupError:
+            return
+        assert time.monotonic() < deadline, "processes of the killed group are still alive"
+        time.sleep(0.1)
+
+
+@pytest.mark.timeout(900)  # five runs of the command, each importing vLLM and starting an engine
+def test_sigkill_at_random_moments_then_resume(tiny_model, tmp_path):
+    rng = random.Random()
+    seed = rng.randrange(1 << 30)
+    rng.seed(seed)
+    rows = id_rows(ROWS, 20, 160, seed=5, loss_mask=True)
+    data = write_jsonl(tmp_path / "ids.jsonl", rows)
+    out = tmp_path / "out"
+    cmd = generate_cmd(tiny_model, data, str(out), "--progress-interval", "0.2", "--json", engine_args=SLOW_ENGINE)
+    killed_at = []
+    t0 = time.monotonic()
+    # Three kills while records are written (the engine in this process, in its own process, in
+    # this process), waiting for a random number of rows first; one at a random moment from the
+    # start (start-up, recovering the earlier runs' shards, or writing).
+    for multiprocessing, after_rows in ((False, True), (True, True), (False, False)):
+        child = Child(cmd, multiprocessing=multiprocessing)
+        if after_rows:
+            want = rng.randint(5, 60)
+            # ... and records in the shards (the line says how many bytes), not only finished rows.
+            line = child.wait_for(lambda s, want=want: rows_done(s) >= want and " 0 B written" not in s, timeout=240)
+            assert line is not None, f"the run ended or stalled before {want} rows:\n{child.stderr[-3000:]}"
+            time.sleep(rng.uniform(0, 0.5))
+        else:
+            time.sleep(rng.uniform(0, 15))
+        kill_group(child)
+        killed_at.append(max([rows_done(s) for s in child.lines] + [0]))
+        print(f"killed run {len(killed_at)} after {killed_at[-1]} rows, {time.monotonic() - t0:.0f} s", flush=True)
+    final = Child(cmd, multiprocessing=False)
+    assert final.finish(timeout=300) == 0, final.stderr[-3000:]
+    summary = json.loads(final.stdout)
+    context = f"seed {seed}, rows seen before each kill {killed_at}, summary {summary}"
+    assert summary["complete"] and summary["rows_missing"] == 0 and summary["duplicate_records"] == 0, context
+    # The killed runs left records behind (in shards that this run or an earlier one completed).
+    assert summary["rows_done_before"] > 0 and 1 <= summary["run"] <= 3, context
+    assert summary["rows_done_before"] + summary["rows_written"] == ROWS, context
+    with layertap.open(out) as ds:
+        keys = ds.keys()
+        assert sorted(keys, key=int) == [str(i) for i in range(ROWS)], context  # each row exactly once
+        assert ds.verify().ok, context
+        assert all(s.complete for s in ds.shards), context
+        assert {s.meta["writer_id"] for s in ds.shards} <= {f"gen-{i}" for i in range(4)}
+        for i, row in enumerate(rows):
+            record = ds[str(i)]
+            assert record.token_ids.tolist() == row["input_ids"] and record.metadata["row"] == str(i)
+            assert record.tensors["loss_mask"].tolist() == row["loss_mask"]
+    # Once more: nothing left to do, so no engine starts and nothing is written.
+    with pytest_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}):
+        again = layertap.generate(
+            tiny_model, data, out, progress="none", engine_args={**TINY_ENGINE_ARGS, **SLOW_ENGINE}
+        )
+    assert again["rows_done_before"] == ROWS and again["rows_written"] == 0 and again["complete"]
+    assert again["seconds"]["engine_start"] == 0
+    with layertap.open(out) as ds:
+        assert len(ds) == ROWS
