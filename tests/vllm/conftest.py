@@ -19,8 +19,8 @@ def vllm_env(tmp_path_factory):
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
-    for v in values.values():
-        os.makedirs(v, exist_ok=True)
+    for folder in ("TMPDIR", "VLLM_CACHE_ROOT"):  # the others are flags, not folders
+        os.makedirs(values[folder], exist_ok=True)
     old = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
     tempfile.tempdir = None  # re-read TMPDIR
