@@ -31,7 +31,10 @@ fn normal_bf16(n: usize, seed: u64) -> Vec<u8> {
     while out.len() < 2 * n {
         let (u1, u2) = (uniform(&mut s), uniform(&mut s));
         let r = (-2.0 * u1.ln()).sqrt();
-        for z in [r * (std::f64::consts::TAU * u2).cos(), r * (std::f64::consts::TAU * u2).sin()] {
+        for z in [
+            r * (std::f64::consts::TAU * u2).cos(),
+            r * (std::f64::consts::TAU * u2).sin(),
+        ] {
             let bits = (z as f32).to_bits();
             let rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16;
             out.extend_from_slice(&(rounded as u16).to_le_bytes());
@@ -55,13 +58,23 @@ impl Sample {
                 dtype: Dtype::BF16,
                 shape: vec![TOKENS, LAYERS, HIDDEN],
             },
-            TensorSpec { name: "token_ids".into(), dtype: Dtype::I64, shape: vec![TOKENS] },
+            TensorSpec {
+                name: "token_ids".into(),
+                dtype: Dtype::I64,
+                shape: vec![TOKENS],
+            },
         ];
         let meta = BTreeMap::from([("key".to_string(), "bench-0".to_string())]);
         let header = build_header(&specs, &meta).unwrap();
         let hidden = normal_bf16((TOKENS * LAYERS * HIDDEN) as usize, 7);
-        let ids: Vec<u8> = (0..TOKENS as i64).flat_map(|t| (t * 37 % 32000).to_le_bytes()).collect();
-        Sample { header, hidden, ids }
+        let ids: Vec<u8> = (0..TOKENS as i64)
+            .flat_map(|t| (t * 37 % 32000).to_le_bytes())
+            .collect();
+        Sample {
+            header,
+            hidden,
+            ids,
+        }
     }
 
     fn pieces(&self) -> [&[u8]; 3] {
@@ -92,10 +105,17 @@ fn codecs(c: &mut Criterion) {
         for level in [1, 3] {
             let mut enc = Encoder::new(codec, level).unwrap();
             let mut out = Vec::new();
-            enc.encode_into(&sample.pieces(), &two_byte, &mut out).unwrap();
-            eprintln!("{codec} level {level}: ratio {:.3}", raw_len as f64 / out.len() as f64);
+            enc.encode_into(&sample.pieces(), &two_byte, &mut out)
+                .unwrap();
+            eprintln!(
+                "{codec} level {level}: ratio {:.3}",
+                raw_len as f64 / out.len() as f64
+            );
             g.bench_function(format!("{codec} level {level}"), |b| {
-                b.iter(|| enc.encode_into(black_box(&sample.pieces()), &two_byte, &mut out).unwrap())
+                b.iter(|| {
+                    enc.encode_into(black_box(&sample.pieces()), &two_byte, &mut out)
+                        .unwrap()
+                })
             });
         }
     }
@@ -109,10 +129,18 @@ fn codecs(c: &mut Criterion) {
             if codec == Codec::None && level == 3 {
                 continue;
             }
-            let stored = Encoder::new(codec, level).unwrap().encode(&sample.pieces(), &two_byte).unwrap();
-            let name =
-                if codec == Codec::None { "none".to_string() } else { format!("{codec} level {level}") };
-            g.bench_function(name, |b| b.iter(|| decode(codec, black_box(&stored), raw_len).unwrap()));
+            let stored = Encoder::new(codec, level)
+                .unwrap()
+                .encode(&sample.pieces(), &two_byte)
+                .unwrap();
+            let name = if codec == Codec::None {
+                "none".to_string()
+            } else {
+                format!("{codec} level {level}")
+            };
+            g.bench_function(name, |b| {
+                b.iter(|| decode(codec, black_box(&stored), raw_len).unwrap())
+            });
         }
     }
     g.finish();

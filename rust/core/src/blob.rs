@@ -31,7 +31,12 @@ impl TensorSpec {
         self.shape
             .iter()
             .try_fold(self.dtype.size() as u64, |acc, &d| acc.checked_mul(d))
-            .ok_or_else(|| Error::invalid(format!("tensor {:?}: shape {:?} overflows", self.name, self.shape)))
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "tensor {:?}: shape {:?} overflows",
+                    self.name, self.shape
+                ))
+            })
     }
 }
 
@@ -57,21 +62,32 @@ pub struct BlobHeader {
 
 /// Builds the header bytes (length prefix, JSON, padding) of a blob holding `tensors` in order,
 /// with `metadata` as `__metadata__`. The blob is these bytes followed by each tensor's data.
-pub fn build_header(tensors: &[TensorSpec], metadata: &BTreeMap<String, String>) -> Result<Vec<u8>> {
+pub fn build_header(
+    tensors: &[TensorSpec],
+    metadata: &BTreeMap<String, String>,
+) -> Result<Vec<u8>> {
     if tensors.is_empty() {
         return Err(Error::invalid("a record needs at least one tensor"));
     }
     let mut json = serde_json::Map::new();
-    let meta: serde_json::Map<String, serde_json::Value> =
-        metadata.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
+    let meta: serde_json::Map<String, serde_json::Value> = metadata
+        .iter()
+        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+        .collect();
     json.insert("__metadata__".into(), serde_json::Value::Object(meta));
     let mut offset = 0u64;
     for t in tensors {
         if t.name.is_empty() || t.name == "__metadata__" {
-            return Err(Error::invalid(format!("tensor name {:?} is not allowed", t.name)));
+            return Err(Error::invalid(format!(
+                "tensor name {:?} is not allowed",
+                t.name
+            )));
         }
         if json.contains_key(&t.name) {
-            return Err(Error::invalid(format!("tensor name {:?} is given twice", t.name)));
+            return Err(Error::invalid(format!(
+                "tensor name {:?} is given twice",
+                t.name
+            )));
         }
         let len = t.byte_len()?;
         if len == 0 {
@@ -105,24 +121,32 @@ pub fn parse_header(blob: &[u8]) -> std::result::Result<BlobHeader, String> {
     }
     let n = u64::from_le_bytes(blob[..8].try_into().unwrap());
     if n > MAX_HEADER_LEN as u64 || 8 + n > blob.len() as u64 {
-        return Err(format!("safetensors header length {n} does not fit the payload"));
+        return Err(format!(
+            "safetensors header length {n} does not fit the payload"
+        ));
     }
     let data_start = 8 + n as usize;
     let json: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(&blob[8..data_start]).map_err(|e| format!("safetensors header: {e}"))?;
+        serde_json::from_slice(&blob[8..data_start])
+            .map_err(|e| format!("safetensors header: {e}"))?;
     let mut metadata = BTreeMap::new();
     let mut tensors = Vec::new();
     for (name, v) in json {
         if name == "__metadata__" {
             let obj = v.as_object().ok_or("__metadata__ is not an object")?;
             for (k, v) in obj {
-                let s = v.as_str().ok_or_else(|| format!("__metadata__[{k:?}] is not a string"))?;
+                let s = v
+                    .as_str()
+                    .ok_or_else(|| format!("__metadata__[{k:?}] is not a string"))?;
                 metadata.insert(k.clone(), s.to_string());
             }
             continue;
         }
         let bad = |what: &str| format!("tensor {name:?}: {what}");
-        let dtype = v.get("dtype").and_then(|d| d.as_str()).ok_or_else(|| bad("no dtype"))?;
+        let dtype = v
+            .get("dtype")
+            .and_then(|d| d.as_str())
+            .ok_or_else(|| bad("no dtype"))?;
         let dtype = Dtype::from_name(dtype).map_err(|e| bad(&e.to_string()))?;
         let shape: Vec<u64> = v
             .get("shape")
@@ -135,7 +159,11 @@ pub fn parse_header(blob: &[u8]) -> std::result::Result<BlobHeader, String> {
             .and_then(|a| a.iter().map(|d| d.as_u64()).collect())
             .filter(|o: &Vec<u64>| o.len() == 2 && o[0] <= o[1])
             .ok_or_else(|| bad("bad data_offsets"))?;
-        let spec = TensorSpec { name: name.clone(), dtype, shape };
+        let spec = TensorSpec {
+            name: name.clone(),
+            dtype,
+            shape,
+        };
         if spec.byte_len().map_err(|e| e.to_string())? != offs[1] - offs[0] {
             return Err(bad("data length does not match dtype and shape"));
         }
@@ -143,20 +171,30 @@ pub fn parse_header(blob: &[u8]) -> std::result::Result<BlobHeader, String> {
         if range.end > blob.len() as u64 {
             return Err(bad("data lies outside the payload"));
         }
-        tensors.push(TensorInfo { spec, range: range.start as usize..range.end as usize });
+        tensors.push(TensorInfo {
+            spec,
+            range: range.start as usize..range.end as usize,
+        });
     }
     tensors.sort_by_key(|t| t.range.start);
     let mut at = data_start;
     for t in &tensors {
         if t.range.start != at {
-            return Err(format!("tensor {:?} does not start where the previous one ends", t.spec.name));
+            return Err(format!(
+                "tensor {:?} does not start where the previous one ends",
+                t.spec.name
+            ));
         }
         at = t.range.end;
     }
     if at != blob.len() {
         return Err(format!("{} bytes after the last tensor", blob.len() - at));
     }
-    Ok(BlobHeader { metadata, tensors, data_start })
+    Ok(BlobHeader {
+        metadata,
+        tensors,
+        data_start,
+    })
 }
 
 #[cfg(test)]
@@ -165,8 +203,16 @@ mod tests {
 
     fn specs() -> Vec<TensorSpec> {
         vec![
-            TensorSpec { name: "hidden_states".into(), dtype: Dtype::BF16, shape: vec![3, 2, 4] },
-            TensorSpec { name: "token_ids".into(), dtype: Dtype::I64, shape: vec![3] },
+            TensorSpec {
+                name: "hidden_states".into(),
+                dtype: Dtype::BF16,
+                shape: vec![3, 2, 4],
+            },
+            TensorSpec {
+                name: "token_ids".into(),
+                dtype: Dtype::I64,
+                shape: vec![3],
+            },
         ]
     }
 
@@ -186,7 +232,10 @@ mod tests {
 
     #[test]
     fn canonical_json() {
-        let meta = BTreeMap::from([("key".to_string(), "r1".to_string()), ("a".into(), "b".into())]);
+        let meta = BTreeMap::from([
+            ("key".to_string(), "r1".to_string()),
+            ("a".into(), "b".into()),
+        ]);
         let h = build_header(&specs()[1..], &meta).unwrap();
         let text = std::str::from_utf8(&h[8..]).unwrap().trim_end();
         assert_eq!(
@@ -199,10 +248,20 @@ mod tests {
     fn rejects_bad_tensors() {
         let meta = BTreeMap::new();
         assert!(build_header(&[], &meta).is_err());
-        let empty = TensorSpec { name: "x".into(), dtype: Dtype::F32, shape: vec![0, 4] };
-        assert!(build_header(&[empty], &meta).unwrap_err().to_string().contains("empty"));
+        let empty = TensorSpec {
+            name: "x".into(),
+            dtype: Dtype::F32,
+            shape: vec![0, 4],
+        };
+        assert!(build_header(&[empty], &meta)
+            .unwrap_err()
+            .to_string()
+            .contains("empty"));
         let twice = vec![specs()[1].clone(), specs()[1].clone()];
-        assert!(build_header(&twice, &meta).unwrap_err().to_string().contains("twice"));
+        assert!(build_header(&twice, &meta)
+            .unwrap_err()
+            .to_string()
+            .contains("twice"));
     }
 
     #[test]

@@ -47,9 +47,14 @@ impl Codec {
 
     /// The codec named `name`.
     pub fn from_name(name: &str) -> Result<Codec> {
-        Codec::ALL.into_iter().find(|c| c.name() == name).ok_or_else(|| {
-            Error::invalid(format!("unknown codec {name:?}; choose one of: none, zstd, bp16-zstd"))
-        })
+        Codec::ALL
+            .into_iter()
+            .find(|c| c.name() == name)
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "unknown codec {name:?}; choose one of: none, zstd, bp16-zstd"
+                ))
+            })
     }
 }
 
@@ -101,7 +106,11 @@ pub fn join_planes(src: &[u8], dst: &mut [u8]) {
         d[8..].copy_from_slice(&second.to_le_bytes());
     }
     let rest = out.into_remainder();
-    for ((pair, &h), &l) in rest.chunks_exact_mut(2).zip(hi8.remainder()).zip(lo8.remainder()) {
+    for ((pair, &h), &l) in rest
+        .chunks_exact_mut(2)
+        .zip(hi8.remainder())
+        .zip(lo8.remainder())
+    {
         pair[0] = l;
         pair[1] = h;
     }
@@ -116,7 +125,11 @@ fn extract_plane(src: &[u8], which: usize, dst: &mut [u8]) {
         let b = u64::from_le_bytes(s[8..].try_into().expect("8 bytes")) >> shift;
         d.copy_from_slice(&(pack(a) | (pack(b) << 32)).to_le_bytes());
     }
-    for (d, pair) in dst8.into_remainder().iter_mut().zip(src16.remainder().chunks_exact(2)) {
+    for (d, pair) in dst8
+        .into_remainder()
+        .iter_mut()
+        .zip(src16.remainder().chunks_exact(2))
+    {
         *d = pair[which];
     }
 }
@@ -138,7 +151,11 @@ fn spread(x: u64) -> u64 {
 
 /// Byte ranges of the 2-byte tensors of a blob, from its parsed header.
 fn two_byte_ranges(header: &blob::BlobHeader) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
-    header.tensors.iter().filter(|t| t.spec.dtype.is_two_byte()).map(|t| t.range.clone())
+    header
+        .tensors
+        .iter()
+        .filter(|t| t.spec.dtype.is_two_byte())
+        .map(|t| t.range.clone())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -156,7 +173,13 @@ const PLANE_CHUNK_ELEMS: usize = 64 << 10;
 /// Python writer (`layertap/_py/codecs.py`); benches/README.md has the measurements.
 const BYTE_PLANE_LEVEL_1: [zstd::zstd_safe::CParameter; 5] = {
     use zstd::zstd_safe::{CParameter as P, Strategy};
-    [P::Strategy(Strategy::ZSTD_fast), P::WindowLog(17), P::HashLog(8), P::MinMatch(7), P::TargetLength(0)]
+    [
+        P::Strategy(Strategy::ZSTD_fast),
+        P::WindowLog(17),
+        P::HashLog(8),
+        P::MinMatch(7),
+        P::TargetLength(0),
+    ]
 };
 
 /// A compressor that keeps its zstd context between records (one per worker thread).
@@ -195,7 +218,11 @@ impl Encoder {
                 Some(c)
             }
         };
-        Ok(Encoder { codec, zstd, plane: Vec::new() })
+        Ok(Encoder {
+            codec,
+            zstd,
+            plane: Vec::new(),
+        })
     }
 
     /// The codec.
@@ -215,7 +242,12 @@ impl Encoder {
 
     /// Like [`Encoder::encode`], writing the payload into `out` (cleared first), whose
     /// allocation is reused.
-    pub fn encode_into(&mut self, pieces: &[&[u8]], two_byte: &[bool], out: &mut Vec<u8>) -> Result<()> {
+    pub fn encode_into(
+        &mut self,
+        pieces: &[&[u8]],
+        two_byte: &[bool],
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
         out.clear();
         let total: usize = pieces.iter().map(|p| p.len()).sum();
         let codec = self.codec;
@@ -226,8 +258,10 @@ impl Encoder {
             }
             return Ok(());
         };
-        cctx.reset(zstd::zstd_safe::ResetDirective::SessionOnly).map_err(|e| zstd_err(codec, e))?;
-        cctx.set_pledged_src_size(Some(total as u64)).map_err(|e| zstd_err(codec, e))?;
+        cctx.reset(zstd::zstd_safe::ResetDirective::SessionOnly)
+            .map_err(|e| zstd_err(codec, e))?;
+        cctx.set_pledged_src_size(Some(total as u64))
+            .map_err(|e| zstd_err(codec, e))?;
         out.reserve_exact(zstd::zstd_safe::compress_bound(total));
         for (i, piece) in pieces.iter().enumerate() {
             let split = codec == Codec::Bp16Zstd && two_byte.get(i).copied().unwrap_or(false);
@@ -251,7 +285,11 @@ impl Encoder {
 /// Room kept free at the end of the output for each streaming call.
 const OUT_STEP: usize = 1 << 16;
 
-fn feed(cctx: &mut zstd::zstd_safe::CCtx<'static>, data: &[u8], out: &mut Vec<u8>) -> std::result::Result<(), usize> {
+fn feed(
+    cctx: &mut zstd::zstd_safe::CCtx<'static>,
+    data: &[u8],
+    out: &mut Vec<u8>,
+) -> std::result::Result<(), usize> {
     use zstd::zstd_safe::{zstd_sys::ZSTD_EndDirective, InBuffer, OutBuffer};
     let mut input = InBuffer::around(data);
     while input.pos() < data.len() {
@@ -265,7 +303,10 @@ fn feed(cctx: &mut zstd::zstd_safe::CCtx<'static>, data: &[u8], out: &mut Vec<u8
     Ok(())
 }
 
-fn finish(cctx: &mut zstd::zstd_safe::CCtx<'static>, out: &mut Vec<u8>) -> std::result::Result<(), usize> {
+fn finish(
+    cctx: &mut zstd::zstd_safe::CCtx<'static>,
+    out: &mut Vec<u8>,
+) -> std::result::Result<(), usize> {
     use zstd::zstd_safe::{zstd_sys::ZSTD_EndDirective, InBuffer, OutBuffer};
     loop {
         if out.capacity() - out.len() < OUT_STEP {
@@ -273,7 +314,11 @@ fn finish(cctx: &mut zstd::zstd_safe::CCtx<'static>, out: &mut Vec<u8>) -> std::
         }
         let pos = out.len();
         let mut output = OutBuffer::around_pos(out, pos);
-        let left = cctx.compress_stream2(&mut output, &mut InBuffer::around(&[]), ZSTD_EndDirective::ZSTD_e_end)?;
+        let left = cctx.compress_stream2(
+            &mut output,
+            &mut InBuffer::around(&[]),
+            ZSTD_EndDirective::ZSTD_e_end,
+        )?;
         if left == 0 {
             return Ok(());
         }
@@ -285,7 +330,10 @@ fn zstd_err(codec: Codec, code: usize) -> Error {
 }
 
 fn codec_err(codec: Codec, e: impl std::fmt::Display) -> Error {
-    Error::Codec { codec: codec.name(), reason: e.to_string() }
+    Error::Codec {
+        codec: codec.name(),
+        reason: e.to_string(),
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -302,7 +350,11 @@ pub fn decode(codec: Codec, stored: &[u8], raw_len: u64) -> std::result::Result<
             // make us allocate more than the data claims.
             match zstd::zstd_safe::get_frame_content_size(stored) {
                 Ok(Some(n)) if n == raw_len as u64 => {}
-                Ok(Some(n)) => return Err(format!("zstd frame holds {n} bytes, frame header says {raw_len}")),
+                Ok(Some(n)) => {
+                    return Err(format!(
+                        "zstd frame holds {n} bytes, frame header says {raw_len}"
+                    ))
+                }
                 _ => return Err("payload is not a zstd frame with a content size".into()),
             }
             let mut out = Vec::with_capacity(raw_len);
@@ -338,7 +390,11 @@ mod tests {
             split_planes(&src, &mut split);
             let m = len / 2;
             for i in 0..m {
-                assert_eq!((split[i], split[m + i]), (src[2 * i + 1], src[2 * i]), "len {len} element {i}");
+                assert_eq!(
+                    (split[i], split[m + i]),
+                    (src[2 * i + 1], src[2 * i]),
+                    "len {len} element {i}"
+                );
             }
             let mut back = vec![0; len];
             join_planes(&split, &mut back);
@@ -361,8 +417,16 @@ mod tests {
     #[test]
     fn every_codec_round_trips() {
         let specs = vec![
-            TensorSpec { name: "h".into(), dtype: Dtype::BF16, shape: vec![4, 8] },
-            TensorSpec { name: "t".into(), dtype: Dtype::I64, shape: vec![4] },
+            TensorSpec {
+                name: "h".into(),
+                dtype: Dtype::BF16,
+                shape: vec![4, 8],
+            },
+            TensorSpec {
+                name: "t".into(),
+                dtype: Dtype::I64,
+                shape: vec![4],
+            },
         ];
         let header = build_header(&specs, &BTreeMap::new()).unwrap();
         let h: Vec<u8> = (0..64).map(|i| (i * 7 % 251) as u8).collect();
@@ -370,8 +434,14 @@ mod tests {
         let raw: Vec<u8> = [&header[..], &h, &t].concat();
         for codec in Codec::ALL {
             let mut enc = Encoder::new(codec, 3).unwrap();
-            let stored = enc.encode(&[&header, &h, &t], &[false, true, false]).unwrap();
-            assert_eq!(decode(codec, &stored, raw.len() as u64).unwrap(), raw, "{codec}");
+            let stored = enc
+                .encode(&[&header, &h, &t], &[false, true, false])
+                .unwrap();
+            assert_eq!(
+                decode(codec, &stored, raw.len() as u64).unwrap(),
+                raw,
+                "{codec}"
+            );
             assert!(decode(codec, &stored, raw.len() as u64 + 1).is_err());
         }
     }
@@ -382,9 +452,21 @@ mod tests {
         // 1-byte tensor between two 2-byte ones.
         let n = 2 * PLANE_CHUNK_ELEMS as u64 + 12_345;
         let specs = vec![
-            TensorSpec { name: "h".into(), dtype: Dtype::BF16, shape: vec![n] },
-            TensorSpec { name: "b".into(), dtype: Dtype::U8, shape: vec![7] },
-            TensorSpec { name: "f".into(), dtype: Dtype::F16, shape: vec![3] },
+            TensorSpec {
+                name: "h".into(),
+                dtype: Dtype::BF16,
+                shape: vec![n],
+            },
+            TensorSpec {
+                name: "b".into(),
+                dtype: Dtype::U8,
+                shape: vec![7],
+            },
+            TensorSpec {
+                name: "f".into(),
+                dtype: Dtype::F16,
+                shape: vec![3],
+            },
         ];
         let header = build_header(&specs, &BTreeMap::new()).unwrap();
         let h: Vec<u8> = (0..2 * n).map(|i| (i * 31 % 253) as u8).collect();
@@ -395,8 +477,14 @@ mod tests {
             let mut enc = Encoder::new(codec, 1).unwrap();
             for _ in 0..2 {
                 // twice: the context is reused
-                let stored = enc.encode(&[&header, &h, &b, &f], &[false, true, false, true]).unwrap();
-                assert_eq!(decode(codec, &stored, raw.len() as u64).unwrap(), raw, "{codec}");
+                let stored = enc
+                    .encode(&[&header, &h, &b, &f], &[false, true, false, true])
+                    .unwrap();
+                assert_eq!(
+                    decode(codec, &stored, raw.len() as u64).unwrap(),
+                    raw,
+                    "{codec}"
+                );
             }
         }
     }

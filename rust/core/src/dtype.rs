@@ -82,10 +82,16 @@ impl Dtype {
 
     /// Parses a safetensors dtype name.
     pub fn from_name(name: &str) -> Result<Dtype> {
-        Dtype::ALL.into_iter().find(|d| d.name() == name).ok_or_else(|| {
-            let known: Vec<&str> = Dtype::ALL.iter().map(|d| d.name()).collect();
-            Error::invalid(format!("unknown dtype {name:?}; known: {}", known.join(", ")))
-        })
+        Dtype::ALL
+            .into_iter()
+            .find(|d| d.name() == name)
+            .ok_or_else(|| {
+                let known: Vec<&str> = Dtype::ALL.iter().map(|d| d.name()).collect();
+                Error::invalid(format!(
+                    "unknown dtype {name:?}; known: {}",
+                    known.join(", ")
+                ))
+            })
     }
 
     /// Whether the byte-plane transform of codec `bp16-zstd` applies to tensors of this dtype.

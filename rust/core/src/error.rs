@@ -90,7 +90,11 @@ pub enum Error {
 impl Error {
     /// Shorthand for an [`Error::Io`] from an `io::Error`.
     pub fn io(path: impl Into<PathBuf>, op: &'static str, source: std::io::Error) -> Self {
-        Error::Io { path: path.into(), op, source }
+        Error::Io {
+            path: path.into(),
+            op,
+            source,
+        }
     }
 
     /// Shorthand for [`Error::InvalidInput`].

@@ -106,11 +106,16 @@ impl FileHeader {
             return Err("wrong magic bytes".into());
         }
         if bytes.len() < FILE_HEADER_FIXED_LEN + 4 {
-            return Err(format!("file is {} bytes long, too short for a header", bytes.len()));
+            return Err(format!(
+                "file is {} bytes long, too short for a header",
+                bytes.len()
+            ));
         }
         let version = u16_at(bytes, 8);
         if version != VERSION {
-            return Err(format!("format version {version}; this reader reads version {VERSION}"));
+            return Err(format!(
+                "format version {version}; this reader reads version {VERSION}"
+            ));
         }
         let flags = u16_at(bytes, 10);
         if flags != 0 {
@@ -118,7 +123,9 @@ impl FileHeader {
         }
         let meta_len = u32_at(bytes, 12) as usize;
         if meta_len > MAX_META_LEN {
-            return Err(format!("shard metadata of {meta_len} bytes is larger than {MAX_META_LEN}"));
+            return Err(format!(
+                "shard metadata of {meta_len} bytes is larger than {MAX_META_LEN}"
+            ));
         }
         let crc_at = FILE_HEADER_FIXED_LEN + meta_len;
         if bytes.len() < crc_at + 4 {
@@ -131,7 +138,13 @@ impl FileHeader {
             .map_err(|_| "shard metadata is not UTF-8".to_string())?
             .to_string();
         let shard_id = bytes[16..32].try_into().unwrap();
-        Ok((FileHeader { shard_id, meta_json }, align8(crc_at as u64 + 4)))
+        Ok((
+            FileHeader {
+                shard_id,
+                meta_json,
+            },
+            align8(crc_at as u64 + 4),
+        ))
     }
 }
 
@@ -232,7 +245,10 @@ impl FrameHeader {
             payload_crc: u32_at(bytes, 28),
         };
         // The whole frame, padding included, must be in the file.
-        match header.header_len().checked_add(align8(header.stored_len.min(u64::MAX - 7))) {
+        match header
+            .header_len()
+            .checked_add(align8(header.stored_len.min(u64::MAX - 7)))
+        {
             Some(end) if end <= bytes.len() as u64 => Ok(header),
             Some(_) => Err(Truncated),
             None => Err(Invalid("frame length overflows".into())),
@@ -314,7 +330,10 @@ pub fn encode_index(entries: &[IndexEntry]) -> Vec<u8> {
         out.extend_from_slice(&(e.key.len() as u16).to_le_bytes());
         out.extend_from_slice(&[0u8; 4]);
         out.extend_from_slice(e.key.as_bytes());
-        out.resize(start + align8((INDEX_ENTRY_FIXED_LEN + e.key.len()) as u64) as usize, 0);
+        out.resize(
+            start + align8((INDEX_ENTRY_FIXED_LEN + e.key.len()) as u64) as usize,
+            0,
+        );
     }
     out
 }
@@ -328,7 +347,10 @@ pub fn decode_index(bytes: &[u8]) -> std::result::Result<Vec<IndexEntry>, String
     // Every entry takes at least 40 bytes, so a count larger than that is malformed; checking
     // first keeps a corrupt count from reserving a huge vector.
     if count > (bytes.len() as u64 - 8) / INDEX_ENTRY_FIXED_LEN as u64 {
-        return Err(format!("index claims {count} entries in {} bytes", bytes.len()));
+        return Err(format!(
+            "index claims {count} entries in {} bytes",
+            bytes.len()
+        ));
     }
     let mut entries = Vec::with_capacity(count as usize);
     let mut at = 8usize;
@@ -357,7 +379,10 @@ pub fn decode_index(bytes: &[u8]) -> std::result::Result<Vec<IndexEntry>, String
         at += align8((INDEX_ENTRY_FIXED_LEN + key_len) as u64) as usize;
     }
     if at != bytes.len() {
-        return Err(format!("index has {} bytes after its last entry", bytes.len() - at));
+        return Err(format!(
+            "index has {} bytes after its last entry",
+            bytes.len() - at
+        ));
     }
     Ok(entries)
 }
@@ -407,7 +432,10 @@ impl Trailer {
         if crc32c(&bytes[..20]) != u32_at(bytes, 20) {
             return None;
         }
-        Some(Trailer { index_offset: u64_at(bytes, 0), record_count: u64_at(bytes, 8) })
+        Some(Trailer {
+            index_offset: u64_at(bytes, 0),
+            record_count: u64_at(bytes, 8),
+        })
     }
 }
 
@@ -420,7 +448,11 @@ pub fn encode_footer(entries: &[IndexEntry], data_end: u64) -> Vec<u8> {
     out.extend_from_slice(&payload);
     out.resize(header.frame_len() as usize, 0);
     out.extend_from_slice(
-        &Trailer { index_offset: data_end, record_count: entries.len() as u64 }.encode(),
+        &Trailer {
+            index_offset: data_end,
+            record_count: entries.len() as u64,
+        }
+        .encode(),
     );
     out
 }
@@ -444,7 +476,10 @@ impl From<FrameHeaderError> for String {
 
 /// Builds an [`Error::NotAShard`].
 pub fn not_a_shard(path: &std::path::Path, reason: impl Into<String>) -> Error {
-    Error::NotAShard { path: path.to_path_buf(), reason: reason.into() }
+    Error::NotAShard {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    }
 }
 
 #[cfg(test)]
@@ -458,7 +493,10 @@ mod tests {
 
     #[test]
     fn file_header_round_trip() {
-        let h = FileHeader { shard_id: [7; 16], meta_json: r#"{"writer_id":"w"}"#.into() };
+        let h = FileHeader {
+            shard_id: [7; 16],
+            meta_json: r#"{"writer_id":"w"}"#.into(),
+        };
         let bytes = h.encode();
         assert_eq!(bytes.len() % 8, 0);
         let (back, len) = FileHeader::decode(&bytes).unwrap();
@@ -484,9 +522,15 @@ mod tests {
         assert_eq!(bytes.len() as u64, h.header_len());
         bytes.extend_from_slice(&[0u8; 16]); // 13 payload bytes and 3 of padding
         assert_eq!(FrameHeader::decode(&bytes).unwrap(), h);
-        assert_eq!(FrameHeader::decode(&bytes[..bytes.len() - 1]), Err(FrameHeaderError::Truncated));
+        assert_eq!(
+            FrameHeader::decode(&bytes[..bytes.len() - 1]),
+            Err(FrameHeaderError::Truncated)
+        );
         bytes[50] ^= 0x40; // a bit of the key
-        assert!(matches!(FrameHeader::decode(&bytes), Err(FrameHeaderError::Invalid(_))));
+        assert!(matches!(
+            FrameHeader::decode(&bytes),
+            Err(FrameHeaderError::Invalid(_))
+        ));
     }
 
     #[test]
@@ -509,7 +553,10 @@ mod tests {
 
     #[test]
     fn trailer_round_trip() {
-        let t = Trailer { index_offset: 4096, record_count: 3 };
+        let t = Trailer {
+            index_offset: 4096,
+            record_count: 3,
+        };
         let b = t.encode();
         assert_eq!(Trailer::decode(&b), Some(t));
         let mut bad = b;

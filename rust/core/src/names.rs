@@ -22,7 +22,10 @@ pub fn check_key(key: &str) -> Result<()> {
             key.chars().take(40).collect::<String>()
         )));
     }
-    if let Some(c) = key.chars().find(|&c| c == '/' || c == '\\' || c.is_ascii_control()) {
+    if let Some(c) = key
+        .chars()
+        .find(|&c| c == '/' || c == '\\' || c.is_ascii_control())
+    {
         return Err(Error::invalid(format!(
             "record key {key:?} contains {c:?}; keys may not contain path separators or control characters"
         )));
@@ -32,7 +35,9 @@ pub fn check_key(key: &str) -> Result<()> {
 
 /// Checks a writer id: 1 to 64 characters from `[A-Za-z0-9._-]`, not starting with `.`.
 pub fn check_writer_id(id: &str) -> Result<()> {
-    let ok_chars = id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    let ok_chars = id
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
     if id.is_empty() || id.len() > MAX_WRITER_ID_LEN || !ok_chars || id.starts_with('.') {
         return Err(Error::invalid(format!(
             "writer id {id:?} is not valid: use 1 to {MAX_WRITER_ID_LEN} characters from \
@@ -81,7 +86,10 @@ mod tests {
         assert!(check_writer_id("").is_err());
         assert_eq!(shard_file_name("rank0", 7), "rank0-000007.lts");
         assert_eq!(parse_shard_index("rank0-000007.lts", "rank0"), Some(7));
-        assert_eq!(parse_shard_index("rank0-1234567.lts", "rank0"), Some(1234567));
+        assert_eq!(
+            parse_shard_index("rank0-1234567.lts", "rank0"),
+            Some(1234567)
+        );
         assert_eq!(parse_shard_index("rank01-000007.lts", "rank0"), None);
         assert_eq!(parse_shard_index("rank0-000007.lts.tmp", "rank0"), None);
     }

@@ -31,7 +31,11 @@ pub struct RecoverReport {
 /// removed, so running it again after an interruption gives the same result.
 pub fn recover(path: impl AsRef<Path>) -> Result<RecoverReport> {
     let path = path.as_ref().to_path_buf();
-    let file = OpenOptions::new().read(true).write(true).open(&path).map_err(|e| Error::io(&path, "open", e))?;
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| Error::io(&path, "open", e))?;
     lock_exclusive_now(&file, &path)?;
     // The reader gets its own descriptor of the same open file, so the lock (which belongs to
     // the open file) lasts until `file` is closed at the end of this function.
@@ -54,13 +58,26 @@ pub fn recover(path: impl AsRef<Path>) -> Result<RecoverReport> {
     let problems = reader
         .problems()
         .iter()
-        .filter(|p| matches!(p, Problem::CorruptRecord { .. } | Problem::DamagedRegion { .. }))
+        .filter(|p| {
+            matches!(
+                p,
+                Problem::CorruptRecord { .. } | Problem::DamagedRegion { .. }
+            )
+        })
         .cloned()
         .collect();
     // Unmap before cutting the file: nothing may touch the pages about to go.
     drop(reader);
-    file.set_len(data_end).map_err(|e| Error::io(&path, "ftruncate", e))?;
-    file.write_all_at(&encode_footer(&entries, data_end), data_end).map_err(|e| Error::io(&path, "write", e))?;
+    file.set_len(data_end)
+        .map_err(|e| Error::io(&path, "ftruncate", e))?;
+    file.write_all_at(&encode_footer(&entries, data_end), data_end)
+        .map_err(|e| Error::io(&path, "write", e))?;
     file.sync_all().map_err(|e| Error::io(&path, "fsync", e))?;
-    Ok(RecoverReport { path, was_complete: false, records: entries.len() as u64, truncated_bytes, problems })
+    Ok(RecoverReport {
+        path,
+        was_complete: false,
+        records: entries.len() as u64,
+        truncated_bytes,
+        problems,
+    })
 }

@@ -56,9 +56,19 @@ fn records() -> Vec<RecordSpec> {
     ]
 }
 
-fn expect_corrupt<T: std::fmt::Debug>(res: layertap_core::Result<T>, path: &Path, shard: &BuiltShard, i: usize) {
+fn expect_corrupt<T: std::fmt::Debug>(
+    res: layertap_core::Result<T>,
+    path: &Path,
+    shard: &BuiltShard,
+    i: usize,
+) {
     match res {
-        Err(Error::CorruptRecord { path: p, offset, key, .. }) => {
+        Err(Error::CorruptRecord {
+            path: p,
+            offset,
+            key,
+            ..
+        }) => {
             assert_eq!(p, path);
             assert_eq!(offset, shard.entries[i].frame_offset);
             assert_eq!(key.as_deref(), Some(shard.entries[i].key.as_str()));
@@ -69,7 +79,14 @@ fn expect_corrupt<T: std::fmt::Debug>(res: layertap_core::Result<T>, path: &Path
 
 /// Every record that reads returns exactly what was written; `broken` lists the original
 /// indices of records whose reads (and checks) must fail.
-fn check_records(r: &ShardReader, path: &Path, shard: &BuiltShard, present: &[usize], read_broken: &[usize], check_broken: &[usize]) {
+fn check_records(
+    r: &ShardReader,
+    path: &Path,
+    shard: &BuiltShard,
+    present: &[usize],
+    read_broken: &[usize],
+    check_broken: &[usize],
+) {
     let want: Vec<_> = present.iter().map(|&i| shard.entries[i].clone()).collect();
     assert_eq!(r.entries(), &want[..]);
     for (pos, &i) in present.iter().enumerate() {
@@ -77,7 +94,10 @@ fn check_records(r: &ShardReader, path: &Path, shard: &BuiltShard, present: &[us
             expect_corrupt(r.read(pos, true), path, shard, i);
             expect_corrupt(r.raw(pos, true), path, shard, i);
         } else {
-            assert_eq!(r.read(pos, true).unwrap().bytes.as_slice(), &shard.raws[i][..]);
+            assert_eq!(
+                r.read(pos, true).unwrap().bytes.as_slice(),
+                &shard.raws[i][..]
+            );
             assert_eq!(&*r.raw(pos, true).unwrap(), &shard.raws[i][..]);
         }
         if check_broken.contains(&i) {
@@ -126,9 +146,15 @@ fn flip_every_byte(complete: bool) {
             (Region::FrameHeader(i), false) => {
                 let e = &shard.entries[i];
                 let want = if i < last {
-                    Problem::DamagedRegion { start: e.frame_offset, end: shard.entries[i + 1].frame_offset }
+                    Problem::DamagedRegion {
+                        start: e.frame_offset,
+                        end: shard.entries[i + 1].frame_offset,
+                    }
                 } else {
-                    Problem::TornTail { offset: e.frame_offset, len: len - e.frame_offset }
+                    Problem::TornTail {
+                        offset: e.frame_offset,
+                        len: len - e.frame_offset,
+                    }
                 };
                 assert_eq!(r.problems(), &[want], "{ctx}");
                 check_records(&r, &path, &shard, &without(i), &[], &[]);
@@ -137,11 +163,18 @@ fn flip_every_byte(complete: bool) {
                 let e = &shard.entries[i];
                 let want = if i < last {
                     assert_eq!(r.problems().len(), 1, "{ctx}");
-                    assert!(matches!(&r.problems()[0], Problem::CorruptRecord { offset, key, .. }
-                        if *offset == e.frame_offset && *key == e.key), "{ctx}: {:?}", r.problems());
+                    assert!(
+                        matches!(&r.problems()[0], Problem::CorruptRecord { offset, key, .. }
+                        if *offset == e.frame_offset && *key == e.key),
+                        "{ctx}: {:?}",
+                        r.problems()
+                    );
                     r.problems()[0].clone()
                 } else {
-                    Problem::TornTail { offset: e.frame_offset, len: len - e.frame_offset }
+                    Problem::TornTail {
+                        offset: e.frame_offset,
+                        len: len - e.frame_offset,
+                    }
                 };
                 assert_eq!(r.problems(), &[want], "{ctx}");
                 check_records(&r, &path, &shard, &without(i), &[], &[]);
@@ -162,7 +195,11 @@ fn flip_every_byte(complete: bool) {
     }
     // File header, padding, each record's frame header and payload, and index and trailer.
     let footer_regions = if complete { 2 } else { 0 };
-    assert_eq!(seen.len(), 2 + 2 * all.len() + footer_regions, "regions covered: {seen:?}");
+    assert_eq!(
+        seen.len(),
+        2 + 2 * all.len() + footer_regions,
+        "regions covered: {seen:?}"
+    );
 }
 
 #[test]
@@ -198,9 +235,18 @@ fn a_payload_whose_key_differs_from_the_frame_is_corrupt() {
     let path = write_file(dir.path(), "s.lts", &bytes);
     let r = ShardReader::open(&path).unwrap();
     assert_eq!(r.len(), 1);
-    for res in [r.raw(0, true).map(drop), r.read(0, false).map(drop), r.check(0)] {
+    for res in [
+        r.raw(0, true).map(drop),
+        r.read(0, false).map(drop),
+        r.check(0),
+    ] {
         match res {
-            Err(Error::CorruptRecord { offset, key, reason, .. }) => {
+            Err(Error::CorruptRecord {
+                offset,
+                key,
+                reason,
+                ..
+            }) => {
                 assert_eq!(offset, at);
                 assert_eq!(key.as_deref(), Some("mine"));
                 assert!(reason.contains("\"other\""), "{reason}");

@@ -68,7 +68,11 @@ fn codec() -> impl Strategy<Value = Codec> {
 }
 
 fn records() -> impl Strategy<Value = Vec<RecordSpec>> {
-    prop::collection::vec((codec(), any::<bool>(), 1u64..6, 1usize..300, any::<u8>()), 0..5).prop_map(|specs| {
+    prop::collection::vec(
+        (codec(), any::<bool>(), 1u64..6, 1usize..300, any::<u8>()),
+        0..5,
+    )
+    .prop_map(|specs| {
         specs
             .into_iter()
             .enumerate()
@@ -86,7 +90,10 @@ fn records() -> impl Strategy<Value = Vec<RecordSpec>> {
 
 /// Reads every record of the shard at `path` (if it opens), checking that each record returned
 /// is the one written under its key; returns the keys read intact.
-fn read_all(path: &Path, written: &HashMap<String, Vec<u8>>) -> Result<BTreeSet<String>, TestCaseError> {
+fn read_all(
+    path: &Path,
+    written: &HashMap<String, Vec<u8>>,
+) -> Result<BTreeSet<String>, TestCaseError> {
     let Ok(r) = ShardReader::open(path) else {
         return Ok(BTreeSet::new());
     };
@@ -94,14 +101,24 @@ fn read_all(path: &Path, written: &HashMap<String, Vec<u8>>) -> Result<BTreeSet<
     for (i, e) in r.entries().iter().enumerate() {
         let want = written.get(&e.key);
         if let Ok(rec) = r.read(i, true) {
-            prop_assert_eq!(Some(&rec.bytes.as_slice().to_vec()), want, "read({}) of {:?}", i, e.key);
+            prop_assert_eq!(
+                Some(&rec.bytes.as_slice().to_vec()),
+                want,
+                "read({}) of {:?}",
+                i,
+                e.key
+            );
             intact.insert(e.key.clone());
         }
         if let Ok(raw) = r.raw(i, true) {
             prop_assert_eq!(Some(&raw.to_vec()), want, "raw({}) of {:?}", i, e.key);
         }
         if r.check(i).is_ok() {
-            prop_assert!(intact.contains(&e.key), "check({}) passed a record read() refused", i);
+            prop_assert!(
+                intact.contains(&e.key),
+                "check({}) passed a record read() refused",
+                i
+            );
         }
         // Unverified reads may return damaged bytes, but must not panic either.
         let _ = r.read(i, false);

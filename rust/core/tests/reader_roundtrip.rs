@@ -15,7 +15,11 @@ fn assert_reads_back(r: &ShardReader, shard: &BuiltShard, count: usize) {
     assert_eq!(r.entries(), &shard.entries[..count]);
     for i in 0..count {
         assert_eq!(&*r.raw(i, true).unwrap(), &shard.raws[i][..], "raw({i})");
-        assert_eq!(&*r.raw(i, false).unwrap(), &shard.raws[i][..], "raw({i}, verify=false)");
+        assert_eq!(
+            &*r.raw(i, false).unwrap(),
+            &shard.raws[i][..],
+            "raw({i}, verify=false)"
+        );
         let rec = r.read(i, true).unwrap();
         assert_eq!(rec.bytes.as_slice(), &shard.raws[i][..], "read({i})");
         assert_eq!(rec.key, shard.entries[i].key);
@@ -56,7 +60,14 @@ fn tensors_are_where_the_header_says() {
             .header
             .tensors
             .iter()
-            .map(|t| (t.spec.name.clone(), t.spec.dtype, t.spec.shape.clone(), rec.tensor_data(t).to_vec()))
+            .map(|t| {
+                (
+                    t.spec.name.clone(),
+                    t.spec.dtype,
+                    t.spec.shape.clone(),
+                    rec.tensor_data(t).to_vec(),
+                )
+            })
             .collect();
         assert_eq!(got, spec.tensors, "record {i}");
         assert_eq!(rec.header.metadata.get("model"), spec.metadata.get("model"));
@@ -86,7 +97,13 @@ fn torn_tail_is_measured_and_never_returned() {
     let r = ShardReader::open(&path).unwrap();
     let torn = (cut as u64) - shard.entries[4].frame_offset;
     assert_eq!(r.torn_tail_bytes(), torn);
-    assert_eq!(r.problems(), &[Problem::TornTail { offset: shard.entries[4].frame_offset, len: torn }]);
+    assert_eq!(
+        r.problems(),
+        &[Problem::TornTail {
+            offset: shard.entries[4].frame_offset,
+            len: torn
+        }]
+    );
     assert_eq!(r.problems()[0].kind(), "torn_tail");
     assert_reads_back(&r, &shard, 4);
 
@@ -122,14 +139,23 @@ fn large_none_records_get_a_private_mapping() {
     assert!(shard.entries[3].stored_len >= MAP_MIN_BYTES);
     let rec = r.read(3, true).unwrap();
     assert!(rec.bytes.is_mapped());
-    assert!(!r.read(0, true).unwrap().bytes.is_mapped(), "small records are copied");
-    assert!(!r.read(1, true).unwrap().bytes.is_mapped(), "decoded records are buffers");
+    assert!(
+        !r.read(0, true).unwrap().bytes.is_mapped(),
+        "small records are copied"
+    );
+    assert!(
+        !r.read(1, true).unwrap().bytes.is_mapped(),
+        "decoded records are buffers"
+    );
     // Writing into the record changes neither the file nor what later reads return.
     // SAFETY: `rec.bytes` lives until the end of the test and no slice of it is alive here.
     unsafe { std::ptr::write_bytes(rec.bytes.as_mut_ptr(), 0xff, rec.bytes.len()) };
     assert!(rec.bytes.as_slice().iter().all(|&b| b == 0xff));
     assert_eq!(std::fs::read(&path).unwrap(), shard.bytes);
-    assert_eq!(r.read(3, true).unwrap().bytes.as_slice(), &shard.raws[3][..]);
+    assert_eq!(
+        r.read(3, true).unwrap().bytes.as_slice(),
+        &shard.raws[3][..]
+    );
     assert_eq!(&*r.raw(3, true).unwrap(), &shard.raws[3][..]);
     // The record outlives the reader.
     drop(r);
@@ -145,7 +171,10 @@ fn a_growing_file_is_read_as_it_was_when_opened() {
     let r = ShardReader::open(&path).unwrap();
     assert_eq!(r.len(), 2);
     // The writer goes on while the reader is open.
-    let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
     f.write_all(&shard.bytes[first + 20..]).unwrap();
     assert_eq!(r.len(), 2);
     assert_eq!(r.file_len(), first as u64 + 20);
@@ -165,12 +194,18 @@ fn being_written_follows_the_lock() {
     // A writer's lock: another open file holding LOCK_EX.
     let writer = File::open(&path).unwrap();
     // SAFETY: flock only reads the descriptor, which `writer` keeps open.
-    assert_eq!(unsafe { libc::flock(writer.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+    assert_eq!(
+        unsafe { libc::flock(writer.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+        0
+    );
     assert!(is_being_written(&path).unwrap());
     assert!(r.is_being_written().unwrap());
     drop(writer);
     assert!(!is_being_written(&path).unwrap());
-    assert!(matches!(is_being_written(dir.path().join("missing.lts")), Err(Error::Io { .. })));
+    assert!(matches!(
+        is_being_written(dir.path().join("missing.lts")),
+        Err(Error::Io { .. })
+    ));
 }
 
 #[test]
@@ -179,7 +214,11 @@ fn files_that_are_not_shards() {
     let good = build_shard(&mixed_records(), true).bytes;
     let mut cases: Vec<(&str, Vec<u8>, &str)> = vec![
         ("empty", vec![], "empty"),
-        ("text", b"hello, this is not a shard at all, not even close".to_vec(), "magic"),
+        (
+            "text",
+            b"hello, this is not a shard at all, not even close".to_vec(),
+            "magic",
+        ),
         ("magic only", good[..8].to_vec(), "too short"),
         ("cut header", good[..40].to_vec(), "ends inside its header"),
     ];
@@ -192,7 +231,11 @@ fn files_that_are_not_shards() {
     let mut crc = good.clone();
     crc[40] ^= 4;
     cases.push(("header crc", crc, "checksum"));
-    let not_object = layertap_core::format::FileHeader { shard_id: [1; 16], meta_json: "[1, 2]".into() }.encode();
+    let not_object = layertap_core::format::FileHeader {
+        shard_id: [1; 16],
+        meta_json: "[1, 2]".into(),
+    }
+    .encode();
     cases.push(("meta array", not_object, "JSON object"));
     for (name, bytes, reason) in cases {
         let path = write_file(dir.path(), "x.lts", &bytes);
@@ -204,7 +247,10 @@ fn files_that_are_not_shards() {
             other => panic!("{name}: {other:?}"),
         }
     }
-    assert!(matches!(ShardReader::open(dir.path()), Err(Error::NotAShard { .. })));
+    assert!(matches!(
+        ShardReader::open(dir.path()),
+        Err(Error::NotAShard { .. })
+    ));
     match ShardReader::open(dir.path().join("missing.lts")) {
         Err(e @ Error::Io { .. }) => assert_eq!(e.raw_os_error(), Some(libc::ENOENT)),
         other => panic!("{other:?}"),
@@ -223,9 +269,18 @@ fn codec_none_length_mismatch_is_corrupt() {
     shard.bytes[at..at + enc.len()].copy_from_slice(&enc);
     let r = ShardReader::open(write_file(dir.path(), "s.lts", &shard.bytes)).unwrap();
     assert_eq!(r.len(), 1);
-    for res in [r.raw(0, true).map(drop), r.read(0, true).map(drop), r.check(0)] {
+    for res in [
+        r.raw(0, true).map(drop),
+        r.read(0, true).map(drop),
+        r.check(0),
+    ] {
         match res {
-            Err(Error::CorruptRecord { offset, key, reason, .. }) => {
+            Err(Error::CorruptRecord {
+                offset,
+                key,
+                reason,
+                ..
+            }) => {
                 assert_eq!(offset, at as u64);
                 assert_eq!(key.as_deref(), Some("k"));
                 assert!(reason.contains("decoded"), "{reason}");

@@ -23,7 +23,10 @@ fn truncation_at_every_offset() {
     let full = shard.bytes.len() as u64;
     let header_end = (FILE_HEADER_FIXED_LEN + shard.meta_json.len() + 4) as u64;
     let index_end = full - 32;
-    assert!(header_end < shard.header_len, "the test needs a file header with padding");
+    assert!(
+        header_end < shard.header_len,
+        "the test needs a file header with padding"
+    );
     for cut in 0..=full {
         let path = write_file(dir.path(), "s.lts", &shard.bytes[..cut as usize]);
         let ctx = format!("cut at {cut}");
@@ -32,16 +35,29 @@ fn truncation_at_every_offset() {
             Ok(_) if cut < header_end => panic!("{ctx}: opened a cut header"),
             res => res.unwrap_or_else(|e| panic!("{ctx}: {e}")),
         };
-        let present = (0..shard.entries.len()).filter(|&i| shard.frame_end(i) <= cut).count();
+        let present = (0..shard.entries.len())
+            .filter(|&i| shard.frame_end(i) <= cut)
+            .count();
         assert_eq!(r.entries(), &shard.entries[..present], "{ctx}");
-        let data_end = if present == 0 { r.header_len() } else { shard.frame_end(present - 1) };
+        let data_end = if present == 0 {
+            r.header_len()
+        } else {
+            shard.frame_end(present - 1)
+        };
         assert_eq!(r.data_end(), data_end.min(cut).max(r.header_len()), "{ctx}");
         assert_eq!(r.is_complete(), cut == full, "{ctx}");
         // A cut inside the header's padding leaves no torn tail (and data_end past the cut).
-        let torn = if cut == full || (index_end..full).contains(&cut) { 0 } else { cut.saturating_sub(data_end) };
+        let torn = if cut == full || (index_end..full).contains(&cut) {
+            0
+        } else {
+            cut.saturating_sub(data_end)
+        };
         assert_eq!(r.torn_tail_bytes(), torn, "{ctx}");
         let want_problems: Vec<Problem> = if torn > 0 {
-            vec![Problem::TornTail { offset: data_end, len: torn }]
+            vec![Problem::TornTail {
+                offset: data_end,
+                len: torn,
+            }]
         } else if (index_end..full).contains(&cut) {
             // The index frame is whole but its trailer is not.
             assert!(r.index_unusable(), "{ctx}");
@@ -56,7 +72,11 @@ fn truncation_at_every_offset() {
         };
         assert_eq!(r.problems(), &want_problems[..], "{ctx}");
         for i in 0..present {
-            assert_eq!(r.read(i, true).unwrap().bytes.as_slice(), &shard.raws[i][..], "{ctx}: record {i}");
+            assert_eq!(
+                r.read(i, true).unwrap().bytes.as_slice(),
+                &shard.raws[i][..],
+                "{ctx}: record {i}"
+            );
             r.check(i).unwrap();
         }
     }

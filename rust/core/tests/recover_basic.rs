@@ -38,7 +38,9 @@ fn torn_tail_is_cut_and_the_footer_written() {
     let recs = records();
     let open = build_shard(&recs, false);
     let mut bytes = open.bytes.clone();
-    bytes.extend_from_slice(&build_shard(&[RecordSpec::sample("r-3", Codec::None, 9, 3)], false).bytes[200..300]);
+    bytes.extend_from_slice(
+        &build_shard(&[RecordSpec::sample("r-3", Codec::None, 9, 3)], false).bytes[200..300],
+    );
     let path = write_file(dir.path(), "s.lts", &bytes);
     let report = recover(&path).unwrap();
     assert_eq!(report.path, path);
@@ -47,7 +49,10 @@ fn torn_tail_is_cut_and_the_footer_written() {
     assert_eq!(report.truncated_bytes, 100);
     assert_eq!(report.problems, vec![]);
     // Byte for byte the shard a writer would have closed.
-    assert_eq!(std::fs::read(&path).unwrap(), build_shard(&recs, true).bytes);
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        build_shard(&recs, true).bytes
+    );
     let r = ShardReader::open(&path).unwrap();
     assert!(r.is_complete());
     for i in 0..3 {
@@ -66,13 +71,23 @@ fn recovery_after_a_cut_at_every_offset() {
     let header_end = (FILE_HEADER_FIXED_LEN + full.meta_json.len() + 4) as u64;
     for cut in header_end..=full.bytes.len() as u64 {
         let path = write_file(dir.path(), "s.lts", &full.bytes[..cut as usize]);
-        let present = (0..recs.len()).filter(|&i| full.frame_end(i) <= cut).count();
+        let present = (0..recs.len())
+            .filter(|&i| full.frame_end(i) <= cut)
+            .count();
         let want = build_shard(&recs[..present], true);
         let report = recover(&path).unwrap_or_else(|e| panic!("cut at {cut}: {e}"));
-        assert_eq!(report.was_complete, cut == full.bytes.len() as u64, "cut at {cut}");
+        assert_eq!(
+            report.was_complete,
+            cut == full.bytes.len() as u64,
+            "cut at {cut}"
+        );
         assert_eq!(report.records, present as u64, "cut at {cut}");
         if !report.was_complete {
-            assert_eq!(report.truncated_bytes, cut.saturating_sub(want.data_end), "cut at {cut}");
+            assert_eq!(
+                report.truncated_bytes,
+                cut.saturating_sub(want.data_end),
+                "cut at {cut}"
+            );
         }
         assert_eq!(std::fs::read(&path).unwrap(), want.bytes, "cut at {cut}");
         assert_idempotent(&path, present as u64);
@@ -104,13 +119,20 @@ fn corrupt_records_and_damaged_regions_stay_unindexed() {
     );
     assert_eq!(report.problems[1], Problem::DamagedRegion { start, end });
     let after = std::fs::read(&path).unwrap();
-    assert_eq!(&after[..bytes.len()], &bytes[..], "recovery never changes the bytes before the footer");
+    assert_eq!(
+        &after[..bytes.len()],
+        &bytes[..],
+        "recovery never changes the bytes before the footer"
+    );
     let r = ShardReader::open(&path).unwrap();
     assert!(r.is_complete());
     let keys: Vec<_> = r.entries().iter().map(|e| e.key.as_str()).collect();
     assert_eq!(keys, ["a", "c", "e"]);
     for (pos, i) in [0, 2, 4].into_iter().enumerate() {
-        assert_eq!(r.read(pos, true).unwrap().bytes.as_slice(), &shard.raws[i][..]);
+        assert_eq!(
+            r.read(pos, true).unwrap().bytes.as_slice(),
+            &shard.raws[i][..]
+        );
     }
     assert_idempotent(&path, 3);
 }
@@ -125,7 +147,10 @@ fn a_bad_index_is_rewritten() {
     let report = recover(&path).unwrap();
     assert!(!report.was_complete);
     assert_eq!(report.records, 3);
-    assert_eq!(report.truncated_bytes, full.bytes.len() as u64 - full.data_end);
+    assert_eq!(
+        report.truncated_bytes,
+        full.bytes.len() as u64 - full.data_end
+    );
     assert_eq!(report.problems, vec![]);
     assert_eq!(std::fs::read(&path).unwrap(), full.bytes);
 }
@@ -155,7 +180,10 @@ fn a_locked_shard_is_refused() {
     // Locked through another open file of this process.
     let writer = File::open(&path).unwrap();
     // SAFETY: flock only reads the descriptor, which `writer` keeps open.
-    assert_eq!(unsafe { libc::flock(writer.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+    assert_eq!(
+        unsafe { libc::flock(writer.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+        0
+    );
     match recover(&path) {
         Err(Error::Locked { path: p }) => assert_eq!(p, path),
         other => panic!("{other:?}"),
@@ -165,12 +193,21 @@ fn a_locked_shard_is_refused() {
 
     // Locked by another process, as a live writer holds it.
     let mut child = std::process::Command::new("flock")
-        .args(["--exclusive", "--no-fork", path.to_str().unwrap(), "sleep", "30"])
+        .args([
+            "--exclusive",
+            "--no-fork",
+            path.to_str().unwrap(),
+            "sleep",
+            "30",
+        ])
         .spawn()
         .expect("flock(1) from util-linux");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while !layertap_core::reader::is_being_written(&path).unwrap() {
-        assert!(std::time::Instant::now() < deadline, "the child never took the lock");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the child never took the lock"
+        );
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     let refused = recover(&path);
@@ -191,5 +228,8 @@ fn files_that_are_not_shards_are_left_alone() {
     let path = write_file(dir.path(), "x.lts", &text);
     assert!(matches!(recover(&path), Err(Error::NotAShard { .. })));
     assert_eq!(std::fs::read(&path).unwrap(), text);
-    assert!(matches!(recover(dir.path().join("missing.lts")), Err(Error::Io { .. })));
+    assert!(matches!(
+        recover(dir.path().join("missing.lts")),
+        Err(Error::Io { .. })
+    ));
 }

@@ -33,7 +33,9 @@ fn values(dtype: Dtype, data: &[u8]) -> Vec<Value> {
     let n = dtype.size();
     data.chunks_exact(n)
         .map(|c| match dtype {
-            Dtype::BF16 => Value::from(f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16) as f64),
+            Dtype::BF16 => {
+                Value::from(f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16) as f64)
+            }
             Dtype::F16 => Value::from(f16_to_f64(u16::from_le_bytes([c[0], c[1]]))),
             Dtype::F32 => Value::from(f32::from_le_bytes(c.try_into().unwrap()) as f64),
             Dtype::F64 => Value::from(f64::from_le_bytes(c.try_into().unwrap())),
@@ -64,29 +66,65 @@ fn same_numbers(dtype: Dtype, got: &[Value], want: &[Value]) -> bool {
 fn every_vector_reads_as_expected() {
     let dir = vectors_dir();
     let expected_path = dir.join("expected.json");
-    let text = std::fs::read_to_string(&expected_path)
-        .unwrap_or_else(|e| panic!("{}: {e} (tests/vectors/README.md says how to make it)", expected_path.display()));
+    let text = std::fs::read_to_string(&expected_path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (tests/vectors/README.md says how to make it)",
+            expected_path.display()
+        )
+    });
     let expected: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(expected["format_version"], 1);
     let files = expected["files"].as_object().unwrap();
-    assert!(files.len() >= 6, "expected.json lists {} files", files.len());
+    assert!(
+        files.len() >= 6,
+        "expected.json lists {} files",
+        files.len()
+    );
     for (name, want) in files {
         let path = dir.join(name);
         let r = ShardReader::open(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!(r.file_len(), want["file_bytes"].as_u64().unwrap(), "{name}: file_bytes");
-        assert_eq!(r.is_complete(), want["complete"].as_bool().unwrap(), "{name}: complete");
-        assert_eq!(r.header_len(), want["header_len"].as_u64().unwrap(), "{name}: header_len");
-        assert_eq!(hex(&r.shard_id()), want["shard_id"].as_str().unwrap(), "{name}: shard_id");
+        assert_eq!(
+            r.file_len(),
+            want["file_bytes"].as_u64().unwrap(),
+            "{name}: file_bytes"
+        );
+        assert_eq!(
+            r.is_complete(),
+            want["complete"].as_bool().unwrap(),
+            "{name}: complete"
+        );
+        assert_eq!(
+            r.header_len(),
+            want["header_len"].as_u64().unwrap(),
+            "{name}: header_len"
+        );
+        assert_eq!(
+            hex(&r.shard_id()),
+            want["shard_id"].as_str().unwrap(),
+            "{name}: shard_id"
+        );
         let meta: Value = serde_json::from_str(r.meta_json()).unwrap();
         assert_eq!(meta, want["meta"], "{name}: meta");
-        assert_eq!(r.data_end(), want["data_end"].as_u64().unwrap(), "{name}: data_end");
-        assert_eq!(r.torn_tail_bytes(), want["torn_tail_bytes"].as_u64().unwrap(), "{name}: torn tail");
+        assert_eq!(
+            r.data_end(),
+            want["data_end"].as_u64().unwrap(),
+            "{name}: data_end"
+        );
+        assert_eq!(
+            r.torn_tail_bytes(),
+            want["torn_tail_bytes"].as_u64().unwrap(),
+            "{name}: torn tail"
+        );
         let problems: Vec<Value> = r
             .problems()
             .iter()
             .map(|p| serde_json::json!({"kind": p.kind(), "offset": p.offset(), "key": p.key()}))
             .collect();
-        assert_eq!(Value::from(problems.clone()), want["open_problems"], "{name}: problems found opening");
+        assert_eq!(
+            Value::from(problems.clone()),
+            want["open_problems"],
+            "{name}: problems found opening"
+        );
 
         let records = want["records"].as_array().unwrap();
         assert_eq!(r.len(), records.len(), "{name}: record count");
@@ -99,12 +137,29 @@ fn every_vector_reads_as_expected() {
             assert_eq!(e.codec.name(), w["codec"].as_str().unwrap(), "{ctx}");
             assert_eq!(e.stored_len, w["stored_len"].as_u64().unwrap(), "{ctx}");
             assert_eq!(e.raw_len, w["raw_len"].as_u64().unwrap(), "{ctx}");
-            assert_eq!(e.num_tokens as u64, w["num_tokens"].as_u64().unwrap(), "{ctx}");
-            assert_eq!(e.payload_crc as u64, w["payload_crc"].as_u64().unwrap(), "{ctx}");
+            assert_eq!(
+                e.num_tokens as u64,
+                w["num_tokens"].as_u64().unwrap(),
+                "{ctx}"
+            );
+            assert_eq!(
+                e.payload_crc as u64,
+                w["payload_crc"].as_u64().unwrap(),
+                "{ctx}"
+            );
             if !w["ok"].as_bool().unwrap() {
-                for res in [r.read(i, true).map(drop), r.raw(i, true).map(drop), r.check(i)] {
+                for res in [
+                    r.read(i, true).map(drop),
+                    r.raw(i, true).map(drop),
+                    r.check(i),
+                ] {
                     match res {
-                        Err(Error::CorruptRecord { path: p, offset, key, .. }) => {
+                        Err(Error::CorruptRecord {
+                            path: p,
+                            offset,
+                            key,
+                            ..
+                        }) => {
                             assert_eq!(p, path, "{ctx}");
                             assert_eq!(offset, e.frame_offset, "{ctx}");
                             assert_eq!(key.as_deref(), Some(e.key.as_str()), "{ctx}");
@@ -117,24 +172,54 @@ fn every_vector_reads_as_expected() {
             }
             r.check(i).unwrap_or_else(|err| panic!("{ctx}: {err}"));
             let raw = r.raw(i, true).unwrap();
-            assert_eq!(crc32c(&raw) as u64, w["raw_crc32c"].as_u64().unwrap(), "{ctx}: decoded payload");
+            assert_eq!(
+                crc32c(&raw) as u64,
+                w["raw_crc32c"].as_u64().unwrap(),
+                "{ctx}: decoded payload"
+            );
             let rec = r.read(i, true).unwrap();
             assert_eq!(rec.bytes.as_slice(), &raw[..], "{ctx}");
-            let metadata: serde_json::Map<String, Value> =
-                rec.header.metadata.iter().map(|(k, v)| (k.clone(), Value::from(v.as_str()))).collect();
+            let metadata: serde_json::Map<String, Value> = rec
+                .header
+                .metadata
+                .iter()
+                .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
+                .collect();
             assert_eq!(Value::Object(metadata), w["metadata"], "{ctx}: metadata");
             let tensors = w["tensors"].as_array().unwrap();
-            assert_eq!(rec.header.tensors.len(), tensors.len(), "{ctx}: tensor count");
+            assert_eq!(
+                rec.header.tensors.len(),
+                tensors.len(),
+                "{ctx}: tensor count"
+            );
             for (t, wt) in rec.header.tensors.iter().zip(tensors) {
                 assert_eq!(t.spec.name, wt["name"].as_str().unwrap(), "{ctx}");
-                assert_eq!(t.spec.dtype.name(), wt["dtype"].as_str().unwrap(), "{ctx}: {}", t.spec.name);
-                assert_eq!(Value::from(t.spec.shape.clone()), wt["shape"], "{ctx}: {}", t.spec.name);
+                assert_eq!(
+                    t.spec.dtype.name(),
+                    wt["dtype"].as_str().unwrap(),
+                    "{ctx}: {}",
+                    t.spec.name
+                );
+                assert_eq!(
+                    Value::from(t.spec.shape.clone()),
+                    wt["shape"],
+                    "{ctx}: {}",
+                    t.spec.name
+                );
                 let got = values(t.spec.dtype, rec.tensor_data(t));
-                assert!(same_numbers(t.spec.dtype, &got, wt["values"].as_array().unwrap()), "{ctx}: values of {}", t.spec.name);
+                assert!(
+                    same_numbers(t.spec.dtype, &got, wt["values"].as_array().unwrap()),
+                    "{ctx}: values of {}",
+                    t.spec.name
+                );
             }
         }
         // Dataset.verify() lists problems in file order.
         verify_problems.sort_by_key(|p| p["offset"].as_u64());
-        assert_eq!(Value::from(verify_problems), want["verify_problems"], "{name}: verify problems");
+        assert_eq!(
+            Value::from(verify_problems),
+            want["verify_problems"],
+            "{name}: verify problems"
+        );
     }
 }

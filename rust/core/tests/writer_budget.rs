@@ -20,7 +20,9 @@ struct Gated {
 
 impl RecordBuffer for Gated {
     fn bytes(&self) -> &[u8] {
-        let on_worker = std::thread::current().name().is_some_and(|n| n.starts_with("layertap-zstd"));
+        let on_worker = std::thread::current()
+            .name()
+            .is_some_and(|n| n.starts_with("layertap-zstd"));
         if on_worker {
             let (open, cv) = &*self.gate;
             let mut open = open.lock().unwrap();
@@ -33,8 +35,15 @@ impl RecordBuffer for Gated {
 }
 
 fn gated_record(key: &str, len: usize, gate: &Arc<(Mutex<bool>, Condvar)>) -> RecordInput {
-    let spec = TensorSpec { name: "x".into(), dtype: Dtype::U8, shape: vec![len as u64] };
-    let data = Gated { data: bytes(len as u64, len), gate: gate.clone() };
+    let spec = TensorSpec {
+        name: "x".into(),
+        dtype: Dtype::U8,
+        shape: vec![len as u64],
+    };
+    let data = Gated {
+        data: bytes(len as u64, len),
+        gate: gate.clone(),
+    };
     RecordInput {
         key: key.into(),
         tensors: vec![TensorInput::new(spec, data)],
@@ -54,10 +63,16 @@ fn check_blocks(w: &ShardWriter, second: RecordInput, gate: &Arc<(Mutex<bool>, C
     std::thread::scope(|s| {
         let (tx, rx) = std::sync::mpsc::channel();
         s.spawn(move || tx.send(w.submit(second)).unwrap());
-        assert!(rx.recv_timeout(Duration::from_millis(300)).is_err(), "submit must wait for the budget");
+        assert!(
+            rx.recv_timeout(Duration::from_millis(300)).is_err(),
+            "submit must wait for the budget"
+        );
         assert!(w.stats().inflight_bytes > 0);
         open_gate(gate);
-        let seq = rx.recv_timeout(Duration::from_secs(20)).expect("submit resumes").unwrap();
+        let seq = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("submit resumes")
+            .unwrap();
         assert_eq!(seq, 1);
     });
     assert!(w.stats().blocked_seconds >= 0.25, "{:?}", w.stats());
@@ -68,14 +83,20 @@ fn submit_blocks_while_the_budget_is_full() {
     for io in io_modes() {
         for codec in [Codec::None, Codec::Bp16Zstd] {
             let dir = tempfile::tempdir().unwrap();
-            let cfg = WriterConfig { max_inflight_bytes: 10_000, ..config(io, codec) };
+            let cfg = WriterConfig {
+                max_inflight_bytes: 10_000,
+                ..config(io, codec)
+            };
             let w = ShardWriter::open(dir.path(), cfg).unwrap();
             let gate = Arc::new((Mutex::new(false), Condvar::new()));
             w.submit(gated_record("held", 6000, &gate)).unwrap();
             check_blocks(&w, gated_record("next", 6000, &gate), &gate);
             w.close().unwrap();
             let recs = read_records(dir.path());
-            assert_eq!(recs.iter().map(|r| r.key.as_str()).collect::<Vec<_>>(), ["held", "next"]);
+            assert_eq!(
+                recs.iter().map(|r| r.key.as_str()).collect::<Vec<_>>(),
+                ["held", "next"]
+            );
             assert_eq!(recs[1].tensors[0].1, bytes(6000, 6000));
         }
     }
@@ -84,7 +105,10 @@ fn submit_blocks_while_the_budget_is_full() {
 #[test]
 fn a_record_larger_than_the_budget_goes_alone() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = WriterConfig { max_inflight_bytes: 1000, ..Default::default() };
+    let cfg = WriterConfig {
+        max_inflight_bytes: 1000,
+        ..Default::default()
+    };
     let w = ShardWriter::open(dir.path(), cfg).unwrap();
     let gate = Arc::new((Mutex::new(false), Condvar::new()));
     // Admitted at once although it is 50 times the budget: nothing else is in flight.
@@ -100,7 +124,10 @@ fn budget_bounds_inflight_bytes_under_load() {
     for io in io_modes() {
         let dir = tempfile::tempdir().unwrap();
         let budget = 256 << 10;
-        let cfg = WriterConfig { max_inflight_bytes: budget, ..config(io, Codec::Bp16Zstd) };
+        let cfg = WriterConfig {
+            max_inflight_bytes: budget,
+            ..config(io, Codec::Bp16Zstd)
+        };
         let w = ShardWriter::open(dir.path(), cfg).unwrap();
         let mut max_seen = 0;
         for i in 0..200u64 {
@@ -110,7 +137,10 @@ fn budget_bounds_inflight_bytes_under_load() {
         assert!(max_seen <= budget, "{max_seen} > {budget}");
         w.close().unwrap();
         let s = w.stats();
-        assert_eq!((s.records_written, s.inflight_bytes, s.queue_depth), (200, 0, 0));
+        assert_eq!(
+            (s.records_written, s.inflight_bytes, s.queue_depth),
+            (200, 0, 0)
+        );
         assert_eq!(read_records(dir.path()).len(), 200);
     }
 }

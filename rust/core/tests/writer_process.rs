@@ -17,24 +17,37 @@ const CHILD_ENV: &str = "LAYERTAP_TEST_EFBIG_DIR";
 #[ignore = "run by file_size_limit_fails_cleanly in a child process"]
 fn efbig_child() {
     let dir = std::env::var(CHILD_ENV).expect("started by the parent test");
-    let io = if std::env::var("CHILD_IO").unwrap() == "uring" { IoMode::Uring } else { IoMode::Pwrite };
+    let io = if std::env::var("CHILD_IO").unwrap() == "uring" {
+        IoMode::Uring
+    } else {
+        IoMode::Pwrite
+    };
     let direct = std::env::var("CHILD_DIRECT").unwrap() == "1";
     // SAFETY: plain system calls on this process; the limit is what the test is about, and
     // SIGXFSZ is ignored so that the write fails with EFBIG instead of killing the process.
     unsafe {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
-        let lim = libc::rlimit { rlim_cur: 100_000, rlim_max: 100_000 };
+        let lim = libc::rlimit {
+            rlim_cur: 100_000,
+            rlim_max: 100_000,
+        };
         assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &lim), 0);
     }
     // With `direct`, the write that crosses the limit is cut to a length that is not whole
     // blocks, which O_DIRECT refuses (EINVAL); the writer retries it through the page cache
     // and so reports EFBIG like a buffered writer.
-    let cfg = WriterConfig { batch_bytes: 4096, direct, ..config(io, Codec::None) };
+    let cfg = WriterConfig {
+        batch_bytes: 4096,
+        direct,
+        ..config(io, Codec::None)
+    };
     let w = ShardWriter::open(&dir, cfg).unwrap();
     let mut done = Vec::new();
     let mut error = None;
     for i in 0..1000u64 {
-        let r = w.submit(record(&format!("r{i}"), 8, 256, i)).and_then(|_| w.poll());
+        let r = w
+            .submit(record(&format!("r{i}"), 8, 256, i))
+            .and_then(|_| w.poll());
         match r {
             Ok(c) => done.extend(c),
             Err(e) => {
@@ -45,34 +58,66 @@ fn efbig_child() {
     }
     // On a loaded machine the I/O thread may not have reached the limit before the loop ends;
     // flush waits for it.
-    let error = error.or_else(|| w.flush().err()).expect("the file size limit must stop the writer");
+    let error = error
+        .or_else(|| w.flush().err())
+        .expect("the file size limit must stop the writer");
     done.extend(w.poll().unwrap()); // records written before the error are still reported
     match &error {
         Error::Io { path, op, source } => {
-            println!("ERROR errno={} op={op} path={}", source.raw_os_error().unwrap_or(0), path.display())
+            println!(
+                "ERROR errno={} op={op} path={}",
+                source.raw_os_error().unwrap_or(0),
+                path.display()
+            )
         }
         other => println!("ERROR other {other}"),
     }
     let after = w.submit(record("late", 1, 4, 0));
     println!("AFTER {}", matches!(after, Err(Error::Closed(Some(_)))));
-    println!("DONE {}", done.iter().map(|c| c.key.as_str()).collect::<Vec<_>>().join(","));
+    println!(
+        "DONE {}",
+        done.iter()
+            .map(|c| c.key.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
     println!("CLOSE {:?}", w.close().is_ok());
 }
 
 #[test]
 fn file_size_limit_fails_cleanly() {
-    for (io, direct) in io_modes().into_iter().flat_map(|io| [(io, false), (io, true)]) {
+    for (io, direct) in io_modes()
+        .into_iter()
+        .flat_map(|io| [(io, false), (io, true)])
+    {
         let dir = tempfile::tempdir().unwrap();
         let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "efbig_child", "--ignored", "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                "efbig_child",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(CHILD_ENV, dir.path())
-            .env("CHILD_IO", if io == IoMode::Uring { "uring" } else { "pwrite" })
+            .env(
+                "CHILD_IO",
+                if io == IoMode::Uring {
+                    "uring"
+                } else {
+                    "pwrite"
+                },
+            )
             .env("CHILD_DIRECT", if direct { "1" } else { "0" })
             .env_remove("LAYERTAP_IO")
             .output()
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{io:?} {direct}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{io:?} {direct}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let line = |tag: &str| {
             stdout
                 .lines()
@@ -80,17 +125,26 @@ fn file_size_limit_fails_cleanly() {
                 .unwrap_or_else(|| panic!("no {tag} in {stdout}"))
         };
         let shard = shard_paths(dir.path()).pop().unwrap();
-        assert_eq!(line("ERROR "), format!("errno={} op=write path={}", libc::EFBIG, shard.display()));
+        assert_eq!(
+            line("ERROR "),
+            format!("errno={} op=write path={}", libc::EFBIG, shard.display())
+        );
         assert_eq!(line("AFTER "), "true");
         assert_eq!(line("CLOSE "), "true");
         // Every record reported done is in the shard, whole; the shard holds only whole frames.
         let done: Vec<&str> = line("DONE ").split(',').filter(|k| !k.is_empty()).collect();
         assert!(done.len() >= 10, "{done:?}");
         let read = read_shard(&shard);
-        assert!(read.index.is_none(), "the failed shard is left open for recovery");
+        assert!(
+            read.index.is_none(),
+            "the failed shard is left open for recovery"
+        );
         assert_eq!(read.torn_tail, 0, "cut back to the last whole frame");
         let keys: Vec<&str> = read.records.iter().map(|r| r.key.as_str()).collect();
-        assert!(keys.len() >= done.len() && keys[..done.len()] == done[..], "{keys:?} vs {done:?}");
+        assert!(
+            keys.len() >= done.len() && keys[..done.len()] == done[..],
+            "{keys:?} vs {done:?}"
+        );
         for (i, r) in read.records.iter().enumerate() {
             assert_eq!(r.tensors, record_tensors(8, 256, i as u64));
         }
@@ -121,10 +175,16 @@ fn forked_child_cannot_use_the_writer() {
     let mut status = 0;
     // SAFETY: waits for the child we forked.
     assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child status {status}");
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "child status {status}"
+    );
     w.submit(record("after", 1, 4, 0)).unwrap();
     w.close().unwrap();
-    let keys: Vec<String> = read_records(dir.path()).into_iter().map(|r| r.key).collect();
+    let keys: Vec<String> = read_records(dir.path())
+        .into_iter()
+        .map(|r| r.key)
+        .collect();
     assert_eq!(keys, ["before", "after"]);
 }
 
@@ -137,7 +197,10 @@ fn try_lock(path: &Path) -> bool {
 #[test]
 fn shards_are_locked_while_written() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = WriterConfig { shard_size: 1, ..Default::default() };
+    let cfg = WriterConfig {
+        shard_size: 1,
+        ..Default::default()
+    };
     let w = ShardWriter::open(dir.path(), cfg).unwrap();
     let first = shard_paths(dir.path()).pop().unwrap();
     assert!(!try_lock(&first), "open shard is locked");
@@ -158,14 +221,20 @@ fn writer_id_numbering_continues() {
     std::fs::write(dir.path().join("rank0-000004.lts"), b"not ours to touch").unwrap();
     std::fs::write(dir.path().join("rank01-000009.lts"), b"another writer").unwrap();
     for want in ["rank0-000005.lts", "rank0-000006.lts"] {
-        let cfg = WriterConfig { writer_id: Some("rank0".into()), ..Default::default() };
+        let cfg = WriterConfig {
+            writer_id: Some("rank0".into()),
+            ..Default::default()
+        };
         let w = ShardWriter::open(dir.path(), cfg).unwrap();
         assert_eq!(w.writer_id(), "rank0");
         w.submit(record(want, 1, 4, 0)).unwrap();
         w.close().unwrap();
         assert_eq!(read_shard(&dir.path().join(want)).records[0].key, want);
     }
-    assert_eq!(std::fs::read(dir.path().join("rank0-000004.lts")).unwrap(), b"not ours to touch");
+    assert_eq!(
+        std::fs::read(dir.path().join("rank0-000004.lts")).unwrap(),
+        b"not ours to touch"
+    );
 
     let w = ShardWriter::open(dir.path(), WriterConfig::default()).unwrap();
     let id = w.writer_id().to_string();

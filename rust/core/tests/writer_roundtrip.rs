@@ -4,7 +4,9 @@
 mod writer_support;
 
 use layertap_core::blob::TensorSpec;
-use layertap_core::writer::{Durability, IoMode, RecordInput, ShardWriter, TensorInput, WriterConfig};
+use layertap_core::writer::{
+    Durability, IoMode, RecordInput, ShardWriter, TensorInput, WriterConfig,
+};
 use layertap_core::{Codec, Dtype};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
@@ -19,18 +21,34 @@ fn records_round_trip_in_order_with_completions() {
             let dir = tempfile::tempdir().unwrap();
             let w = ShardWriter::open(dir.path(), config(io, codec)).unwrap();
             if std::env::var_os("LAYERTAP_IO").is_none() {
-                let want = if io == IoMode::Uring { "io_uring" } else { "pwrite" };
+                let want = if io == IoMode::Uring {
+                    "io_uring"
+                } else {
+                    "pwrite"
+                };
                 assert_eq!(w.backend().name(), want);
             }
             for i in 0..50u64 {
-                let seq = w.submit(record(&format!("req-{i}"), 1 + i % 7, 64, i)).unwrap();
+                let seq = w
+                    .submit(record(&format!("req-{i}"), 1 + i % 7, 64, i))
+                    .unwrap();
                 assert_eq!(seq, i);
             }
             w.flush().unwrap();
             let done = w.poll().unwrap();
-            assert_eq!(done.iter().map(|c| c.seq).collect::<Vec<_>>(), (0..50).collect::<Vec<_>>());
+            assert_eq!(
+                done.iter().map(|c| c.seq).collect::<Vec<_>>(),
+                (0..50).collect::<Vec<_>>()
+            );
             let stats = w.stats();
-            assert_eq!((stats.records_submitted, stats.records_written, stats.queue_depth), (50, 50, 0));
+            assert_eq!(
+                (
+                    stats.records_submitted,
+                    stats.records_written,
+                    stats.queue_depth
+                ),
+                (50, 50, 0)
+            );
             assert_eq!(stats.inflight_bytes, 0);
             w.close().unwrap();
             assert_eq!(w.stats().shards_closed, 1);
@@ -47,7 +65,10 @@ fn records_round_trip_in_order_with_completions() {
                     (c.key.as_str(), c.offset, c.shard.as_path()),
                     (rec.key.as_str(), rec.offset, shard.path.as_path())
                 );
-                assert_eq!((c.stored_len, c.raw_len), (rec.header.stored_len, rec.header.raw_len));
+                assert_eq!(
+                    (c.stored_len, c.raw_len),
+                    (rec.header.stored_len, rec.header.raw_len)
+                );
                 assert_eq!(rec.header.codec, codec);
                 assert_eq!(rec.header.num_tokens as u64, 1 + i % 7);
                 assert_eq!(rec.tensors, record_tensors(1 + i % 7, 64, i));
@@ -69,10 +90,14 @@ fn records_round_trip_in_order_with_completions() {
 fn the_crate_reader_reads_what_the_writer_wrote() {
     for codec in Codec::ALL {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = WriterConfig { shard_size: 64 << 10, ..config(IoMode::Pwrite, codec) };
+        let cfg = WriterConfig {
+            shard_size: 64 << 10,
+            ..config(IoMode::Pwrite, codec)
+        };
         let w = ShardWriter::open(dir.path(), cfg).unwrap();
         for i in 0..30u64 {
-            w.submit(record(&format!("r{i}"), 1 + i % 5, 256, i)).unwrap();
+            w.submit(record(&format!("r{i}"), 1 + i % 5, 256, i))
+                .unwrap();
         }
         w.close().unwrap();
         let mut n = 0u64;
@@ -82,8 +107,12 @@ fn the_crate_reader_reads_what_the_writer_wrote() {
             for i in 0..reader.len() {
                 let rec = reader.read(i, true).unwrap();
                 assert_eq!(rec.key, format!("r{n}"));
-                let got: Vec<_> =
-                    rec.header.tensors.iter().map(|t| (t.spec.clone(), rec.tensor_data(t).to_vec())).collect();
+                let got: Vec<_> = rec
+                    .header
+                    .tensors
+                    .iter()
+                    .map(|t| (t.spec.clone(), rec.tensor_data(t).to_vec()))
+                    .collect();
                 assert_eq!(got, record_tensors(1 + n % 5, 256, n));
                 n += 1;
             }
@@ -108,18 +137,38 @@ fn shard_header_metadata() {
     assert_eq!(meta["writer_id"], "rank3");
     assert_eq!(meta["shard_index"], 0);
     assert!(meta["created_unix_ms"].as_u64().unwrap() > 1_600_000_000_000);
-    assert_eq!(meta["writer"], format!("layertap-rust {}", env!("CARGO_PKG_VERSION")));
+    assert_eq!(
+        meta["writer"],
+        format!("layertap-rust {}", env!("CARGO_PKG_VERSION"))
+    );
     assert_eq!(meta["user"], serde_json::json!({"model": "m"}));
-    let keys: Vec<&str> = meta.as_object().unwrap().keys().map(|k| k.as_str()).collect();
-    assert_eq!(keys, ["writer_id", "shard_index", "created_unix_ms", "writer", "user"]);
+    let keys: Vec<&str> = meta
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str())
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "writer_id",
+            "shard_index",
+            "created_unix_ms",
+            "writer",
+            "user"
+        ]
+    );
 }
 
 #[test]
 fn shards_rotate_at_shard_size_and_keep_order() {
     for io in io_modes() {
         let dir = tempfile::tempdir().unwrap();
-        let cfg =
-            WriterConfig { shard_size: 40 << 10, writer_id: Some("w".into()), ..config(io, Codec::None) };
+        let cfg = WriterConfig {
+            shard_size: 40 << 10,
+            writer_id: Some("w".into()),
+            ..config(io, Codec::None)
+        };
         let w = ShardWriter::open(dir.path(), cfg).unwrap();
         // Each record is ~16 KiB raw: two fit a 40 KiB shard, three do not.
         for i in 0..9u64 {
@@ -130,19 +179,35 @@ fn shards_rotate_at_shard_size_and_keep_order() {
         w.submit(record("after", 1, 8, 100)).unwrap();
         w.close().unwrap();
         let shards = read_dir(dir.path());
-        let names: Vec<String> =
-            shards.iter().map(|s| s.path.file_name().unwrap().to_string_lossy().into_owned()).collect();
-        assert_eq!(names, (0..7).map(|n| format!("w-{n:06}.lts")).collect::<Vec<_>>());
+        let names: Vec<String> = shards
+            .iter()
+            .map(|s| s.path.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            names,
+            (0..7).map(|n| format!("w-{n:06}.lts")).collect::<Vec<_>>()
+        );
         let counts: Vec<usize> = shards.iter().map(|s| s.records.len()).collect();
         assert_eq!(counts, [2, 2, 2, 2, 1, 1, 1]);
         for s in &shards {
             assert!(s.index.is_some());
             let len = std::fs::metadata(&s.path).unwrap().len();
-            let data_end = s.records.last().map(|r| r.offset + r.header.frame_len()).unwrap();
-            assert!(data_end <= 40 << 10 || s.records.len() == 1, "{:?} data ends at {data_end}", s.path);
+            let data_end = s
+                .records
+                .last()
+                .map(|r| r.offset + r.header.frame_len())
+                .unwrap();
+            assert!(
+                data_end <= 40 << 10 || s.records.len() == 1,
+                "{:?} data ends at {data_end}",
+                s.path
+            );
             assert!(len > data_end);
         }
-        let keys: Vec<String> = shards.iter().flat_map(|s| s.records.iter().map(|r| r.key.clone())).collect();
+        let keys: Vec<String> = shards
+            .iter()
+            .flat_map(|s| s.records.iter().map(|r| r.key.clone()))
+            .collect();
         let mut want: Vec<String> = (0..9).map(|i| format!("r{i}")).collect();
         want.extend(["big".into(), "after".into()]);
         assert_eq!(keys, want);
@@ -157,11 +222,20 @@ fn many_tensors_exceed_iov_max_in_one_record() {
         let w = ShardWriter::open(dir.path(), config(io, Codec::None)).unwrap();
         let tensors: Vec<TensorInput> = (0..1500u64)
             .map(|i| {
-                let spec = TensorSpec { name: format!("t{i}"), dtype: Dtype::U8, shape: vec![1 + i % 5] };
+                let spec = TensorSpec {
+                    name: format!("t{i}"),
+                    dtype: Dtype::U8,
+                    shape: vec![1 + i % 5],
+                };
                 TensorInput::new(spec, bytes(i, 1 + (i % 5) as usize))
             })
             .collect();
-        let rec = RecordInput { key: "wide".into(), tensors, metadata: BTreeMap::new(), num_tokens: 0 };
+        let rec = RecordInput {
+            key: "wide".into(),
+            tensors,
+            metadata: BTreeMap::new(),
+            num_tokens: 0,
+        };
         w.submit(rec).unwrap();
         for i in 0..300u64 {
             w.submit(record(&format!("n{i}"), 1, 4, i)).unwrap();
@@ -176,10 +250,18 @@ fn many_tensors_exceed_iov_max_in_one_record() {
 
 #[test]
 fn durability_modes_write_the_same_records() {
-    for durability in [Durability::None, Durability::OnClose, Durability::EveryBytes(4096)] {
+    for durability in [
+        Durability::None,
+        Durability::OnClose,
+        Durability::EveryBytes(4096),
+    ] {
         for io in io_modes() {
             let dir = tempfile::tempdir().unwrap();
-            let cfg = WriterConfig { durability, shard_size: 64 << 10, ..config(io, Codec::Zstd) };
+            let cfg = WriterConfig {
+                durability,
+                shard_size: 64 << 10,
+                ..config(io, Codec::Zstd)
+            };
             let w = ShardWriter::open(dir.path(), cfg).unwrap();
             for i in 0..40u64 {
                 w.submit(record(&format!("k{i}"), 4, 64, i)).unwrap();
@@ -234,7 +316,14 @@ fn writers_run_concurrently_in_one_directory() {
         for t in 0..3 {
             let path = dir.path();
             s.spawn(move || {
-                let w = ShardWriter::open(path, WriterConfig { level: 1, ..Default::default() }).unwrap();
+                let w = ShardWriter::open(
+                    path,
+                    WriterConfig {
+                        level: 1,
+                        ..Default::default()
+                    },
+                )
+                .unwrap();
                 for i in 0..20u64 {
                     w.submit(record(&format!("t{t}-{i}"), 2, 32, i)).unwrap();
                 }
@@ -255,7 +344,11 @@ fn every_dtype_with_every_codec() {
         let mut want = Vec::new();
         for (i, dtype) in Dtype::ALL.into_iter().enumerate() {
             // Odd element counts, so 1-byte tensors leave the payload unaligned.
-            let spec = TensorSpec { name: dtype.name().to_lowercase(), dtype, shape: vec![3, 5 + i as u64] };
+            let spec = TensorSpec {
+                name: dtype.name().to_lowercase(),
+                dtype,
+                shape: vec![3, 5 + i as u64],
+            };
             let data = bytes(i as u64, spec.byte_len().unwrap() as usize);
             want.push((spec.clone(), data.clone()));
             w.submit(RecordInput {
@@ -267,18 +360,29 @@ fn every_dtype_with_every_codec() {
             .unwrap();
         }
         w.close().unwrap();
-        let got: Vec<_> = read_records(dir.path()).into_iter().map(|r| r.tensors[0].clone()).collect();
+        let got: Vec<_> = read_records(dir.path())
+            .into_iter()
+            .map(|r| r.tensors[0].clone())
+            .collect();
         assert_eq!(got, want, "{codec}");
     }
 }
 
 fn arb_tensor() -> impl Strategy<Value = (Dtype, Vec<u64>, u64)> {
-    (0..Dtype::ALL.len(), prop::collection::vec(1u64..6, 0..4), any::<u64>())
+    (
+        0..Dtype::ALL.len(),
+        prop::collection::vec(1u64..6, 0..4),
+        any::<u64>(),
+    )
         .prop_map(|(d, shape, seed)| (Dtype::ALL[d], shape, seed))
 }
 
 /// A key, tensors as (dtype, shape, seed), and metadata.
-type ArbRecord = (String, Vec<(Dtype, Vec<u64>, u64)>, BTreeMap<String, String>);
+type ArbRecord = (
+    String,
+    Vec<(Dtype, Vec<u64>, u64)>,
+    BTreeMap<String, String>,
+);
 
 fn arb_record() -> impl Strategy<Value = ArbRecord> {
     (

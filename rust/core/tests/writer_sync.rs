@@ -19,7 +19,12 @@ use writer_support::*;
 const POLICIES: [Durability; 2] = [Durability::OnClose, Durability::EveryBytes(8 << 10)];
 
 fn sync_config(io: IoMode, durability: Durability, direct: bool) -> WriterConfig {
-    WriterConfig { durability, direct, shard_size: 24 << 10, ..config(io, Codec::Zstd) }
+    WriterConfig {
+        durability,
+        direct,
+        shard_size: 24 << 10,
+        ..config(io, Codec::Zstd)
+    }
 }
 
 /// Every shard in `dir` is complete, verified by the crate's reader and unlocked; returns the
@@ -27,10 +32,17 @@ fn sync_config(io: IoMode, durability: Durability, direct: bool) -> WriterConfig
 fn check_complete(dir: &Path) -> Vec<String> {
     let mut keys = Vec::new();
     for path in shard_paths(dir) {
-        assert!(!is_being_written(&path).unwrap(), "{path:?} is still locked");
+        assert!(
+            !is_being_written(&path).unwrap(),
+            "{path:?} is still locked"
+        );
         let reader = ShardReader::open(&path).unwrap();
         assert!(reader.is_complete(), "{path:?} has no footer");
-        assert!(reader.problems().is_empty(), "{path:?}: {:?}", reader.problems());
+        assert!(
+            reader.problems().is_empty(),
+            "{path:?}: {:?}",
+            reader.problems()
+        );
         for i in 0..reader.len() {
             let rec = reader.read(i, true).unwrap(); // checks the CRC and decodes
             keys.push(rec.key.clone());
@@ -51,21 +63,33 @@ fn many_shards_are_complete_and_synced_after_close() {
                 let w = ShardWriter::open(dir.path(), sync_config(io, durability, direct)).unwrap();
                 let mut done = Vec::new();
                 for i in 0..300u64 {
-                    w.submit(record(&format!("k{i}"), 1 + i % 9, 96, i)).unwrap();
+                    w.submit(record(&format!("k{i}"), 1 + i % 9, 96, i))
+                        .unwrap();
                     if i % 37 == 0 {
                         done.extend(w.poll().unwrap());
                     }
                 }
                 w.close().unwrap();
                 done.extend(w.poll().unwrap());
-                assert_eq!(done.iter().map(|c| c.seq).collect::<Vec<_>>(), (0..300).collect::<Vec<_>>());
+                assert_eq!(
+                    done.iter().map(|c| c.seq).collect::<Vec<_>>(),
+                    (0..300).collect::<Vec<_>>()
+                );
                 let shards = shard_paths(dir.path());
                 assert!(shards.len() > 20, "{what}: {} shards", shards.len());
                 let stats = w.stats();
                 assert_eq!(stats.records_written, 300, "{what}");
-                assert_eq!(stats.shards_closed, shards.len() as u64, "{what}: close waits for every fsync");
+                assert_eq!(
+                    stats.shards_closed,
+                    shards.len() as u64,
+                    "{what}: close waits for every fsync"
+                );
                 let keys = check_complete(dir.path());
-                assert_eq!(keys, (0..300).map(|i| format!("k{i}")).collect::<Vec<_>>(), "{what}");
+                assert_eq!(
+                    keys,
+                    (0..300).map(|i| format!("k{i}")).collect::<Vec<_>>(),
+                    "{what}"
+                );
                 // The independent strict reader agrees, payload by payload.
                 for (i, r) in read_records(dir.path()).iter().enumerate() {
                     let i = i as u64;
@@ -81,28 +105,45 @@ fn flush_waits_for_the_syncs_of_closed_shards() {
     for io in io_modes() {
         for durability in POLICIES {
             let dir = tempfile::tempdir().unwrap();
-            let cfg = WriterConfig { writer_id: Some("w".into()), ..sync_config(io, durability, false) };
+            let cfg = WriterConfig {
+                writer_id: Some("w".into()),
+                ..sync_config(io, durability, false)
+            };
             let w = ShardWriter::open(dir.path(), cfg).unwrap();
             for round in 0..3u64 {
                 for i in 0..60u64 {
                     let n = round * 60 + i;
-                    w.submit(record(&format!("k{n}"), 1 + n % 9, 96, n)).unwrap();
+                    w.submit(record(&format!("k{n}"), 1 + n % 9, 96, n))
+                        .unwrap();
                 }
                 w.flush().unwrap();
                 let shards = shard_paths(dir.path());
                 let (open, closed) = shards.split_last().unwrap();
                 // Every shard but the open one was handed to the sync thread, which synced,
                 // closed and counted it before it answered the flush.
-                assert_eq!(w.stats().shards_closed, closed.len() as u64, "{io:?} {durability:?}");
+                assert_eq!(
+                    w.stats().shards_closed,
+                    closed.len() as u64,
+                    "{io:?} {durability:?}"
+                );
                 for path in closed {
-                    assert!(!is_being_written(path).unwrap(), "{path:?} still locked after flush");
+                    assert!(
+                        !is_being_written(path).unwrap(),
+                        "{path:?} still locked after flush"
+                    );
                     assert!(ShardReader::open(path).unwrap().is_complete());
                 }
-                assert!(is_being_written(open).unwrap(), "the open shard stays locked");
+                assert!(
+                    is_being_written(open).unwrap(),
+                    "the open shard stays locked"
+                );
             }
             assert_eq!(w.poll().unwrap().len(), 180);
             w.close().unwrap();
-            assert_eq!(w.stats().shards_closed, shard_paths(dir.path()).len() as u64);
+            assert_eq!(
+                w.stats().shards_closed,
+                shard_paths(dir.path()).len() as u64
+            );
             assert_eq!(check_complete(dir.path()).len(), 180);
         }
     }
@@ -114,13 +155,16 @@ fn flush_waits_for_the_syncs_of_closed_shards() {
 fn drop_completes_the_shards_and_a_new_writer_continues() {
     for io in io_modes() {
         let dir = tempfile::tempdir().unwrap();
-        let cfg =
-            || WriterConfig { writer_id: Some("w".into()), ..sync_config(io, Durability::OnClose, false) };
+        let cfg = || WriterConfig {
+            writer_id: Some("w".into()),
+            ..sync_config(io, Durability::OnClose, false)
+        };
         for part in 0..2u64 {
             let w = ShardWriter::open(dir.path(), cfg()).unwrap();
             for i in 0..50u64 {
                 let n = part * 50 + i;
-                w.submit(record(&format!("k{n}"), 1 + n % 9, 96, n)).unwrap();
+                w.submit(record(&format!("k{n}"), 1 + n % 9, 96, n))
+                    .unwrap();
             }
             drop(w);
             assert_eq!(check_complete(dir.path()).len() as u64, 50 * (part + 1));

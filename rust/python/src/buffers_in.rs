@@ -89,7 +89,11 @@ impl PyRecordBuffer {
         // boxed Py_buffer that the call fills.
         if unsafe { PyObject_GetBuffer(obj.as_ptr(), &mut *view, PYBUF_C_CONTIGUOUS) } != 0 {
             let err = PyErr::fetch(py);
-            let kind = obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "object".into());
+            let kind = obj
+                .get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_else(|_| "object".into());
             return Err(if err.is_instance_of::<PyTypeError>(py) {
                 format!("a {kind} does not support the buffer protocol")
             } else {
@@ -100,13 +104,17 @@ impl PyRecordBuffer {
             HeldBuffer(view).release(py);
             return Err("the exporter gave an invalid buffer".into());
         }
-        Ok(PyRecordBuffer { held: Some(HeldBuffer(view)) })
+        Ok(PyRecordBuffer {
+            held: Some(HeldBuffer(view)),
+        })
     }
 }
 
 impl RecordBuffer for PyRecordBuffer {
     fn bytes(&self) -> &[u8] {
-        let Some(HeldBuffer(view)) = &self.held else { return &[] };
+        let Some(HeldBuffer(view)) = &self.held else {
+            return &[];
+        };
         if view.len == 0 {
             return &[];
         }

@@ -77,6 +77,10 @@ impl TensorBuffer {
     }
 
     fn __repr__(&self) -> String {
-        format!("<TensorBuffer of {} bytes{}>", self.len, if self.mapped() { ", mapped" } else { "" })
+        format!(
+            "<TensorBuffer of {} bytes{}>",
+            self.len,
+            if self.mapped() { ", mapped" } else { "" }
+        )
     }
 }

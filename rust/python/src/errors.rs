@@ -24,8 +24,14 @@ fn build(py: Python<'_>, e: Error) -> PyResult<PyErr> {
         Error::NotAShard { path, .. } | Error::CorruptIndex { path, .. } => {
             class(py, "FormatError")?.call1((msg, path.display().to_string()))?
         }
-        Error::CorruptRecord { path, offset, key, .. } => class(py, "CorruptRecordError")?
-            .call1((msg, path.display().to_string(), *offset, key.clone()))?,
+        Error::CorruptRecord {
+            path, offset, key, ..
+        } => class(py, "CorruptRecordError")?.call1((
+            msg,
+            path.display().to_string(),
+            *offset,
+            key.clone(),
+        ))?,
         Error::NotFound(_) => class(py, "RecordNotFoundError")?.call1((msg,))?,
         Error::Io { path, source, .. } => class(py, "WriterIOError")?.call1((
             source.raw_os_error(),

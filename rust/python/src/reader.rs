@@ -21,7 +21,11 @@ type ProblemTuple = (&'static str, Option<u64>, Option<String>, String);
 /// writing.
 fn open_err(e: Error) -> PyErr {
     match e {
-        Error::Io { op: "open", path, source } => match source.raw_os_error() {
+        Error::Io {
+            op: "open",
+            path,
+            source,
+        } => match source.raw_os_error() {
             Some(errno) => {
                 // "No such file or directory (os error 2)" -> what os.strerror() says.
                 let text = std::io::Error::from_raw_os_error(errno).to_string();
@@ -35,7 +39,12 @@ fn open_err(e: Error) -> PyErr {
 }
 
 fn problem_tuple(p: &Problem) -> ProblemTuple {
-    (p.kind(), p.offset(), p.key().map(str::to_string), p.to_string())
+    (
+        p.kind(),
+        p.offset(),
+        p.key().map(str::to_string),
+        p.to_string(),
+    )
 }
 
 /// A memory-mapped shard (see `layertap_core::reader::ShardReader`). The shard-level attributes
@@ -69,8 +78,13 @@ pub struct NativeShardReader {
 
 impl NativeShardReader {
     fn reader(&self) -> PyResult<Arc<ShardReader>> {
-        let guard = self.reader.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        guard.clone().ok_or_else(|| PyValueError::new_err(format!("{}: the shard reader is closed", self.path)))
+        let guard = self
+            .reader
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        guard.clone().ok_or_else(|| {
+            PyValueError::new_err(format!("{}: the shard reader is closed", self.path))
+        })
     }
 
     /// Record `i` of `r`, Python-style (negative counts from the end).
@@ -78,7 +92,9 @@ impl NativeShardReader {
         let n = r.len() as isize;
         let at = if i < 0 { i + n } else { i };
         if at < 0 || at >= n {
-            return Err(PyIndexError::new_err(format!("record {i} out of range: the shard has {n} records")));
+            return Err(PyIndexError::new_err(format!(
+                "record {i} out of range: the shard has {n} records"
+            )));
         }
         Ok(at as usize)
     }
@@ -115,7 +131,8 @@ impl NativeShardReader {
     /// Whether another process holds the shard's lock now (a writer is writing it).
     #[getter]
     fn being_written(&self, py: Python<'_>) -> PyResult<bool> {
-        py.detach(|| layertap_core::reader::is_being_written(&self.path_buf)).map_err(open_err)
+        py.detach(|| layertap_core::reader::is_being_written(&self.path_buf))
+            .map_err(open_err)
     }
 
     /// Whether `close()` was called.
@@ -133,7 +150,15 @@ impl NativeShardReader {
     fn entries<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let r = self.reader()?;
         let rows = r.entries().iter().map(|e| {
-            (e.key.as_str(), e.frame_offset, e.stored_len, e.raw_len, e.num_tokens, e.codec.name(), e.payload_crc)
+            (
+                e.key.as_str(),
+                e.frame_offset,
+                e.stored_len,
+                e.raw_len,
+                e.num_tokens,
+                e.codec.name(),
+                e.payload_crc,
+            )
         });
         let list = PyList::empty(py);
         for row in rows {
@@ -160,7 +185,12 @@ impl NativeShardReader {
             let buffer = TensorBuffer::new(bytes.clone(), t.range.start, t.range.len())
                 .ok_or_else(|| PyValueError::new_err("tensor range outside its record"))?;
             let shape = PyTuple::new(py, &t.spec.shape)?;
-            tensors.append((t.spec.name.as_str(), t.spec.dtype.name(), shape, Py::new(py, buffer)?))?;
+            tensors.append((
+                t.spec.name.as_str(),
+                t.spec.dtype.name(),
+                shape,
+                Py::new(py, buffer)?,
+            ))?;
         }
         PyTuple::new(py, [metadata.into_any(), tensors.into_any()])
     }
@@ -176,7 +206,10 @@ impl NativeShardReader {
     /// Closes the reader: the shard is unmapped once no record read from it is in use any more.
     /// Idempotent.
     fn close(&self) {
-        let mut guard = self.reader.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut guard = self
+            .reader
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         guard.take();
     }
 
@@ -195,20 +228,30 @@ impl NativeShardReader {
 /// `(kind, offset, key, message)`). Raises `ShardLockedError` if a writer holds the shard.
 #[pyfunction]
 fn recover<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyDict>> {
-    let report = py.detach(|| layertap_core::recover::recover(&path)).map_err(open_err)?;
+    let report = py
+        .detach(|| layertap_core::recover::recover(&path))
+        .map_err(open_err)?;
     let d = PyDict::new(py);
     d.set_item("path", report.path.display().to_string())?;
     d.set_item("was_complete", report.was_complete)?;
     d.set_item("records", report.records)?;
     d.set_item("truncated_bytes", report.truncated_bytes)?;
-    d.set_item("problems", report.problems.iter().map(problem_tuple).collect::<Vec<_>>())?;
+    d.set_item(
+        "problems",
+        report
+            .problems
+            .iter()
+            .map(problem_tuple)
+            .collect::<Vec<_>>(),
+    )?;
     Ok(d)
 }
 
 /// Whether another process holds the lock of the shard at `path` (a writer is writing it).
 #[pyfunction]
 fn is_being_written(py: Python<'_>, path: PathBuf) -> PyResult<bool> {
-    py.detach(|| layertap_core::reader::is_being_written(&path)).map_err(open_err)
+    py.detach(|| layertap_core::reader::is_being_written(&path))
+        .map_err(open_err)
 }
 
 /// Adds this module's classes and functions to `layertap._native`.

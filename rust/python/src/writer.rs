@@ -28,7 +28,9 @@ fn durability(value: &Bound<'_, PyAny>) -> PyResult<Durability> {
     match value.extract::<String>().as_deref() {
         Ok("none") => Ok(Durability::None),
         Ok("close") => Ok(Durability::OnClose),
-        _ => Err(invalid(format!("durability must be 'none', 'close' or a number of bytes, not {value}"))),
+        _ => Err(invalid(format!(
+            "durability must be 'none', 'close' or a number of bytes, not {value}"
+        ))),
     }
 }
 
@@ -52,17 +54,23 @@ fn tensor_input(item: &Bound<'_, PyAny>) -> PyResult<TensorInput> {
         Bound<'_, PyAny>,
         Bound<'_, PyAny>,
         Bound<'_, PyAny>,
-    ) = item.extract().map_err(|_| invalid("each tensor must be a tuple (name, buffer, dtype, shape)"))?;
-    let name: String =
-        name.extract().map_err(|_| invalid(format!("tensor name {name} is not a str of valid UTF-8")))?;
-    let dtype: String =
-        dtype.extract().map_err(|_| invalid(format!("tensor {name:?}: dtype {dtype} is not a str")))?;
+    ) = item
+        .extract()
+        .map_err(|_| invalid("each tensor must be a tuple (name, buffer, dtype, shape)"))?;
+    let name: String = name
+        .extract()
+        .map_err(|_| invalid(format!("tensor name {name} is not a str of valid UTF-8")))?;
+    let dtype: String = dtype
+        .extract()
+        .map_err(|_| invalid(format!("tensor {name:?}: dtype {dtype} is not a str")))?;
     let dtype = Dtype::from_name(&dtype).map_err(|e| invalid(format!("tensor {name:?}: {e}")))?;
     let shape: Vec<u64> = shape.extract().map_err(|_| {
-        invalid(format!("tensor {name:?}: shape {shape} is not a sequence of non-negative ints"))
+        invalid(format!(
+            "tensor {name:?}: shape {shape} is not a sequence of non-negative ints"
+        ))
     })?;
-    let data =
-        PyRecordBuffer::get(&buffer).map_err(|reason| invalid(format!("tensor {name:?}: {reason}")))?;
+    let data = PyRecordBuffer::get(&buffer)
+        .map_err(|reason| invalid(format!("tensor {name:?}: {reason}")))?;
     Ok(TensorInput::new(TensorSpec { name, dtype, shape }, data))
 }
 
@@ -120,7 +128,10 @@ impl NativeShardWriter {
             shard_metadata: metadata,
         };
         let writer = py.detach(|| ShardWriter::open(&path, cfg)).py_err()?;
-        Ok(NativeShardWriter { writer, path: path.display().to_string() })
+        Ok(NativeShardWriter {
+            writer,
+            path: path.display().to_string(),
+        })
     }
 
     /// Queues one record and returns its sequence number. `tensors` is a list of
@@ -137,11 +148,20 @@ impl NativeShardWriter {
         num_tokens: u32,
     ) -> PyResult<u64> {
         drain_graveyard(py);
-        let key: String =
-            key.extract().map_err(|_| invalid(format!("record key {key} is not a str of valid UTF-8")))?;
+        let key: String = key
+            .extract()
+            .map_err(|_| invalid(format!("record key {key} is not a str of valid UTF-8")))?;
         let metadata = string_map("metadata", metadata)?;
-        let tensors = tensors.iter().map(|t| tensor_input(&t)).collect::<PyResult<Vec<_>>>()?;
-        let record = RecordInput { key, tensors, metadata, num_tokens };
+        let tensors = tensors
+            .iter()
+            .map(|t| tensor_input(&t))
+            .collect::<PyResult<Vec<_>>>()?;
+        let record = RecordInput {
+            key,
+            tensors,
+            metadata,
+            num_tokens,
+        };
         let seq = py.detach(|| self.writer.submit(record));
         drain_graveyard(py); // a refused record's buffers
         seq.py_err()
@@ -162,11 +182,20 @@ impl NativeShardWriter {
             ) = item.extract().map_err(|_| {
                 invalid("each record must be a tuple (key, list of tensors, metadata or None, num_tokens)")
             })?;
-            let key: String =
-                key.extract().map_err(|_| invalid(format!("record key {key} is not a str of valid UTF-8")))?;
+            let key: String = key
+                .extract()
+                .map_err(|_| invalid(format!("record key {key} is not a str of valid UTF-8")))?;
             let metadata = string_map("metadata", metadata.as_ref())?;
-            let tensors = tensors.iter().map(|t| tensor_input(&t)).collect::<PyResult<Vec<_>>>()?;
-            batch.push(RecordInput { key, tensors, metadata, num_tokens });
+            let tensors = tensors
+                .iter()
+                .map(|t| tensor_input(&t))
+                .collect::<PyResult<Vec<_>>>()?;
+            batch.push(RecordInput {
+                key,
+                tensors,
+                metadata,
+                num_tokens,
+            });
         }
         let seqs = py.detach(|| self.writer.submit_many(batch));
         drain_graveyard(py); // refused records' buffers
@@ -181,7 +210,9 @@ impl NativeShardWriter {
     fn poll<'py>(&self, py: Python<'py>, timeout: Option<f64>) -> PyResult<Bound<'py, PyList>> {
         let wait = match timeout {
             Some(t) if !(t >= 0.0 && t.is_finite()) => {
-                return Err(to_py(Error::invalid(format!("poll timeout must be >= 0 seconds or None, not {t}"))));
+                return Err(to_py(Error::invalid(format!(
+                    "poll timeout must be >= 0 seconds or None, not {t}"
+                ))));
             }
             Some(t) if t == 0.0 => None,
             Some(t) => Some(Some(Duration::from_secs_f64(t))),
@@ -251,7 +282,11 @@ impl NativeShardWriter {
     }
 
     fn __repr__(&self) -> String {
-        format!("<NativeShardWriter {:?} writer_id={:?}>", self.path, self.writer.writer_id())
+        format!(
+            "<NativeShardWriter {:?} writer_id={:?}>",
+            self.path,
+            self.writer.writer_id()
+        )
     }
 }
 

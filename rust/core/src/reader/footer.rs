@@ -3,7 +3,8 @@
 
 use crate::codec::Codec;
 use crate::format::{
-    align8, crc32c, decode_index, FrameHeader, FrameKind, IndexEntry, Trailer, FRAME_HEADER_LEN, TRAILER_LEN,
+    align8, crc32c, decode_index, FrameHeader, FrameKind, IndexEntry, Trailer, FRAME_HEADER_LEN,
+    TRAILER_LEN,
 };
 
 /// What the end of a file says about its shard.
@@ -38,8 +39,14 @@ pub(crate) fn read_footer(bytes: &[u8], header_len: u64) -> Footer {
         return Footer::Absent;
     };
     match check_index(bytes, header_len, trailer) {
-        Ok(entries) => Footer::Valid { index_offset: trailer.index_offset, entries },
-        Err(reason) => Footer::Bad { index_offset: trailer.index_offset, reason },
+        Ok(entries) => Footer::Valid {
+            index_offset: trailer.index_offset,
+            entries,
+        },
+        Err(reason) => Footer::Bad {
+            index_offset: trailer.index_offset,
+            reason,
+        },
     }
 }
 
@@ -49,14 +56,17 @@ fn check_index(bytes: &[u8], header_len: u64, trailer: Trailer) -> Result<Vec<In
     let footer_end = bytes.len() as u64 - TRAILER_LEN as u64;
     let at = trailer.index_offset;
     if at % 8 != 0 || at < header_len || at >= footer_end {
-        return Err(format!("the trailer points to offset {at}, where no index frame can be"));
+        return Err(format!(
+            "the trailer points to offset {at}, where no index frame can be"
+        ));
     }
     let frame = &bytes[at as usize..footer_end as usize];
     let h = FrameHeader::decode(frame).map_err(|e| format!("index frame: {}", String::from(e)))?;
     if h.kind != FrameKind::Index {
         return Err("the trailer points to a record frame".into());
     }
-    if h.codec != Codec::None || !h.key.is_empty() || h.raw_len != h.stored_len || h.num_tokens != 0 {
+    if h.codec != Codec::None || !h.key.is_empty() || h.raw_len != h.stored_len || h.num_tokens != 0
+    {
         return Err("index frame header has fields an index frame cannot have".into());
     }
     if at + h.frame_len() != footer_end {
@@ -87,7 +97,11 @@ pub(crate) fn entry_frame_end(e: &IndexEntry) -> Option<u64> {
 
 /// Checks that the frames of `entries` lie in `[header_len, data_end)`, 8-aligned, in increasing
 /// order and without overlapping, so that readers can slice the file by them without checks.
-fn check_entry_layout(entries: &[IndexEntry], header_len: u64, data_end: u64) -> Result<(), String> {
+fn check_entry_layout(
+    entries: &[IndexEntry],
+    header_len: u64,
+    data_end: u64,
+) -> Result<(), String> {
     let mut free_from = header_len;
     for (i, e) in entries.iter().enumerate() {
         if e.frame_offset % 8 != 0 || e.frame_offset < free_from {

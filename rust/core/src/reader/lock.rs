@@ -32,7 +32,8 @@ fn flock(file: &File, op: libc::c_int) -> std::io::Result<bool> {
 pub fn is_being_written(path: impl AsRef<Path>) -> Result<bool> {
     let path = path.as_ref();
     let file = File::open(path).map_err(|e| Error::io(path, "open", e))?;
-    let free = flock(&file, libc::LOCK_SH | libc::LOCK_NB).map_err(|e| Error::io(path, "flock", e))?;
+    let free =
+        flock(&file, libc::LOCK_SH | libc::LOCK_NB).map_err(|e| Error::io(path, "flock", e))?;
     if free {
         flock(&file, libc::LOCK_UN).map_err(|e| Error::io(path, "flock", e))?;
     }
@@ -44,7 +45,9 @@ pub fn is_being_written(path: impl AsRef<Path>) -> Result<bool> {
 pub(crate) fn lock_exclusive_now(file: &File, path: &Path) -> Result<()> {
     match flock(file, libc::LOCK_EX | libc::LOCK_NB) {
         Ok(true) => Ok(()),
-        Ok(false) => Err(Error::Locked { path: path.to_path_buf() }),
+        Ok(false) => Err(Error::Locked {
+            path: path.to_path_buf(),
+        }),
         Err(e) => Err(Error::io(path, "flock", e)),
     }
 }

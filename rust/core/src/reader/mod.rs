@@ -75,7 +75,8 @@ impl ShardReader {
         if !meta.is_file() {
             return Err(not_a_shard(&path, "not a regular file"));
         }
-        let len = usize::try_from(meta.len()).map_err(|_| not_a_shard(&path, "file too large to map"))?;
+        let len =
+            usize::try_from(meta.len()).map_err(|_| not_a_shard(&path, "file too large to map"))?;
         if len == 0 {
             return Err(not_a_shard(&path, "the file is empty"));
         }
@@ -88,10 +89,16 @@ impl ShardReader {
         // after the last valid frame, which readers touch only while opening.
         let map = unsafe { memmap2::MmapOptions::new().len(len).map(&file) }
             .map_err(|e| Error::io(&path, "mmap", e))?;
-        let (header, header_len) = FileHeader::decode(&map).map_err(|reason| not_a_shard(&path, reason))?;
+        let (header, header_len) =
+            FileHeader::decode(&map).map_err(|reason| not_a_shard(&path, reason))?;
         match serde_json::from_str::<serde_json::Value>(&header.meta_json) {
             Ok(serde_json::Value::Object(_)) => {}
-            _ => return Err(not_a_shard(&path, "the shard metadata is not a JSON object")),
+            _ => {
+                return Err(not_a_shard(
+                    &path,
+                    "the shard metadata is not a JSON object",
+                ))
+            }
         }
         let mut reader = ShardReader {
             path,
@@ -114,15 +121,24 @@ impl ShardReader {
     /// (docs/FORMAT.md, "Reading" steps 2 and 3), noting what is wrong on the way.
     fn find_records(&mut self) {
         let footer_at = match footer::read_footer(&self.map, self.header_len) {
-            Footer::Valid { index_offset, entries } => {
+            Footer::Valid {
+                index_offset,
+                entries,
+            } => {
                 self.complete = true;
                 self.entries = entries;
                 self.data_end = index_offset;
                 return;
             }
-            Footer::Bad { index_offset, reason } => {
+            Footer::Bad {
+                index_offset,
+                reason,
+            } => {
                 self.index_unusable = true;
-                self.problems.push(Problem::BadIndex { offset: Some(index_offset), reason });
+                self.problems.push(Problem::BadIndex {
+                    offset: Some(index_offset),
+                    reason,
+                });
                 Some(index_offset)
             }
             Footer::Absent => None,
@@ -137,7 +153,10 @@ impl ShardReader {
         // A file cut inside the header's padding ends before `header_len`, where data_end is.
         self.torn_tail_bytes = tail_end.saturating_sub(scanned.data_end);
         if self.torn_tail_bytes > 0 {
-            self.problems.push(Problem::TornTail { offset: scanned.data_end, len: self.torn_tail_bytes });
+            self.problems.push(Problem::TornTail {
+                offset: scanned.data_end,
+                len: self.torn_tail_bytes,
+            });
         }
         if scanned.stopped_at_index && footer_at.is_none() {
             self.index_unusable = true;
@@ -225,7 +244,11 @@ impl ShardReader {
 
     fn entry(&self, i: usize) -> Result<&IndexEntry> {
         self.entries.get(i).ok_or_else(|| {
-            Error::NotFound(format!("#{i} in {}: the shard has {} records", self.path.display(), self.entries.len()))
+            Error::NotFound(format!(
+                "#{i} in {}: the shard has {} records",
+                self.path.display(),
+                self.entries.len()
+            ))
         })
     }
 
@@ -252,7 +275,10 @@ impl ShardReader {
         if crc != e.payload_crc {
             return Err(self.corrupt(
                 e,
-                format!("payload checksum mismatch (frame says {:#010x}, payload has {crc:#010x})", e.payload_crc),
+                format!(
+                    "payload checksum mismatch (frame says {:#010x}, payload has {crc:#010x})",
+                    e.payload_crc
+                ),
             ));
         }
         Ok(())
@@ -263,7 +289,10 @@ impl ShardReader {
         if e.raw_len > e.stored_len.saturating_mul(ZSTD_MAX_RATIO) {
             return Err(self.corrupt(
                 e,
-                format!("raw length {} is more than {} stored bytes can decode to", e.raw_len, e.stored_len),
+                format!(
+                    "raw length {} is more than {} stored bytes can decode to",
+                    e.raw_len, e.stored_len
+                ),
             ));
         }
         codec::decode(e.codec, stored, e.raw_len).map_err(|reason| self.corrupt(e, reason))
@@ -272,7 +301,10 @@ impl ShardReader {
     /// Parses a decoded blob's header and checks that its `__metadata__["key"]` is the record's.
     fn parse_blob(&self, e: &IndexEntry, raw: &[u8]) -> Result<BlobHeader> {
         if raw.len() as u64 != e.raw_len {
-            return Err(self.corrupt(e, format!("decoded {} bytes, frame says {}", raw.len(), e.raw_len)));
+            return Err(self.corrupt(
+                e,
+                format!("decoded {} bytes, frame says {}", raw.len(), e.raw_len),
+            ));
         }
         let header = blob::parse_header(raw).map_err(|reason| self.corrupt(e, reason))?;
         match header.metadata.get("key") {
@@ -317,7 +349,12 @@ impl ShardReader {
             _ => RecordBytes::from_vec(self.decode(e, stored)?),
         };
         let header = self.parse_blob(e, bytes.as_slice())?;
-        Ok(Record { key: e.key.clone(), offset: e.frame_offset, header, bytes })
+        Ok(Record {
+            key: e.key.clone(),
+            offset: e.frame_offset,
+            header,
+            bytes,
+        })
     }
 
     /// The stored bytes of a codec-`none` record as bytes of the caller's own: a private mapping
@@ -329,7 +366,10 @@ impl ShardReader {
             // lies inside the file's length at open; see `from_file` on files changing under a
             // mapping.
             let mapped = unsafe {
-                memmap2::MmapOptions::new().offset(e.payload_offset()).len(stored.len()).map_copy(&self.file)
+                memmap2::MmapOptions::new()
+                    .offset(e.payload_offset())
+                    .len(stored.len())
+                    .map_copy(&self.file)
             };
             if let Ok(map) = mapped {
                 return RecordBytes::from_mapping(map);
@@ -348,7 +388,10 @@ impl ShardReader {
         let h = FrameHeader::decode(frame)
             .map_err(|err| self.corrupt(e, format!("frame header: {}", String::from(err))))?;
         if !e.matches(&h) {
-            return Err(self.corrupt(e, format!("the frame header disagrees with the index: {h:?}")));
+            return Err(self.corrupt(
+                e,
+                format!("the frame header disagrees with the index: {h:?}"),
+            ));
         }
         self.raw(i, true).map(drop)
     }

@@ -57,7 +57,9 @@ impl Problem {
     /// Where in the file the problem starts, when known.
     pub fn offset(&self) -> Option<u64> {
         match self {
-            Problem::CorruptRecord { offset, .. } | Problem::TornTail { offset, .. } => Some(*offset),
+            Problem::CorruptRecord { offset, .. } | Problem::TornTail { offset, .. } => {
+                Some(*offset)
+            }
             Problem::DamagedRegion { start, .. } => Some(*start),
             Problem::BadIndex { offset, .. } => *offset,
         }

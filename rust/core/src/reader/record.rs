@@ -42,7 +42,11 @@ impl RecordBytes {
         let raw: *mut [u8] = Box::into_raw(v.into_boxed_slice());
         // SAFETY: Box::into_raw never returns null.
         let heap = unsafe { NonNull::new_unchecked(raw) };
-        RecordBytes { ptr: heap.cast::<u8>(), len, owner: Owner::Heap(heap) }
+        RecordBytes {
+            ptr: heap.cast::<u8>(),
+            len,
+            owner: Owner::Heap(heap),
+        }
     }
 
     /// Takes ownership of a private mapping holding exactly the record's bytes.
@@ -51,7 +55,11 @@ impl RecordBytes {
         // The pointer is taken from `&mut` so that writes through it are allowed; the mapping
         // itself stays where the kernel put it when `map` moves into the struct.
         let ptr = NonNull::new(map.as_mut_ptr()).unwrap_or(NonNull::dangling());
-        RecordBytes { ptr, len, owner: Owner::Mapping(map) }
+        RecordBytes {
+            ptr,
+            len,
+            owner: Owner::Mapping(map),
+        }
     }
 
     /// The bytes.
@@ -95,7 +103,10 @@ impl Drop for RecordBytes {
 
 impl std::fmt::Debug for RecordBytes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RecordBytes").field("len", &self.len).field("mapped", &self.is_mapped()).finish()
+        f.debug_struct("RecordBytes")
+            .field("len", &self.len)
+            .field("mapped", &self.is_mapped())
+            .finish()
     }
 }
 
@@ -115,6 +126,9 @@ pub struct Record {
 impl Record {
     /// The data of one of the record's tensors.
     pub fn tensor_data(&self, tensor: &TensorInfo) -> &[u8] {
-        self.bytes.as_slice().get(tensor.range.clone()).unwrap_or(&[])
+        self.bytes
+            .as_slice()
+            .get(tensor.range.clone())
+            .unwrap_or(&[])
     }
 }

@@ -3,7 +3,8 @@
 
 use super::problem::Problem;
 use crate::format::{
-    crc32c, crc32c_append, FrameHeader, FrameHeaderError, FrameKind, IndexEntry, FRAME_HEADER_LEN, FRAME_MAGIC,
+    crc32c, crc32c_append, FrameHeader, FrameHeaderError, FrameKind, IndexEntry, FRAME_HEADER_LEN,
+    FRAME_MAGIC,
 };
 
 /// What a scan found.
@@ -55,7 +56,8 @@ pub(crate) fn scan(bytes: &[u8], header_len: u64) -> Scan {
                     break;
                 }
                 // decode() checked that the whole frame lies in `here`.
-                let payload = &here[h.header_len() as usize..(h.header_len() + h.stored_len) as usize];
+                let payload =
+                    &here[h.header_len() as usize..(h.header_len() + h.stored_len) as usize];
                 let next = at + h.frame_len();
                 let crc = crc32c(payload);
                 if crc == h.payload_crc {
@@ -81,7 +83,13 @@ pub(crate) fn scan(bytes: &[u8], header_len: u64) -> Scan {
             }
         }
     }
-    Scan { entries, problems, data_end, stop, stopped_at_index }
+    Scan {
+        entries,
+        problems,
+        data_end,
+        stop,
+        stopped_at_index,
+    }
 }
 
 /// Whether `bytes` start with a frame header (key included) whose magic and checksum are right,

@@ -24,7 +24,11 @@ impl AlignedBuf {
         // SAFETY: the layout's size is not zero.
         let ptr = unsafe { alloc::alloc(layout) };
         let ptr = NonNull::new(ptr).unwrap_or_else(|| alloc::handle_alloc_error(layout));
-        AlignedBuf { ptr, layout, len: 0 }
+        AlignedBuf {
+            ptr,
+            layout,
+            len: 0,
+        }
     }
 
     pub fn capacity(&self) -> usize {
@@ -41,12 +45,19 @@ impl AlignedBuf {
 
     /// Appends `bytes`; they must fit the capacity.
     pub fn extend_from_slice(&mut self, bytes: &[u8]) {
-        assert!(bytes.len() <= self.capacity() - self.len, "aligned buffer overflow");
+        assert!(
+            bytes.len() <= self.capacity() - self.len,
+            "aligned buffer overflow"
+        );
         // SAFETY: the destination `[len, len + bytes.len())` lies inside our allocation (checked
         // above) and cannot overlap `bytes`, which the caller borrows from elsewhere (we hold
         // `&mut self`, so no slice of this buffer can be borrowed at the same time).
         unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.as_ptr().add(self.len), bytes.len())
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                self.ptr.as_ptr().add(self.len),
+                bytes.len(),
+            )
         };
         self.len += bytes.len();
     }
@@ -86,15 +97,20 @@ pub(crate) struct BufferPool {
 
 impl BufferPool {
     pub fn new(keep: usize, max_kept_capacity: usize) -> BufferPool {
-        BufferPool { free: Vec::new(), keep, max_kept_capacity }
+        BufferPool {
+            free: Vec::new(),
+            keep,
+            max_kept_capacity,
+        }
     }
 
     /// An empty buffer of at least `capacity` bytes at a multiple of `align`: the smallest free
     /// one that fits, else a new one.
     pub fn take(&mut self, capacity: usize, align: usize) -> AlignedBuf {
         let fits = |b: &AlignedBuf| b.capacity() >= capacity && b.align() >= align;
-        let best =
-            (0..self.free.len()).filter(|&i| fits(&self.free[i])).min_by_key(|&i| self.free[i].capacity());
+        let best = (0..self.free.len())
+            .filter(|&i| fits(&self.free[i]))
+            .min_by_key(|&i| self.free[i].capacity());
         match best {
             Some(i) => self.free.swap_remove(i),
             None => AlignedBuf::new(capacity, align),

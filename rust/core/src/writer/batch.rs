@@ -71,11 +71,23 @@ impl WriteOp {
         let mut at = offset;
         for rec in records {
             rec.for_each_piece(|p| {
-                iov.push(libc::iovec { iov_base: p.as_ptr() as *mut libc::c_void, iov_len: p.len() })
+                iov.push(libc::iovec {
+                    iov_base: p.as_ptr() as *mut libc::c_void,
+                    iov_len: p.len(),
+                })
             });
-            let Encoded { seq, header, head, payload } = rec;
+            let Encoded {
+                seq,
+                header,
+                head,
+                payload,
+            } = rec;
             let len = header.frame_len();
-            placed.push(Placed { seq, offset: at, header });
+            placed.push(Placed {
+                seq,
+                offset: at,
+                header,
+            });
             owners.push((head, payload)); // moving the Vecs and boxes does not move their heap memory
             at += len;
         }
@@ -98,7 +110,10 @@ impl WriteOp {
     /// `fallback_fd` if the kernel refuses it.
     pub fn staged(fd: RawFd, fallback_fd: RawFd, offset: u64, buf: AlignedBuf) -> WriteOp {
         let bytes = buf.as_slice();
-        let iov = vec![libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() }];
+        let iov = vec![libc::iovec {
+            iov_base: bytes.as_ptr() as *mut libc::c_void,
+            iov_len: bytes.len(),
+        }];
         let len = bytes.len() as u64;
         WriteOp {
             fd,

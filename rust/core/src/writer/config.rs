@@ -35,7 +35,9 @@ impl IoMode {
             "auto" => Ok(IoMode::Auto),
             "uring" | "io_uring" => Ok(IoMode::Uring),
             "pwrite" => Ok(IoMode::Pwrite),
-            _ => Err(Error::invalid(format!("io {name:?} is not one of: auto, uring, pwrite"))),
+            _ => Err(Error::invalid(format!(
+                "io {name:?} is not one of: auto, uring, pwrite"
+            ))),
         }
     }
 
@@ -141,7 +143,9 @@ impl WriterConfig {
             }
         }
         if self.durability == Durability::EveryBytes(0) {
-            return Err(Error::invalid("durability: fsync every 0 bytes; give a positive count"));
+            return Err(Error::invalid(
+                "durability: fsync every 0 bytes; give a positive count",
+            ));
         }
         if let Some(t) = self.threads {
             if t == 0 || t > 256 {
@@ -151,7 +155,11 @@ impl WriterConfig {
         if let Some(id) = &self.writer_id {
             names::check_writer_id(id).map_err(|e| Error::invalid(format!("writer_id: {e}")))?;
         }
-        let meta_len: usize = self.shard_metadata.iter().map(|(k, v)| k.len() + v.len() + 8).sum();
+        let meta_len: usize = self
+            .shard_metadata
+            .iter()
+            .map(|(k, v)| k.len() + v.len() + 8)
+            .sum();
         if meta_len > crate::format::MAX_META_LEN / 2 {
             return Err(Error::invalid(format!(
                 "metadata: {meta_len} bytes is too large for a shard header"
@@ -162,8 +170,12 @@ impl WriterConfig {
 
     /// The number of compression threads to start.
     pub fn thread_count(&self) -> usize {
-        self.threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(4))
+        self.threads.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+                .min(4)
+        })
     }
 }
 
@@ -172,7 +184,13 @@ impl WriterConfig {
 pub fn random_writer_id() -> String {
     let mut host = hostname()
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '-'
+            }
+        })
         .collect::<String>();
     host = host.trim_start_matches('.').chars().take(40).collect();
     if host.is_empty() {
@@ -186,7 +204,13 @@ pub fn random_writer_id() -> String {
             .unwrap_or(0);
         rnd.copy_from_slice(&nanos.to_le_bytes()[..3]);
     }
-    format!("{host}-{}-{:02x}{:02x}{:02x}", std::process::id(), rnd[0], rnd[1], rnd[2])
+    format!(
+        "{host}-{}-{:02x}{:02x}{:02x}",
+        std::process::id(),
+        rnd[0],
+        rnd[1],
+        rnd[2]
+    )
 }
 
 fn hostname() -> String {
@@ -219,14 +243,62 @@ mod tests {
             let e = c.validate().unwrap_err().to_string();
             assert!(e.contains(word), "{e} should name {word}");
         };
-        bad(WriterConfig { level: 99, ..Default::default() }, "level");
-        bad(WriterConfig { shard_size: 0, ..Default::default() }, "shard_size");
-        bad(WriterConfig { batch_bytes: 0, ..Default::default() }, "batch_bytes");
-        bad(WriterConfig { max_inflight_bytes: 0, ..Default::default() }, "max_inflight_bytes");
-        bad(WriterConfig { durability: Durability::EveryBytes(0), ..Default::default() }, "durability");
-        bad(WriterConfig { threads: Some(0), ..Default::default() }, "threads");
-        bad(WriterConfig { writer_id: Some("a/b".into()), ..Default::default() }, "writer_id");
-        WriterConfig { codec: Codec::None, level: 99, ..Default::default() }.validate().unwrap();
+        bad(
+            WriterConfig {
+                level: 99,
+                ..Default::default()
+            },
+            "level",
+        );
+        bad(
+            WriterConfig {
+                shard_size: 0,
+                ..Default::default()
+            },
+            "shard_size",
+        );
+        bad(
+            WriterConfig {
+                batch_bytes: 0,
+                ..Default::default()
+            },
+            "batch_bytes",
+        );
+        bad(
+            WriterConfig {
+                max_inflight_bytes: 0,
+                ..Default::default()
+            },
+            "max_inflight_bytes",
+        );
+        bad(
+            WriterConfig {
+                durability: Durability::EveryBytes(0),
+                ..Default::default()
+            },
+            "durability",
+        );
+        bad(
+            WriterConfig {
+                threads: Some(0),
+                ..Default::default()
+            },
+            "threads",
+        );
+        bad(
+            WriterConfig {
+                writer_id: Some("a/b".into()),
+                ..Default::default()
+            },
+            "writer_id",
+        );
+        WriterConfig {
+            codec: Codec::None,
+            level: 99,
+            ..Default::default()
+        }
+        .validate()
+        .unwrap();
         assert_eq!(IoMode::from_name("io_uring").unwrap(), IoMode::Uring);
         assert!(IoMode::from_name("mmap").is_err());
     }

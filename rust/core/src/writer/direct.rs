@@ -60,14 +60,27 @@ impl DirectShard {
     /// Opens `path` (the shard just created as `file`, `header` written at its start) a
     /// second time with `O_DIRECT`, for direct writes of about `chunk` bytes. `Ok(None)`: the
     /// file system does not do direct I/O (`open` refuses with EINVAL, or `statx` says so).
-    pub fn open(path: &Path, file: &File, header: &[u8], chunk: u64) -> io::Result<Option<DirectShard>> {
-        let Some(fd) = open_direct(path)? else { return Ok(None) };
+    pub fn open(
+        path: &Path,
+        file: &File,
+        header: &[u8],
+        chunk: u64,
+    ) -> io::Result<Option<DirectShard>> {
+        let Some(fd) = open_direct(path)? else {
+            return Ok(None);
+        };
         if !same_file(file, &fd)? {
-            return Err(io::Error::other("the shard was replaced while being opened for direct I/O"));
+            return Err(io::Error::other(
+                "the shard was replaced while being opened for direct I/O",
+            ));
         }
-        let Some(align) = dio_alignment(&fd) else { return Ok(None) };
-        let chunk =
-            usize::try_from(chunk).unwrap_or(usize::MAX).clamp(align, 1 << 30).next_multiple_of(align);
+        let Some(align) = dio_alignment(&fd) else {
+            return Ok(None);
+        };
+        let chunk = usize::try_from(chunk)
+            .unwrap_or(usize::MAX)
+            .clamp(align, 1 << 30)
+            .next_multiple_of(align);
         let direct_end = (header.len() / align * align) as u64;
         let carry = header[direct_end as usize..].to_vec();
         Ok(Some(DirectShard {
@@ -101,7 +114,9 @@ impl DirectShard {
         buf.extend_from_slice(&self.carry);
         self.carry.clear();
         while buf.len() < self.chunk {
-            let Some((rec, copied)) = self.staging.front_mut() else { break };
+            let Some((rec, copied)) = self.staging.front_mut() else {
+                break;
+            };
             *copied += rec.copy_into(*copied, &mut buf, self.chunk) as u64;
             if *copied == rec.frame_len() {
                 self.staging.pop_front(); // all copied: the record's own buffers are released
@@ -116,7 +131,11 @@ impl DirectShard {
         buf.truncate(whole);
         let offset = self.direct_end;
         self.direct_end += whole as u64;
-        let fd = if self.refused { buffered_fd } else { self.fd.as_raw_fd() };
+        let fd = if self.refused {
+            buffered_fd
+        } else {
+            self.fd.as_raw_fd()
+        };
         Some(WriteOp::staged(fd, buffered_fd, offset, buf))
     }
 
@@ -135,7 +154,12 @@ fn open_direct(path: &Path) -> io::Result<Option<OwnedFd>> {
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path holds a NUL byte"))?;
     loop {
         // SAFETY: `c_path` is a NUL-terminated string that outlives the call.
-        let fd = unsafe { libc::open(c_path.as_ptr(), libc::O_WRONLY | libc::O_DIRECT | libc::O_CLOEXEC) };
+        let fd = unsafe {
+            libc::open(
+                c_path.as_ptr(),
+                libc::O_WRONLY | libc::O_DIRECT | libc::O_CLOEXEC,
+            )
+        };
         if fd >= 0 {
             // SAFETY: `fd` was just opened and is owned by nobody else.
             return Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) }));
@@ -168,14 +192,22 @@ fn same_file(a: &File, b: &OwnedFd) -> io::Result<bool> {
 /// size (see the module docs). `None`: the file system says it cannot do direct I/O here.
 fn dio_alignment(fd: &OwnedFd) -> Option<usize> {
     // SAFETY: sysconf reads a constant.
-    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(512);
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+        .unwrap_or(4096)
+        .max(512);
     let base = page.max(DEFAULT_ALIGN);
     // SAFETY: `stx` is plain data that statx fills in.
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
     // SAFETY: the empty path is a NUL-terminated static string; with AT_EMPTY_PATH statx looks
     // at `fd`, which is open for the whole call; `stx` is valid for writes.
     let rc = unsafe {
-        libc::statx(fd.as_raw_fd(), c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_DIOALIGN, &mut stx)
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_DIOALIGN,
+            &mut stx,
+        )
     };
     if rc != 0 || stx.stx_mask & libc::STATX_DIOALIGN == 0 {
         return Some(base); // an older kernel or a file system that does not say
@@ -183,7 +215,9 @@ fn dio_alignment(fd: &OwnedFd) -> Option<usize> {
     if stx.stx_dio_offset_align == 0 {
         return None; // "direct I/O is not supported on this file"
     }
-    let align = base.max(stx.stx_dio_offset_align as usize).max(stx.stx_dio_mem_align as usize);
+    let align = base
+        .max(stx.stx_dio_offset_align as usize)
+        .max(stx.stx_dio_mem_align as usize);
     (align.is_power_of_two() && align <= MAX_ALIGN).then_some(align)
 }
 
@@ -206,7 +240,12 @@ mod tests {
             payload_crc: crate::format::crc32c(&payload),
         };
         let head = header.encode();
-        Encoded { seq, header, head, payload: Payload::Owned(payload) }
+        Encoded {
+            seq,
+            header,
+            head,
+            payload: Payload::Owned(payload),
+        }
     }
 
     fn bytes_of(rec: &Encoded) -> Vec<u8> {
@@ -219,19 +258,29 @@ mod tests {
     fn staging_writes_whole_blocks_in_order_and_carries_the_rest() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s");
-        let file = std::fs::OpenOptions::new().write(true).create_new(true).open(&path).unwrap();
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .unwrap();
         let header = vec![9u8; 5000];
         file.write_all_at(&header, 0).unwrap();
         let Some(mut d) = DirectShard::open(&path, &file, &header, 20_000).unwrap() else {
-            eprintln!("NOTE: {} refuses O_DIRECT; staging not tested", dir.path().display());
+            eprintln!(
+                "NOTE: {} refuses O_DIRECT; staging not tested",
+                dir.path().display()
+            );
             return;
         };
         assert!(d.align.is_power_of_two() && d.align >= 4096, "{}", d.align);
         assert_eq!(d.chunk % d.align, 0);
         assert_eq!(d.direct_end as usize, 5000 / d.align * d.align);
         let mut want = header[d.direct_end as usize..].to_vec();
-        let records: Vec<Encoded> =
-            [100, 70_000, 3, 9000, 12_345].iter().enumerate().map(|(i, &n)| frame(i as u64, n)).collect();
+        let records: Vec<Encoded> = [100, 70_000, 3, 9000, 12_345]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| frame(i as u64, n))
+            .collect();
         for r in &records {
             want.extend(bytes_of(r));
         }
@@ -239,11 +288,17 @@ mod tests {
         let mut pool = BufferPool::new(2, 1 << 20);
         let (mut got, mut at) = (Vec::new(), d.direct_end);
         while d.is_staging() {
-            let Some(op) = d.stage_chunk(&mut pool, file.as_raw_fd()) else { break };
+            let Some(op) = d.stage_chunk(&mut pool, file.as_raw_fd()) else {
+                break;
+            };
             assert_eq!(op.offset, at, "contiguous");
             assert_eq!(op.fd, d.fd.as_raw_fd(), "through the O_DIRECT descriptor");
             let buf = op.into_bounce().unwrap();
-            assert!(buf.len() % d.align == 0 && buf.len() <= d.chunk, "{}", buf.len());
+            assert!(
+                buf.len() % d.align == 0 && buf.len() <= d.chunk,
+                "{}",
+                buf.len()
+            );
             assert_eq!(buf.as_slice().as_ptr() as usize % d.align, 0);
             at += buf.len() as u64;
             got.extend_from_slice(buf.as_slice());
@@ -252,7 +307,10 @@ mod tests {
         assert!(d.carry.len() < d.align);
         assert_eq!(d.direct_end, at);
         got.extend_from_slice(&d.carry);
-        assert!(got == want, "the staged bytes are the stream of the header's tail and the frames");
+        assert!(
+            got == want,
+            "the staged bytes are the stream of the header's tail and the frames"
+        );
         // Less than a block left: nothing to write directly, all carried.
         let small = frame(9, 10);
         let fits = d.carry.len() + (small.frame_len() as usize) < d.align;

@@ -21,7 +21,10 @@ pub(crate) struct Job {
 /// A record's stored payload.
 pub(crate) enum Payload {
     /// Codec `none`: the blob header, then the caller's buffers as they are (no copy).
-    Pieces { blob_header: Vec<u8>, tensors: Vec<TensorInput> },
+    Pieces {
+        blob_header: Vec<u8>,
+        tensors: Vec<TensorInput>,
+    },
     /// The encoded payload (the caller's buffers are already released).
     Owned(Vec<u8>),
 }
@@ -48,7 +51,10 @@ impl Encoded {
     pub fn for_each_piece(&self, mut f: impl FnMut(&[u8])) {
         f(&self.head);
         match &self.payload {
-            Payload::Pieces { blob_header, tensors } => {
+            Payload::Pieces {
+                blob_header,
+                tensors,
+            } => {
                 f(blob_header);
                 for t in tensors {
                     f(t.data.bytes());
@@ -121,18 +127,35 @@ pub(crate) fn run_worker(
 }
 
 fn codec_error(codec: Codec, reason: String) -> crate::Error {
-    crate::Error::Codec { codec: codec.name(), reason }
+    crate::Error::Codec {
+        codec: codec.name(),
+        reason,
+    }
 }
 
 fn encode(enc: &mut Encoder, job: Job) -> Result<Encoded> {
-    let Prepared { key, blob_header, tensors, two_byte, num_tokens, raw_len } = job.rec;
+    let Prepared {
+        key,
+        blob_header,
+        tensors,
+        two_byte,
+        num_tokens,
+        raw_len,
+    } = job.rec;
     let codec = enc.codec();
     let (payload, stored_len, payload_crc) = if codec == Codec::None {
         let mut crc = format::crc32c(&blob_header);
         for t in &tensors {
             crc = format::crc32c_append(crc, t.data.bytes());
         }
-        (Payload::Pieces { blob_header, tensors }, raw_len, crc)
+        (
+            Payload::Pieces {
+                blob_header,
+                tensors,
+            },
+            raw_len,
+            crc,
+        )
     } else {
         let mut pieces: Vec<&[u8]> = Vec::with_capacity(1 + tensors.len());
         pieces.push(&blob_header);
@@ -148,8 +171,20 @@ fn encode(enc: &mut Encoder, job: Job) -> Result<Encoded> {
         let len = out.len() as u64;
         (Payload::Owned(out), len, crc)
     };
-    let header =
-        FrameHeader { kind: FrameKind::Record, codec, key, stored_len, raw_len, num_tokens, payload_crc };
+    let header = FrameHeader {
+        kind: FrameKind::Record,
+        codec,
+        key,
+        stored_len,
+        raw_len,
+        num_tokens,
+        payload_crc,
+    };
     let head = header.encode();
-    Ok(Encoded { seq: job.seq, header, head, payload })
+    Ok(Encoded {
+        seq: job.seq,
+        header,
+        head,
+        payload,
+    })
 }

@@ -60,7 +60,10 @@ pub struct TensorInput {
 impl TensorInput {
     /// A tensor from a spec and any buffer.
     pub fn new(spec: TensorSpec, data: impl RecordBuffer) -> TensorInput {
-        TensorInput { spec, data: Box::new(data) }
+        TensorInput {
+            spec,
+            data: Box::new(data),
+        }
     }
 }
 
@@ -101,7 +104,12 @@ pub(crate) struct Prepared {
 /// Checks a record and builds its safetensors header. Nothing about the writer's state is
 /// looked at here (duplicate keys are checked by the writer).
 pub(crate) fn prepare(rec: RecordInput) -> Result<Prepared> {
-    let RecordInput { key, tensors, mut metadata, num_tokens } = rec;
+    let RecordInput {
+        key,
+        tensors,
+        mut metadata,
+        num_tokens,
+    } = rec;
     names::check_key(&key)?;
     if metadata.contains_key("key") {
         return Err(Error::invalid(format!(
@@ -125,7 +133,14 @@ pub(crate) fn prepare(rec: RecordInput) -> Result<Prepared> {
         raw_len += got;
     }
     let two_byte = tensors.iter().map(|t| t.spec.dtype.is_two_byte()).collect();
-    Ok(Prepared { key, blob_header, tensors, two_byte, num_tokens, raw_len })
+    Ok(Prepared {
+        key,
+        blob_header,
+        tensors,
+        two_byte,
+        num_tokens,
+        raw_len,
+    })
 }
 
 fn strip_prefix(e: Error) -> String {

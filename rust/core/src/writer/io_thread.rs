@@ -147,7 +147,11 @@ impl IoLoop {
                         // complete the shard as a close would.
                         disconnected = true;
                         let (ack, _) = crossbeam_channel::bounded(1);
-                        self.waiters.push(Waiter { upto: self.next_ready, ack, close: true });
+                        self.waiters.push(Waiter {
+                            upto: self.next_ready,
+                            ack,
+                            close: true,
+                        });
                     }
                 }
             }
@@ -191,8 +195,16 @@ impl IoLoop {
                 self.shared.abandoned(raw_len);
                 self.fail(error);
             }
-            ToIo::Flush { upto, ack } => self.waiters.push(Waiter { upto, ack, close: false }),
-            ToIo::Close { upto, ack } => self.waiters.push(Waiter { upto, ack, close: true }),
+            ToIo::Flush { upto, ack } => self.waiters.push(Waiter {
+                upto,
+                ack,
+                close: false,
+            }),
+            ToIo::Close { upto, ack } => self.waiters.push(Waiter {
+                upto,
+                ack,
+                close: true,
+            }),
         }
     }
 
@@ -203,13 +215,23 @@ impl IoLoop {
         }
         let issued_any = self.issue()?;
         let wait = self.engine.in_flight() > 0 && !issued_any;
-        let finished = self.engine.reap(wait).map_err(|e| self.io_err("wait for writes", e))?;
+        let finished = self
+            .engine
+            .reap(wait)
+            .map_err(|e| self.io_err("wait for writes", e))?;
         self.mark(finished);
-        if self.issued.iter().any(|i| matches!(i.outcome, Some((_, Err(_))))) {
+        if self
+            .issued
+            .iter()
+            .any(|i| matches!(i.outcome, Some((_, Err(_)))))
+        {
             // A write failed: let every other write in flight finish, so that those before it
             // can still be reported and no buffer is freed while the kernel may read it.
             while self.engine.in_flight() > 0 {
-                let finished = self.engine.reap(true).map_err(|e| self.io_err("wait for writes", e))?;
+                let finished = self
+                    .engine
+                    .reap(true)
+                    .map_err(|e| self.io_err("wait for writes", e))?;
                 self.mark(finished);
             }
         }
@@ -234,14 +256,23 @@ impl IoLoop {
         let mut issued_any = false;
         while self.has_room() {
             if !self.shard.as_ref().is_some_and(OpenShard::is_staging) {
-                let Some((start, batch)) = self.take_batch()? else { break };
-                let shard = self.shard.as_mut().expect("the batch went to the open shard");
+                let Some((start, batch)) = self.take_batch()? else {
+                    break;
+                };
+                let shard = self
+                    .shard
+                    .as_mut()
+                    .expect("the batch went to the open shard");
                 match shard.direct.as_mut() {
                     Some(direct) => {
                         let mut at = start;
                         for rec in &batch {
                             let header = rec.header.clone();
-                            shard.unreported.push_back(Placed { seq: rec.seq, offset: at, header });
+                            shard.unreported.push_back(Placed {
+                                seq: rec.seq,
+                                offset: at,
+                                header,
+                            });
                             at += rec.frame_len();
                         }
                         direct.enqueue(batch);
@@ -271,7 +302,9 @@ impl IoLoop {
     /// needed. Returns the offset of the first and the records, or `None` if there are none
     /// or the shard cannot rotate yet (writes of it are in flight).
     fn take_batch(&mut self) -> Result<Option<(u64, Vec<Encoded>)>> {
-        let Some(first) = self.ready.front() else { return Ok(None) };
+        let Some(first) = self.ready.front() else {
+            return Ok(None);
+        };
         let first_len = first.frame_len();
         if let Some(shard) = &self.shard {
             if shard.is_full_for(first_len, self.set.shard_size) {
@@ -300,7 +333,9 @@ impl IoLoop {
             let len = rec.frame_len();
             let pieces = rec.piece_count();
             let fits_batch = bytes + len <= limit && iovs + pieces <= IOV_MAX;
-            if !batch.is_empty() && (!fits_batch || shard.is_full_for(bytes + len, self.set.shard_size)) {
+            if !batch.is_empty()
+                && (!fits_batch || shard.is_full_for(bytes + len, self.set.shard_size))
+            {
                 break;
             }
             if batch.is_empty() && shard.is_full_for(len, self.set.shard_size) {
@@ -325,7 +360,11 @@ impl IoLoop {
         self.next_op_id += 1;
         let staged = op.staged_len();
         self.staged_in_flight += staged;
-        self.issued.push_back(Issued { id, staged, outcome: None });
+        self.issued.push_back(Issued {
+            id,
+            staged,
+            outcome: None,
+        });
         self.engine.submit(id, op);
     }
 
@@ -337,7 +376,8 @@ impl IoLoop {
             return false;
         }
         if self.shard.as_ref().is_some_and(|s| s.direct.is_some()) {
-            self.staged_in_flight == 0 || self.staged_in_flight < DIRECT_DEPTH * self.set.batch_bytes
+            self.staged_in_flight == 0
+                || self.staged_in_flight < DIRECT_DEPTH * self.set.batch_bytes
         } else {
             in_flight < BUFFERED_DEPTH
         }
@@ -354,7 +394,11 @@ impl IoLoop {
     /// Retires the writes finished at the front of the issue order and reports the records
     /// whose bytes are now all in the file; fails at a failed write.
     fn retire(&mut self) -> Result<()> {
-        while let Some(Issued { outcome: Some((_, result)), .. }) = self.issued.front() {
+        while let Some(Issued {
+            outcome: Some((_, result)),
+            ..
+        }) = self.issued.front()
+        {
             if let Err(e) = result {
                 // Left at the front, so nothing after it is ever retired.
                 let e = match e.raw_os_error() {
@@ -389,11 +433,19 @@ impl IoLoop {
 
     /// Reports the frames of the open shard that lie wholly before its `file_end`.
     fn report_written(&mut self) {
-        let Some(shard) = self.shard.as_mut() else { return };
+        let Some(shard) = self.shard.as_mut() else {
+            return;
+        };
         let mut done = Vec::new();
-        while shard.unreported.front().is_some_and(|p| p.end() <= shard.file_end) {
+        while shard
+            .unreported
+            .front()
+            .is_some_and(|p| p.end() <= shard.file_end)
+        {
             let p = shard.unreported.pop_front().expect("checked");
-            shard.entries.push(IndexEntry::for_frame(p.offset, &p.header));
+            shard
+                .entries
+                .push(IndexEntry::for_frame(p.offset, &p.header));
             self.since_sync += p.end() - shard.written_end;
             shard.written_end = p.end();
             self.written_upto = p.seq + 1;
@@ -414,12 +466,18 @@ impl IoLoop {
     /// Direct I/O, once no write is in flight: writes the carried partial block through the
     /// page cache, so that the records ending in it are in the file and reported.
     fn flush_tail(&mut self) -> Result<()> {
-        let Some(shard) = self.shard.as_mut() else { return Ok(()) };
-        let Some(direct) = shard.direct.as_ref() else { return Ok(()) };
+        let Some(shard) = self.shard.as_mut() else {
+            return Ok(());
+        };
+        let Some(direct) = shard.direct.as_ref() else {
+            return Ok(());
+        };
         if !self.issued.is_empty() || shard.unreported.is_empty() || direct.is_staging() {
             return Ok(());
         }
-        let end = direct.write_tail(shard.file()).map_err(|e| Error::io(&shard.path, "write", e))?;
+        let end = direct
+            .write_tail(shard.file())
+            .map_err(|e| Error::io(&shard.path, "write", e))?;
         shard.file_end = shard.file_end.max(end);
         self.report_written();
         Ok(())
@@ -431,7 +489,8 @@ impl IoLoop {
         let mut i = 0;
         while i < self.waiters.len() {
             let w = &self.waiters[i];
-            let ready = self.failed || (w.upto <= self.written_upto && (!w.close || self.issued.is_empty()));
+            let ready = self.failed
+                || (w.upto <= self.written_upto && (!w.close || self.issued.is_empty()));
             if !ready {
                 i += 1;
                 continue;
@@ -491,11 +550,18 @@ impl IoLoop {
 
     /// Hands `job` to the sync thread; waits while it is behind (see `sync.rs`).
     fn sync(&self, job: SyncJob) -> Result<()> {
-        self.syncer.as_ref().expect("a durability policy has a sync thread").send(job)
+        self.syncer
+            .as_ref()
+            .expect("a durability policy has a sync thread")
+            .send(job)
     }
 
     fn io_err(&self, op: &'static str, e: io::Error) -> Error {
-        let path = self.shard.as_ref().map(|s| s.path.clone()).unwrap_or_else(|| self.set.naming.dir.clone());
+        let path = self
+            .shard
+            .as_ref()
+            .map(|s| s.path.clone())
+            .unwrap_or_else(|| self.set.naming.dir.clone());
         Error::io(path, op, e)
     }
 
@@ -525,11 +591,19 @@ impl IoLoop {
         let mut abandoned = 0;
         if let Some(shard) = self.shard.take() {
             shard.truncate_to_written();
-            abandoned += shard.unreported.iter().map(|p| p.header.raw_len).sum::<u64>();
+            abandoned += shard
+                .unreported
+                .iter()
+                .map(|p| p.header.raw_len)
+                .sum::<u64>();
         }
         // Finished writes are freed; any still in the kernel stay with the engine.
         self.issued.clear();
-        for rec in self.ready.drain(..).chain(std::mem::take(&mut self.reorder).into_values()) {
+        for rec in self
+            .ready
+            .drain(..)
+            .chain(std::mem::take(&mut self.reorder).into_values())
+        {
             abandoned += rec.header.raw_len;
         }
         if let Some(e) = e {

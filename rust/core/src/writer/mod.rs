@@ -92,7 +92,11 @@ impl ShardWriter {
         std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, "create directory", e))?;
         let writer_id = cfg.writer_id.clone().unwrap_or_else(random_writer_id);
         let first_index = shard::next_shard_index(&dir, &writer_id)?;
-        let op = if mode == IoMode::Pwrite { "start the pwrite thread" } else { "io_uring_setup" };
+        let op = if mode == IoMode::Pwrite {
+            "start the pwrite thread"
+        } else {
+            "io_uring_setup"
+        };
         let engine = io::open_engine(mode).map_err(|e| Error::io(&dir, op, e))?;
         let backend = engine.backend();
         let shared = Arc::new(Shared::new(cfg.max_inflight_bytes));
@@ -123,17 +127,23 @@ impl ShardWriter {
         let syncer = if durable {
             let (syncer, queue) = sync::queue();
             let sync_shared = shared.clone();
-            threads.push(spawn(&dir, "layertap-sync".into(), shared.clone(), move || {
-                sync::run(queue, &sync_shared)
-            })?);
+            threads.push(spawn(
+                &dir,
+                "layertap-sync".into(),
+                shared.clone(),
+                move || sync::run(queue, &sync_shared),
+            )?);
             Some(syncer)
         } else {
             None // nothing is ever fsynced: no sync thread
         };
         let io_shared = shared.clone();
-        threads.push(spawn(&dir, "layertap-io".into(), shared.clone(), move || {
-            io_thread::run(settings, first_shard, engine, io_rx, syncer, io_shared)
-        })?);
+        threads.push(spawn(
+            &dir,
+            "layertap-io".into(),
+            shared.clone(),
+            move || io_thread::run(settings, first_shard, engine, io_rx, syncer, io_shared),
+        )?);
         for n in 0..cfg.thread_count() {
             let (rx, tx) = (jobs_rx.clone(), io_tx.clone());
             let (codec, level) = (cfg.codec, cfg.level);
@@ -181,7 +191,10 @@ impl ShardWriter {
             return Err(Error::Closed(None));
         }
         inner.shared.check()?;
-        let prepared = recs.into_iter().map(input::prepare).collect::<Result<Vec<_>>>()?;
+        let prepared = recs
+            .into_iter()
+            .map(input::prepare)
+            .collect::<Result<Vec<_>>>()?;
         let mut side = inner.submit.lock();
         if side.closed {
             return Err(Error::Closed(None));
@@ -189,11 +202,17 @@ impl ShardWriter {
         inner.shared.check()?;
         // A key twice within the batch; not looked for in the common batch of one (`submit`),
         // which would pay a set's allocation per record.
-        let mut batch_keys = HashSet::with_capacity(if prepared.len() > 1 { prepared.len() } else { 0 });
+        let mut batch_keys = HashSet::with_capacity(if prepared.len() > 1 {
+            prepared.len()
+        } else {
+            0
+        });
         for rec in &prepared {
             let repeated = prepared.len() > 1 && !batch_keys.insert(rec.key.as_str());
             if repeated || side.keys.contains(&rec.key) {
-                return Err(Error::DuplicateKey { key: rec.key.clone() });
+                return Err(Error::DuplicateKey {
+                    key: rec.key.clone(),
+                });
             }
         }
         drop(batch_keys);
@@ -204,7 +223,8 @@ impl ShardWriter {
             side.next_seq += 1;
             side.keys.insert(rec.key.clone());
             let jobs = side.jobs.as_ref().expect("open writer has a job queue");
-            jobs.send(Job { seq, rec }).map_err(|_| Error::Closed(Some("workers gone".into())))?;
+            jobs.send(Job { seq, rec })
+                .map_err(|_| Error::Closed(Some("workers gone".into())))?;
             seqs.push(seq);
         }
         Ok(seqs)
@@ -237,7 +257,10 @@ impl ShardWriter {
             if side.closed {
                 return Err(Error::Closed(None));
             }
-            (side.next_seq, side.to_io.clone().expect("open writer has an I/O queue"))
+            (
+                side.next_seq,
+                side.to_io.clone().expect("open writer has an I/O queue"),
+            )
         };
         inner.shared.check()?;
         let (ack, acked) = crossbeam_channel::bounded(1);
@@ -246,7 +269,9 @@ impl ShardWriter {
         }
         inner.shared.check()?;
         if !inner.shared.all_written_upto(upto) {
-            return Err(Error::Closed(Some("the writer's I/O thread stopped".into())));
+            return Err(Error::Closed(Some(
+                "the writer's I/O thread stopped".into(),
+            )));
         }
         Ok(())
     }
@@ -280,14 +305,18 @@ impl ShardWriter {
             return Err(e);
         }
         if !inner.shared.failed() && !inner.shared.all_written_upto(upto) {
-            return Err(Error::Closed(Some("the writer's I/O thread stopped early".into())));
+            return Err(Error::Closed(Some(
+                "the writer's I/O thread stopped early".into(),
+            )));
         }
         Ok(())
     }
 
     /// The writer's counters.
     pub fn stats(&self) -> Stats {
-        self.inner.shared.stats(self.inner.backend, self.inner.encoders)
+        self.inner
+            .shared
+            .stats(self.inner.backend, self.inner.encoders)
     }
 
     /// The I/O backend in use.
@@ -349,7 +378,9 @@ fn spawn(
                     .map(|s| s.to_string())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_default();
-                shared.fail(Error::Closed(Some(format!("thread {thread_name} panicked: {what}"))));
+                shared.fail(Error::Closed(Some(format!(
+                    "thread {thread_name} panicked: {what}"
+                ))));
             }
         })
         .map_err(|e| Error::io(dir, "spawn thread", e))

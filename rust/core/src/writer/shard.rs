@@ -49,8 +49,14 @@ impl OpenShard {
     /// the new name survives a crash. With `direct_chunk` (the size of direct writes), record
     /// data goes through an `O_DIRECT` descriptor if the file system allows it (`direct` is
     /// `None` on the shard if it does not).
-    pub fn create(naming: &ShardNaming, index: u64, direct_chunk: Option<u64>) -> Result<OpenShard> {
-        let path = naming.dir.join(names::shard_file_name(&naming.writer_id, index));
+    pub fn create(
+        naming: &ShardNaming,
+        index: u64,
+        direct_chunk: Option<u64>,
+    ) -> Result<OpenShard> {
+        let path = naming
+            .dir
+            .join(names::shard_file_name(&naming.writer_id, index));
         let file = OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -84,7 +90,11 @@ impl OpenShard {
                 return Err((path.clone(), Error::io(&path, "flock", err)));
             }
         }
-        let header = FileHeader { shard_id: random_id(), meta_json: shard_meta(naming, index) }.encode();
+        let header = FileHeader {
+            shard_id: random_id(),
+            meta_json: shard_meta(naming, index),
+        }
+        .encode();
         if let Err(e) = file.write_all_at(&header, 0) {
             return Err((path.clone(), Error::io(&path, "write", e)));
         }
@@ -159,7 +169,10 @@ impl OpenShard {
     /// A second handle on the file, for an `fsync` of what is written so far on the sync
     /// thread while the I/O thread goes on writing.
     pub fn sync_handle(&self) -> ShardFile {
-        ShardFile { path: self.path.clone(), file: self.file.clone() }
+        ShardFile {
+            path: self.path.clone(),
+            file: self.file.clone(),
+        }
     }
 
     /// Writes the index frame and trailer after the last frame. Every frame must be written
@@ -174,7 +187,9 @@ impl OpenShard {
             return Err(Error::io(&self.path, "write", e));
         }
         // The O_DIRECT descriptor closes here, before the file (see `direct`).
-        let OpenShard { path, direct, file, .. } = self;
+        let OpenShard {
+            path, direct, file, ..
+        } = self;
         drop(direct);
         Ok(ShardFile { path, file })
     }
@@ -196,12 +211,16 @@ pub(crate) struct ShardFile {
 impl ShardFile {
     /// `fdatasync`s what was written so far.
     pub fn sync_data(&self) -> Result<()> {
-        self.file.sync_data().map_err(|e| Error::io(&self.path, "fsync", e))
+        self.file
+            .sync_data()
+            .map_err(|e| Error::io(&self.path, "fsync", e))
     }
 
     /// `fsync`s the file, data and metadata (its length, for the footer).
     pub fn sync_all(&self) -> Result<()> {
-        self.file.sync_all().map_err(|e| Error::io(&self.path, "fsync", e))
+        self.file
+            .sync_all()
+            .map_err(|e| Error::io(&self.path, "fsync", e))
     }
 }
 
@@ -237,7 +256,9 @@ fn random_id() -> [u8; 16] {
 
 /// `fsync`s a directory, so that the names created in it are durable.
 pub(crate) fn fsync_dir(dir: &Path) -> Result<()> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io(dir, "fsync", e))
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(dir, "fsync", e))
 }
 
 /// The index of the next shard of `writer_id` in `dir`: one past the highest it has there.
@@ -245,7 +266,11 @@ pub(crate) fn next_shard_index(dir: &Path, writer_id: &str) -> Result<u64> {
     let mut next = 0;
     for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, "read directory", e))? {
         let entry = entry.map_err(|e| Error::io(dir, "read directory", e))?;
-        if let Some(n) = entry.file_name().to_str().and_then(|n| names::parse_shard_index(n, writer_id)) {
+        if let Some(n) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| names::parse_shard_index(n, writer_id))
+        {
             next = next.max(n + 1);
         }
     }

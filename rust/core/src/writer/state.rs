@@ -205,7 +205,10 @@ impl Shared {
     pub fn wait_for_completion(&self, timeout: Option<Duration>) {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut s = self.state.lock();
-        while s.completions.is_empty() && s.records_written < s.records_submitted && s.failure.is_none() {
+        while s.completions.is_empty()
+            && s.records_written < s.records_submitted
+            && s.failure.is_none()
+        {
             match deadline {
                 None => self.budget_freed.wait(&mut s),
                 Some(d) => {
@@ -235,7 +238,11 @@ impl Shared {
             records_written: s.records_written,
             bytes_in: s.bytes_in,
             bytes_stored: s.bytes_stored,
-            ratio: if s.bytes_stored == 0 { 0.0 } else { s.bytes_in as f64 / s.bytes_stored as f64 },
+            ratio: if s.bytes_stored == 0 {
+                0.0
+            } else {
+                s.bytes_in as f64 / s.bytes_stored as f64
+            },
             queue_depth: s.records_submitted - s.records_written,
             inflight_bytes: s.inflight_bytes,
             blocked_seconds: s.blocked.as_secs_f64(),

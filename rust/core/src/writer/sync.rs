@@ -60,13 +60,21 @@ pub(crate) struct SyncQueue {
 pub(crate) fn queue() -> (Syncer, SyncQueue) {
     let (tx, rx) = crossbeam_channel::bounded(QUEUED_JOBS);
     let failed = Arc::new(AtomicBool::new(false));
-    (Syncer { jobs: tx, failed: failed.clone() }, SyncQueue { jobs: rx, failed })
+    (
+        Syncer {
+            jobs: tx,
+            failed: failed.clone(),
+        },
+        SyncQueue { jobs: rx, failed },
+    )
 }
 
 impl Syncer {
     /// Queues `job`; waits while [`QUEUED_JOBS`] jobs wait already.
     pub fn send(&self, job: SyncJob) -> Result<()> {
-        self.jobs.send(job).map_err(|_| Error::Closed(Some("the writer's sync thread stopped".into())))
+        self.jobs
+            .send(job)
+            .map_err(|_| Error::Closed(Some("the writer's sync thread stopped".into())))
     }
 
     /// Whether an `fsync` failed (its error is kept in [`Shared`]).
@@ -119,30 +127,45 @@ mod tests {
         // SAFETY: `fds` is valid for writes of two descriptors.
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
         // SAFETY: both descriptors were just opened and are owned by nobody else.
-        let (read_end, write_end) = unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
+        let (read_end, write_end) =
+            unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
         let shared = Arc::new(Shared::new(1 << 20));
         let (syncer, queue) = queue();
         let path = PathBuf::from("/shards/w-000000.lts");
         let (ack, acked) = crossbeam_channel::bounded(1);
         // Both fit the queue before the thread starts.
-        syncer.send(SyncJob::Finish(ShardFile { path: path.clone(), file: Arc::new(write_end) })).unwrap();
+        syncer
+            .send(SyncJob::Finish(ShardFile {
+                path: path.clone(),
+                file: Arc::new(write_end),
+            }))
+            .unwrap();
         syncer.send(SyncJob::Barrier(ack)).unwrap();
         let thread = {
             let shared = shared.clone();
             std::thread::spawn(move || run(queue, &shared))
         };
-        acked.recv().expect("the barrier is answered after the failed job");
+        acked
+            .recv()
+            .expect("the barrier is answered after the failed job");
         assert!(syncer.failed(), "the I/O thread is told to stop");
         drop(syncer);
         thread.join().unwrap(); // the thread ends with its last sender
         match shared.check() {
-            Err(Error::Io { path: p, op, source }) => {
+            Err(Error::Io {
+                path: p,
+                op,
+                source,
+            }) => {
                 assert_eq!((p.as_path(), op), (path.as_path(), "fsync"));
                 assert_eq!(source.raw_os_error(), Some(libc::EINVAL));
             }
             other => panic!("want the fsync error, got {other:?}"),
         }
-        assert!(matches!(shared.check(), Err(Error::Closed(Some(_)))), "later calls: closed");
+        assert!(
+            matches!(shared.check(), Err(Error::Closed(Some(_)))),
+            "later calls: closed"
+        );
         drop(read_end);
     }
 }

@@ -23,19 +23,32 @@ pub struct RecordSpec {
 impl RecordSpec {
     /// A record like the connector writes: BF16 hidden states `[tokens, 2, 8]` and I64 token ids.
     pub fn sample(key: &str, codec: Codec, tokens: u64, seed: u64) -> RecordSpec {
-        let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let mut state = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         let mut next = move || {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             (state >> 33) as u8
         };
         // Smooth-ish bf16 values so that compression has something to do.
-        let hidden: Vec<u8> = (0..tokens * 2 * 8).flat_map(|_| [next(), 0x3f + (next() & 1)]).collect();
-        let ids: Vec<u8> = (0..tokens).flat_map(|t| (t * 7 + seed).to_le_bytes()).collect();
+        let hidden: Vec<u8> = (0..tokens * 2 * 8)
+            .flat_map(|_| [next(), 0x3f + (next() & 1)])
+            .collect();
+        let ids: Vec<u8> = (0..tokens)
+            .flat_map(|t| (t * 7 + seed).to_le_bytes())
+            .collect();
         RecordSpec {
             key: key.to_string(),
             codec,
             tensors: vec![
-                ("hidden_states".into(), Dtype::BF16, vec![tokens, 2, 8], hidden),
+                (
+                    "hidden_states".into(),
+                    Dtype::BF16,
+                    vec![tokens, 2, 8],
+                    hidden,
+                ),
                 ("token_ids".into(), Dtype::I64, vec![tokens], ids),
             ],
             metadata: BTreeMap::from([("model".to_string(), "test".to_string())]),
@@ -44,7 +57,9 @@ impl RecordSpec {
 
     /// A record of one U8 tensor of `len` bytes.
     pub fn bytes(key: &str, codec: Codec, len: usize, seed: u8) -> RecordSpec {
-        let data: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect();
+        let data: Vec<u8> = (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect();
         RecordSpec {
             key: key.to_string(),
             codec,
@@ -54,7 +69,11 @@ impl RecordSpec {
     }
 
     fn num_tokens(&self) -> u32 {
-        self.tensors.iter().find(|t| t.0 == "token_ids").map(|t| t.2[0] as u32).unwrap_or(0)
+        self.tensors
+            .iter()
+            .find(|t| t.0 == "token_ids")
+            .map(|t| t.2[0] as u32)
+            .unwrap_or(0)
     }
 
     /// The safetensors blob (the decoded payload) and the stored payload.
@@ -62,7 +81,11 @@ impl RecordSpec {
         let specs: Vec<TensorSpec> = self
             .tensors
             .iter()
-            .map(|(n, d, s, _)| TensorSpec { name: n.clone(), dtype: *d, shape: s.clone() })
+            .map(|(n, d, s, _)| TensorSpec {
+                name: n.clone(),
+                dtype: *d,
+                shape: s.clone(),
+            })
             .collect();
         let mut meta = self.metadata.clone();
         meta.insert("key".into(), self.key.clone());
@@ -74,7 +97,10 @@ impl RecordSpec {
             two_byte.push(d.is_two_byte());
         }
         let raw = pieces.concat();
-        let stored = Encoder::new(self.codec, 3).unwrap().encode(&pieces, &two_byte).unwrap();
+        let stored = Encoder::new(self.codec, 3)
+            .unwrap()
+            .encode(&pieces, &two_byte)
+            .unwrap();
         (raw, stored)
     }
 }
@@ -102,12 +128,15 @@ impl BuiltShard {
 }
 
 /// 94 bytes, so that the file header ends with 6 bytes of padding.
-pub const META_JSON: &str =
-    r#"{"writer_id":"test","shard_index":0,"created_unix_ms":1,"writer":"layertap-tests-x","user":{}}"#;
+pub const META_JSON: &str = r#"{"writer_id":"test","shard_index":0,"created_unix_ms":1,"writer":"layertap-tests-x","user":{}}"#;
 
 /// Builds a shard of `records`, with its footer when `complete`.
 pub fn build_shard(records: &[RecordSpec], complete: bool) -> BuiltShard {
-    let mut bytes = FileHeader { shard_id: [0x5a; 16], meta_json: META_JSON.into() }.encode();
+    let mut bytes = FileHeader {
+        shard_id: [0x5a; 16],
+        meta_json: META_JSON.into(),
+    }
+    .encode();
     let header_len = bytes.len() as u64;
     let mut entries = Vec::new();
     let mut raws = Vec::new();
@@ -135,7 +164,15 @@ pub fn build_shard(records: &[RecordSpec], complete: bool) -> BuiltShard {
     if complete {
         bytes.extend_from_slice(&encode_footer(&entries, data_end));
     }
-    BuiltShard { bytes, header_len, meta_json: META_JSON.into(), entries, raws, payload_offsets, data_end }
+    BuiltShard {
+        bytes,
+        header_len,
+        meta_json: META_JSON.into(),
+        entries,
+        raws,
+        payload_offsets,
+        data_end,
+    }
 }
 
 /// A few records of every codec, one of them larger than the private-mapping threshold.

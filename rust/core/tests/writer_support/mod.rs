@@ -53,13 +53,21 @@ pub fn read_shard(path: &Path) -> ReadShard {
         };
         let payload_at = pos + h.header_len() as usize;
         let stored = &bytes[payload_at..payload_at + h.stored_len as usize];
-        assert_eq!(format::crc32c(stored), h.payload_crc, "{path:?}: payload crc at {pos}");
+        assert_eq!(
+            format::crc32c(stored),
+            h.payload_crc,
+            "{path:?}: payload crc at {pos}"
+        );
         let pad = &bytes[payload_at + h.stored_len as usize..pos + h.frame_len() as usize];
         assert!(pad.iter().all(|&b| b == 0), "padding must be zero");
         if h.kind == FrameKind::Index {
             let entries = format::decode_index(stored).unwrap();
             let end = pos + h.frame_len() as usize;
-            assert_eq!(end + format::TRAILER_LEN, bytes.len(), "trailer must end the file");
+            assert_eq!(
+                end + format::TRAILER_LEN,
+                bytes.len(),
+                "trailer must end the file"
+            );
             let t = Trailer::decode(&bytes[end..]).expect("valid trailer");
             assert_eq!(t.index_offset, pos as u64);
             assert_eq!(t.record_count, entries.len() as u64);
@@ -68,8 +76,16 @@ pub fn read_shard(path: &Path) -> ReadShard {
         }
         let raw = codec::decode(h.codec, stored, h.raw_len).unwrap();
         let bh = blob::parse_header(&raw).unwrap();
-        assert_eq!(bh.metadata.get("key"), Some(&h.key), "__metadata__.key must be the frame key");
-        let tensors = bh.tensors.iter().map(|t| (t.spec.clone(), raw[t.range.clone()].to_vec())).collect();
+        assert_eq!(
+            bh.metadata.get("key"),
+            Some(&h.key),
+            "__metadata__.key must be the frame key"
+        );
+        let tensors = bh
+            .tensors
+            .iter()
+            .map(|t| (t.spec.clone(), raw[t.range.clone()].to_vec()))
+            .collect();
         records.push(ReadRecord {
             key: h.key.clone(),
             offset: pos as u64,
@@ -86,7 +102,13 @@ pub fn read_shard(path: &Path) -> ReadShard {
             assert!(e.matches(&r.header), "index entry agrees with frame {e:?}");
         }
     }
-    ReadShard { path: path.to_path_buf(), meta, records, index, torn_tail }
+    ReadShard {
+        path: path.to_path_buf(),
+        meta,
+        records,
+        index,
+        torn_tail,
+    }
 }
 
 /// The shard files of a directory, sorted by name.
@@ -126,8 +148,16 @@ pub fn bytes(seed: u64, n: usize) -> Vec<u8> {
 /// A record like the connector writes: bf16 hidden states `[tokens, 2, hidden]` and i64
 /// token ids.
 pub fn record(key: &str, tokens: u64, hidden: u64, seed: u64) -> RecordInput {
-    let hs = TensorSpec { name: "hidden_states".into(), dtype: Dtype::BF16, shape: vec![tokens, 2, hidden] };
-    let ids = TensorSpec { name: "token_ids".into(), dtype: Dtype::I64, shape: vec![tokens] };
+    let hs = TensorSpec {
+        name: "hidden_states".into(),
+        dtype: Dtype::BF16,
+        shape: vec![tokens, 2, hidden],
+    };
+    let ids = TensorSpec {
+        name: "token_ids".into(),
+        dtype: Dtype::I64,
+        shape: vec![tokens],
+    };
     let hs_len = hs.byte_len().unwrap() as usize;
     RecordInput {
         key: key.into(),
@@ -154,7 +184,10 @@ pub fn record_tensors(tokens: u64, hidden: u64, seed: u64) -> Vec<(TensorSpec, V
 pub fn io_modes() -> Vec<IoMode> {
     let mut modes = vec![IoMode::Pwrite];
     let dir = tempfile::tempdir().unwrap();
-    let cfg = WriterConfig { io: IoMode::Uring, ..Default::default() };
+    let cfg = WriterConfig {
+        io: IoMode::Uring,
+        ..Default::default()
+    };
     match layertap_core::writer::ShardWriter::open(dir.path(), cfg) {
         Ok(_) => modes.push(IoMode::Uring),
         Err(e) => eprintln!("NOTE: io_uring unavailable here, only pwrite tested: {e}"),
@@ -164,5 +197,12 @@ pub fn io_modes() -> Vec<IoMode> {
 
 /// A config for tests: small batches, given io mode and codec.
 pub fn config(io: IoMode, codec: codec::Codec) -> WriterConfig {
-    WriterConfig { io, codec, level: 1, batch_bytes: 64 << 10, threads: Some(2), ..Default::default() }
+    WriterConfig {
+        io,
+        codec,
+        level: 1,
+        batch_bytes: 64 << 10,
+        threads: Some(2),
+        ..Default::default()
+    }
 }

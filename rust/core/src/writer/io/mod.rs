@@ -46,7 +46,10 @@ pub(crate) fn open_engine(mode: IoMode) -> io::Result<Box<dyn Engine>> {
             Err(_) => Ok(Box::new(pwrite::PwriteEngine::new()?)),
         },
         #[cfg(not(target_os = "linux"))]
-        IoMode::Uring => Err(io::Error::new(io::ErrorKind::Unsupported, "io_uring needs Linux")),
+        IoMode::Uring => Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "io_uring needs Linux",
+        )),
         #[cfg(not(target_os = "linux"))]
         IoMode::Auto => Ok(Box::new(pwrite::PwriteEngine::new()?)),
     }

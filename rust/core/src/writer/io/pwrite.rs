@@ -26,14 +26,16 @@ impl PwriteEngine {
     pub fn new() -> io::Result<PwriteEngine> {
         let (to_writer, ops) = crossbeam_channel::bounded::<(u64, WriteOp)>(MAX_IN_FLIGHT);
         let (done, from_writer) = crossbeam_channel::unbounded();
-        let thread = std::thread::Builder::new().name("layertap-pwrite".into()).spawn(move || {
-            for (id, mut op) in ops.iter() {
-                let result = write_all(&mut op);
-                if done.send(Finished { id, op, result }).is_err() {
-                    return; // the engine is gone; the op is freed, its write is over
+        let thread = std::thread::Builder::new()
+            .name("layertap-pwrite".into())
+            .spawn(move || {
+                for (id, mut op) in ops.iter() {
+                    let result = write_all(&mut op);
+                    if done.send(Finished { id, op, result }).is_err() {
+                        return; // the engine is gone; the op is freed, its write is over
+                    }
                 }
-            }
-        })?;
+            })?;
         let to_writer = Some(to_writer);
         Ok(PwriteEngine {
             to_writer,
@@ -52,17 +54,27 @@ pub(crate) fn write_all(op: &mut WriteOp) -> io::Result<()> {
         let iov = op.pending();
         // SAFETY: every iovec points into memory owned by `op`, alive for this call; the
         // kernel only reads it.
-        let n =
-            unsafe { libc::pwritev(op.fd, iov.as_ptr(), iov.len() as libc::c_int, op.offset as libc::off_t) };
+        let n = unsafe {
+            libc::pwritev(
+                op.fd,
+                iov.as_ptr(),
+                iov.len() as libc::c_int,
+                op.offset as libc::off_t,
+            )
+        };
         if n < 0 {
             let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted || op.fall_back(e.raw_os_error().unwrap_or(0)) {
+            if e.kind() == io::ErrorKind::Interrupted || op.fall_back(e.raw_os_error().unwrap_or(0))
+            {
                 continue; // interrupted, or a refused direct write retried through the page cache
             }
             return Err(e);
         }
         if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::WriteZero, "pwritev wrote nothing"));
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "pwritev wrote nothing",
+            ));
         }
         op.advance(n as usize);
     }

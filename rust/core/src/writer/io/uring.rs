@@ -29,9 +29,16 @@ impl UringEngine {
         let mut probe = Probe::new();
         ring.submitter().register_probe(&mut probe)?;
         if !probe.is_supported(opcode::Writev::CODE) {
-            return Err(io::Error::new(io::ErrorKind::Unsupported, "io_uring lacks IORING_OP_WRITEV"));
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "io_uring lacks IORING_OP_WRITEV",
+            ));
         }
-        Ok(UringEngine { ring, slab: HashMap::new(), done: Vec::new() })
+        Ok(UringEngine {
+            ring,
+            slab: HashMap::new(),
+            done: Vec::new(),
+        })
     }
 
     /// Queues the next (or first) writev of op `id`, which is in the slab.
@@ -53,7 +60,11 @@ impl UringEngine {
         if pushed.is_err() {
             let op = self.slab.remove(&id).expect("op in slab");
             let err = io::Error::other("io_uring submission queue full");
-            self.done.push(Finished { id, op, result: Err(err) });
+            self.done.push(Finished {
+                id,
+                op,
+                result: Err(err),
+            });
         }
     }
 
@@ -61,7 +72,11 @@ impl UringEngine {
     /// enter.
     fn submit_queued(&mut self, wait_for: usize) -> io::Result<()> {
         loop {
-            let r = if wait_for > 0 { self.ring.submit_and_wait(wait_for) } else { self.ring.submit() };
+            let r = if wait_for > 0 {
+                self.ring.submit_and_wait(wait_for)
+            } else {
+                self.ring.submit()
+            };
             match r {
                 Ok(_) => return Ok(()),
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
@@ -74,7 +89,9 @@ impl UringEngine {
     }
 
     fn handle_completion(&mut self, id: u64, res: i32) {
-        let Some(op) = self.slab.get_mut(&id) else { return };
+        let Some(op) = self.slab.get_mut(&id) else {
+            return;
+        };
         let outcome: Option<io::Result<()>> = if res < 0 {
             match -res {
                 libc::EINTR | libc::EAGAIN => None,
@@ -82,7 +99,10 @@ impl UringEngine {
                 errno => Some(Err(io::Error::from_raw_os_error(errno))),
             }
         } else if res == 0 && op.remaining > 0 {
-            Some(Err(io::Error::new(io::ErrorKind::WriteZero, "writev wrote nothing")))
+            Some(Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "writev wrote nothing",
+            )))
         } else {
             op.advance((res as u64).min(op.remaining) as usize);
             if op.remaining == 0 {
@@ -124,7 +144,11 @@ impl Engine for UringEngine {
     fn reap(&mut self, wait: bool) -> io::Result<Vec<Finished>> {
         let wait_for = usize::from(wait && !self.slab.is_empty() && self.done.is_empty());
         self.submit_queued(wait_for)?;
-        let cqes: Vec<(u64, i32)> = self.ring.completion().map(|c| (c.user_data(), c.result())).collect();
+        let cqes: Vec<(u64, i32)> = self
+            .ring
+            .completion()
+            .map(|c| (c.user_data(), c.result()))
+            .collect();
         for (id, res) in cqes {
             self.handle_completion(id, res);
         }
