@@ -83,7 +83,7 @@ pub fn check_level(level: i32) -> Result<()> {
 /// Splits 2-byte elements: all high bytes (odd positions), then all low bytes (even positions).
 /// `src.len()` must be even; `dst` must have the same length.
 pub fn split_planes(src: &[u8], dst: &mut [u8]) {
-    debug_assert!(src.len() % 2 == 0 && dst.len() == src.len());
+    debug_assert!(src.len().is_multiple_of(2) && dst.len() == src.len());
     let (high, low) = dst.split_at_mut(src.len() / 2);
     extract_plane(src, 1, high);
     extract_plane(src, 0, low);
@@ -91,7 +91,7 @@ pub fn split_planes(src: &[u8], dst: &mut [u8]) {
 
 /// Inverse of [`split_planes`].
 pub fn join_planes(src: &[u8], dst: &mut [u8]) {
-    debug_assert!(src.len() % 2 == 0 && dst.len() == src.len());
+    debug_assert!(src.len().is_multiple_of(2) && dst.len() == src.len());
     let (high, low) = src.split_at(src.len() / 2);
     // Eight elements at a time, in plain u64 arithmetic (about four times the speed of a
     // byte loop, which the compiler does not vectorise well).

@@ -214,7 +214,7 @@ impl NativeShardWriter {
                     "poll timeout must be >= 0 seconds or None, not {t}"
                 ))));
             }
-            Some(t) if t == 0.0 => None,
+            Some(0.0) => None,
             Some(t) => Some(Some(Duration::from_secs_f64(t))),
             None => Some(None),
         };

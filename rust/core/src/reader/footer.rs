@@ -55,7 +55,7 @@ pub(crate) fn read_footer(bytes: &[u8], header_len: u64) -> Footer {
 fn check_index(bytes: &[u8], header_len: u64, trailer: Trailer) -> Result<Vec<IndexEntry>, String> {
     let footer_end = bytes.len() as u64 - TRAILER_LEN as u64;
     let at = trailer.index_offset;
-    if at % 8 != 0 || at < header_len || at >= footer_end {
+    if !at.is_multiple_of(8) || at < header_len || at >= footer_end {
         return Err(format!(
             "the trailer points to offset {at}, where no index frame can be"
         ));

@@ -93,7 +93,7 @@ impl Encoded {
             Payload::Pieces { tensors, .. } => 1 + tensors.len(),
             Payload::Owned(_) => 1,
         };
-        1 + payload + usize::from(self.header.stored_len % 8 != 0)
+        1 + payload + usize::from(!self.header.stored_len.is_multiple_of(8))
     }
 }
 
