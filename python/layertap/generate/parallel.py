@@ -223,6 +223,7 @@ def _follow(events: Iterator[Event], todo: int, c: Checked) -> dict[int, tuple[s
             if bar is None and "rows" in value:  # type: ignore[operator]
                 # From the first engine ready, as a single run's progress (rates without start-up).
                 bar = Progress(todo, totals, c.progress, c.options["progress_interval"])  # type: ignore[arg-type]
+                bar.start -= value.get("elapsed", 0.0)  # type: ignore[union-attr]
             if bar is not None:
                 bar.update(**step)
     finally:

@@ -235,7 +235,10 @@ class Totals:
         self.follower = follower
         self.report = report
         self.rows = self.tokens = self.bad = 0
+        self.start = time.monotonic()
+        """When the engine was ready (the reports say how long ago, for the run's rates)."""
         self._sent = 0.0
+        self.send()  # the engine is ready
 
     def update(self, rows: int = 0, tokens: int = 0, bad: int = 0) -> None:
         self.bar.update(rows=rows, tokens=tokens, bad=bad)
@@ -258,6 +261,7 @@ class Totals:
                 "records": f.records,
                 "raw_bytes": f.raw_bytes,
                 "stored_bytes": f.stored_bytes,
+                "elapsed": time.monotonic() - self.start,
                 **extra,
             }
         )
