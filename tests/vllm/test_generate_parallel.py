@@ -151,4 +151,5 @@ def test_two_engines_on_a_local_ray_cluster(tiny_model, reference, tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(cluster.pid, 9)
             cluster.wait(10)
+        cluster.stdout.close()  # type: ignore[union-attr]
         subprocess.run(["rm", "-rf", ray_tmp], check=False)
