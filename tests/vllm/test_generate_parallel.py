@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -66,7 +68,34 @@ def progress_rows(lines: list[str]) -> list[tuple[int, int]]:
     return [(int(m[1].replace(",", "")), int(m[2].replace(",", ""))) for m in map(PROGRESS.match, lines) if m]
 
 
-@pytest.mark.timeout(900)  # three runs, four engines in all, on a shared 2-core machine
+def wait_for_children(pid: int, n: int, timeout: float) -> list[int]:
+    """The first ``n`` child processes of ``pid``, once it has started them."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = [int(c) for c in f.read().split()]
+        if len(children) >= n:
+            return children[:n]
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} did not start {n} engine processes in {timeout} s")
+
+
+def wait_gone(pid: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while os.path.exists(f"/proc/{pid}") and "zombie" not in _state(pid):
+        assert time.monotonic() < deadline, f"engine process {pid} outlived the run that started it"
+        time.sleep(0.1)
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((line for line in f if line.startswith("State:")), "").lower()
+    except FileNotFoundError:
+        return "zombie"
+
+
+@pytest.mark.timeout(900)  # four runs, six engines in all, on a shared 2-core machine
 def test_two_engine_processes_then_resume_with_one(tiny_model, reference, tmp_path):
     data, one = reference
     out = tmp_path / "two"
@@ -98,6 +127,14 @@ def test_two_engine_processes_then_resume_with_one(tiny_model, reference, tmp_pa
     assert json.loads((out / MANIFEST_NAME).read_text())["parts"] == ["engine-0", "engine-1"]
     with layertap.open(out / "engine-0") as ds:  # rows dealt out in turn
         assert sorted(ds.keys(), key=int) == ["0", "2", "4", "6", "8"]
+    # A run killed (SIGKILL, the command alone) as soon as its engine processes exist: they end
+    # too, within seconds, rather than keep writing into parts that the next run resumes.
+    child = Child(generate_cmd(tiny_model, data, str(out), "--data-parallel-size", "2"), multiprocessing=False)
+    engines = wait_for_children(child.proc.pid, 2, timeout=300)
+    os.kill(child.proc.pid, signal.SIGKILL)
+    child.finish(timeout=60)
+    for pid in engines:
+        wait_gone(pid, timeout=60)
     # One engine (in this process) resumes the whole dataset: the rows of both parts are done.
     with pytest_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}):
         s = layertap.generate(tiny_model, data, out, progress="none", engine_args={**TINY_ENGINE_ARGS, **FLOAT32})
