@@ -86,6 +86,16 @@ class ShardFollower:
         self.stored_bytes += frame.stored_len
 
     def poll(self) -> None:
+        # The directory is listed only while no shard of this writer is open: a writer completes
+        # a shard (its index) before it starts the next, so none can be new before that. A
+        # thousand engines on one file system then list their directories once per shard, not
+        # once a second each (docs/SCALE.md).
+        if any(not s.finished for s in self._shards.values()):
+            for shard in self._shards.values():
+                if not shard.finished:
+                    shard.advance(self._count)
+            if any(not s.finished for s in self._shards.values()):
+                return
         for name in sorted(os.listdir(self.directory)):
             if name.startswith(self.prefix) and name.endswith(SHARD_SUFFIX) and name not in self._shards:
                 try:
