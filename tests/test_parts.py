@@ -172,3 +172,22 @@ def test_torch_dataset_over_parts(parts):
     assert torch.equal(ds[5]["hidden_states"], make_tensors(5)["hidden_states"])
     ds = HiddenStatesDataset([parts / "engine-1", parts / "engine-0"])
     assert len(ds) == 6
+
+
+def test_export_over_parts(tmp_path):
+    """``layertap export`` of a dataset of parts: one file per row, whichever part holds it."""
+    from safetensors.torch import load_file
+
+    from layertap.export import export
+
+    root = tmp_path / "hs"
+    for part, rows in (("engine-0", (0, 2)), ("engine-1", (1, 3))):
+        with layertap.PyShardWriter(root / part, writer_id="gen-0") as w:
+            for i in rows:
+                w.submit(str(i), make_tensors(i), metadata={"layer_ids": "[1, 3]"})
+    write_manifest(root, ["engine-0", "engine-1"])
+    s = export(str(root), str(tmp_path / "out"), "speculators", workers=1, fsync=False)
+    assert s.ok and (s.selected, s.written, s.duplicates) == (4, 4, 0)
+    for i in range(4):
+        got = load_file(tmp_path / "out" / "hidden_states" / f"hs_{i}.safetensors")
+        assert torch.equal(got["hidden_states"], make_tensors(i)["hidden_states"])
