@@ -502,7 +502,7 @@ mod tests {
         let (back, len) = FileHeader::decode(&bytes).unwrap();
         assert_eq!(back, h);
         assert_eq!(len, bytes.len() as u64);
-        let mut bad = bytes.clone();
+        let mut bad = bytes;
         bad[20] ^= 1;
         assert!(FileHeader::decode(&bad).unwrap_err().contains("checksum"));
     }

@@ -13,8 +13,10 @@
 //!
 //! The format itself is specified in `docs/FORMAT.md`, included below as the [`spec`] module.
 
-#![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
+// A library reports through its return values, never on the process's stdout or stderr (its
+// tests may print).
+#![cfg_attr(not(test), warn(clippy::print_stdout, clippy::print_stderr))]
 
 pub mod blob;
 pub mod codec;

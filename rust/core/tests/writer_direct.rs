@@ -269,11 +269,9 @@ fn page_cache_and_disk_agree_after_mixed_writes() {
                 p.display()
             );
             let f = std::fs::File::open(&p).unwrap();
-            // SAFETY: plain system call on a descriptor we own.
-            assert_eq!(
-                unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) },
-                0
-            );
+            // SAFETY: plain system call on a descriptor we own, open for the whole call.
+            let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+            assert_eq!(rc, 0);
         }
         check_records(dir.path(), 80);
     }

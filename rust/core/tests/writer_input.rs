@@ -34,7 +34,7 @@ fn rec(key: &str, tensors: Vec<TensorInput>) -> RecordInput {
 fn invalid(w: &ShardWriter, r: RecordInput, word: &str) {
     match w.submit(r) {
         Err(Error::InvalidInput(msg)) => {
-            assert!(msg.contains(word), "{msg:?} should mention {word:?}")
+            assert!(msg.contains(word), "{msg:?} should mention {word:?}");
         }
         other => panic!("expected InvalidInput mentioning {word:?}, got {other:?}"),
     }

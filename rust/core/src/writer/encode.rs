@@ -106,7 +106,7 @@ pub(crate) fn run_worker(
     shared: &Shared,
 ) {
     let mut encoder = Encoder::new(codec, level);
-    for job in jobs.iter() {
+    for job in &jobs {
         let raw_len = job.rec.raw_len;
         let started = Instant::now();
         let result = match encoder.as_mut() {

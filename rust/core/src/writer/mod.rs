@@ -150,7 +150,7 @@ impl ShardWriter {
             let name = format!("layertap-zstd-{n}");
             let timing = shared.clone();
             threads.push(spawn(&dir, name, shared.clone(), move || {
-                encode::run_worker(codec, level, rx, tx, &timing)
+                encode::run_worker(codec, level, rx, tx, &timing);
             })?);
         }
         Ok(ShardWriter {

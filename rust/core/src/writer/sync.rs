@@ -85,7 +85,7 @@ impl Syncer {
 
 /// The body of the sync thread: runs jobs until every sender is gone.
 pub(crate) fn run(queue: SyncQueue, shared: &Shared) {
-    for job in queue.jobs.iter() {
+    for job in &queue.jobs {
         let result = match job {
             SyncJob::Data(f) => f.sync_data(),
             SyncJob::Finish(f) => {
