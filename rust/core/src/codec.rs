@@ -3,66 +3,9 @@
 
 use crate::blob;
 use crate::error::{Error, Result};
-
-/// How a record's payload is stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Codec {
-    /// Stored as is.
-    None,
-    /// One zstd frame.
-    Zstd,
-    /// Byte-plane split of 2-byte tensors, then one zstd frame.
-    Bp16Zstd,
-}
-
-impl Codec {
-    /// Every codec.
-    pub const ALL: [Codec; 3] = [Codec::None, Codec::Zstd, Codec::Bp16Zstd];
-
-    /// The id stored in frame headers.
-    pub fn id(self) -> u8 {
-        match self {
-            Codec::None => 0,
-            Codec::Zstd => 1,
-            Codec::Bp16Zstd => 2,
-        }
-    }
-
-    /// The codec with stored id `id`.
-    pub fn from_id(id: u8) -> Result<Codec> {
-        Codec::ALL
-            .into_iter()
-            .find(|c| c.id() == id)
-            .ok_or_else(|| Error::invalid(format!("unknown codec id {id}")))
-    }
-
-    /// The codec's name (`"none"`, `"zstd"`, `"bp16-zstd"`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Codec::None => "none",
-            Codec::Zstd => "zstd",
-            Codec::Bp16Zstd => "bp16-zstd",
-        }
-    }
-
-    /// The codec named `name`.
-    pub fn from_name(name: &str) -> Result<Codec> {
-        Codec::ALL
-            .into_iter()
-            .find(|c| c.name() == name)
-            .ok_or_else(|| {
-                Error::invalid(format!(
-                    "unknown codec {name:?}; choose one of: none, zstd, bp16-zstd"
-                ))
-            })
-    }
-}
-
-impl std::fmt::Display for Codec {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
+/// The codec ids and names are part of the format (docs/FORMAT.md, "Codecs"); this module holds
+/// what each codec does.
+pub use crate::format::Codec;
 
 /// Checks a zstd level.
 pub fn check_level(level: i32) -> Result<()> {
@@ -364,7 +307,7 @@ pub fn decode(codec: Codec, stored: &[u8], raw_len: u64) -> std::result::Result<
             out
         }
     };
-    crate::format::check_raw_len(out.len(), raw_len as u64)?;
+    check_raw_len(out.len(), raw_len as u64)?;
     if codec == Codec::Bp16Zstd {
         let header = blob::parse_header(&out)?;
         for r in two_byte_ranges(&header) {
@@ -373,6 +316,14 @@ pub fn decode(codec: Codec, stored: &[u8], raw_len: u64) -> std::result::Result<
         }
     }
     Ok(out)
+}
+
+/// Checks that a decoded payload's length is what the frame promised.
+pub fn check_raw_len(got: usize, want: u64) -> Result<(), String> {
+    if got as u64 != want {
+        return Err(format!("decoded {got} bytes, frame says {want}"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -490,13 +441,7 @@ mod tests {
     }
 
     #[test]
-    fn names_and_levels() {
-        for c in Codec::ALL {
-            assert_eq!(Codec::from_name(c.name()).unwrap(), c);
-            assert_eq!(Codec::from_id(c.id()).unwrap(), c);
-        }
-        assert!(Codec::from_name("lz4").is_err());
-        assert!(Codec::from_id(9).is_err());
+    fn levels() {
         assert!(check_level(3).is_ok());
         assert!(check_level(99).is_err());
     }

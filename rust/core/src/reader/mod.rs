@@ -20,7 +20,7 @@ pub use record::{Record, RecordBytes, MAP_MIN_BYTES};
 use crate::blob::{self, BlobHeader};
 use crate::codec::{self, Codec};
 use crate::error::{Error, Result};
-use crate::format::{crc32c, not_a_shard, FileHeader, FrameHeader, IndexEntry};
+use crate::format::{crc32c, FileHeader, FrameHeader, IndexEntry};
 use footer::Footer;
 use std::borrow::Cow;
 use std::fs::File;
@@ -73,12 +73,12 @@ impl ShardReader {
     pub(crate) fn from_file(path: PathBuf, file: File) -> Result<ShardReader> {
         let meta = file.metadata().map_err(|e| Error::io(&path, "stat", e))?;
         if !meta.is_file() {
-            return Err(not_a_shard(&path, "not a regular file"));
+            return Err(Error::not_a_shard(&path, "not a regular file"));
         }
-        let len =
-            usize::try_from(meta.len()).map_err(|_| not_a_shard(&path, "file too large to map"))?;
+        let len = usize::try_from(meta.len())
+            .map_err(|_| Error::not_a_shard(&path, "file too large to map"))?;
         if len == 0 {
-            return Err(not_a_shard(&path, "the file is empty"));
+            return Err(Error::not_a_shard(&path, "the file is empty"));
         }
         // SAFETY: the mapping is owned by the reader and outlives every slice of it we hand out
         // (they borrow the reader). It is read-only; shards are append-only, so layertap never
@@ -90,11 +90,11 @@ impl ShardReader {
         let map = unsafe { memmap2::MmapOptions::new().len(len).map(&file) }
             .map_err(|e| Error::io(&path, "mmap", e))?;
         let (header, header_len) =
-            FileHeader::decode(&map).map_err(|reason| not_a_shard(&path, reason))?;
+            FileHeader::decode(&map).map_err(|reason| Error::not_a_shard(&path, reason))?;
         match serde_json::from_str::<serde_json::Value>(&header.meta_json) {
             Ok(serde_json::Value::Object(_)) => {}
             _ => {
-                return Err(not_a_shard(
+                return Err(Error::not_a_shard(
                     &path,
                     "the shard metadata is not a JSON object",
                 ))
