@@ -282,9 +282,19 @@ fn codec_err(codec: Codec, e: impl std::fmt::Display) -> Error {
 // ---------------------------------------------------------------------------------------------
 // Decoding
 
-/// Decodes a stored payload into the raw blob of `raw_len` bytes.
-/// `Err(reason)` says why the payload cannot be decoded.
-pub fn decode(codec: Codec, stored: &[u8], raw_len: u64) -> std::result::Result<Vec<u8>, String> {
+/// A decoded payload: the raw blob and its parsed, checked safetensors header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decoded {
+    /// The safetensors blob, `raw_len` bytes.
+    pub blob: Vec<u8>,
+    /// Its header, parsed once here (`bp16-zstd` needs it to join the byte planes back), so
+    /// that readers need not parse it again.
+    pub header: blob::BlobHeader,
+}
+
+/// Decodes a stored payload into the raw blob of `raw_len` bytes and parses the blob's header.
+/// `Err(reason)` says why the payload cannot be decoded or is not a valid blob.
+pub fn decode(codec: Codec, stored: &[u8], raw_len: u64) -> std::result::Result<Decoded, String> {
     let raw_len = usize::try_from(raw_len).map_err(|_| "raw length too large".to_string())?;
     let mut out = match codec {
         Codec::None => stored.to_vec(),
@@ -308,14 +318,16 @@ pub fn decode(codec: Codec, stored: &[u8], raw_len: u64) -> std::result::Result<
         }
     };
     check_raw_len(out.len(), raw_len as u64)?;
+    // The header is not transformed (only tensor data is split into planes), so it parses the
+    // same before and after the planes are joined.
+    let header = blob::parse_header(&out)?;
     if codec == Codec::Bp16Zstd {
-        let header = blob::parse_header(&out)?;
         for r in two_byte_ranges(&header) {
             let planes = out[r.clone()].to_vec();
             join_planes(&planes, &mut out[r]);
         }
     }
-    Ok(out)
+    Ok(Decoded { blob: out, header })
 }
 
 /// Checks that a decoded payload's length is what the frame promised.
@@ -388,11 +400,9 @@ mod tests {
             let stored = enc
                 .encode(&[&header, &h, &t], &[false, true, false])
                 .unwrap();
-            assert_eq!(
-                decode(codec, &stored, raw.len() as u64).unwrap(),
-                raw,
-                "{codec}"
-            );
+            let decoded = decode(codec, &stored, raw.len() as u64).unwrap();
+            assert_eq!(decoded.blob, raw, "{codec}");
+            assert_eq!(decoded.header, blob::parse_header(&raw).unwrap(), "{codec}");
             assert!(decode(codec, &stored, raw.len() as u64 + 1).is_err());
         }
     }
@@ -432,7 +442,7 @@ mod tests {
                     .encode(&[&header, &h, &b, &f], &[false, true, false, true])
                     .unwrap();
                 assert_eq!(
-                    decode(codec, &stored, raw.len() as u64).unwrap(),
+                    decode(codec, &stored, raw.len() as u64).unwrap().blob,
                     raw,
                     "{codec}"
                 );

@@ -284,8 +284,9 @@ impl ShardReader {
         Ok(())
     }
 
-    /// Decodes a compressed payload.
-    fn decode(&self, e: &IndexEntry, stored: &[u8]) -> Result<Vec<u8>> {
+    /// Decodes a compressed payload; returns the blob and its header, parsed once by the codec
+    /// and checked to name the record's key.
+    fn decode(&self, e: &IndexEntry, stored: &[u8]) -> Result<(Vec<u8>, BlobHeader)> {
         if e.raw_len > e.stored_len.saturating_mul(ZSTD_MAX_RATIO) {
             return Err(self.corrupt(
                 e,
@@ -295,18 +296,21 @@ impl ShardReader {
                 ),
             ));
         }
-        codec::decode(e.codec, stored, e.raw_len).map_err(|reason| self.corrupt(e, reason))
+        let decoded =
+            codec::decode(e.codec, stored, e.raw_len).map_err(|reason| self.corrupt(e, reason))?;
+        let header = self.check_key(e, decoded.header)?;
+        Ok((decoded.blob, header))
     }
 
-    /// Parses a decoded blob's header and checks that its `__metadata__["key"]` is the record's.
+    /// Parses the header of a record's blob stored as is (codec `none`) and checks it.
     fn parse_blob(&self, e: &IndexEntry, raw: &[u8]) -> Result<BlobHeader> {
-        if raw.len() as u64 != e.raw_len {
-            return Err(self.corrupt(
-                e,
-                format!("decoded {} bytes, frame says {}", raw.len(), e.raw_len),
-            ));
-        }
+        codec::check_raw_len(raw.len(), e.raw_len).map_err(|reason| self.corrupt(e, reason))?;
         let header = blob::parse_header(raw).map_err(|reason| self.corrupt(e, reason))?;
+        self.check_key(e, header)
+    }
+
+    /// Checks that a blob's `__metadata__["key"]` is the record's.
+    fn check_key(&self, e: &IndexEntry, header: BlobHeader) -> Result<BlobHeader> {
         match header.metadata.get("key") {
             Some(k) if *k == e.key => Ok(header),
             Some(k) => Err(self.corrupt(e, format!("the payload's __metadata__ names key {k:?}"))),
@@ -324,12 +328,13 @@ impl ShardReader {
         if verify {
             self.check_crc(e, stored)?;
         }
-        let raw = match e.codec {
-            Codec::None => Cow::Borrowed(stored),
-            _ => Cow::Owned(self.decode(e, stored)?),
-        };
-        self.parse_blob(e, &raw)?;
-        Ok(raw)
+        match e.codec {
+            Codec::None => {
+                self.parse_blob(e, stored)?;
+                Ok(Cow::Borrowed(stored))
+            }
+            _ => Ok(Cow::Owned(self.decode(e, stored)?.0)),
+        }
     }
 
     /// Reads record `i` into bytes the caller owns and may modify (see [`RecordBytes`]): for
@@ -344,11 +349,17 @@ impl ShardReader {
         if verify {
             self.check_crc(e, stored)?;
         }
-        let bytes = match e.codec {
-            Codec::None => self.private_copy(e, stored),
-            _ => RecordBytes::from_vec(self.decode(e, stored)?),
+        let (bytes, header) = match e.codec {
+            Codec::None => {
+                let bytes = self.private_copy(e, stored);
+                let header = self.parse_blob(e, bytes.as_slice())?;
+                (bytes, header)
+            }
+            _ => {
+                let (blob, header) = self.decode(e, stored)?;
+                (RecordBytes::from_vec(blob), header)
+            }
         };
-        let header = self.parse_blob(e, bytes.as_slice())?;
         Ok(Record {
             key: e.key.clone(),
             offset: e.frame_offset,
