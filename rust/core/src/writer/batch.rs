@@ -2,7 +2,7 @@
 //! frames' pieces, or an aligned bounce buffer for direct I/O) until the write is finished.
 
 use super::aligned::AlignedBuf;
-use super::encode::{Encoded, Payload};
+use super::encoded::{Encoded, Payload};
 use crate::format::FrameHeader;
 use std::os::fd::RawFd;
 

@@ -22,7 +22,7 @@
 
 use super::aligned::BufferPool;
 use super::batch::WriteOp;
-use super::encode::Encoded;
+use super::encoded::Encoded;
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io;
@@ -225,7 +225,7 @@ fn dio_alignment(fd: &OwnedFd) -> Option<usize> {
 mod tests {
     use super::*;
     use crate::format::{FrameHeader, FrameKind};
-    use crate::writer::encode::Payload;
+    use crate::writer::encoded::Payload;
     use crate::Codec;
 
     fn frame(seq: u64, len: usize) -> Encoded {
