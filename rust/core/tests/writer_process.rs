@@ -168,6 +168,7 @@ fn forked_child_cannot_use_the_writer() {
         let ok = refused(w.submit(record("child", 1, 4, 0)).map(|_| ()))
             && refused(w.poll().map(|_| ()))
             && refused(w.flush())
+            && refused(w.stats().map(|_| ()))
             && refused(w.close());
         // SAFETY: ends the child at once, leaving the parent's writer alone.
         unsafe { libc::_exit(if ok { 0 } else { 1 }) };

@@ -77,7 +77,7 @@ fn many_shards_are_complete_and_synced_after_close() {
                 );
                 let shards = shard_paths(dir.path());
                 assert!(shards.len() > 20, "{what}: {} shards", shards.len());
-                let stats = w.stats();
+                let stats = w.stats().unwrap();
                 assert_eq!(stats.records_written, 300, "{what}");
                 assert_eq!(
                     stats.shards_closed,
@@ -122,7 +122,7 @@ fn flush_waits_for_the_syncs_of_closed_shards() {
                 // Every shard but the open one was handed to the sync thread, which synced,
                 // closed and counted it before it answered the flush.
                 assert_eq!(
-                    w.stats().shards_closed,
+                    w.stats().unwrap().shards_closed,
                     closed.len() as u64,
                     "{io:?} {durability:?}"
                 );
@@ -141,7 +141,7 @@ fn flush_waits_for_the_syncs_of_closed_shards() {
             assert_eq!(w.poll().unwrap().len(), 180);
             w.close().unwrap();
             assert_eq!(
-                w.stats().shards_closed,
+                w.stats().unwrap().shards_closed,
                 shard_paths(dir.path()).len() as u64
             );
             assert_eq!(check_complete(dir.path()).len(), 180);
