@@ -528,7 +528,7 @@ impl IoLoop {
             if self.syncer.is_some() {
                 self.sync(SyncJob::Finish(complete))?;
             } else {
-                drop(complete); // closes the file, which releases the lock
+                drop(complete); // closes the file (`finish` released the lock)
                 self.shared.shard_closed();
             }
         }
