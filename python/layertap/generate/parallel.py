@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -209,7 +209,7 @@ def _generate(c: Checked, engines: int, ray_address: str | None, t0: float) -> d
     return _merge(c, state, jobs, results, engines, ray_address, t0, t_load)
 
 
-def _follow(events: Iterator[Event], todo: int, c: Checked) -> dict[int, tuple[str, object]]:
+def _follow(events: Generator[Event, None, None], todo: int, c: Checked) -> dict[int, tuple[str, object]]:
     """Draws the engines' reports as one progress; returns each engine's summary or error."""
     totals = EngineTotals()
     bar = None
@@ -229,6 +229,8 @@ def _follow(events: Iterator[Event], todo: int, c: Checked) -> dict[int, tuple[s
     finally:
         if bar is not None:
             bar.close()
+        # Now, not when the traceback lets go of it: an interrupted run stops its engines here.
+        events.close()
     return results
 
 
