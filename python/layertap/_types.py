@@ -69,6 +69,8 @@ class VerifyReport:
     records_ok: int = 0
     records_bad: int = 0
     problems: list[Problem] = field(default_factory=list)
+    duplicates: list[Problem] = field(default_factory=list)
+    """Duplicate keys allowed by ``verify(allow_duplicates=True)`` (else they are problems)."""
 
     @property
     def ok(self) -> bool:

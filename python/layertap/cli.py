@@ -49,17 +49,24 @@ def problem_line(p: Problem) -> str:
     return f"{p.kind}: {where}: {p.message}"
 
 
+def _listed_in(e: FileNotFoundError) -> str:
+    """ " (a part listed in MANIFEST)" when the missing path was a manifest's part."""
+    text = e.strerror or ""
+    return text[text.index(" (") :] if " (a part listed in" in text else ""
+
+
 def _problem_json(p: Problem) -> dict:
     return p._asdict()
 
 
-def _open(path: str, backend: str):
+def _open(paths: list[str], backend: str):
+    """The dataset that one path, or several (parts of one dataset), name."""
     import layertap
 
     try:
-        return layertap.open(path, backend=backend)
-    except FileNotFoundError:
-        raise _Usage(f"{path}: no such file or directory") from None
+        return layertap.open(paths[0] if len(paths) == 1 else paths, backend=backend)
+    except FileNotFoundError as e:
+        raise _Usage(f"{e.filename}: no such file or directory{_listed_in(e)}") from None
     except (LayertapError, OSError, ImportError) as e:
         raise _Usage(str(e)) from None
 
@@ -115,7 +122,7 @@ def inspect_summary(ds) -> dict:
         shards.append(
             {
                 "path": info.path,
-                "name": os.path.basename(info.path),
+                "name": ds.shard_name(info.path),
                 "state": _state(info).replace(" ", "_"),
                 "complete": info.complete,
                 "being_written": info.being_written,
@@ -154,6 +161,9 @@ def inspect_summary(ds) -> dict:
         "ratio": round(raw / stored, 4) if stored else None,
         "shards": shards,
         "unreadable": [_problem_json(p) for p in ds.unreadable],
+        "parts": ds.parts,
+        "manifest": ds.manifest,
+        "duplicate_keys": len(ds.duplicates),
     }
     for key in ("layers", "hidden_size", "dtype", "layer_ids"):
         if total[key] == "mixed":
@@ -270,6 +280,14 @@ def inspect_table(summary: dict) -> str:
         else "codecs -"
     )
     out = [title]
+    if len(summary.get("parts", [])) > 1 or summary.get("manifest"):
+        listed = f" (manifest {summary['manifest']})" if summary.get("manifest") else ""
+        out.append(f"{_plural(len(summary['parts']), 'part')}{listed}")
+    if summary.get("duplicate_keys"):
+        out.append(
+            f"{_plural(summary['duplicate_keys'], 'duplicate key')}: the first record of each key in "
+            "dataset order is the key's record (layertap verify lists them)"
+        )
     if summary["layer_ids"] is not None:
         shared.append(f"layer ids {summary['layer_ids']}")
     if shared:
@@ -287,7 +305,7 @@ def inspect_table(summary: dict) -> str:
 
 
 def cmd_inspect(args) -> int:
-    with _open(args.path, args.backend) as ds:
+    with _open(args.paths, args.backend) as ds:
         summary = inspect_summary(ds)
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -301,33 +319,40 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    with _open(args.path, args.backend) as ds:
+    with _open(args.paths, args.backend) as ds:
         large = len(ds) >= PROGRESS_MIN_RECORDS or sum(s.raw_bytes for s in ds.shards) >= PROGRESS_MIN_BYTES
         progress = args.progress or (large and sys.stderr.isatty() and not args.quiet)
-        report = ds.verify(progress=progress)
+        report = ds.verify(progress=progress, allow_duplicates=args.allow_duplicates)
         shards = len(ds.backends)
+        name, parts = ds.path, len(ds.parts)
     for p in report.problems:
         print(problem_line(p), file=sys.stderr)
     if args.json:
         print(
             json.dumps(
                 {
-                    "path": args.path,
+                    "path": name,
                     "ok": report.ok,
+                    "parts": parts,
                     "shards": shards,
                     "records_ok": report.records_ok,
                     "records_bad": report.records_bad,
                     "problems": [_problem_json(p) for p in report.problems],
+                    "duplicate_keys": len(report.duplicates),
                 },
                 indent=2,
             )
         )
     elif not args.quiet:
         verdict = "OK" if report.ok else "FAILED"
+        where = f" of {parts} parts" if parts > 1 else ""
+        allowed = ""
+        if report.duplicates:
+            allowed = f"; {_plural(len(report.duplicates), 'duplicate key')} allowed (the first record of each counts)"
         print(
-            f"{verdict}: {args.path}: {report.records_ok:,} records ok, {report.records_bad:,} bad, "
+            f"{verdict}: {name}: {report.records_ok:,} records ok, {report.records_bad:,} bad, "
             f"{len(report.problems)} problem{'s' if len(report.problems) != 1 else ''} in {shards} "
-            f"shard{'s' if shards != 1 else ''}"
+            f"shard{'s' if shards != 1 else ''}{where}{allowed}"
         )
     return 0 if report.ok else 1
 
@@ -417,6 +442,12 @@ def _version() -> str:
         return "0+unknown"
 
 
+_PATHS_HELP = (
+    "dataset directory (with or without a layertap-dataset.json manifest), manifest or shard file; "
+    "several paths are parts of one dataset, in that order"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="layertap", description="Inspect, verify and recover layertap datasets.")
     parser.add_argument("--version", action="version", version=f"layertap {_version()}")
@@ -428,13 +459,18 @@ def build_parser() -> argparse.ArgumentParser:
     }
 
     p = sub.add_parser("inspect", help="summarise a dataset or shard")
-    p.add_argument("path", help="dataset directory or shard file")
+    p.add_argument("paths", nargs="+", metavar="PATH", help=_PATHS_HELP)
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.add_argument("--backend", **backend)
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("verify", help="check every record; exit 1 if anything is wrong")
-    p.add_argument("path", help="dataset directory or shard file")
+    p.add_argument("paths", nargs="+", metavar="PATH", help=_PATHS_HELP)
+    p.add_argument(
+        "--allow-duplicates",
+        action="store_true",
+        help="a key written by several writers is not a problem: its first record in dataset order counts",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON report")
     p.add_argument("--quiet", "-q", action="store_true", help="print only the problems (on stderr)")
     p.add_argument("--progress", action="store_true", help="always show a progress bar")

@@ -22,20 +22,22 @@ imported only when it is chosen or the extension is not built). Both follow this
 from __future__ import annotations
 
 import bisect
-import errno
 import json
 import operator
 import os
 import sys
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from layertap._spec.format import SHARD_SUFFIX
 from layertap._spec.lock import is_locked
 from layertap._tensors import tensor_maker
 from layertap._types import IndexEntry, Problem, ShardInfo, VerifyReport
 from layertap.errors import CorruptRecordError, FormatError, InvalidInputError, RecordNotFoundError
+
+if TYPE_CHECKING:
+    from layertap.parts import Parts
 
 _BACKENDS = ("auto", "rust", "python")
 _ERRORS = ("raise", "skip")
@@ -173,8 +175,17 @@ class Dataset:
     """The records of one shard or of every shard of a dataset directory, in dataset order
     (shards by file name, records in file order). Use ``layertap.open`` to make one."""
 
-    def __init__(self, path: str, shards: list, unreadable: list[Problem] | None = None, tensors: str = "auto"):
+    def __init__(
+        self,
+        path: str,
+        shards: list,
+        unreadable: list[Problem] | None = None,
+        tensors: str = "auto",
+        parts: Parts | None = None,
+    ):
         self.path = path
+        """The path the dataset was opened with (paths given in a list: joined by ``", "``)."""
+        self._parts = parts
         self._make = tensor_maker(tensors)
         self._shards = shards
         self._unreadable = unreadable or []
@@ -275,15 +286,46 @@ class Dataset:
         return list(self._unreadable)
 
     @property
+    def parts(self) -> list[str]:
+        """The dataset's parts in dataset order: directories of shards or shard files (one for
+        a plain directory or shard; several for a manifest or a list)."""
+        return list(self._parts.paths) if self._parts is not None else [self.path]
+
+    @property
+    def manifest(self) -> str | None:
+        """The manifest file that listed the parts, if the dataset was opened through one."""
+        return self._parts.manifest if self._parts is not None else None
+
+    def shard_name(self, shard_path: str) -> str:
+        """A shard's name as listings show it: its file name, or its path relative to the
+        manifest's directory (or the directory several parts share) in a dataset of parts."""
+        root = self._parts.root if self._parts is not None else None
+        if root is None:
+            return os.path.basename(shard_path)
+        rel = os.path.relpath(os.path.abspath(shard_path), root)
+        return shard_path if rel.startswith("..") else rel
+
+    @property
+    def duplicates(self) -> list[Problem]:
+        """A ``duplicate_key`` problem for each record whose key an earlier record (in dataset
+        order) has: lookups, exports and ``HiddenStatesDataset`` use that first record. Read from
+        the indexes, nothing is decoded."""
+        return self._duplicates()
+
+    @property
     def backends(self) -> list:
         """The shard backends (``RustShardReader`` or ``PyShardReader``), one per shard."""
         return list(self._shards)
 
-    def verify(self, progress: bool = False) -> VerifyReport:
+    def verify(self, progress: bool = False, *, allow_duplicates: bool = False) -> VerifyReport:
         """Checks every record (frame header against the index, checksum, decoding, metadata
         key) and reports, besides corrupt records, what opening the shards found (damaged
         regions, torn tails, bad indexes, files that are not shards) and duplicate keys. A torn
-        tail of a shard that a live writer holds is not a problem."""
+        tail of a shard that a live writer holds is not a problem.
+
+        Duplicate keys are problems, unless ``allow_duplicates``: then they are listed in the
+        report's ``duplicates`` instead (the first record of each key in dataset order is the
+        one that counts; the others are still checked)."""
         report = VerifyReport()
         report.problems += self._unreadable
         bar = None
@@ -314,7 +356,10 @@ class Dataset:
         finally:
             if bar is not None:
                 bar.close()
-        report.problems += self._duplicates()
+        if allow_duplicates:
+            report.duplicates = self._duplicates()
+        else:
+            report.problems += self._duplicates()
         return report
 
     def _duplicates(self) -> list[Problem]:
@@ -329,7 +374,8 @@ class Dataset:
                         e.frame_offset,
                         e.key,
                         "duplicate_key",
-                        f"key {e.key!r} was already used by the record at offset {where[1]} of {where[0]}",
+                        f"key {e.key!r} was already used by the record at offset {where[1]} of {where[0]}, "
+                        "which is the key's record",
                     )
                 )
             else:
@@ -402,39 +448,53 @@ def _reason(err: Exception, path: str) -> str:
     return text[len(path) + 2 :] if text.startswith(path + ": ") else text
 
 
-def open(path: str | os.PathLike, backend: str = "auto", *, tensors: str = "auto") -> Dataset:
-    """Opens a shard file or a dataset directory (its ``*.lts`` files, by file name).
+def _open_shards(cls, paths: list[str], shards: list, unreadable: list[Problem]) -> None:
+    for p in paths:
+        try:
+            shards.append(cls(p))
+        except FormatError as e:
+            if is_locked(p):  # a live writer has not finished the header yet
+                shards.append(_WrittenNoHeader(p))
+            else:
+                unreadable.append(Problem(p, None, None, "not_a_shard", _reason(e, p)))
+
+
+def open(path: str | os.PathLike | list | tuple, backend: str = "auto", *, tensors: str = "auto") -> Dataset:
+    """Opens a shard file, a dataset directory (its ``*.lts`` files, by file name), or a dataset
+    of several parts: a directory holding a manifest (``layertap-dataset.json``), a manifest
+    file, or a list of any of these (docs/FORMAT.md, "Datasets of several parts"). The records
+    are the parts' in the order listed.
 
     ``backend``: ``"rust"`` (memory-mapped), ``"python"`` (reference implementation) or
     ``"auto"`` (Rust when the native extension is built). ``tensors``: what records hold,
     ``"torch"`` tensors, ``"numpy"`` arrays (bfloat16 as ``ml_dtypes.bfloat16``), or ``"auto"``:
-    torch where it is installed. Raises FileNotFoundError for a missing path, FormatError for a
-    file that is not a shard or a directory without shards."""
+    torch where it is installed. Raises FileNotFoundError for a missing path (or part),
+    FormatError for a file that is not a shard, a directory without shards or a bad manifest,
+    InvalidInputError for a part given twice."""
+    from layertap.parts import resolve
+
     cls = backend_class(backend)
     tensor_maker(tensors)  # a bad value fails before any file is opened
-    path = os.fspath(path)
-    if not os.path.isdir(path):
-        if not os.path.exists(path):
-            raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
-        return Dataset(path, [cls(path)], tensors=tensors)
-    paths = shard_paths(path)
-    if not paths:
-        raise FormatError(f"{path}: no shards (*{SHARD_SUFFIX} files) in this directory", path)
-    shards, unreadable = [], []
+    parts = resolve(path)
+    single = len(parts.paths) == 1 and parts.manifest is None
+    if single and not os.path.isdir(parts.paths[0]):
+        return Dataset(parts.name, [cls(parts.paths[0])], tensors=tensors, parts=parts)
+    shards: list = []
+    unreadable: list[Problem] = []
+    found = 0
     try:
-        for p in paths:
-            try:
-                shards.append(cls(p))
-            except FormatError as e:
-                if is_locked(p):  # a live writer has not finished the header yet
-                    shards.append(_WrittenNoHeader(p))
-                else:
-                    unreadable.append(Problem(p, None, None, "not_a_shard", _reason(e, p)))
+        for part in parts.paths:
+            paths = shard_paths(part) if os.path.isdir(part) else [part]
+            found += len(paths)
+            _open_shards(cls, paths, shards, unreadable)
     except BaseException:
         for s in shards:
             s.close()
         raise
-    return Dataset(path, shards, unreadable, tensors=tensors)
+    if not found:
+        where = "this directory" if single else f"any of its {len(parts.paths)} parts"
+        raise FormatError(f"{parts.name}: no shards (*{SHARD_SUFFIX} files) in {where}", parts.name)
+    return Dataset(parts.name, shards, unreadable, tensors=tensors, parts=parts)
 
 
 __all__ = ["Dataset", "Record", "RecordIterator", "open"]

@@ -50,7 +50,7 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
 
     def __init__(
         self,
-        path: str | os.PathLike,
+        path: str | os.PathLike | Sequence[str | os.PathLike],
         layers: Sequence[int] | None = None,
         keys: Sequence[str] | None = None,
         *,
@@ -60,7 +60,8 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
     ):
         if errors not in _ERRORS:
             raise ValueError(f"errors must be one of {', '.join(_ERRORS)}, not {errors!r}")
-        self.path = os.fspath(path)
+        # A list of paths (parts of one dataset) stays a list: layertap.open takes it as it is.
+        self.path = [os.fspath(p) for p in path] if isinstance(path, (list, tuple)) else os.fspath(path)
         self.layers = None if layers is None else [int(i) for i in layers]
         self.errors = errors
         self.backend = backend

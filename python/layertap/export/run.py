@@ -135,7 +135,7 @@ def _progress_bar(total: int, show: bool):
 
 
 def export(
-    source: str,
+    source: str | list[str],
     out: str,
     to: str,
     *,
@@ -182,7 +182,9 @@ def export(
             raise InvalidInputError(f"{source}: none of the rows asked for with --keys has a record")
         layout = _layout(to, out, first, model=model, strategy=strategy, layers=layers, dtype=dtype)
         summary = ExportSummary(
-            os.path.abspath(source),
+            ", ".join(os.path.abspath(p) for p in source)
+            if isinstance(source, (list, tuple))
+            else os.path.abspath(source),
             os.path.abspath(out),
             to,
             layout.describe,

@@ -86,6 +86,16 @@ class ShardFollower:
         self.stored_bytes += frame.stored_len
 
     def poll(self) -> None:
+        # The directory is listed only while no shard of this writer is open: a writer completes
+        # a shard (its index) before it starts the next, so none can be new before that. A
+        # thousand engines on one file system then list their directories once per shard, not
+        # once a second each (docs/SCALE.md).
+        if any(not s.finished for s in self._shards.values()):
+            for shard in self._shards.values():
+                if not shard.finished:
+                    shard.advance(self._count)
+            if any(not s.finished for s in self._shards.values()):
+                return
         for name in sorted(os.listdir(self.directory)):
             if name.startswith(self.prefix) and name.endswith(SHARD_SUFFIX) and name not in self._shards:
                 try:
@@ -219,3 +229,83 @@ class Progress:
             self._bar = None
         elif self.mode == "lines":
             self.line()
+
+
+#: Seconds between two reports of an engine's running totals to the run that started it.
+REPORT_INTERVAL = 0.5
+
+
+class Totals:
+    """An engine's running totals: each step's rows, tokens and bad rows go to its ``Progress``
+    and, when this engine is one of several, to ``report`` (at most every ``REPORT_INTERVAL``
+    seconds, as cumulative numbers, so that a lost or late report loses nothing)."""
+
+    def __init__(self, bar: Progress, follower: ShardFollower, report=None):
+        self.bar = bar
+        self.follower = follower
+        self.report = report
+        self.rows = self.tokens = self.bad = 0
+        self.start = time.monotonic()
+        """When the engine was ready (the reports say how long ago, for the run's rates)."""
+        self._sent = 0.0
+        self.send()  # the engine is ready
+
+    def update(self, rows: int = 0, tokens: int = 0, bad: int = 0) -> None:
+        self.bar.update(rows=rows, tokens=tokens, bad=bad)
+        self.rows += rows
+        self.tokens += tokens
+        self.bad += bad
+        if self.report is not None and time.monotonic() - self._sent >= REPORT_INTERVAL:
+            self.send()
+
+    def send(self, **extra) -> None:
+        if self.report is None:
+            return
+        self._sent = time.monotonic()
+        f = self.follower
+        self.report(
+            {
+                "rows": self.rows,
+                "tokens": self.tokens,
+                "bad": self.bad,
+                "records": f.records,
+                "raw_bytes": f.raw_bytes,
+                "stored_bytes": f.stored_bytes,
+                "elapsed": time.monotonic() - self.start,
+                **extra,
+            }
+        )
+
+
+class EngineTotals:
+    """What the engines of a parallel run have reported, summed; stands in for the
+    ``ShardFollower`` of a ``Progress`` (bytes written and ratio), and turns the engines'
+    cumulative reports into the increments ``Progress.update`` counts."""
+
+    def __init__(self) -> None:
+        self._latest: dict[int, dict] = {}
+
+    def take(self, engine: int, snapshot: dict) -> dict:
+        """Records ``engine``'s report; returns the increase of rows, tokens and bad rows."""
+        before = self._latest.get(engine, {})
+        after = {**before, **snapshot}
+        self._latest[engine] = after
+        return {k: after.get(k, 0) - before.get(k, 0) for k in ("rows", "tokens", "bad")}
+
+    def _sum(self, key: str) -> int:
+        return sum(s.get(key, 0) for s in self._latest.values())
+
+    records = property(lambda self: self._sum("records"))
+    raw_bytes = property(lambda self: self._sum("raw_bytes"))
+    stored_bytes = property(lambda self: self._sum("stored_bytes"))
+
+    @property
+    def ratio(self) -> float | None:
+        stored = self.stored_bytes
+        return self.raw_bytes / stored if stored else None
+
+    def poll(self) -> None:
+        """The engines report; nothing to read."""
+
+    def close(self) -> None:
+        pass

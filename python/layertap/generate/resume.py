@@ -64,7 +64,7 @@ class OutputState:
             self._lock_fd = None
 
 
-def _lock(path: str) -> int:
+def lock_directory(path: str) -> int:
     fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -132,9 +132,11 @@ def _check_meta(info, model: str, layer_ids: list[int]) -> None:
         raise GenerateError(f"--out holds {name} with layers {theirs}, not {sorted(layer_ids)}; use another --out")
 
 
-def prepare_output(path: str, model: str, layer_ids: list[int]) -> OutputState:
+def prepare_output(path: str, model: str, layer_ids: list[int], lock: bool = True) -> OutputState:
     """Locks ``path`` (created if missing), completes what killed runs left, and reads which rows
-    are done. Raises GenerateError when the directory cannot be resumed by this run."""
+    are done. Raises GenerateError when the directory cannot be resumed by this run. ``lock=False``:
+    the caller holds the directory's lock already (a parallel run reading its own directory's
+    shards as one of its parts)."""
     path = os.path.abspath(path)
     try:
         os.makedirs(path, exist_ok=True)
@@ -142,7 +144,7 @@ def prepare_output(path: str, model: str, layer_ids: list[int]) -> OutputState:
         raise GenerateError(f"{path}: cannot create the output directory: {e.strerror or e}") from None
     if not os.access(path, os.W_OK):
         raise GenerateError(f"{path}: the output directory is not writable")
-    state = OutputState(path, run=0, _lock_fd=_lock(path))
+    state = OutputState(path, run=0, _lock_fd=lock_directory(path) if lock else None)
     try:
         _complete_shards(state, model, layer_ids)
         state.run = _run_number(os.listdir(path))

@@ -13,7 +13,8 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,7 @@ from layertap.generate.engine import (
 )
 from layertap.generate.errors import GenerateError
 from layertap.generate.model import load_model_info, parse_layers
-from layertap.generate.progress import PROGRESS_MODES, Progress, ShardFollower
+from layertap.generate.progress import PROGRESS_MODES, Progress, ShardFollower, Totals
 from layertap.generate.render import BadRowError, Renderer
 from layertap.generate.resume import SOURCE, OutputState, prepare_output
 
@@ -148,6 +149,7 @@ def _run_engine(
     include_output_tokens: bool,
     progress: str,
     interval: float,
+    report: Callable | None = None,
 ) -> tuple[Outcome, float, float]:
     """Starts the engine, runs the rows, stops it once its records are in files. Returns the
     outcome and when the engine was ready and when the last request finished."""
@@ -157,8 +159,9 @@ def _run_engine(
     t_engine = time.monotonic()
     follower = ShardFollower(state.path, state.writer_id)
     bar = Progress(todo, follower, progress, interval)
+    totals = Totals(bar, follower, report)
     try:
-        outcome = run_rows(llm, items, num_rows, sampling, include_output_tokens, bar.update)
+        outcome = run_rows(llm, items, num_rows, sampling, include_output_tokens, totals.update)
         t_gen = time.monotonic()
         if not _in_process(llm):
             _drain(follower, outcome.saved_count)
@@ -166,8 +169,68 @@ def _run_engine(
         shutdown(llm, SHUTDOWN_SECONDS)
     finally:
         bar.close()
+        totals.send(phase="done")
         follower.close()
     return outcome, t_engine, t_gen
+
+
+@dataclass
+class Checked:
+    """Every input of a run, checked (GenerateError otherwise) before any engine starts."""
+
+    options: dict
+    """The caller's options as given (plain values: what is sent to engines elsewhere)."""
+    rows: Any
+    engine_args: dict
+    sampling: dict
+    info: Any
+    layer_ids: list[int]
+    max_len: int
+    model_len: int
+    renderer: Renderer
+    connector: dict
+    progress: str
+    out_dir: str
+
+
+def check_options(options: dict) -> Checked:
+    """Checks a run's options (``generate``'s arguments, as a dict) and loads what it needs:
+    the rows' source, the model's facts, the layers. Raises GenerateError for bad input."""
+    o = options
+    progress = o["progress"]
+    if progress not in PROGRESS_MODES:
+        raise GenerateError(f"progress must be one of {', '.join(PROGRESS_MODES)}, got {progress!r}")
+    if not isinstance(o["include_output_tokens"], bool):
+        raise GenerateError(f"include_output_tokens must be true or false, got {o['include_output_tokens']!r}")
+    limit, max_len = _positive("--limit", o["limit"]), _positive("--max-len", o["max_len"])
+    rows = open_rows(o["data"], limit)
+    engine_args = check_engine_args(o["engine_args"])
+    sampling = sampling_kwargs(check_json_object(o["sampling_args"], "--sampling-args"), o["max_tokens"])
+    info = load_model_info(o["model"], engine_args, need_tokenizer=rows.column != "input_ids")
+    layer_ids = parse_layers(o["layers"], info.num_layers)
+    max_len, model_len = _max_lengths(max_len, o["max_tokens"], engine_args, info.max_positions)
+    renderer = Renderer(info.tokenizer, rows.column, info.vocab_size, max_len)
+    out_dir = os.path.abspath(os.fspath(o["out"]))
+    connector = check_connector_args(check_json_object(o["connector_args"], "--connector-args"), out_dir)
+    if progress == "auto":
+        progress = "bar" if sys.stderr.isatty() else "lines"
+    if progress != "bar":
+        # vLLM's own bar while it loads the weights: only where a bar of ours is drawn too.
+        engine_args.setdefault("use_tqdm_on_load", False)
+    return Checked(
+        dict(options),
+        rows,
+        engine_args,
+        sampling,
+        info,
+        layer_ids,
+        max_len,
+        model_len,
+        renderer,
+        connector,
+        progress,
+        out_dir,
+    )
 
 
 def generate(
@@ -185,35 +248,55 @@ def generate(
     connector_args: dict | str | None = None,
     progress: str = "auto",
     progress_interval: float = 10.0,
+    data_parallel_size: int | None = None,
+    ray_address: str | None = None,
 ) -> dict:
     """Writes the hidden states of every row of ``data`` into ``out`` and returns the summary
     (docs/GENERATE.md lists its fields). Raises GenerateError, before the engine starts, for bad
-    input. Rerunning with the same ``out`` resumes: rows whose records exist are skipped."""
+    input. Rerunning with the same ``out`` resumes: rows whose records exist are skipped.
+
+    ``data_parallel_size`` runs that many engines, each writing a part of ``out`` (docs/SCALE.md);
+    ``ray_address`` runs them on a Ray cluster. An ``out`` that holds such parts is resumed as a
+    whole, whatever the number of engines."""
+    options = {
+        "model": model,
+        "data": os.fspath(data),
+        "out": os.fspath(out),
+        "layers": layers,
+        "max_tokens": max_tokens,
+        "include_output_tokens": include_output_tokens,
+        "max_len": max_len,
+        "limit": limit,
+        "engine_args": engine_args,
+        "sampling_args": sampling_args,
+        "connector_args": connector_args,
+        "progress": progress,
+        "progress_interval": progress_interval,
+    }
+    from layertap.generate.parallel import wants_parallel
+
+    if wants_parallel(options["out"], data_parallel_size, ray_address):
+        from layertap.generate.parallel import generate_parallel
+
+        return generate_parallel(options, data_parallel_size, ray_address)
+    return run_one(check_options(options))
+
+
+def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callable | None = None) -> dict:
+    """One engine writing into ``checked.out_dir``: every row not done there, or, with
+    ``assigned`` (bool per row), only the assigned rows not done there. ``report(snapshot)`` is
+    given the run's running totals now and then (engines of a parallel run report to it)."""
     t0 = time.monotonic()
-    if progress not in PROGRESS_MODES:
-        raise GenerateError(f"progress must be one of {', '.join(PROGRESS_MODES)}, got {progress!r}")
-    if not isinstance(include_output_tokens, bool):
-        raise GenerateError(f"include_output_tokens must be true or false, got {include_output_tokens!r}")
-    limit, max_len = _positive("--limit", limit), _positive("--max-len", max_len)
-    rows = open_rows(data, limit)
-    engine_args = check_engine_args(engine_args)
-    sampling = sampling_kwargs(check_json_object(sampling_args, "--sampling-args"), max_tokens)
-    info = load_model_info(model, engine_args, need_tokenizer=rows.column != "input_ids")
-    layer_ids = parse_layers(layers, info.num_layers)
-    max_len, model_len = _max_lengths(max_len, max_tokens, engine_args, info.max_positions)
-    renderer = Renderer(info.tokenizer, rows.column, info.vocab_size, max_len)
-    out_dir = os.path.abspath(os.fspath(out))
-    connector = check_connector_args(check_json_object(connector_args, "--connector-args"), out_dir)
-    if progress == "auto":
-        progress = "bar" if sys.stderr.isatty() else "lines"
-    if progress != "bar":
-        # vLLM's own bar while it loads the weights: only where a bar of ours is drawn too.
-        engine_args.setdefault("use_tqdm_on_load", False)
+    c, o = checked, checked.options
+    rows, info, layer_ids, model, out_dir = c.rows, c.info, c.layer_ids, o["model"], c.out_dir
+    connector = dict(c.connector)
     state = prepare_output(out_dir, model, layer_ids)
     try:
         done = np.zeros(rows.num_rows, dtype=bool)
         done[state.done[state.done < rows.num_rows]] = True
         done_before = int(done.sum())
+        skip = done if assigned is None else done | ~assigned[: rows.num_rows]
+        todo = rows.num_rows - int(skip.sum())
         connector.update(
             output_dir=out_dir,
             writer_id=state.writer_id,
@@ -227,17 +310,20 @@ def generate(
             },
         )
         t_load = time.monotonic()
-        if done_before < rows.num_rows:
+        if report is not None:
+            report({"writer_id": state.writer_id, "phase": "engine_start"})
+        if todo:
             outcome, t_engine, t_gen = _run_engine(
-                llm_kwargs(model, layer_ids, {**engine_args, "max_model_len": model_len}, connector),
-                _rendered(rows, done, renderer),
+                llm_kwargs(model, layer_ids, {**c.engine_args, "max_model_len": c.model_len}, connector),
+                _rendered(rows, skip, c.renderer),
                 rows.num_rows,
-                rows.num_rows - done_before,
+                todo,
                 state,
-                sampling,
-                include_output_tokens,
-                progress,
-                progress_interval,
+                c.sampling,
+                o["include_output_tokens"],
+                c.progress,
+                o["progress_interval"],
+                report,
             )
         else:  # nothing left to do: no engine
             outcome, t_engine, t_gen = Outcome(saved=np.zeros(rows.num_rows, dtype=bool)), t_load, t_load
@@ -250,7 +336,7 @@ def generate(
     gen_seconds = t_gen - t_engine
     summary = {
         "out": out_dir,
-        "data": os.path.abspath(os.fspath(data)),
+        "data": os.path.abspath(o["data"]),
         "data_format": rows.format,
         "column": rows.column,
         "loss_mask": rows.has_loss_mask,
@@ -259,9 +345,9 @@ def generate(
         "layer_ids": layer_ids,
         "layer_numbering": "vllm",
         "dtype": written["dtype"],
-        "max_len": max_len,
-        "max_tokens": max_tokens,
-        "include_output_tokens": include_output_tokens,
+        "max_len": c.max_len,
+        "max_tokens": o["max_tokens"],
+        "include_output_tokens": o["include_output_tokens"],
         "run": state.run,
         "writer_id": state.writer_id,
         "rows": rows.num_rows,
@@ -289,7 +375,9 @@ def generate(
             "total": round(t_end - t0, 3),
         },
     }
-    summary["complete"] = summary["rows_done_before"] + summary["rows_written"] + summary["rows_bad"] == summary[
-        "rows"
-    ] and not len(missing)
+    if assigned is not None:
+        summary["rows_assigned"] = todo
+    summary["complete"] = summary["rows_done_before"] + summary["rows_written"] + summary["rows_bad"] + (
+        rows.num_rows - done_before - todo
+    ) == summary["rows"] and not len(missing)
     return summary

@@ -9,6 +9,16 @@ from layertap.cli import human_bytes
 LISTED_BAD_ROWS = 20
 
 
+def _engines(s: dict) -> str:
+    """A parallel run's engines: how many, where, and each one's rows."""
+    where = f" on Ray at {s['ray_address']}" if s.get("ray_address") else ""
+    each = ", ".join(
+        f"engine-{e['engine']} {e.get('writer_id') or 'failed'} {e.get('rows_written', 0):,}/{e['rows_assigned']:,}"
+        for e in s["engines"]
+    )
+    return f"{len(s['engines'])} engine(s){where} (rows written/assigned: {each or 'none needed'}); {len(s['parts'])} part(s)"
+
+
 def summary_text(s: dict) -> str:
     secs = s["seconds"]
     ratio = f"{s['ratio']:.2f}x" if s["ratio"] else "-"
@@ -16,7 +26,8 @@ def summary_text(s: dict) -> str:
         f"{s['out']}: {s['rows_written']:,} rows written this run ({s['tokens']:,} tokens, "
         f"{human_bytes(s['stored_bytes'])} stored, ratio {ratio}), {s['rows_done_before']:,} done before, "
         f"{s['rows_bad']:,} bad, of {s['rows']:,} rows",
-        f"model {s['model']}, layers {s['layer_ids']} (vLLM numbering), {s['dtype'] or '-'}; writer {s['writer_id']}",
+        f"model {s['model']}, layers {s['layer_ids']} (vLLM numbering), {s['dtype'] or '-'}; "
+        + (f"writer {s['writer_id']}" if s.get("engines") is None else _engines(s)),
         f"time: {secs['total']:.1f} s (start-up {secs['load'] + secs['engine_start']:.1f} s, "
         f"generation {secs['generate']:.1f} s at {s['tokens_per_second']:,.0f} tok/s, last records written "
         f"{secs['drain']:.1f} s, shutdown {secs['shutdown']:.1f} s)",
@@ -35,6 +46,8 @@ def summary_text(s: dict) -> str:
             f"ERROR: {s['rows_missing']:,} rows the connector took have no record in --out "
             f"(first: {s['missing_rows'][:10]}); run again to write them"
         )
+    for error in s.get("engine_errors", []):
+        lines.append(f"ERROR: {error}; run again to resume")
     if s["duplicate_records"]:
         lines.append(f"WARNING: {s['duplicate_records']} records repeat a row found in an earlier run")
     state = "complete" if s["complete"] else "incomplete"

@@ -1,0 +1,150 @@
+"""The engines of ``--data-parallel-size N`` on this machine: one process each
+(``python -m layertap.generate.worker``), each given its GPUs (``CUDA_VISIBLE_DEVICES``: engine
+``i`` the ``i``-th group of ``tensor_parallel_size x pipeline_parallel_size``), its options and
+rows on its standard input, and a pipe for its reports.
+
+Each engine process is the leader of a process group of its own (with vLLM's engine process,
+when it has one). It watches its standard input: when this process dies, however it dies, the
+input closes and the engine kills its group, so that no engine outlives the run and keeps
+writing into a part that the next run resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+
+from layertap.generate.errors import GenerateError
+
+#: Seconds an engine is given to stop after SIGTERM before it is killed (when this run is
+#: interrupted).
+STOP_SECONDS = 20.0
+
+
+def _visible_gpus() -> list[str]:
+    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` names them."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [d.strip() for d in env.split(",") if d.strip()]
+    try:
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # a torch without CUDA, or no driver
+        count = 0
+    return [str(i) for i in range(count)]
+
+
+def device_slices(engines: int, engine_args: dict) -> list[dict[str, str]]:
+    """The environment each engine adds to this one: its share of the GPUs. None where there
+    are no GPUs (a CPU build of vLLM: the engines share the cores). Raises GenerateError when
+    the GPUs are too few."""
+    per_engine = int(engine_args.get("tensor_parallel_size", 1)) * int(engine_args.get("pipeline_parallel_size", 1))
+    gpus = _visible_gpus()
+    if not gpus:
+        return [{} for _ in range(engines)]
+    if len(gpus) < engines * per_engine:
+        raise GenerateError(
+            f"--data-parallel-size {engines} engines of {per_engine} GPU(s) each need {engines * per_engine} GPUs; "
+            f"{len(gpus)} are visible"
+        )
+    return [{"CUDA_VISIBLE_DEVICES": ",".join(gpus[i * per_engine : (i + 1) * per_engine])} for i in range(engines)]
+
+
+class _Engine:
+    """One engine process and the thread that reads its reports."""
+
+    def __init__(self, index: int, options: dict, rows: np.ndarray, env: dict, events: queue.Queue):
+        self.index = index
+        self.events = events
+        read_fd, write_fd = os.pipe()
+        data = np.ascontiguousarray(rows, dtype="<i8").tobytes()
+        spec = {"options": options, "engine": index, "rows": len(rows), "fd": write_fd}
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "layertap.generate.worker"],
+                stdin=subprocess.PIPE,
+                stdout=sys.stderr.fileno(),  # stdout is the run's summary; an engine's prints go with its logs
+                env={**os.environ, **env},
+                pass_fds=(write_fd,),
+                start_new_session=True,
+            )
+        finally:
+            os.close(write_fd)
+        self._reports = os.fdopen(read_fd, "rb")
+        self.proc.stdin.write(json.dumps(spec).encode() + b"\n" + data)  # type: ignore[union-attr]
+        self.proc.stdin.flush()  # type: ignore[union-attr]
+        # stdin stays open: the engine reads its closing as this process's death.
+        self.thread = threading.Thread(target=self._read, name=f"layertap-engine-{index}", daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        result = None
+        for line in self._reports:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if "report" in msg:
+                self.events.put(("report", self.index, msg["report"]))
+            elif "summary" in msg:
+                result = ("summary", self.index, msg["summary"])
+            elif "error" in msg:
+                result = ("error", self.index, (msg.get("kind", "failed"), msg["error"]))
+        rc = self.proc.wait()
+        if result is None:
+            why = f"killed by signal {-rc}" if rc < 0 else f"exit status {rc}"
+            result = ("error", self.index, ("failed", f"the engine process ended without a result ({why})"))
+        self._reports.close()
+        self.events.put(result)
+
+    def stop(self) -> None:
+        """SIGTERM to the engine's group, SIGKILL if it has not ended in ``STOP_SECONDS``."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(STOP_SECONDS)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def close(self) -> None:
+        self.thread.join()
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+
+
+def local_events(specs: list[tuple[int, dict, np.ndarray]], envs: list[dict[str, str]]) -> Iterator[tuple]:
+    """Starts an engine process per ``(index, options, row indices)`` and yields their
+    reports, then each one's summary or error, until every engine has ended."""
+    events: queue.Queue = queue.Queue()
+    engines: list[_Engine] = []
+    try:
+        for index, options, rows in specs:
+            engines.append(_Engine(index, options, rows, envs[index], events))
+        left = len(engines)
+        while left:
+            event = events.get()
+            if event[0] != "report":
+                left -= 1
+            yield event
+    finally:
+        for e in engines:
+            if e.proc.poll() is None:  # interrupted, or a failure here: stop the others
+                e.stop()
+        for e in engines:
+            e.close()
+
+
+__all__ = ["device_slices", "local_events"]

@@ -1,0 +1,326 @@
+"""``layertap generate`` on many engines: ``--data-parallel-size N`` (N engine processes on this
+machine) and ``--ray ADDRESS`` (N engines on a Ray cluster), writing one dataset of parts
+(docs/GENERATE.md, "Many engines"; docs/SCALE.md).
+
+``--out`` becomes a dataset of parts: each engine ``i`` writes into ``--out/engine-{i}`` exactly
+as a single run writes into its directory (its own lock, its ``gen-{run}`` shards, recovery), and
+``--out/layertap-dataset.json`` lists the parts (``layertap.open(out)`` reads them all). The run
+that starts the engines:
+
+1. locks ``--out`` (the lock a single run takes too), lists the parts (the manifest's, ``.`` when
+   ``--out`` holds a single run's shards, and ``engine-0`` ... ``engine-{N-1}``) and writes the
+   manifest before any engine starts;
+2. completes every part as a single run would (recovery of killed runs' shards, the model and
+   layers checked) and reads which rows have a record in any part: a row is done whichever
+   engine wrote it;
+3. deals the rows not done to the engines in turn (row ``todo[k]`` to engine ``k mod N``), so
+   no row is given to two engines and no engine writes a row another part holds;
+4. starts the engines, sums their reports into one progress bar or line, and merges their
+   summaries into one.
+
+Why N processes rather than vLLM's ``data_parallel_size``: vLLM's ``LLM`` refuses it in one
+process (its offline data parallelism is one process per rank, started by the caller), and its
+ranks step in lockstep, which only MoE models with expert parallelism need; independent engines
+lose nothing for a dense model and one engine's failure does not stop the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from layertap.generate.errors import GenerateError
+from layertap.generate.progress import EngineTotals, Progress
+from layertap.generate.resume import SOURCE, lock_directory, prepare_output
+from layertap.generate.run import Checked, check_options, run_one
+from layertap.parts import MANIFEST_NAME, read_manifest, write_manifest
+
+#: Engine ``i`` writes into ``--out/engine-{i}``.
+PART_PREFIX = "engine-"
+
+#: An engine's message to the run: ``("report", i, totals)``, ``("summary", i, summary)`` or
+#: ``("error", i, (kind, text))`` with kind ``"input"`` (its inputs were refused) or ``"failed"``.
+Event = tuple[str, int, object]
+
+
+def _positive_engines(value: object) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise GenerateError(f"--data-parallel-size must be a positive integer, got {value!r}")
+    return value
+
+
+def wants_parallel(out: str, data_parallel_size: object, ray_address: str | None) -> bool:
+    """Whether a run goes through the engines of this module: several engines, Ray, or an
+    ``out`` that is already a dataset of parts (a run of one engine resumes it as a whole)."""
+    n = _positive_engines(data_parallel_size)
+    if ray_address is not None and (not isinstance(ray_address, str) or not ray_address):
+        raise GenerateError(f"--ray must be a Ray cluster's address (or 'auto'), got {ray_address!r}")
+    return (n or 1) > 1 or ray_address is not None or os.path.isfile(os.path.join(os.fspath(out), MANIFEST_NAME))
+
+
+@dataclass
+class PartsState:
+    """``--out`` as a dataset of parts, locked for this run."""
+
+    out: str
+    parts: list[str]
+    done: np.ndarray
+    """bool per row: a record of the row is in some part."""
+    recovered: list[str] = field(default_factory=list)
+    set_aside: list[str] = field(default_factory=list)
+    duplicates: int = 0
+    """Records of rows that another record (in this part or another) has already."""
+    lock_fd: int | None = None
+
+    def release(self) -> None:
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)
+            self.lock_fd = None
+
+
+def _holds_shards(path: str) -> bool:
+    return any(n.endswith((".lts", ".lts.torn")) for n in os.listdir(path))
+
+
+def prepare_parts(c: Checked, engines: int) -> PartsState:
+    """Locks ``--out``, writes its manifest (earlier parts and one per engine), completes every
+    part and reads which rows are done. Raises GenerateError when a part cannot be resumed."""
+    out = c.out_dir
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        raise GenerateError(f"{out}: cannot create the output directory: {e.strerror or e}") from None
+    if not os.access(out, os.W_OK):
+        raise GenerateError(f"{out}: the output directory is not writable")
+    state = PartsState(out, [], np.zeros(c.rows.num_rows, dtype=bool), lock_fd=lock_directory(out))
+    try:
+        manifest = os.path.join(out, MANIFEST_NAME)
+        if os.path.exists(manifest):
+            try:
+                parts = read_manifest(manifest)
+            except Exception as e:  # FormatError, FileNotFoundError
+                raise GenerateError(f"{manifest}: {e}") from None
+            for p in parts:
+                if not os.path.isdir(p):
+                    raise GenerateError(
+                        f"{p}, a part listed in {manifest}, is missing: its rows would be written again; "
+                        "bring it back, or remove it from the manifest to write them again"
+                    )
+        else:
+            parts = [out] if _holds_shards(out) else []  # a single run's dataset becomes part "."
+        for i in range(engines):
+            p = os.path.join(out, f"{PART_PREFIX}{i}")
+            if p not in parts:
+                parts.append(p)
+        write_manifest(out, parts, source=SOURCE)
+        state.parts = parts
+        n = c.rows.num_rows
+        for p in parts:
+            part = prepare_output(p, c.options["model"], c.layer_ids, lock=p != out)
+            part.release()
+            rows = part.done[part.done < n]
+            state.duplicates += part.duplicates + int(state.done[rows].sum())
+            state.done[rows] = True
+            state.recovered += part.recovered
+            state.set_aside += part.set_aside
+    except BaseException:
+        state.release()
+        raise
+    return state
+
+
+def _engine_options(c: Checked, part: str) -> dict:
+    """The options an engine is run with: the caller's, writing into its part, drawing nothing."""
+    return {**c.options, "out": part, "progress": "none"}
+
+
+def _mask(rows: np.ndarray, num_rows: int) -> np.ndarray:
+    assigned = np.zeros(num_rows, dtype=bool)
+    assigned[rows] = True
+    return assigned
+
+
+def run_engine(options: dict, rows: np.ndarray, report: Callable[[dict], None]) -> dict:
+    """What each engine runs, in its own process or Ray task: one engine over ``rows`` (its row
+    indices, ascending)."""
+    c = check_options(options)
+    return run_one(c, _mask(rows, c.rows.num_rows), report)
+
+
+def _in_this_process(c: Checked, part: str, rows: np.ndarray) -> dict[int, tuple[str, object]]:
+    """One engine, in this process (a run of one engine over a dataset of parts), drawing its
+    own progress; bad input raises GenerateError as in a single run."""
+    checked = dataclasses.replace(c, out_dir=part, options={**c.options, "out": part})
+    return {0: ("summary", run_one(checked, _mask(rows, c.rows.num_rows)))}
+
+
+def generate_parallel(options: dict, data_parallel_size: int | None, ray_address: str | None) -> dict:
+    """A run of ``data_parallel_size`` engines (here or on the Ray cluster at ``ray_address``)
+    writing parts of ``options["out"]``; returns the merged summary."""
+    t0 = time.monotonic()
+    c = check_options(options)
+    engines = _positive_engines(data_parallel_size)
+    if ray_address is not None:
+        from layertap.generate.ray_engines import connect, default_engines, disconnect
+
+        connect(ray_address)
+        try:
+            return _generate(c, engines or default_engines(c.engine_args), ray_address, t0)
+        finally:
+            disconnect()
+    return _generate(c, engines or 1, None, t0)
+
+
+def _generate(c: Checked, engines: int, ray_address: str | None, t0: float) -> dict:
+    local = None
+    if ray_address is None and engines > 1:
+        from layertap.generate.local import device_slices
+
+        local = device_slices(engines, c.engine_args)  # checked before anything is written
+    state = prepare_parts(c, engines)
+    try:
+        todo = np.flatnonzero(~state.done)
+        jobs = []
+        for i in range(min(engines, len(todo))):
+            jobs.append((i, os.path.join(c.out_dir, f"{PART_PREFIX}{i}"), todo[i::engines]))
+        t_load = time.monotonic()
+        specs = [(i, _engine_options(c, p), a) for i, p, a in jobs]
+        if not jobs:
+            results = {}
+        elif ray_address is not None:
+            from layertap.generate.ray_engines import ray_events
+
+            results = _follow(ray_events(specs, c.engine_args), len(todo), c)
+        elif local is not None:
+            from layertap.generate.local import local_events
+
+            results = _follow(local_events(specs, local), len(todo), c)
+        else:
+            results = _in_this_process(c, jobs[0][1], jobs[0][2])
+    finally:
+        state.release()
+    return _merge(c, state, jobs, results, engines, ray_address, t0, t_load)
+
+
+def _follow(events: Generator[Event, None, None], todo: int, c: Checked) -> dict[int, tuple[str, object]]:
+    """Draws the engines' reports as one progress; returns each engine's summary or error."""
+    totals = EngineTotals()
+    bar = None
+    results: dict[int, tuple[str, object]] = {}
+    try:
+        for kind, engine, value in events:
+            if kind != "report":
+                results[engine] = (kind, value)
+                continue
+            step = totals.take(engine, value)  # type: ignore[arg-type]
+            if bar is None and "rows" in value:  # type: ignore[operator]
+                # From the first engine ready, as a single run's progress (rates without start-up).
+                bar = Progress(todo, totals, c.progress, c.options["progress_interval"])  # type: ignore[arg-type]
+                bar.start -= value.get("elapsed", 0.0)  # type: ignore[union-attr]
+            if bar is not None:
+                bar.update(**step)
+    finally:
+        if bar is not None:
+            bar.close()
+        # Now, not when the traceback lets go of it: an interrupted run stops its engines here.
+        events.close()
+    return results
+
+
+def _merge(
+    c: Checked,
+    state: PartsState,
+    jobs: list,
+    results: dict[int, tuple[str, object]],
+    engines: int,
+    ray_address: str | None,
+    t0: float,
+    t_load: float,
+) -> dict:
+    """One summary of the run, in the fields of a single run's, plus each engine's."""
+    summaries = {i: v for i, (k, v) in results.items() if k == "summary"}
+    per_engine, errors, bad, missing = [], [], [], []
+    for i, part, rows in jobs:
+        kind, value = results.get(i, ("error", ("failed", "the engine ended without a result")))
+        entry: dict = {"engine": i, "part": part, "rows_assigned": len(rows)}
+        if kind == "summary":
+            s = value
+            entry.update({k: s[k] for k in ("writer_id", "rows_written", "rows_bad", "rows_missing", "tokens")})
+            entry.update(stored_bytes=s["stored_bytes"], seconds=s["seconds"])
+            bad += s["bad_rows"]
+            missing += s["missing_rows"]
+        else:
+            what, text = value  # type: ignore[misc]
+            entry.update(error=text, error_kind=what)
+            errors.append(f"engine {i} ({os.path.basename(part)}): {text}")
+        per_engine.append(entry)
+    ok = list(summaries.values())
+
+    def total(key: str) -> int:
+        return sum(s[key] for s in ok)
+
+    seconds = {k: max((s["seconds"][k] for s in ok), default=0.0) for k in ("engine_start", "generate", "drain")}
+    t_end = time.monotonic()
+    gen = seconds["generate"]
+    raw, stored = total("raw_bytes"), total("stored_bytes")
+    bad.sort(key=lambda b: b["row"])
+    summary = {
+        "out": c.out_dir,
+        "data": os.path.abspath(c.options["data"]),
+        "data_format": c.rows.format,
+        "column": c.rows.column,
+        "loss_mask": c.rows.has_loss_mask,
+        "model": c.options["model"],
+        "model_revision": c.info.revision,
+        "layer_ids": c.layer_ids,
+        "layer_numbering": "vllm",
+        "dtype": next((s["dtype"] for s in ok if s["dtype"]), None),
+        "max_len": c.max_len,
+        "max_tokens": c.options["max_tokens"],
+        "include_output_tokens": c.options["include_output_tokens"],
+        "run": None,
+        "writer_id": None,
+        "data_parallel_size": engines,
+        "ray_address": ray_address,
+        "parts": state.parts,
+        "engines": per_engine,
+        "engine_errors": errors,
+        "rows": c.rows.num_rows,
+        "rows_done_before": int(state.done.sum()),
+        "rows_written": total("rows_written"),
+        "rows_bad": len(bad),
+        "rows_missing": len(missing),
+        "bad_rows": bad,
+        "missing_rows": sorted(missing)[:1000],
+        "duplicate_records": state.duplicates + total("duplicate_records"),
+        "tokens": total("tokens"),
+        "raw_bytes": raw,
+        "stored_bytes": stored,
+        "ratio": round(raw / stored, 4) if stored else None,
+        "shards": total("shards"),
+        "shards_recovered": state.recovered + [p for s in ok for p in s["shards_recovered"]],
+        "files_set_aside": state.set_aside + [p for s in ok for p in s["files_set_aside"]],
+        "tokens_per_second": round(total("tokens") / gen, 1) if gen > 0 else 0.0,
+        "seconds": {
+            "load": round(t_load - t0, 3),
+            **{k: round(v, 3) for k, v in seconds.items()},
+            "shutdown": round(max((s["seconds"]["shutdown"] for s in ok), default=0.0), 3),
+            "total": round(t_end - t0, 3),
+        },
+    }
+    summary["complete"] = (
+        not errors
+        and not missing
+        and summary["rows_done_before"] + summary["rows_written"] + summary["rows_bad"] == summary["rows"]
+    )
+    return summary
+
+
+__all__ = ["PART_PREFIX", "generate_parallel", "prepare_parts", "run_engine", "wants_parallel"]

@@ -1,0 +1,145 @@
+"""The engines of ``layertap generate --ray ADDRESS``: one Ray task per engine on the cluster,
+each asking for ``tensor_parallel_size x pipeline_parallel_size`` GPUs (one CPU on a cluster
+without GPUs), running the same engine code as a local engine process
+(``parallel.run_engine``), and reporting its running totals to a small actor that this process
+reads twice a second.
+
+The tasks write into ``--out``'s parts by path, so ``--out`` must be a file system that every
+node mounts at the same path. The engines get this process's ``VLLM_*`` variables. A task is not
+retried by Ray: an engine that fails leaves its rows to the next run, which resumes them (a
+retry elsewhere could not tell which of the rows the dead engine had written).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import numpy as np
+
+from layertap.generate.errors import GenerateError
+
+#: Seconds between two reads of the engines' reports.
+POLL_SECONDS = 0.5
+
+_connected_here = False
+"""Whether ``connect`` initialised Ray in this process (so that the run disconnects after)."""
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError as e:
+        raise GenerateError(f"--ray needs the 'ray' package ({e}); pip install ray") from None
+    return ray
+
+
+def connect(address: str) -> None:
+    """Connects this process to the Ray cluster at ``address``, unless it is connected already.
+    Raises GenerateError when there is no cluster there."""
+    global _connected_here
+    ray = _ray()
+    if ray.is_initialized():
+        return
+    try:
+        ray.init(address=address, logging_level="WARNING", log_to_driver=True)
+    except Exception as e:  # ConnectionError, ValueError and Ray's own kinds
+        first = str(e).strip().splitlines()
+        raise GenerateError(f"--ray {address}: cannot connect to a Ray cluster: {first[0] if first else e}") from None
+    _connected_here = True
+
+
+def disconnect() -> None:
+    global _connected_here
+    if _connected_here:
+        _ray().shutdown()
+        _connected_here = False
+
+
+def _gpus_per_engine(engine_args: dict) -> int:
+    return int(engine_args.get("tensor_parallel_size", 1)) * int(engine_args.get("pipeline_parallel_size", 1))
+
+
+def default_engines(engine_args: dict) -> int:
+    """As many engines as the cluster's GPUs hold; a cluster without GPUs needs the number."""
+    gpus = int(_ray().cluster_resources().get("GPU", 0))
+    if not gpus:
+        raise GenerateError("--ray: the cluster has no GPUs; give the number of engines with --data-parallel-size")
+    engines = gpus // _gpus_per_engine(engine_args)
+    if engines < 1:
+        raise GenerateError(f"--ray: an engine needs {_gpus_per_engine(engine_args)} GPUs; the cluster has {gpus}")
+    return engines
+
+
+class _Board:
+    """The engines' latest reports (a Ray actor)."""
+
+    def __init__(self) -> None:
+        self.latest: dict[int, dict] = {}
+
+    def report(self, engine: int, totals: dict) -> None:
+        self.latest[engine] = totals
+
+    def read(self) -> dict[int, dict]:
+        return self.latest
+
+
+def _engine_task(engine: int, options: dict, rows: np.ndarray, board) -> tuple[str, object]:
+    """One engine, in a Ray worker: ``("summary", ...)`` or ``("error", (kind, text))``."""
+    import traceback
+
+    from layertap.generate.parallel import run_engine
+
+    try:
+        return "summary", run_engine(options, rows, lambda totals: board.report.remote(engine, totals))
+    except GenerateError as e:
+        return "error", ("input", str(e))
+    except Exception as e:
+        traceback.print_exc()
+        first = str(e).strip().splitlines()
+        return "error", ("failed", f"{type(e).__name__}: {first[0] if first else ''}".rstrip(": "))
+
+
+def ray_events(specs: list[tuple[int, dict, np.ndarray]], engine_args: dict) -> Iterator[tuple]:
+    """Starts a Ray task per ``(index, options, row indices)`` and yields their reports, then
+    each one's summary or error, until every task has ended."""
+    ray = _ray()
+    pending: list = []
+    try:
+        gpus = _gpus_per_engine(engine_args) if ray.cluster_resources().get("GPU", 0) else 0
+        env = {k: v for k, v in os.environ.items() if k.startswith("VLLM_")}
+        if gpus > 1 and "distributed_executor_backend" not in engine_args:
+            # Inside a Ray task vLLM would place its tensor-parallel workers with Ray too; the
+            # task already holds its GPUs, so they are this task's processes.
+            specs = [(i, {**o, "engine_args": _with_mp(o["engine_args"])}, a) for i, o, a in specs]
+        board = ray.remote(_Board).options(num_cpus=0).remote()
+        task = ray.remote(_engine_task).options(
+            num_cpus=0 if gpus else 1, num_gpus=gpus, max_retries=0, runtime_env={"env_vars": env}
+        )
+        refs = {task.remote(i, o, rows, board): i for i, o, rows in specs}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_SECONDS)
+            for engine, totals in ray.get(board.read.remote()).items():
+                yield "report", engine, totals  # (unchanged totals count nothing)
+            for ref in done:
+                try:
+                    kind, value = ray.get(ref)
+                except Exception as e:  # the task's worker died (ray.exceptions.RayError kinds)
+                    first = str(e).strip().splitlines()
+                    kind, value = "error", ("failed", f"{type(e).__name__}: {first[0] if first else ''}")
+                yield kind, refs[ref], value
+    finally:
+        for ref in pending:
+            ray.cancel(ref, force=True)  # interrupted: no engine keeps writing
+        disconnect()
+
+
+def _with_mp(engine_args):
+    import json
+
+    args = json.loads(engine_args) if isinstance(engine_args, str) else dict(engine_args or {})
+    return {**args, "distributed_executor_backend": "mp"}
+
+
+__all__ = ["connect", "default_engines", "disconnect", "ray_events"]
