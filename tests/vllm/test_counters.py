@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from test_transfer import BLOCK, BLOCKS, HIDDEN, LAYERS, facts
 
 import layertap
 from helpers import writer_class
@@ -24,7 +25,6 @@ from layertap.vllm.counters import (
 from layertap.vllm.gather import HiddenStatesCache
 from layertap.vllm.pool import HostPool
 from layertap.vllm.stats import ConnectorStats
-from test_transfer import BLOCK, BLOCKS, HIDDEN, LAYERS, facts
 from vllm_support import VLLM_WARNINGS
 
 pytestmark = VLLM_WARNINGS
