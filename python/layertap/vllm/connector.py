@@ -2,7 +2,8 @@
 
 It is thin: it checks the options and hands each call to its scheduler half (``scheduler.py``) or
 its worker half (``worker.py``), whichever role vLLM built it for. It uses only the public
-``KVConnectorBase_V1`` interface, as vLLM 0.26 to 0.32 define it.
+``KVConnectorBase_V1`` interface, as vLLM 0.26 to 0.33 define it; hooks that a version lacks
+are never called there (the sleep hooks are new in 0.33).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from layertap.vllm.config import parse_options
 from layertap.vllm.metadata import LayertapMetadata
+from layertap.vllm.metrics import LayertapConnectorStats, LayertapPromMetrics, stats_from_payload
 from layertap.vllm.scheduler import SchedulerSide
 from layertap.vllm.worker import WorkerSide
 
@@ -55,6 +57,49 @@ class LayertapConnector(KVConnectorBase_V1, SupportsHMA):
         if self._worker is not None:
             self._worker.shutdown()
 
+    # -- metrics (docs/CONNECTOR.md, "Metrics") -----------------------------------------------
+
+    def get_kv_connector_stats(self) -> LayertapConnectorStats | None:
+        """What happened since the last call (vLLM asks each step, on both sides); None when
+        there is nothing new or the last report is too recent (``counters.py``)."""
+        if self._worker is not None:
+            data = self._worker.metrics_report()
+        elif self._scheduler is not None:
+            data = self._scheduler.counters.report()
+        else:
+            data = None
+        return None if data is None else LayertapConnectorStats(data=data)
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> LayertapConnectorStats:
+        return stats_from_payload(data)
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict[type, type],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> LayertapPromMetrics:
+        return LayertapPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+    # -- sleep mode (vLLM >= 0.33) ------------------------------------------------------------
+
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
+        """Yes: the worker finishes its copies and forgets the KV cache tensor when vLLM
+        unregisters the caches, and finds it again when vLLM restores them."""
+        return True
+
+    def unregister_kv_caches(self) -> None:
+        if self._worker is not None:
+            self._worker.unregister_kv_caches()
+
+    def restore_kv_caches(self) -> None:
+        if self._worker is not None:
+            self._worker.restore_kv_caches()
+
     # -- scheduler side -----------------------------------------------------------------------
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -65,7 +110,7 @@ class LayertapConnector(KVConnectorBase_V1, SupportsHMA):
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         assert self._scheduler is not None
-        return self._scheduler.build_connector_meta()
+        return self._scheduler.build_connector_meta(scheduler_output)
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         assert self._scheduler is not None
@@ -81,9 +126,17 @@ class LayertapConnector(KVConnectorBase_V1, SupportsHMA):
     def update_connector_output(self, connector_output: Any) -> None:
         if self._scheduler is not None:
             self._scheduler.update_connector_output(connector_output.finished_sending)
+            stats = getattr(connector_output, "kv_connector_stats", None)
+            if stats is not None:
+                self._scheduler.counters.worker_report(getattr(stats, "data", None))
 
     def has_pending_block_frees(self) -> bool:
         return self._scheduler is not None and self._scheduler.has_pending_block_frees()
+
+    def has_pending_push_work(self) -> bool:
+        """While records handed to the worker are being written, vLLM keeps stepping the
+        engine, so their completion reaches the metrics (and the pool) when it happens."""
+        return self._scheduler is not None and self._scheduler.counters.writing()
 
     # -- worker side --------------------------------------------------------------------------
 

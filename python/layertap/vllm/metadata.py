@@ -24,6 +24,9 @@ class SaveRequest:
     """The client's ``record_metadata``, checked (``extras.py``)."""
     loss_mask: np.ndarray | None = None
     """uint8 0/1, one per token saved, from the client's ``loss_mask`` (``extras.py``)."""
+    finished_at: float = 0.0
+    """When the scheduler saw the request end (``time.time()``: the worker may be another
+    process, or with Ray another host); 0: unknown. For the record delay metric."""
 
     @property
     def num_tokens(self) -> int:
@@ -35,3 +38,7 @@ class LayertapMetadata(KVConnectorMetadata):
     """Scheduler to worker, once per step: the requests finished since the last step."""
 
     saves: list[SaveRequest] = field(default_factory=list)
+    drain_wait: float = 0.0
+    """Seconds the worker may wait for its writer this step: set when the engine steps only
+    because records are still being written (``SchedulerCounters``), so that those steps do
+    not spin."""

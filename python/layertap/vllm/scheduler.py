@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import numpy as np
 
 from layertap.vllm import registry
 from layertap.vllm.config import ConnectorOptions, sample_id_problem
+from layertap.vllm.counters import DRAIN_WAIT, SchedulerCounters
 from layertap.vllm.engine import read_engine_facts
 from layertap.vllm.extras import loss_mask_array, record_metadata_problem
 from layertap.vllm.metadata import LayertapMetadata, SaveRequest
@@ -38,14 +40,18 @@ class SchedulerSide:
         """Requests whose blocks wait for the worker's copy."""
         self._keys: set[str] = set()
         """Keys given out: the writer refuses a key twice."""
+        self.counters = SchedulerCounters()
         registry.register_scheduler(self.facts.engine_id, self)
 
     # -- every step ---------------------------------------------------------------------------
 
-    def build_connector_meta(self) -> LayertapMetadata:
+    def build_connector_meta(self, scheduler_output: Any = None) -> LayertapMetadata:
         with self._unsent_lock:
             saves, self._unsent = self._unsent, []
-        return LayertapMetadata(saves)
+        metadata = LayertapMetadata(saves)
+        if not saves and getattr(scheduler_output, "total_num_scheduled_tokens", 1) == 0 and self.counters.writing():
+            metadata.drain_wait = DRAIN_WAIT  # a step taken only for the writer (has_pending_push_work)
+        return metadata
 
     def update_connector_output(self, finished_sending: Any) -> None:
         if finished_sending:
@@ -133,7 +139,9 @@ class SchedulerSide:
             num_prompt_tokens=int(request.num_prompt_tokens),
             record_metadata=dict(record_metadata) if record_metadata else None,
             loss_mask=loss_mask,
+            finished_at=time.time(),
         )
+        self.counters.accepted()
         with self._unsent_lock:
             self._unsent.append(save)
         self._held.add(req_id)
@@ -148,4 +156,5 @@ class SchedulerSide:
 
     def _refuse(self, req_id: str, reason: str, message: str) -> tuple[bool, dict]:
         logger.warning("layertap: hidden states of request %s not saved: %s", req_id, message)
+        self.counters.not_saved(reason)
         return False, {PARAMS_KEY: {"error": message, "reason": reason}}

@@ -21,6 +21,7 @@ import torch
 from layertap._sink import RecordSink
 from layertap._tensors import dtype_name
 from layertap.errors import InvalidInputError, LayertapError
+from layertap.vllm.counters import WorkerCounters
 from layertap.vllm.engine import EngineFacts
 from layertap.vllm.gather import HiddenStatesCache
 from layertap.vllm.metadata import SaveRequest
@@ -71,16 +72,20 @@ class HiddenStatesSaver:
         facts: EngineFacts,
         stats: ConnectorStats,
         dataset: str,
+        counters: WorkerCounters | None = None,
     ):
-        self.cache = cache
+        self.cache: HiddenStatesCache | None = cache
+        """None while vLLM's KV cache is unregistered (sleep mode: ``drop_cache``)."""
         self.writer = writer
         self.pool = pool
         self.stats = stats
+        self.counters = counters
         self.dataset = dataset
         self.writer_id = facts.writer_id
         self.row_bytes = cache.row_bytes
         self._row_shape = (cache.num_layers, cache.hidden_size)
         self._dtype_name = dtype_name(cache.dtype)
+        self._geometry = (cache.row_bytes, self._dtype_name, cache.device)
         self._record_meta = {
             "layer_ids": json.dumps(list(facts.layer_ids)),
             "model": facts.model,
@@ -113,12 +118,13 @@ class HiddenStatesSaver:
             self._launch(region, saves[i : i + n])
             i += n
 
-    def collect(self) -> list[str]:
+    def collect(self, wait: float = 0.0) -> list[str]:
         """Request ids whose hidden states are now in host memory (their KV blocks may be freed);
-        also returns finished writes' regions to the pool."""
+        also returns finished writes' regions to the pool, waiting up to ``wait`` seconds for
+        the writer to finish one when records are in flight."""
         while self._inflight and self._inflight[0].event.query():
             self._submit(self._inflight.popleft())
-        self._reap()
+        self._reap(timeout=wait)
         done, self._copied = self._copied, []
         return done
 
@@ -219,6 +225,8 @@ class HiddenStatesSaver:
         except InvalidInputError:
             # All or none: find the bad records one by one and write the others.
             seqs = [self._submit_alone(record, save) for record, save in zip(records, batch.saves)]
+        if self.counters is not None:
+            self.counters.submitted(seqs, batch.saves, batch.bounds)
         for seq, (s, e) in zip(seqs, batch.bounds):
             if seq is None:
                 continue
@@ -244,12 +252,15 @@ class HiddenStatesSaver:
     def _reap(self, timeout: float | None = 0.0) -> None:
         """Returns the regions of records the writer has written (waiting up to ``timeout``
         for the first one: see ``ShardWriter.poll``)."""
-        for done in self._writer_call(self.writer.poll, timeout):
+        completions = self._writer_call(self.writer.poll, timeout)
+        for done in completions:
             region = self._region_of_seq.pop(done.seq)
             region.records -= 1
             if region.records == 0:
                 self.pool.release(region)
             self.stats.records_written += 1
+        if completions and self.counters is not None:
+            self.counters.written(completions)
 
     def _writer_call(self, fn, *args):
         """Calls the writer; an I/O failure stops the engine (no silent data loss) after leaving
@@ -267,6 +278,32 @@ class HiddenStatesSaver:
                 pass
             raise RuntimeError(f"layertap connector: the shard writer failed: {err}") from err
 
+    # -- sleep mode ---------------------------------------------------------------------------
+
+    def finish_copies(self) -> None:
+        """Waits for the device-to-host copies in flight and hands their records to the writer:
+        afterwards nothing reads the KV cache."""
+        while self._inflight:
+            batch = self._inflight.popleft()
+            batch.event.synchronize()
+            self._submit(batch)
+
+    def drop_cache(self) -> None:
+        """Forgets the KV cache tensor (vLLM is about to free or remap it), after finishing the
+        copies that read it. The pool and the writer stay: records in them go on to disk."""
+        self.finish_copies()
+        self.cache = None
+
+    def use_cache(self, cache: HiddenStatesCache) -> None:
+        """Takes the KV cache tensor vLLM holds after waking up. It must have the geometry the
+        pool and the records were set up for."""
+        if (cache.row_bytes, dtype_name(cache.dtype), cache.device) != self._geometry:
+            raise RuntimeError(
+                f"layertap connector: after wake-up the hidden-states cache has rows of {cache.row_bytes} "
+                f"bytes of {cache.dtype} on {cache.device}; before sleep: {self._geometry}"
+            )
+        self.cache = cache
+
     # -- end ----------------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -274,9 +311,6 @@ class HiddenStatesSaver:
         After a writer failure there is nothing left to write to."""
         if self.failed is not None:
             return
-        while self._inflight:
-            batch = self._inflight.popleft()
-            batch.event.synchronize()
-            self._submit(batch)
+        self.finish_copies()
         self._writer_call(self.writer.close)
         self._reap()

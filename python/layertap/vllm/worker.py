@@ -10,6 +10,7 @@ from typing import Any
 from layertap._sink import RecordSink
 from layertap.vllm import registry
 from layertap.vllm.config import ConfigError, ConnectorOptions, default_pool_bytes, writer_options_for
+from layertap.vllm.counters import WorkerCounters
 from layertap.vllm.engine import EngineFacts, read_engine_facts
 from layertap.vllm.gather import HiddenStatesCache
 from layertap.vllm.metadata import LayertapMetadata
@@ -49,7 +50,11 @@ class WorkerSide:
         self.facts = read_engine_facts(vllm_config, kv_cache_config, options)
         self.vllm_config = vllm_config
         self.stats = ConnectorStats()
+        self.counters = WorkerCounters(self.stats, self.facts.writer_id)
         self.saver: HiddenStatesSaver | None = None
+        self._cache_layer: str | None = None
+        """Name of the hidden-states cache layer (to find its tensor again after sleep)."""
+        self._asleep = False
         self._closed = False
 
     # -- start-up -----------------------------------------------------------------------------
@@ -73,7 +78,7 @@ class WorkerSide:
         if get_tensor_model_parallel_rank() != 0:
             return
         facts = self.facts
-        name = self._hidden_states_layer(kv_caches)
+        name = self._cache_layer = self._hidden_states_layer(kv_caches)
         cache = HiddenStatesCache(kv_caches[name], len(facts.layer_ids), facts.hidden_size, facts.block_size)
         largest = region_bytes(facts.max_model_len, cache)
         pool_bytes = self.options.pool_bytes or default_pool_bytes(
@@ -89,7 +94,7 @@ class WorkerSide:
             )
         pool = HostPool(pool_bytes, pin=cache.is_cuda)
         writer = open_writer(self.options, facts, pool_bytes, str(cache.dtype).removeprefix("torch."))
-        self.saver = HiddenStatesSaver(cache, writer, pool, facts, self.stats, self.options.output_dir)
+        self.saver = HiddenStatesSaver(cache, writer, pool, facts, self.stats, self.options.output_dir, self.counters)
         logger.info(
             "layertap: writing hidden states of layers %s (%s, cache %s strides %s, token axis %d, "
             "block %d/%d, gather by %s) to %s as writer %s (%s writer, %s; pool %.0f MiB%s)",
@@ -117,12 +122,89 @@ class WorkerSide:
         saver = self.saver
         if saver is None:
             return None
+        if not isinstance(metadata, LayertapMetadata):
+            metadata = None
+        elif self._asleep:
+            refused = self._refuse_while_asleep(metadata.saves)
+            return refused.union(saver.collect()) or None
+        elif metadata.drain_wait and not metadata.saves:
+            # The engine steps only because records are being written: wait for the writer here
+            # rather than spin, and do not count the wait as the connector's engine-thread time.
+            done = saver.collect(wait=metadata.drain_wait)
+            return set(done) if done else None
         t0 = time.perf_counter()
-        if isinstance(metadata, LayertapMetadata) and metadata.saves:
+        if metadata is not None and metadata.saves:
             saver.start(metadata.saves)
         done = saver.collect()
-        self.stats.hook.add(time.perf_counter() - t0)
+        elapsed = time.perf_counter() - t0
+        self.stats.hook.add(elapsed)
+        self.counters.step(elapsed)
         return set(done) if done else None
+
+    def metrics_report(self) -> dict | None:
+        """What happened since the last report, for vLLM's metrics (``counters.py``)."""
+        saver = self.saver
+        return None if saver is None else self.counters.report(saver.pool, saver.writer)
+
+    # -- sleep mode (vLLM >= 0.33) ------------------------------------------------------------
+
+    def unregister_kv_caches(self) -> None:
+        """Before vLLM frees or remaps the KV cache (sleep, discard): finishes every copy that
+        reads it, then forgets the tensor. Records already copied go on to disk from the pool."""
+        saver = self.saver
+        if saver is None or self._asleep:
+            return
+        # vLLM drains the engine before it sleeps, so nothing should wait; but an in-process
+        # scheduler half may still hold requests it has not handed over: copy them now, while
+        # their blocks still hold their hidden states.
+        leftover = registry.take_unsent(self.facts.engine_id)
+        if leftover:
+            saver.start(leftover)
+        saver.drop_cache()
+        self._asleep = True
+        logger.info(
+            "layertap: KV cache unregistered (sleep); %d records still being written",
+            self.stats.records_submitted - self.stats.records_written,
+        )
+
+    def restore_kv_caches(self) -> None:
+        """After vLLM has the KV cache back (wake-up): finds the hidden-states cache tensor again."""
+        saver = self.saver
+        if saver is None or not self._asleep:
+            return
+        facts = self.facts
+        kv = self._current_cache_tensor()
+        saver.use_cache(HiddenStatesCache(kv, len(facts.layer_ids), facts.hidden_size, facts.block_size))
+        self._asleep = False
+        logger.info("layertap: KV cache restored (wake-up)")
+
+    def _current_cache_tensor(self) -> Any:
+        """The tensor vLLM has bound to the hidden-states cache layer now."""
+        layers = self.vllm_config.compilation_config.static_forward_context
+        layer = layers.get(self._cache_layer)
+        kv = getattr(layer, "kv_cache", None)
+        if isinstance(kv, (list, tuple)):  # one per virtual engine in older vLLM
+            kv = kv[0] if kv else None
+        if kv is None or not hasattr(kv, "shape") or kv.numel() == 0:
+            raise RuntimeError(
+                f"layertap connector: vLLM restored the KV caches but layer {self._cache_layer!r} has no cache tensor"
+            )
+        return kv
+
+    def _refuse_while_asleep(self, saves: list) -> set[str]:
+        """Requests handed over while the KV cache is unregistered: vLLM promises none (it drains
+        before sleeping), and their blocks' contents are gone. Not written, counted as failed,
+        and their blocks released."""
+        if not saves:
+            return set()
+        self.stats.records_failed += len(saves)
+        logger.error(
+            "layertap: %d finished requests were handed over while the KV cache is unregistered "
+            "(sleep mode); their hidden states are not saved: %s",
+            len(saves),
+            [s.key for s in saves][:10],
+        )
+        return {s.req_id for s in saves}
 
     # -- end ----------------------------------------------------------------------------------
 

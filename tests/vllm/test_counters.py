@@ -1,0 +1,152 @@
+"""What the connector counts for vLLM's metrics (``layertap.vllm.counters``), on the worker's real
+hot path (a cache tensor, the host pool, a real writer) and on the scheduler side, without an
+engine. The engine, the API server and ``/metrics`` are in test_serve.py."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+from test_transfer import BLOCK, BLOCKS, HIDDEN, LAYERS, facts
+
+import layertap
+from helpers import writer_class
+from layertap.vllm import counters as counters_module
+from layertap.vllm.counters import (
+    REPORT_INTERVAL,
+    SchedulerCounters,
+    WorkerCounters,
+    copy_payload,
+    merge_payload,
+    summarize,
+)
+from layertap.vllm.gather import HiddenStatesCache
+from layertap.vllm.pool import HostPool
+from layertap.vllm.stats import ConnectorStats
+from vllm_support import VLLM_WARNINGS
+
+pytestmark = VLLM_WARNINGS
+
+
+def save(key: str, blocks: list[int], tokens: int, ended: float):
+    from layertap.vllm.metadata import SaveRequest
+
+    ids = np.arange(tokens, dtype=np.int64)
+    return SaveRequest(
+        req_id=f"req-{key}", key=key, token_ids=ids, block_ids=blocks, num_prompt_tokens=tokens, finished_at=ended
+    )
+
+
+@pytest.mark.parametrize("kind", ["rust", "python"])
+def test_worker_reports_equal_the_records_written(tmp_path, kind):
+    from layertap.vllm.transfer import HiddenStatesSaver
+
+    kv = torch.randn(BLOCKS, BLOCK, LAYERS, HIDDEN).to(torch.bfloat16)
+    stats = ConnectorStats()
+    counters = WorkerCounters(stats, "w")
+    pool = HostPool(1 << 20, pin=False)
+    writer = writer_class(kind)(str(tmp_path), codec="bp16-zstd", writer_id="w")
+    saver = HiddenStatesSaver(HiddenStatesCache(kv, LAYERS, HIDDEN, BLOCK), writer, pool, facts(), stats, "", counters)
+
+    ended = time.time() - 1.0  # the requests ended a second ago
+    saver.start([save("a", [3, 5], 6, ended), save("b", [0], 4, ended)])
+    saver.collect()
+    counters.step(2e-4)
+    saver.start([save("c", [7, 8, 9], 9, ended)])
+    while stats.records_written < 3:
+        saver.collect(wait=0.05)  # the worker's wait in a step taken only for the writer
+    counters.step(3e-4)
+    first = counters.report(pool, writer)
+    with layertap.open(str(tmp_path)) as ds:
+        [shard] = ds.shards
+    assert first["counters"] == {
+        "records_written": 3,
+        "tokens_written": shard.tokens,
+        "raw_bytes_written": shard.raw_bytes,
+        "stored_bytes_written": shard.stored_bytes,
+    }
+    assert shard.records == 3 and shard.tokens == 19
+    assert first["gauges"] == {
+        "w": {
+            "pool_used_bytes": 0,
+            "pool_high_water_bytes": pool.high_water,
+            "pool_capacity_bytes": pool.nbytes,
+            "writer_queue_records": 0,
+            "writer_inflight_bytes": 0,
+        }
+    }
+    assert first["observations"]["engine_thread_seconds"] == [2e-4, 3e-4]
+    delays = first["observations"]["record_delay_seconds"]
+    assert len(delays) == 3 and all(1.0 <= d < 60 for d in delays)
+
+    # Nothing new: no report. A step only: reported once the interval has passed, as increments.
+    assert counters.report(pool, writer) is None
+    counters.step(1e-4)
+    assert counters.report(pool, writer) is None
+    time.sleep(REPORT_INTERVAL)
+    second = counters.report(pool, writer)
+    assert second["observations"] == {"engine_thread_seconds": [1e-4]} and "counters" not in second
+    # A refused record counts as failed, reported at once when the writer is caught up.
+    saver.start([save("a", [1], 2, ended)])  # a key the writer already took
+    saver.collect()
+    assert counters.report(pool, writer)["counters"] == {"records_failed": 1}
+    saver.close()
+
+
+def test_scheduler_steps_the_engine_while_records_are_being_written(monkeypatch, caplog):
+    counters = SchedulerCounters()
+    assert not counters.writing()
+    for _ in range(3):
+        counters.accepted()
+    assert counters.writing()
+    counters.worker_report({"counters": {"records_written": 2}})
+    counters.worker_report(None)  # a step without a report
+    assert counters.writing()
+    counters.worker_report({"counters": {"records_failed": 1}})
+    assert not counters.writing()
+
+    # A writer that makes no progress for STALL_LIMIT seconds: the engine stops stepping for it,
+    # and starts again when a record is written.
+    monkeypatch.setattr(counters_module, "STALL_LIMIT", 0.05)
+    counters.accepted()
+    counters.accepted()
+    assert counters.writing()
+    time.sleep(0.1)
+    with caplog.at_level("WARNING", logger="vllm.layertap"):
+        assert not counters.writing()
+    assert "2 records not reported written" in caplog.text
+    counters.worker_report({"counters": {"records_written": 1}})
+    assert counters.writing()
+
+    counters.not_saved("invalid_request")
+    counters.not_saved("invalid_request")
+    counters.not_saved("not_saved")
+    assert counters.report() == {"not_saved": {"invalid_request": 2, "not_saved": 1}}
+    assert counters.report() is None
+
+
+def test_payloads_merge_as_vllm_aggregates_them():
+    """Over the workers of a step and over the steps of a log interval: counters add up, samples
+    are appended, a writer's gauges are its latest; the original payloads stay as they were."""
+    a = {
+        "counters": {"records_written": 2, "raw_bytes_written": 300, "stored_bytes_written": 100},
+        "gauges": {"w": {"pool_used_bytes": 10}},
+        "observations": {"engine_thread_seconds": [1e-4]},
+    }
+    b = {
+        "counters": {"records_written": 1, "raw_bytes_written": 100, "stored_bytes_written": 100},
+        "not_saved": {"invalid_request": 1},
+        "gauges": {"w": {"pool_used_bytes": 0}, "w2": {"pool_used_bytes": 5}},
+        "observations": {"engine_thread_seconds": [3e-4], "record_delay_seconds": [0.5]},
+    }
+    merged = merge_payload(copy_payload(a), b)
+    assert merged["counters"] == {"records_written": 3, "raw_bytes_written": 400, "stored_bytes_written": 200}
+    assert merged["gauges"] == {"w": {"pool_used_bytes": 0}, "w2": {"pool_used_bytes": 5}}
+    assert merged["observations"] == {"engine_thread_seconds": [1e-4, 3e-4], "record_delay_seconds": [0.5]}
+    assert a["counters"]["records_written"] == 2 and a["observations"]["engine_thread_seconds"] == [1e-4]
+    line = summarize(merged)
+    assert line["records_written"] == 3 and line["ratio"] == 2.0 and line["not_saved_invalid_request"] == 1
+    assert line["pool_used_MiB"] == round(5 / 2**20, 2) and line["engine_thread_max_us"] == 300.0
+    assert line["record_delay_p50_ms"] == 500.0
