@@ -1,5 +1,6 @@
-//! Payload codecs (docs/FORMAT.md, "Codecs"): `none`, `zstd`, and `bp16-zstd`, which splits
-//! 2-byte elements into a high-byte plane and a low-byte plane before zstd.
+//! Payload codecs (docs/FORMAT.md, "Codecs"): `none`, `zstd`, `bp16-zstd`, which splits
+//! 2-byte elements into a high-byte plane and a low-byte plane before zstd, and `exp-huf`
+//! (module [`crate::exphuf`]), which Huffman-codes the exponents of floating tensors.
 
 use crate::blob;
 use crate::error::{Error, Result};
@@ -13,11 +14,13 @@ pub enum Codec {
     Zstd,
     /// Byte-plane split of 2-byte tensors, then one zstd frame.
     Bp16Zstd,
+    /// Floating tensors' top 9 bits Huffman-coded in context, the other bits stored.
+    ExpHuf,
 }
 
 impl Codec {
     /// Every codec.
-    pub const ALL: [Codec; 3] = [Codec::None, Codec::Zstd, Codec::Bp16Zstd];
+    pub const ALL: [Codec; 4] = [Codec::None, Codec::Zstd, Codec::Bp16Zstd, Codec::ExpHuf];
 
     /// The id stored in frame headers.
     pub fn id(self) -> u8 {
@@ -25,6 +28,7 @@ impl Codec {
             Codec::None => 0,
             Codec::Zstd => 1,
             Codec::Bp16Zstd => 2,
+            Codec::ExpHuf => 3,
         }
     }
 
@@ -36,12 +40,13 @@ impl Codec {
             .ok_or_else(|| Error::invalid(format!("unknown codec id {id}")))
     }
 
-    /// The codec's name (`"none"`, `"zstd"`, `"bp16-zstd"`).
+    /// The codec's name (`"none"`, `"zstd"`, `"bp16-zstd"`, `"exp-huf"`).
     pub fn name(self) -> &'static str {
         match self {
             Codec::None => "none",
             Codec::Zstd => "zstd",
             Codec::Bp16Zstd => "bp16-zstd",
+            Codec::ExpHuf => "exp-huf",
         }
     }
 
@@ -52,7 +57,7 @@ impl Codec {
             .find(|c| c.name() == name)
             .ok_or_else(|| {
                 Error::invalid(format!(
-                    "unknown codec {name:?}; choose one of: none, zstd, bp16-zstd"
+                    "unknown codec {name:?}; choose one of: none, zstd, bp16-zstd, exp-huf"
                 ))
             })
     }
@@ -194,11 +199,11 @@ pub struct Encoder {
 }
 
 impl Encoder {
-    /// An encoder for `codec` at zstd `level` (ignored by `none`).
+    /// An encoder for `codec` at zstd `level` (ignored by `none` and `exp-huf`).
     pub fn new(codec: Codec, level: i32) -> Result<Encoder> {
         use zstd::zstd_safe::CParameter;
         let zstd = match codec {
-            Codec::None => None,
+            Codec::None | Codec::ExpHuf => None,
             _ => {
                 check_level(level)?;
                 let mut c = zstd::zstd_safe::CCtx::try_create()
@@ -251,6 +256,9 @@ impl Encoder {
         out.clear();
         let total: usize = pieces.iter().map(|p| p.len()).sum();
         let codec = self.codec;
+        if codec == Codec::ExpHuf {
+            return crate::exphuf::encode(pieces, out).map_err(|e| codec_err(codec, e));
+        }
         let Some(cctx) = self.zstd.as_mut() else {
             out.reserve_exact(total);
             for p in pieces {
@@ -345,6 +353,7 @@ pub fn decode(codec: Codec, stored: &[u8], raw_len: u64) -> std::result::Result<
     let raw_len = usize::try_from(raw_len).map_err(|_| "raw length too large".to_string())?;
     let mut out = match codec {
         Codec::None => stored.to_vec(),
+        Codec::ExpHuf => crate::exphuf::decode(stored, raw_len as u64)?,
         Codec::Zstd | Codec::Bp16Zstd => {
             // The frame's own content size must agree with raw_len, so a corrupt raw_len cannot
             // make us allocate more than the data claims.

@@ -5,7 +5,8 @@
 //!
 //! - [`format`]: byte layout of shards (file header, frames, index, trailer).
 //! - [`blob`]: the safetensors blob a record decodes to.
-//! - [`codec`]: `none`, `zstd`, `bp16-zstd`.
+//! - [`codec`]: `none`, `zstd`, `bp16-zstd`, `exp-huf`.
+//! - [`exphuf`]: codec `exp-huf`, Huffman-coded exponents of floating tensors.
 //! - [`names`]: keys, writer ids, shard file names.
 //! - [`reader`]: memory-mapped shard reader, scanning of open shards, verification.
 //! - [`recover`]: making a shard whose writer died complete again.
@@ -20,6 +21,7 @@ pub mod blob;
 pub mod codec;
 pub mod dtype;
 pub mod error;
+pub mod exphuf;
 pub mod format;
 pub mod names;
 pub mod reader;
