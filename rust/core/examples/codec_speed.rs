@@ -29,6 +29,7 @@ fn main() {
     let path = std::env::args().nth(1).expect("usage: codec_speed ACTIVATIONS.safetensors");
     let bytes = std::fs::read(&path).expect("read activations");
     let file = safetensors::SafeTensors::deserialize(&bytes).expect("a safetensors file");
+    let passes: usize = std::env::var("PASSES").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
     let records: usize = std::env::var("RECORDS").ok().and_then(|v| v.parse().ok()).unwrap_or(16);
     println!("| dtype | codec | ratio | encode GB/CPU-s | decode GB/CPU-s |");
     println!("|---|---|---:|---:|---:|");
@@ -49,21 +50,31 @@ fn main() {
             })
             .collect();
         let raw: usize = recs.iter().map(|(h, d)| h.len() + d.len()).sum();
+        let only = std::env::var("CODEC").ok();
         for (codec, level) in [(Codec::Zstd, 1), (Codec::Bp16Zstd, 1), (Codec::ExpHuf, 1)] {
+            if only.as_deref().is_some_and(|c| c != codec.name()) {
+                continue;
+            }
+            // Best of a few passes: the machine is shared, and the fastest pass is the one
+            // least disturbed.
             let mut enc = Encoder::new(codec, level).unwrap();
             let mut stored = Vec::new();
-            let t0 = cpu_seconds();
-            for (h, d) in &recs {
-                stored.push(enc.encode(&[h, d], &[false, true]).unwrap());
+            let (mut enc_s, mut dec_s) = (f64::MAX, f64::MAX);
+            for _ in 0..passes {
+                stored.clear();
+                let t0 = cpu_seconds();
+                for (h, d) in &recs {
+                    stored.push(enc.encode(&[h, d], &[false, true]).unwrap());
+                }
+                enc_s = enc_s.min(cpu_seconds() - t0);
+                let t0 = cpu_seconds();
+                for ((h, d), s) in recs.iter().zip(&stored) {
+                    let out = decode(codec, s, (h.len() + d.len()) as u64).unwrap();
+                    assert_eq!(out.len(), h.len() + d.len());
+                    std::hint::black_box(out);
+                }
+                dec_s = dec_s.min(cpu_seconds() - t0);
             }
-            let enc_s = cpu_seconds() - t0;
-            let t0 = cpu_seconds();
-            for ((h, d), s) in recs.iter().zip(&stored) {
-                let out = decode(codec, s, (h.len() + d.len()) as u64).unwrap();
-                assert_eq!(out.len(), h.len() + d.len());
-                std::hint::black_box(out);
-            }
-            let dec_s = cpu_seconds() - t0;
             let st: usize = stored.iter().map(Vec::len).sum();
             println!(
                 "| {name} | {codec} | {:.4} | {:.2} | {:.2} |",

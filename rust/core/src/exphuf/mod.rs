@@ -9,6 +9,8 @@
 //! the same channel's element one row back, which predicts sign and exponent (see [`block`]).
 
 mod block;
+mod block_decode;
+mod block_encode;
 pub mod huffman;
 
 use crate::blob;
@@ -79,11 +81,11 @@ pub fn encode(pieces: &[&[u8]], out: &mut Vec<u8>) -> Result<(), String> {
                     [.., _, last] => *last as usize,
                     _ => 0,
                 };
-                let plan = block::Plan { stride, exp_shift };
+                let plan = block_encode::Plan { stride, exp_shift };
                 if w == 2 {
-                    block::encode::<2>(data, &plan, out);
+                    block_encode::encode::<2>(data, &plan, out);
                 } else {
-                    block::encode::<4>(data, &plan, out);
+                    block_encode::encode::<4>(data, &plan, out);
                 }
             }
             None => out.extend_from_slice(data),
@@ -117,8 +119,8 @@ pub fn decode(stored: &[u8], raw_len: u64) -> Result<Vec<u8>, String> {
         let dst = &mut out[t.range.clone()];
         let name = &t.spec.name;
         match coded(t.spec.dtype) {
-            Some((2, _)) => block::decode::<2>(stored, &mut at, dst),
-            Some(_) => block::decode::<4>(stored, &mut at, dst),
+            Some((2, _)) => block_decode::decode::<2>(stored, &mut at, dst),
+            Some(_) => block_decode::decode::<4>(stored, &mut at, dst),
             None => match stored.get(at..at + dst.len()) {
                 Some(src) => {
                     dst.copy_from_slice(src);

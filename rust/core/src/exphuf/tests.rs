@@ -132,9 +132,9 @@ fn every_stream_count_decodes() {
     for streams in [1usize, 2, 4, 8] {
         let data = activations(40, 33, 2, streams as u64);
         let mut out = Vec::new();
-        block::encode_with_streams::<2>(
+        block_encode::encode_with_streams::<2>(
             &data,
-            &block::Plan {
+            &block_encode::Plan {
                 stride: 33,
                 exp_shift: 0,
             },
@@ -143,7 +143,7 @@ fn every_stream_count_decodes() {
         );
         let mut back = vec![0u8; data.len()];
         let mut at = 0;
-        block::decode::<2>(&out, &mut at, &mut back).unwrap();
+        block_decode::decode::<2>(&out, &mut at, &mut back).unwrap();
         assert_eq!(at, out.len());
         assert_eq!(back, data, "{streams} streams");
     }
