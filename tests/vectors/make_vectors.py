@@ -212,7 +212,15 @@ def describe(path: str) -> dict:
     return desc
 
 
-FILES = ["none.lts", "zstd.lts", "bp16-zstd.lts", "exp-huf.lts", "open-torn.lts", "corrupt-payload.lts", "open-damaged.lts"]
+FILES = [
+    "none.lts",
+    "zstd.lts",
+    "bp16-zstd.lts",
+    "exp-huf.lts",
+    "open-torn.lts",
+    "corrupt-payload.lts",
+    "open-damaged.lts",
+]
 
 
 def main(out: str) -> None:
