@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import zstandard
 
-from layertap._spec.codecs import split_planes
 from layertap._py import exphuf
+from layertap._spec.codecs import split_planes
 from layertap._spec.format import CODEC_BP16_ZSTD, CODEC_EXP_HUF, CODEC_NONE
 
 #: zstd parameters of ``bp16-zstd`` at level 1 (the default), tuned on the byte planes of bf16

@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import zstandard
 
+from layertap._spec import exphuf
 from layertap._spec.blob import parse_header
 from layertap._spec.dtypes import TWO_BYTE
-from layertap._spec import exphuf
 from layertap._spec.format import CODEC_BP16_ZSTD, CODEC_EXP_HUF, CODEC_NONE, CODEC_ZSTD, CODECS, FormatProblem
 from layertap.errors import InvalidInputError
 

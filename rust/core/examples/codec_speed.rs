@@ -26,14 +26,26 @@ fn cpu_seconds() -> f64 {
 }
 
 fn main() {
-    let path = std::env::args().nth(1).expect("usage: codec_speed ACTIVATIONS.safetensors");
+    let path = std::env::args()
+        .nth(1)
+        .expect("usage: codec_speed ACTIVATIONS.safetensors");
     let bytes = std::fs::read(&path).expect("read activations");
     let file = safetensors::SafeTensors::deserialize(&bytes).expect("a safetensors file");
-    let passes: usize = std::env::var("PASSES").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
-    let records: usize = std::env::var("RECORDS").ok().and_then(|v| v.parse().ok()).unwrap_or(16);
+    let passes: usize = std::env::var("PASSES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let records: usize = std::env::var("RECORDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16);
     println!("| dtype | codec | ratio | encode GB/CPU-s | decode GB/CPU-s |");
     println!("|---|---|---:|---:|---:|");
-    for (name, dtype) in [("bf16", Dtype::BF16), ("f16", Dtype::F16), ("f32", Dtype::F32)] {
+    for (name, dtype) in [
+        ("bf16", Dtype::BF16),
+        ("f16", Dtype::F16),
+        ("f32", Dtype::F32),
+    ] {
         let t = file.tensor(name).expect("tensor");
         let shape: Vec<u64> = t.shape().iter().map(|&d| d as u64).collect();
         let per_token = t.data().len() / shape[0] as usize;
@@ -45,7 +57,8 @@ fn main() {
                     shape: vec![RECORD_TOKENS as u64, shape[1], shape[2]],
                 };
                 let meta = BTreeMap::from([("key".to_string(), format!("r{r}"))]);
-                let data = &t.data()[r * RECORD_TOKENS * per_token..(r + 1) * RECORD_TOKENS * per_token];
+                let data =
+                    &t.data()[r * RECORD_TOKENS * per_token..(r + 1) * RECORD_TOKENS * per_token];
                 (build_header(&[spec], &meta).unwrap(), data)
             })
             .collect();

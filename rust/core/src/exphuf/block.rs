@@ -107,7 +107,9 @@ impl Head {
             return Err(format!("block has {contexts} contexts (1 to 16 allowed)"));
         }
         if !STREAM_COUNTS.contains(&streams) {
-            return Err(format!("block has {streams} streams (1, 2, 4 or 8 allowed)"));
+            return Err(format!(
+                "block has {streams} streams (1, 2, 4 or 8 allowed)"
+            ));
         }
         if b[2] != 0 || b[3] != 0 {
             return Err("block's reserved bytes are not zero".into());

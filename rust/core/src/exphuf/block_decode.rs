@@ -4,8 +4,8 @@
 //! code is met.
 
 use super::block::{
-    max_bits, parse_lengths, raw_bits, segment, symbol_of_top, top, top_of_symbol, Head,
-    FIXED_LEN, MODE_CODED, MODE_RAW, TABLE_LEN,
+    max_bits, parse_lengths, raw_bits, segment, symbol_of_top, top, top_of_symbol, Head, FIXED_LEN,
+    MODE_CODED, MODE_RAW, TABLE_LEN,
 };
 use super::huffman::{self, SYMBOLS};
 
@@ -18,7 +18,9 @@ pub fn decode<const W: usize>(src: &[u8], at: &mut usize, dst: &mut [u8]) -> Res
     *at += 1;
     match mode {
         MODE_RAW => {
-            let raw = src.get(*at..*at + dst.len()).ok_or("raw block is cut off")?;
+            let raw = src
+                .get(*at..*at + dst.len())
+                .ok_or("raw block is cut off")?;
             dst.copy_from_slice(raw);
             *at += dst.len();
             Ok(())
@@ -28,18 +30,13 @@ pub fn decode<const W: usize>(src: &[u8], at: &mut usize, dst: &mut [u8]) -> Res
     }
 }
 
-fn decode_coded<const W: usize>(
-    src: &[u8],
-    at: &mut usize,
-    dst: &mut [u8],
-) -> Result<(), String> {
+fn decode_coded<const W: usize>(src: &[u8], at: &mut usize, dst: &mut [u8]) -> Result<(), String> {
     let fixed = src.get(*at..*at + FIXED_LEN).ok_or("block is cut off")?;
     let head = Head::parse(fixed)?;
     *at += FIXED_LEN;
     // Offset in `table` of the context each top-9 value picks.
-    let ctx_base: [u32; SYMBOLS] = std::array::from_fn(|t| {
-        head.context_of_symbol[symbol_of_top(t)] as u32 * TABLE_LEN as u32
-    });
+    let ctx_base: [u32; SYMBOLS] =
+        std::array::from_fn(|t| head.context_of_symbol[symbol_of_top(t)] as u32 * TABLE_LEN as u32);
     let r = raw_bits::<W>();
     let mut table = vec![0u32; head.contexts * TABLE_LEN];
     for (c, t) in table.chunks_exact_mut(TABLE_LEN).enumerate() {
@@ -53,9 +50,7 @@ fn decode_coded<const W: usize>(
     }
 
     let streams = head.streams;
-    let lens = src
-        .get(*at..*at + 8 * streams)
-        .ok_or("block is cut off")?;
+    let lens = src.get(*at..*at + 8 * streams).ok_or("block is cut off")?;
     let mut bases = [0usize; 8];
     let mut ends = [0usize; 8];
     let mut next = *at + 8 * streams;
@@ -88,7 +83,7 @@ fn decode_coded<const W: usize>(
                 "stream {k} holds {len} bytes but its elements take {used} bits"
             ));
         }
-        if used % 8 != 0 && src[ends[k] - 1] >> (used % 8) != 0 {
+        if !used.is_multiple_of(8) && src[ends[k] - 1] >> (used % 8) != 0 {
             return Err(format!("stream {k}: padding bits are not zero"));
         }
     }
@@ -137,7 +132,9 @@ fn run<const W: usize, const S: usize>(
     dst: &mut [u8],
     bases: &[usize; 8],
 ) -> ([u64; 8], bool) {
-    assert!(ctx_base.iter().all(|&b| b as usize + TABLE_LEN <= table.len()));
+    assert!(ctx_base
+        .iter()
+        .all(|&b| b as usize + TABLE_LEN <= table.len()));
     let n = dst.len() / W;
     let starts: [usize; S] = std::array::from_fn(|k| segment(n, S, k).start);
     let lens: [usize; S] = std::array::from_fn(|k| segment(n, S, k).len());
@@ -228,8 +225,8 @@ fn run<const W: usize, const S: usize>(
             return (bit, true);
         }
     }
-    for k in 0..S {
-        for j in common..lens[k] {
+    for (k, &len) in lens.iter().enumerate() {
+        for j in common..len {
             checked(k, j, dst, &mut bit, &mut bad);
         }
     }

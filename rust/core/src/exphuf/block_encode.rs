@@ -93,7 +93,12 @@ fn encode_coded<const W: usize>(data: &[u8], plan: &Plan, streams: usize, out: &
     let mut hist = vec![0u32; ENC_LEN];
     for k in 0..streams {
         let seg = segment(n, streams, k);
-        count::<W>(&data[seg.start * W..seg.end * W], stride, &ctx_off, &mut hist);
+        count::<W>(
+            &data[seg.start * W..seg.end * W],
+            stride,
+            &ctx_off,
+            &mut hist,
+        );
     }
 
     // Codes per context; the encoding table holds `reversed code | length << 16`, indexed like
@@ -127,7 +132,13 @@ fn encode_coded<const W: usize>(data: &[u8], plan: &Plan, streams: usize, out: &
     for k in 0..streams {
         let seg = segment(n, streams, k);
         let start = out.len();
-        encode_stream::<W>(&data[seg.start * W..seg.end * W], stride, &ctx_off, &table, out);
+        encode_stream::<W>(
+            &data[seg.start * W..seg.end * W],
+            stride,
+            &ctx_off,
+            &table,
+            out,
+        );
         let len = (out.len() - start) as u64;
         out[lens_at + 8 * k..lens_at + 8 * k + 8].copy_from_slice(&len.to_le_bytes());
     }
@@ -176,7 +187,10 @@ fn encode_stream<const W: usize>(
     }
     if free < n {
         for (x, p) in seg[stride * W..].chunks_exact(W).zip(seg.chunks_exact(W)) {
-            put(x, table[(ctx_off[top::<W>(p)] as usize + top::<W>(x)) & (ENC_LEN - 1)]);
+            put(
+                x,
+                table[(ctx_off[top::<W>(p)] as usize + top::<W>(x)) & (ENC_LEN - 1)],
+            );
         }
     }
     // The last byte, padded with zero bits.

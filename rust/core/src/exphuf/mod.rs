@@ -67,7 +67,9 @@ pub fn encode(pieces: &[&[u8]], out: &mut Vec<u8>) -> Result<(), String> {
     }
     let n = u64::from_le_bytes(prefix.try_into().expect("8 bytes"));
     if n > blob::MAX_HEADER_LEN as u64 || 8 + n > total as u64 {
-        return Err(format!("safetensors header length {n} does not fit the blob"));
+        return Err(format!(
+            "safetensors header length {n} does not fit the blob"
+        ));
     }
     let head = gather(pieces, 0..8 + n as usize, &mut scratch).to_vec();
     let header = blob::parse_header_of(&head, total)?;
@@ -108,7 +110,9 @@ pub fn decode(stored: &[u8], raw_len: u64) -> Result<Vec<u8>, String> {
     }
     let n = u64::from_le_bytes(stored[..8].try_into().expect("8 bytes"));
     if n > blob::MAX_HEADER_LEN as u64 || 8 + n > stored.len().min(raw_len) as u64 {
-        return Err(format!("safetensors header length {n} does not fit the payload"));
+        return Err(format!(
+            "safetensors header length {n} does not fit the payload"
+        ));
     }
     let head_len = 8 + n as usize;
     let header = blob::parse_header_of(&stored[..head_len], raw_len)?;

@@ -76,10 +76,7 @@ fn activations_compress_and_round_trip() {
     for (dtype, width) in [(Dtype::BF16, 2), (Dtype::F16, 2), (Dtype::F32, 4)] {
         let data = activations(64, 96, width, 7);
         let ids = noise(64 * 8, 3);
-        let (h, d) = blob(&[
-            (dtype, vec![64, 1, 96], data),
-            (Dtype::I64, vec![64], ids),
-        ]);
+        let (h, d) = blob(&[(dtype, vec![64, 1, 96], data), (Dtype::I64, vec![64], ids)]);
         let stored = round_trip(&h, &d);
         let raw = h.len() + d.iter().map(Vec::len).sum::<usize>();
         assert!(stored.len() < raw, "{dtype}: {} >= {raw}", stored.len());
@@ -94,7 +91,11 @@ fn every_length_round_trips() {
         for cols in [1u64, 3, 4, 7, 64] {
             let rows = (n as u64).div_ceil(cols);
             let n = (rows * cols) as usize;
-            let (h, d) = blob(&[(Dtype::BF16, vec![rows, cols], activations(n, 1, 2, n as u64))]);
+            let (h, d) = blob(&[(
+                Dtype::BF16,
+                vec![rows, cols],
+                activations(n, 1, 2, n as u64),
+            )]);
             round_trip(&h, &d);
         }
     }
@@ -114,7 +115,11 @@ fn constant_and_random_tensors_round_trip() {
     // All-zero: one symbol, 1 bit + 7 raw bits per element, about half; random bytes do not
     // compress and are stored raw (1 byte more each).
     let zeros_at_most = 5000 + 800;
-    assert!(stored.len() <= h.len() + zeros_at_most + 2 * 10_001 + 3, "{}", stored.len());
+    assert!(
+        stored.len() <= h.len() + zeros_at_most + 2 * 10_001 + 3,
+        "{}",
+        stored.len()
+    );
 }
 
 #[test]
@@ -160,7 +165,9 @@ fn damaged_payloads_are_errors() {
     assert!(decode(&stored[..stored.len() - 1], raw_len).is_err());
     let mut longer = stored.clone();
     longer.push(0);
-    assert!(decode(&longer, raw_len).unwrap_err().contains("after the last"));
+    assert!(decode(&longer, raw_len)
+        .unwrap_err()
+        .contains("after the last"));
     // Every single-byte change of the block either fails or decodes to a blob of raw_len
     // bytes (a flipped mantissa bit is still a valid stream); none panics.
     for at in h.len()..stored.len() {
