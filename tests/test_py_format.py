@@ -175,8 +175,10 @@ def test_bp16_transforms_only_two_byte_tensors():
     c = bf16
     want = header + a[1::2].tobytes() + a[0::2].tobytes() + i64.tobytes() + c[1::2].tobytes() + c[0::2].tobytes()
     assert transformed == want
-    raw = codecs.decode(fmt.CODEC_BP16_ZSTD, stored, len(want))
-    assert bytes(raw) == header + f16.tobytes() + i64.tobytes() + bf16.tobytes()
+    decoded = codecs.decode(fmt.CODEC_BP16_ZSTD, stored, len(want))
+    assert bytes(decoded.blob) == header + f16.tobytes() + i64.tobytes() + bf16.tobytes()
+    metadata, tensors, _ = blob.parse_header(decoded.blob)
+    assert (decoded.metadata, decoded.tensors) == (metadata, tensors)
     with pytest.raises(FormatProblem, match="frame header says"):
         codecs.decode(fmt.CODEC_BP16_ZSTD, stored, len(want) + 1)
 

@@ -162,7 +162,7 @@ def test_forked_child_gets_a_clear_error(tmp_path):
         pid = os.fork()
         if pid == 0:  # the child: every call must refuse, naming the fork
             msg = "ok"
-            for call in (lambda: w.submit("child", make_tensors(1)), w.poll, w.flush):
+            for call in (lambda: w.submit("child", make_tensors(1)), w.poll, w.flush, lambda: w.stats):
                 try:
                     call()
                     msg = "a call worked in the child"

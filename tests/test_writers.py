@@ -18,6 +18,7 @@ import torch
 
 import layertap
 from helpers import make_tensors, mounted, run_python, shard_files, takes_o_direct, writer_class
+from layertap._spec.lock import is_locked
 from layertap.errors import DuplicateKeyError, InvalidInputError, OptionError, WriterClosedError
 
 
@@ -364,6 +365,26 @@ def test_reading_while_the_writer_is_open(tmp_path, kind):
         w.submit("b", make_tensors(1))
     with read(tmp_path) as ds:
         assert ds.keys() == ["a", "b"] and ds.shards[0].complete and not ds.shards[0].being_written
+
+
+def test_a_complete_shard_is_unlocked_before_its_fsync(tmp_path, kind):
+    """A shard is unlocked once its trailer is written: when the first record of the next shard
+    is reported, the shards before it are not being written and ``recover`` leaves them as they
+    are. (The Rust writer fsyncs them on its sync thread meanwhile; they used to stay locked until
+    that fsync ended, and ``recover`` refused them.)"""
+    with Writer(kind, tmp_path, durability="close", shard_size=4096, writer_id="w") as w:
+        newest = None
+        for i in range(24):
+            w.submit(f"k{i}", make_tensors(i, tokens=8, hidden=32))
+            shard = w.poll(timeout=30.0)[-1].shard
+            if shard == newest:
+                continue
+            for path in shard_files(tmp_path):
+                if path < shard:
+                    assert not is_locked(path), path
+                    assert layertap.recover(path).was_complete, path
+            newest = shard
+    assert len(shard_files(tmp_path)) > 3
 
 
 def test_writer_left_open_at_exit_completes_its_shard(tmp_path, kind):

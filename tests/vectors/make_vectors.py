@@ -200,7 +200,7 @@ def describe(path: str) -> dict:
                 rec["error"] = _reason(err, path)
                 desc["verify_problems"].append({"kind": "corrupt_record", "offset": e.frame_offset, "key": e.key})
             else:
-                raw = decode(e.codec, r.pread(e.payload_offset, e.stored_len), e.raw_len)
+                raw = decode(e.codec, r.pread(e.payload_offset, e.stored_len), e.raw_len).blob
                 rec["ok"] = True
                 rec["raw_crc32c"] = crc32c(raw)
                 rec["metadata"] = metadata

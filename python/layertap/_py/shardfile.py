@@ -99,8 +99,12 @@ class ShardFile:
         self.synced_to = self.offset
 
     def finish(self, sync: bool) -> None:
-        """Writes the index frame and trailer, fsyncs if asked, and releases the file."""
+        """Writes the index frame and trailer, releases the lock, fsyncs if asked, and closes the
+        file. The lock says a live writer may still change the shard; no byte of a complete one
+        changes again, so readers and ``recover`` need not wait for the fsync (as the Rust
+        writer, which fsyncs on another thread)."""
         self.write([encode_footer(self.entries, self.offset)])
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
         if sync:
             self.fsync()
         self.release()

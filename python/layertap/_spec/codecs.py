@@ -6,11 +6,13 @@ and levels writers accept, the byte-plane transform, and decoding. Encoding is t
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import zstandard
 
 from layertap._spec import exphuf
-from layertap._spec.blob import parse_header
+from layertap._spec.blob import TensorInfo, parse_header
 from layertap._spec.dtypes import TWO_BYTE
 from layertap._spec.format import CODEC_BP16_ZSTD, CODEC_EXP_HUF, CODEC_NONE, CODEC_ZSTD, CODECS, FormatProblem
 from layertap.errors import InvalidInputError
@@ -54,9 +56,20 @@ def join_planes(src, out: np.ndarray) -> None:
     np.bitwise_or(out16, a[m:], out=out16)
 
 
-def decode(codec: int, stored, raw_len: int):
-    """Decodes a stored payload into the raw blob of ``raw_len`` bytes (a writable buffer when
-    the codec made a new one). Raises FormatProblem saying why it cannot."""
+class Decoded(NamedTuple):
+    """A decoded payload: the raw blob and its parsed, checked safetensors header."""
+
+    blob: object
+    """The blob, ``raw_len`` bytes (a writable buffer when the codec made a new one)."""
+    metadata: dict[str, str]
+    tensors: list[TensorInfo]
+    """In the order of their data; offsets are absolute (header included)."""
+
+
+def decode(codec: int, stored, raw_len: int) -> Decoded:
+    """Decodes a stored payload into the raw blob of ``raw_len`` bytes and parses the blob's
+    header (once: ``bp16-zstd`` needs it to join the byte planes, and readers use it). Raises
+    FormatProblem saying why the payload cannot be decoded or is not a valid blob."""
     if codec == CODEC_NONE:
         out = stored
     elif codec == CODEC_EXP_HUF:
@@ -82,11 +95,12 @@ def decode(codec: int, stored, raw_len: int):
         raise FormatProblem(f"unknown codec id {codec}")
     if len(out) != raw_len:
         raise FormatProblem(f"decoded {len(out)} bytes, frame says {raw_len}")
+    # Only tensor data is split into planes, so the header parses the same before and after.
+    metadata, tensors, _ = parse_header(out)
     if codec == CODEC_BP16_ZSTD:
-        _, tensors, _ = parse_header(out)
         joined = np.frombuffer(out, dtype=np.uint8).copy()
         for t in tensors:
             if t.end - t.begin and t.dtype in TWO_BYTE:
                 join_planes(out[t.begin : t.end], joined[t.begin : t.end])
         out = memoryview(joined).cast("B")
-    return out
+    return Decoded(out, metadata, tensors)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from layertap._spec.blob import parse_header
 from layertap._spec.codecs import decode
 from layertap._spec.format import FormatProblem, crc32c
 
@@ -24,8 +23,7 @@ def decode_record(stored, *, key: str, codec: int, raw_len: int, payload_crc: in
         crc = crc32c(stored)
         if crc != payload_crc:
             raise FormatProblem(f"payload checksum mismatch (frame says {payload_crc:#010x}, payload has {crc:#010x})")
-    raw = decode(codec, stored, raw_len)
-    metadata, tensors, _ = parse_header(raw)
+    raw, metadata, tensors = decode(codec, stored, raw_len)
     if metadata.get("key") != key:
         raise FormatProblem(f"__metadata__ key {metadata.get('key')!r} differs from the frame key")
     view = raw if isinstance(raw, memoryview) else memoryview(raw).cast("B")

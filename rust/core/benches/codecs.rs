@@ -99,7 +99,7 @@ fn codecs(c: &mut Criterion) {
             let mut crc = crc32c(&sample.header);
             crc = crc32c::crc32c_append(crc, &sample.hidden);
             black_box(crc32c::crc32c_append(crc, &sample.ids))
-        })
+        });
     });
     for codec in [Codec::Zstd, Codec::Bp16Zstd] {
         for level in [1, 3] {
@@ -114,8 +114,8 @@ fn codecs(c: &mut Criterion) {
             g.bench_function(format!("{codec} level {level}"), |b| {
                 b.iter(|| {
                     enc.encode_into(black_box(&sample.pieces()), &two_byte, &mut out)
-                        .unwrap()
-                })
+                        .unwrap();
+                });
             });
         }
     }
@@ -139,7 +139,7 @@ fn codecs(c: &mut Criterion) {
                 format!("{codec} level {level}")
             };
             g.bench_function(name, |b| {
-                b.iter(|| decode(codec, black_box(&stored), raw_len).unwrap())
+                b.iter(|| decode(codec, black_box(&stored), raw_len).unwrap());
             });
         }
     }

@@ -4,70 +4,9 @@
 
 use crate::blob;
 use crate::error::{Error, Result};
-
-/// How a record's payload is stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Codec {
-    /// Stored as is.
-    None,
-    /// One zstd frame.
-    Zstd,
-    /// Byte-plane split of 2-byte tensors, then one zstd frame.
-    Bp16Zstd,
-    /// Floating tensors' top 9 bits Huffman-coded in context, the other bits stored.
-    ExpHuf,
-}
-
-impl Codec {
-    /// Every codec.
-    pub const ALL: [Codec; 4] = [Codec::None, Codec::Zstd, Codec::Bp16Zstd, Codec::ExpHuf];
-
-    /// The id stored in frame headers.
-    pub fn id(self) -> u8 {
-        match self {
-            Codec::None => 0,
-            Codec::Zstd => 1,
-            Codec::Bp16Zstd => 2,
-            Codec::ExpHuf => 3,
-        }
-    }
-
-    /// The codec with stored id `id`.
-    pub fn from_id(id: u8) -> Result<Codec> {
-        Codec::ALL
-            .into_iter()
-            .find(|c| c.id() == id)
-            .ok_or_else(|| Error::invalid(format!("unknown codec id {id}")))
-    }
-
-    /// The codec's name (`"none"`, `"zstd"`, `"bp16-zstd"`, `"exp-huf"`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Codec::None => "none",
-            Codec::Zstd => "zstd",
-            Codec::Bp16Zstd => "bp16-zstd",
-            Codec::ExpHuf => "exp-huf",
-        }
-    }
-
-    /// The codec named `name`.
-    pub fn from_name(name: &str) -> Result<Codec> {
-        Codec::ALL
-            .into_iter()
-            .find(|c| c.name() == name)
-            .ok_or_else(|| {
-                Error::invalid(format!(
-                    "unknown codec {name:?}; choose one of: none, zstd, bp16-zstd, exp-huf"
-                ))
-            })
-    }
-}
-
-impl std::fmt::Display for Codec {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
+/// The codec ids and names are part of the format (docs/FORMAT.md, "Codecs"); this module holds
+/// what each codec does.
+pub use crate::format::Codec;
 
 /// Checks a zstd level.
 pub fn check_level(level: i32) -> Result<()> {
@@ -347,9 +286,19 @@ fn codec_err(codec: Codec, e: impl std::fmt::Display) -> Error {
 // ---------------------------------------------------------------------------------------------
 // Decoding
 
-/// Decodes a stored payload into the raw blob of `raw_len` bytes.
-/// `Err(reason)` says why the payload cannot be decoded.
-pub fn decode(codec: Codec, stored: &[u8], raw_len: u64) -> std::result::Result<Vec<u8>, String> {
+/// A decoded payload: the raw blob and its parsed, checked safetensors header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decoded {
+    /// The safetensors blob, `raw_len` bytes.
+    pub blob: Vec<u8>,
+    /// Its header, parsed once here (`bp16-zstd` needs it to join the byte planes back), so
+    /// that readers need not parse it again.
+    pub header: blob::BlobHeader,
+}
+
+/// Decodes a stored payload into the raw blob of `raw_len` bytes and parses the blob's header.
+/// `Err(reason)` says why the payload cannot be decoded or is not a valid blob.
+pub fn decode(codec: Codec, stored: &[u8], raw_len: u64) -> std::result::Result<Decoded, String> {
     let raw_len = usize::try_from(raw_len).map_err(|_| "raw length too large".to_string())?;
     let mut out = match codec {
         Codec::None => stored.to_vec(),
@@ -373,15 +322,25 @@ pub fn decode(codec: Codec, stored: &[u8], raw_len: u64) -> std::result::Result<
             out
         }
     };
-    crate::format::check_raw_len(out.len(), raw_len as u64)?;
+    check_raw_len(out.len(), raw_len as u64)?;
+    // The header is not transformed (only tensor data is split into planes), so it parses the
+    // same before and after the planes are joined.
+    let header = blob::parse_header(&out)?;
     if codec == Codec::Bp16Zstd {
-        let header = blob::parse_header(&out)?;
         for r in two_byte_ranges(&header) {
             let planes = out[r.clone()].to_vec();
             join_planes(&planes, &mut out[r]);
         }
     }
-    Ok(out)
+    Ok(Decoded { blob: out, header })
+}
+
+/// Checks that a decoded payload's length is what the frame promised.
+pub fn check_raw_len(got: usize, want: u64) -> Result<(), String> {
+    if got as u64 != want {
+        return Err(format!("decoded {got} bytes, frame says {want}"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -446,11 +405,9 @@ mod tests {
             let stored = enc
                 .encode(&[&header, &h, &t], &[false, true, false])
                 .unwrap();
-            assert_eq!(
-                decode(codec, &stored, raw.len() as u64).unwrap(),
-                raw,
-                "{codec}"
-            );
+            let decoded = decode(codec, &stored, raw.len() as u64).unwrap();
+            assert_eq!(decoded.blob, raw, "{codec}");
+            assert_eq!(decoded.header, blob::parse_header(&raw).unwrap(), "{codec}");
             assert!(decode(codec, &stored, raw.len() as u64 + 1).is_err());
         }
     }
@@ -490,7 +447,7 @@ mod tests {
                     .encode(&[&header, &h, &b, &f], &[false, true, false, true])
                     .unwrap();
                 assert_eq!(
-                    decode(codec, &stored, raw.len() as u64).unwrap(),
+                    decode(codec, &stored, raw.len() as u64).unwrap().blob,
                     raw,
                     "{codec}"
                 );
@@ -499,13 +456,7 @@ mod tests {
     }
 
     #[test]
-    fn names_and_levels() {
-        for c in Codec::ALL {
-            assert_eq!(Codec::from_name(c.name()).unwrap(), c);
-            assert_eq!(Codec::from_id(c.id()).unwrap(), c);
-        }
-        assert!(Codec::from_name("lz4").is_err());
-        assert!(Codec::from_id(9).is_err());
+    fn levels() {
         assert!(check_level(3).is_ok());
         assert!(check_level(99).is_err());
     }

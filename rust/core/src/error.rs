@@ -97,6 +97,14 @@ impl Error {
         }
     }
 
+    /// Shorthand for [`Error::NotAShard`].
+    pub fn not_a_shard(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
+        Error::NotAShard {
+            path: path.into(),
+            reason: reason.into(),
+        }
+    }
+
     /// Shorthand for [`Error::InvalidInput`].
     pub fn invalid(msg: impl Into<String>) -> Self {
         Error::InvalidInput(msg.into())

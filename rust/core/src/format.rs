@@ -1,7 +1,7 @@
-//! Byte layout of shards: file header, frame header, index entries and trailer, exactly as
-//! docs/FORMAT.md describes them. Pure encoding and decoding; no I/O.
+//! Byte layout of shards: file header, frame header, index entries and trailer, and the codec
+//! ids frames carry, exactly as docs/FORMAT.md describes them. Pure encoding and decoding; no
+//! I/O. What each codec does to a payload is in [`crate::codec`], which builds on this module.
 
-use crate::codec::Codec;
 use crate::error::{Error, Result};
 
 /// First bytes of every shard.
@@ -67,6 +67,73 @@ impl FrameKind {
             2 => Some(FrameKind::Index),
             _ => None,
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Codec ids
+
+/// How a record's payload is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Codec {
+    /// Stored as is.
+    None,
+    /// One zstd frame.
+    Zstd,
+    /// Byte-plane split of 2-byte tensors, then one zstd frame.
+    Bp16Zstd,
+    /// Floating tensors' top 9 bits Huffman-coded in context, the other bits stored.
+    ExpHuf,
+}
+
+impl Codec {
+    /// Every codec.
+    pub const ALL: [Codec; 4] = [Codec::None, Codec::Zstd, Codec::Bp16Zstd, Codec::ExpHuf];
+
+    /// The id stored in frame headers.
+    pub fn id(self) -> u8 {
+        match self {
+            Codec::None => 0,
+            Codec::Zstd => 1,
+            Codec::Bp16Zstd => 2,
+            Codec::ExpHuf => 3,
+        }
+    }
+
+    /// The codec with stored id `id`.
+    pub fn from_id(id: u8) -> Result<Codec> {
+        Codec::ALL
+            .into_iter()
+            .find(|c| c.id() == id)
+            .ok_or_else(|| Error::invalid(format!("unknown codec id {id}")))
+    }
+
+    /// The codec's name (`"none"`, `"zstd"`, `"bp16-zstd"`, `"exp-huf"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Codec::None => "none",
+            Codec::Zstd => "zstd",
+            Codec::Bp16Zstd => "bp16-zstd",
+            Codec::ExpHuf => "exp-huf",
+        }
+    }
+
+    /// The codec named `name`.
+    pub fn from_name(name: &str) -> Result<Codec> {
+        Codec::ALL
+            .into_iter()
+            .find(|c| c.name() == name)
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "unknown codec {name:?}; choose one of: none, zstd, bp16-zstd, exp-huf"
+                ))
+            })
+    }
+}
+
+impl std::fmt::Display for Codec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -457,28 +524,12 @@ pub fn encode_footer(entries: &[IndexEntry], data_end: u64) -> Vec<u8> {
     out
 }
 
-/// Checks that a decoded payload's length is what the frame promised.
-pub fn check_raw_len(got: usize, want: u64) -> Result<(), String> {
-    if got as u64 != want {
-        return Err(format!("decoded {got} bytes, frame says {want}"));
-    }
-    Ok(())
-}
-
 impl From<FrameHeaderError> for String {
     fn from(e: FrameHeaderError) -> String {
         match e {
             FrameHeaderError::Truncated => "frame is cut off by the end of the file".into(),
             FrameHeaderError::Invalid(r) => r,
         }
-    }
-}
-
-/// Builds an [`Error::NotAShard`].
-pub fn not_a_shard(path: &std::path::Path, reason: impl Into<String>) -> Error {
-    Error::NotAShard {
-        path: path.to_path_buf(),
-        reason: reason.into(),
     }
 }
 
@@ -492,6 +543,16 @@ mod tests {
     }
 
     #[test]
+    fn codec_ids_and_names() {
+        for c in Codec::ALL {
+            assert_eq!(Codec::from_name(c.name()).unwrap(), c);
+            assert_eq!(Codec::from_id(c.id()).unwrap(), c);
+        }
+        assert!(Codec::from_name("lz4").is_err());
+        assert!(Codec::from_id(9).is_err());
+    }
+
+    #[test]
     fn file_header_round_trip() {
         let h = FileHeader {
             shard_id: [7; 16],
@@ -502,7 +563,7 @@ mod tests {
         let (back, len) = FileHeader::decode(&bytes).unwrap();
         assert_eq!(back, h);
         assert_eq!(len, bytes.len() as u64);
-        let mut bad = bytes.clone();
+        let mut bad = bytes;
         bad[20] ^= 1;
         assert!(FileHeader::decode(&bad).unwrap_err().contains("checksum"));
     }

@@ -3,10 +3,13 @@
 //! The shard format, codecs, writer and reader of layertap, with no Python in them. The Python
 //! bindings (`rust/python`) are a thin layer over this crate.
 //!
-//! - [`format`]: byte layout of shards (file header, frames, index, trailer).
+//! - [`format`](mod@format): byte layout of shards (file header, frames, index, trailer) and codec ids.
 //! - [`blob`]: the safetensors blob a record decodes to.
-//! - [`codec`]: `none`, `zstd`, `bp16-zstd`, `exp-huf`.
+//! - [`codec`]: what the codecs `none`, `zstd`, `bp16-zstd`, `exp-huf` do to a payload.
 //! - [`exphuf`]: codec `exp-huf`, Huffman-coded exponents of floating tensors.
+//!
+//! Modules depend downwards only: [`error`] < [`format`](mod@format) < [`blob`] < [`codec`] < [`reader`],
+//! [`writer`].
 //! - [`names`]: keys, writer ids, shard file names.
 //! - [`reader`]: memory-mapped shard reader, scanning of open shards, verification.
 //! - [`recover`]: making a shard whose writer died complete again.
@@ -14,8 +17,10 @@
 //!
 //! The format itself is specified in `docs/FORMAT.md`, included below as the [`spec`] module.
 
-#![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
+// A library reports through its return values, never on the process's stdout or stderr (its
+// tests may print).
+#![cfg_attr(not(test), warn(clippy::print_stdout, clippy::print_stderr))]
 
 pub mod blob;
 pub mod codec;

@@ -140,7 +140,7 @@ proptest! {
         let shard = build_shard(&recs, complete);
         let written: HashMap<String, Vec<u8>> =
             shard.entries.iter().map(|e| e.key.clone()).zip(shard.raws.iter().cloned()).collect();
-        let mut bytes = shard.bytes.clone();
+        let mut bytes = shard.bytes;
         for m in &mutations {
             m.apply(&mut bytes);
         }

@@ -194,10 +194,8 @@ fn being_written_follows_the_lock() {
     // A writer's lock: another open file holding LOCK_EX.
     let writer = File::open(&path).unwrap();
     // SAFETY: flock only reads the descriptor, which `writer` keeps open.
-    assert_eq!(
-        unsafe { libc::flock(writer.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
-        0
-    );
+    let rc = unsafe { libc::flock(writer.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    assert_eq!(rc, 0);
     assert!(is_being_written(&path).unwrap());
     assert!(r.is_being_written().unwrap());
     drop(writer);
@@ -228,7 +226,7 @@ fn files_that_are_not_shards() {
     let mut flags = good.clone();
     flags[10] = 1;
     cases.push(("flags", flags, "flags"));
-    let mut crc = good.clone();
+    let mut crc = good;
     crc[40] ^= 4;
     cases.push(("header crc", crc, "checksum"));
     let not_object = layertap_core::format::FileHeader {

@@ -173,17 +173,15 @@ fn complete_shards_are_left_untouched() {
 fn a_locked_shard_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let open = build_shard(&records(), false);
-    let mut bytes = open.bytes.clone();
+    let mut bytes = open.bytes;
     bytes.extend_from_slice(&[7; 21]);
     let path = write_file(dir.path(), "s.lts", &bytes);
 
     // Locked through another open file of this process.
     let writer = File::open(&path).unwrap();
     // SAFETY: flock only reads the descriptor, which `writer` keeps open.
-    assert_eq!(
-        unsafe { libc::flock(writer.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
-        0
-    );
+    let rc = unsafe { libc::flock(writer.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    assert_eq!(rc, 0);
     match recover(&path) {
         Err(Error::Locked { path: p }) => assert_eq!(p, path),
         other => panic!("{other:?}"),

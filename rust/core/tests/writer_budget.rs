@@ -67,7 +67,7 @@ fn check_blocks(w: &ShardWriter, second: RecordInput, gate: &Arc<(Mutex<bool>, C
             rx.recv_timeout(Duration::from_millis(300)).is_err(),
             "submit must wait for the budget"
         );
-        assert!(w.stats().inflight_bytes > 0);
+        assert!(w.stats().unwrap().inflight_bytes > 0);
         open_gate(gate);
         let seq = rx
             .recv_timeout(Duration::from_secs(20))
@@ -75,7 +75,11 @@ fn check_blocks(w: &ShardWriter, second: RecordInput, gate: &Arc<(Mutex<bool>, C
             .unwrap();
         assert_eq!(seq, 1);
     });
-    assert!(w.stats().blocked_seconds >= 0.25, "{:?}", w.stats());
+    assert!(
+        w.stats().unwrap().blocked_seconds >= 0.25,
+        "{:?}",
+        w.stats().unwrap()
+    );
 }
 
 #[test]
@@ -113,7 +117,7 @@ fn a_record_larger_than_the_budget_goes_alone() {
     let gate = Arc::new((Mutex::new(false), Condvar::new()));
     // Admitted at once although it is 50 times the budget: nothing else is in flight.
     w.submit(gated_record("huge", 50_000, &gate)).unwrap();
-    assert!(w.stats().inflight_bytes > 50_000);
+    assert!(w.stats().unwrap().inflight_bytes > 50_000);
     check_blocks(&w, gated_record("small", 10, &gate), &gate);
     w.close().unwrap();
     assert_eq!(read_records(dir.path()).len(), 2);
@@ -132,11 +136,11 @@ fn budget_bounds_inflight_bytes_under_load() {
         let mut max_seen = 0;
         for i in 0..200u64 {
             w.submit(record(&format!("r{i}"), 16, 256, i)).unwrap();
-            max_seen = max_seen.max(w.stats().inflight_bytes);
+            max_seen = max_seen.max(w.stats().unwrap().inflight_bytes);
         }
         assert!(max_seen <= budget, "{max_seen} > {budget}");
         w.close().unwrap();
-        let s = w.stats();
+        let s = w.stats().unwrap();
         assert_eq!(
             (s.records_written, s.inflight_bytes, s.queue_depth),
             (200, 0, 0)

@@ -34,7 +34,7 @@ fn rec(key: &str, tensors: Vec<TensorInput>) -> RecordInput {
 fn invalid(w: &ShardWriter, r: RecordInput, word: &str) {
     match w.submit(r) {
         Err(Error::InvalidInput(msg)) => {
-            assert!(msg.contains(word), "{msg:?} should mention {word:?}")
+            assert!(msg.contains(word), "{msg:?} should mention {word:?}");
         }
         other => panic!("expected InvalidInput mentioning {word:?}, got {other:?}"),
     }
@@ -93,7 +93,7 @@ fn bad_records_are_refused_with_invalid_input() {
     invalid(&w, with_key, "\"key\"");
 
     // None of it was queued, and the writer still works.
-    assert_eq!(w.stats().records_submitted, 0);
+    assert_eq!(w.stats().unwrap().records_submitted, 0);
     assert_eq!(w.submit(rec("k", ok())).unwrap(), 0);
     match w.submit(rec("k", ok())) {
         Err(Error::DuplicateKey { key }) => assert_eq!(key, "k"),
@@ -250,7 +250,7 @@ fn submit_many_takes_all_or_none() {
         matches!(&taken, Error::DuplicateKey { key } if key == "k0"),
         "{taken:?}"
     );
-    assert_eq!(w.stats().records_submitted, 1);
+    assert_eq!(w.stats().unwrap().records_submitted, 1);
 
     assert_eq!(
         w.submit_many(vec![rec("k1", ok()), rec("k2", ok()), rec("k3", ok())])

@@ -31,7 +31,7 @@ fn efbig_child() {
             rlim_cur: 100_000,
             rlim_max: 100_000,
         };
-        assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &lim), 0);
+        assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &raw const lim), 0);
     }
     // With `direct`, the write that crosses the limit is cut to a length that is not whole
     // blocks, which O_DIRECT refuses (EINVAL); the writer retries it through the page cache
@@ -68,7 +68,7 @@ fn efbig_child() {
                 "ERROR errno={} op={op} path={}",
                 source.raw_os_error().unwrap_or(0),
                 path.display()
-            )
+            );
         }
         other => println!("ERROR other {other}"),
     }
@@ -168,13 +168,14 @@ fn forked_child_cannot_use_the_writer() {
         let ok = refused(w.submit(record("child", 1, 4, 0)).map(|_| ()))
             && refused(w.poll().map(|_| ()))
             && refused(w.flush())
+            && refused(w.stats().map(|_| ()))
             && refused(w.close());
         // SAFETY: ends the child at once, leaving the parent's writer alone.
         unsafe { libc::_exit(if ok { 0 } else { 1 }) };
     }
     let mut status = 0;
     // SAFETY: waits for the child we forked.
-    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert_eq!(unsafe { libc::waitpid(pid, &raw mut status, 0) }, pid);
     assert!(
         libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
         "child status {status}"

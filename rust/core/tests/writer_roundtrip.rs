@@ -40,7 +40,7 @@ fn records_round_trip_in_order_with_completions() {
                 done.iter().map(|c| c.seq).collect::<Vec<_>>(),
                 (0..50).collect::<Vec<_>>()
             );
-            let stats = w.stats();
+            let stats = w.stats().unwrap();
             assert_eq!(
                 (
                     stats.records_submitted,
@@ -51,7 +51,7 @@ fn records_round_trip_in_order_with_completions() {
             );
             assert_eq!(stats.inflight_bytes, 0);
             w.close().unwrap();
-            assert_eq!(w.stats().shards_closed, 1);
+            assert_eq!(w.stats().unwrap().shards_closed, 1);
 
             let shards = read_dir(dir.path());
             assert_eq!(shards.len(), 1);
@@ -211,7 +211,7 @@ fn shards_rotate_at_shard_size_and_keep_order() {
         let mut want: Vec<String> = (0..9).map(|i| format!("r{i}")).collect();
         want.extend(["big".into(), "after".into()]);
         assert_eq!(keys, want);
-        assert_eq!(w.stats().shards_closed, 7);
+        assert_eq!(w.stats().unwrap().shards_closed, 7);
     }
 }
 

@@ -1,7 +1,8 @@
 //! The `fsync`s of the durability policies, done on the writer's sync thread: many shards with
 //! durability `OnClose` and every N bytes, both I/O backends, with and without direct I/O;
 //! `flush` and `close` return only once the syncs handed to that thread are done (a shard is
-//! counted closed, and its lock released, only after its `fsync`).
+//! counted closed only after its `fsync`; its lock is released before, once its trailer is
+//! written).
 //!
 //! That the I/O thread no longer waits for an `fsync` shows only on a disk where one is slow
 //! (benches/bench_writer.py prints the longest gap between completions); an `fsync` error is
@@ -11,6 +12,7 @@
 mod writer_support;
 
 use layertap_core::reader::{is_being_written, ShardReader};
+use layertap_core::recover::recover;
 use layertap_core::writer::{Durability, IoMode, ShardWriter, WriterConfig};
 use layertap_core::Codec;
 use std::path::Path;
@@ -77,7 +79,7 @@ fn many_shards_are_complete_and_synced_after_close() {
                 );
                 let shards = shard_paths(dir.path());
                 assert!(shards.len() > 20, "{what}: {} shards", shards.len());
-                let stats = w.stats();
+                let stats = w.stats().unwrap();
                 assert_eq!(stats.records_written, 300, "{what}");
                 assert_eq!(
                     stats.shards_closed,
@@ -122,7 +124,7 @@ fn flush_waits_for_the_syncs_of_closed_shards() {
                 // Every shard but the open one was handed to the sync thread, which synced,
                 // closed and counted it before it answered the flush.
                 assert_eq!(
-                    w.stats().shards_closed,
+                    w.stats().unwrap().shards_closed,
                     closed.len() as u64,
                     "{io:?} {durability:?}"
                 );
@@ -141,10 +143,53 @@ fn flush_waits_for_the_syncs_of_closed_shards() {
             assert_eq!(w.poll().unwrap().len(), 180);
             w.close().unwrap();
             assert_eq!(
-                w.stats().shards_closed,
+                w.stats().unwrap().shards_closed,
                 shard_paths(dir.path()).len() as u64
             );
             assert_eq!(check_complete(dir.path()).len(), 180);
+        }
+    }
+}
+
+/// A shard is unlocked once its trailer is written, not after its `fsync` on the sync thread:
+/// when the first record of a shard is reported, every shard before it is complete, free of
+/// its lock, and `recover` leaves it as it is (it refused it while the `fsync` ran).
+#[test]
+fn a_complete_shard_is_unlocked_before_its_fsync() {
+    for io in io_modes() {
+        for durability in POLICIES {
+            let what = format!("{io:?} {durability:?}");
+            let dir = tempfile::tempdir().unwrap();
+            let cfg = WriterConfig {
+                writer_id: Some("w".into()),
+                ..sync_config(io, durability, false)
+            };
+            let w = ShardWriter::open(dir.path(), cfg).unwrap();
+            let mut newest = None;
+            for n in 0..60u64 {
+                w.submit(record(&format!("k{n}"), 1 + n % 9, 96, n))
+                    .unwrap();
+                let mut done = Vec::new();
+                while done.is_empty() {
+                    done = w
+                        .poll_wait(Some(std::time::Duration::from_secs(30)))
+                        .unwrap();
+                }
+                let shard = done.last().unwrap().shard.clone();
+                if newest.as_ref() == Some(&shard) {
+                    continue;
+                }
+                // The first record of a new shard: the ones before it were just completed.
+                for path in shard_paths(dir.path()).iter().filter(|p| **p < shard) {
+                    assert!(!is_being_written(path).unwrap(), "{what}: {path:?} locked");
+                    let report = recover(path).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    assert!(report.was_complete, "{what}: {path:?}");
+                }
+                newest = Some(shard);
+            }
+            assert!(shard_paths(dir.path()).len() > 3, "{what}");
+            w.close().unwrap();
+            assert_eq!(check_complete(dir.path()).len(), 60, "{what}");
         }
     }
 }

@@ -55,7 +55,7 @@ impl HeldBuffer {
     fn release(mut self, _py: Python<'_>) {
         // SAFETY: the GIL is held (`_py`); the view was filled by PyObject_GetBuffer and is
         // released exactly once, as `self` is consumed.
-        unsafe { PyBuffer_Release(&mut *self.0) };
+        unsafe { PyBuffer_Release(&raw mut *self.0) };
     }
 }
 
@@ -87,7 +87,7 @@ impl PyRecordBuffer {
         });
         // SAFETY: the GIL is held (`obj` is bound); `obj` is a live object and `view` a valid,
         // boxed Py_buffer that the call fills.
-        if unsafe { PyObject_GetBuffer(obj.as_ptr(), &mut *view, PYBUF_C_CONTIGUOUS) } != 0 {
+        if unsafe { PyObject_GetBuffer(obj.as_ptr(), &raw mut *view, PYBUF_C_CONTIGUOUS) } != 0 {
             let err = PyErr::fetch(py);
             let kind = obj
                 .get_type()

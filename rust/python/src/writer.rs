@@ -251,7 +251,7 @@ impl NativeShardWriter {
     #[getter]
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         drain_graveyard(py);
-        let s = self.writer.stats();
+        let s = self.writer.stats().py_err()?;
         let d = PyDict::new(py);
         d.set_item("records_submitted", s.records_submitted)?;
         d.set_item("records_written", s.records_written)?;

@@ -20,7 +20,7 @@ pub use record::{Record, RecordBytes, MAP_MIN_BYTES};
 use crate::blob::{self, BlobHeader};
 use crate::codec::{self, Codec};
 use crate::error::{Error, Result};
-use crate::format::{crc32c, not_a_shard, FileHeader, FrameHeader, IndexEntry};
+use crate::format::{crc32c, FileHeader, FrameHeader, IndexEntry};
 use footer::Footer;
 use std::borrow::Cow;
 use std::fs::File;
@@ -73,12 +73,12 @@ impl ShardReader {
     pub(crate) fn from_file(path: PathBuf, file: File) -> Result<ShardReader> {
         let meta = file.metadata().map_err(|e| Error::io(&path, "stat", e))?;
         if !meta.is_file() {
-            return Err(not_a_shard(&path, "not a regular file"));
+            return Err(Error::not_a_shard(&path, "not a regular file"));
         }
-        let len =
-            usize::try_from(meta.len()).map_err(|_| not_a_shard(&path, "file too large to map"))?;
+        let len = usize::try_from(meta.len())
+            .map_err(|_| Error::not_a_shard(&path, "file too large to map"))?;
         if len == 0 {
-            return Err(not_a_shard(&path, "the file is empty"));
+            return Err(Error::not_a_shard(&path, "the file is empty"));
         }
         // SAFETY: the mapping is owned by the reader and outlives every slice of it we hand out
         // (they borrow the reader). It is read-only; shards are append-only, so layertap never
@@ -90,11 +90,11 @@ impl ShardReader {
         let map = unsafe { memmap2::MmapOptions::new().len(len).map(&file) }
             .map_err(|e| Error::io(&path, "mmap", e))?;
         let (header, header_len) =
-            FileHeader::decode(&map).map_err(|reason| not_a_shard(&path, reason))?;
+            FileHeader::decode(&map).map_err(|reason| Error::not_a_shard(&path, reason))?;
         match serde_json::from_str::<serde_json::Value>(&header.meta_json) {
             Ok(serde_json::Value::Object(_)) => {}
             _ => {
-                return Err(not_a_shard(
+                return Err(Error::not_a_shard(
                     &path,
                     "the shard metadata is not a JSON object",
                 ))
@@ -284,8 +284,9 @@ impl ShardReader {
         Ok(())
     }
 
-    /// Decodes a compressed payload.
-    fn decode(&self, e: &IndexEntry, stored: &[u8]) -> Result<Vec<u8>> {
+    /// Decodes a compressed payload; returns the blob and its header, parsed once by the codec
+    /// and checked to name the record's key.
+    fn decode(&self, e: &IndexEntry, stored: &[u8]) -> Result<(Vec<u8>, BlobHeader)> {
         if e.raw_len > e.stored_len.saturating_mul(ZSTD_MAX_RATIO) {
             return Err(self.corrupt(
                 e,
@@ -295,18 +296,21 @@ impl ShardReader {
                 ),
             ));
         }
-        codec::decode(e.codec, stored, e.raw_len).map_err(|reason| self.corrupt(e, reason))
+        let decoded =
+            codec::decode(e.codec, stored, e.raw_len).map_err(|reason| self.corrupt(e, reason))?;
+        let header = self.check_key(e, decoded.header)?;
+        Ok((decoded.blob, header))
     }
 
-    /// Parses a decoded blob's header and checks that its `__metadata__["key"]` is the record's.
+    /// Parses the header of a record's blob stored as is (codec `none`) and checks it.
     fn parse_blob(&self, e: &IndexEntry, raw: &[u8]) -> Result<BlobHeader> {
-        if raw.len() as u64 != e.raw_len {
-            return Err(self.corrupt(
-                e,
-                format!("decoded {} bytes, frame says {}", raw.len(), e.raw_len),
-            ));
-        }
+        codec::check_raw_len(raw.len(), e.raw_len).map_err(|reason| self.corrupt(e, reason))?;
         let header = blob::parse_header(raw).map_err(|reason| self.corrupt(e, reason))?;
+        self.check_key(e, header)
+    }
+
+    /// Checks that a blob's `__metadata__["key"]` is the record's.
+    fn check_key(&self, e: &IndexEntry, header: BlobHeader) -> Result<BlobHeader> {
         match header.metadata.get("key") {
             Some(k) if *k == e.key => Ok(header),
             Some(k) => Err(self.corrupt(e, format!("the payload's __metadata__ names key {k:?}"))),
@@ -324,12 +328,13 @@ impl ShardReader {
         if verify {
             self.check_crc(e, stored)?;
         }
-        let raw = match e.codec {
-            Codec::None => Cow::Borrowed(stored),
-            _ => Cow::Owned(self.decode(e, stored)?),
-        };
-        self.parse_blob(e, &raw)?;
-        Ok(raw)
+        match e.codec {
+            Codec::None => {
+                self.parse_blob(e, stored)?;
+                Ok(Cow::Borrowed(stored))
+            }
+            _ => Ok(Cow::Owned(self.decode(e, stored)?.0)),
+        }
     }
 
     /// Reads record `i` into bytes the caller owns and may modify (see [`RecordBytes`]): for
@@ -344,11 +349,17 @@ impl ShardReader {
         if verify {
             self.check_crc(e, stored)?;
         }
-        let bytes = match e.codec {
-            Codec::None => self.private_copy(e, stored),
-            _ => RecordBytes::from_vec(self.decode(e, stored)?),
+        let (bytes, header) = match e.codec {
+            Codec::None => {
+                let bytes = self.private_copy(e, stored);
+                let header = self.parse_blob(e, bytes.as_slice())?;
+                (bytes, header)
+            }
+            _ => {
+                let (blob, header) = self.decode(e, stored)?;
+                (RecordBytes::from_vec(blob), header)
+            }
         };
-        let header = self.parse_blob(e, bytes.as_slice())?;
         Ok(Record {
             key: e.key.clone(),
             offset: e.frame_offset,

@@ -57,7 +57,7 @@ impl AlignedBuf {
                 bytes.as_ptr(),
                 self.ptr.as_ptr().add(self.len),
                 bytes.len(),
-            )
+            );
         };
         self.len += bytes.len();
     }

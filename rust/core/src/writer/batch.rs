@@ -2,7 +2,7 @@
 //! frames' pieces, or an aligned bounce buffer for direct I/O) until the write is finished.
 
 use super::aligned::AlignedBuf;
-use super::encode::{Encoded, Payload};
+use super::encoded::{Encoded, Payload};
 use crate::format::FrameHeader;
 use std::os::fd::RawFd;
 
@@ -72,9 +72,9 @@ impl WriteOp {
         for rec in records {
             rec.for_each_piece(|p| {
                 iov.push(libc::iovec {
-                    iov_base: p.as_ptr() as *mut libc::c_void,
+                    iov_base: p.as_ptr().cast_mut().cast::<libc::c_void>(),
                     iov_len: p.len(),
-                })
+                });
             });
             let Encoded {
                 seq,
@@ -111,7 +111,7 @@ impl WriteOp {
     pub fn staged(fd: RawFd, fallback_fd: RawFd, offset: u64, buf: AlignedBuf) -> WriteOp {
         let bytes = buf.as_slice();
         let iov = vec![libc::iovec {
-            iov_base: bytes.as_ptr() as *mut libc::c_void,
+            iov_base: bytes.as_ptr().cast_mut().cast::<libc::c_void>(),
             iov_len: bytes.len(),
         }];
         let len = bytes.len() as u64;

@@ -22,7 +22,7 @@
 
 use super::aligned::BufferPool;
 use super::batch::WriteOp;
-use super::encode::Encoded;
+use super::encoded::Encoded;
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io;
@@ -179,7 +179,7 @@ fn same_file(a: &File, b: &OwnedFd) -> io::Result<bool> {
         // SAFETY: `st` is plain data that fstat fills in; `fd` is open for the whole call.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: as above; the pointer is valid for writes of one `stat`.
-        if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        if unsafe { libc::fstat(fd, &raw mut st) } != 0 {
             return Err(io::Error::last_os_error());
         }
         Ok((st.st_dev, st.st_ino))
@@ -206,7 +206,7 @@ fn dio_alignment(fd: &OwnedFd) -> Option<usize> {
             c"".as_ptr(),
             libc::AT_EMPTY_PATH,
             libc::STATX_DIOALIGN,
-            &mut stx,
+            &raw mut stx,
         )
     };
     if rc != 0 || stx.stx_mask & libc::STATX_DIOALIGN == 0 {
@@ -225,7 +225,7 @@ fn dio_alignment(fd: &OwnedFd) -> Option<usize> {
 mod tests {
     use super::*;
     use crate::format::{FrameHeader, FrameKind};
-    use crate::writer::encode::Payload;
+    use crate::writer::encoded::Payload;
     use crate::Codec;
 
     fn frame(seq: u64, len: usize) -> Encoded {

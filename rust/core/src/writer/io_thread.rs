@@ -8,7 +8,7 @@ use super::aligned::BufferPool;
 use super::batch::{Placed, WriteOp, IOV_MAX};
 use super::config::Durability;
 use super::direct;
-use super::encode::Encoded;
+use super::encoded::{Encoded, ToIo};
 use super::io::{Engine, Finished};
 use super::shard::{OpenShard, ShardNaming};
 use super::state::{Completion, Shared};
@@ -19,19 +19,6 @@ use crossbeam_channel::{Receiver, Sender};
 use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::sync::Arc;
-
-/// Messages to the I/O thread.
-pub(crate) enum ToIo {
-    /// A worker encoded a record.
-    Encoded(Encoded),
-    /// A worker could not encode a record.
-    Failed { raw_len: u64, error: Error },
-    /// Answer `ack` once every record before `upto` is written (and synced, per policy: then
-    /// the sync thread answers).
-    Flush { upto: u64, ack: Sender<()> },
-    /// Like `Flush`, then complete the open shard and stop.
-    Close { upto: u64, ack: Sender<()> },
-}
 
 /// The I/O thread's fixed settings.
 pub(crate) struct IoSettings {
@@ -541,7 +528,7 @@ impl IoLoop {
             if self.syncer.is_some() {
                 self.sync(SyncJob::Finish(complete))?;
             } else {
-                drop(complete); // closes the file, which releases the lock
+                drop(complete); // closes the file (`finish` released the lock)
                 self.shared.shard_closed();
             }
         }

@@ -27,6 +27,7 @@ mod batch;
 mod config;
 mod direct;
 mod encode;
+mod encoded;
 mod input;
 mod io;
 mod io_thread;
@@ -41,7 +42,8 @@ pub use state::{Completion, Stats};
 use crate::error::{Error, Result};
 use crossbeam_channel::Sender;
 use encode::Job;
-use io_thread::{IoSettings, ToIo};
+use encoded::ToIo;
+use io_thread::IoSettings;
 use parking_lot::Mutex;
 use shard::ShardNaming;
 use state::Shared;
@@ -150,7 +152,7 @@ impl ShardWriter {
             let name = format!("layertap-zstd-{n}");
             let timing = shared.clone();
             threads.push(spawn(&dir, name, shared.clone(), move || {
-                encode::run_worker(codec, level, rx, tx, &timing)
+                encode::run_worker(codec, level, rx, tx, &timing);
             })?);
         }
         Ok(ShardWriter {
@@ -312,11 +314,12 @@ impl ShardWriter {
         Ok(())
     }
 
-    /// The writer's counters.
-    pub fn stats(&self) -> Stats {
-        self.inner
-            .shared
-            .stats(self.inner.backend, self.inner.encoders)
+    /// The writer's counters. Refused in a forked child like every call that takes the
+    /// writer's locks: a thread of the parent may have held one at the fork, and no thread of
+    /// the child will ever release it.
+    pub fn stats(&self) -> Result<Stats> {
+        let inner = self.live()?;
+        Ok(inner.shared.stats(inner.backend, inner.encoders))
     }
 
     /// The I/O backend in use.
@@ -384,4 +387,54 @@ fn spawn(
             }
         })
         .map_err(|e| Error::io(dir, "spawn thread", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// A forked child inherits the writer's state lock as it was at the fork, and no thread of
+    /// the child will ever release it: `stats` must refuse before taking it (it used to take
+    /// it first, and the child hung).
+    #[test]
+    fn stats_in_a_forked_child_refuses_without_taking_the_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = ShardWriter::open(dir.path(), WriterConfig::default()).unwrap();
+        let held = w.inner.shared.hold_lock(); // as a writer thread may hold it at a fork
+                                               // SAFETY: the child only calls `stats` and leaves with `_exit`, running no destructor.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let refused =
+                matches!(w.stats(), Err(Error::Closed(Some(m))) if m.contains("forked child"));
+            // SAFETY: ends the child at once, leaving the parent's writer alone.
+            unsafe { libc::_exit(if refused { 0 } else { 1 }) };
+        }
+        drop(held);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut status = 0;
+        loop {
+            // SAFETY: polls the child we forked; `status` is valid for writes.
+            let r = unsafe { libc::waitpid(pid, &raw mut status, libc::WNOHANG) };
+            if r == pid {
+                break;
+            }
+            assert_eq!(r, 0, "waitpid: {}", std::io::Error::last_os_error());
+            if Instant::now() > deadline {
+                // SAFETY: kills and reaps the child we forked.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                    libc::waitpid(pid, &raw mut status, 0);
+                }
+                panic!("stats() hung in the forked child on the lock held at the fork");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "child status {status}"
+        );
+        assert_eq!(w.stats().unwrap().records_submitted, 0);
+        w.close().unwrap();
+    }
 }

@@ -26,8 +26,9 @@ pub(crate) struct OpenShard {
     /// Direct I/O state, when the shard is written with `O_DIRECT`. Declared before `file` so
     /// that its descriptor closes first: closing `file` releases the lock.
     pub direct: Option<DirectShard>,
-    /// Shared with the sync thread while it `fsync`s the shard; the file closes (and the lock
-    /// is released) when the last handle is dropped.
+    /// Shared with the sync thread while it `fsync`s the shard; the file closes when the last
+    /// handle is dropped. The lock is released by [`OpenShard::finish`] once the shard is
+    /// complete, or with the file when the shard is left open (a failed writer).
     file: Arc<File>,
     /// Where the next frame goes (past every frame handed to the backend).
     pub alloc_end: u64,
@@ -175,9 +176,14 @@ impl OpenShard {
         }
     }
 
-    /// Writes the index frame and trailer after the last frame. Every frame must be written
-    /// (none in flight). Returns the complete shard still open and locked, to be `fsync`ed
-    /// per the durability policy: dropping it closes the file, which releases the lock.
+    /// Writes the index frame and trailer after the last frame, then releases the lock. Every
+    /// frame must be written (none in flight). Returns the complete shard still open, to be
+    /// `fsync`ed per the durability policy; dropping it closes the file.
+    ///
+    /// The lock tells readers and `recover` that a live writer may still change the shard. No
+    /// byte of a complete shard changes again, so it is released here rather than when the file
+    /// closes after the `fsync`, which can take a second for a large shard on the sync thread:
+    /// meanwhile readers saw a complete shard as being written and `recover` refused it.
     pub fn finish(self) -> Result<ShardFile> {
         debug_assert_eq!(self.alloc_end, self.written_end);
         debug_assert!(self.unreported.is_empty());
@@ -191,6 +197,7 @@ impl OpenShard {
             path, direct, file, ..
         } = self;
         drop(direct);
+        unlock(&file);
         Ok(ShardFile { path, file })
     }
 
@@ -200,6 +207,13 @@ impl OpenShard {
     pub fn truncate_to_written(&self) {
         let _ = self.file.set_len(self.written_end);
     }
+}
+
+/// Releases the shard's lock, keeping the file open. Best effort: `LOCK_UN` of a lock this
+/// descriptor holds does not fail, and if it did the lock would still go with the file.
+fn unlock(file: &File) {
+    // SAFETY: flock on a descriptor `file` keeps open for the call; no memory is involved.
+    unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
 }
 
 /// A shard's path and a handle on its file: what the sync thread needs to `fsync` it.
@@ -275,4 +289,36 @@ pub(crate) fn next_shard_index(dir: &Path, writer_id: &str) -> Result<u64> {
         }
     }
     Ok(next)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reader::{is_being_written, ShardReader};
+    use crate::recover::recover;
+
+    /// A complete shard is unlocked as soon as its trailer is written, while the handle the sync
+    /// thread `fsync`s through is still open: readers see it complete and not being written, and
+    /// `recover` leaves it as it is instead of refusing it (issue 11 item 8).
+    #[test]
+    fn a_finished_shard_is_unlocked_before_its_fsync() {
+        let dir = tempfile::tempdir().unwrap();
+        let naming = ShardNaming {
+            dir: dir.path().to_path_buf(),
+            writer_id: "w".into(),
+            user_meta: BTreeMap::new(),
+        };
+        let shard = OpenShard::create(&naming, 0, None).unwrap();
+        let path = shard.path.clone();
+        assert!(is_being_written(&path).unwrap(), "an open shard is locked");
+        let complete = shard.finish().unwrap(); // what the sync thread gets to fsync
+        assert!(
+            !is_being_written(&path).unwrap(),
+            "a complete shard is unlocked before its fsync"
+        );
+        assert!(ShardReader::open(&path).unwrap().is_complete());
+        let report = recover(&path).unwrap();
+        assert!(report.was_complete && report.truncated_bytes == 0);
+        complete.sync_all().unwrap();
+    }
 }

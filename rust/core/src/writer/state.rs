@@ -231,6 +231,12 @@ impl Shared {
     }
 
     /// The counters.
+    /// Holds the state lock until the guard is dropped: tests of a lock held at a fork.
+    #[cfg(test)]
+    pub fn hold_lock(&self) -> impl Sized + '_ {
+        self.state.lock()
+    }
+
     pub fn stats(&self, backend: Backend, threads: usize) -> Stats {
         let s = self.state.lock();
         Stats {

@@ -5,8 +5,9 @@
 //! second for a shard of 1 GiB. Done on the I/O thread, it stopped every write and every
 //! completion meanwhile, and a caller that reuses its buffers only on completions (the vLLM
 //! connector) stalled with it at each shard rotation. So the I/O thread completes a shard (index
-//! and trailer written: its records are readable and already reported), hands the file here and
-//! goes on with the next shard; this thread `fsync`s the shard and closes it. The periodic
+//! and trailer written: its records are readable and already reported, and its lock released),
+//! hands the file here and goes on with the next shard; this thread `fsync`s the shard and
+//! closes it. The periodic
 //! `fsync` of the open shard (durability every N bytes) and the directory `fsync` after a shard
 //! is created come here too.
 //!
@@ -36,7 +37,7 @@ const QUEUED_JOBS: usize = 2;
 pub(crate) enum SyncJob {
     /// `fdatasync` the open shard (durability every N bytes, and `flush`).
     Data(ShardFile),
-    /// A complete shard: `fsync` it, close it (which releases its lock) and count it closed.
+    /// A complete shard (already unlocked): `fsync` it, close it and count it closed.
     Finish(ShardFile),
     /// `fsync` the directory a shard was just created in, so that its name survives a crash.
     Dir(PathBuf),
@@ -85,12 +86,12 @@ impl Syncer {
 
 /// The body of the sync thread: runs jobs until every sender is gone.
 pub(crate) fn run(queue: SyncQueue, shared: &Shared) {
-    for job in queue.jobs.iter() {
+    for job in &queue.jobs {
         let result = match job {
             SyncJob::Data(f) => f.sync_data(),
             SyncJob::Finish(f) => {
                 // Jobs before this one held the other handles and are done: dropping `f`
-                // closes the file, so a shard counted closed is also unlocked, as before.
+                // closes the file, so a shard counted closed is durable and closed.
                 let synced = f.sync_all();
                 drop(f);
                 if synced.is_ok() {

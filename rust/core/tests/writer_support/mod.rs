@@ -2,7 +2,7 @@
 //! `format`, `codec` and `blob` (independent of the crate's reader), and record builders.
 #![allow(dead_code)]
 
-use layertap_core::blob::{self, TensorSpec};
+use layertap_core::blob::TensorSpec;
 use layertap_core::codec;
 use layertap_core::format::{self, FileHeader, FrameHeader, FrameKind, IndexEntry, Trailer};
 use layertap_core::writer::{IoMode, RecordInput, TensorInput, WriterConfig};
@@ -74,8 +74,10 @@ pub fn read_shard(path: &Path) -> ReadShard {
             index = Some(entries);
             break;
         }
-        let raw = codec::decode(h.codec, stored, h.raw_len).unwrap();
-        let bh = blob::parse_header(&raw).unwrap();
+        let codec::Decoded {
+            blob: raw,
+            header: bh,
+        } = codec::decode(h.codec, stored, h.raw_len).unwrap();
         assert_eq!(
             bh.metadata.get("key"),
             Some(&h.key),

@@ -29,7 +29,7 @@ impl PwriteEngine {
         let thread = std::thread::Builder::new()
             .name("layertap-pwrite".into())
             .spawn(move || {
-                for (id, mut op) in ops.iter() {
+                for (id, mut op) in &ops {
                     let result = write_all(&mut op);
                     if done.send(Finished { id, op, result }).is_err() {
                         return; // the engine is gone; the op is freed, its write is over

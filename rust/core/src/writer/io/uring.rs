@@ -175,6 +175,10 @@ impl Drop for UringEngine {
             }
         }
         for (_, op) in self.slab.drain() {
+            #[expect(
+                clippy::mem_forget,
+                reason = "the kernel may still read the op's buffers"
+            )]
             std::mem::forget(op);
         }
     }
