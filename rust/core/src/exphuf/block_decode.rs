@@ -201,21 +201,21 @@ fn run<const W: usize, const S: usize>(
                     } else {
                         let prev = out.sub(stride * W);
                         let t = if W == 2 {
-                            (u16::from_le(prev.cast::<u16>().read_unaligned()) >> 7) as usize
+                            (u16::from_le_bytes(prev.cast::<[u8; 2]>().read()) >> 7) as usize
                         } else {
-                            (u32::from_le(prev.cast::<u32>().read_unaligned()) >> 23) as usize
+                            (u32::from_le_bytes(prev.cast::<[u8; 4]>().read()) >> 23) as usize
                         };
                         *ctx_base.get_unchecked(t) as usize
                     };
-                    let word = src_p.add((bit[k] >> 3) as usize).cast::<u64>();
-                    let bits = u64::from_le(word.read_unaligned()) >> (bit[k] & 7);
+                    let word = src_p.add((bit[k] >> 3) as usize).cast::<[u8; 8]>();
+                    let bits = u64::from_le_bytes(word.read()) >> (bit[k] & 7);
                     let e = *table_p.add(base + (bits & TABLE_MASK) as usize);
                     let (v, took) = element::<W>(bits, e, &mut bad);
                     bit[k] += took;
                     if W == 2 {
-                        out.cast::<u16>().write_unaligned((v as u16).to_le());
+                        out.cast::<[u8; 2]>().write((v as u16).to_le_bytes());
                     } else {
-                        out.cast::<u32>().write_unaligned(v.to_le());
+                        out.cast::<[u8; 4]>().write(v.to_le_bytes());
                     }
                 }
             }

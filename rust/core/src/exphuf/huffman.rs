@@ -40,7 +40,7 @@ pub fn code_lengths(counts: &[u32; SYMBOLS]) -> [u8; SYMBOLS] {
             }
             return lengths;
         }
-        for w in weights.iter_mut() {
+        for w in &mut weights {
             w.0 = w.0.div_ceil(2);
         }
     }
@@ -109,7 +109,7 @@ pub fn check_lengths(lengths: &[u8]) -> Result<(), String> {
 pub fn reversed_codes(lengths: &[u8; SYMBOLS]) -> [u16; SYMBOLS] {
     let mut codes = [0u16; SYMBOLS];
     let mut count = [0u32; MAX_CODE_LEN as usize + 1];
-    for &l in lengths.iter() {
+    for &l in lengths {
         count[l as usize] += 1;
     }
     count[0] = 0;
