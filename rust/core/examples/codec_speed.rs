@@ -21,7 +21,7 @@ fn cpu_seconds() -> f64 {
         tv_nsec: 0,
     };
     // SAFETY: `ts` is a valid timespec the call writes into.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut ts) };
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
@@ -30,7 +30,8 @@ fn main() {
         .nth(1)
         .expect("usage: codec_speed ACTIVATIONS.safetensors");
     let bytes = std::fs::read(&path).expect("read activations");
-    let file = safetensors::SafeTensors::deserialize(&bytes).expect("a safetensors file");
+    // The file is a safetensors file: the blob parser reads it.
+    let file = layertap_core::blob::parse_header(&bytes).expect("a safetensors file");
     let passes: usize = std::env::var("PASSES")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -46,9 +47,14 @@ fn main() {
         ("f16", Dtype::F16),
         ("f32", Dtype::F32),
     ] {
-        let t = file.tensor(name).expect("tensor");
-        let shape: Vec<u64> = t.shape().iter().map(|&d| d as u64).collect();
-        let per_token = t.data().len() / shape[0] as usize;
+        let t = file
+            .tensors
+            .iter()
+            .find(|t| t.spec.name == name)
+            .expect("tensor");
+        let shape = t.spec.shape.clone();
+        let all = &bytes[t.range.clone()];
+        let per_token = all.len() / shape[0] as usize;
         let recs: Vec<(Vec<u8>, &[u8])> = (0..records.min(shape[0] as usize / RECORD_TOKENS))
             .map(|r| {
                 let spec = TensorSpec {
@@ -57,8 +63,7 @@ fn main() {
                     shape: vec![RECORD_TOKENS as u64, shape[1], shape[2]],
                 };
                 let meta = BTreeMap::from([("key".to_string(), format!("r{r}"))]);
-                let data =
-                    &t.data()[r * RECORD_TOKENS * per_token..(r + 1) * RECORD_TOKENS * per_token];
+                let data = &all[r * RECORD_TOKENS * per_token..(r + 1) * RECORD_TOKENS * per_token];
                 (build_header(&[spec], &meta).unwrap(), data)
             })
             .collect();
@@ -83,7 +88,7 @@ fn main() {
                 let t0 = cpu_seconds();
                 for ((h, d), s) in recs.iter().zip(&stored) {
                     let out = decode(codec, s, (h.len() + d.len()) as u64).unwrap();
-                    assert_eq!(out.len(), h.len() + d.len());
+                    assert_eq!(out.blob.len(), h.len() + d.len());
                     std::hint::black_box(out);
                 }
                 dec_s = dec_s.min(cpu_seconds() - t0);
