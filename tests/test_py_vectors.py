@@ -46,7 +46,10 @@ def test_expected_json_describes_the_files():
     for name, want in EXPECTED["files"].items():
         data = (VECTORS / name).read_bytes()
         assert len(data) == want["file_bytes"] and hashlib.sha256(data).hexdigest() == want["sha256"], name
-        assert len(data) < 4096, f"{name}: test vectors should stay tiny"
+        # exp-huf codes a tensor only where it saves more than its tables take (~0.5 KB), so
+        # its vector needs a record of a few thousand elements.
+        limit = 20_000 if name == "exp-huf.lts" else 4096
+        assert len(data) < limit, f"{name}: test vectors should stay tiny"
 
 
 def _values(t: torch.Tensor) -> list:

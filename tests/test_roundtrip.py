@@ -40,7 +40,8 @@ def tensor_specs(draw):
         data = bytes(draw(st.lists(st.integers(0, 1), min_size=n, max_size=n)))
     else:
         data = draw(st.binary(min_size=n, max_size=n))
-    form = draw(st.sampled_from(["buffer", "torch", "numpy"] if dtype != "BF16" else ["buffer", "torch"]))
+    # numpy has no bfloat16 or float8 of its own (ml_dtypes' are not what the writers take).
+    form = draw(st.sampled_from(["buffer", "torch"] if dtype in ("BF16", "F8_E4M3") else ["buffer", "torch", "numpy"]))
     return dtype, shape, data, form
 
 

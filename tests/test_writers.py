@@ -194,7 +194,7 @@ def test_same_writer_id_at_once_fails_instead_of_mixing(tmp_path, kind):
 @pytest.mark.parametrize(
     "options, option, match",
     [
-        ({"codec": "lz4"}, "codec", "codec must be one of 'none', 'zstd', 'bp16-zstd', not 'lz4'"),
+        ({"codec": "lz4"}, "codec", "codec must be one of 'none', 'zstd', 'bp16-zstd', 'exp-huf', not 'lz4'"),
         ({"codec": "zstd", "level": 99}, "level", "level must be a zstd level from -131072 to 22, not 99"),
         ({"level": "3"}, "level", "level must be an integer, not '3'"),
         ({"codec": "none", "level": 1 << 40}, "level", "level must be a 32-bit integer"),

@@ -97,6 +97,9 @@ class WriterOptions:
     """Write record data with ``O_DIRECT`` where the file system allows it (Rust writer)."""
     metadata: Mapping[str, str] = field(default_factory=dict)
     """Stored in every shard's header (``"user"``)."""
+    lossy: str | None = None
+    """None (lossless, the default) or ``"fp8-e4m3"``: ``hidden_states`` stored as float8 with
+    a scale per token, half the bytes, with the error in each record's metadata (docs/FP8.md)."""
 
     def __post_init__(self) -> None:
         if self.codec not in CODECS:
@@ -126,6 +129,8 @@ class WriterOptions:
             raise OptionError("io", f"must be 'auto', 'uring' or 'pwrite', not {self.io!r}")
         if not isinstance(self.direct, bool):
             raise OptionError("direct", f"must be True or False, not {self.direct!r}")
+        if self.lossy is not None and self.lossy not in ("fp8-e4m3",):
+            raise OptionError("lossy", f"must be None or 'fp8-e4m3', not {self.lossy!r}")
         # Read-only, so that no one changes a checked value behind the check.
         object.__setattr__(self, "metadata", MappingProxyType(_shard_metadata(self.metadata)))
 
@@ -143,6 +148,7 @@ class WriterOptions:
         """The keyword arguments of ``layertap._native.NativeShardWriter``."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["metadata"] = dict(self.metadata)
+        del out["lossy"]  # applied in Python before records reach the native writer
         return out
 
 

@@ -79,7 +79,7 @@ def _first_record_shape(backend) -> dict[str, Any]:
     """layers, hidden size, dtype and layer ids of a shard, from its first record."""
     from layertap._spec.dtypes import TORCH_NAMES
 
-    out: dict[str, Any] = {"layers": None, "hidden_size": None, "dtype": None, "layer_ids": None}
+    out: dict[str, Any] = {"layers": None, "hidden_size": None, "dtype": None, "layer_ids": None, "lossy": None}
     if not backend.entries:
         return out
     try:
@@ -92,6 +92,9 @@ def _first_record_shape(backend) -> dict[str, Any]:
             out["dtype"] = TORCH_NAMES[dtype]
             if len(shape) == 3:
                 out["layers"], out["hidden_size"] = shape[1], shape[2]
+    if metadata.get("lossy"):
+        # Written with lossy storage (docs/FP8.md): the first record's error, as its metadata says.
+        out["lossy"] = {k: metadata[k] for k in ("lossy", "fp8_max_rel_err", "fp8_mean_rel_err") if k in metadata}
     try:
         ids = json.loads(metadata["layer_ids"]) if "layer_ids" in metadata else None
         out["layer_ids"] = ids if isinstance(ids, list) else None
@@ -299,6 +302,13 @@ def inspect_table(summary: dict) -> str:
             right=set(range(2, len(head))) - {4 + i for i, (h, _, _) in enumerate(varying) if h in ("dtype", "codecs")},
         ),
     ]
+    for s in shards:
+        if s.get("lossy"):
+            lossy = s["lossy"]
+            out.append(
+                f"lossy {lossy.get('lossy')}: {s['name']}, first record's relative error "
+                f"max {lossy.get('fp8_max_rel_err', '?')}, mean {lossy.get('fp8_mean_rel_err', '?')}"
+            )
     for u in summary["unreadable"]:
         out.append(f"not a shard: {u['shard']}: {u['message']}")
     return "\n".join(out)

@@ -23,7 +23,7 @@ import torch
 from layertap._py.reader import PyShardReader
 from layertap._py.writer import PyShardWriter
 from layertap._spec.codecs import decode
-from layertap._spec.format import crc32c, decode_trailer
+from layertap._spec.format import CODECS, crc32c, decode_trailer
 from layertap._tensors import TORCH_DTYPES
 from layertap.errors import CorruptRecordError
 from layertap.reader import _reason
@@ -77,9 +77,25 @@ def records(count: int = 3) -> list[tuple[str, dict, dict]]:
     return out
 
 
-def write_shard(directory: str, writer_id: str, codec: str, count: int = 3) -> str:
+def wide_record() -> tuple[str, dict, dict]:
+    """A record whose floating tensors are large enough (64 elements and more) for ``exp-huf``
+    to code them, and the tables pay: bf16 ``[64, 2, 32]`` hidden states with an outlier
+    channel, f16 and f32 ``[64, 32]``, and token ids."""
+    j = np.arange(64 * 2 * 32)
+    hidden = torch.from_numpy(_values(j.size, 5) * np.where(j % 32 == 3, 40.0, 1.0)).to(torch.bfloat16)
+    tensors = {
+        "hidden_states": hidden.reshape(64, 2, 32),
+        "token_ids": torch.arange(64, dtype=torch.int64) * 11,
+        "f16": torch.from_numpy(_values(2048, 6)).to(torch.float16).reshape(64, 32),
+        "f32": torch.from_numpy(_values(2048, 7) / 1000.0).to(torch.float32).reshape(64, 32),
+    }
+    meta = {"layer_ids": "[2, 8]", "model": "tiny-test", "dtype": "bfloat16", "num_tokens": "64"}
+    return "wide", tensors, meta
+
+
+def write_shard(directory: str, writer_id: str, codec: str, count: int = 3, extra=()) -> str:
     with VectorWriter(directory, codec=codec, writer_id=writer_id, level=3, durability="none", metadata=USER_META) as w:
-        for key, tensors, meta in records(count):
+        for key, tensors, meta in [*records(count), *extra]:
             w.submit(key, tensors, meta)
     return os.path.join(directory, f"{writer_id}-000000.lts")
 
@@ -106,6 +122,8 @@ def _data_end(path: str) -> int:
 def make_files(tmp: str, out: str) -> None:
     for codec in ("none", "zstd", "bp16-zstd"):
         shutil.copyfile(write_shard(tmp, codec, codec), os.path.join(out, f"{codec}.lts"))
+    # exp-huf stores the small tensors of the three records raw; the fourth is coded.
+    shutil.copyfile(write_shard(tmp, "exp-huf", "exp-huf", extra=[wide_record()]), os.path.join(out, "exp-huf.lts"))
 
     # open-torn: three records, then the first 100 bytes of a fourth frame; no footer.
     four = write_shard(tmp, "open-torn", "none", count=4)
@@ -168,7 +186,7 @@ def describe(path: str) -> dict:
                 "key": e.key,
                 "frame_offset": e.frame_offset,
                 "frame_len": e.frame_len,
-                "codec": ["none", "zstd", "bp16-zstd"][e.codec],
+                "codec": CODECS[e.codec],
                 "stored_len": e.stored_len,
                 "raw_len": e.raw_len,
                 "num_tokens": e.num_tokens,
@@ -194,7 +212,15 @@ def describe(path: str) -> dict:
     return desc
 
 
-FILES = ["none.lts", "zstd.lts", "bp16-zstd.lts", "open-torn.lts", "corrupt-payload.lts", "open-damaged.lts"]
+FILES = [
+    "none.lts",
+    "zstd.lts",
+    "bp16-zstd.lts",
+    "exp-huf.lts",
+    "open-torn.lts",
+    "corrupt-payload.lts",
+    "open-damaged.lts",
+]
 
 
 def main(out: str) -> None:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 import zstandard
 
+from layertap._py import exphuf
 from layertap._spec.codecs import split_planes
-from layertap._spec.format import CODEC_BP16_ZSTD, CODEC_NONE
+from layertap._spec.format import CODEC_BP16_ZSTD, CODEC_EXP_HUF, CODEC_NONE
 
 #: zstd parameters of ``bp16-zstd`` at level 1 (the default), tuned on the byte planes of bf16
 #: activations: matches shorter than 7 bytes are left to the entropy coder. The Rust writer uses
@@ -32,7 +33,7 @@ class Encoder:
 
     def __init__(self, codec: int, level: int):
         self.codec = codec
-        if codec == CODEC_NONE:
+        if codec in (CODEC_NONE, CODEC_EXP_HUF):
             self._zstd = None
         elif codec == CODEC_BP16_ZSTD and level == 1:
             self._zstd = zstandard.ZstdCompressor(compression_params=BYTE_PLANE_LEVEL_1)
@@ -42,7 +43,7 @@ class Encoder:
     def encode(self, header: bytes, tensors: list[tuple[memoryview, bool]]) -> list:
         """The stored payload as a list of buffers (for ``none``: the pieces themselves, no copy).
         ``tensors`` lists each tensor's bytes and whether it is split into byte planes."""
-        if self._zstd is None:
+        if self.codec == CODEC_NONE:
             return [header, *(view for view, _ in tensors)]
         raw_len = len(header) + sum(view.nbytes for view, _ in tensors)
         raw = np.empty(raw_len, dtype=np.uint8)
@@ -55,4 +56,6 @@ class Encoder:
             else:
                 raw[at : at + n] = np.frombuffer(view, dtype=np.uint8)
             at += n
+        if self.codec == CODEC_EXP_HUF:
+            return [exphuf.encode(raw)]
         return [self._zstd.compress(raw)]

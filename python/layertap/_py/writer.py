@@ -360,6 +360,10 @@ class PyShardWriter:
         # Imported here: it imports torch, which the readers and the command line do without.
         from layertap._tensors import check_metadata, normalize
 
+        if self.options.lossy is not None:
+            from layertap.fp8 import quantize_record
+
+            tensors, metadata = quantize_record(tensors, metadata)
         parts, num_tokens = normalize(tensors)
         return self._queue([(key, parts, check_metadata(metadata), num_tokens)])[0]
 
@@ -367,12 +371,17 @@ class PyShardWriter:
         """Queues several records at once; all or none. See docs/API.md."""
         self._check_open()
         from layertap._tensors import prepare_record
+        from layertap.fp8 import lossy_records
 
-        return self._queue([prepare_record(r) for r in records])
+        return self._queue([prepare_record(r) for r in lossy_records(self.options.lossy, records)])
 
     def submit_buffers(self, records: list[BufferRecord]) -> list[int]:
         """Queues records given as byte buffers, ``(key, [(name, buffer, dtype, shape)],
         metadata or None, num_tokens)``; all or none. See docs/API.md and ``RecordSink``."""
+        if self.options.lossy is not None:
+            raise InvalidInputError(
+                f"lossy={self.options.lossy!r} quantizes in submit and submit_many; submit_buffers stores bytes as given"
+            )
         self._check_open()
         from layertap._tensors import check_buffer_record
 

@@ -1,4 +1,5 @@
-"""Payload codecs (docs/FORMAT.md, "Codecs"): ``none``, ``zstd`` and ``bp16-zstd``: the names
+"""Payload codecs (docs/FORMAT.md, "Codecs"): ``none``, ``zstd``, ``bp16-zstd`` and ``exp-huf``
+(its decoder in ``layertap._spec.exphuf``): the names
 and levels writers accept, the byte-plane transform, and decoding. Encoding is the writers'
 (``layertap._py.encode`` for the Python one).
 """
@@ -10,9 +11,10 @@ from typing import NamedTuple
 import numpy as np
 import zstandard
 
+from layertap._spec import exphuf
 from layertap._spec.blob import TensorInfo, parse_header
 from layertap._spec.dtypes import TWO_BYTE
-from layertap._spec.format import CODEC_BP16_ZSTD, CODEC_NONE, CODEC_ZSTD, CODECS, FormatProblem
+from layertap._spec.format import CODEC_BP16_ZSTD, CODEC_EXP_HUF, CODEC_NONE, CODEC_ZSTD, CODECS, FormatProblem
 from layertap.errors import InvalidInputError
 
 #: zstd cannot expand data by more than this (about 32 000 to 1 at best); a larger raw_len is
@@ -70,6 +72,8 @@ def decode(codec: int, stored, raw_len: int) -> Decoded:
     FormatProblem saying why the payload cannot be decoded or is not a valid blob."""
     if codec == CODEC_NONE:
         out = stored
+    elif codec == CODEC_EXP_HUF:
+        out = exphuf.decode(stored, raw_len)
     elif codec in (CODEC_ZSTD, CODEC_BP16_ZSTD):
         if raw_len > len(stored) * ZSTD_MAX_RATIO:
             raise FormatProblem(f"raw length {raw_len} is more than {len(stored)} stored bytes can decode to")

@@ -12,6 +12,7 @@ ITEMSIZE: dict[str, int] = {
     "U16": 2, "I16": 2, "F16": 2, "BF16": 2,
     "U32": 4, "I32": 4, "F32": 4,
     "U64": 8, "I64": 8, "F64": 8,
+    "F8_E4M3": 1,
 }  # fmt: skip
 
 #: The name torch gives each dtype (``torch.<name>``); numpy (with ml_dtypes for bfloat16) uses
@@ -21,6 +22,7 @@ TORCH_NAMES: dict[str, str] = {
     "U16": "uint16", "I16": "int16", "F16": "float16", "BF16": "bfloat16",
     "U32": "uint32", "I32": "int32", "F32": "float32",
     "U64": "uint64", "I64": "int64", "F64": "float64",
+    "F8_E4M3": "float8_e4m3fn",
 }  # fmt: skip
 
 #: Dtypes whose elements the byte-plane transform of codec ``bp16-zstd`` splits.
@@ -44,10 +46,10 @@ NUMPY_DTYPES: dict[str, np.dtype] = {
 
 
 def numpy_dtype(name: str) -> np.dtype:
-    """The numpy dtype of safetensors dtype ``name``; BF16 is ``ml_dtypes.bfloat16`` (imported
+    """The numpy dtype of safetensors dtype ``name``; BF16 and F8_E4M3 are ``ml_dtypes``' (imported
     only then)."""
-    if name == "BF16":
+    if name in ("BF16", "F8_E4M3"):
         import ml_dtypes
 
-        return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(ml_dtypes.bfloat16 if name == "BF16" else ml_dtypes.float8_e4m3fn)
     return NUMPY_DTYPES[name]

@@ -33,8 +33,8 @@ SHARD_SUFFIX = ".lts"
 
 #: Codec names, indexed by the id stored in frame headers and index entries (docs/FORMAT.md,
 #: "Codecs").
-CODECS: tuple[str, ...] = ("none", "zstd", "bp16-zstd")
-CODEC_NONE, CODEC_ZSTD, CODEC_BP16_ZSTD = 0, 1, 2
+CODECS: tuple[str, ...] = ("none", "zstd", "bp16-zstd", "exp-huf")
+CODEC_NONE, CODEC_ZSTD, CODEC_BP16_ZSTD, CODEC_EXP_HUF = 0, 1, 2, 3
 
 # magic, kind, codec, key_len, stored_len, raw_len, num_tokens, payload_crc, 12 reserved bytes
 _FRAME = struct.Struct("<4sBBHQQII12x")

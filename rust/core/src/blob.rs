@@ -116,11 +116,17 @@ pub fn build_header(
 /// tensors are packed without gaps or overlaps and end at the end of the blob.
 /// `Err(reason)` says what is wrong.
 pub fn parse_header(blob: &[u8]) -> std::result::Result<BlobHeader, String> {
-    if blob.len() < 8 {
+    parse_header_of(blob, blob.len())
+}
+
+/// [`parse_header`] of a blob of `blob_len` bytes that begins with `blob` (which holds at least
+/// the header), for decoders that know the header before the tensor data.
+pub fn parse_header_of(blob: &[u8], blob_len: usize) -> std::result::Result<BlobHeader, String> {
+    if blob.len() < 8 || blob_len < 8 {
         return Err("payload shorter than a safetensors header".into());
     }
     let n = u64::from_le_bytes(blob[..8].try_into().unwrap());
-    if n > MAX_HEADER_LEN as u64 || 8 + n > blob.len() as u64 {
+    if n > MAX_HEADER_LEN as u64 || 8 + n > blob.len().min(blob_len) as u64 {
         return Err(format!(
             "safetensors header length {n} does not fit the payload"
         ));
@@ -168,7 +174,7 @@ pub fn parse_header(blob: &[u8]) -> std::result::Result<BlobHeader, String> {
             return Err(bad("data length does not match dtype and shape"));
         }
         let range = (data_start as u64 + offs[0])..(data_start as u64 + offs[1]);
-        if range.end > blob.len() as u64 {
+        if range.end > blob_len as u64 {
             return Err(bad("data lies outside the payload"));
         }
         tensors.push(TensorInfo {
@@ -187,8 +193,8 @@ pub fn parse_header(blob: &[u8]) -> std::result::Result<BlobHeader, String> {
         }
         at = t.range.end;
     }
-    if at != blob.len() {
-        return Err(format!("{} bytes after the last tensor", blob.len() - at));
+    if at != blob_len {
+        return Err(format!("{} bytes after the last tensor", blob_len - at));
     }
     Ok(BlobHeader {
         metadata,

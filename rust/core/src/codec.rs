@@ -1,5 +1,6 @@
-//! Payload codecs (docs/FORMAT.md, "Codecs"): `none`, `zstd`, and `bp16-zstd`, which splits
-//! 2-byte elements into a high-byte plane and a low-byte plane before zstd.
+//! Payload codecs (docs/FORMAT.md, "Codecs"): `none`, `zstd`, `bp16-zstd`, which splits
+//! 2-byte elements into a high-byte plane and a low-byte plane before zstd, and `exp-huf`
+//! (module [`crate::exphuf`]), which Huffman-codes the exponents of floating tensors.
 
 use crate::blob;
 use crate::error::{Error, Result};
@@ -137,11 +138,11 @@ pub struct Encoder {
 }
 
 impl Encoder {
-    /// An encoder for `codec` at zstd `level` (ignored by `none`).
+    /// An encoder for `codec` at zstd `level` (ignored by `none` and `exp-huf`).
     pub fn new(codec: Codec, level: i32) -> Result<Encoder> {
         use zstd::zstd_safe::CParameter;
         let zstd = match codec {
-            Codec::None => None,
+            Codec::None | Codec::ExpHuf => None,
             _ => {
                 check_level(level)?;
                 let mut c = zstd::zstd_safe::CCtx::try_create()
@@ -194,6 +195,9 @@ impl Encoder {
         out.clear();
         let total: usize = pieces.iter().map(|p| p.len()).sum();
         let codec = self.codec;
+        if codec == Codec::ExpHuf {
+            return crate::exphuf::encode(pieces, out).map_err(|e| codec_err(codec, e));
+        }
         let Some(cctx) = self.zstd.as_mut() else {
             out.reserve_exact(total);
             for p in pieces {
@@ -298,6 +302,7 @@ pub fn decode(codec: Codec, stored: &[u8], raw_len: u64) -> std::result::Result<
     let raw_len = usize::try_from(raw_len).map_err(|_| "raw length too large".to_string())?;
     let mut out = match codec {
         Codec::None => stored.to_vec(),
+        Codec::ExpHuf => crate::exphuf::decode(stored, raw_len as u64)?,
         Codec::Zstd | Codec::Bp16Zstd => {
             // The frame's own content size must agree with raw_len, so a corrupt raw_len cannot
             // make us allocate more than the data claims.

@@ -31,11 +31,14 @@ pub enum Dtype {
     I64,
     /// IEEE double precision.
     F64,
+    /// 8-bit float, 4 exponent bits, 3 mantissa bits, no infinities (`float8_e4m3fn`).
+    #[allow(non_camel_case_types)]
+    F8_E4M3,
 }
 
 impl Dtype {
     /// Every dtype, for tests and error messages.
-    pub const ALL: [Dtype; 13] = [
+    pub const ALL: [Dtype; 14] = [
         Dtype::BOOL,
         Dtype::U8,
         Dtype::I8,
@@ -49,12 +52,13 @@ impl Dtype {
         Dtype::U64,
         Dtype::I64,
         Dtype::F64,
+        Dtype::F8_E4M3,
     ];
 
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
-            Dtype::BOOL | Dtype::U8 | Dtype::I8 => 1,
+            Dtype::BOOL | Dtype::U8 | Dtype::I8 | Dtype::F8_E4M3 => 1,
             Dtype::U16 | Dtype::I16 | Dtype::F16 | Dtype::BF16 => 2,
             Dtype::U32 | Dtype::I32 | Dtype::F32 => 4,
             Dtype::U64 | Dtype::I64 | Dtype::F64 => 8,
@@ -77,6 +81,7 @@ impl Dtype {
             Dtype::U64 => "U64",
             Dtype::I64 => "I64",
             Dtype::F64 => "F64",
+            Dtype::F8_E4M3 => "F8_E4M3",
         }
     }
 

@@ -82,11 +82,13 @@ pub enum Codec {
     Zstd,
     /// Byte-plane split of 2-byte tensors, then one zstd frame.
     Bp16Zstd,
+    /// Floating tensors' top 9 bits Huffman-coded in context, the other bits stored.
+    ExpHuf,
 }
 
 impl Codec {
     /// Every codec.
-    pub const ALL: [Codec; 3] = [Codec::None, Codec::Zstd, Codec::Bp16Zstd];
+    pub const ALL: [Codec; 4] = [Codec::None, Codec::Zstd, Codec::Bp16Zstd, Codec::ExpHuf];
 
     /// The id stored in frame headers.
     pub fn id(self) -> u8 {
@@ -94,6 +96,7 @@ impl Codec {
             Codec::None => 0,
             Codec::Zstd => 1,
             Codec::Bp16Zstd => 2,
+            Codec::ExpHuf => 3,
         }
     }
 
@@ -105,12 +108,13 @@ impl Codec {
             .ok_or_else(|| Error::invalid(format!("unknown codec id {id}")))
     }
 
-    /// The codec's name (`"none"`, `"zstd"`, `"bp16-zstd"`).
+    /// The codec's name (`"none"`, `"zstd"`, `"bp16-zstd"`, `"exp-huf"`).
     pub fn name(self) -> &'static str {
         match self {
             Codec::None => "none",
             Codec::Zstd => "zstd",
             Codec::Bp16Zstd => "bp16-zstd",
+            Codec::ExpHuf => "exp-huf",
         }
     }
 
@@ -121,7 +125,7 @@ impl Codec {
             .find(|c| c.name() == name)
             .ok_or_else(|| {
                 Error::invalid(format!(
-                    "unknown codec {name:?}; choose one of: none, zstd, bp16-zstd"
+                    "unknown codec {name:?}; choose one of: none, zstd, bp16-zstd, exp-huf"
                 ))
             })
     }

@@ -5,7 +5,8 @@
 //!
 //! - [`format`](mod@format): byte layout of shards (file header, frames, index, trailer) and codec ids.
 //! - [`blob`]: the safetensors blob a record decodes to.
-//! - [`codec`]: what the codecs `none`, `zstd`, `bp16-zstd` do to a payload.
+//! - [`codec`]: what the codecs `none`, `zstd`, `bp16-zstd`, `exp-huf` do to a payload.
+//! - [`exphuf`]: codec `exp-huf`, Huffman-coded exponents of floating tensors.
 //!
 //! Modules depend downwards only: [`error`] < [`format`](mod@format) < [`blob`] < [`codec`] < [`reader`],
 //! [`writer`].
@@ -25,6 +26,7 @@ pub mod blob;
 pub mod codec;
 pub mod dtype;
 pub mod error;
+pub mod exphuf;
 pub mod format;
 pub mod names;
 pub mod reader;

@@ -28,6 +28,17 @@ fn f16_to_f64(bits: u16) -> f64 {
     }
 }
 
+/// A float8 e4m3fn value, widened exactly.
+fn e4m3_to_f64(b: u8) -> f64 {
+    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let (exp, frac) = (((b >> 3) & 15) as i32, (b & 7) as f64);
+    sign * match (exp, b & 0x7F) {
+        (_, 0x7F) => f64::NAN,
+        (0, _) => frac * 2f64.powi(-9),
+        (e, _) => (1.0 + frac / 8.0) * 2f64.powi(e - 7),
+    }
+}
+
 /// The elements of a tensor as JSON numbers, as expected.json writes them.
 fn values(dtype: Dtype, data: &[u8]) -> Vec<Value> {
     let n = dtype.size();
@@ -39,6 +50,7 @@ fn values(dtype: Dtype, data: &[u8]) -> Vec<Value> {
             Dtype::F16 => Value::from(f16_to_f64(u16::from_le_bytes([c[0], c[1]]))),
             Dtype::F32 => Value::from(f32::from_le_bytes(c.try_into().unwrap()) as f64),
             Dtype::F64 => Value::from(f64::from_le_bytes(c.try_into().unwrap())),
+            Dtype::F8_E4M3 => Value::from(e4m3_to_f64(c[0])),
             Dtype::I8 => Value::from(c[0] as i8),
             Dtype::U8 | Dtype::BOOL => Value::from(c[0]),
             Dtype::I16 => Value::from(i16::from_le_bytes([c[0], c[1]])),

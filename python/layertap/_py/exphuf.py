@@ -1,0 +1,128 @@
+"""The encoder of codec ``exp-huf`` for the pure-Python writer (docs/FORMAT.md, "Codec 3"), in
+numpy: contexts, symbol counts and bit packing are whole-array operations. It makes the same
+choices as the Rust encoder (4 streams, 16 contexts: 8 exponent buckets around the most common
+exponent, times the sign; stride = the tensor's last dimension), though its codes may differ
+where Huffman trees tie.
+"""
+
+from __future__ import annotations
+
+import heapq
+import struct
+
+import numpy as np
+
+from layertap._spec.blob import parse_header
+from layertap._spec.exphuf import (
+    CODED,
+    MAX_CODE_LEN,
+    MAX_CONTEXTS,
+    MODE_CODED,
+    MODE_RAW,
+    SYMBOLS,
+    reversed_codes,
+    segment,
+    symbol_of_top,
+    top_of_symbol,
+)
+
+STREAMS = 4
+#: Tensors of fewer elements are stored raw.
+MIN_CODED = 64
+
+
+def code_lengths(counts) -> list[int]:
+    """Huffman code lengths of at most MAX_CODE_LEN bits (0: absent); counts are halved until
+    the code fits. A lone symbol gets 1 bit."""
+    weights = [(int(c), s) for s, c in enumerate(counts) if c]
+    lengths = [0] * len(counts)
+    if len(weights) == 1:
+        lengths[weights[0][1]] = 1
+    while len(weights) > 1:
+        heap = [(w, i, [s]) for i, (w, s) in enumerate(weights)]
+        heapq.heapify(heap)
+        depth = dict.fromkeys((s for _, s in weights), 0)
+        tick = len(heap)
+        while len(heap) > 1:
+            a, b = heapq.heappop(heap), heapq.heappop(heap)
+            for s in a[2] + b[2]:
+                depth[s] += 1
+            heapq.heappush(heap, (a[0] + b[0], tick, a[2] + b[2]))
+            tick += 1
+        if max(depth.values()) <= MAX_CODE_LEN:
+            for s, d in depth.items():
+                lengths[s] = d
+            break
+        weights = [((w + 1) // 2, s) for w, s in weights]
+    return lengths
+
+
+def _pack_bits(values: np.ndarray, nbits: np.ndarray) -> bytes:
+    """Concatenates the low ``nbits[i]`` bits of each ``values[i]``, least significant first."""
+    if values.size == 0:
+        return b""
+    ends = np.cumsum(nbits, dtype=np.int64)
+    starts = ends - nbits
+    bits = np.zeros(int(ends[-1]), dtype=np.uint8)
+    for b in range(int(nbits.max())):
+        sel = nbits > b
+        bits[starts[sel] + b] = (values[sel] >> np.uint64(b)) & np.uint64(1)
+    return np.packbits(bits, bitorder="little").tobytes()
+
+
+def encode_block(data, shape: tuple[int, ...], dtype: str) -> bytes:
+    """The block of a tensor's bytes ``data`` (mode byte included)."""
+    width, exp_shift = CODED[dtype]
+    x = np.frombuffer(data, "<u2" if width == 2 else "<u4").astype(np.uint64)
+    n = x.size
+    raw = bytes([MODE_RAW]) + bytes(data)
+    if n < MIN_CODED:
+        return raw
+    raw_bits = 8 * width - 9
+    top = (x >> np.uint64(raw_bits)).astype(np.int64)
+    stride = shape[-1] if len(shape) >= 2 and shape[-1] < n else 0
+
+    # Contexts by top 9 bits: exponent bucket around the sample's most common exponent, and sign.
+    sample = (top[:: max(n // 4096, 1)] & 0xFF) >> exp_shift
+    mode = int(np.bincount(sample, minlength=256).argmax())
+    t = np.arange(SYMBOLS)
+    ctx_of_top = (t >> 8) * 8 | (np.clip(((t & 0xFF) >> exp_shift) - mode, -4, 3) & 7)
+    ctx = np.zeros(n, dtype=np.int64)
+    if stride:
+        for k in range(STREAMS):
+            seg = segment(n, STREAMS, k)
+            if seg.stop - seg.start > stride:
+                ctx[seg.start + stride : seg.stop] = ctx_of_top[top[seg.start : seg.stop - stride]]
+    sym = symbol_of_top(top)
+    hist = np.bincount(ctx * SYMBOLS + sym, minlength=MAX_CONTEXTS * SYMBOLS).reshape(MAX_CONTEXTS, SYMBOLS)
+    lengths = np.array([code_lengths(h) for h in hist], dtype=np.int64)
+    codes = np.array([reversed_codes(list(ln)) for ln in lengths], dtype=np.uint64)
+
+    out = bytearray([MODE_CODED])
+    out += struct.pack("<BBHI", MAX_CONTEXTS, STREAMS, 0, stride)
+    cmap = ctx_of_top[top_of_symbol(t)]
+    out += bytes((cmap[0::2] | cmap[1::2] << 4).astype(np.uint8))
+    for ln in lengths:
+        used = np.flatnonzero(ln)
+        first, count = (int(used[0]), int(used[-1]) - int(used[0]) + 1) if used.size else (0, 0)
+        nib = list(ln[first : first + count]) + [0] * (count % 2)
+        out += struct.pack("<HH", first, count) + bytes(a | b << 4 for a, b in zip(nib[0::2], nib[1::2]))
+    length = lengths[ctx, sym]
+    values = codes[ctx, sym] | (x & np.uint64((1 << raw_bits) - 1)) << length.astype(np.uint64)
+    streams = [_pack_bits(values[seg.start : seg.stop], (length + raw_bits)[seg.start : seg.stop])
+               for seg in (segment(n, STREAMS, k) for k in range(STREAMS))]  # fmt: skip
+    out += struct.pack(f"<{STREAMS}Q", *map(len, streams))
+    for s in streams:
+        out += s
+    return bytes(out) if len(out) < len(raw) else raw
+
+
+def encode(raw) -> bytes:
+    """The ``exp-huf`` payload of the blob ``raw``."""
+    raw = memoryview(raw).cast("B")
+    _, tensors, data_start = parse_header(raw)
+    out = bytearray(raw[:data_start])
+    for t in tensors:
+        data = raw[t.begin : t.end]
+        out += encode_block(data, t.shape, t.dtype) if t.dtype in CODED else data
+    return bytes(out)

@@ -1,0 +1,202 @@
+//! The encoder of a block (layout in [`block`](super::block)): picks the contexts, counts the
+//! symbols of each context, builds the codes, and writes the streams one after the other.
+
+use super::block::{
+    max_bits, raw_bits, segment, symbol_of_top, top, top_of_symbol, value, Head, MAX_CONTEXTS,
+    MODE_CODED, MODE_RAW,
+};
+use super::huffman::{self, SYMBOLS};
+
+/// Streams the encoder writes.
+const ENCODER_STREAMS: usize = 4;
+/// Entries of the encoder's tables: one per context and top-9 value.
+const ENC_LEN: usize = MAX_CONTEXTS * SYMBOLS;
+/// Tensors of fewer elements are stored raw: their tables would cost more than they save.
+const MIN_CODED: usize = 64;
+
+/// How the encoder picks contexts.
+pub struct Plan {
+    /// Element distance of the element that picks the context (0: no context).
+    pub stride: usize,
+    /// Mantissa bits among the 8 after the sign (bf16 and f32: 0; f16: 3), so that contexts
+    /// follow the exponent.
+    pub exp_shift: u32,
+}
+
+/// Appends the block of `data` (`W`-byte elements), mode byte included, to `out`; a block that
+/// would not be smaller than the data is stored raw.
+pub fn encode<const W: usize>(data: &[u8], plan: &Plan, out: &mut Vec<u8>) {
+    encode_with_streams::<W>(data, plan, ENCODER_STREAMS, out);
+}
+
+/// [`encode`] into `streams` streams (one of 1, 2, 4, 8).
+pub(crate) fn encode_with_streams<const W: usize>(
+    data: &[u8],
+    plan: &Plan,
+    streams: usize,
+    out: &mut Vec<u8>,
+) {
+    let n = data.len() / W;
+    debug_assert_eq!(data.len(), n * W);
+    let start = out.len();
+    if n >= MIN_CODED {
+        encode_coded::<W>(data, plan, streams, out);
+        if out.len() - start < data.len() + 1 {
+            return;
+        }
+        out.truncate(start);
+    }
+    out.push(MODE_RAW);
+    out.extend_from_slice(data);
+}
+
+/// Context of each top-9 value: 8 exponent buckets around the most common exponent (of a
+/// sample), times the sign. Context 0, also that of elements without a context, is the most
+/// common exponent's, positive.
+fn contexts<const W: usize>(data: &[u8], exp_shift: u32) -> [u8; SYMBOLS] {
+    let n = data.len() / W;
+    let mut hist = [0u32; 256];
+    for x in data.chunks_exact(W).step_by((n / 4096).max(1)) {
+        hist[(top::<W>(x) & 0xFF) >> exp_shift] += 1;
+    }
+    let mode = (0..256).max_by_key(|&e| hist[e]).unwrap_or(0) as i32;
+    std::array::from_fn(|t| {
+        let e = ((t & 0xFF) >> exp_shift) as i32;
+        let bucket = (e - mode).clamp(-4, 3) & 7;
+        ((t >> 8) * 8) as u8 | bucket as u8
+    })
+}
+
+/// Adds the (context, top 9 bits) counts of a segment to `hist`, indexed by
+/// `ctx_off[context] + top`.
+fn count<const W: usize>(seg: &[u8], stride: usize, ctx_off: &[u16; SYMBOLS], hist: &mut [u32]) {
+    let hist: &mut [u32; ENC_LEN] = hist.try_into().expect("histogram size");
+    let n = seg.len() / W;
+    let free = if stride == 0 { n } else { stride.min(n) };
+    for x in seg[..free * W].chunks_exact(W) {
+        hist[top::<W>(x)] += 1;
+    }
+    if free < n {
+        for (x, p) in seg[stride * W..].chunks_exact(W).zip(seg.chunks_exact(W)) {
+            // The mask only tells the compiler what is already true (offset + top < ENC_LEN).
+            hist[(ctx_off[top::<W>(p)] as usize + top::<W>(x)) & (ENC_LEN - 1)] += 1;
+        }
+    }
+}
+
+fn encode_coded<const W: usize>(data: &[u8], plan: &Plan, streams: usize, out: &mut Vec<u8>) {
+    let n = data.len() / W;
+    let stride = if plan.stride < n { plan.stride } else { 0 };
+    let ctx_of_top = contexts::<W>(data, plan.exp_shift);
+    let ctx_off: [u16; SYMBOLS] = std::array::from_fn(|t| ctx_of_top[t] as u16 * SYMBOLS as u16);
+
+    let mut hist = vec![0u32; ENC_LEN];
+    for k in 0..streams {
+        let seg = segment(n, streams, k);
+        count::<W>(
+            &data[seg.start * W..seg.end * W],
+            stride,
+            &ctx_off,
+            &mut hist,
+        );
+    }
+
+    // Codes per context; the encoding table holds `reversed code | length << 16`, indexed like
+    // the histogram.
+    let mut lengths = vec![[0u8; SYMBOLS]; MAX_CONTEXTS];
+    let mut table = vec![0u32; ENC_LEN];
+    for (c, l) in lengths.iter_mut().enumerate() {
+        let counts: [u32; SYMBOLS] = std::array::from_fn(|s| hist[c * SYMBOLS + top_of_symbol(s)]);
+        *l = huffman::code_lengths(&counts);
+        let codes = huffman::reversed_codes(l);
+        for t in 0..SYMBOLS {
+            let s = symbol_of_top(t);
+            table[c * SYMBOLS + t] = codes[s] as u32 | (l[s] as u32) << 16;
+        }
+    }
+
+    out.push(MODE_CODED);
+    Head {
+        contexts: MAX_CONTEXTS,
+        streams,
+        stride,
+        context_of_symbol: std::array::from_fn(|s| ctx_of_top[top_of_symbol(s)]),
+    }
+    .write(out);
+    for l in &lengths {
+        super::block::write_lengths(l, out);
+    }
+    let lens_at = out.len();
+    out.resize(lens_at + 8 * streams, 0);
+    out.reserve((n * max_bits::<W>() as usize).div_ceil(8) + 8 * streams);
+    for k in 0..streams {
+        let seg = segment(n, streams, k);
+        let start = out.len();
+        encode_stream::<W>(
+            &data[seg.start * W..seg.end * W],
+            stride,
+            &ctx_off,
+            &table,
+            out,
+        );
+        let len = (out.len() - start) as u64;
+        out[lens_at + 8 * k..lens_at + 8 * k + 8].copy_from_slice(&len.to_le_bytes());
+    }
+}
+
+/// Bytes staged before they are appended to the output.
+const STAGE: usize = 4096;
+
+/// Appends the stream of a segment's elements to `out`.
+///
+/// Bits are written least significant first: the whole 64-bit accumulator is stored at every
+/// step into a small staging buffer, the position advances by the full bytes, and the buffer is
+/// appended to `out` when it fills. The state lives in local variables, which the compiler
+/// keeps in registers.
+fn encode_stream<const W: usize>(
+    seg: &[u8],
+    stride: usize,
+    ctx_off: &[u16; SYMBOLS],
+    table: &[u32],
+    out: &mut Vec<u8>,
+) {
+    let table: &[u32; ENC_LEN] = table.try_into().expect("encoder table size");
+    let r = raw_bits::<W>();
+    let raw_mask = (1u32 << r) - 1;
+    let mut buf = [0u8; STAGE + 16];
+    let (mut pos, mut acc, mut nbits) = (0usize, 0u64, 0u32);
+    let mut put = |x: &[u8], e: u32| {
+        let len = e >> 16;
+        acc |= ((e & 0xFFFF) as u64 | ((value::<W>(x) & raw_mask) as u64) << len) << nbits;
+        nbits += len + r;
+        buf[pos..pos + 8].copy_from_slice(&acc.to_le_bytes());
+        let whole = nbits >> 3;
+        pos += whole as usize;
+        // At most 7 + 34 bits were held, so `whole` <= 5 and the shift is in range.
+        acc >>= 8 * whole;
+        nbits &= 7;
+        if pos >= STAGE {
+            out.extend_from_slice(&buf[..pos]);
+            pos = 0;
+        }
+    };
+    let n = seg.len() / W;
+    let free = if stride == 0 { n } else { stride.min(n) };
+    for x in seg[..free * W].chunks_exact(W) {
+        put(x, table[top::<W>(x)]);
+    }
+    if free < n {
+        for (x, p) in seg[stride * W..].chunks_exact(W).zip(seg.chunks_exact(W)) {
+            put(
+                x,
+                table[(ctx_off[top::<W>(p)] as usize + top::<W>(x)) & (ENC_LEN - 1)],
+            );
+        }
+    }
+    // The last byte, padded with zero bits.
+    if nbits > 0 {
+        buf[pos] = acc as u8;
+        pos += 1;
+    }
+    out.extend_from_slice(&buf[..pos]);
+}

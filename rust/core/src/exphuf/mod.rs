@@ -1,0 +1,149 @@
+//! Codec `exp-huf` (docs/FORMAT.md, "Codec 3"): the record's safetensors header as it is, then
+//! each tensor in data order, floating tensors (`BF16`, `F16`, `F32`) as a coded block and the
+//! others as they are.
+//!
+//! A coded block sends each element as a Huffman code of its top 9 bits (sign and exponent for
+//! bf16 and f32; sign, exponent and 3 mantissa bits for f16) followed by its other bits
+//! unchanged: in activations the exponent holds nearly all the redundancy, and the mantissa
+//! bits are close to random, so no match finding is spent on them. The code table is chosen by
+//! the same channel's element one row back, which predicts sign and exponent (see [`block`]).
+
+mod block;
+mod block_decode;
+mod block_encode;
+pub mod huffman;
+
+use crate::blob;
+use crate::dtype::Dtype;
+
+/// A payload decodes to at most this many times its stored length: a coded element takes at
+/// least 9 of its 16 bits (f32: 24 of 32) and everything else is stored as it is.
+pub const MAX_RATIO: u64 = 2;
+
+/// Element width in bytes of the dtypes that are coded, and how many of the 8 bits after the
+/// sign are mantissa (the encoder's contexts follow the exponent).
+fn coded(dtype: Dtype) -> Option<(usize, u32)> {
+    match dtype {
+        Dtype::BF16 => Some((2, 0)),
+        Dtype::F16 => Some((2, 3)),
+        Dtype::F32 => Some((4, 0)),
+        _ => None,
+    }
+}
+
+/// The bytes `range` of the concatenation of `pieces`: borrowed when one piece holds them all,
+/// else copied into `scratch`.
+fn gather<'a>(
+    pieces: &[&'a [u8]],
+    range: std::ops::Range<usize>,
+    scratch: &'a mut Vec<u8>,
+) -> &'a [u8] {
+    let mut at = 0;
+    scratch.clear();
+    for p in pieces {
+        let (start, end) = (at, at + p.len());
+        at = end;
+        if end <= range.start || start >= range.end {
+            continue;
+        }
+        let part = &p[range.start.max(start) - start..range.end.min(end) - start];
+        if part.len() == range.len() {
+            return part;
+        }
+        scratch.extend_from_slice(part);
+    }
+    scratch
+}
+
+/// Encodes a blob given as pieces (any split; the writers give the header, then each tensor's
+/// bytes) into `out` (cleared first). `Err` says why the pieces are not a blob.
+pub fn encode(pieces: &[&[u8]], out: &mut Vec<u8>) -> Result<(), String> {
+    out.clear();
+    let total: usize = pieces.iter().map(|p| p.len()).sum();
+    let mut scratch = Vec::new();
+    let prefix = gather(pieces, 0..8.min(total), &mut scratch);
+    if prefix.len() < 8 {
+        return Err("blob shorter than a safetensors header".into());
+    }
+    let n = u64::from_le_bytes(prefix.try_into().expect("8 bytes"));
+    if n > blob::MAX_HEADER_LEN as u64 || 8 + n > total as u64 {
+        return Err(format!(
+            "safetensors header length {n} does not fit the blob"
+        ));
+    }
+    let head = gather(pieces, 0..8 + n as usize, &mut scratch).to_vec();
+    let header = blob::parse_header_of(&head, total)?;
+    out.reserve(total / 2 + head.len());
+    out.extend_from_slice(&head);
+    for t in &header.tensors {
+        let data = gather(pieces, t.range.clone(), &mut scratch);
+        match coded(t.spec.dtype) {
+            Some((w, exp_shift)) => {
+                let stride = match t.spec.shape.as_slice() {
+                    [.., _, last] => *last as usize,
+                    _ => 0,
+                };
+                let plan = block_encode::Plan { stride, exp_shift };
+                if w == 2 {
+                    block_encode::encode::<2>(data, &plan, out);
+                } else {
+                    block_encode::encode::<4>(data, &plan, out);
+                }
+            }
+            None => out.extend_from_slice(data),
+        }
+    }
+    Ok(())
+}
+
+/// Decodes a stored payload into the blob of `raw_len` bytes. `Err` says what is wrong.
+pub fn decode(stored: &[u8], raw_len: u64) -> Result<Vec<u8>, String> {
+    if raw_len > MAX_RATIO * stored.len() as u64 {
+        return Err(format!(
+            "raw length {raw_len} is more than {} stored bytes can decode to",
+            stored.len()
+        ));
+    }
+    let raw_len = raw_len as usize;
+    if stored.len() < 8 {
+        return Err("payload shorter than a safetensors header".into());
+    }
+    let n = u64::from_le_bytes(stored[..8].try_into().expect("8 bytes"));
+    if n > blob::MAX_HEADER_LEN as u64 || 8 + n > stored.len().min(raw_len) as u64 {
+        return Err(format!(
+            "safetensors header length {n} does not fit the payload"
+        ));
+    }
+    let head_len = 8 + n as usize;
+    let header = blob::parse_header_of(&stored[..head_len], raw_len)?;
+    let mut out = vec![0u8; raw_len];
+    out[..head_len].copy_from_slice(&stored[..head_len]);
+    let mut at = head_len;
+    for t in &header.tensors {
+        let dst = &mut out[t.range.clone()];
+        let name = &t.spec.name;
+        match coded(t.spec.dtype) {
+            Some((2, _)) => block_decode::decode::<2>(stored, &mut at, dst),
+            Some(_) => block_decode::decode::<4>(stored, &mut at, dst),
+            None => match stored.get(at..at + dst.len()) {
+                Some(src) => {
+                    dst.copy_from_slice(src);
+                    at += dst.len();
+                    Ok(())
+                }
+                None => Err("payload is cut off".to_string()),
+            },
+        }
+        .map_err(|e| format!("tensor {name:?}: {e}"))?;
+    }
+    if at != stored.len() {
+        return Err(format!(
+            "{} bytes after the last tensor's block",
+            stored.len() - at
+        ));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests;
