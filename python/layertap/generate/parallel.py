@@ -36,7 +36,7 @@ import numpy as np
 
 from layertap.generate.errors import GenerateError
 from layertap.generate.progress import EngineTotals, Progress
-from layertap.generate.resume import SOURCE, lock_directory, prepare_output
+from layertap.generate.resume import SOURCE, lock_directory, make_output_directory, prepare_output
 from layertap.generate.run import Checked, check_options, run_one
 from layertap.parts import MANIFEST_NAME, read_manifest, write_manifest
 
@@ -93,12 +93,7 @@ def prepare_parts(c: Checked, engines: int) -> PartsState:
     """Locks ``--out``, writes its manifest (earlier parts and one per engine), completes every
     part and reads which rows are done. Raises GenerateError when a part cannot be resumed."""
     out = c.out_dir
-    try:
-        os.makedirs(out, exist_ok=True)
-    except OSError as e:
-        raise GenerateError(f"{out}: cannot create the output directory: {e.strerror or e}") from None
-    if not os.access(out, os.W_OK):
-        raise GenerateError(f"{out}: the output directory is not writable")
+    make_output_directory(out)
     state = PartsState(out, [], np.zeros(c.rows.num_rows, dtype=bool), lock_fd=lock_directory(out))
     try:
         manifest = os.path.join(out, MANIFEST_NAME)

@@ -132,18 +132,24 @@ def _check_meta(info, model: str, layer_ids: list[int]) -> None:
         raise GenerateError(f"--out holds {name} with layers {theirs}, not {sorted(layer_ids)}; use another --out")
 
 
-def prepare_output(path: str, model: str, layer_ids: list[int], lock: bool = True) -> OutputState:
-    """Locks ``path`` (created if missing), completes what killed runs left, and reads which rows
-    are done. Raises GenerateError when the directory cannot be resumed by this run. ``lock=False``:
-    the caller holds the directory's lock already (a parallel run reading its own directory's
-    shards as one of its parts)."""
-    path = os.path.abspath(path)
+def make_output_directory(path: str) -> None:
+    """Creates ``path`` if missing; raises GenerateError naming it when it cannot be created or
+    written to."""
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
         raise GenerateError(f"{path}: cannot create the output directory: {e.strerror or e}") from None
     if not os.access(path, os.W_OK):
         raise GenerateError(f"{path}: the output directory is not writable")
+
+
+def prepare_output(path: str, model: str, layer_ids: list[int], lock: bool = True) -> OutputState:
+    """Locks ``path`` (created if missing), completes what killed runs left, and reads which rows
+    are done. Raises GenerateError when the directory cannot be resumed by this run. ``lock=False``:
+    the caller holds the directory's lock already (a parallel run reading its own directory's
+    shards as one of its parts)."""
+    path = os.path.abspath(path)
+    make_output_directory(path)
     state = OutputState(path, run=0, _lock_fd=lock_directory(path) if lock else None)
     try:
         _complete_shards(state, model, layer_ids)
