@@ -56,9 +56,9 @@ def test_a_writer_killed_while_starting_a_shard_leaves_no_headerless_file(tmp_pa
     out = tmp_path / "ds"
     out.mkdir()
     second = out / "w-000001.lts"
+    strace = [_strace(), "-f", "-qq", "-o", "/dev/null", "-P", str(second), "-e", f"trace={kill_at}"]
     proc = subprocess.run(
-        [_strace(), "-f", "-qq", "-o", "/dev/null", "-P", str(second), "-e", f"trace={kill_at}"]
-        + ["-e", f"inject={kill_at}:signal=KILL", sys.executable, "-c", CHILD, str(out), kind],
+        [*strace, "-e", f"inject={kill_at}:signal=KILL", sys.executable, "-c", CHILD, str(out), kind],
         capture_output=True,
         text=True,
         timeout=120,

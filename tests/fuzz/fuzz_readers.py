@@ -188,7 +188,7 @@ def main() -> None:
         corpus,
         f"-max_total_time={args.seconds}",
         f"-max_len={MAX_LEN}",
-        "-timeout=20",
+        "-timeout=120",  # a hang, not a slow case on a loaded machine
         "-rss_limit_mb=4096",
         "-print_final_stats=1",
         f"-artifact_prefix={out}/",

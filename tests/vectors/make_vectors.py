@@ -19,7 +19,6 @@ import tempfile
 
 import numpy as np
 import torch
-
 import zstandard
 
 from layertap._py.reader import PyShardReader
@@ -153,7 +152,13 @@ def make_files(tmp: str, out: str) -> None:
 def _blob(key: str, tensors: dict, meta: dict) -> tuple[bytes, list[tuple[int, int]]]:
     """The raw payload (safetensors blob) of a record, and the byte ranges of its 2-byte tensors."""
     parts = [(name, t.contiguous().view(torch.uint8).numpy().tobytes(), t) for name, t in tensors.items()]
-    dtype_names = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.int64: "I64", torch.int16: "I16"}
+    dtype_names = {
+        torch.bfloat16: "BF16",
+        torch.float16: "F16",
+        torch.float32: "F32",
+        torch.int64: "I64",
+        torch.int16: "I16",
+    }
     header = build_header([(n, dtype_names[t.dtype], tuple(t.shape)) for n, _, t in parts], {**meta, "key": key})
     out, planes = bytearray(header), []
     for _, data, t in parts:
@@ -221,7 +226,10 @@ def make_zstd_no_size(out: str) -> None:
 def make_zero_tokens(tmp: str, out: str) -> None:
     """zero-tokens: a record of no token (empty hidden_states and token_ids) between two others."""
     (k0, t0, m0), (k1, t1, m1) = records(2)
-    empty = {"hidden_states": torch.zeros(0, 2, 4, dtype=torch.bfloat16), "token_ids": torch.zeros(0, dtype=torch.int64)}
+    empty = {
+        "hidden_states": torch.zeros(0, 2, 4, dtype=torch.bfloat16),
+        "token_ids": torch.zeros(0, dtype=torch.int64),
+    }
     meta = {"layer_ids": "[2, 8]", "model": "tiny-test", "dtype": "bfloat16", "num_tokens": "0"}
     with VectorWriter(tmp, codec="none", writer_id="zero-tokens", durability="none", metadata=USER_META) as w:
         w.submit(k0, t0, m0)
