@@ -532,10 +532,11 @@ mod tests {
         c.set_parameter(CParameter::ContentSizeFlag(false)).unwrap();
         let mut out = Vec::with_capacity(zstd::zstd_safe::compress_bound(raw.len()) + 64);
         let mut input = InBuffer::around(raw);
-        let mut output = OutBuffer::around(&mut out);
-        c.compress_stream(&mut output, &mut input).unwrap();
-        while c.end_stream(&mut output).unwrap() > 0 {}
-        drop(output);
+        {
+            let mut output = OutBuffer::around(&mut out);
+            c.compress_stream(&mut output, &mut input).unwrap();
+            while c.end_stream(&mut output).unwrap() > 0 {}
+        }
         assert!(matches!(
             zstd::zstd_safe::get_frame_content_size(&out),
             Ok(None)

@@ -183,7 +183,8 @@ mod tests {
         let temporary =
             |p: &Path| under_temporary_name(dir.path(), p, header).map(|f| f.expect("link"));
         let direct = |p: &Path| directly(p, header);
-        let ways: Vec<(&str, &dyn Fn(&Path) -> Result<File>)> = vec![
+        type Way<'a> = (&'a str, &'a dyn Fn(&Path) -> Result<File>);
+        let ways: Vec<Way> = vec![
             #[cfg(target_os = "linux")]
             ("unnamed", &unnamed),
             ("temporary", &temporary),
