@@ -114,7 +114,7 @@ def cut_footer(path, extra: bytes = b"") -> int:
 
     with open(path, "r+b") as f:
         f.seek(-32, os.SEEK_END)
-        index_offset, _ = decode_trailer(f.read(32))
+        index_offset = decode_trailer(f.read(32)).index_offset
         f.truncate(index_offset)
         f.seek(index_offset)
         f.write(extra)

@@ -115,7 +115,8 @@ def test_index_entry_and_trailer_layout():
     assert struct.unpack_from("<QQI", t, 0) == (4096, 3, 0)
     assert int.from_bytes(t[20:24], "little") == crc32c(t[:20])
     assert t[24:32] == b"LTAPTAIL" and len(t) == 32
-    assert fmt.decode_trailer(t) == (4096, 3)
+    assert fmt.decode_trailer(t) == (4096, 3, 0)
+    assert fmt.decode_trailer(fmt.encode_trailer(4096, 3, 2)).lost_in_recovery == 2
     assert fmt.decode_trailer(t[:3] + b"\xff" + t[4:]) is None
 
     footer = fmt.encode_footer(entries, 4096)

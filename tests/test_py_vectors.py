@@ -11,9 +11,11 @@ import math
 import pytest
 import torch
 
+import layertap
 from helpers import VECTORS, reader_class
+from layertap._spec.format import is_torn_empty
 from layertap._tensors import TORCH_DTYPES
-from layertap.errors import CorruptRecordError
+from layertap.errors import CorruptRecordError, FormatError
 
 EXPECTED = json.loads((VECTORS / "expected.json").read_text(encoding="utf-8"))
 FILES = sorted(EXPECTED["files"])
@@ -67,6 +69,7 @@ def test_reader_finds_what_expected_json_says(reader, name):
         assert r.complete == want["complete"]
         assert r.file_bytes == want["file_bytes"] and r.torn_tail_bytes == want["torn_tail_bytes"]
         assert r.meta == want["meta"] and not r.being_written
+        assert r.lost_in_recovery == want["lost_in_recovery"]
         assert [(p.kind, p.offset, p.key) for p in r.scan_problems] == [
             (p["kind"], p["offset"], p["key"]) for p in want["open_problems"]
         ]
@@ -90,9 +93,48 @@ def test_reader_finds_what_expected_json_says(reader, name):
             assert len(tensors) == len(rec["tensors"])
             for (n, dtype, shape, buf), t in zip(tensors, rec["tensors"]):
                 assert (n, dtype, list(shape)) == (t["name"], t["dtype"], t["shape"])
-                flat = torch.frombuffer(bytearray(memoryview(buf).cast("B")), dtype=TORCH_DTYPES[dtype])
+                raw = bytearray(memoryview(buf).cast("B"))
+                flat = torch.frombuffer(raw, dtype=TORCH_DTYPES[dtype]) if raw else torch.empty(0)
                 got = _values(flat)
                 assert len(got) == math.prod(shape) == len(t["values"])
                 assert got == t["values"], (name, rec["key"], n)
     finally:
         r.close()
+
+
+NOT_SHARDS = sorted(EXPECTED["not_shards"])
+
+
+@pytest.mark.parametrize("reader", ["python", "rust"])
+@pytest.mark.parametrize("name", NOT_SHARDS)
+def test_files_that_are_not_shards(reader, name, tmp_path):
+    # A torn empty shard (a prefix of a header) is a shard to recover, which removes it; any
+    # other file is not a shard, and recovery leaves it alone. Both readers and both recoveries.
+    torn = EXPECTED["not_shards"][name]["torn_empty"]
+    data = (VECTORS / name).read_bytes()
+    assert is_torn_empty(data) == torn
+    with pytest.raises(FormatError, match="torn empty shard" if torn else "not a layertap shard") as info:
+        reader_class(reader)(VECTORS / name)
+    assert ("torn empty shard" in str(info.value)) == torn
+    copy = tmp_path / name
+    copy.write_bytes(data)
+    if torn:
+        with layertap.open(copy, backend=reader) as ds:
+            [info] = ds.shards
+            assert (info.complete, info.records, info.torn_tail_bytes) == (False, 0, len(data))
+            assert [(p.kind, p.offset) for p in ds.verify().problems] == [("torn_tail", 0)]
+    else:
+        with pytest.raises(FormatError):
+            layertap.open(copy, backend=reader)
+    if reader == "python":
+        from layertap._py.recover import recover
+    else:
+        from layertap.recover import recover
+    if torn:
+        report = recover(copy)
+        assert report.removed and (report.records, report.truncated_bytes) == (0, len(data))
+        assert not copy.exists()
+    else:
+        with pytest.raises(FormatError):
+            recover(copy)
+        assert copy.read_bytes() == data

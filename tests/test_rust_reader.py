@@ -210,7 +210,11 @@ def test_open_shard_with_torn_tail(tmp_path):
 
 @pytest.mark.parametrize(
     "content, reason",
-    [(b"", "empty"), (b"PK\x03\x04 a zip file, not a shard", "magic"), (b"\x89LTAP\r\n\x1a\x01\x00", "too short")],
+    [
+        (b"", "torn empty shard"),  # the start of a header: a writer died creating it
+        (b"PK\x03\x04 a zip file, not a shard", "magic"),
+        (b"\x89LTAP\r\n\x1a\x01\x00", "torn empty shard"),
+    ],
 )
 def test_not_a_shard_raises_format_error(tmp_path, content, reason):
     path = tmp_path / "x.lts"

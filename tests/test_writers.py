@@ -296,8 +296,6 @@ def test_duplicate_key(tmp_path, kind):
         ({"x": torch.zeros(4, 4).t()}, "not contiguous"),
         ({"x": np.zeros((4, 4))[:, 1]}, "not C-contiguous"),
         ({"x": (memoryview(b"abcdef")[::2], "U8", (3,))}, "not C-contiguous"),
-        ({"x": torch.zeros(0, 3)}, "empty"),
-        ({"x": (b"", "U8", (0,))}, "empty"),
         ({"x": (b"abc", "F32", (1,))}, "needs 4"),
         ({"x": (b"abcd", "Q4", (1,))}, "unknown or unsupported dtype"),
         ({"x": (b"abcd", "U8", (-4,))}, "negative"),
@@ -312,6 +310,32 @@ def test_bad_tensors(tmp_path, kind, tensors, match):
         with pytest.raises(InvalidInputError, match=match):
             w.submit("k", tensors)
         w.submit("k", {"x": torch.zeros(1)})  # the key was not taken by the failed call
+
+
+@pytest.mark.parametrize("codec", ["none", "zstd", "bp16-zstd"])
+def test_zero_token_records_round_trip(tmp_path, kind, codec):
+    # A request that produced no token is a record with empty tensors: written, read back by
+    # both readers, with num_tokens 0 (docs/FORMAT.md, "Record payload").
+    empty = {
+        "hidden_states": torch.zeros(0, 2, 8, dtype=torch.bfloat16),
+        "token_ids": torch.zeros(0, dtype=torch.int64),
+    }
+    with Writer(kind, tmp_path, codec=codec) as w:
+        w.submit("empty", empty, {"model": "m"})
+        w.submit_many([("between", make_tensors(1)), ("raw", {"x": (b"", "U8", (0,)), "y": (b"ab", "U8", (2,))})])
+        w.submit_buffers([("buffers", [("hidden_states", b"", "F16", (0, 3, 4))], None, 0)])
+    for backend in ("python", "rust"):
+        with layertap.open(tmp_path, backend=backend) as ds:
+            assert ds.keys() == ["empty", "between", "raw", "buffers"] and ds.verify().ok
+            rec = ds["empty"]
+            assert rec.num_tokens == 0 and rec.metadata["model"] == "m"
+            assert tuple(rec.hidden_states.shape) == (0, 2, 8) and rec.hidden_states.dtype == torch.bfloat16
+            assert tuple(rec.token_ids.shape) == (0,) and rec.token_ids.dtype == torch.int64
+            assert torch.equal(ds["between"].hidden_states, make_tensors(1)["hidden_states"])
+            assert tuple(ds["raw"]["x"].shape) == (0,) and ds["raw"]["y"].tolist() == [97, 98]
+            assert list(ds["raw"].tensors) == ["x", "y"]
+            assert tuple(ds["buffers"].hidden_states.shape) == (0, 3, 4)
+            assert [s.tokens for s in ds.shards] == [3]
 
 
 @pytest.mark.parametrize("metadata", [{"key": "x"}, {"a": 1}, {1: "a"}, ["a"], {"a": "\ud800"}])

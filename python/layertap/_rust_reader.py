@@ -23,7 +23,8 @@ from layertap.errors import FormatError
 class RustShardReader:
     """One shard, read by the Rust core. Implements the shard-backend protocol: ``path``,
     ``complete``, ``meta``, ``file_bytes``, ``torn_tail_bytes``, ``being_written``,
-    ``scan_problems``, ``entries``, ``read()``, ``check()``, ``close()``; also ``shard_id``,
+    ``scan_problems``, ``entries``, ``lost_in_recovery``, ``read()``, ``check()``, ``close()``;
+    also ``shard_id``,
     ``header_len``, ``data_end``, ``index_unusable``, ``closed``.
 
     Raises ``FormatError`` for a file that is not a shard and ``OSError`` (e.g.
@@ -42,6 +43,8 @@ class RustShardReader:
         #: the last valid record frame of an open one.
         self.data_end: int = native.data_end
         self.index_unusable: bool = native.index_unusable
+        #: Damaged parts that recovery left out of the index of this complete shard (its trailer).
+        self.lost_in_recovery: int = native.lost_in_recovery
         self.shard_id: bytes = native.shard_id
         try:
             self.meta: dict = json.loads(native.meta_json)

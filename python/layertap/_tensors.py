@@ -169,9 +169,7 @@ def normalize(tensors: Mapping[str, Any]) -> tuple[list[tuple[str, memoryview, s
                 f"tensor {name!r}: expected a torch.Tensor, numpy.ndarray or (buffer, dtype, shape), "
                 f"got {type(value).__name__}"
             )
-        if view.nbytes == 0:
-            raise InvalidInputError(f"tensor {name!r} is empty (shape {list(shape)}); records hold no empty tensors")
-        out.append((name, view, dtype, shape))
+        out.append((name, view, dtype, shape))  # empty tensors too: a zero-token record
     num_tokens = 0
     for name, _, _, shape in out:
         if name == "token_ids" and shape:
@@ -273,7 +271,5 @@ def check_buffer_record(record: Any) -> Prepared:
             raise InvalidInputError(f"tensor name {name!r} is not allowed")
         names.add(name)
         view, dtype, shape = _from_buffer(name, (buffer, dtype, shape))
-        if view.nbytes == 0:
-            raise InvalidInputError(f"tensor {name!r} is empty (shape {list(shape)}); records hold no empty tensors")
         out.append((name, view, dtype, shape))
     return key, out, check_metadata(metadata), num_tokens

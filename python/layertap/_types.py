@@ -40,7 +40,8 @@ class Problem(NamedTuple):
     key: str | None
     kind: str
     """One of: ``"corrupt_record"``, ``"damaged_region"``, ``"torn_tail"``, ``"duplicate_key"``,
-    ``"bad_index"``, ``"not_a_shard"``."""
+    ``"bad_index"``, ``"not_a_shard"``; and ``"lost_in_recovery"`` for the notes of
+    ``VerifyReport``."""
     message: str
 
 
@@ -60,6 +61,9 @@ class ShardInfo:
     meta: dict = field(default_factory=dict)
     being_written: bool = False
     """Another process held the shard's lock (a live writer) when the dataset was opened."""
+    lost_in_recovery: int = 0
+    """Damaged parts (corrupt records, damaged regions) that ``recover`` left out of this
+    shard's index when it completed it, as the trailer says (docs/FORMAT.md, "Trailer")."""
 
 
 @dataclass
@@ -71,6 +75,12 @@ class VerifyReport:
     problems: list[Problem] = field(default_factory=list)
     duplicates: list[Problem] = field(default_factory=list)
     """Duplicate keys allowed by ``verify(allow_duplicates=True)`` (else they are problems)."""
+    notes: list[Problem] = field(default_factory=list)
+    """What is not a problem of the dataset as it is but worth knowing: a ``lost_in_recovery``
+    entry for each shard from which an earlier ``recover`` left damaged parts out."""
+
+    lost_in_recovery: int = 0
+    """Damaged parts that earlier recoveries left out, summed over the shards."""
 
     @property
     def ok(self) -> bool:
@@ -88,4 +98,7 @@ class RecoverReport:
     truncated_bytes: int
     """Torn tail cut off."""
     problems: list[Problem] = field(default_factory=list)
-    """Corrupt records and damaged regions left unindexed."""
+    """Corrupt records and damaged regions left unindexed (their number is kept in the
+    trailer: ``ShardInfo.lost_in_recovery``)."""
+    removed: bool = False
+    """The file was a torn empty shard (shorter than its header, no records) and was removed."""

@@ -138,6 +138,7 @@ def inspect_summary(ds) -> dict:
                 "file_bytes": info.file_bytes,
                 "ratio": round(info.raw_bytes / info.stored_bytes, 4) if info.stored_bytes else None,
                 "torn_tail_bytes": info.torn_tail_bytes,
+                "lost_in_recovery": info.lost_in_recovery,
                 "writer": info.meta.get("writer"),
                 "writer_id": info.meta.get("writer_id"),
                 "problems": [_problem_json(p) for p in backend.scan_problems],
@@ -161,6 +162,7 @@ def inspect_summary(ds) -> dict:
         "raw_bytes": raw,
         "stored_bytes": stored,
         "file_bytes": sum(s["file_bytes"] for s in shards),
+        "lost_in_recovery": sum(s["lost_in_recovery"] for s in shards),
         "ratio": round(raw / stored, 4) if stored else None,
         "shards": shards,
         "unreadable": [_problem_json(p) for p in ds.unreadable],
@@ -251,14 +253,15 @@ def inspect_table(summary: dict) -> str:
         if len({fmt(s[key]) for s in shards if s["records"]}) > 1
     ]
     torn = any(s["torn_tail_bytes"] for s in shards)
+    lost = any(s["lost_in_recovery"] for s in shards)
     head = ["shard", "state", "records", "tokens", *(h for h, _, _ in varying), "raw", "stored", "ratio"]
-    head += ["torn tail"] * torn
+    head += ["torn tail"] * torn + ["lost"] * lost
     rows = [head]
     for s in shards:
         row = [s["name"], s["state"].replace("_", " "), _cell(s["records"]), _cell(s["tokens"])]
         row += [fmt(s[key]) for _, key, fmt in varying]
         row += [human_bytes(s["raw_bytes"]), human_bytes(s["stored_bytes"]), ratio(s["ratio"])]
-        rows.append(row + [_tail(s["torn_tail_bytes"])] * torn)
+        rows.append(row + [_tail(s["torn_tail_bytes"])] * torn + [_cell(s["lost_in_recovery"] or None)] * lost)
     states = [s["state"] for s in shards]
     counts = ", ".join(
         f"{states.count(k)} {k.replace('_', ' ')}" for k in ("complete", "open", "being_written") if k in states
@@ -266,7 +269,9 @@ def inspect_table(summary: dict) -> str:
     row = ["total", "", _cell(summary["records"]), _cell(summary["tokens"])]
     row += ["mixed" for _ in varying]
     row += [human_bytes(summary["raw_bytes"]), human_bytes(summary["stored_bytes"]), ratio(summary["ratio"])]
-    rows.append(row + [_tail(sum(s["torn_tail_bytes"] for s in shards))] * torn)
+    rows.append(
+        row + [_tail(sum(s["torn_tail_bytes"] for s in shards))] * torn + [_cell(summary["lost_in_recovery"])] * lost
+    )
     title = (
         f"{summary['path']}: {_plural(len(shards), 'shard')}{f' ({counts})' if counts else ''}, "
         f"{_plural(summary['records'], 'record')}, {_plural(summary['tokens'], 'token')}, "
@@ -311,6 +316,12 @@ def inspect_table(summary: dict) -> str:
             )
     for u in summary["unreadable"]:
         out.append(f"not a shard: {u['shard']}: {u['message']}")
+    if lost:
+        n = summary["lost_in_recovery"]
+        out.append(
+            f"lost in recovery: {n} damaged part{'s' if n != 1 else ''} (corrupt records, damaged regions) "
+            "left out of the index by an earlier `layertap recover` (column lost)"
+        )
     return "\n".join(out)
 
 
@@ -337,6 +348,8 @@ def cmd_verify(args) -> int:
         name, parts = ds.path, len(ds.parts)
     for p in report.problems:
         print(problem_line(p), file=sys.stderr)
+    for p in report.notes:
+        print(f"note: {problem_line(p)}", file=sys.stderr)
     if args.json:
         print(
             json.dumps(
@@ -347,8 +360,10 @@ def cmd_verify(args) -> int:
                     "shards": shards,
                     "records_ok": report.records_ok,
                     "records_bad": report.records_bad,
+                    "lost_in_recovery": report.lost_in_recovery,
                     "problems": [_problem_json(p) for p in report.problems],
                     "duplicate_keys": len(report.duplicates),
+                    "notes": [_problem_json(p) for p in report.notes],
                 },
                 indent=2,
             )
@@ -359,10 +374,12 @@ def cmd_verify(args) -> int:
         allowed = ""
         if report.duplicates:
             allowed = f"; {_plural(len(report.duplicates), 'duplicate key')} allowed (the first record of each counts)"
+        lost = report.lost_in_recovery
         print(
             f"{verdict}: {name}: {report.records_ok:,} records ok, {report.records_bad:,} bad, "
             f"{len(report.problems)} problem{'s' if len(report.problems) != 1 else ''} in {shards} "
             f"shard{'s' if shards != 1 else ''}{where}{allowed}"
+            + (f"; {_plural(lost, 'damaged part')} lost in an earlier recovery" if lost else "")
         )
     return 0 if report.ok else 1
 
@@ -415,6 +432,7 @@ def cmd_recover(args) -> int:
             result.update(
                 ok=not report.problems,
                 was_complete=report.was_complete,
+                removed=report.removed,
                 records=report.records,
                 truncated_bytes=report.truncated_bytes,
                 problems=[_problem_json(p) for p in report.problems],
@@ -424,7 +442,12 @@ def cmd_recover(args) -> int:
             if report.problems:
                 status = max(status, 1)
             if not args.json:
-                if report.was_complete:
+                if report.removed:
+                    print(
+                        f"{path}: removed: a torn empty shard ({human_bytes(report.truncated_bytes)}, shorter than "
+                        "its header: its writer died before writing it); it held no records"
+                    )
+                elif report.was_complete:
                     print(f"{path}: already complete ({report.records:,} records); left as it is")
                 else:
                     line = (

@@ -22,6 +22,7 @@ imported only when it is chosen or the extension is not built). Both follow this
 from __future__ import annotations
 
 import bisect
+import builtins
 import json
 import operator
 import os
@@ -30,7 +31,15 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from layertap._spec.format import SHARD_SUFFIX
+from layertap._spec.format import (
+    FILE_HEADER_FIXED_LEN,
+    MAX_META_LEN,
+    SHARD_SUFFIX,
+    TORN_EMPTY_REASON,
+    align8,
+    frame_header_len,
+    is_torn_empty,
+)
 from layertap._spec.lock import is_locked
 from layertap._tensors import tensor_maker
 from layertap._types import IndexEntry, Problem, ShardInfo, VerifyReport
@@ -137,19 +146,23 @@ class Record:
         return f"Record(key={self.key!r}, shard={shard!r}, offset={self.offset}, tokens={self.num_tokens}, tensors={{{parts}}})"
 
 
-class _WrittenNoHeader:
-    """A shard whose header is not written yet, held by a live writer: no records so far."""
+class _TornEmptyShard:
+    """A shard file shorter than its header (docs/FORMAT.md, "File header"): a torn empty shard
+    whose writer died before writing the header (``layertap recover`` removes it), or, while a
+    live writer holds its lock, one whose header is not written yet. It has no records."""
 
     complete = False
-    scan_problems: list[Problem] = []
     entries: list[IndexEntry] = []
-    being_written = True
+    lost_in_recovery = 0
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, being_written: bool):
         self.path = path
+        self.being_written = being_written
         self.meta: dict = {}
         self.file_bytes = os.path.getsize(path)
         self.torn_tail_bytes = self.file_bytes
+        reason = "its header is not written yet" if being_written else TORN_EMPTY_REASON
+        self.scan_problems = [Problem(path, 0, None, "torn_tail", reason)]
 
     def read(self, i: int, verify: bool = True):
         raise IndexError(i)
@@ -159,6 +172,16 @@ class _WrittenNoHeader:
 
     def close(self) -> None:
         pass
+
+
+def _headerless(path: str) -> _TornEmptyShard | None:
+    """The stand-in for a file that is not a shard but a torn empty one, or one a live writer
+    holds (it may not have written the header yet); None for any other file."""
+    if is_locked(path):
+        return _TornEmptyShard(path, being_written=True)
+    with builtins.open(path, "rb") as f:
+        head = f.read(FILE_HEADER_FIXED_LEN + 4 + MAX_META_LEN)
+    return _TornEmptyShard(path, being_written=False) if is_torn_empty(head) else None
 
 
 def shard_paths(directory: str) -> list[str]:
@@ -275,6 +298,7 @@ class Dataset:
                 codecs=dict(Counter(e.codec for e in s.entries)),
                 meta=s.meta,
                 being_written=s.being_written,
+                lost_in_recovery=s.lost_in_recovery,
             )
             for s in self._shards
         ]
@@ -321,13 +345,17 @@ class Dataset:
         """Checks every record (frame header against the index, checksum, decoding, metadata
         key) and reports, besides corrupt records, what opening the shards found (damaged
         regions, torn tails, bad indexes, files that are not shards) and duplicate keys. A torn
-        tail of a shard that a live writer holds is not a problem.
+        tail of a shard that a live writer holds is not a problem. What an earlier ``recover``
+        left out of a shard's index is not a problem of the shard as it is now, but it is not
+        forgotten either: ``report.notes`` has a ``lost_in_recovery`` entry for each such shard.
 
         Duplicate keys are problems, unless ``allow_duplicates``: then they are listed in the
         report's ``duplicates`` instead (the first record of each key in dataset order is the
         one that counts; the others are still checked)."""
         report = VerifyReport()
         report.problems += self._unreadable
+        report.notes += [_lost_note(s) for s in self._shards if s.lost_in_recovery]
+        report.lost_in_recovery = sum(s.lost_in_recovery for s in self._shards)
         bar = None
         if progress:
             from tqdm import tqdm
@@ -436,6 +464,21 @@ class RecordIterator:
         return f"RecordIterator({self._ds.path!r}, at {self._pos} of {len(self._ds)}, skipped {self.skipped})"
 
 
+def _lost_note(s) -> Problem:
+    """The ``lost_in_recovery`` note of a shard whose trailer says recovery left parts out."""
+    n = s.lost_in_recovery
+    indexed = sum(frame_header_len(len(e.key.encode("utf-8"))) + align8(e.stored_len) for e in s.entries)
+    unindexed = s.data_end - s.header_len - indexed
+    return Problem(
+        s.path,
+        None,
+        None,
+        "lost_in_recovery",
+        f"an earlier `layertap recover` left {n} damaged part{'s' if n != 1 else ''} (corrupt records, damaged "
+        f"regions) out of this shard's index; {unindexed} bytes of it are not indexed",
+    )
+
+
 def _reason(err: Exception, path: str) -> str:
     """An error's message without what the Problem it goes into names anyway: the shard path
     and, for a corrupt record, its offset and key."""
@@ -453,8 +496,9 @@ def _open_shards(cls, paths: list[str], shards: list, unreadable: list[Problem])
         try:
             shards.append(cls(p))
         except FormatError as e:
-            if is_locked(p):  # a live writer has not finished the header yet
-                shards.append(_WrittenNoHeader(p))
+            torn = _headerless(p)
+            if torn is not None:
+                shards.append(torn)
             else:
                 unreadable.append(Problem(p, None, None, "not_a_shard", _reason(e, p)))
 
@@ -478,7 +522,14 @@ def open(path: str | os.PathLike | list | tuple, backend: str = "auto", *, tenso
     parts = resolve(path)
     single = len(parts.paths) == 1 and parts.manifest is None
     if single and not os.path.isdir(parts.paths[0]):
-        return Dataset(parts.name, [cls(parts.paths[0])], tensors=tensors, parts=parts)
+        path = parts.paths[0]
+        try:
+            return Dataset(parts.name, [cls(path)], tensors=tensors, parts=parts)
+        except FormatError:
+            torn = _headerless(path)
+            if torn is None:
+                raise
+            return Dataset(parts.name, [torn], tensors=tensors, parts=parts)
     shards: list = []
     unreadable: list[Problem] = []
     found = 0
@@ -491,9 +542,20 @@ def open(path: str | os.PathLike | list | tuple, backend: str = "auto", *, tenso
         for s in shards:
             s.close()
         raise
+    where = "this directory" if single else f"any of its {len(parts.paths)} parts"
     if not found:
-        where = "this directory" if single else f"any of its {len(parts.paths)} parts"
         raise FormatError(f"{parts.name}: no shards (*{SHARD_SUFFIX} files) in {where}", parts.name)
+    if not shards:
+        first = unreadable[0]
+        others = (
+            f" (and {len(unreadable) - 1} more *{SHARD_SUFFIX} files that are not shards)"
+            if len(unreadable) > 1
+            else ""
+        )
+        raise FormatError(
+            f"{parts.name}: no shards in {where}: {first.shard} is not a layertap shard: {first.message}{others}",
+            parts.name,
+        )
     return Dataset(parts.name, shards, unreadable, tensors=tensors, parts=parts)
 
 

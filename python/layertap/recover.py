@@ -14,8 +14,10 @@ def recover(path: str | os.PathLike) -> RecoverReport:
     any unusable footer), appends an index of the valid records and a trailer, and fsyncs.
 
     A complete shard is left untouched (``was_complete=True``). Corrupt records and damaged
-    regions stay in the file, unindexed, and are listed in ``problems``. Running it again after
-    an interruption gives the same result.
+    regions stay in the file, unindexed, and are listed in ``problems``; the trailer keeps their
+    number (``ShardInfo.lost_in_recovery``). Running it again after an interruption gives the
+    same result. A torn empty shard (a file shorter than its header, which holds no record) is
+    removed (``removed=True``).
 
     Raises ``ShardLockedError`` if a live writer holds the shard (nothing is changed),
     ``FormatError`` if the file is not a shard, ``OSError`` (e.g. ``FileNotFoundError``) if it
@@ -31,6 +33,7 @@ def recover(path: str | os.PathLike) -> RecoverReport:
         was_complete=d["was_complete"],
         records=d["records"],
         truncated_bytes=d["truncated_bytes"],
+        removed=d["removed"],
         problems=[Problem(path, offset, key, kind, message) for kind, offset, key, message in d["problems"]],
     )
 

@@ -19,11 +19,26 @@ import tempfile
 
 import numpy as np
 import torch
+import zstandard
 
 from layertap._py.reader import PyShardReader
+from layertap._py.recover import recover
 from layertap._py.writer import PyShardWriter
-from layertap._spec.codecs import decode
-from layertap._spec.format import CODECS, crc32c, decode_trailer
+from layertap._spec.blob import build_header
+from layertap._spec.codecs import decode, split_planes
+from layertap._spec.format import (
+    CODEC_BP16_ZSTD,
+    CODEC_ZSTD,
+    CODECS,
+    KIND_RECORD,
+    RawEntry,
+    align8,
+    crc32c,
+    decode_trailer,
+    encode_file_header,
+    encode_footer,
+    encode_frame_header,
+)
 from layertap._tensors import TORCH_DTYPES
 from layertap.errors import CorruptRecordError
 from layertap.reader import _reason
@@ -115,8 +130,7 @@ def _flip_payload_bit(path: str, record: int) -> None:
 def _data_end(path: str) -> int:
     with open(path, "rb") as f:
         f.seek(-32, os.SEEK_END)
-        index_offset, _ = decode_trailer(f.read(32))
-    return index_offset
+        return decode_trailer(f.read(32)).index_offset
 
 
 def make_files(tmp: str, out: str) -> None:
@@ -154,6 +168,118 @@ def make_files(tmp: str, out: str) -> None:
         f.write(data)
 
 
+def _blob(key: str, tensors: dict, meta: dict) -> tuple[bytes, list[tuple[int, int]]]:
+    """The raw payload (safetensors blob) of a record, and the byte ranges of its 2-byte tensors."""
+    parts = [(name, t.contiguous().view(torch.uint8).numpy().tobytes(), t) for name, t in tensors.items()]
+    dtype_names = {
+        torch.bfloat16: "BF16",
+        torch.float16: "F16",
+        torch.float32: "F32",
+        torch.int64: "I64",
+        torch.int16: "I16",
+    }
+    header = build_header([(n, dtype_names[t.dtype], tuple(t.shape)) for n, _, t in parts], {**meta, "key": key})
+    out, planes = bytearray(header), []
+    for _, data, t in parts:
+        if t.element_size() == 2:
+            planes.append((len(out), len(out) + len(data)))
+        out += data
+    return bytes(out), planes
+
+
+def _no_size_frame(raw: bytes) -> bytes:
+    """One zstd frame of ``raw`` without a content size, as a streaming compressor writes it."""
+    c = zstandard.ZstdCompressor(level=3, write_content_size=False, write_checksum=False).compressobj()
+    return c.compress(raw) + c.flush()
+
+
+def _stored(codec: int, raw: bytes, planes: list[tuple[int, int]]) -> bytes:
+    if codec == CODEC_BP16_ZSTD:
+        split = np.frombuffer(raw, dtype=np.uint8).copy()
+        for a, b in planes:
+            split_planes(raw[a:b], split[a:b])
+        raw = split.tobytes()
+    return _no_size_frame(raw)
+
+
+def hand_shard(path: str, writer_id: str, frames: list[tuple[str, int, bytes, int, int]]) -> None:
+    """A complete shard of ``frames`` ``(key, codec, stored payload, raw_len, num_tokens)``, laid
+    out as the writers lay theirs out: what the writers never write (frames without a content
+    size, payloads that do not decode to their raw_len) made by hand."""
+    shard_id, created = VectorWriter._shard_identity(writer_id, 0)
+    meta = {"writer_id": writer_id, "shard_index": 0, "created_unix_ms": created, "writer": WRITER, "user": USER_META}
+    out = bytearray(encode_file_header(shard_id, meta))
+    entries = []
+    for key, codec, stored, raw_len, tokens in frames:
+        crc = crc32c(stored)
+        entries.append(RawEntry(len(out), len(stored), raw_len, tokens, crc, codec, key))
+        out += encode_frame_header(KIND_RECORD, codec, key.encode(), len(stored), raw_len, tokens, crc)
+        out += stored + bytes(align8(len(stored)) - len(stored))
+    out += encode_footer(entries, len(out))
+    with open(path, "wb") as f:
+        f.write(out)
+
+
+def make_zstd_no_size(out: str) -> None:
+    """zstd-no-size: the three vector records as frames without a content size, zstd, bp16-zstd,
+    zstd. zstd-no-size-bad: such frames that are corrupt although their checksums match: one
+    decodes to more than its raw_len, one to less, one is two frames, one has bytes after its
+    frame; then a good one."""
+    recs = [(key, *_blob(key, tensors, meta), int(tensors["token_ids"].shape[0])) for key, tensors, meta in records()]
+    good = []
+    for (key, raw, planes, tokens), codec in zip(recs, [CODEC_ZSTD, CODEC_BP16_ZSTD, CODEC_ZSTD]):
+        good.append((key, codec, _stored(codec, raw, planes), len(raw), tokens))
+    hand_shard(os.path.join(out, "zstd-no-size.lts"), "zstd-no-size", good)
+    (k0, raw0, _, t0), (k1, raw1, _, t1), (k2, raw2, p2, t2) = recs
+    frame0, frame1 = _no_size_frame(raw0), _no_size_frame(raw1)
+    bad = [
+        (k0, CODEC_ZSTD, frame0, len(raw0) - 8, t0),
+        (k1, CODEC_ZSTD, frame1, len(raw1) + 8, t1),
+        ("two-frames", CODEC_ZSTD, frame0 + frame0, 2 * len(raw0), t0),
+        ("trailing", CODEC_ZSTD, frame1 + b"\0\0\0", len(raw1), t1),
+        (k2, CODEC_BP16_ZSTD, _stored(CODEC_BP16_ZSTD, raw2, p2), len(raw2), t2),
+    ]
+    hand_shard(os.path.join(out, "zstd-no-size-bad.lts"), "zstd-no-size-bad", bad)
+
+
+def make_zero_tokens(tmp: str, out: str) -> None:
+    """zero-tokens: a record of no token (empty hidden_states and token_ids) between two others."""
+    (k0, t0, m0), (k1, t1, m1) = records(2)
+    empty = {
+        "hidden_states": torch.zeros(0, 2, 4, dtype=torch.bfloat16),
+        "token_ids": torch.zeros(0, dtype=torch.int64),
+    }
+    meta = {"layer_ids": "[2, 8]", "model": "tiny-test", "dtype": "bfloat16", "num_tokens": "0"}
+    with VectorWriter(tmp, codec="none", writer_id="zero-tokens", durability="none", metadata=USER_META) as w:
+        w.submit(k0, t0, m0)
+        w.submit("no-tokens", empty, meta)
+        w.submit(k1, t1, m1)
+    shutil.copyfile(os.path.join(tmp, "zero-tokens-000000.lts"), os.path.join(out, "zero-tokens.lts"))
+
+
+def make_recovered(out: str) -> None:
+    """recovered-lost: open-damaged.lts completed by the reference recover, which leaves its
+    corrupt record and damaged region out of the index and counts them in the trailer."""
+    path = os.path.join(out, "recovered-lost.lts")
+    shutil.copyfile(os.path.join(out, "open-damaged.lts"), path)
+    report = recover(path)
+    assert report.records == 2 and len(report.problems) == 2, report
+
+
+#: Files that are not shards, and whether each is a torn empty shard (a prefix of a header:
+#: recover removes it) or something else (left alone).
+NOT_SHARDS = {"torn-empty.lts": True, "torn-header.lts": True, "garbage.lts": False}
+
+
+def make_not_shards(out: str) -> None:
+    with open(os.path.join(out, "none.lts"), "rb") as f:
+        header = f.read(20)  # magic, version, flags, meta_len and 4 bytes of the shard id
+    contents = {"torn-empty.lts": b"", "torn-header.lts": header, "garbage.lts": b"this is not a layertap shard\n"}
+    for name, data in contents.items():
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(data)
+
+
 def _tensor_json(name: str, dtype: str, shape, buf) -> dict:
     t = torch.frombuffer(bytearray(buf), dtype=TORCH_DTYPES[dtype]) if len(buf) else torch.empty(0)
     if t.is_floating_point():
@@ -177,6 +303,7 @@ def describe(path: str) -> dict:
             "meta": r.meta,
             "data_end": r.data_end,
             "torn_tail_bytes": r.torn_tail_bytes,
+            "lost_in_recovery": r.lost_in_recovery,
             "open_problems": [{"kind": p.kind, "offset": p.offset, "key": p.key} for p in r.scan_problems],
             "verify_problems": [],
             "records": [],
@@ -220,6 +347,10 @@ FILES = [
     "open-torn.lts",
     "corrupt-payload.lts",
     "open-damaged.lts",
+    "zstd-no-size.lts",
+    "zstd-no-size-bad.lts",
+    "zero-tokens.lts",
+    "recovered-lost.lts",
 ]
 
 
@@ -227,10 +358,15 @@ def main(out: str) -> None:
     os.makedirs(out, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         make_files(tmp, out)
+        make_zero_tokens(tmp, out)
+    make_zstd_no_size(out)
+    make_recovered(out)
+    make_not_shards(out)
     expected = {
         "format_version": 1,
         "generator": "tests/vectors/make_vectors.py",
         "files": {name: describe(os.path.join(out, name)) for name in FILES},
+        "not_shards": {name: {"torn_empty": torn} for name, torn in NOT_SHARDS.items()},
     }
     text = json.dumps(expected, indent=1, ensure_ascii=False)
     # Lists of numbers on one line each, so that the file stays short and diffs stay readable.

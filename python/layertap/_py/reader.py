@@ -16,9 +16,11 @@ from layertap._spec.format import (
     CODECS,
     FILE_HEADER_FIXED_LEN,
     MAX_META_LEN,
+    TORN_EMPTY_REASON,
     FormatProblem,
     RawEntry,
     decode_file_header,
+    is_torn_empty,
 )
 from layertap._spec.lock import is_locked
 from layertap._spec.record import decode_record
@@ -35,7 +37,8 @@ class PyShardReader:
     """The shard-backend protocol (see ``layertap.reader``) over one shard file.
 
     Attributes: ``path``, ``complete``, ``meta``, ``file_bytes``, ``torn_tail_bytes``,
-    ``being_written``, ``scan_problems``, ``entries`` (records in file order), ``data_end``
+    ``being_written``, ``scan_problems``, ``entries`` (records in file order),
+    ``lost_in_recovery``, ``data_end``
     (the end of the record data: the index frame's offset of a complete shard, the end of the
     last valid record frame of an open one)."""
 
@@ -58,15 +61,20 @@ class PyShardReader:
         try:
             header = decode_file_header(head, self.file_bytes)
         except FormatProblem as e:
-            raise FormatError(f"{self.path}: not a layertap shard: {e}", self.path) from None
+            reason = TORN_EMPTY_REASON if is_torn_empty(head) else e
+            raise FormatError(f"{self.path}: not a layertap shard: {reason}", self.path) from None
         self.shard_id = header.shard_id
         self.meta = header.meta
         self.header_len = header.header_len
         self.being_written = is_locked(self.path) if probe_lock else False
         self.scan_problems: list[Problem] = []
         footer = scan.read_index(self)
+        #: Damaged parts (corrupt records, damaged regions) that recovery left out of the index
+        #: of this complete shard, as its trailer says; 0 for an open shard.
+        self.lost_in_recovery = 0
         if footer is not None and footer.entries is not None:
             self.complete = True
+            self.lost_in_recovery = footer.lost_in_recovery
             self._raw = footer.entries
             self.data_end = footer.index_offset
             self.torn_tail_bytes = 0

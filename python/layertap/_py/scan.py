@@ -71,6 +71,8 @@ class Footer(NamedTuple):
     """The records, or None when the index is unusable."""
     problem: str | None
     """Why the index is unusable."""
+    lost_in_recovery: int = 0
+    """What the trailer says recovery left out of the index."""
 
 
 def read_index(shard: _Shard) -> Footer | None:
@@ -82,9 +84,9 @@ def read_index(shard: _Shard) -> Footer | None:
     trailer = decode_trailer(shard.pread(size - TRAILER_LEN, TRAILER_LEN))
     if trailer is None:
         return None
-    index_offset, record_count = trailer
+    index_offset, record_count, lost = trailer
     try:
-        return Footer(index_offset, _index_entries(shard, index_offset, record_count), None)
+        return Footer(index_offset, _index_entries(shard, index_offset, record_count), None, lost)
     except FormatProblem as e:
         return Footer(index_offset, None, str(e))
 

@@ -38,6 +38,143 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def _refused(e: OSError) -> bool:
+    """Whether an error means "this way of creating files is not available here"."""
+    return e.errno in (_errno.EOPNOTSUPP, _errno.EISDIR, _errno.EINVAL, _errno.ENOSYS)
+
+
+def _exists(e: OSError, path: str) -> WriterIOError:
+    e.strerror = "shard already exists (another writer with the same writer id?)"
+    return io_error(e, path, "create")
+
+
+def _lock(fd: int, path: str) -> None:
+    # Blocking: the file is new; only readers probing a named file's lock hold it, for an instant.
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as e:
+        raise io_error(e, path, "flock") from None
+
+
+def _write_all(fd: int, data: bytes, path: str) -> None:
+    done = 0
+    try:
+        while done < len(data):
+            done += os.pwrite(fd, data[done:], done)
+    except OSError as e:
+        raise io_error(e, path, "write") from None
+
+
+def _unnamed(directory: str, path: str, header: bytes) -> int | None:
+    """``O_TMPFILE``, header and lock, then ``linkat`` to ``path``; None where refused."""
+    if not hasattr(os, "O_TMPFILE"):
+        return None
+    try:
+        fd = os.open(directory, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if _refused(e):
+            return None
+        raise io_error(e, path, "create") from None
+    try:
+        _lock(fd, path)
+        _write_all(fd, header, path)
+        try:
+            _link_following(f"/proc/self/fd/{fd}", path)
+        except FileExistsError as e:
+            raise _exists(e, path) from None
+        except OSError as e:
+            if e.errno in (_errno.ENOENT, _errno.EXDEV, _errno.EPERM, _errno.EOPNOTSUPP, _errno.EACCES):
+                os.close(fd)  # no /proc, or linking refused: the unnamed file goes away
+                return None
+            raise io_error(e, path, "link") from None
+    except BaseException:
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        raise
+    return fd
+
+
+def _link_following(src: str, dst: str) -> None:
+    """``linkat(src, dst, AT_SYMLINK_FOLLOW)``. ``os.link`` calls plain ``link(2)`` unless given a
+    directory descriptor, and Linux's ``link`` does not follow the ``/proc/self/fd`` link."""
+    dst = os.path.abspath(dst)
+    dfd = os.open(os.path.dirname(dst), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        # Absolute names ignore the descriptor, and tools that watch paths (strace -P, in
+        # tests/test_torn_shards.py) see the shard's own.
+        os.link(src, dst, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=True)
+    finally:
+        os.close(dfd)
+
+
+def _under_temporary_name(directory: str, path: str, header: bytes) -> int | None:
+    """The header under a temporary name that is not a shard's, then ``link`` to ``path``;
+    None where hard links are refused."""
+    temp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    try:
+        os.unlink(temp)  # left by a dead process with this pid: never linked, nobody's shard
+    except FileNotFoundError:
+        pass
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise io_error(e, temp, "create") from None
+    linked = False
+    try:
+        _lock(fd, path)
+        _write_all(fd, header, path)
+        try:
+            os.link(temp, path)
+            linked = True
+        except FileExistsError as e:
+            raise _exists(e, path) from None
+        except OSError as e:
+            if not (_refused(e) or e.errno == _errno.EPERM):
+                raise io_error(e, path, "link") from None
+    finally:
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+        if not linked:
+            os.close(fd)
+    return fd if linked else None
+
+
+def _directly(path: str, header: bytes) -> int:
+    """Created under its name, then locked and its header written (file systems without links)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    except FileExistsError as e:
+        raise _exists(e, path) from None
+    except OSError as e:
+        raise io_error(e, path, "create") from None
+    try:
+        _lock(fd, path)
+        _write_all(fd, header, path)
+    except BaseException:
+        os.close(fd)
+        os.unlink(path)  # it holds no record: remove it rather than leave a headerless shard
+        raise
+    return fd
+
+
+def create_shard_file(path: str, header: bytes) -> int:
+    """Creates the shard ``path`` holding ``header``, locked, and returns its descriptor: the
+    name appears only with the header in the file and the lock held, so that a writer killed at
+    any moment never leaves a headerless shard (the Rust writer does the same, in
+    rust/core/src/writer/create.rs). Like ``O_CREAT|O_EXCL``, fails if ``path`` exists."""
+    directory = os.path.dirname(path) or "."
+    for way in (_unnamed, _under_temporary_name):
+        fd = way(directory, path, header)
+        if fd is not None:
+            return fd
+    return _directly(path, header)
+
+
 class ShardFile:
     """A shard being written. Not thread-safe: one thread writes it."""
 
@@ -46,21 +183,9 @@ class ShardFile:
         self.entries: list[RawEntry] = []
         self.synced_to = 0
         header = encode_file_header(shard_id, meta)
-        try:
-            # O_EXCL: a writer never overwrites or appends to a shard it did not create.
-            self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        except OSError as e:
-            if e.errno == _errno.EEXIST:
-                e.strerror = "shard already exists (another writer with the same writer id?)"
-            raise io_error(e, path, "create") from None
-        try:
-            # Blocking: a reader probing the lock holds it only for an instant.
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
-        except OSError as e:
-            os.close(self.fd)
-            raise io_error(e, path, "flock") from None
-        self.offset = 0
-        self.write([header])
+        # A writer never overwrites or appends to a shard it did not create.
+        self.fd = create_shard_file(path, header)
+        self.offset = len(header)
         if sync_dir:
             fsync_dir(os.path.dirname(path) or ".")
 

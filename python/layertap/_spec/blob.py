@@ -70,7 +70,7 @@ def parse_header(blob) -> tuple[dict[str, str], list[TensorInfo], int]:
                 metadata[k] = s
             continue
         tensors.append(_parse_tensor(name, v, data_start, len(blob)))
-    tensors.sort(key=lambda t: t.begin)
+    tensors.sort(key=lambda t: (t.begin, t.end))  # an empty tensor before a non-empty one at the same place
     at = data_start
     for t in tensors:
         if t.begin != at:

@@ -75,22 +75,7 @@ def decode(codec: int, stored, raw_len: int) -> Decoded:
     elif codec == CODEC_EXP_HUF:
         out = exphuf.decode(stored, raw_len)
     elif codec in (CODEC_ZSTD, CODEC_BP16_ZSTD):
-        if raw_len > len(stored) * ZSTD_MAX_RATIO:
-            raise FormatProblem(f"raw length {raw_len} is more than {len(stored)} stored bytes can decode to")
-        # The frame's own content size must agree with raw_len, so a wrong raw_len cannot make
-        # the decoder allocate more than the data claims.
-        try:
-            size = zstandard.frame_content_size(stored)
-        except zstandard.ZstdError:
-            size = -1
-        if size < 0:
-            raise FormatProblem("payload is not a zstd frame with a content size")
-        if size != raw_len:
-            raise FormatProblem(f"zstd frame holds {size} bytes, frame header says {raw_len}")
-        try:
-            out = zstandard.ZstdDecompressor().decompress(stored, allow_extra_data=False)
-        except zstandard.ZstdError as e:
-            raise FormatProblem(f"zstd: {e}") from None
+        out = _zstd_frame(stored, raw_len)
     else:
         raise FormatProblem(f"unknown codec id {codec}")
     if len(out) != raw_len:
@@ -104,3 +89,63 @@ def decode(codec: int, stored, raw_len: int) -> Decoded:
                 join_planes(out[t.begin : t.end], joined[t.begin : t.end])
         out = memoryview(joined).cast("B")
     return Decoded(out, metadata, tensors)
+
+
+def _zstd_frame(stored, raw_len: int) -> bytes:
+    """Decodes ``stored``, which must be exactly one zstd frame, into at most ``raw_len`` bytes.
+    A frame may omit its content size (streaming compressors, ``zstd`` reading a pipe): the output
+    is then bounded by ``raw_len``, and a frame that decodes to more is corrupt. The output buffer
+    is ``raw_len`` bytes either way, bounded by ``ZSTD_MAX_RATIO`` times the stored length."""
+    if raw_len > len(stored) * ZSTD_MAX_RATIO:
+        raise FormatProblem(f"raw length {raw_len} is more than {len(stored)} stored bytes can decode to")
+    frame_len = zstd_frame_len(stored)
+    if frame_len != len(stored):
+        raise FormatProblem(f"{len(stored) - frame_len} bytes after the zstd frame")
+    size = zstandard.frame_content_size(stored)  # the frame header was checked above
+    if size >= 0 and size != raw_len:
+        raise FormatProblem(f"zstd frame holds {size} bytes, frame header says {raw_len}")
+    try:
+        # max_output_size bounds a frame without a content size (0 would mean "no bound").
+        return zstandard.ZstdDecompressor().decompress(stored, max_output_size=max(raw_len, 1))
+    except zstandard.ZstdError as e:
+        if size < 0 and "did not decompress full frame" in str(e):
+            raise FormatProblem(f"zstd frame without a content size decodes to more than {raw_len} bytes") from None
+        raise FormatProblem(f"zstd: {e}") from None
+    except MemoryError:
+        raise FormatProblem(f"cannot allocate {raw_len} bytes to decode the payload into") from None
+
+
+#: First bytes of a zstd frame (RFC 8878, 3.1.1).
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def zstd_frame_len(data) -> int:
+    """The length of the zstd frame at the start of ``data``, from its header and block headers
+    (RFC 8878, 3.1.1; what libzstd's ``ZSTD_findFrameCompressedSize`` computes). Raises
+    FormatProblem if ``data`` does not start with a whole zstd frame."""
+    n = len(data)
+    if n < 5 or bytes(data[:4]) != ZSTD_MAGIC:
+        raise FormatProblem("payload is not a zstd frame")
+    fhd = data[4]
+    if fhd & 0x08:
+        raise FormatProblem("zstd frame: reserved bit set in the frame header")
+    single_segment = bool(fhd & 0x20)
+    fcs_size = (1 if single_segment else 0, 2, 4, 8)[fhd >> 6]
+    pos = 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[fhd & 3] + fcs_size
+    while True:
+        if pos + 3 > n:
+            raise FormatProblem("zstd frame: cut off by the end of the payload")
+        block = int.from_bytes(data[pos : pos + 3], "little")
+        last, kind, size = block & 1, (block >> 1) & 3, block >> 3
+        if kind == 3:
+            raise FormatProblem("zstd frame: reserved block type")
+        pos += 3 + (1 if kind == 1 else size)
+        if pos > n:
+            raise FormatProblem("zstd frame: cut off by the end of the payload")
+        if last:
+            break
+    if fhd & 0x04:  # content checksum
+        pos += 4
+        if pos > n:
+            raise FormatProblem("zstd frame: cut off by the end of the payload")
+    return pos

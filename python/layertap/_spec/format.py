@@ -40,7 +40,7 @@ CODEC_NONE, CODEC_ZSTD, CODEC_BP16_ZSTD, CODEC_EXP_HUF = 0, 1, 2, 3
 _FRAME = struct.Struct("<4sBBHQQII12x")
 # frame_offset, stored_len, raw_len, num_tokens, payload_crc, codec, reserved, key_len, reserved
 _ENTRY = struct.Struct("<QQQIIBxH4x")
-_TRAILER = struct.Struct("<QQ4x")
+_TRAILER = struct.Struct("<QQI")
 _FILE_FIXED = struct.Struct("<8sHHI16s")
 
 
@@ -162,6 +162,28 @@ def decode_file_header(data: bytes, file_len: int) -> FileHeader:
     if not isinstance(meta, dict):
         raise FormatProblem("shard metadata is not a JSON object")
     return FileHeader(bytes(shard_id), meta, align8(crc_at + 4))
+
+
+#: What readers say about a torn empty shard (the Rust reader's words too).
+TORN_EMPTY_REASON = (
+    "the file ends inside its header: a torn empty shard (its writer died before writing the header; "
+    "`layertap recover` removes it)"
+)
+
+
+def is_torn_empty(data) -> bool:
+    """Whether ``data``, a whole file, is a torn empty shard (docs/FORMAT.md, "File header"):
+    shorter than the header it begins (before the end of its checksum), every byte present being
+    what a header holds there (magic, version 1, no flags, a metadata length readers accept). An
+    empty file is one. It holds no record: ``recover`` removes it."""
+    fixed = _FILE_FIXED.pack(FILE_MAGIC, VERSION, 0, 0, bytes(16))[:12]
+    n = min(len(data), len(fixed))
+    if bytes(data[:n]) != fixed[:n]:
+        return False
+    if len(data) < 16:
+        return True  # the metadata length is not all there: the header ends later
+    meta_len = int.from_bytes(data[12:16], "little")
+    return meta_len <= MAX_META_LEN and len(data) < FILE_HEADER_FIXED_LEN + meta_len + 4
 
 
 # ---------------------------------------------------------------------------------------------
@@ -334,24 +356,32 @@ def decode_index(data) -> list[RawEntry]:
 # Trailer
 
 
-def encode_trailer(index_offset: int, record_count: int) -> bytes:
-    head = _TRAILER.pack(index_offset, record_count)
+class Trailer(NamedTuple):
+    index_offset: int
+    record_count: int
+    lost_in_recovery: int
+    """Damaged parts (corrupt records, damaged regions) that recovery left out of the index; 0
+    in a shard its writer completed."""
+
+
+def encode_trailer(index_offset: int, record_count: int, lost_in_recovery: int = 0) -> bytes:
+    head = _TRAILER.pack(index_offset, record_count, lost_in_recovery)
     return head + crc32c(head[:20]).to_bytes(4, "little") + TRAILER_MAGIC
 
 
-def decode_trailer(data) -> tuple[int, int] | None:
-    """``(index_offset, record_count)`` if ``data`` (32 bytes) is a valid trailer."""
+def decode_trailer(data) -> Trailer | None:
+    """The trailer, if ``data`` (32 bytes) is a valid one."""
     if len(data) != TRAILER_LEN or data[24:32] != TRAILER_MAGIC:
         return None
     if crc32c(data[:20]) != int.from_bytes(data[20:24], "little"):
         return None
-    index_offset, record_count = _TRAILER.unpack_from(data, 0)
-    return index_offset, record_count
+    return Trailer(*_TRAILER.unpack_from(data, 0))
 
 
-def encode_footer(entries: list[RawEntry], data_end: int) -> bytes:
-    """What closes a shard whose record frames end at ``data_end``: index frame and trailer."""
+def encode_footer(entries: list[RawEntry], data_end: int, lost_in_recovery: int = 0) -> bytes:
+    """What closes a shard whose record frames end at ``data_end``: index frame and trailer.
+    ``lost_in_recovery``: what recovery left out of the index (writers leave it 0)."""
     payload = encode_index(entries)
     header = encode_frame_header(KIND_INDEX, 0, b"", len(payload), len(payload), 0, crc32c(payload))
     pad = bytes(align8(len(payload)) - len(payload))
-    return header + payload + pad + encode_trailer(data_end, len(entries))
+    return header + payload + pad + encode_trailer(data_end, len(entries), lost_in_recovery)

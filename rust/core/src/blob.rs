@@ -89,13 +89,8 @@ pub fn build_header(
                 t.name
             )));
         }
+        // Empty tensors (a zero-token record's `[0, layers, hidden]`) take no bytes.
         let len = t.byte_len()?;
-        if len == 0 {
-            return Err(Error::invalid(format!(
-                "tensor {:?} is empty (shape {:?}); records hold no empty tensors",
-                t.name, t.shape
-            )));
-        }
         let end = offset + len;
         json.insert(
             t.name.clone(),
@@ -182,7 +177,8 @@ pub fn parse_header_of(blob: &[u8], blob_len: usize) -> std::result::Result<Blob
             range: range.start as usize..range.end as usize,
         });
     }
-    tensors.sort_by_key(|t| t.range.start);
+    // By (start, end): an empty tensor sits before a non-empty one starting at the same place.
+    tensors.sort_by_key(|t| (t.range.start, t.range.end));
     let mut at = data_start;
     for t in &tensors {
         if t.range.start != at {
@@ -254,20 +250,33 @@ mod tests {
     fn rejects_bad_tensors() {
         let meta = BTreeMap::new();
         assert!(build_header(&[], &meta).is_err());
-        let empty = TensorSpec {
-            name: "x".into(),
-            dtype: Dtype::F32,
-            shape: vec![0, 4],
-        };
-        assert!(build_header(&[empty], &meta)
-            .unwrap_err()
-            .to_string()
-            .contains("empty"));
         let twice = vec![specs()[1].clone(), specs()[1].clone()];
         assert!(build_header(&twice, &meta)
             .unwrap_err()
             .to_string()
             .contains("twice"));
+    }
+
+    #[test]
+    fn empty_tensors_take_no_bytes() {
+        let meta = BTreeMap::new();
+        let specs = vec![
+            TensorSpec {
+                name: "hidden_states".into(),
+                dtype: Dtype::BF16,
+                shape: vec![0, 2, 4],
+            },
+            TensorSpec {
+                name: "token_ids".into(),
+                dtype: Dtype::I64,
+                shape: vec![0],
+            },
+        ];
+        let blob = build_header(&specs, &meta).unwrap();
+        let h = parse_header(&blob).unwrap();
+        assert_eq!(h.tensors.len(), 2);
+        assert!(h.tensors.iter().all(|t| t.range.is_empty()));
+        assert_eq!(h.tensors[0].spec.shape, vec![0, 2, 4]);
     }
 
     #[test]

@@ -303,24 +303,7 @@ pub fn decode(codec: Codec, stored: &[u8], raw_len: u64) -> std::result::Result<
     let mut out = match codec {
         Codec::None => stored.to_vec(),
         Codec::ExpHuf => crate::exphuf::decode(stored, raw_len as u64)?,
-        Codec::Zstd | Codec::Bp16Zstd => {
-            // The frame's own content size must agree with raw_len, so a corrupt raw_len cannot
-            // make us allocate more than the data claims.
-            match zstd::zstd_safe::get_frame_content_size(stored) {
-                Ok(Some(n)) if n == raw_len as u64 => {}
-                Ok(Some(n)) => {
-                    return Err(format!(
-                        "zstd frame holds {n} bytes, frame header says {raw_len}"
-                    ))
-                }
-                _ => return Err("payload is not a zstd frame with a content size".into()),
-            }
-            let mut out = Vec::with_capacity(raw_len);
-            zstd::bulk::Decompressor::new()
-                .and_then(|mut d| d.decompress_to_buffer(stored, &mut out))
-                .map_err(|e| format!("zstd: {e}"))?;
-            out
-        }
+        Codec::Zstd | Codec::Bp16Zstd => zstd_frame(stored, raw_len)?,
     };
     check_raw_len(out.len(), raw_len as u64)?;
     // The header is not transformed (only tensor data is split into planes), so it parses the
@@ -341,6 +324,59 @@ pub fn check_raw_len(got: usize, want: u64) -> Result<(), String> {
         return Err(format!("decoded {got} bytes, frame says {want}"));
     }
     Ok(())
+}
+
+/// First bytes of a zstd frame (RFC 8878, 3.1.1), little-endian `0xFD2FB528`.
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
+
+/// Decodes `stored`, which must be exactly one zstd frame, into at most `raw_len` bytes.
+///
+/// A frame may omit its content size (streaming compressors, `zstd` reading a pipe): then the
+/// output is bounded by `raw_len` instead, and a frame that decodes to more is corrupt. Either
+/// way the output buffer is `raw_len` bytes, which the reader has bounded by the stored length
+/// (`ZSTD_MAX_RATIO`), and is decoded into in one call, so the decoder allocates no window of the
+/// size the frame header asks for.
+fn zstd_frame(stored: &[u8], raw_len: usize) -> std::result::Result<Vec<u8>, String> {
+    use zstd::zstd_safe;
+    if !stored.starts_with(&ZSTD_MAGIC) {
+        return Err("payload is not a zstd frame".into());
+    }
+    let frame_len = zstd_safe::find_frame_compressed_size(stored)
+        .map_err(|code| format!("zstd frame: {}", zstd_safe::get_error_name(code)))?;
+    if frame_len != stored.len() {
+        return Err(format!(
+            "{} bytes after the zstd frame",
+            stored.len() - frame_len
+        ));
+    }
+    let declared = match zstd_safe::get_frame_content_size(stored) {
+        Ok(size) => size,
+        Err(_) => return Err("payload is not a zstd frame".into()),
+    };
+    if let Some(n) = declared {
+        if n != raw_len as u64 {
+            return Err(format!(
+                "zstd frame holds {n} bytes, frame header says {raw_len}"
+            ));
+        }
+    }
+    let mut out = Vec::new();
+    out.try_reserve_exact(raw_len)
+        .map_err(|_| format!("cannot allocate {raw_len} bytes to decode the payload into"))?;
+    let mut dctx = zstd_safe::DCtx::try_create().ok_or("cannot allocate a zstd context")?;
+    match dctx.decompress(&mut out, stored) {
+        Ok(_) => Ok(out),
+        Err(code) if declared.is_none() && is_dst_too_small(code) => Err(format!(
+            "zstd frame without a content size decodes to more than {raw_len} bytes"
+        )),
+        Err(code) => Err(format!("zstd: {}", zstd_safe::get_error_name(code))),
+    }
+}
+
+fn is_dst_too_small(code: usize) -> bool {
+    use zstd::zstd_safe::zstd_sys::{ZSTD_ErrorCode, ZSTD_getErrorCode};
+    // SAFETY: ZSTD_getErrorCode only inspects the number it is given.
+    unsafe { ZSTD_getErrorCode(code) == ZSTD_ErrorCode::ZSTD_error_dstSize_tooSmall }
 }
 
 #[cfg(test)]
@@ -453,6 +489,58 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// One zstd frame of `raw` without a content size, as streaming compressors write it.
+    fn frame_without_size(raw: &[u8]) -> Vec<u8> {
+        use zstd::zstd_safe::{CCtx, CParameter, InBuffer, OutBuffer};
+        let mut c = CCtx::create();
+        c.set_parameter(CParameter::ContentSizeFlag(false)).unwrap();
+        let mut out = Vec::with_capacity(zstd::zstd_safe::compress_bound(raw.len()) + 64);
+        let mut input = InBuffer::around(raw);
+        {
+            let mut output = OutBuffer::around(&mut out);
+            c.compress_stream(&mut output, &mut input).unwrap();
+            while c.end_stream(&mut output).unwrap() > 0 {}
+        }
+        assert!(matches!(
+            zstd::zstd_safe::get_frame_content_size(&out),
+            Ok(None)
+        ));
+        out
+    }
+
+    #[test]
+    fn frames_without_a_content_size_decode_bounded_by_raw_len() {
+        let specs = vec![TensorSpec {
+            name: "h".into(),
+            dtype: Dtype::BF16,
+            shape: vec![40],
+        }];
+        let header = build_header(&specs, &BTreeMap::new()).unwrap();
+        let h: Vec<u8> = (0..80u32).map(|i| (i * 13 % 7) as u8).collect();
+        let raw: Vec<u8> = [&header[..], &h].concat();
+        let stored = frame_without_size(&raw);
+        let n = raw.len() as u64;
+        assert_eq!(decode(Codec::Zstd, &stored, n).unwrap().blob, raw);
+        let long = decode(Codec::Zstd, &stored, n - 1).unwrap_err();
+        assert!(long.contains("decodes to more than"), "{long}");
+        let short = decode(Codec::Zstd, &stored, n + 1).unwrap_err();
+        assert!(short.contains("decoded"), "{short}");
+        // bp16-zstd: the planes of the 2-byte tensor are joined after decoding.
+        let mut planes = raw.clone();
+        split_planes(&h, &mut planes[header.len()..]);
+        let stored = frame_without_size(&planes);
+        assert_eq!(decode(Codec::Bp16Zstd, &stored, n).unwrap().blob, raw);
+        // Exactly one frame: not two, no bytes after it, not a cut one.
+        let two = [&stored[..], &stored[..]].concat();
+        assert!(decode(Codec::Bp16Zstd, &two, 2 * n)
+            .unwrap_err()
+            .contains("after the zstd frame"));
+        assert!(decode(Codec::Bp16Zstd, &stored[..stored.len() - 1], n).is_err());
+        assert!(decode(Codec::Zstd, b"not zstd", n)
+            .unwrap_err()
+            .contains("not a zstd frame"));
     }
 
     #[test]

@@ -477,6 +477,9 @@ pub struct Trailer {
     pub index_offset: u64,
     /// Number of records in the index.
     pub record_count: u64,
+    /// Damaged parts (corrupt records, damaged regions) that `recover` left out of the index
+    /// when it completed the shard; 0 in a shard its writer completed.
+    pub lost_in_recovery: u32,
 }
 
 impl Trailer {
@@ -485,6 +488,7 @@ impl Trailer {
         let mut out = [0u8; TRAILER_LEN];
         out[0..8].copy_from_slice(&self.index_offset.to_le_bytes());
         out[8..16].copy_from_slice(&self.record_count.to_le_bytes());
+        out[16..20].copy_from_slice(&self.lost_in_recovery.to_le_bytes());
         let crc = crc32c(&out[..20]);
         out[20..24].copy_from_slice(&crc.to_le_bytes());
         out[24..32].copy_from_slice(&TRAILER_MAGIC);
@@ -502,6 +506,7 @@ impl Trailer {
         Some(Trailer {
             index_offset: u64_at(bytes, 0),
             record_count: u64_at(bytes, 8),
+            lost_in_recovery: u32_at(bytes, 16),
         })
     }
 }
@@ -509,6 +514,16 @@ impl Trailer {
 /// The bytes a writer appends to close a shard whose records are `entries` and whose data ends
 /// at `data_end`: the index frame (header, payload, padding) and the trailer.
 pub fn encode_footer(entries: &[IndexEntry], data_end: u64) -> Vec<u8> {
+    encode_recovered_footer(entries, data_end, 0)
+}
+
+/// [`encode_footer`] for a shard that `recover` completed, leaving `lost_in_recovery` damaged
+/// parts out of its index.
+pub fn encode_recovered_footer(
+    entries: &[IndexEntry],
+    data_end: u64,
+    lost_in_recovery: u32,
+) -> Vec<u8> {
     let payload = encode_index(entries);
     let header = index_frame_header(&payload);
     let mut out = header.encode();
@@ -518,6 +533,7 @@ pub fn encode_footer(entries: &[IndexEntry], data_end: u64) -> Vec<u8> {
         &Trailer {
             index_offset: data_end,
             record_count: entries.len() as u64,
+            lost_in_recovery,
         }
         .encode(),
     );
@@ -617,6 +633,7 @@ mod tests {
         let t = Trailer {
             index_offset: 4096,
             record_count: 3,
+            lost_in_recovery: 2,
         };
         let b = t.encode();
         assert_eq!(Trailer::decode(&b), Some(t));

@@ -126,6 +126,11 @@ fn corrupt_records_and_damaged_regions_stay_unindexed() {
     );
     let r = ShardReader::open(&path).unwrap();
     assert!(r.is_complete());
+    assert_eq!(
+        r.lost_in_recovery(),
+        2,
+        "the trailer keeps what was left out"
+    );
     let keys: Vec<_> = r.entries().iter().map(|e| e.key.as_str()).collect();
     assert_eq!(keys, ["a", "c", "e"]);
     for (pos, i) in [0, 2, 4].into_iter().enumerate() {
@@ -135,6 +140,34 @@ fn corrupt_records_and_damaged_regions_stay_unindexed() {
         );
     }
     assert_idempotent(&path, 3);
+}
+
+#[test]
+fn a_file_cut_inside_its_header_is_a_torn_empty_shard_and_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let full = build_shard(&records(), true);
+    let crc_end = FILE_HEADER_FIXED_LEN + full.meta_json.len() + 4;
+    for cut in 0..crc_end {
+        let path = write_file(dir.path(), "s.lts", &full.bytes[..cut]);
+        match ShardReader::open(&path) {
+            Err(Error::NotAShard { reason, .. }) => {
+                assert!(
+                    reason.contains("torn empty shard"),
+                    "cut at {cut}: {reason}"
+                )
+            }
+            other => panic!("cut at {cut}: {other:?}"),
+        }
+        let report = recover(&path).unwrap_or_else(|e| panic!("cut at {cut}: {e}"));
+        assert!(report.removed && !report.was_complete, "cut at {cut}");
+        assert_eq!((report.records, report.truncated_bytes), (0, cut as u64));
+        assert!(!path.exists(), "cut at {cut}");
+    }
+    // A complete header is not torn: recovery completes the shard, as before.
+    let path = write_file(dir.path(), "s.lts", &full.bytes[..crc_end]);
+    let report = recover(&path).unwrap();
+    assert!(!report.removed && report.records == 0);
+    assert!(ShardReader::open(&path).unwrap().is_complete());
 }
 
 #[test]

@@ -2,7 +2,8 @@
 //! finds in each exactly what `expected.json` says (see tests/vectors/README.md).
 
 use layertap_core::format::crc32c;
-use layertap_core::reader::ShardReader;
+use layertap_core::reader::{is_torn_empty, ShardReader};
+use layertap_core::recover::recover;
 use layertap_core::{Dtype, Error};
 use serde_json::Value;
 use std::path::PathBuf;
@@ -88,7 +89,7 @@ fn every_vector_reads_as_expected() {
     assert_eq!(expected["format_version"], 1);
     let files = expected["files"].as_object().unwrap();
     assert!(
-        files.len() >= 6,
+        files.len() >= 10,
         "expected.json lists {} files",
         files.len()
     );
@@ -126,6 +127,11 @@ fn every_vector_reads_as_expected() {
             r.torn_tail_bytes(),
             want["torn_tail_bytes"].as_u64().unwrap(),
             "{name}: torn tail"
+        );
+        assert_eq!(
+            r.lost_in_recovery() as u64,
+            want["lost_in_recovery"].as_u64().unwrap(),
+            "{name}: lost in recovery"
         );
         let problems: Vec<Value> = r
             .problems()
@@ -233,5 +239,43 @@ fn every_vector_reads_as_expected() {
             want["verify_problems"],
             "{name}: verify problems"
         );
+    }
+}
+
+#[test]
+fn files_that_are_not_shards() {
+    let dir = vectors_dir();
+    let expected: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let files = expected["not_shards"].as_object().unwrap();
+    assert!(files.len() >= 3);
+    let tmp = tempfile::tempdir().unwrap();
+    for (name, want) in files {
+        let torn = want["torn_empty"].as_bool().unwrap();
+        let bytes = std::fs::read(dir.join(name)).unwrap();
+        assert_eq!(is_torn_empty(&bytes), torn, "{name}");
+        let copy = tmp.path().join(name);
+        std::fs::write(&copy, &bytes).unwrap();
+        match ShardReader::open(&copy) {
+            Err(Error::NotAShard { reason, .. }) => {
+                assert_eq!(
+                    reason.contains("torn empty shard"),
+                    torn,
+                    "{name}: {reason}"
+                )
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+        match recover(&copy) {
+            Ok(report) if torn => {
+                assert!(report.removed && report.records == 0, "{name}");
+                assert_eq!(report.truncated_bytes, bytes.len() as u64, "{name}");
+                assert!(!copy.exists(), "{name}: a torn empty shard is removed");
+            }
+            Err(Error::NotAShard { .. }) if !torn => {
+                assert_eq!(std::fs::read(&copy).unwrap(), bytes, "{name}: left alone")
+            }
+            other => panic!("{name}: {other:?}"),
+        }
     }
 }

@@ -71,6 +71,8 @@ pub struct NativeShardReader {
     #[pyo3(get)]
     index_unusable: bool,
     #[pyo3(get)]
+    lost_in_recovery: u32,
+    #[pyo3(get)]
     problems: Vec<ProblemTuple>,
     shard_id: [u8; 16],
     path_buf: PathBuf,
@@ -115,6 +117,7 @@ impl NativeShardReader {
             data_end: reader.data_end(),
             torn_tail_bytes: reader.torn_tail_bytes(),
             index_unusable: reader.index_unusable(),
+            lost_in_recovery: reader.lost_in_recovery(),
             problems: reader.problems().iter().map(problem_tuple).collect(),
             shard_id: reader.shard_id(),
             path_buf: path,
@@ -224,7 +227,7 @@ impl NativeShardReader {
 }
 
 /// Completes a shard whose writer died (see `layertap_core::recover::recover`). Returns a dict
-/// with `path`, `was_complete`, `records`, `truncated_bytes` and `problems` (tuples
+/// with `path`, `was_complete`, `records`, `truncated_bytes`, `removed` and `problems` (tuples
 /// `(kind, offset, key, message)`). Raises `ShardLockedError` if a writer holds the shard.
 #[pyfunction]
 fn recover<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyDict>> {
@@ -236,6 +239,7 @@ fn recover<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyDict>> 
     d.set_item("was_complete", report.was_complete)?;
     d.set_item("records", report.records)?;
     d.set_item("truncated_bytes", report.truncated_bytes)?;
+    d.set_item("removed", report.removed)?;
     d.set_item(
         "problems",
         report

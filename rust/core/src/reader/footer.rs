@@ -18,6 +18,8 @@ pub(crate) enum Footer {
         index_offset: u64,
         /// The records, in file order.
         entries: Vec<IndexEntry>,
+        /// What the trailer says `recover` left out of the index.
+        lost_in_recovery: u32,
     },
     /// A valid trailer whose index is unusable.
     Bad {
@@ -42,6 +44,7 @@ pub(crate) fn read_footer(bytes: &[u8], header_len: u64) -> Footer {
         Ok(entries) => Footer::Valid {
             index_offset: trailer.index_offset,
             entries,
+            lost_in_recovery: trailer.lost_in_recovery,
         },
         Err(reason) => Footer::Bad {
             index_offset: trailer.index_offset,

@@ -11,11 +11,13 @@ mod lock;
 mod problem;
 mod record;
 mod scan;
+mod torn;
 
 pub use lock::is_being_written;
 pub(crate) use lock::lock_exclusive_now;
 pub use problem::Problem;
 pub use record::{Record, RecordBytes, MAP_MIN_BYTES};
+pub use torn::{is_torn_empty, TORN_EMPTY_REASON};
 
 use crate::blob::{self, BlobHeader};
 use crate::codec::{self, Codec};
@@ -46,6 +48,7 @@ pub struct ShardReader {
     data_end: u64,
     torn_tail_bytes: u64,
     index_unusable: bool,
+    lost_in_recovery: u32,
 }
 
 impl std::fmt::Debug for ShardReader {
@@ -78,7 +81,7 @@ impl ShardReader {
         let len = usize::try_from(meta.len())
             .map_err(|_| Error::not_a_shard(&path, "file too large to map"))?;
         if len == 0 {
-            return Err(Error::not_a_shard(&path, "the file is empty"));
+            return Err(Error::not_a_shard(&path, TORN_EMPTY_REASON));
         }
         // SAFETY: the mapping is owned by the reader and outlives every slice of it we hand out
         // (they borrow the reader). It is read-only; shards are append-only, so layertap never
@@ -89,8 +92,14 @@ impl ShardReader {
         // after the last valid frame, which readers touch only while opening.
         let map = unsafe { memmap2::MmapOptions::new().len(len).map(&file) }
             .map_err(|e| Error::io(&path, "mmap", e))?;
-        let (header, header_len) =
-            FileHeader::decode(&map).map_err(|reason| Error::not_a_shard(&path, reason))?;
+        let (header, header_len) = FileHeader::decode(&map).map_err(|reason| {
+            let reason = if is_torn_empty(&map) {
+                TORN_EMPTY_REASON.to_string()
+            } else {
+                reason
+            };
+            Error::not_a_shard(&path, reason)
+        })?;
         match serde_json::from_str::<serde_json::Value>(&header.meta_json) {
             Ok(serde_json::Value::Object(_)) => {}
             _ => {
@@ -112,6 +121,7 @@ impl ShardReader {
             data_end: header_len,
             torn_tail_bytes: 0,
             index_unusable: false,
+            lost_in_recovery: 0,
         };
         reader.find_records();
         Ok(reader)
@@ -124,10 +134,12 @@ impl ShardReader {
             Footer::Valid {
                 index_offset,
                 entries,
+                lost_in_recovery,
             } => {
                 self.complete = true;
                 self.entries = entries;
                 self.data_end = index_offset;
+                self.lost_in_recovery = lost_in_recovery;
                 return;
             }
             Footer::Bad {
@@ -235,6 +247,13 @@ impl ShardReader {
     /// Whether the shard had a footer that could not be used, so that it was scanned instead.
     pub fn index_unusable(&self) -> bool {
         self.index_unusable
+    }
+
+    /// How many damaged parts (corrupt records, damaged regions) `recover` left out of the index
+    /// of this complete shard, as its trailer says (0 for an open shard, and for a shard its
+    /// writer completed). Those bytes are still in the file, between the indexed frames.
+    pub fn lost_in_recovery(&self) -> u32 {
+        self.lost_in_recovery
     }
 
     /// Whether a writer holds the shard's lock now (see [`is_being_written`]).

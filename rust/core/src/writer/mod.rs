@@ -25,6 +25,7 @@
 mod aligned;
 mod batch;
 mod config;
+mod create;
 mod direct;
 mod encode;
 mod encoded;

@@ -2,14 +2,15 @@
 //! in memory, and the footer (index frame and trailer) written when the shard is complete.
 
 use super::batch::Placed;
+use super::create::create_shard_file;
 use super::direct::DirectShard;
 use crate::error::{Error, Result};
 use crate::format::{self, FileHeader, IndexEntry};
 use crate::names;
 use std::collections::{BTreeMap, VecDeque};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -45,7 +46,8 @@ pub(crate) struct OpenShard {
 }
 
 impl OpenShard {
-    /// Creates shard `index` (never overwriting a file), locks it and writes its file header.
+    /// Creates shard `index` (never overwriting a file), locked, with its file header written:
+    /// the file appears under its name only with its header in it ([`create_shard_file`]).
     /// With a durability policy the caller then `fsync`s the directory ([`fsync_dir`]), so that
     /// the new name survives a crash. With `direct_chunk` (the size of direct writes), record
     /// data goes through an `O_DIRECT` descriptor if the file system allows it (`direct` is
@@ -58,52 +60,21 @@ impl OpenShard {
         let path = naming
             .dir
             .join(names::shard_file_name(&naming.writer_id, index));
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(&path)
-            .map_err(|e| Error::io(&path, "create", e))?;
-        OpenShard::start(path, file, naming, index, direct_chunk).map_err(|(path, e)| {
-            // The file holds no record yet: remove it rather than leave a headerless shard.
-            let _ = std::fs::remove_file(&path);
-            e
-        })
-    }
-
-    fn start(
-        path: PathBuf,
-        file: File,
-        naming: &ShardNaming,
-        index: u64,
-        direct_chunk: Option<u64>,
-    ) -> std::result::Result<OpenShard, (PathBuf, Error)> {
-        // Blocking: the file is new (O_EXCL), so the only other holders are readers probing
-        // `being_written` or a `recover` that found no header, each holding it for an instant.
-        loop {
-            // SAFETY: flock on a descriptor we own; no memory is involved.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
-                break;
-            }
-            let err = std::io::Error::last_os_error();
-            if err.raw_os_error() != Some(libc::EINTR) {
-                return Err((path.clone(), Error::io(&path, "flock", err)));
-            }
-        }
         let header = FileHeader {
             shard_id: random_id(),
             meta_json: shard_meta(naming, index),
         }
         .encode();
-        if let Err(e) = file.write_all_at(&header, 0) {
-            return Err((path.clone(), Error::io(&path, "write", e)));
-        }
+        let file = create_shard_file(&path, &header)?;
         let direct = match direct_chunk {
             None => None,
             Some(chunk) => match DirectShard::open(&path, &file, &header, chunk) {
                 Ok(d) => d,
-                Err(e) => return Err((path.clone(), Error::io(&path, "open with O_DIRECT", e))),
+                Err(e) => {
+                    // The shard holds no record yet: remove it rather than leave it behind.
+                    let _ = std::fs::remove_file(&path);
+                    return Err(Error::io(&path, "open with O_DIRECT", e));
+                }
             },
         };
         let end = header.len() as u64;

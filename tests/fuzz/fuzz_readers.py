@@ -1,0 +1,207 @@
+"""Coverage-guided fuzzing of the shard readers with atheris (libFuzzer for Python), seeded from
+tests/vectors.
+
+    python tests/fuzz/fuzz_readers.py --reader python|rust|both [--seconds N] [--out DIR]
+
+Each input is written to a file (on /dev/shm where there is one) and opened, read and checked
+by the chosen reader: ``python`` is the pure-Python reference (``PyShardReader`` and its
+recovery), ``rust`` is the Rust core through the bindings (``RustShardReader``,
+``layertap.recover``). Then the shard is recovered and read again. Any exception other than the
+reader's own errors (``FormatError`` and its ``CorruptRecordError``) is a failure, and so is a
+Rust panic (``PanicException``). With ``both``, the two readers must also agree on what they
+find: the records, the problems, which records read, and the bytes their recoveries leave.
+
+libFuzzer enforces the rest: a case running past ``-timeout`` is a hang, and the process may
+not grow past ``-rss_limit_mb``. On top, the address space is limited (``RLIMIT_AS``) to what
+the process had at start plus what the largest input justifies (its records' decoded size is
+bounded by 32768 times their stored size, as zstd's is), so that an allocation beyond that
+fails instead of passing unnoticed.
+
+The summary (inputs run, coverage, seconds) is printed at the end; failing inputs are written
+to ``--out`` (``crash-*``, ``timeout-*``, ``oom-*``), which tests/test_fuzz_readers.py and
+benches/fuzz/README.md read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import atheris
+
+with atheris.instrument_imports():
+    from layertap import _native
+    from layertap._py.reader import PyShardReader
+    from layertap._py.recover import recover as py_recover
+    from layertap._rust_reader import RustShardReader
+    from layertap._spec.format import FRAME_MAGIC, TRAILER_LEN, TRAILER_MAGIC, align8, crc32c
+    from layertap.errors import FormatError
+    from layertap.recover import recover as rust_recover
+
+VECTORS = Path(__file__).resolve().parents[1] / "vectors"
+MAX_LEN = 8192
+#: As the readers bound it: zstd cannot expand data more than this.
+ZSTD_MAX_RATIO = 32 << 10
+
+
+def _probe(cls, path: str) -> dict | None:
+    """What a reader finds in the shard at ``path``, reading and checking every record."""
+    try:
+        r = cls(path, probe_lock=False)
+    except FormatError:
+        return None
+    try:
+        found = {
+            "complete": r.complete,
+            "lost_in_recovery": r.lost_in_recovery,
+            "torn_tail_bytes": r.torn_tail_bytes,
+            "problems": [(p.kind, p.offset, p.key) for p in r.scan_problems],
+            "entries": list(r.entries),
+            "reads": [],
+        }
+        for i in range(len(r.entries)):
+            try:
+                metadata, tensors = r.read(i)
+                assert metadata.get("key") == r.entries[i].key
+                ok = [(n, d, tuple(s), bytes(memoryview(b).cast("B"))) for n, d, s, b in tensors]
+            except FormatError:
+                ok = None
+            try:
+                r.read(i, verify=False)
+            except FormatError:
+                pass
+            try:
+                r.check(i)
+                checked = True
+            except FormatError:
+                checked = False
+            found["reads"].append((ok is not None, checked))
+        return found
+    finally:
+        r.close()
+
+
+def _recovered(recover, path: str) -> bytes | str:
+    """The file after recovery, or what the recovery raised (its type)."""
+    try:
+        report = recover(path)
+    except FormatError:
+        return "FormatError"
+    if report.removed:
+        return "removed"
+    return Path(path).read_bytes()
+
+
+def make_one_input(reader: str, workdir: str):
+    readers = {"python": [(PyShardReader, py_recover)], "rust": [(RustShardReader, rust_recover)]}
+    readers["both"] = readers["python"] + readers["rust"]
+    chosen = readers[reader]
+
+    def one_input(data: bytes) -> None:
+        results = []
+        for k, (cls, recover) in enumerate(chosen):
+            path = os.path.join(workdir, f"case-{k}.lts")
+            with open(path, "wb") as f:
+                f.write(data)
+            before = _probe(cls, path)
+            after = _recovered(recover, path)
+            again = _probe(cls, path) if isinstance(after, bytes) else None
+            if isinstance(after, bytes):
+                assert again is not None and again["complete"], "a recovered shard must open complete"
+                assert _recovered(recover, path) == after, "recovering again must change nothing"
+            results.append((before, after, again))
+        if len(results) == 2:
+            (py_before, py_after, py_again), (rs_before, rs_after, rs_again) = results
+            assert py_before == rs_before, ("the readers disagree", py_before, rs_before)
+            assert py_after == rs_after, "the recoveries disagree"
+            assert py_again == rs_again, ("the readers disagree after recovery", py_again, rs_again)
+
+    return one_input
+
+
+def repair(data: bytes) -> bytes:
+    """Every checksum a writer would have written, recomputed over the bytes as they are now
+    (file header, frame headers and payloads found by their magic at multiples of 8, trailer),
+    so that mutations reach what the checksums protect. rust/core/tests/fuzz_vectors.rs does
+    the same."""
+    b = bytearray(data)
+    if len(b) >= 16:
+        crc_at = 32 + int.from_bytes(b[12:16], "little")
+        if crc_at + 4 <= len(b):
+            b[crc_at : crc_at + 4] = crc32c(b[:crc_at]).to_bytes(4, "little")
+    for at in range(0, len(b) - 47, 8):
+        if b[at : at + 4] != FRAME_MAGIC:
+            continue
+        key_len = int.from_bytes(b[at + 6 : at + 8], "little")
+        stored = int.from_bytes(b[at + 8 : at + 16], "little")
+        payload_at = at + align8(48 + key_len)
+        if payload_at + stored <= len(b):
+            b[at + 28 : at + 32] = crc32c(b[payload_at : payload_at + stored]).to_bytes(4, "little")
+        if at + 48 + key_len <= len(b):
+            crc = crc32c(b[at + 48 : at + 48 + key_len], crc32c(b[at : at + 44]))
+            b[at + 44 : at + 48] = crc.to_bytes(4, "little")
+    if len(b) >= TRAILER_LEN and b[-8:] == TRAILER_MAGIC:
+        t = len(b) - TRAILER_LEN
+        b[t + 20 : t + 24] = crc32c(b[t : t + 20]).to_bytes(4, "little")
+    return bytes(b)
+
+
+def mutate(data: bytes, max_size: int, seed: int) -> bytes:
+    """libFuzzer's mutations, then (every other time) the checksums made right again."""
+    out = atheris.Mutate(data, max_size)
+    return repair(out) if seed % 2 else out
+
+
+def _limit_address_space() -> None:
+    """Allows what the process has now plus what the largest input can justify (and room for
+    libFuzzer's own bookkeeping), so that a larger allocation fails loudly."""
+    with open("/proc/self/status") as f:
+        vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+    allowed = vm + MAX_LEN * ZSTD_MAX_RATIO + (2 << 30)
+    resource.setrlimit(resource.RLIMIT_AS, (allowed, allowed))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reader", choices=["python", "rust", "both"], required=True)
+    parser.add_argument("--seconds", type=int, default=15)
+    parser.add_argument("--out", default=None, help="where failing inputs go (default: a temporary folder)")
+    args, libfuzzer_args = parser.parse_known_args()
+    out = Path(args.out or tempfile.mkdtemp(prefix="layertap-fuzz-out-"))
+    out.mkdir(parents=True, exist_ok=True)
+    root = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    workdir = tempfile.mkdtemp(prefix="layertap-fuzz-", dir=root)
+    corpus = tempfile.mkdtemp(prefix="layertap-fuzz-corpus-", dir=root)
+    for p in sorted(VECTORS.glob("*.lts")):
+        shutil.copyfile(p, os.path.join(corpus, p.name))
+    print(f"fuzz_readers: reader {args.reader}, {args.seconds} s, native {_native.__file__}", flush=True)
+    _limit_address_space()
+    started = time.monotonic()
+    argv = [
+        sys.argv[0],
+        corpus,
+        f"-max_total_time={args.seconds}",
+        f"-max_len={MAX_LEN}",
+        "-timeout=120",  # a hang, not a slow case on a loaded machine
+        "-rss_limit_mb=4096",
+        "-print_final_stats=1",
+        f"-artifact_prefix={out}/",
+        *libfuzzer_args,
+    ]
+    atheris.Setup(argv, make_one_input(args.reader, workdir), custom_mutator=mutate)
+    try:
+        atheris.Fuzz()
+    finally:
+        print(f"fuzz_readers: {time.monotonic() - started:.0f} s", flush=True)
+        shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(corpus, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
