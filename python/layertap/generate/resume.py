@@ -86,15 +86,15 @@ def _open_dataset(path: str):
     return layertap.open(path) if names else None
 
 
-def recover_shard(shard: str) -> None:
+def recover_shard(shard: str) -> bool:
+    """Completes ``shard``; False when it was a torn empty shard, which ``recover`` removes."""
     import layertap
     from layertap.errors import ShardLockedError
 
     deadline = time.monotonic() + LOCK_WAIT_SECONDS
     while True:
         try:
-            layertap.recover(shard)
-            return
+            return not layertap.recover(shard).removed
         except ShardLockedError:
             if time.monotonic() > deadline:
                 raise GenerateError(
@@ -171,27 +171,48 @@ def prepare_output(path: str, model: str, layer_ids: list[int], lock: bool = Tru
 def _complete_shards(state: OutputState, model: str, layer_ids: list[int]) -> None:
     from layertap.errors import FormatError
 
-    ds = _open_dataset(state.path)
-    if ds is None:
-        return
-    # Everything is checked before anything is changed: a directory of another kind is left as it is.
-    with ds:
-        for info in ds.shards:
-            if info.meta or not info.being_written:  # (a live writer's header may not be there yet)
-                _check_meta(info, model, layer_ids)
-        open_shards = [i.path for i in ds.shards if not i.complete]
-        unreadable = list(ds.unreadable)
-    for problem in unreadable:
-        if not _RUN_SHARD.match(os.path.basename(problem.shard)):
-            raise GenerateError(f"{problem.shard}: {problem.message}; --out must hold only layertap generate's shards")
-    for shard in open_shards + [p.shard for p in unreadable]:
+    try:
+        ds = _open_dataset(state.path)
+    except FormatError:
+        # None of the directory's *.lts files is a shard: each is judged on its own below.
+        ds, open_shards, unreadable = None, [], _not_shards(state.path)
+    if ds is not None:
+        # Everything is checked before anything is changed: a directory of another kind is left as it is.
+        with ds:
+            for info in ds.shards:
+                # A live writer's header may not be there yet, and a torn empty shard (its writer
+                # died before the header was complete) has none: neither holds a record.
+                headerless = not info.complete and info.torn_tail_bytes == info.file_bytes
+                if not headerless:
+                    _check_meta(info, model, layer_ids)
+            open_shards = [i.path for i in ds.shards if not i.complete]
+            unreadable = [(p.shard, f"{p.shard}: {p.message}") for p in ds.unreadable]
+    for shard, message in unreadable:
+        if not _RUN_SHARD.match(os.path.basename(shard)):
+            raise GenerateError(f"{message}; --out must hold only layertap generate's shards")
+    for shard in open_shards + [shard for shard, _ in unreadable]:
         try:
-            recover_shard(shard)
+            completed = recover_shard(shard)
         except FormatError:
             # No complete header (the writer died writing it): no record can follow it.
             _set_aside(shard, state)
         else:
-            state.recovered.append(shard)
+            (state.recovered if completed else state.set_aside).append(shard)
+
+
+def _not_shards(path: str) -> list[tuple[str, str]]:
+    """The ``*.lts`` files of a directory that holds no shard, each with why it is not one."""
+    import layertap
+    from layertap.errors import FormatError
+
+    out = []
+    for name in sorted(n for n in os.listdir(path) if n.endswith(".lts")):
+        shard = os.path.join(path, name)
+        try:
+            layertap.open(shard).close()
+        except FormatError as e:
+            out.append((shard, str(e)))
+    return out
 
 
 def _row_of(key: str, path: str) -> int:
