@@ -12,7 +12,7 @@ import numpy as np
 
 from layertap.vllm import registry
 from layertap.vllm.config import ConnectorOptions, sample_id_problem
-from layertap.vllm.engine import read_engine_facts
+from layertap.vllm.engine import EngineFacts, read_engine_facts
 from layertap.vllm.extras import loss_mask_array, record_metadata_problem
 from layertap.vllm.metadata import LayertapMetadata, SaveRequest
 from layertap.vllm.online import PARAMS_KEY
@@ -30,8 +30,19 @@ class SchedulerSide:
     """Everything the connector does in the scheduler (engine core) process."""
 
     def __init__(self, vllm_config: Any, kv_cache_config: Any, options: ConnectorOptions):
+        self._setup(read_engine_facts(vllm_config, kv_cache_config, options), options)
+
+    @classmethod
+    def from_facts(cls, facts: EngineFacts, options: ConnectorOptions) -> SchedulerSide:
+        """A scheduler half for an engine described by ``facts``, without a vLLM configuration
+        (benchmarks and tests drive it directly)."""
+        side = cls.__new__(cls)
+        side._setup(facts, options)
+        return side
+
+    def _setup(self, facts: EngineFacts, options: ConnectorOptions) -> None:
         self.options = options
-        self.facts = read_engine_facts(vllm_config, kv_cache_config, options)
+        self.facts = facts
         self._unsent: list[SaveRequest] = []
         self._unsent_lock = threading.Lock()
         self._held: set[str] = set()

@@ -45,9 +45,21 @@ class WorkerSide:
     """Everything the connector does in a worker process."""
 
     def __init__(self, vllm_config: Any, kv_cache_config: Any, options: ConnectorOptions):
-        self.options = options
-        self.facts = read_engine_facts(vllm_config, kv_cache_config, options)
+        self._setup(read_engine_facts(vllm_config, kv_cache_config, options), options)
         self.vllm_config = vllm_config
+
+    @classmethod
+    def from_facts(cls, facts: EngineFacts, options: ConnectorOptions) -> WorkerSide:
+        """A worker half for an engine described by ``facts``, without a vLLM configuration
+        (benchmarks and tests drive it directly: ``open_cache`` then ``get_finished``)."""
+        side = cls.__new__(cls)
+        side._setup(facts, options)
+        side.vllm_config = None
+        return side
+
+    def _setup(self, facts: EngineFacts, options: ConnectorOptions) -> None:
+        self.options = options
+        self.facts = facts
         self.stats = ConnectorStats()
         self.saver: HiddenStatesSaver | None = None
         self._closed = False
@@ -72,9 +84,12 @@ class WorkerSide:
 
         if get_tensor_model_parallel_rank() != 0:
             return
+        self.open_cache(kv_caches[self._hidden_states_layer(kv_caches)])
+
+    def open_cache(self, kv: Any) -> None:
+        """Allocates the pool and opens the writer for the hidden-states cache tensor ``kv``."""
         facts = self.facts
-        name = self._hidden_states_layer(kv_caches)
-        cache = HiddenStatesCache(kv_caches[name], len(facts.layer_ids), facts.hidden_size, facts.block_size)
+        cache = HiddenStatesCache(kv, len(facts.layer_ids), facts.hidden_size, facts.block_size)
         largest = region_bytes(facts.max_model_len, cache)
         pool_bytes = self.options.pool_bytes or default_pool_bytes(
             largest, region_bytes(facts.max_num_batched_tokens, cache)
