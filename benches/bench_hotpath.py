@@ -26,7 +26,6 @@ executor pays to send it to the workers).
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import pickle
@@ -133,7 +132,9 @@ def run_case(name: str, args: argparse.Namespace, scratch: Path) -> dict:
         finished = []
         for _ in range(per_step):
             n = rng.randint(min_len, max_len)
-            req = Request(f"{n_req}-{rng.getrandbits(32):08x}", [rng.randrange(100, 30000) for _ in range(n)], params, None)
+            req = Request(
+                f"{n_req}-{rng.getrandbits(32):08x}", [rng.randrange(100, 30000) for _ in range(n)], params, None
+            )
             if include_outputs:
                 req.append_output_token_ids([rng.randrange(100, 30000) for _ in range(generated)])
             req.status = RequestStatus.FINISHED_LENGTH_CAPPED
@@ -141,14 +142,9 @@ def run_case(name: str, args: argparse.Namespace, scratch: Path) -> dict:
             finished.append((req, blocks))
             n_req += 1
         gather_seconds.clear()
-        gc_before = gc.get_count()
+        finish = sched.request_finished
         clock = Clock()
-        for req, blocks in finished:
-            keep, _ = sched.request_finished(req, (blocks,))
-            if keep:
-                held[req.request_id] = blocks
-            else:
-                free_blocks.extend(blocks)
+        answers = [finish(req, (blocks,)) for req, blocks in finished]
         meta = sched.build_connector_meta()
         s1 = clock.lap()
         done = worker.get_finished(meta)
@@ -156,9 +152,13 @@ def run_case(name: str, args: argparse.Namespace, scratch: Path) -> dict:
         sched.update_connector_output(done)
         sched.has_pending_block_frees()
         s2 = clock.lap()
+        for (req, blocks), (keep, _) in zip(finished, answers):
+            if keep:
+                held[req.request_id] = blocks
+            else:
+                free_blocks.extend(blocks)
         for req_id in done or ():
             free_blocks.extend(held.pop(req_id))
-        del gc_before
         blob = pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
         t0 = time.perf_counter()
         pickle.loads(pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL))

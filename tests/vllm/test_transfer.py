@@ -4,7 +4,6 @@ refuses costs only that record."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -38,11 +37,16 @@ def facts() -> EngineFacts:
     )
 
 
-def save(key: str, blocks: list[int], tokens: int):
-    from layertap.vllm.metadata import SaveRequest
+def saves(*requests: tuple[str, list[int], int]):
+    """The scheduler's hand-over of ``(key, blocks, tokens)`` requests (token ids from 100 x the
+    first block on)."""
+    from layertap.vllm.metadata import StepSaves
 
-    ids = np.arange(tokens, dtype=np.int64) + 100 * blocks[0]
-    return SaveRequest(req_id=f"req-{key}", key=key, token_ids=ids, block_ids=blocks, num_prompt_tokens=tokens)
+    out = StepSaves()
+    for key, blocks, tokens in requests:
+        ids = list(range(100 * blocks[0], 100 * blocks[0] + tokens))
+        out.add(key, f"req-{key}", ids, tokens, tokens, blocks)
+    return out
 
 
 @pytest.mark.parametrize("kind", ["rust", "python"])
@@ -57,11 +61,11 @@ def test_records_hold_the_cache_rows_and_a_refused_one_costs_only_itself(tmp_pat
     writer = writer_class(kind)(str(tmp_path), codec="bp16-zstd")
     saver = HiddenStatesSaver(cache, writer, HostPool(1 << 20, pin=False), facts(), stats, str(tmp_path))
 
-    saver.start([save("a", [3, 5], 6), save("b", [0], 4), save("c", [7, 8, 9], 9)])
+    saver.start(saves(("a", [3, 5], 6), ("b", [0], 4), ("c", [7, 8, 9], 9)))
     assert sorted(saver.collect()) == ["req-a", "req-b", "req-c"]  # on the CPU: copied at once
     # The next step repeats "b" (a writer-level duplicate the scheduler would have caught):
     # the batch is refused as a whole, then written one by one without it.
-    saver.start([save("d", [10], 2), save("b", [1], 3), save("e", [11, 12], 5)])
+    saver.start(saves(("d", [10], 2), ("b", [1], 3), ("e", [11, 12], 5)))
     assert sorted(saver.collect()) == ["req-b", "req-d", "req-e"]
     saver.close()
     assert stats.records_failed == 1 and stats.records_submitted == 5 and stats.records_written == 5

@@ -27,6 +27,9 @@ DEFAULT_MIN_POOL_BYTES = 256 << 20
 #: ... and, unless the largest request needs more, no more than this (pinned memory is taken
 #: from the host for the engine's lifetime).
 DEFAULT_MAX_POOL_BYTES = 4 << 30
+#: Keys remembered to refuse a repeat (``key_memory``): the most recent 2^18, about 30 MB for
+#: keys of 40 characters, so that the memory of an engine serving for weeks stays bounded.
+DEFAULT_KEY_MEMORY = 1 << 18
 
 
 def default_pool_bytes(largest_request: int, full_step: int) -> int:
@@ -90,6 +93,8 @@ class ConnectorOptions:
     """Size of the host buffer pool; None: ``default_pool_bytes``."""
     stats_path: str | None = None
     """Where to write the connector's statistics as JSON at shutdown; None: only logged."""
+    key_memory: int = DEFAULT_KEY_MEMORY
+    """How many of the most recent keys each half remembers to refuse a repeated key."""
     writer_options: WriterOptions = field(default_factory=WriterOptions)
     """The writer options given (``WRITER_KEYS``), the others at the writers' defaults; the
     worker completes them (``writer_options_for``)."""
@@ -141,6 +146,7 @@ _CONNECTOR_PARSERS = {
     "writer": _writer,
     "pool_bytes": lambda v: _positive_or_none("pool_bytes", v),
     "stats_path": lambda v: None if v is None else _path("stats_path", v),
+    "key_memory": lambda v: _positive_or_none("key_memory", v) or DEFAULT_KEY_MEMORY,
 }
 
 #: Every option ``kv_connector_extra_config`` may hold.

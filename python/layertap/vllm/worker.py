@@ -20,6 +20,16 @@ from layertap.vllm.transfer import HiddenStatesSaver, region_bytes
 logger = logging.getLogger("vllm.layertap")  # under vLLM's logging configuration
 
 
+def _engine_steps_on() -> bool:
+    """Whether vLLM keeps stepping the engine while the connector holds finished requests'
+    blocks: an engine in its own process does (vLLM's default, and ``vllm serve``), so requests
+    that find no room in the pool can wait for later steps; one in the caller's process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) is stepped only by ``generate()``."""
+    import vllm.envs as envs
+
+    return bool(envs.VLLM_ENABLE_V1_MULTIPROCESSING)
+
+
 def open_writer(options: ConnectorOptions, facts: EngineFacts, pool_bytes: int, dtype: str | None = None) -> RecordSink:
     """The shard writer the options ask for, with what the connector adds to the shard header
     (``dtype``: the hidden states' dtype, as torch names it, when known)."""
@@ -104,7 +114,9 @@ class WorkerSide:
             )
         pool = HostPool(pool_bytes, pin=cache.is_cuda)
         writer = open_writer(self.options, facts, pool_bytes, str(cache.dtype).removeprefix("torch."))
-        self.saver = HiddenStatesSaver(cache, writer, pool, facts, self.stats, self.options.output_dir)
+        self.saver = HiddenStatesSaver(
+            cache, writer, pool, facts, self.stats, self.options.output_dir, wait_when_full=not _engine_steps_on()
+        )
         logger.info(
             "layertap: writing hidden states of layers %s (%s, cache %s strides %s, token axis %d, "
             "block %d/%d, gather by %s) to %s as writer %s (%s writer, %s; pool %.0f MiB%s)",
@@ -137,7 +149,7 @@ class WorkerSide:
             saver.start(metadata.saves)
         done = saver.collect()
         self.stats.hook.add(time.perf_counter() - t0)
-        return set(done) if done else None
+        return done or None
 
     # -- end ----------------------------------------------------------------------------------
 
@@ -157,6 +169,7 @@ class WorkerSide:
             leftover = registry.take_unsent(self.facts.engine_id)
             if leftover:
                 self.stats.saved_at_shutdown += len(leftover)
+                saver.wait_when_full = True
                 saver.start(leftover)
             saver.close()
         finally:

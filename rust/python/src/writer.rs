@@ -83,7 +83,7 @@ fn completion_tuple<'py>(py: Python<'py>, c: Completion) -> PyResult<Bound<'py, 
 /// wraps it with the documented Python API.
 #[pyclass(frozen, module = "layertap._native")]
 pub struct NativeShardWriter {
-    writer: ShardWriter,
+    pub(crate) writer: ShardWriter,
     #[pyo3(get)]
     path: String,
 }
