@@ -222,7 +222,9 @@ def markdown(results: list[dict], meta: dict) -> str:
     lines = [
         f"# Connector hot path per request ({meta['date']}, {meta['machine']}, load {meta['load']})",
         "",
-        f"`{meta['command']}` at commit `{meta['commit']}`, vLLM {meta['vllm']}. Engine-thread CPU time per",
+        f"`{meta['command']}` at commit `{meta['commit']}`, vLLM {meta['vllm']}"
+        + (f" ({meta['label']})" if meta["label"] else "")
+        + ". Engine-thread CPU time per",
         "request (median over steps, divided by the requests of a step), then per step p50 / p99 (CPU",
         "and wall). `worker - gather`: the worker's hook without the CPU copy of the bytes (on a GPU an",
         "asynchronous kernel).",
@@ -255,6 +257,11 @@ def main() -> None:
     ap.add_argument("--extra", default="{}", help="JSON of more connector options")
     ap.add_argument("--dir", default="/dev/shm", help="where the records go (a scratch folder in it)")
     ap.add_argument("--out", help="write PREFIX.json and PREFIX.md")
+    ap.add_argument(
+        "--label",
+        default="",
+        help="what is measured, for the table (e.g. 'before: commit X through PYTHONPATH=...')",
+    )
     args = ap.parse_args()
     import subprocess
 
@@ -274,6 +281,8 @@ def main() -> None:
         "command": "python " + " ".join(sys.argv),
         "commit": commit + ("+changes" if dirty.strip() else ""),
         "vllm": vllm.__version__,
+        "label": args.label,
+        "layertap": os.path.dirname(__import__("layertap").__file__),
     }
     text = markdown(results, meta)
     print(text)

@@ -31,11 +31,16 @@ class KeyWindow:
     def __len__(self) -> int:
         return len(self._keys)
 
-    def add(self, key: str) -> None:
-        """Remembers ``key`` (not already in the window), forgetting the oldest beyond the limit."""
-        self._keys.add(key)
+    def add_new(self, key: str) -> bool:
+        """Remembers ``key`` and returns True, or returns False if it is in the window already.
+        Beyond the limit, the oldest key is forgotten."""
+        keys = self._keys
+        if key in keys:
+            return False
+        keys.add(key)
         if self.limit is not None:
             order = self._order
             order.append(key)
             if len(order) > self.limit:
-                self._keys.discard(order.popleft())
+                keys.discard(order.popleft())
+        return True

@@ -25,6 +25,19 @@ REQUEST_KEYS = ("sample_id", "include_output_tokens", "record_metadata", "loss_m
 _SAVED_STATES = frozenset(("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED", "FINISHED_REPETITION"))
 
 
+def _statuses(names: frozenset[str]) -> frozenset:
+    """vLLM's ``RequestStatus`` members of ``names`` (an IntEnum: a set lookup without a Python
+    call); empty if vLLM has none."""
+    try:
+        from vllm.v1.request import RequestStatus
+    except ImportError:  # pragma: no cover - both supported versions have it
+        return frozenset()
+    return frozenset(getattr(RequestStatus, n) for n in names if hasattr(RequestStatus, n))
+
+
+_SAVED_STATUSES = _statuses(_SAVED_STATES)
+
+
 class SchedulerSide:
     """Everything the connector does in the scheduler (engine core) process.
 
@@ -81,10 +94,10 @@ class SchedulerSide:
     def request_finished(self, request: Any, block_ids: tuple[list[int], ...]) -> tuple[bool, dict | None]:
         """Plans the save of a finished request. Returns (keep its blocks, kv_transfer_params)."""
         status = request.status
-        status = getattr(status, "name", status)
-        if status not in _SAVED_STATES:
+        if status not in _SAVED_STATUSES and getattr(status, "name", status) not in _SAVED_STATES:
             # An aborted request has no response to carry an answer; others (a prompt longer
             # than the model, an error) say why nothing was saved.
+            status = getattr(status, "name", status)
             if status == "FINISHED_ABORTED":
                 return False, None
             return self._refuse(
@@ -100,13 +113,6 @@ class SchedulerSide:
             key, include_outputs, extras = checked
         else:
             key, include_outputs = req_id, False
-        if key in self.keys:
-            what = "sample_id" if key is not req_id else "request id"
-            return self._refuse(
-                req_id,
-                "invalid_request",
-                f"{what} {key!r} was used by an earlier request; this engine's writer takes each key once",
-            )
         if include_outputs:
             # The last token was sampled, never fed back: the cache has no hidden states for it.
             num_tokens = request.num_tokens - 1
@@ -118,13 +124,13 @@ class SchedulerSide:
             return self._refuse(req_id, "not_saved", "the request has no token ids (prompt embeddings?)")
         if type(token_ids) is not list:
             token_ids = list(token_ids)
-        gid = self.facts.group_id
-        blocks = block_ids[gid] if 0 <= gid < len(block_ids) else []
-        if len(blocks) * self.facts.block_size < num_tokens:
+        facts = self.facts
+        blocks = block_ids[facts.group_id] if facts.group_id < len(block_ids) else ()
+        if len(blocks) * facts.block_size < num_tokens:
             return self._refuse(
                 req_id,
                 "not_saved",
-                f"only {len(blocks) * self.facts.block_size} of {num_tokens} tokens are in the KV cache",
+                f"only {len(blocks) * facts.block_size} of {num_tokens} tokens are in the KV cache",
             )
         if extras is not None and extras[1] is not None:
             num_prompt = request.num_prompt_tokens
@@ -132,7 +138,13 @@ class SchedulerSide:
             if problem:
                 return self._refuse(req_id, "invalid_request", problem)
             extras = (extras[0], mask.tobytes())
-        self.keys.add(key)
+        if not self.keys.add_new(key):
+            what = "sample_id" if key is not req_id else "request id"
+            return self._refuse(
+                req_id,
+                "invalid_request",
+                f"{what} {key!r} was used by an earlier request; this engine's writer takes each key once",
+            )
         with self._unsent_lock:
             self._unsent.add(key, req_id, token_ids, num_tokens, request.num_prompt_tokens, blocks, extras)
         self._held += 1
