@@ -118,3 +118,92 @@ def test_a_missing_extension_is_named_as_the_writer_option(tmp_path, monkeypatch
     with pytest.raises(ConfigError, match="writer: the Rust writer is not available .*use writer='python'") as info:
         open_writer(parse_options({"output_dir": str(tmp_path)}), facts(), pool_bytes=1 << 20)
     assert info.value.option == "writer" and isinstance(info.value.__cause__, ImportError)
+
+
+@pytest.mark.parametrize("kind", ["rust", "python"])
+def test_a_burst_larger_than_the_pool_waits_in_the_cache_without_stalling(tmp_path, kind):
+    """Six requests finish in one step, the pool holds two: with an engine that keeps stepping
+    (``wait_when_full=False``) the step gathers what fits and returns at once; the others are
+    not reported done (their KV blocks stay held, and intact) and are gathered at later steps as
+    the writer hands regions back. Nothing waits on the engine thread."""
+    import time
+
+    from layertap.vllm.transfer import HiddenStatesSaver, region_bytes
+
+    kv = torch.arange(BLOCKS * BLOCK * LAYERS * HIDDEN, dtype=torch.float32).reshape(BLOCKS, BLOCK, LAYERS, HIDDEN)
+    kv = kv.to(torch.bfloat16)
+    original = kv.clone()
+    cache = HiddenStatesCache(kv, LAYERS, HIDDEN, BLOCK)
+    stats = ConnectorStats()
+    pool = HostPool(2 * region_bytes(2 * BLOCK, cache), pin=False)  # two requests of two blocks
+    writer = writer_class(kind)(str(tmp_path), codec="bp16-zstd")
+    saver = HiddenStatesSaver(cache, writer, pool, facts(), stats, str(tmp_path), wait_when_full=False)
+    burst = [(key, [2 * i, 2 * i + 1], 2 * BLOCK) for i, key in enumerate("abcdef")]
+
+    saver.start(saves(*burst))
+    done = saver.collect()
+    assert 0 < len(done) < 6 and saver.pending == 6 - len(done)
+    assert stats.pool_stalls == 0 and stats.pool_deferrals >= 1
+    deadline = time.monotonic() + 30
+    while len(done) < 6:
+        # vLLM reuses the blocks of requests reported done: the waiting ones must not care.
+        for req_id in done:
+            i = "abcdef".index(req_id.removeprefix("req-"))
+            kv[2 * i : 2 * i + 2] = -1
+        assert time.monotonic() < deadline, f"only {sorted(done)} gathered"
+        time.sleep(0.01)
+        step_done = saver.collect()  # a later engine step, with nothing new finished
+        assert not step_done & done
+        done |= step_done
+    saver.close()
+    assert stats.pool_stalls == 0 and stats.records_written == 6 and pool.in_use == 0
+    with layertap.open(str(tmp_path)) as ds:
+        assert sorted(ds.keys()) == list("abcdef") and ds.verify().ok
+        for key, blocks, tokens in burst:
+            rows = torch.stack([original[blocks[t // BLOCK], t % BLOCK] for t in range(tokens)])
+            assert torch.equal(ds[key].hidden_states, rows), key
+
+
+def test_the_default_pool_holds_a_burst_within_its_limits():
+    """Without ``pool_bytes``: four full steps, or every running request at the longest length
+    if more (a batch of decodes finishing together), within 256 MiB to 4 GiB, and always twice
+    the largest request."""
+    from layertap.vllm.config import DEFAULT_MAX_POOL_BYTES, DEFAULT_MIN_POOL_BYTES, default_pool_bytes
+
+    mib = 1 << 20
+    assert default_pool_bytes(largest_request=3 * mib, full_step=100 * mib, max_num_seqs=256) == 768 * mib
+    assert default_pool_bytes(largest_request=3 * mib, full_step=200 * mib, max_num_seqs=64) == 800 * mib
+    assert default_pool_bytes(largest_request=1 * mib, full_step=1 * mib, max_num_seqs=8) == DEFAULT_MIN_POOL_BYTES
+    assert default_pool_bytes(largest_request=400 * mib, full_step=mib, max_num_seqs=256) == DEFAULT_MAX_POOL_BYTES
+    assert default_pool_bytes(largest_request=3 << 30, full_step=mib, max_num_seqs=256) == 6 << 30
+
+
+def test_the_native_sink_never_writes_into_a_region_the_writer_reads(tmp_path):
+    """``NativeRegionSink`` refuses to fill or lease bytes that overlap a region still leased to
+    the writer, or that lie outside the pool: the pool memory the writer reads is never written
+    through it, whatever the caller asks."""
+    pytest.importorskip("layertap._native")
+    from layertap.errors import InvalidInputError
+    from layertap.vllm.sinks import NativeSink
+
+    writer = writer_class("rust")(str(tmp_path), codec="none")
+    kv = torch.zeros(BLOCKS, BLOCK, LAYERS, HIDDEN, dtype=torch.bfloat16)
+    cache = HiddenStatesCache(kv, LAYERS, HIDDEN, BLOCK)
+    pool = HostPool(1 << 16, pin=False)
+    sink = NativeSink(writer, pool, cache, facts())
+    region = pool.try_alloc(4096)
+    step = saves(("a", [0], 4))
+    rows = 4 * LAYERS * HIDDEN * 2
+    sink.fill(step, rows, 2048)
+    assert sink.submit(region, rows, step) == []
+    native = sink._native
+    # The region stays leased until the writer has written its record (codec none), which may
+    # already have happened on the writer's threads: check the refusal while it is leased.
+    if native.live_regions:
+        with pytest.raises(InvalidInputError, match="overlap a region the writer still reads"):
+            sink.fill(step, 0, 2048)
+    with pytest.raises(InvalidInputError, match="outside the pool"):
+        sink.fill(step, (1 << 16) - 8, 0)
+    writer.close()
+    released, written = sink.reap()
+    assert released == [region.id] and written == 1 and native.live_regions == 0

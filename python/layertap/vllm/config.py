@@ -20,23 +20,27 @@ from layertap.errors import InvalidInputError, OptionError
 
 #: The default host buffer pool holds this many full steps (``max_num_batched_tokens`` tokens of
 #: hidden states each), so that the writer can fall behind for a few steps without stalling the
-#: engine: on an H200 a Llama-3.2-1B prefill step hands over ~200 MB every ~40 ms.
+#: engine: on an H200 a Llama-3.2-1B prefill step hands over ~200 MB every ~40 ms (or, if more,
+#: a burst: every running request, ``max_num_seqs``, finishing in one step at the longest
+#: length, ``max_model_len``, as a batch of decodes does) ...
 DEFAULT_POOL_STEPS = 4
 #: ... but no less than this, and no less than twice the largest possible request ...
 DEFAULT_MIN_POOL_BYTES = 256 << 20
 #: ... and, unless the largest request needs more, no more than this (pinned memory is taken
-#: from the host for the engine's lifetime).
+#: from the host for the engine's lifetime). A burst the pool cannot hold waits in the KV cache
+#: (its blocks held) and is gathered as the writer hands regions back.
 DEFAULT_MAX_POOL_BYTES = 4 << 30
 #: Keys remembered to refuse a repeat (``key_memory``): the most recent 2^18, about 30 MB for
 #: keys of 40 characters, so that the memory of an engine serving for weeks stays bounded.
 DEFAULT_KEY_MEMORY = 1 << 18
 
 
-def default_pool_bytes(largest_request: int, full_step: int) -> int:
+def default_pool_bytes(largest_request: int, full_step: int, max_num_seqs: int = 1) -> int:
     """The pool size when ``pool_bytes`` is not given, from the pool bytes of the longest
-    possible request and of one full step (see the constants above)."""
-    steps = min(DEFAULT_MAX_POOL_BYTES, max(DEFAULT_MIN_POOL_BYTES, DEFAULT_POOL_STEPS * full_step))
-    return max(2 * largest_request, steps)
+    possible request and of one full step, and the most requests that run at once (see the
+    constants above)."""
+    wanted = max(DEFAULT_POOL_STEPS * full_step, max_num_seqs * largest_request)
+    return max(2 * largest_request, min(DEFAULT_MAX_POOL_BYTES, max(DEFAULT_MIN_POOL_BYTES, wanted)))
 
 
 def default_writer_threads() -> int:

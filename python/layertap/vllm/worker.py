@@ -102,7 +102,7 @@ class WorkerSide:
         cache = HiddenStatesCache(kv, len(facts.layer_ids), facts.hidden_size, facts.block_size)
         largest = region_bytes(facts.max_model_len, cache)
         pool_bytes = self.options.pool_bytes or default_pool_bytes(
-            largest, region_bytes(facts.max_num_batched_tokens, cache)
+            largest, region_bytes(facts.max_num_batched_tokens, cache), facts.max_num_seqs
         )
         if pool_bytes < largest:
             raise ConfigError(
