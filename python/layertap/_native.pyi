@@ -25,6 +25,7 @@ class NativeShardWriter:
         io: str,
         direct: bool,
         metadata: dict[str, str],
+        key_memory: int | None = None,
     ) -> None: ...
     def submit(
         self,

@@ -97,6 +97,9 @@ class WriterOptions:
     """Write record data with ``O_DIRECT`` where the file system allows it (Rust writer)."""
     metadata: Mapping[str, str] = field(default_factory=dict)
     """Stored in every shard's header (``"user"``)."""
+    key_memory: int | None = None
+    """How many of the most recent keys the writer remembers to refuse a key given again;
+    None: every key of its lifetime (a long-running writer bounds its memory with it)."""
 
     def __post_init__(self) -> None:
         if self.codec not in CODECS:
@@ -124,6 +127,8 @@ class WriterOptions:
             object.__setattr__(self, "io", "uring")
         elif self.io not in IO_MODES:
             raise OptionError("io", f"must be 'auto', 'uring' or 'pwrite', not {self.io!r}")
+        if self.key_memory is not None:
+            _positive("key_memory", self.key_memory)
         if not isinstance(self.direct, bool):
             raise OptionError("direct", f"must be True or False, not {self.direct!r}")
         # Read-only, so that no one changes a checked value behind the check.

@@ -13,6 +13,7 @@ import pytest
 
 from layertap import WriterOptions
 from layertap.vllm.config import (
+    DEFAULT_KEY_MEMORY,
     DEFAULT_MAX_POOL_BYTES,
     DEFAULT_MIN_POOL_BYTES,
     OPTION_NAMES,
@@ -126,6 +127,7 @@ def test_the_worker_completes_the_writer_options():
         max_inflight_bytes=2 << 20,
         writer_id="w0",
         metadata={"source": "layertap.vllm", "model": "m"},
+        key_memory=DEFAULT_KEY_MEMORY,
     )
     given = parse_options(
         {

@@ -86,7 +86,7 @@ def test_records_hold_the_cache_rows_and_a_refused_one_costs_only_itself(tmp_pat
 def test_the_worker_opens_the_writer_the_options_ask_for(tmp_path, kind):
     """``open_writer`` hands the writer one ``WriterOptions``: the configured ones, the engine's
     writer id, the connector's shard metadata and its own defaults; the writer is a RecordSink."""
-    from layertap.vllm.config import default_writer_threads, parse_options
+    from layertap.vllm.config import DEFAULT_KEY_MEMORY, default_writer_threads, parse_options
     from layertap.vllm.worker import open_writer
 
     options = parse_options(
@@ -96,6 +96,7 @@ def test_the_worker_opens_the_writer_the_options_ask_for(tmp_path, kind):
         assert isinstance(w, layertap.RecordSink) and isinstance(w, writer_class(kind))
         assert w.writer_id == "w" and w.options.codec == "zstd" and w.options.max_inflight_bytes == 2 << 20
         assert w.options.threads == default_writer_threads()
+        assert w.options.key_memory == DEFAULT_KEY_MEMORY  # bounded: a server runs for weeks
         assert dict(w.options.metadata) == {
             "source": "layertap.vllm",
             "model": "tiny",

@@ -81,6 +81,7 @@ WRITER_KEYS: dict[str, str] = {
     "direct": "direct",
     "writer_id": "writer_id",
     "shard_metadata": "metadata",
+    "key_memory": "key_memory",
 }
 _KEY_OF_FIELD = {f: k for k, f in WRITER_KEYS.items()}
 
@@ -97,8 +98,10 @@ class ConnectorOptions:
     """Size of the host buffer pool; None: ``default_pool_bytes``."""
     stats_path: str | None = None
     """Where to write the connector's statistics as JSON at shutdown; None: only logged."""
-    key_memory: int = DEFAULT_KEY_MEMORY
-    """How many of the most recent keys each half remembers to refuse a repeated key."""
+    @property
+    def key_memory(self) -> int:
+        """How many of the most recent keys each half remembers to refuse a repeated key."""
+        return self.writer_options.key_memory or DEFAULT_KEY_MEMORY
     writer_options: WriterOptions = field(default_factory=WriterOptions)
     """The writer options given (``WRITER_KEYS``), the others at the writers' defaults; the
     worker completes them (``writer_options_for``)."""
@@ -114,8 +117,9 @@ class ConnectorOptions:
 def writer_options_for(options: ConnectorOptions, writer_id: str, pool_bytes: int, shard_meta: Mapping[str, str]):
     """The options the worker opens its writer with: the configured ones, its writer id, its
     shard metadata (under the configured ``shard_metadata``), and where not configured:
-    ``default_writer_threads()`` compression threads and twice the pool in flight (everything
-    in flight lives in the pool, so ``submit`` never waits)."""
+    ``default_writer_threads()`` compression threads, twice the pool in flight (everything
+    in flight lives in the pool, so ``submit`` never waits) and the connector's bound on the
+    keys remembered (``DEFAULT_KEY_MEMORY``)."""
     changes: dict[str, Any] = {
         "writer_id": writer_id,
         "metadata": {**shard_meta, **options.writer_options.metadata},
@@ -124,6 +128,8 @@ def writer_options_for(options: ConnectorOptions, writer_id: str, pool_bytes: in
         changes["threads"] = default_writer_threads()
     if "max_inflight_bytes" not in options.given:
         changes["max_inflight_bytes"] = 2 * pool_bytes
+    if "key_memory" not in options.given:
+        changes["key_memory"] = DEFAULT_KEY_MEMORY
     return dataclasses.replace(options.writer_options, **changes)
 
 
@@ -150,7 +156,6 @@ _CONNECTOR_PARSERS = {
     "writer": _writer,
     "pool_bytes": lambda v: _positive_or_none("pool_bytes", v),
     "stats_path": lambda v: None if v is None else _path("stats_path", v),
-    "key_memory": lambda v: _positive_or_none("key_memory", v) or DEFAULT_KEY_MEMORY,
 }
 
 #: Every option ``kv_connector_extra_config`` may hold.

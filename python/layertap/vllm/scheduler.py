@@ -8,11 +8,11 @@ import logging
 import threading
 from typing import Any
 
+from layertap._keys import KeyWindow
 from layertap.vllm import registry
 from layertap.vllm.config import ConnectorOptions, sample_id_problem
 from layertap.vllm.engine import EngineFacts, read_engine_facts
 from layertap.vllm.extras import loss_mask_array, record_metadata_problem
-from layertap.vllm.keys import KeyWindow
 from layertap.vllm.metadata import LayertapMetadata, StepSaves
 from layertap.vllm.online import PARAMS_KEY
 

@@ -1,11 +1,7 @@
-"""The record keys an engine has given out lately, so that a key is refused when it comes back.
-
-A writer refuses a key it has already taken (docs/FORMAT.md, "Keys"), and the scheduler half
-refuses it first, so that the client learns it in its response. Remembering every key of a
-server that runs for weeks takes memory without bound, so the connector remembers the most
-recent ``key_memory`` keys (an option; the writer is opened with the same bound): a key is
-refused when it repeats one of those. Nothing here imports vLLM.
-"""
+"""The record keys a writer (or the vLLM connector's scheduler half) has taken, so that a key
+given again is refused (docs/FORMAT.md, "Keys"): every key, or with a limit (``key_memory``) the
+most recent ones, so that a writer that serves for weeks keeps bounded memory. The Rust writer
+has the same (``rust/core/src/writer/keys.rs``)."""
 
 from __future__ import annotations
 
