@@ -41,7 +41,9 @@ def finished(req_id: str, tokens: int, kv_params: dict | None = None, outputs: i
     from vllm import SamplingParams
     from vllm.v1.request import Request, RequestStatus
 
-    params = SamplingParams(max_tokens=max(1, outputs), extra_args={"kv_transfer_params": kv_params} if kv_params else None)
+    params = SamplingParams(
+        max_tokens=max(1, outputs), extra_args={"kv_transfer_params": kv_params} if kv_params else None
+    )
     req = Request(req_id, list(range(10, 10 + tokens)), params, None)
     if outputs:
         req.append_output_token_ids(list(range(500, 500 + outputs)))
@@ -55,9 +57,7 @@ def test_a_step_is_handed_over_as_parallel_lists(tmp_path):
     side = scheduler(tmp_path)
     a = finished("a-1", 20)
     keep, params = side.request_finished(a, ([3, 4],))
-    assert keep and params == {
-        "layertap": {"dataset": str(tmp_path), "writer_id": "w", "key": "a-1", "num_tokens": 20}
-    }
+    assert keep and params == {"layertap": {"dataset": str(tmp_path), "writer_id": "w", "key": "a-1", "num_tokens": 20}}
     b = finished("b-1", 5, {"sample_id": "s", "include_output_tokens": True, "record_metadata": {"x": "y"}}, outputs=3)
     assert side.request_finished(b, ([7],))[0]
     assert side.has_pending_block_frees()

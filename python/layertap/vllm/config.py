@@ -98,10 +98,12 @@ class ConnectorOptions:
     """Size of the host buffer pool; None: ``default_pool_bytes``."""
     stats_path: str | None = None
     """Where to write the connector's statistics as JSON at shutdown; None: only logged."""
+
     @property
     def key_memory(self) -> int:
         """How many of the most recent keys each half remembers to refuse a repeated key."""
         return self.writer_options.key_memory or DEFAULT_KEY_MEMORY
+
     writer_options: WriterOptions = field(default_factory=WriterOptions)
     """The writer options given (``WRITER_KEYS``), the others at the writers' defaults; the
     worker completes them (``writer_options_for``)."""

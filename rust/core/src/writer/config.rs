@@ -138,7 +138,9 @@ impl WriterConfig {
             check_level(self.level).map_err(|e| Error::invalid(format!("level: {e}")))?;
         }
         if self.key_memory == Some(0) {
-            return Err(Error::invalid("key_memory must be positive (or None: every key)"));
+            return Err(Error::invalid(
+                "key_memory must be positive (or None: every key)",
+            ));
         }
         let positive = [
             ("shard_size", self.shard_size),
