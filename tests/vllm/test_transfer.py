@@ -208,3 +208,30 @@ def test_the_native_sink_never_writes_into_a_region_the_writer_reads(tmp_path):
     writer.close()
     released, written = sink.reap()
     assert released == [region.id] and written == 1 and native.live_regions == 0
+
+
+def test_compression_threads_yield_the_cpu_to_the_engine(tmp_path):
+    """The worker lowers the priority of its writer's compression threads (Linux ``nice``, per
+    thread), so that they use the CPUs vLLM leaves idle; the engine thread keeps its own."""
+    import os
+
+    from layertap.vllm.config import lower_encoder_priority
+
+    def nice_of_encoders() -> list[int]:
+        out = []
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    if f.read().startswith("layertap-zstd-"):
+                        out.append(os.getpriority(os.PRIO_PROCESS, int(tid)))
+            except OSError:
+                continue
+        return out
+
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    with writer_class("rust")(str(tmp_path), threads=2):
+        before = nice_of_encoders()
+        assert len(before) >= 2
+        assert lower_encoder_priority(3) == len(before)
+        assert all(n == min(19, b + 3) for n, b in zip(nice_of_encoders(), before))
+    assert os.getpriority(os.PRIO_PROCESS, 0) == mine

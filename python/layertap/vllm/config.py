@@ -43,16 +43,58 @@ def default_pool_bytes(largest_request: int, full_step: int, max_num_seqs: int =
     return max(2 * largest_request, min(DEFAULT_MAX_POOL_BYTES, max(DEFAULT_MIN_POOL_BYTES, wanted)))
 
 
+#: CPUs left to vLLM when the writer's compression threads are counted: the engine thread (the
+#: scheduler and, with one GPU, the model runner) and the front end's.
+ENGINE_CPUS = 2
+#: At most this many compression threads by default (each holds a zstd context of a few MB).
+MAX_DEFAULT_WRITER_THREADS = 32
+
+
 def default_writer_threads() -> int:
-    """Compression threads when ``writer_threads`` is not given: half the CPUs this process may
-    run on (the engine needs the others), at least 4 where there are 4, at most 16. The
-    writer's own default (4) falls behind a 1B model's prefill on an H200 (benches/RESULTS.md);
-    idle compression threads cost nothing."""
+    """Compression threads when ``writer_threads`` is not given: every CPU this process may run
+    on but ``ENGINE_CPUS`` for vLLM (all of them on 4 CPUs or fewer), at most 32.
+
+    The rule (benches/README.md, "Compression threads"): bp16-zstd compresses activations of a
+    trained model (about 1.5x) at 0.3 to 0.9 GB/s of input per thread, so keeping up with an
+    engine that hands over R GB/s takes R / 0.3 threads on a busy GPU host; a Llama-3.2-1B prefill
+    on an H200 hands over ~2.5 GB/s, a 7B ~1.5 GB/s. Threads with nothing to compress wait on a
+    queue and cost nothing, so the default takes every CPU the engine does not need, and runs
+    them at a lower priority (``lower_encoder_priority``) so that the engine thread keeps its
+    CPU when both are busy."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
-    return min(16, max(min(4, cpus), cpus // 2))
+    if cpus <= 4:
+        return cpus
+    return min(MAX_DEFAULT_WRITER_THREADS, cpus - ENGINE_CPUS)
+
+
+#: The writer's compression threads run at this ``nice`` above the engine's (Linux), so that
+#: they take the CPUs vLLM leaves idle and yield the ones it needs.
+ENCODER_NICE = 5
+
+
+def lower_encoder_priority(nice: int = ENCODER_NICE) -> int:
+    """Raises the ``nice`` value of this process's compression threads (``layertap-zstd-N``) by
+    ``nice``; returns how many were changed (0 where Linux's per-thread priorities or
+    ``/proc`` are not there). Best effort: a thread that cannot be changed keeps its priority."""
+    changed = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 0
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if not f.read().startswith("layertap-zstd-"):
+                    continue
+            current = os.getpriority(os.PRIO_PROCESS, int(tid))
+            os.setpriority(os.PRIO_PROCESS, int(tid), min(19, current + nice))
+            changed += 1
+        except (OSError, ValueError, AttributeError):
+            continue
+    return changed
 
 
 class ConfigError(InvalidInputError):

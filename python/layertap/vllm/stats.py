@@ -80,6 +80,8 @@ class ConnectorStats:
         self.pool_deferrals = 0
         """Steps that left requests waiting for room in the pool, with their KV blocks held,
         instead of waiting (an engine in its own process)."""
+        self.encoder_threads_lowered = 0
+        """Compression threads whose priority the worker lowered (``lower_encoder_priority``)."""
         self.saved_at_shutdown = 0
         """Finished requests that an in-process engine had not handed over before shutdown."""
 
@@ -98,6 +100,7 @@ class ConnectorStats:
             "pool_stall_seconds": self.pool_stall_seconds,
             "pool_deferrals": self.pool_deferrals,
             "saved_at_shutdown": self.saved_at_shutdown,
+            "encoder_threads_lowered": self.encoder_threads_lowered,
         }
         if pool is not None:
             out["pool"] = {

@@ -9,7 +9,13 @@ from typing import Any
 
 from layertap._sink import RecordSink
 from layertap.vllm import registry
-from layertap.vllm.config import ConfigError, ConnectorOptions, default_pool_bytes, writer_options_for
+from layertap.vllm.config import (
+    ConfigError,
+    ConnectorOptions,
+    default_pool_bytes,
+    lower_encoder_priority,
+    writer_options_for,
+)
 from layertap.vllm.engine import EngineFacts, read_engine_facts
 from layertap.vllm.gather import HiddenStatesCache
 from layertap.vllm.metadata import LayertapMetadata
@@ -114,6 +120,8 @@ class WorkerSide:
             )
         pool = HostPool(pool_bytes, pin=cache.is_cuda)
         writer = open_writer(self.options, facts, pool_bytes, str(cache.dtype).removeprefix("torch."))
+        # The compression threads take the CPUs vLLM leaves idle, not the engine thread's.
+        self.stats.encoder_threads_lowered = lower_encoder_priority()
         self.saver = HiddenStatesSaver(
             cache, writer, pool, facts, self.stats, self.options.output_dir, wait_when_full=not _engine_steps_on()
         )
