@@ -113,6 +113,8 @@ def main() -> None:
                     "scheduler_keys": len(sched.keys),
                     "records_written": worker.stats.records_written,
                     "writer_records": writer.stats["records_written"],
+                    "writer_blocked_s": round(writer.stats["blocked_seconds"], 1),
+                    "pool_deferrals": worker.stats.pool_deferrals,
                 }
             )
             print(json.dumps(samples[-1]), flush=True)
@@ -140,11 +142,12 @@ def main() -> None:
             "",
             f"key_memory {result['key_memory']}, {n} requests, {result['records_written']} records written.",
             "",
-            "| requests | seconds | RSS MiB | keys (scheduler) | records written |",
-            "|---:|---:|---:|---:|---:|",
+            "| requests | seconds | RSS MiB | keys (scheduler) | records written | writer blocked s | deferrals |",
+            "|---:|---:|---:|---:|---:|---:|---:|",
         ]
         lines += [
-            f"| {s['requests']} | {s['seconds']} | {s['rss_mib']} | {s['scheduler_keys']} | {s['writer_records']} |"
+            f"| {s['requests']} | {s['seconds']} | {s['rss_mib']} | {s['scheduler_keys']} | {s['writer_records']} "
+            f"| {s['writer_blocked_s']} | {s['pool_deferrals']} |"
             for s in samples
         ]
         Path(f"{args.out}.md").write_text("\n".join(lines) + "\n")
