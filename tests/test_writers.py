@@ -218,6 +218,7 @@ def test_same_writer_id_at_once_fails_instead_of_mixing(tmp_path, kind):
         ({"metadata": ["a"]}, "metadata", "metadata must be a mapping of str to str, not list"),
         ({"metadata": {"a": "\ud800"}}, "metadata", "not valid UTF-8"),
         ({"metadata": {"a": "x" * (600 << 10)}}, "metadata", "metadata is too large"),
+        ({"key_memory": 0}, "key_memory", "key_memory must be a positive integer"),
     ],
 )
 def test_bad_options_are_refused_alike(tmp_path, kind, options, option, match):
@@ -286,6 +287,24 @@ def test_duplicate_key(tmp_path, kind):
     with read(tmp_path) as ds:
         assert ds.keys() == ["k", "k2"]
         assert torch.equal(ds["k"].hidden_states, make_tensors(0)["hidden_states"])
+
+
+def test_key_memory_bounds_the_keys_remembered(tmp_path, kind):
+    """With ``key_memory=3`` the writer refuses a key among the last three it took and forgets
+    older ones (a server's writer keeps bounded memory); the readers report the duplicate."""
+    with Writer(kind, tmp_path, key_memory=3) as w:
+        for key in "abcd":
+            w.submit(key, make_tensors(0))
+        for recent in "bcd":
+            with pytest.raises(DuplicateKeyError):
+                w.submit(recent, make_tensors(1))
+        w.submit("a", make_tensors(1))  # four keys ago: forgotten
+        with pytest.raises(DuplicateKeyError):
+            w.submit("a", make_tensors(2))
+    with read(tmp_path) as ds:
+        assert ds.keys() == ["a", "b", "c", "d", "a"]
+        assert torch.equal(ds["a"].hidden_states, make_tensors(0)["hidden_states"])  # the first
+        assert [p.kind for p in ds.verify().problems] == ["duplicate_key"]
 
 
 @pytest.mark.parametrize(

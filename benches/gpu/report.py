@@ -32,14 +32,16 @@ def step_times(r: dict) -> tuple[float | None, float | None]:
 
 
 def where_time_goes(r: dict) -> str:
-    """The engine's waits for pool space, and the writer's compression time (for the whole
-    engine lifetime, warm-up included)."""
+    """The engine's waits for pool space (and the steps that left requests in the KV cache for
+    lack of it instead), and the writer's compression time (for the whole engine lifetime,
+    warm-up included)."""
     cs = r.get("connector_stats")
     if not cs:
         return "- | -"
     w = cs.get("writer", {})
     enc = f"{w['encode_seconds']:.2f} / {w['threads']}" if "encode_seconds" in w else "-"
-    return f"{cs.get('pool_stall_seconds', 0):.2f} | {enc}"
+    deferrals = f" ({cs['pool_deferrals']} deferred)" if cs.get("pool_deferrals") else ""
+    return f"{cs.get('pool_stall_seconds', 0):.2f}{deferrals} | {enc}"
 
 
 def fmt(x: float | None, spec: str) -> str:

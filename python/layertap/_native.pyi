@@ -25,6 +25,7 @@ class NativeShardWriter:
         io: str,
         direct: bool,
         metadata: dict[str, str],
+        key_memory: int | None = None,
     ) -> None: ...
     def submit(
         self,
@@ -48,6 +49,48 @@ class NativeShardWriter:
     def writer_id(self) -> str: ...
     @property
     def path(self) -> str: ...
+
+@final
+class NativeRegionSink:
+    """The vLLM connector's path into a ``NativeShardWriter`` (rust/python/src/region.rs)."""
+
+    def __init__(
+        self,
+        writer: NativeShardWriter,
+        pool: Any,
+        *,
+        dtype: str,
+        row_shape: Sequence[int],
+        metadata: dict[str, str],
+        block_size: int,
+        tensor_block_size: int,
+        row_steps: tuple[int, int] | None,
+        layer_rows: Sequence[int],
+    ) -> None: ...
+    def fill(
+        self,
+        ids_offset: int,
+        index_offset: int,
+        token_ids: list[list[int]],
+        num_tokens: Sequence[int],
+        block_ids: list[list[int]],
+    ) -> int: ...
+    def submit(
+        self,
+        region: int,
+        start: int,
+        nbytes: int,
+        hidden_offset: int,
+        ids_offset: int,
+        keys: Sequence[str],
+        request_ids: Sequence[str],
+        num_tokens: Sequence[int],
+        num_prompt_tokens: Sequence[int],
+        extras: dict[int, tuple[dict[str, str] | None, bytes | None]],
+    ) -> list[tuple[int, str]]: ...
+    def reap(self, timeout: float | None = 0.0) -> tuple[list[int], int]: ...
+    @property
+    def live_regions(self) -> int: ...
 
 @final
 class TensorBuffer:

@@ -100,6 +100,9 @@ class WriterOptions:
     lossy: str | None = None
     """None (lossless, the default) or ``"fp8-e4m3"``: ``hidden_states`` stored as float8 with
     a scale per token, half the bytes, with the error in each record's metadata (docs/FP8.md)."""
+    key_memory: int | None = None
+    """How many of the most recent keys the writer remembers to refuse a key given again;
+    None: every key of its lifetime (a long-running writer bounds its memory with it)."""
 
     def __post_init__(self) -> None:
         if self.codec not in CODECS:
@@ -127,6 +130,8 @@ class WriterOptions:
             object.__setattr__(self, "io", "uring")
         elif self.io not in IO_MODES:
             raise OptionError("io", f"must be 'auto', 'uring' or 'pwrite', not {self.io!r}")
+        if self.key_memory is not None:
+            _positive("key_memory", self.key_memory)
         if not isinstance(self.direct, bool):
             raise OptionError("direct", f"must be True or False, not {self.direct!r}")
         if self.lossy is not None and self.lossy not in ("fp8-e4m3",):

@@ -13,10 +13,12 @@ import pytest
 
 from layertap import WriterOptions
 from layertap.vllm.config import (
+    DEFAULT_KEY_MEMORY,
     DEFAULT_MAX_POOL_BYTES,
     DEFAULT_MIN_POOL_BYTES,
     OPTION_NAMES,
     WRITER_KEYS,
+    WRITER_ONLY_FIELDS,
     ConfigError,
     default_pool_bytes,
     default_writer_threads,
@@ -42,7 +44,7 @@ GOOD = {"output_dir": "hs"}
         ({**GOOD, "pool_bytes": -1}, "pool_bytes", "must be a positive integer, not -1"),
         ({**GOOD, "stats_path": 3}, "stats_path", "must be a non-empty path"),
         # The writer's options, checked by layertap.WriterOptions, named by the connector's key:
-        ({**GOOD, "codec": "lz4"}, "codec", "must be one of 'none', 'zstd', 'bp16-zstd', not 'lz4'"),
+        ({**GOOD, "codec": "lz4"}, "codec", "must be one of 'none', 'zstd', 'bp16-zstd', 'exp-huf', not 'lz4'"),
         ({**GOOD, "level": 99}, "level", "must be a zstd level from -131072 to 22, not 99"),
         ({**GOOD, "level": "3"}, "level", "must be an integer, not '3'"),
         ({**GOOD, "shard_size": 0}, "shard_size", "must be a positive integer below 2**64, not 0"),
@@ -61,6 +63,8 @@ GOOD = {"output_dir": "hs"}
         ({**GOOD, "writer_id": ".hidden"}, "writer_id", "not starting with '.'"),
         ({**GOOD, "shard_metadata": {"run": 1}}, "shard_metadata", "entry 'run': 1: keys and values must be str"),
         ({**GOOD, "shard_metadata": [1]}, "shard_metadata", "must be a mapping of str to str"),
+        ({**GOOD, "key_memory": 0}, "key_memory", "must be a positive integer"),
+        ({**GOOD, "lossy": "fp8-e4m3"}, "lossy", "not a connector option: the connector hands the hidden states"),
     ],
 )
 def test_bad_option_is_named(extra, option, message):
@@ -113,7 +117,7 @@ def test_every_option_parses(tmp_path):
     assert set(OPTION_NAMES) == {f for f in options.__dataclass_fields__ if f not in ("writer_options", "given")} | set(
         WRITER_KEYS
     )
-    assert set(WRITER_KEYS.values()) == set(WriterOptions.__dataclass_fields__)
+    assert set(WRITER_KEYS.values()) | set(WRITER_ONLY_FIELDS) == set(WriterOptions.__dataclass_fields__)
     assert parse_options({"output_dir": "rel/dir"}).output_dir == os.path.abspath("rel/dir")
 
 
@@ -126,6 +130,7 @@ def test_the_worker_completes_the_writer_options():
         max_inflight_bytes=2 << 20,
         writer_id="w0",
         metadata={"source": "layertap.vllm", "model": "m"},
+        key_memory=DEFAULT_KEY_MEMORY,
     )
     given = parse_options(
         {
@@ -157,7 +162,7 @@ def test_default_pool_holds_steps_within_bounds(largest, step, expected):
 
 
 def test_default_writer_threads_follow_the_cpus(monkeypatch):
-    for cpus, threads in [(1, 1), (2, 2), (4, 4), (8, 4), (16, 8), (64, 16)]:
+    for cpus, threads in [(1, 1), (2, 2), (4, 4), (8, 6), (16, 14), (64, 32)]:
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cpus: set(range(n)))
         assert default_writer_threads() == threads, cpus
 

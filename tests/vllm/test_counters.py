@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import pytest
 import torch
-from test_transfer import BLOCK, BLOCKS, HIDDEN, LAYERS, facts
+from test_transfer import BLOCK, BLOCKS, HIDDEN, LAYERS, facts, saves
 
 import layertap
 from helpers import writer_class
@@ -30,13 +29,11 @@ from vllm_support import VLLM_WARNINGS
 pytestmark = VLLM_WARNINGS
 
 
-def save(key: str, blocks: list[int], tokens: int, ended: float):
-    from layertap.vllm.metadata import SaveRequest
-
-    ids = np.arange(tokens, dtype=np.int64)
-    return SaveRequest(
-        req_id=f"req-{key}", key=key, token_ids=ids, block_ids=blocks, num_prompt_tokens=tokens, finished_at=ended
-    )
+def step_saves(ended: float, *requests: tuple[str, list[int], int]):
+    """A step's saves (``test_transfer.saves``) whose requests ended at ``ended``."""
+    out = saves(*requests)
+    out.finished_at = ended
+    return out
 
 
 @pytest.mark.parametrize("kind", ["rust", "python"])
@@ -48,13 +45,14 @@ def test_worker_reports_equal_the_records_written(tmp_path, kind):
     counters = WorkerCounters(stats, "w")
     pool = HostPool(1 << 20, pin=False)
     writer = writer_class(kind)(str(tmp_path), codec="bp16-zstd", writer_id="w")
-    saver = HiddenStatesSaver(HiddenStatesCache(kv, LAYERS, HIDDEN, BLOCK), writer, pool, facts(), stats, "", counters)
+    cache = HiddenStatesCache(kv, LAYERS, HIDDEN, BLOCK)
+    saver = HiddenStatesSaver(cache, writer, pool, facts(), stats, "", counters=counters)
 
     ended = time.time() - 1.0  # the requests ended a second ago
-    saver.start([save("a", [3, 5], 6, ended), save("b", [0], 4, ended)])
+    saver.start(step_saves(ended, ("a", [3, 5], 6), ("b", [0], 4)))
     saver.collect()
     counters.step(2e-4)
-    saver.start([save("c", [7, 8, 9], 9, ended)])
+    saver.start(step_saves(ended, ("c", [7, 8, 9], 9)))
     while stats.records_written < 3:
         saver.collect(wait=0.05)  # the worker's wait in a step taken only for the writer
     counters.step(3e-4)
@@ -89,7 +87,7 @@ def test_worker_reports_equal_the_records_written(tmp_path, kind):
     second = counters.report(pool, writer)
     assert second["observations"] == {"engine_thread_seconds": [1e-4]} and "counters" not in second
     # A refused record counts as failed, reported at once when the writer is caught up.
-    saver.start([save("a", [1], 2, ended)])  # a key the writer already took
+    saver.start(step_saves(ended, ("a", [1], 2)))  # a key the writer already took
     saver.collect()
     assert counters.report(pool, writer)["counters"] == {"records_failed": 1}
     saver.close()

@@ -4,7 +4,6 @@ refuses costs only that record."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -38,11 +37,16 @@ def facts() -> EngineFacts:
     )
 
 
-def save(key: str, blocks: list[int], tokens: int):
-    from layertap.vllm.metadata import SaveRequest
+def saves(*requests: tuple[str, list[int], int]):
+    """The scheduler's hand-over of ``(key, blocks, tokens)`` requests (token ids from 100 x the
+    first block on)."""
+    from layertap.vllm.metadata import StepSaves
 
-    ids = np.arange(tokens, dtype=np.int64) + 100 * blocks[0]
-    return SaveRequest(req_id=f"req-{key}", key=key, token_ids=ids, block_ids=blocks, num_prompt_tokens=tokens)
+    out = StepSaves()
+    for key, blocks, tokens in requests:
+        ids = list(range(100 * blocks[0], 100 * blocks[0] + tokens))
+        out.add(key, f"req-{key}", ids, tokens, tokens, blocks)
+    return out
 
 
 @pytest.mark.parametrize("kind", ["rust", "python"])
@@ -57,11 +61,11 @@ def test_records_hold_the_cache_rows_and_a_refused_one_costs_only_itself(tmp_pat
     writer = writer_class(kind)(str(tmp_path), codec="bp16-zstd")
     saver = HiddenStatesSaver(cache, writer, HostPool(1 << 20, pin=False), facts(), stats, str(tmp_path))
 
-    saver.start([save("a", [3, 5], 6), save("b", [0], 4), save("c", [7, 8, 9], 9)])
+    saver.start(saves(("a", [3, 5], 6), ("b", [0], 4), ("c", [7, 8, 9], 9)))
     assert sorted(saver.collect()) == ["req-a", "req-b", "req-c"]  # on the CPU: copied at once
     # The next step repeats "b" (a writer-level duplicate the scheduler would have caught):
     # the batch is refused as a whole, then written one by one without it.
-    saver.start([save("d", [10], 2), save("b", [1], 3), save("e", [11, 12], 5)])
+    saver.start(saves(("d", [10], 2), ("b", [1], 3), ("e", [11, 12], 5)))
     assert sorted(saver.collect()) == ["req-b", "req-d", "req-e"]
     saver.close()
     assert stats.records_failed == 1 and stats.records_submitted == 5 and stats.records_written == 5
@@ -82,7 +86,7 @@ def test_records_hold_the_cache_rows_and_a_refused_one_costs_only_itself(tmp_pat
 def test_the_worker_opens_the_writer_the_options_ask_for(tmp_path, kind):
     """``open_writer`` hands the writer one ``WriterOptions``: the configured ones, the engine's
     writer id, the connector's shard metadata and its own defaults; the writer is a RecordSink."""
-    from layertap.vllm.config import default_writer_threads, parse_options
+    from layertap.vllm.config import DEFAULT_KEY_MEMORY, default_writer_threads, parse_options
     from layertap.vllm.worker import open_writer
 
     options = parse_options(
@@ -92,6 +96,7 @@ def test_the_worker_opens_the_writer_the_options_ask_for(tmp_path, kind):
         assert isinstance(w, layertap.RecordSink) and isinstance(w, writer_class(kind))
         assert w.writer_id == "w" and w.options.codec == "zstd" and w.options.max_inflight_bytes == 2 << 20
         assert w.options.threads == default_writer_threads()
+        assert w.options.key_memory == DEFAULT_KEY_MEMORY  # bounded: a server runs for weeks
         assert dict(w.options.metadata) == {
             "source": "layertap.vllm",
             "model": "tiny",
@@ -114,3 +119,120 @@ def test_a_missing_extension_is_named_as_the_writer_option(tmp_path, monkeypatch
     with pytest.raises(ConfigError, match="writer: the Rust writer is not available .*use writer='python'") as info:
         open_writer(parse_options({"output_dir": str(tmp_path)}), facts(), pool_bytes=1 << 20)
     assert info.value.option == "writer" and isinstance(info.value.__cause__, ImportError)
+
+
+@pytest.mark.parametrize("kind", ["rust", "python"])
+def test_a_burst_larger_than_the_pool_waits_in_the_cache_without_stalling(tmp_path, kind):
+    """Six requests finish in one step, the pool holds two: with an engine that keeps stepping
+    (``wait_when_full=False``) the step gathers what fits and returns at once; the others are
+    not reported done (their KV blocks stay held, and intact) and are gathered at later steps as
+    the writer hands regions back. Nothing waits on the engine thread."""
+    import time
+
+    from layertap.vllm.transfer import HiddenStatesSaver, region_bytes
+
+    kv = torch.arange(BLOCKS * BLOCK * LAYERS * HIDDEN, dtype=torch.float32).reshape(BLOCKS, BLOCK, LAYERS, HIDDEN)
+    kv = kv.to(torch.bfloat16)
+    original = kv.clone()
+    cache = HiddenStatesCache(kv, LAYERS, HIDDEN, BLOCK)
+    stats = ConnectorStats()
+    pool = HostPool(2 * region_bytes(2 * BLOCK, cache), pin=False)  # two requests of two blocks
+    writer = writer_class(kind)(str(tmp_path), codec="bp16-zstd")
+    saver = HiddenStatesSaver(cache, writer, pool, facts(), stats, str(tmp_path), wait_when_full=False)
+    burst = [(key, [2 * i, 2 * i + 1], 2 * BLOCK) for i, key in enumerate("abcdef")]
+
+    saver.start(saves(*burst))
+    done = saver.collect()
+    assert 0 < len(done) < 6 and saver.pending == 6 - len(done)
+    assert stats.pool_stalls == 0 and stats.pool_deferrals >= 1
+    deadline = time.monotonic() + 30
+    while len(done) < 6:
+        # vLLM reuses the blocks of requests reported done: the waiting ones must not care.
+        for req_id in done:
+            i = "abcdef".index(req_id.removeprefix("req-"))
+            kv[2 * i : 2 * i + 2] = -1
+        assert time.monotonic() < deadline, f"only {sorted(done)} gathered"
+        time.sleep(0.01)
+        step_done = saver.collect()  # a later engine step, with nothing new finished
+        assert not step_done & done
+        done |= step_done
+    saver.close()
+    assert stats.pool_stalls == 0 and stats.records_written == 6 and pool.in_use == 0
+    with layertap.open(str(tmp_path)) as ds:
+        assert sorted(ds.keys()) == list("abcdef") and ds.verify().ok
+        for key, blocks, tokens in burst:
+            rows = torch.stack([original[blocks[t // BLOCK], t % BLOCK] for t in range(tokens)])
+            assert torch.equal(ds[key].hidden_states, rows), key
+
+
+def test_the_default_pool_holds_a_burst_within_its_limits():
+    """Without ``pool_bytes``: four full steps, or every running request at the longest length
+    if more (a batch of decodes finishing together), within 256 MiB to 4 GiB, and always twice
+    the largest request."""
+    from layertap.vllm.config import DEFAULT_MAX_POOL_BYTES, DEFAULT_MIN_POOL_BYTES, default_pool_bytes
+
+    mib = 1 << 20
+    assert default_pool_bytes(largest_request=3 * mib, full_step=100 * mib, max_num_seqs=256) == 768 * mib
+    assert default_pool_bytes(largest_request=3 * mib, full_step=200 * mib, max_num_seqs=64) == 800 * mib
+    assert default_pool_bytes(largest_request=1 * mib, full_step=1 * mib, max_num_seqs=8) == DEFAULT_MIN_POOL_BYTES
+    assert default_pool_bytes(largest_request=400 * mib, full_step=mib, max_num_seqs=256) == DEFAULT_MAX_POOL_BYTES
+    assert default_pool_bytes(largest_request=3 << 30, full_step=mib, max_num_seqs=256) == 6 << 30
+
+
+def test_the_native_sink_never_writes_into_a_region_the_writer_reads(tmp_path):
+    """``NativeRegionSink`` refuses to fill or lease bytes that overlap a region still leased to
+    the writer, or that lie outside the pool: the pool memory the writer reads is never written
+    through it, whatever the caller asks."""
+    pytest.importorskip("layertap._native")
+    from layertap.errors import InvalidInputError
+    from layertap.vllm.sinks import NativeSink
+
+    writer = writer_class("rust")(str(tmp_path), codec="none")
+    kv = torch.zeros(BLOCKS, BLOCK, LAYERS, HIDDEN, dtype=torch.bfloat16)
+    cache = HiddenStatesCache(kv, LAYERS, HIDDEN, BLOCK)
+    pool = HostPool(1 << 16, pin=False)
+    sink = NativeSink(writer, pool, cache, facts())
+    region = pool.try_alloc(4096)
+    step = saves(("a", [0], 4))
+    rows = 4 * LAYERS * HIDDEN * 2
+    sink.fill(step, rows, 2048)
+    assert sink.submit(region, rows, step) == []
+    native = sink._native
+    # The region stays leased until the writer has written its record (codec none), which may
+    # already have happened on the writer's threads: check the refusal while it is leased.
+    if native.live_regions:
+        with pytest.raises(InvalidInputError, match="overlap a region the writer still reads"):
+            sink.fill(step, 0, 2048)
+    with pytest.raises(InvalidInputError, match="outside the pool"):
+        sink.fill(step, (1 << 16) - 8, 0)
+    writer.close()
+    released, written = sink.reap()
+    assert released == [region.id] and written == 1 and native.live_regions == 0
+
+
+def test_compression_threads_yield_the_cpu_to_the_engine(tmp_path):
+    """The worker lowers the priority of its writer's compression threads (Linux ``nice``, per
+    thread), so that they use the CPUs vLLM leaves idle; the engine thread keeps its own."""
+    import os
+
+    from layertap.vllm.config import lower_encoder_priority
+
+    def nice_of_encoders() -> list[int]:
+        out = []
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    if f.read().startswith("layertap-zstd-"):
+                        out.append(os.getpriority(os.PRIO_PROCESS, int(tid)))
+            except OSError:
+                continue
+        return out
+
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    with writer_class("rust")(str(tmp_path), threads=2):
+        assert lower_encoder_priority(0, expected=2) == 2  # waits for the threads to be named
+        before = nice_of_encoders()
+        assert len(before) == 2
+        assert lower_encoder_priority(3) == len(before)
+        assert all(n == min(19, b + 3) for n, b in zip(nice_of_encoders(), before))
+    assert os.getpriority(os.PRIO_PROCESS, 0) == mine

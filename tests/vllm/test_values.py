@@ -68,7 +68,8 @@ def engine(request, tiny_model, tmp_path_factory):
         tiny_model,
         out,
         dtype=dtype,
-        connector={"writer": writer, "stats_path": str(stats), "codec": "bp16-zstd", "pool_bytes": 8 << 20},
+        # A pool of 1 MiB: more than the largest request (512 tokens), less than a decode burst.
+        connector={"writer": writer, "stats_path": str(stats), "codec": "bp16-zstd", "pool_bytes": 1 << 20},
         enable_prefix_caching=True,
         max_num_batched_tokens=64,  # prompts longer than this are prefilled in chunks
         max_num_seqs=8,
@@ -140,6 +141,19 @@ def test_include_output_tokens_and_sample_id(engine, reference):
     assert_hidden_states_match(record, reference, list(out.prompt_token_ids) + generated[:-1])
 
 
+def test_a_decode_burst_larger_than_the_pool(engine, reference):
+    """Eight requests prefilled in one step decode together and finish in the same step with
+    more hidden states than the whole pool (8 x 307 tokens): the engine does not wait for the
+    writer; what does not fit waits in the KV cache, its blocks held, and is gathered at the
+    next steps (the last test checks that the connector deferred and never stalled)."""
+    prompts = [prompt_ids(8, start=600 + 11 * i) for i in range(8)]
+    outputs = engine.generate(prompts, max_tokens=300, kv_params=[{"include_output_tokens": True}] * 8)
+    for out in outputs:
+        record = fetch(out.kv_transfer_params, timeout=FETCH_TIMEOUT)
+        assert record.num_tokens == 8 + 299
+        assert_hidden_states_match(record, reference, list(out.prompt_token_ids) + list(out.outputs[0].token_ids)[:-1])
+
+
 def test_every_request_has_exactly_one_record(engine, reference):
     """Last test of the module: shuts the engine down, then reads the whole dataset."""
     from vllm_support import shutdown
@@ -161,3 +175,5 @@ def test_every_request_has_exactly_one_record(engine, reference):
     assert stats["pool"]["in_use_bytes"] == 0 and stats["pool"]["live_regions"] == 0
     assert stats["hook"]["steps"] > 0 and stats["hook"]["p99_us"] >= stats["hook"]["p50_us"] > 0
     assert stats["gathers"] >= 1
+    # The decode burst waited in the KV cache, not on the engine thread.
+    assert stats["pool_deferrals"] > 0 and stats["pool_stalls"] == 0

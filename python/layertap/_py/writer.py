@@ -17,6 +17,7 @@ import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from layertap._keys import KeyWindow
 from layertap._options import WriterOptions, check_utf8, python_writer_problem
 from layertap._py.encode import Encoder
 from layertap._py.shardfile import ShardFile, io_error
@@ -298,7 +299,7 @@ class PyShardWriter:
         self._path = directory
         self._writer_id = writer_id
         self._max_inflight = options.max_inflight_bytes
-        self._keys: set[str] = set()
+        self._keys = KeyWindow(options.key_memory)
         self._next_seq = 0
         self._blocked = 0.0
         self._flush_tickets = 0
@@ -437,7 +438,7 @@ class PyShardWriter:
                     self._raise_pending()
                 seq = self._next_seq
                 self._next_seq += 1
-                self._keys.add(key)
+                self._keys.add_new(key)
                 state.queue.append(_Job(seq, key, header, parts, num_tokens, raw_len))
                 state.inflight_bytes += raw_len
                 state.queue_depth += 1

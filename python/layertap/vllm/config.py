@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,32 +21,103 @@ from layertap.errors import InvalidInputError, OptionError
 
 #: The default host buffer pool holds this many full steps (``max_num_batched_tokens`` tokens of
 #: hidden states each), so that the writer can fall behind for a few steps without stalling the
-#: engine: on an H200 a Llama-3.2-1B prefill step hands over ~200 MB every ~40 ms.
+#: engine: on an H200 a Llama-3.2-1B prefill step hands over ~200 MB every ~40 ms (or, if more,
+#: a burst: every running request, ``max_num_seqs``, finishing in one step at the longest
+#: length, ``max_model_len``, as a batch of decodes does) ...
 DEFAULT_POOL_STEPS = 4
 #: ... but no less than this, and no less than twice the largest possible request ...
 DEFAULT_MIN_POOL_BYTES = 256 << 20
 #: ... and, unless the largest request needs more, no more than this (pinned memory is taken
-#: from the host for the engine's lifetime).
+#: from the host for the engine's lifetime). A burst the pool cannot hold waits in the KV cache
+#: (its blocks held) and is gathered as the writer hands regions back.
 DEFAULT_MAX_POOL_BYTES = 4 << 30
+#: Keys remembered to refuse a repeat (``key_memory``): the most recent 2^18, about 30 MB for
+#: keys of 40 characters, so that the memory of an engine serving for weeks stays bounded.
+DEFAULT_KEY_MEMORY = 1 << 18
 
 
-def default_pool_bytes(largest_request: int, full_step: int) -> int:
+def default_pool_bytes(largest_request: int, full_step: int, max_num_seqs: int = 1) -> int:
     """The pool size when ``pool_bytes`` is not given, from the pool bytes of the longest
-    possible request and of one full step (see the constants above)."""
-    steps = min(DEFAULT_MAX_POOL_BYTES, max(DEFAULT_MIN_POOL_BYTES, DEFAULT_POOL_STEPS * full_step))
-    return max(2 * largest_request, steps)
+    possible request and of one full step, and the most requests that run at once (see the
+    constants above)."""
+    wanted = max(DEFAULT_POOL_STEPS * full_step, max_num_seqs * largest_request)
+    return max(2 * largest_request, min(DEFAULT_MAX_POOL_BYTES, max(DEFAULT_MIN_POOL_BYTES, wanted)))
+
+
+#: CPUs left to vLLM when the writer's compression threads are counted: the engine thread (the
+#: scheduler and, with one GPU, the model runner) and the front end's.
+ENGINE_CPUS = 2
+#: At most this many compression threads by default (each holds a zstd context of a few MB).
+MAX_DEFAULT_WRITER_THREADS = 32
 
 
 def default_writer_threads() -> int:
-    """Compression threads when ``writer_threads`` is not given: half the CPUs this process may
-    run on (the engine needs the others), at least 4 where there are 4, at most 16. The
-    writer's own default (4) falls behind a 1B model's prefill on an H200 (benches/RESULTS.md);
-    idle compression threads cost nothing."""
+    """Compression threads when ``writer_threads`` is not given: every CPU this process may run
+    on but ``ENGINE_CPUS`` for vLLM (all of them on 4 CPUs or fewer), at most 32.
+
+    The rule (benches/README.md, "Compression threads"): bp16-zstd compresses activations of a
+    trained model (about 1.5x) at 0.3 to 0.9 GB/s of input per thread, so keeping up with an
+    engine that hands over R GB/s takes R / 0.3 threads on a busy GPU host; a Llama-3.2-1B prefill
+    on an H200 hands over ~2.5 GB/s, a 7B ~1.5 GB/s. Threads with nothing to compress wait on a
+    queue and cost nothing, so the default takes every CPU the engine does not need, and runs
+    them at a lower priority (``lower_encoder_priority``) so that the engine thread keeps its
+    CPU when both are busy."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
-    return min(16, max(min(4, cpus), cpus // 2))
+    if cpus <= 4:
+        return cpus
+    return min(MAX_DEFAULT_WRITER_THREADS, cpus - ENGINE_CPUS)
+
+
+#: The writer's compression threads run at this ``nice`` above the engine's (Linux), so that
+#: they take the CPUs vLLM leaves idle and yield the ones it needs.
+ENCODER_NICE = 5
+
+
+#: How long ``lower_encoder_priority`` waits for a new writer's threads to start and take their names.
+ENCODER_START_WAIT = 2.0
+
+
+def _encoder_threads() -> list[int]:
+    """Thread ids of this process's compression threads (``layertap-zstd-N``)."""
+    out = []
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().startswith("layertap-zstd-"):
+                    out.append(int(tid))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def lower_encoder_priority(nice: int = ENCODER_NICE, expected: int = 0) -> int:
+    """Raises the ``nice`` value of this process's compression threads (``layertap-zstd-N``) by
+    ``nice``; returns how many were changed (0 where Linux's per-thread priorities or
+    ``/proc`` are not there). A writer's threads name themselves once they run, which may be a
+    moment after the writer is opened: with ``expected``, waits up to ``ENCODER_START_WAIT``
+    seconds until that many are there. Best effort: a thread that cannot be changed keeps its
+    priority."""
+    deadline = time.monotonic() + ENCODER_START_WAIT
+    tids = _encoder_threads()
+    while len(tids) < expected and time.monotonic() < deadline and os.path.isdir("/proc/self/task"):
+        time.sleep(0.002)
+        tids = _encoder_threads()
+    changed = 0
+    for tid in tids:
+        try:
+            current = os.getpriority(os.PRIO_PROCESS, tid)
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, current + nice))
+            changed += 1
+        except (OSError, AttributeError):
+            continue
+    return changed
 
 
 class ConfigError(InvalidInputError):
@@ -74,8 +146,16 @@ WRITER_KEYS: dict[str, str] = {
     "direct": "direct",
     "writer_id": "writer_id",
     "shard_metadata": "metadata",
+    "key_memory": "key_memory",
 }
 _KEY_OF_FIELD = {f: k for k, f in WRITER_KEYS.items()}
+#: ``layertap.WriterOptions`` fields the connector does not offer, and why.
+WRITER_ONLY_FIELDS: dict[str, str] = {
+    "lossy": (
+        "not a connector option: the connector hands the hidden states to the writer as the bytes vLLM "
+        "computed and stores them losslessly; quantize with layertap.ShardWriter(lossy='fp8-e4m3') (docs/FP8.md)"
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -90,6 +170,12 @@ class ConnectorOptions:
     """Size of the host buffer pool; None: ``default_pool_bytes``."""
     stats_path: str | None = None
     """Where to write the connector's statistics as JSON at shutdown; None: only logged."""
+
+    @property
+    def key_memory(self) -> int:
+        """How many of the most recent keys each half remembers to refuse a repeated key."""
+        return self.writer_options.key_memory or DEFAULT_KEY_MEMORY
+
     writer_options: WriterOptions = field(default_factory=WriterOptions)
     """The writer options given (``WRITER_KEYS``), the others at the writers' defaults; the
     worker completes them (``writer_options_for``)."""
@@ -105,8 +191,9 @@ class ConnectorOptions:
 def writer_options_for(options: ConnectorOptions, writer_id: str, pool_bytes: int, shard_meta: Mapping[str, str]):
     """The options the worker opens its writer with: the configured ones, its writer id, its
     shard metadata (under the configured ``shard_metadata``), and where not configured:
-    ``default_writer_threads()`` compression threads and twice the pool in flight (everything
-    in flight lives in the pool, so ``submit`` never waits)."""
+    ``default_writer_threads()`` compression threads, twice the pool in flight (everything
+    in flight lives in the pool, so ``submit`` never waits) and the connector's bound on the
+    keys remembered (``DEFAULT_KEY_MEMORY``)."""
     changes: dict[str, Any] = {
         "writer_id": writer_id,
         "metadata": {**shard_meta, **options.writer_options.metadata},
@@ -115,6 +202,8 @@ def writer_options_for(options: ConnectorOptions, writer_id: str, pool_bytes: in
         changes["threads"] = default_writer_threads()
     if "max_inflight_bytes" not in options.given:
         changes["max_inflight_bytes"] = 2 * pool_bytes
+    if "key_memory" not in options.given:
+        changes["key_memory"] = DEFAULT_KEY_MEMORY
     return dataclasses.replace(options.writer_options, **changes)
 
 
@@ -155,6 +244,9 @@ def parse_options(extra_config: Mapping[str, Any] | None) -> ConnectorOptions:
     if not isinstance(extra_config, Mapping):
         raise ConfigError("kv_connector_extra_config", f"must be a JSON object, not {extra_config!r}")
     unknown = sorted(set(extra_config) - set(OPTION_NAMES), key=str)
+    for name in unknown:
+        if name in WRITER_ONLY_FIELDS:
+            raise ConfigError(name, WRITER_ONLY_FIELDS[name])
     if unknown:
         raise ConfigError(str(unknown[0]), f"unknown option; the options are: {', '.join(OPTION_NAMES)}")
     if "output_dir" not in extra_config:

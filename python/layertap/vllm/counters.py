@@ -26,9 +26,10 @@ than at the next request.
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 logger = logging.getLogger("vllm.layertap")  # under vLLM's logging configuration
@@ -78,11 +79,11 @@ class WorkerCounters:
         self._writer_id = writer_id
         self._engine_thread: list[float] = []
         self._delays: list[float] = []
-        self._pending: dict[int, tuple[float, int]] = {}
-        """Sequence number of each record in the writer -> (its request's end, its tokens)."""
+        self._pending: collections.deque[list] = collections.deque()
+        """The records handed to the writer and not reported written, a step's at a time, in
+        the order they were handed over (the order both writers write them in):
+        ``[tokens of each record, how many of them are written, when their requests ended]``."""
         self.tokens_written = 0
-        self.raw_bytes_written = 0
-        self.stored_bytes_written = 0
         self._reported: dict[str, float] = {}
         """The cumulative counts at the last report."""
         self._signature: tuple[int, ...] = (0, 0, 0, 0)
@@ -95,29 +96,33 @@ class WorkerCounters:
         if len(self._engine_thread) < MAX_OBSERVATIONS:
             self._engine_thread.append(seconds)
 
-    def submitted(self, seqs: Sequence[int | None], saves: Sequence[Any], bounds: Sequence[tuple[int, int]]) -> None:
-        """Records handed to the writer: ``seqs[i]`` (None: refused) for ``saves[i]``, whose
-        tokens are ``bounds[i]`` of its batch."""
-        pending = self._pending
-        for seq, save, (start, end) in zip(seqs, saves, bounds):
-            if seq is not None:
-                pending[seq] = (save.finished_at, end - start)
+    def submitted(self, saves: Any, refused: Sequence[int] = ()) -> None:
+        """A step's records handed to the writer (a ``StepSaves``), but those at the indices
+        ``refused``."""
+        tokens = saves.num_tokens
+        if refused:
+            skip = set(refused)
+            tokens = [n for i, n in enumerate(tokens) if i not in skip]
+        if tokens:
+            self._pending.append([tokens, 0, saves.finished_at])
 
-    def written(self, completions: Iterable[Any]) -> None:
-        """Records the writer reported written (``Completion`` tuples)."""
+    def written(self, count: int) -> None:
+        """The writer reported ``count`` more records written: the oldest ones handed over
+        (both writers write records in the order they were handed over)."""
         now = time.time()
         pending, delays = self._pending, self._delays
-        tokens = raw = stored = 0
-        for done in completions:
-            finished_at, num_tokens = pending.pop(done.seq, (0.0, 0))
-            tokens += num_tokens
-            raw += done.raw_len
-            stored += done.stored_len
-            if finished_at and len(delays) < MAX_OBSERVATIONS:
-                delays.append(max(0.0, now - finished_at))
-        self.tokens_written += tokens
-        self.raw_bytes_written += raw
-        self.stored_bytes_written += stored
+        while count and pending:
+            entry = pending[0]
+            tokens, done, finished_at = entry
+            n = min(count, len(tokens) - done)
+            self.tokens_written += sum(tokens) if n == len(tokens) else sum(tokens[done : done + n])
+            if finished_at:
+                delays.extend([max(0.0, now - finished_at)] * min(n, MAX_OBSERVATIONS - len(delays)))
+            count -= n
+            if done + n == len(tokens):
+                pending.popleft()
+            else:
+                entry[1] = done + n
 
     # -- the report ---------------------------------------------------------------------------
 
@@ -140,8 +145,9 @@ class WorkerCounters:
             "records_written": stats.records_written,
             "records_failed": stats.records_failed,
             "tokens_written": self.tokens_written,
-            "raw_bytes_written": self.raw_bytes_written,
-            "stored_bytes_written": self.stored_bytes_written,
+            # The writer counts a record's bytes when it has written it (both writers' stats).
+            "raw_bytes_written": int(writer_stats.get("bytes_in", 0)),
+            "stored_bytes_written": int(writer_stats.get("bytes_stored", 0)),
             "pool_stalls": stats.pool_stalls,
             "pool_stall_seconds": stats.pool_stall_seconds,
             "writer_blocked_seconds": float(writer_stats.get("blocked_seconds", 0.0)),

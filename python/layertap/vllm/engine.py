@@ -40,6 +40,8 @@ class EngineFacts:
     """Writer id of this engine's shards (the same on both sides, so the scheduler can tell
     clients where their record goes)."""
     tensor_parallel_size: int
+    max_num_seqs: int = 256
+    """Most requests running at once: as many can finish in one step (a decode burst)."""
 
 
 def _layer_ids(vllm_config: Any) -> tuple[int, ...]:
@@ -163,4 +165,5 @@ def read_engine_facts(vllm_config: Any, kv_cache_config: Any, options: Connector
         engine_id=engine_id,
         writer_id=_writer_id(options, engine_id, parallel),
         tensor_parallel_size=parallel.tensor_parallel_size,
+        max_num_seqs=int(vllm_config.scheduler_config.max_num_seqs),
     )

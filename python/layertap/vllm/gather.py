@@ -90,6 +90,13 @@ class HiddenStatesCache:
         self.index_width = num_layers if self.by_rows else 2
         """int64 indices per token that ``write_indices`` produces."""
 
+    def row_layout(self) -> tuple[tuple[int, int] | None, list[int]]:
+        """For ``write_indices`` elsewhere (the Rust sink): ``((rows per tensor block, rows per
+        token), row of each layer)`` when indices are row numbers, else ``(None, [])``."""
+        if not self.by_rows:
+            return None, []
+        return self._row_steps, self._layer_rows.tolist()
+
     def write_indices(self, requests: list[tuple[list[int], int]], index: np.ndarray) -> None:
         """Fills ``index`` (int64 ``[tokens, index_width]``, one row per token of all
         ``requests`` in order) with where each token is in the cache: its row number per layer,

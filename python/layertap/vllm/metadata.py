@@ -1,43 +1,106 @@
-"""What the scheduler half tells the worker half each step: the requests to save."""
+"""What the scheduler half tells the worker half each step: the requests to save, as a compact
+set of parallel lists (one entry per record) rather than an object per request, so that building
+it costs the scheduler a few list appends per request and handing it over (or pickling it, with a
+multi-process executor) costs no Python object per request."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import numpy as np
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
+#: A record's additions from its client: ``record_metadata`` (checked, ``extras.py``) and the
+#: ``loss_mask`` as bytes (uint8 0/1, one per recorded token), either may be None.
+Extras = tuple[dict[str, str] | None, bytes | None]
 
-@dataclass
-class SaveRequest:
-    """One finished request whose hidden states are to be written."""
 
-    req_id: str
-    key: str
-    """The record key: the client's ``sample_id``, else the request id."""
-    token_ids: np.ndarray
-    """int64, one per token saved (prompt, plus outputs but the last with include_output_tokens)."""
-    block_ids: list[int]
-    """The request's blocks of the hidden-states group, enough for ``token_ids``."""
-    num_prompt_tokens: int
-    record_metadata: dict[str, str] | None = None
-    """The client's ``record_metadata``, checked (``extras.py``)."""
-    loss_mask: np.ndarray | None = None
-    """uint8 0/1, one per token saved, from the client's ``loss_mask`` (``extras.py``)."""
-    finished_at: float = 0.0
-    """When the scheduler saw the request end (``time.time()``: the worker may be another
-    process, or with Ray another host); 0: unknown. For the record delay metric."""
+class StepSaves:
+    """Finished requests whose hidden states are to be written, in the order they finished.
 
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
+    Entry ``i`` of each list belongs to one record: ``keys[i]`` (the client's ``sample_id``, else
+    the request id), ``req_ids[i]``, ``token_ids[i]`` (a list of ints whose first
+    ``num_tokens[i]`` are recorded: the prompt, plus outputs but the last with
+    ``include_output_tokens``; the request's own list, not a copy, where it can be),
+    ``num_prompt_tokens[i]`` and ``block_ids[i]`` (the request's blocks of the hidden-states
+    group, at least enough for its tokens). ``extras`` maps the few indices whose client sent
+    extras to them."""
+
+    #: The per-record lists.
+    COLUMNS = ("keys", "req_ids", "token_ids", "num_tokens", "num_prompt_tokens", "block_ids")
+    __slots__ = (*COLUMNS, "extras", "finished_at")
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+        self.req_ids: list[str] = []
+        self.token_ids: list[list[int]] = []
+        self.num_tokens: list[int] = []
+        self.num_prompt_tokens: list[int] = []
+        self.block_ids: list[list[int]] = []
+        self.extras: dict[int, Extras] = {}
+        self.finished_at = 0.0
+        """When the first of these requests ended (``time.time()``, set by the scheduler half:
+        the worker may be another process, or with Ray another host); the others ended in the
+        same scheduler step. 0: unknown. For the record delay metric."""
+
+    def add(
+        self,
+        key: str,
+        req_id: str,
+        token_ids: list[int],
+        num_tokens: int,
+        num_prompt_tokens: int,
+        block_ids: list[int],
+        extras: Extras | None = None,
+    ) -> None:
+        if extras is not None:
+            self.extras[len(self.keys)] = extras
+        self.keys.append(key)
+        self.req_ids.append(req_id)
+        self.token_ids.append(token_ids)
+        self.num_tokens.append(num_tokens)
+        self.num_prompt_tokens.append(num_prompt_tokens)
+        self.block_ids.append(block_ids)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def split(self, n: int) -> StepSaves:
+        """Removes the first ``n`` records and returns them (a step that does not fit the pool
+        at once is saved in parts)."""
+        head = StepSaves()
+        for name in self.COLUMNS:
+            column = getattr(self, name)
+            setattr(head, name, column[:n])
+            setattr(self, name, column[n:])
+        head.finished_at = self.finished_at
+        if self.extras:
+            head.extras = {i: e for i, e in self.extras.items() if i < n}
+            self.extras = {i - n: e for i, e in self.extras.items() if i >= n}
+        return head
+
+    def extend(self, other: StepSaves) -> None:
+        """Appends ``other``'s records."""
+        base = len(self.keys)
+        for name in self.COLUMNS:
+            getattr(self, name).extend(getattr(other, name))
+        if other.finished_at and (not self.finished_at or other.finished_at < self.finished_at):
+            self.finished_at = other.finished_at
+        self.extras.update({base + i: e for i, e in other.extras.items()})
+
+    def __getstate__(self) -> tuple:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __setstate__(self, state: tuple) -> None:
+        for name, value in zip(self.__slots__, state):
+            setattr(self, name, value)
 
 
 @dataclass
 class LayertapMetadata(KVConnectorMetadata):
-    """Scheduler to worker, once per step: the requests finished since the last step."""
+    """Scheduler to worker, once per step: the requests finished since the last step (None:
+    none)."""
 
-    saves: list[SaveRequest] = field(default_factory=list)
+    saves: StepSaves | None = None
     drain_wait: float = 0.0
     """Seconds the worker may wait for its writer this step: set when the engine steps only
     because records are still being written (``SchedulerCounters``), so that those steps do

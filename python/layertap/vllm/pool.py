@@ -26,9 +26,11 @@ def align_up(n: int) -> int:
 class Region:
     """A byte range ``[offset, offset + nbytes)`` of the pool, and ``view`` of it."""
 
-    __slots__ = ("offset", "nbytes", "view", "released", "records")
+    __slots__ = ("id", "offset", "nbytes", "view", "released", "records")
 
-    def __init__(self, offset: int, nbytes: int, view: torch.Tensor):
+    def __init__(self, id: int, offset: int, nbytes: int, view: torch.Tensor):
+        self.id = id
+        """Unique in the pool's lifetime (the writer's sink reports regions back by id)."""
         self.offset = offset
         self.nbytes = nbytes
         self.view = view
@@ -60,6 +62,7 @@ class HostPool:
         self.nbytes = nbytes
         self.pinned = pin
         self._live: collections.deque[Region] = collections.deque()
+        self._next_id = 0
         self._head = 0
         self.in_use = 0
         self.high_water = 0
@@ -87,7 +90,8 @@ class HostPool:
                 start = self._head
             else:  # includes head == tail: the ring is full
                 return None
-        region = Region(start, nbytes, self.buffer[start : start + nbytes])
+        region = Region(self._next_id, start, nbytes, self.buffer[start : start + nbytes])
+        self._next_id += 1
         self._live.append(region)
         self._head = start + nbytes
         if self._head == self.nbytes:
@@ -95,6 +99,15 @@ class HostPool:
         self.in_use += nbytes
         self.high_water = max(self.high_water, self.in_use)
         return region
+
+    def largest_free(self) -> int:
+        """The largest ``try_alloc`` that succeeds now, in bytes."""
+        if not self._live:
+            return self.nbytes
+        tail = self._live[0].offset
+        if self._head > tail:
+            return max(self.nbytes - self._head, tail)
+        return tail - self._head
 
     def release(self, region: Region) -> None:
         """Gives ``region`` back; its memory is reused once every older region is back too."""

@@ -25,9 +25,9 @@ def register_scheduler(engine_id: str, scheduler_side: Any) -> None:
         _schedulers[engine_id] = scheduler_side
 
 
-def take_unsent(engine_id: str) -> list:
-    """The save requests the scheduler half of ``engine_id`` in this process has not handed to
-    a worker yet (and forgets them there); empty if that half is elsewhere."""
+def take_unsent(engine_id: str) -> Any:
+    """The saves (``StepSaves``) the scheduler half of ``engine_id`` in this process has not
+    handed to a worker yet (and forgets them there); None if that half is elsewhere."""
     with _lock:
         side = _schedulers.get(engine_id)
-    return side.take_unsent() if side is not None else []
+    return side.take_unsent() if side is not None else None

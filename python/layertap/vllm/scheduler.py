@@ -9,14 +9,13 @@ import threading
 import time
 from typing import Any
 
-import numpy as np
-
+from layertap._keys import KeyWindow
 from layertap.vllm import registry
 from layertap.vllm.config import ConnectorOptions, sample_id_problem
 from layertap.vllm.counters import DRAIN_WAIT, SchedulerCounters
-from layertap.vllm.engine import read_engine_facts
+from layertap.vllm.engine import EngineFacts, read_engine_facts
 from layertap.vllm.extras import loss_mask_array, record_metadata_problem
-from layertap.vllm.metadata import LayertapMetadata, SaveRequest
+from layertap.vllm.metadata import LayertapMetadata, StepSaves
 from layertap.vllm.online import PARAMS_KEY
 
 logger = logging.getLogger("vllm.layertap")  # under vLLM's logging configuration
@@ -25,70 +24,161 @@ logger = logging.getLogger("vllm.layertap")  # under vLLM's logging configuratio
 REQUEST_KEYS = ("sample_id", "include_output_tokens", "record_metadata", "loss_mask")
 #: Finish states whose hidden states are saved: the request ran to its end. Aborted, ignored
 #: (prompt too long) and failed requests are not.
-_SAVED_STATES = ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED", "FINISHED_REPETITION")
+_SAVED_STATES = frozenset(("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED", "FINISHED_REPETITION"))
+
+
+def _statuses(names: frozenset[str]) -> frozenset:
+    """vLLM's ``RequestStatus`` members of ``names`` (an IntEnum: a set lookup without a Python
+    call); empty if vLLM has none."""
+    try:
+        from vllm.v1.request import RequestStatus
+    except ImportError:  # pragma: no cover - both supported versions have it
+        return frozenset()
+    return frozenset(getattr(RequestStatus, n) for n in names if hasattr(RequestStatus, n))
+
+
+_SAVED_STATUSES = _statuses(_SAVED_STATES)
 
 
 class SchedulerSide:
-    """Everything the connector does in the scheduler (engine core) process."""
+    """Everything the connector does in the scheduler (engine core) process.
+
+    Per finished request it checks the request, appends a few entries to the step's
+    ``StepSaves`` and answers with the record's location; per step it hands the ``StepSaves``
+    over as it is. No object per request besides the answer vLLM asks for, and nothing per
+    request at the end of a step (``update_connector_output`` counts)."""
 
     def __init__(self, vllm_config: Any, kv_cache_config: Any, options: ConnectorOptions):
+        self._setup(read_engine_facts(vllm_config, kv_cache_config, options), options)
+
+    @classmethod
+    def from_facts(cls, facts: EngineFacts, options: ConnectorOptions) -> SchedulerSide:
+        """A scheduler half for an engine described by ``facts``, without a vLLM configuration
+        (benchmarks and tests drive it directly)."""
+        side = cls.__new__(cls)
+        side._setup(facts, options)
+        return side
+
+    def _setup(self, facts: EngineFacts, options: ConnectorOptions) -> None:
         self.options = options
-        self.facts = read_engine_facts(vllm_config, kv_cache_config, options)
-        self._unsent: list[SaveRequest] = []
+        self.facts = facts
+        self._unsent = StepSaves()
         self._unsent_lock = threading.Lock()
-        self._held: set[str] = set()
+        self._held = 0
         """Requests whose blocks wait for the worker's copy."""
-        self._keys: set[str] = set()
-        """Keys given out: the writer refuses a key twice."""
+        self.keys = KeyWindow(options.key_memory)
+        """Keys given out lately: the writer refuses a key twice (docs/CONNECTOR.md)."""
+        self._location = {"dataset": options.output_dir, "writer_id": facts.writer_id}
         self.counters = SchedulerCounters()
-        registry.register_scheduler(self.facts.engine_id, self)
+        registry.register_scheduler(facts.engine_id, self)
 
     # -- every step ---------------------------------------------------------------------------
 
     def build_connector_meta(self, scheduler_output: Any = None) -> LayertapMetadata:
-        with self._unsent_lock:
-            saves, self._unsent = self._unsent, []
-        metadata = LayertapMetadata(saves)
-        if not saves and getattr(scheduler_output, "total_num_scheduled_tokens", 1) == 0 and self.counters.writing():
+        saves = self.take_unsent()
+        if saves:
+            return LayertapMetadata(saves)
+        metadata = LayertapMetadata()
+        if getattr(scheduler_output, "total_num_scheduled_tokens", 1) == 0 and self.counters.writing():
             metadata.drain_wait = DRAIN_WAIT  # a step taken only for the writer (has_pending_push_work)
         return metadata
 
     def update_connector_output(self, finished_sending: Any) -> None:
         if finished_sending:
-            self._held.difference_update(finished_sending)
+            # Each held request is reported once (get_finished_count() == 1).
+            self._held = max(0, self._held - len(finished_sending))
 
     def has_pending_block_frees(self) -> bool:
         """Whether blocks will come back without preempting anything (vLLM 0.32 asks, 0.26 does not)."""
-        return bool(self._held)
+        return self._held > 0
 
-    def take_unsent(self) -> list[SaveRequest]:
+    def take_unsent(self) -> StepSaves:
+        """The saves planned since the last call (and forgets them here)."""
         with self._unsent_lock:
-            saves, self._unsent = self._unsent, []
+            saves, self._unsent = self._unsent, StepSaves()
         return saves
 
     # -- a request finished -------------------------------------------------------------------
 
     def request_finished(self, request: Any, block_ids: tuple[list[int], ...]) -> tuple[bool, dict | None]:
         """Plans the save of a finished request. Returns (keep its blocks, kv_transfer_params)."""
-        status = getattr(request.status, "name", str(request.status))
-        if status not in _SAVED_STATES:
+        status = request.status
+        if status not in _SAVED_STATUSES and getattr(status, "name", status) not in _SAVED_STATES:
             # An aborted request has no response to carry an answer; others (a prompt longer
             # than the model, an error) say why nothing was saved.
+            status = getattr(status, "name", status)
             if status == "FINISHED_ABORTED":
                 return False, None
             return self._refuse(
                 request.request_id, "not_saved", f"the request finished as {status}; only completed requests are saved"
             )
-        params = request.kv_transfer_params or {}
+        req_id = request.request_id
+        params = request.kv_transfer_params
+        extras = None
+        if params:
+            checked = self._check_params(request, params)
+            if isinstance(checked[0], bool):
+                return checked  # a refusal
+            key, include_outputs, extras = checked
+        else:
+            key, include_outputs = req_id, False
+        if include_outputs:
+            # The last token was sampled, never fed back: the cache has no hidden states for it.
+            num_tokens = request.num_tokens - 1
+            token_ids = request.all_token_ids[:num_tokens]  # a list (slicing vLLM's ConstantList)
+        else:
+            token_ids = request.prompt_token_ids
+            num_tokens = len(token_ids) if token_ids is not None else 0
+        if num_tokens <= 0:
+            return self._refuse(req_id, "not_saved", "the request has no token ids (prompt embeddings?)")
+        if type(token_ids) is not list:
+            token_ids = list(token_ids)
+        facts = self.facts
+        blocks = block_ids[facts.group_id] if facts.group_id < len(block_ids) else ()
+        if len(blocks) * facts.block_size < num_tokens:
+            return self._refuse(
+                req_id,
+                "not_saved",
+                f"only {len(blocks) * facts.block_size} of {num_tokens} tokens are in the KV cache",
+            )
+        if extras is not None and extras[1] is not None:
+            num_prompt = request.num_prompt_tokens
+            mask, problem = loss_mask_array(extras[1], num_prompt, num_tokens - num_prompt)
+            if problem:
+                return self._refuse(req_id, "invalid_request", problem)
+            extras = (extras[0], mask.tobytes())
+        if not self.keys.add_new(key):
+            what = "sample_id" if key is not req_id else "request id"
+            return self._refuse(
+                req_id,
+                "invalid_request",
+                f"{what} {key!r} was used by an earlier request; this engine's writer takes each key once",
+            )
+        with self._unsent_lock:
+            unsent = self._unsent
+            if not unsent.keys:
+                unsent.finished_at = time.time()  # one clock read per step, for the record delay
+            unsent.add(key, req_id, token_ids, num_tokens, request.num_prompt_tokens, blocks, extras)
+        self._held += 1
+        self.counters.accepted()
+        location = self._location.copy()
+        location["key"] = key
+        location["num_tokens"] = num_tokens
+        return True, {PARAMS_KEY: location}
+
+    def _check_params(self, request: Any, params: Any) -> tuple:
+        """``(key, include_output_tokens, extras or None)`` from a request's
+        ``kv_transfer_params``, or a refusal (``_refuse``'s answer); extras' loss mask is the
+        client's list, checked later."""
         req_id = request.request_id
         if not isinstance(params, dict):
             return self._refuse(req_id, "invalid_request", f"kv_transfer_params must be an object, got {params!r}")
-        sample_id = params.get("sample_id")
         include_outputs = params.get("include_output_tokens", False)
         if not isinstance(include_outputs, bool):
             return self._refuse(
                 req_id, "invalid_request", f"include_output_tokens must be true or false, got {include_outputs!r}"
             )
+        sample_id = params.get("sample_id")
         if sample_id is not None:
             problem = sample_id_problem(sample_id)
             if problem:
@@ -96,63 +186,16 @@ class SchedulerSide:
             key = sample_id
         else:
             key = req_id
-        if key in self._keys:
-            what = "sample_id" if sample_id is not None else "request id"
-            return self._refuse(
-                req_id,
-                "invalid_request",
-                f"{what} {key!r} was used by an earlier request; this engine's writer takes each key once",
-            )
         record_metadata = params.get("record_metadata")
         if record_metadata is not None:
             problem = record_metadata_problem(record_metadata)
             if problem:
                 return self._refuse(req_id, "invalid_request", problem)
-        if include_outputs:
-            # The last token was sampled, never fed back: the cache has no hidden states for it.
-            token_ids = list(request.all_token_ids)[:-1]
-        else:
-            token_ids = request.prompt_token_ids
-        if not token_ids:
-            return self._refuse(req_id, "not_saved", "the request has no token ids (prompt embeddings?)")
-        num_tokens = len(token_ids)
-        loss_mask = None
-        if params.get("loss_mask") is not None:
-            num_prompt = int(request.num_prompt_tokens)
-            loss_mask, problem = loss_mask_array(params["loss_mask"], num_prompt, num_tokens - num_prompt)
-            if problem:
-                return self._refuse(req_id, "invalid_request", problem)
-        gid = self.facts.group_id
-        blocks = block_ids[gid] if 0 <= gid < len(block_ids) else []
-        if len(blocks) * self.facts.block_size < num_tokens:
-            return self._refuse(
-                req_id,
-                "not_saved",
-                f"only {len(blocks) * self.facts.block_size} of {num_tokens} tokens are in the KV cache",
-            )
-        self._keys.add(key)
-        save = SaveRequest(
-            req_id=req_id,
-            key=key,
-            token_ids=np.asarray(token_ids, dtype=np.int64),
-            block_ids=list(blocks[: -(-num_tokens // self.facts.block_size)]),
-            num_prompt_tokens=int(request.num_prompt_tokens),
-            record_metadata=dict(record_metadata) if record_metadata else None,
-            loss_mask=loss_mask,
-            finished_at=time.time(),
-        )
-        self.counters.accepted()
-        with self._unsent_lock:
-            self._unsent.append(save)
-        self._held.add(req_id)
-        return True, {
-            PARAMS_KEY: {
-                "dataset": self.options.output_dir,
-                "writer_id": self.facts.writer_id,
-                "key": key,
-                "num_tokens": num_tokens,
-            }
-        }
+        loss_mask = params.get("loss_mask")
+        extras = None
+        if record_metadata or loss_mask is not None:
+            extras = (dict(record_metadata) if record_metadata else None, loss_mask)
+        return key, include_outputs, extras
 
     def _refuse(self, req_id: str, reason: str, message: str) -> tuple[bool, dict]:
         logger.warning("layertap: hidden states of request %s not saved: %s", req_id, message)

@@ -74,7 +74,14 @@ class ConnectorStats:
         self.gathers = 0
         """Device gathers (one per engine step that finished requests, more on pool stalls)."""
         self.pool_stalls = 0
+        """Times the engine thread waited for room in the pool (an engine in the caller's
+        process, or shutdown)."""
         self.pool_stall_seconds = 0.0
+        self.pool_deferrals = 0
+        """Steps that left requests waiting for room in the pool, with their KV blocks held,
+        instead of waiting (an engine in its own process)."""
+        self.encoder_threads_lowered = 0
+        """Compression threads whose priority the worker lowered (``lower_encoder_priority``)."""
         self.saved_at_shutdown = 0
         """Finished requests that an in-process engine had not handed over before shutdown."""
 
@@ -91,7 +98,9 @@ class ConnectorStats:
             "gathers": self.gathers,
             "pool_stalls": self.pool_stalls,
             "pool_stall_seconds": self.pool_stall_seconds,
+            "pool_deferrals": self.pool_deferrals,
             "saved_at_shutdown": self.saved_at_shutdown,
+            "encoder_threads_lowered": self.encoder_threads_lowered,
         }
         if pool is not None:
             out["pool"] = {
@@ -126,7 +135,8 @@ def describe(summary: dict) -> str:
         f"({summary['tokens']} tokens, {summary['bytes_submitted'] / 2**20:.1f} MiB raw) in "
         f"{summary['gathers']} gathers; engine-thread hook time p50 {hook['p50_us']:.0f} us, "
         f"p99 {hook['p99_us']:.0f} us, max {hook['max_us']:.0f} us over {hook['steps']} steps; "
-        f"pool stalls {summary['pool_stalls']} ({summary['pool_stall_seconds']:.3f} s)"
+        f"pool stalls {summary['pool_stalls']} ({summary['pool_stall_seconds']:.3f} s), "
+        f"deferrals {summary.get('pool_deferrals', 0)}"
     )
     writer = summary.get("writer")
     if writer:

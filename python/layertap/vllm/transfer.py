@@ -1,17 +1,25 @@
 """The hot path of the worker half: gather finished requests' hidden states into the host pool,
 hand them to the writer without a copy, and tell which requests' KV blocks can be freed.
 
-Per engine step that finished requests: one region of the pool, one set of index arrays, one
-gather, one device-to-host copy, for all of them. On CUDA the gather and the copy run on a side
-stream behind the model's work and an event marks the end of the copy; the engine thread only
-polls the event (``event.query()``) at later steps and never waits on it, unless the pool is
-full. On the CPU the gather writes straight into the pool and is done when it returns.
+Per engine step that finished requests: one region of the pool, one fill of its token ids and
+gather indices, one gather, one device-to-host copy and one hand-over to the writer, for all of
+them (``sinks.py``: with the Rust writer each is one call into Rust, whatever the number of
+requests). On CUDA the gather and the copy run on a side stream behind the model's work and an
+event marks the end of the copy; the engine thread only polls the event (``event.query()``) at
+later steps and never waits on it. On the CPU the gather writes straight into the pool and is
+done when it returns.
+
+When the pool has no room for a step's requests (a burst of long requests finishing together),
+what does not fit waits, with its KV blocks held, and is gathered at the next steps as the writer
+hands regions back; the engine thread does not wait, as long as the engine keeps stepping while
+the connector holds blocks (an engine in its own process does). An engine in the caller's process
+is only stepped by ``generate()``, so there the connector waits for room instead.
 """
 
 from __future__ import annotations
 
 import collections
-import json
+import itertools
 import logging
 import time
 from typing import Any
@@ -24,9 +32,10 @@ from layertap.errors import InvalidInputError, LayertapError
 from layertap.vllm.counters import WorkerCounters
 from layertap.vllm.engine import EngineFacts
 from layertap.vllm.gather import HiddenStatesCache
-from layertap.vllm.metadata import SaveRequest
+from layertap.vllm.metadata import StepSaves
 from layertap.vllm.online import error_marker_path
 from layertap.vllm.pool import HostPool, Region, align_up
+from layertap.vllm.sinks import open_sink
 from layertap.vllm.stats import ConnectorStats
 
 logger = logging.getLogger("vllm.layertap")  # under vLLM's logging configuration
@@ -39,30 +48,32 @@ def region_bytes(num_tokens: int, cache: HiddenStatesCache) -> int:
     )
 
 
+def _geometry(cache: HiddenStatesCache) -> tuple:
+    """What the pool, the sink and the records were set up for: a cache tensor vLLM gives back
+    after sleep must have the same."""
+    layout = (cache.row_layout(), cache.block_size, cache.tensor_block_size, cache.index_width)
+    return cache.row_bytes, dtype_name(cache.dtype), cache.device, layout
+
+
 class _Batch:
     """The requests gathered together in one region."""
 
-    __slots__ = ("region", "saves", "bounds", "hidden", "token_ids", "event", "keep")
+    __slots__ = ("region", "saves", "ids_offset", "tokens", "event", "keep")
 
-    def __init__(
-        self,
-        region: Region,
-        saves: list[SaveRequest],
-        bounds: list[tuple[int, int]],
-        hidden: torch.Tensor,
-        token_ids: torch.Tensor,
-    ):
+    def __init__(self, region: Region, saves: StepSaves, ids_offset: int, tokens: int):
         self.region = region
         self.saves = saves
-        self.bounds = bounds
-        self.hidden = hidden
-        self.token_ids = token_ids
+        self.ids_offset = ids_offset
+        self.tokens = tokens
         self.event: Any = None
         self.keep: tuple = ()
 
 
 class HiddenStatesSaver:
-    """Moves finished requests from the KV cache through the pool into the writer."""
+    """Moves finished requests from the KV cache through the pool into the writer.
+
+    ``wait_when_full``: when the pool has no room, wait for the writer (an engine that is not
+    stepped while the connector holds blocks) rather than leave the requests for later steps."""
 
     def __init__(
         self,
@@ -72,6 +83,8 @@ class HiddenStatesSaver:
         facts: EngineFacts,
         stats: ConnectorStats,
         dataset: str,
+        *,
+        wait_when_full: bool = True,
         counters: WorkerCounters | None = None,
     ):
         self.cache: HiddenStatesCache | None = cache
@@ -83,30 +96,58 @@ class HiddenStatesSaver:
         self.dataset = dataset
         self.writer_id = facts.writer_id
         self.row_bytes = cache.row_bytes
-        self._row_shape = (cache.num_layers, cache.hidden_size)
-        self._dtype_name = dtype_name(cache.dtype)
-        self._geometry = (cache.row_bytes, self._dtype_name, cache.device)
-        self._record_meta = {
-            "layer_ids": json.dumps(list(facts.layer_ids)),
-            "model": facts.model,
-            "dtype": str(cache.dtype).removeprefix("torch."),
-        }
+        self._geometry = _geometry(cache)
+        self.wait_when_full = wait_when_full
+        self.sink = open_sink(writer, pool, cache, facts)
+        self._regions: dict[int, Region] = {}
+        self._pending: collections.deque[StepSaves] = collections.deque()
+        """Saves handed over and not gathered yet (no room in the pool), oldest first."""
         self._inflight: collections.deque[_Batch] = collections.deque()
-        self._copied: list[str] = []
-        self._region_of_seq: dict[int, Region] = {}
+        self._copied: list[list[str]] = []
         self._stream = torch.cuda.Stream(device=cache.device) if cache.is_cuda else None
         self.failed: BaseException | None = None
 
     # -- the engine step ----------------------------------------------------------------------
 
-    def start(self, saves: list[SaveRequest]) -> None:
-        """Gathers ``saves`` (one batch if the pool has room for all, else as many as fit,
-        waiting for the writer to hand regions back when nothing fits)."""
-        i = 0
+    def start(self, saves: StepSaves) -> None:
+        """Gathers ``saves`` (one batch if the pool has room for all, else as many as fit; the
+        others wait for room, see ``wait_when_full``)."""
+        self._reap()
+        self._pending.append(saves)
+        self._launch_pending()
+
+    def collect(self, wait: float = 0.0) -> set[str]:
+        """Request ids whose hidden states are now in host memory (their KV blocks may be freed);
+        also returns the regions the writer is done with to the pool, and gathers waiting
+        saves that fit now. ``wait``: seconds to wait for the writer to hand a region back
+        when regions are leased (a step the engine takes only for the writer)."""
+        while self._inflight and self._inflight[0].event.query():
+            self._submit(self._inflight.popleft())
+        self._reap(timeout=wait)
+        if self._pending:
+            self._launch_pending()
+        if not self._copied:
+            return set()
+        done = set(itertools.chain.from_iterable(self._copied))
+        self._copied = []
+        return done
+
+    @property
+    def pending(self) -> int:
+        """Requests handed over and waiting for room in the pool."""
+        return sum(len(s) for s in self._pending)
+
+    # -- pool ---------------------------------------------------------------------------------
+
+    def _launch_pending(self) -> None:
         stalled_since = None
-        while i < len(saves):
-            region, n = self._alloc_prefix(saves, i)
+        while self._pending:
+            saves = self._pending[0]
+            region, n = self._alloc_prefix(saves)
             if region is None:
+                if not self.wait_when_full:
+                    self.stats.pool_deferrals += 1
+                    break
                 if stalled_since is None:
                     stalled_since = time.perf_counter()
                     self.stats.pool_stalls += 1
@@ -115,37 +156,30 @@ class HiddenStatesSaver:
             if stalled_since is not None:
                 self.stats.pool_stall_seconds += time.perf_counter() - stalled_since
                 stalled_since = None
-            self._launch(region, saves[i : i + n])
-            i += n
+            self._launch(region, self._pending.popleft() if n == len(saves) else saves.split(n))
 
-    def collect(self, wait: float = 0.0) -> list[str]:
-        """Request ids whose hidden states are now in host memory (their KV blocks may be freed);
-        also returns finished writes' regions to the pool, waiting up to ``wait`` seconds for
-        the writer to finish one when records are in flight."""
-        while self._inflight and self._inflight[0].event.query():
-            self._submit(self._inflight.popleft())
-        self._reap(timeout=wait)
-        done, self._copied = self._copied, []
-        return done
-
-    # -- pool ---------------------------------------------------------------------------------
-
-    def _alloc_prefix(self, saves: list[SaveRequest], start: int) -> tuple[Region | None, int]:
-        """The largest run ``saves[start:start + n]`` the pool has room for now, and its region."""
-        total = 0
-        sizes = []
-        for save in saves[start:]:
-            total += save.num_tokens
-            sizes.append(total)
-        for n in range(len(sizes), 0, -1):
-            region = self.pool.try_alloc(region_bytes(sizes[n - 1], self.cache))
-            if region is not None:
-                return region, n
-        return None, 0
+    def _alloc_prefix(self, saves: StepSaves) -> tuple[Region | None, int]:
+        """The longest run of ``saves``' first records the pool has room for now, and its
+        region (O(log records) tries)."""
+        room = self.pool.largest_free()
+        total = sum(saves.num_tokens)
+        if region_bytes(total, self.cache) <= room:
+            return self.pool.try_alloc(region_bytes(total, self.cache)), len(saves)
+        prefix = list(itertools.accumulate(saves.num_tokens))
+        lo, hi = 0, len(prefix)  # the answer n: region_bytes(prefix[n - 1]) <= room
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if region_bytes(prefix[mid - 1], self.cache) <= room:
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo == 0:
+            return None, 0
+        return self.pool.try_alloc(region_bytes(prefix[lo - 1], self.cache)), lo
 
     def _wait_for_room(self) -> None:
         """Finishes the copies in flight, hands them to the writer, then waits until the writer
-        has written at least one more record and returns the regions it no longer needs."""
+        hands at least one region back."""
         if self.pool.live_regions == 0:
             raise RuntimeError(
                 f"layertap connector: a request does not fit the empty pool of {self.pool.nbytes} "
@@ -159,108 +193,60 @@ class HiddenStatesSaver:
 
     # -- gather and submit --------------------------------------------------------------------
 
-    def _launch(self, region: Region, saves: list[SaveRequest]) -> None:
-        total = sum(s.num_tokens for s in saves)
-        layers, hidden_size = self.cache.num_layers, self.cache.hidden_size
+    def _launch(self, region: Region, saves: StepSaves) -> None:
+        total = sum(saves.num_tokens)
         hidden_bytes = align_up(total * self.row_bytes)
-        ids_bytes = align_up(total * 8)
-        hidden = region.carve(0, total * self.row_bytes, self.cache.dtype, (total, layers, hidden_size))
-        token_ids = region.carve(hidden_bytes, total * 8, torch.int64, (total,))
-        width = self.cache.index_width
-        index = region.carve(hidden_bytes + ids_bytes, total * width * 8, torch.int64, (total, width))
-        ids_np = token_ids.numpy()
-        bounds = []
-        at = 0
-        for save in saves:
-            end = at + save.num_tokens
-            ids_np[at:end] = save.token_ids
-            bounds.append((at, end))
-            at = end
-        self.cache.write_indices([(s.block_ids, s.num_tokens) for s in saves], index.numpy())
-        batch = _Batch(region, saves, bounds, hidden, token_ids)
+        ids_offset = region.offset + hidden_bytes
+        index_offset = ids_offset + align_up(total * 8)
+        self.sink.fill(saves, ids_offset, index_offset)
+        cache = self.cache
+        hidden = region.carve(0, total * self.row_bytes, cache.dtype, (total, cache.num_layers, cache.hidden_size))
+        width = cache.index_width
+        index = region.carve(index_offset - region.offset, total * width * 8, torch.int64, (total, width))
+        batch = _Batch(region, saves, ids_offset, total)
         self.stats.gathers += 1
         if self._stream is None:
-            self.cache.gather(index, hidden)
+            cache.gather(index, hidden)
             self._submit(batch)
             return
         # The copy stream starts after the work the model has queued so far (which wrote these
         # hidden states); the engine thread goes on at once.
-        self._stream.wait_stream(torch.cuda.current_stream(self.cache.device))
+        self._stream.wait_stream(torch.cuda.current_stream(cache.device))
         with torch.cuda.stream(self._stream):
-            batch.keep = self.cache.gather(index, hidden)
+            batch.keep = cache.gather(index, hidden)
             batch.event = torch.cuda.Event()
             batch.event.record(self._stream)
         self._inflight.append(batch)
 
     def _submit(self, batch: _Batch) -> None:
-        """Hands the records of a gathered batch to the writer in one call: byte views of the
-        pool region, built here rather than as torch views, because making and later freeing
-        two tensors per record cost more engine-thread time than the rest of the step's work
-        (benches/RESULTS.md)."""
+        """Hands the records of a gathered batch to the writer in one call (``sinks.py``)."""
         batch.keep = ()
-        region = batch.region
-        hidden = memoryview(batch.hidden.reshape(-1).view(torch.uint8).numpy())
-        token_ids = memoryview(batch.token_ids.view(torch.uint8).numpy())
-        row, row_shape, dtype = self.row_bytes, self._row_shape, self._dtype_name
-        records = []
-        for save, (s, e) in zip(batch.saves, batch.bounds):
-            meta = dict(
-                self._record_meta,
-                num_tokens=str(e - s),
-                request_id=save.req_id,
-                num_prompt_tokens=str(save.num_prompt_tokens),
-            )
-            if save.record_metadata:
-                meta.update(save.record_metadata)  # the scheduler refused the connector's names
-            parts = [
-                ("hidden_states", hidden[s * row : e * row], dtype, [e - s, *row_shape]),
-                ("token_ids", token_ids[s * 8 : e * 8], "I64", [e - s]),
-            ]
-            if save.loss_mask is not None:
-                # The scheduler's array, not the pool: the writer holds it until the record is written.
-                parts.append(("loss_mask", memoryview(save.loss_mask), "U8", [e - s]))
-            records.append((save.key, parts, meta, e - s))
-        try:
-            seqs = self._writer_call(self.writer.submit_buffers, records)
-        except InvalidInputError:
-            # All or none: find the bad records one by one and write the others.
-            seqs = [self._submit_alone(record, save) for record, save in zip(records, batch.saves)]
-        if self.counters is not None:
-            self.counters.submitted(seqs, batch.saves, batch.bounds)
-        for seq, (s, e) in zip(seqs, batch.bounds):
-            if seq is None:
-                continue
-            self._region_of_seq[seq] = region
-            region.records += 1
-            self.stats.records_submitted += 1
-            self.stats.tokens += e - s
-            self.stats.bytes_submitted += (e - s) * (row + 8)
-        self._copied.extend(save.req_id for save in batch.saves)
-        if region.records == 0:
-            self.pool.release(region)
-
-    def _submit_alone(self, record: tuple, save: SaveRequest) -> int | None:
-        try:
-            return self._writer_call(self.writer.submit_buffers, [record])[0]
-        except InvalidInputError as err:
+        saves, region = batch.saves, batch.region
+        self._regions[region.id] = region
+        failures = self._writer_call(self.sink.submit, region, batch.ids_offset, saves)
+        tokens = batch.tokens
+        for i, message in failures:
             # The scheduler checked the key already; anything left is a bug worth a log line,
             # not a reason to stop the engine.
             self.stats.records_failed += 1
-            logger.error("layertap: record %r of request %s not written: %s", save.key, save.req_id, err)
-            return None
+            tokens -= saves.num_tokens[i]
+            logger.error("layertap: record %r of request %s not written: %s", saves.keys[i], saves.req_ids[i], message)
+        if self.counters is not None:
+            self.counters.submitted(saves, [i for i, _ in failures])
+        self.stats.records_submitted += len(saves) - len(failures)
+        self.stats.tokens += tokens
+        self.stats.bytes_submitted += tokens * (self.row_bytes + 8)
+        self._copied.append(saves.req_ids)
 
     def _reap(self, timeout: float | None = 0.0) -> None:
-        """Returns the regions of records the writer has written (waiting up to ``timeout``
-        for the first one: see ``ShardWriter.poll``)."""
-        completions = self._writer_call(self.writer.poll, timeout)
-        for done in completions:
-            region = self._region_of_seq.pop(done.seq)
-            region.records -= 1
-            if region.records == 0:
-                self.pool.release(region)
-            self.stats.records_written += 1
-        if completions and self.counters is not None:
-            self.counters.written(completions)
+        """Returns the regions the writer is done with to the pool (waiting up to ``timeout``
+        for the first one: see ``NativeRegionSink.reap``)."""
+        released, written = self._writer_call(self.sink.reap, timeout)
+        self.stats.records_written += written
+        if written and self.counters is not None:
+            self.counters.written(written)
+        for region_id in released:
+            self.pool.release(self._regions.pop(region_id))
 
     def _writer_call(self, fn, *args):
         """Calls the writer; an I/O failure stops the engine (no silent data loss) after leaving
@@ -281,8 +267,14 @@ class HiddenStatesSaver:
     # -- sleep mode ---------------------------------------------------------------------------
 
     def finish_copies(self) -> None:
-        """Waits for the device-to-host copies in flight and hands their records to the writer:
-        afterwards nothing reads the KV cache."""
+        """Gathers every save that waits for room in the pool (waiting for the writer if need
+        be), waits for the device-to-host copies in flight and hands their records to the
+        writer: afterwards nothing reads the KV cache."""
+        wait_when_full, self.wait_when_full = self.wait_when_full, True
+        try:
+            self._launch_pending()
+        finally:
+            self.wait_when_full = wait_when_full
         while self._inflight:
             batch = self._inflight.popleft()
             batch.event.synchronize()
@@ -293,22 +285,25 @@ class HiddenStatesSaver:
         copies that read it. The pool and the writer stay: records in them go on to disk."""
         self.finish_copies()
         self.cache = None
+        self.sink.use_cache(None)
 
     def use_cache(self, cache: HiddenStatesCache) -> None:
         """Takes the KV cache tensor vLLM holds after waking up. It must have the geometry the
-        pool and the records were set up for."""
-        if (cache.row_bytes, dtype_name(cache.dtype), cache.device) != self._geometry:
+        pool, the sink's layout and the records were set up for."""
+        if _geometry(cache) != self._geometry:
             raise RuntimeError(
                 f"layertap connector: after wake-up the hidden-states cache has rows of {cache.row_bytes} "
-                f"bytes of {cache.dtype} on {cache.device}; before sleep: {self._geometry}"
+                f"bytes of {cache.dtype} on {cache.device} laid out as {_geometry(cache)[3]}; before sleep: "
+                f"{self._geometry}"
             )
         self.cache = cache
+        self.sink.use_cache(cache)
 
     # -- end ----------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Finishes every copy, closes the writer (all records on disk) and reclaims the pool.
-        After a writer failure there is nothing left to write to."""
+        """Gathers what waits, finishes every copy, closes the writer (all records on disk) and
+        reclaims the pool. After a writer failure there is nothing left to write to."""
         if self.failed is not None:
             return
         self.finish_copies()

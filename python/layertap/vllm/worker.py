@@ -9,16 +9,39 @@ from typing import Any
 
 from layertap._sink import RecordSink
 from layertap.vllm import registry
-from layertap.vllm.config import ConfigError, ConnectorOptions, default_pool_bytes, writer_options_for
+from layertap.vllm.config import (
+    ConfigError,
+    ConnectorOptions,
+    default_pool_bytes,
+    lower_encoder_priority,
+    writer_options_for,
+)
 from layertap.vllm.counters import WorkerCounters
 from layertap.vllm.engine import EngineFacts, read_engine_facts
 from layertap.vllm.gather import HiddenStatesCache
-from layertap.vllm.metadata import LayertapMetadata
+from layertap.vllm.metadata import LayertapMetadata, StepSaves
 from layertap.vllm.pool import HostPool
 from layertap.vllm.stats import ConnectorStats, describe, write_json
 from layertap.vllm.transfer import HiddenStatesSaver, region_bytes
 
 logger = logging.getLogger("vllm.layertap")  # under vLLM's logging configuration
+
+
+def _engine_steps_on() -> bool:
+    """Whether vLLM keeps stepping the engine while the connector holds finished requests'
+    blocks: an engine in its own process does (vLLM's default, and ``vllm serve``), so requests
+    that find no room in the pool can wait for later steps; one in the caller's process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) is stepped only by ``generate()``."""
+    import vllm.envs as envs
+
+    return bool(envs.VLLM_ENABLE_V1_MULTIPROCESSING)
+
+
+def _encoder_count(writer: RecordSink) -> int:
+    """The writer's compression threads (0 for a writer without them, the Python one)."""
+    from layertap.writer import ShardWriter
+
+    return int(writer.stats.get("threads", 0)) if isinstance(writer, ShardWriter) else 0
 
 
 def open_writer(options: ConnectorOptions, facts: EngineFacts, pool_bytes: int, dtype: str | None = None) -> RecordSink:
@@ -46,11 +69,23 @@ class WorkerSide:
     """Everything the connector does in a worker process."""
 
     def __init__(self, vllm_config: Any, kv_cache_config: Any, options: ConnectorOptions):
-        self.options = options
-        self.facts = read_engine_facts(vllm_config, kv_cache_config, options)
+        self._setup(read_engine_facts(vllm_config, kv_cache_config, options), options)
         self.vllm_config = vllm_config
+
+    @classmethod
+    def from_facts(cls, facts: EngineFacts, options: ConnectorOptions) -> WorkerSide:
+        """A worker half for an engine described by ``facts``, without a vLLM configuration
+        (benchmarks and tests drive it directly: ``open_cache`` then ``get_finished``)."""
+        side = cls.__new__(cls)
+        side._setup(facts, options)
+        side.vllm_config = None
+        return side
+
+    def _setup(self, facts: EngineFacts, options: ConnectorOptions) -> None:
+        self.options = options
+        self.facts = facts
         self.stats = ConnectorStats()
-        self.counters = WorkerCounters(self.stats, self.facts.writer_id)
+        self.counters = WorkerCounters(self.stats, facts.writer_id)
         self.saver: HiddenStatesSaver | None = None
         self._cache_layer: str | None = None
         """Name of the hidden-states cache layer (to find its tensor again after sleep)."""
@@ -77,12 +112,16 @@ class WorkerSide:
 
         if get_tensor_model_parallel_rank() != 0:
             return
+        self._cache_layer = self._hidden_states_layer(kv_caches)
+        self.open_cache(kv_caches[self._cache_layer])
+
+    def open_cache(self, kv: Any) -> None:
+        """Allocates the pool and opens the writer for the hidden-states cache tensor ``kv``."""
         facts = self.facts
-        name = self._cache_layer = self._hidden_states_layer(kv_caches)
-        cache = HiddenStatesCache(kv_caches[name], len(facts.layer_ids), facts.hidden_size, facts.block_size)
+        cache = HiddenStatesCache(kv, len(facts.layer_ids), facts.hidden_size, facts.block_size)
         largest = region_bytes(facts.max_model_len, cache)
         pool_bytes = self.options.pool_bytes or default_pool_bytes(
-            largest, region_bytes(facts.max_num_batched_tokens, cache)
+            largest, region_bytes(facts.max_num_batched_tokens, cache), facts.max_num_seqs
         )
         if pool_bytes < largest:
             raise ConfigError(
@@ -94,7 +133,18 @@ class WorkerSide:
             )
         pool = HostPool(pool_bytes, pin=cache.is_cuda)
         writer = open_writer(self.options, facts, pool_bytes, str(cache.dtype).removeprefix("torch."))
-        self.saver = HiddenStatesSaver(cache, writer, pool, facts, self.stats, self.options.output_dir, self.counters)
+        # The compression threads take the CPUs vLLM leaves idle, not the engine thread's.
+        self.stats.encoder_threads_lowered = lower_encoder_priority(expected=_encoder_count(writer))
+        self.saver = HiddenStatesSaver(
+            cache,
+            writer,
+            pool,
+            facts,
+            self.stats,
+            self.options.output_dir,
+            wait_when_full=not _engine_steps_on(),
+            counters=self.counters,
+        )
         logger.info(
             "layertap: writing hidden states of layers %s (%s, cache %s strides %s, token axis %d, "
             "block %d/%d, gather by %s) to %s as writer %s (%s writer, %s; pool %.0f MiB%s)",
@@ -130,8 +180,7 @@ class WorkerSide:
         elif metadata.drain_wait and not metadata.saves:
             # The engine steps only because records are being written: wait for the writer here
             # rather than spin, and do not count the wait as the connector's engine-thread time.
-            done = saver.collect(wait=metadata.drain_wait)
-            return set(done) if done else None
+            return saver.collect(wait=metadata.drain_wait) or None
         t0 = time.perf_counter()
         if metadata is not None and metadata.saves:
             saver.start(metadata.saves)
@@ -139,7 +188,7 @@ class WorkerSide:
         elapsed = time.perf_counter() - t0
         self.stats.hook.add(elapsed)
         self.counters.step(elapsed)
-        return set(done) if done else None
+        return done or None
 
     def metrics_report(self) -> dict | None:
         """What happened since the last report, for vLLM's metrics (``counters.py``)."""
@@ -191,7 +240,7 @@ class WorkerSide:
             )
         return kv
 
-    def _refuse_while_asleep(self, saves: list) -> set[str]:
+    def _refuse_while_asleep(self, saves: StepSaves | None) -> set[str]:
         """Requests handed over while the KV cache is unregistered: vLLM promises none (it drains
         before sleeping), and their blocks' contents are gone. Not written, counted as failed,
         and their blocks released."""
@@ -202,9 +251,9 @@ class WorkerSide:
             "layertap: %d finished requests were handed over while the KV cache is unregistered "
             "(sleep mode); their hidden states are not saved: %s",
             len(saves),
-            [s.key for s in saves][:10],
+            saves.keys[:10],
         )
-        return {s.req_id for s in saves}
+        return set(saves.req_ids)
 
     # -- end ----------------------------------------------------------------------------------
 
@@ -224,6 +273,7 @@ class WorkerSide:
             leftover = registry.take_unsent(self.facts.engine_id)
             if leftover:
                 self.stats.saved_at_shutdown += len(leftover)
+                saver.wait_when_full = True
                 saver.start(leftover)
             saver.close()
         finally:

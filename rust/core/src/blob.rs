@@ -9,6 +9,7 @@
 
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
 /// Largest safetensors header a reader accepts (safetensors' own limit).
@@ -62,28 +63,46 @@ pub struct BlobHeader {
 
 /// Builds the header bytes (length prefix, JSON, padding) of a blob holding `tensors` in order,
 /// with `metadata` as `__metadata__`. The blob is these bytes followed by each tensor's data.
+///
+/// The JSON is written directly (strings escaped by `serde_json`), not built as a
+/// `serde_json::Value` first: a writer builds one header per record on its caller's thread, and
+/// the tree of values cost it dozens of allocations per record.
 pub fn build_header(
     tensors: &[TensorSpec],
+    metadata: &BTreeMap<String, String>,
+) -> Result<Vec<u8>> {
+    build_header_of(tensors, metadata)
+}
+
+/// [`build_header`] for specs held by reference (the writer's records own theirs).
+pub(crate) fn build_header_of<S: Borrow<TensorSpec>>(
+    tensors: &[S],
     metadata: &BTreeMap<String, String>,
 ) -> Result<Vec<u8>> {
     if tensors.is_empty() {
         return Err(Error::invalid("a record needs at least one tensor"));
     }
-    let mut json = serde_json::Map::new();
-    let meta: serde_json::Map<String, serde_json::Value> = metadata
-        .iter()
-        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-        .collect();
-    json.insert("__metadata__".into(), serde_json::Value::Object(meta));
+    let mut text = Vec::with_capacity(128 + 32 * metadata.len() + 96 * tensors.len());
+    text.extend_from_slice(b"{\"__metadata__\":{");
+    for (i, (k, v)) in metadata.iter().enumerate() {
+        if i > 0 {
+            text.push(b',');
+        }
+        json_str(&mut text, k);
+        text.push(b':');
+        json_str(&mut text, v);
+    }
+    text.push(b'}');
     let mut offset = 0u64;
-    for t in tensors {
+    for (i, t) in tensors.iter().enumerate() {
+        let t = t.borrow();
         if t.name.is_empty() || t.name == "__metadata__" {
             return Err(Error::invalid(format!(
                 "tensor name {:?} is not allowed",
                 t.name
             )));
         }
-        if json.contains_key(&t.name) {
+        if tensors[..i].iter().any(|o| o.borrow().name == t.name) {
             return Err(Error::invalid(format!(
                 "tensor name {:?} is given twice",
                 t.name
@@ -92,19 +111,41 @@ pub fn build_header(
         // Empty tensors (a zero-token record's `[0, layers, hidden]`) take no bytes.
         let len = t.byte_len()?;
         let end = offset + len;
-        json.insert(
-            t.name.clone(),
-            serde_json::json!({"dtype": t.dtype.name(), "shape": t.shape, "data_offsets": [offset, end]}),
-        );
+        text.push(b',');
+        json_str(&mut text, &t.name);
+        text.extend_from_slice(b":{\"dtype\":");
+        json_str(&mut text, t.dtype.name());
+        text.extend_from_slice(b",\"shape\":[");
+        for (j, d) in t.shape.iter().enumerate() {
+            if j > 0 {
+                text.push(b',');
+            }
+            write_u64(&mut text, *d);
+        }
+        text.extend_from_slice(b"],\"data_offsets\":[");
+        write_u64(&mut text, offset);
+        text.push(b',');
+        write_u64(&mut text, end);
+        text.extend_from_slice(b"]}");
         offset = end;
     }
-    let mut text = serde_json::to_vec(&serde_json::Value::Object(json)).expect("JSON of strings");
+    text.push(b'}');
     let padded = crate::format::align8(8 + text.len() as u64) as usize - 8;
     text.resize(padded, b' ');
     let mut out = Vec::with_capacity(8 + text.len());
     out.extend_from_slice(&(text.len() as u64).to_le_bytes());
     out.extend_from_slice(&text);
     Ok(out)
+}
+
+/// Appends `s` as a JSON string, escaped as `serde_json` escapes it.
+fn json_str(out: &mut Vec<u8>, s: &str) {
+    serde_json::to_writer(&mut *out, s).expect("writing to a Vec cannot fail");
+}
+
+fn write_u64(out: &mut Vec<u8>, n: u64) {
+    use std::io::Write;
+    write!(out, "{n}").expect("writing to a Vec cannot fail");
 }
 
 /// Parses and checks the header of a blob of `blob.len()` bytes: every tensor lies inside it,
@@ -243,6 +284,38 @@ mod tests {
         assert_eq!(
             text,
             r#"{"__metadata__":{"a":"b","key":"r1"},"token_ids":{"dtype":"I64","shape":[3],"data_offsets":[0,24]}}"#
+        );
+    }
+
+    #[test]
+    fn header_json_is_what_serde_json_makes() {
+        // The JSON written directly equals serde_json's of the same tree, escapes included.
+        let meta = BTreeMap::from([
+            ("q\"uote".to_string(), "back\\slash\n\u{1}".to_string()),
+            ("ünï".into(), "\u{1F600} tab\t".into()),
+            ("key".into(), "</script>".into()),
+        ]);
+        let mut specs = specs();
+        specs[0].name = "hidden \"states\"".into();
+        let mut tree = serde_json::Map::new();
+        tree.insert("__metadata__".into(), serde_json::to_value(&meta).unwrap());
+        let mut offset = 0;
+        for t in &specs {
+            let end = offset + t.byte_len().unwrap();
+            tree.insert(
+                t.name.clone(),
+                serde_json::json!({"dtype": t.dtype.name(), "shape": t.shape, "data_offsets": [offset, end]}),
+            );
+            offset = end;
+        }
+        let want = serde_json::to_vec(&serde_json::Value::Object(tree)).unwrap();
+        let got = build_header(&specs, &meta).unwrap();
+        assert_eq!(
+            std::str::from_utf8(&got[8..])
+                .unwrap()
+                .trim_end()
+                .as_bytes(),
+            &want[..]
         );
     }
 

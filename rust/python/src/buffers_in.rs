@@ -39,6 +39,8 @@ extern "C" {
 
 /// `PyBUF_C_CONTIGUOUS`: read-only is fine, the exporter refuses if it is not C-contiguous.
 const PYBUF_C_CONTIGUOUS: c_int = 0x0020 | 0x0010 | 0x0008;
+/// `PyBUF_WRITABLE`: the exporter refuses read-only memory.
+const PYBUF_WRITABLE: c_int = 0x0001;
 
 /// A held (not released) `Py_buffer`, boxed so that its address never changes: exporters may
 /// point its fields into itself.
@@ -71,6 +73,16 @@ pub struct PyRecordBuffer {
 impl PyRecordBuffer {
     /// Takes `obj`'s buffer. `Err(reason)` if it has none or it is not C-contiguous.
     pub fn get(obj: &Bound<'_, PyAny>) -> Result<PyRecordBuffer, String> {
+        Self::get_with(obj, PYBUF_C_CONTIGUOUS)
+    }
+
+    /// Like [`PyRecordBuffer::get`], for memory the holder may also write (the connector's
+    /// pool): `Err(reason)` if the buffer is read-only too.
+    pub fn get_writable(obj: &Bound<'_, PyAny>) -> Result<PyRecordBuffer, String> {
+        Self::get_with(obj, PYBUF_C_CONTIGUOUS | PYBUF_WRITABLE)
+    }
+
+    fn get_with(obj: &Bound<'_, PyAny>, flags: c_int) -> Result<PyRecordBuffer, String> {
         let py = obj.py();
         let mut view = Box::new(RawBuffer {
             buf: std::ptr::null_mut(),
@@ -87,7 +99,7 @@ impl PyRecordBuffer {
         });
         // SAFETY: the GIL is held (`obj` is bound); `obj` is a live object and `view` a valid,
         // boxed Py_buffer that the call fills.
-        if unsafe { PyObject_GetBuffer(obj.as_ptr(), &raw mut *view, PYBUF_C_CONTIGUOUS) } != 0 {
+        if unsafe { PyObject_GetBuffer(obj.as_ptr(), &raw mut *view, flags) } != 0 {
             let err = PyErr::fetch(py);
             let kind = obj
                 .get_type()
@@ -96,6 +108,11 @@ impl PyRecordBuffer {
                 .unwrap_or_else(|_| "object".into());
             return Err(if err.is_instance_of::<PyTypeError>(py) {
                 format!("a {kind} does not support the buffer protocol")
+            } else if flags & PYBUF_WRITABLE != 0 {
+                format!(
+                    "buffer of {kind} is not C-contiguous and writable ({})",
+                    err.value(py)
+                )
             } else {
                 format!("buffer of {kind} is not C-contiguous ({})", err.value(py))
             });

@@ -7,6 +7,7 @@ mod buffers_in;
 mod buffers_out;
 mod errors;
 mod reader;
+mod region;
 mod writer;
 
 #[pymodule]
@@ -14,5 +15,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FORMAT_VERSION", layertap_core::format::VERSION)?;
     writer::register(m)?;
     reader::register(m)?;
+    region::register(m)?;
     Ok(())
 }

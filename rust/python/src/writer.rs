@@ -83,7 +83,7 @@ fn completion_tuple<'py>(py: Python<'py>, c: Completion) -> PyResult<Bound<'py, 
 /// wraps it with the documented Python API.
 #[pyclass(frozen, module = "layertap._native")]
 pub struct NativeShardWriter {
-    writer: ShardWriter,
+    pub(crate) writer: ShardWriter,
     #[pyo3(get)]
     path: String,
 }
@@ -96,7 +96,7 @@ impl NativeShardWriter {
     #[new]
     #[pyo3(signature = (
         path, *, codec, level, shard_size, durability, threads, max_inflight_bytes, batch_bytes,
-        writer_id, io, direct, metadata
+        writer_id, io, direct, metadata, key_memory = None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -113,6 +113,7 @@ impl NativeShardWriter {
         io: &str,
         direct: bool,
         metadata: BTreeMap<String, String>,
+        key_memory: Option<u64>,
     ) -> PyResult<NativeShardWriter> {
         let cfg = WriterConfig {
             codec: Codec::from_name(codec).py_err()?,
@@ -126,6 +127,7 @@ impl NativeShardWriter {
             io: IoMode::from_name(io).py_err()?,
             direct,
             shard_metadata: metadata,
+            key_memory,
         };
         let writer = py.detach(|| ShardWriter::open(&path, cfg)).py_err()?;
         Ok(NativeShardWriter {

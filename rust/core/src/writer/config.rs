@@ -106,6 +106,10 @@ pub struct WriterConfig {
     pub direct: bool,
     /// Stored in every shard's header as `"user"`.
     pub shard_metadata: BTreeMap<String, String>,
+    /// How many of the most recent keys the writer remembers to refuse a key given again;
+    /// `None`: every key of its lifetime. A long-running writer (a server's) bounds its memory
+    /// with it.
+    pub key_memory: Option<u64>,
 }
 
 impl Default for WriterConfig {
@@ -122,6 +126,7 @@ impl Default for WriterConfig {
             io: IoMode::Auto,
             direct: false,
             shard_metadata: BTreeMap::new(),
+            key_memory: None,
         }
     }
 }
@@ -131,6 +136,11 @@ impl WriterConfig {
     pub fn validate(&self) -> Result<()> {
         if self.codec != Codec::None {
             check_level(self.level).map_err(|e| Error::invalid(format!("level: {e}")))?;
+        }
+        if self.key_memory == Some(0) {
+            return Err(Error::invalid(
+                "key_memory must be positive (or None: every key)",
+            ));
         }
         let positive = [
             ("shard_size", self.shard_size),

@@ -116,9 +116,9 @@ pub(crate) fn prepare(rec: RecordInput) -> Result<Prepared> {
             "record {key:?}: metadata may not set \"key\"; the writer stores the record key there"
         )));
     }
-    let specs: Vec<TensorSpec> = tensors.iter().map(|t| t.spec.clone()).collect();
+    let specs: Vec<&TensorSpec> = tensors.iter().map(|t| &t.spec).collect();
     metadata.insert("key".into(), key.clone());
-    let blob_header = blob::build_header(&specs, &metadata)
+    let blob_header = blob::build_header_of(&specs, &metadata)
         .map_err(|e| Error::invalid(format!("record {key:?}: {}", strip_prefix(e))))?;
     let mut raw_len = blob_header.len() as u64;
     for t in &tensors {

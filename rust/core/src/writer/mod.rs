@@ -32,6 +32,7 @@ mod encoded;
 mod input;
 mod io;
 mod io_thread;
+mod keys;
 mod shard;
 mod state;
 mod sync;
@@ -76,7 +77,7 @@ struct Inner {
 
 /// What submitting needs, under one lock so that sequence numbers follow queue order.
 struct SubmitSide {
-    keys: HashSet<String>,
+    keys: keys::KeyMemory,
     next_seq: u64,
     jobs: Option<Sender<Job>>,
     to_io: Option<Sender<ToIo>>,
@@ -165,7 +166,7 @@ impl ShardWriter {
                 pid: std::process::id(),
                 shared,
                 submit: Mutex::new(SubmitSide {
-                    keys: HashSet::new(),
+                    keys: keys::KeyMemory::new(cfg.key_memory),
                     next_seq: 0,
                     jobs: Some(jobs_tx),
                     to_io: Some(io_tx),
@@ -224,7 +225,7 @@ impl ShardWriter {
             inner.shared.admit(rec.raw_len)?;
             let seq = side.next_seq;
             side.next_seq += 1;
-            side.keys.insert(rec.key.clone());
+            side.keys.insert(&rec.key);
             let jobs = side.jobs.as_ref().expect("open writer has a job queue");
             jobs.send(Job { seq, rec })
                 .map_err(|_| Error::Closed(Some("workers gone".into())))?;

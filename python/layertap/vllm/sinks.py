@@ -1,0 +1,176 @@
+"""How the worker's hot path (``transfer.py``) hands a step's records to the writer, and learns
+which pool regions the writer no longer needs.
+
+- ``NativeSink`` (the Rust writer, ``layertap.ShardWriter``): a few calls into Rust per step,
+  whatever the number of records (``layertap._native.NativeRegionSink``): the token ids and the
+  gather indices are written into the region there, each record's tensors are slices of the
+  region and its metadata is built there from a per-engine template, and regions come back by
+  id as soon as the writer has encoded (or, with codec ``none``, written) their records.
+- ``BufferSink`` (any ``layertap.RecordSink``, e.g. ``layertap.PyShardWriter``, which works
+  without the compiled extension): records as byte views of the region through
+  ``submit_buffers``; a region comes back when the writer reports all its records written.
+
+Both take a step's ``StepSaves`` and absolute byte offsets in the pool.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+from typing import Any
+
+import numpy as np
+
+from layertap._sink import RecordSink
+from layertap._tensors import dtype_name
+from layertap.errors import InvalidInputError
+from layertap.vllm.engine import EngineFacts
+from layertap.vllm.gather import HiddenStatesCache
+from layertap.vllm.metadata import StepSaves
+from layertap.vllm.pool import HostPool, Region
+
+logger = logging.getLogger("vllm.layertap")  # under vLLM's logging configuration
+
+
+def record_template(facts: EngineFacts, cache: HiddenStatesCache) -> dict[str, str]:
+    """The metadata every record of this engine carries (besides its key, ``num_tokens``,
+    ``request_id``, ``num_prompt_tokens`` and its client's entries)."""
+    return {
+        "layer_ids": json.dumps(list(facts.layer_ids)),
+        "model": facts.model,
+        "dtype": str(cache.dtype).removeprefix("torch."),
+    }
+
+
+class NativeSink:
+    """Records into the Rust writer through ``NativeRegionSink`` (see the module docs)."""
+
+    def __init__(self, writer: Any, pool: HostPool, cache: HiddenStatesCache, facts: EngineFacts):
+        from layertap._native import NativeRegionSink
+
+        steps, layer_rows = cache.row_layout()
+        self._native = NativeRegionSink(
+            writer._native,
+            pool.buffer.numpy(),
+            dtype=dtype_name(cache.dtype),
+            row_shape=[cache.num_layers, cache.hidden_size],
+            metadata=record_template(facts, cache),
+            block_size=cache.block_size,
+            tensor_block_size=cache.tensor_block_size,
+            row_steps=steps,
+            layer_rows=layer_rows,
+        )
+
+    def fill(self, saves: StepSaves, ids_offset: int, index_offset: int) -> None:
+        self._native.fill(ids_offset, index_offset, saves.token_ids, saves.num_tokens, saves.block_ids)
+
+    def submit(self, region: Region, ids_offset: int, saves: StepSaves) -> list[tuple[int, str]]:
+        return self._native.submit(
+            region.id,
+            region.offset,
+            region.nbytes,
+            region.offset,
+            ids_offset,
+            saves.keys,
+            saves.req_ids,
+            saves.num_tokens,
+            saves.num_prompt_tokens,
+            saves.extras,
+        )
+
+    def reap(self, timeout: float | None = 0.0) -> tuple[list[int], int]:
+        return self._native.reap(timeout)
+
+    def use_cache(self, cache: HiddenStatesCache | None) -> None:
+        """The cache tensor changed (sleep mode) with the same layout: the native sink holds the
+        layout only."""
+
+
+class BufferSink:
+    """Records into any ``RecordSink`` as byte views of the pool (see the module docs)."""
+
+    def __init__(self, writer: RecordSink, pool: HostPool, cache: HiddenStatesCache, facts: EngineFacts):
+        self.writer = writer
+        self.cache = cache
+        self._bytes = pool.buffer.numpy()
+        self._pool = memoryview(self._bytes)
+        self._template = record_template(facts, cache)
+        self._dtype = dtype_name(cache.dtype)
+        self._row_shape = [cache.num_layers, cache.hidden_size]
+        self._region_of_seq: dict[int, Region] = {}
+        self._released: list[int] = []
+
+    def fill(self, saves: StepSaves, ids_offset: int, index_offset: int) -> None:
+        total = sum(saves.num_tokens)
+        ids = self._bytes[ids_offset : ids_offset + total * 8].view(np.int64)
+        ids[:] = np.fromiter(
+            itertools.chain.from_iterable(t[:n] for t, n in zip(saves.token_ids, saves.num_tokens)), np.int64, total
+        )
+        width = self.cache.index_width
+        index = self._bytes[index_offset : index_offset + total * width * 8].view(np.int64).reshape(total, width)
+        self.cache.write_indices(list(zip(saves.block_ids, saves.num_tokens)), index)
+
+    def submit(self, region: Region, ids_offset: int, saves: StepSaves) -> list[tuple[int, str]]:
+        row, pool = self.cache.row_bytes, self._pool
+        records = []
+        at = 0
+        for i, (key, req_id, n, prompt) in enumerate(
+            zip(saves.keys, saves.req_ids, saves.num_tokens, saves.num_prompt_tokens)
+        ):
+            meta = dict(self._template, num_tokens=str(n), request_id=req_id, num_prompt_tokens=str(prompt))
+            h, t = region.offset + at * row, ids_offset + at * 8
+            parts = [
+                ("hidden_states", pool[h : h + n * row], self._dtype, [n, *self._row_shape]),
+                ("token_ids", pool[t : t + n * 8], "I64", [n]),
+            ]
+            extras = saves.extras.get(i)
+            if extras is not None:
+                if extras[0]:
+                    meta.update(extras[0])  # the scheduler refused the connector's names
+                if extras[1] is not None:
+                    parts.append(("loss_mask", memoryview(extras[1]), "U8", [n]))
+            records.append((key, parts, meta, n))
+            at += n
+        failures: list[tuple[int, str]] = []
+        try:
+            seqs: list[int | None] = list(self.writer.submit_buffers(records))
+        except InvalidInputError:
+            # All or none: find the bad records one by one and write the others.
+            seqs = []
+            for i, record in enumerate(records):
+                try:
+                    seqs.append(self.writer.submit_buffers([record])[0])
+                except InvalidInputError as err:
+                    failures.append((i, str(err)))
+                    seqs.append(None)
+        for seq in seqs:
+            if seq is not None:
+                self._region_of_seq[seq] = region
+                region.records += 1
+        if region.records == 0:
+            self._released.append(region.id)
+        return failures
+
+    def reap(self, timeout: float | None = 0.0) -> tuple[list[int], int]:
+        done = self.writer.poll(timeout) if self._region_of_seq else []
+        for c in done:
+            region = self._region_of_seq.pop(c.seq)
+            region.records -= 1
+            if region.records == 0:
+                self._released.append(region.id)
+        released, self._released = self._released, []
+        return released, len(done)
+
+    def use_cache(self, cache: HiddenStatesCache | None) -> None:
+        """The cache tensor changed (sleep mode: None while asleep), with the same layout."""
+        self.cache = cache
+
+
+def open_sink(writer: Any, pool: HostPool, cache: HiddenStatesCache, facts: EngineFacts) -> NativeSink | BufferSink:
+    """``NativeSink`` for the Rust writer, ``BufferSink`` for any other ``RecordSink``."""
+    from layertap.writer import ShardWriter
+
+    if isinstance(writer, ShardWriter):
+        return NativeSink(writer, pool, cache, facts)
+    return BufferSink(writer, pool, cache, facts)

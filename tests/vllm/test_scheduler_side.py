@@ -1,0 +1,100 @@
+"""The scheduler half on its own, fed real vLLM ``Request`` objects (no engine): what it hands
+the worker per step, and the bound on the keys it remembers over an engine's lifetime (a server
+runs for weeks; benches/soak_keys.py drives 200,000+ requests through both halves)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from vllm_support import VLLM_WARNINGS
+
+pytestmark = VLLM_WARNINGS
+
+BLOCK = 16
+
+
+def scheduler(tmp_path, **options):
+    from layertap.vllm.config import parse_options
+    from layertap.vllm.engine import EngineFacts
+    from layertap.vllm.scheduler import SchedulerSide
+
+    facts = EngineFacts(
+        layer_ids=(1, 2),
+        requested_layer_ids=(2, 1),
+        num_model_layers=4,
+        hidden_size=8,
+        model="tiny",
+        max_model_len=64,
+        max_num_batched_tokens=64,
+        group_id=0,
+        block_size=BLOCK,
+        engine_id="e",
+        writer_id="w",
+        tensor_parallel_size=1,
+    )
+    return SchedulerSide.from_facts(facts, parse_options({"output_dir": str(tmp_path), **options}))
+
+
+def finished(req_id: str, tokens: int, kv_params: dict | None = None, outputs: int = 0):
+    from vllm import SamplingParams
+    from vllm.v1.request import Request, RequestStatus
+
+    params = SamplingParams(
+        max_tokens=max(1, outputs), extra_args={"kv_transfer_params": kv_params} if kv_params else None
+    )
+    req = Request(req_id, list(range(10, 10 + tokens)), params, None)
+    if outputs:
+        req.append_output_token_ids(list(range(500, 500 + outputs)))
+    req.status = RequestStatus.FINISHED_LENGTH_CAPPED
+    return req
+
+
+def test_a_step_is_handed_over_as_parallel_lists(tmp_path):
+    """Per request a few list entries (the request's own token list where it can), per step one
+    object: nothing per request to build, hand over or pickle."""
+    side = scheduler(tmp_path)
+    a = finished("a-1", 20)
+    keep, params = side.request_finished(a, ([3, 4],))
+    assert keep and params == {"layertap": {"dataset": str(tmp_path), "writer_id": "w", "key": "a-1", "num_tokens": 20}}
+    b = finished("b-1", 5, {"sample_id": "s", "include_output_tokens": True, "record_metadata": {"x": "y"}}, outputs=3)
+    assert side.request_finished(b, ([7],))[0]
+    assert side.has_pending_block_frees()
+    saves = side.build_connector_meta().saves
+    assert saves.keys == ["a-1", "s"] and saves.req_ids == ["a-1", "b-1"]
+    assert saves.token_ids[0] is a.prompt_token_ids  # not copied
+    assert saves.token_ids[1] == [*range(10, 15), 500, 501]  # prompt and outputs but the last
+    assert saves.num_tokens == [20, 7] and saves.num_prompt_tokens == [20, 5] and saves.block_ids == [[3, 4], [7]]
+    assert saves.extras == {1: ({"x": "y"}, None)}
+    copy = pickle.loads(pickle.dumps(saves))  # a multi-process executor sends it to the workers
+    assert copy.keys == saves.keys and copy.extras == saves.extras
+    head = copy.split(1)
+    assert head.keys == ["a-1"] and copy.keys == ["s"] and copy.extras == {0: ({"x": "y"}, None)}
+    assert side.build_connector_meta().saves is None  # nothing new
+    side.update_connector_output({"a-1", "b-1"})
+    assert not side.has_pending_block_frees()
+
+
+def test_the_keys_remembered_are_bounded(tmp_path):
+    """With ``key_memory=50``, 1,000 requests leave 50 keys in memory; a sample id among the
+    last 50 is refused (the client learns it in its response), an older one is taken again."""
+    side = scheduler(tmp_path, key_memory=50)
+    for i in range(1000):
+        keep, _ = side.request_finished(finished(f"r{i}", 4, {"sample_id": f"s{i}"}), ([i],))
+        assert keep
+        side.build_connector_meta()
+    assert len(side.keys) == 50
+    keep, params = side.request_finished(finished("again", 4, {"sample_id": "s990"}), ([1],))
+    assert not keep and params["layertap"]["reason"] == "invalid_request"
+    assert "was used by an earlier request" in params["layertap"]["error"]
+    keep, _ = side.request_finished(finished("old", 4, {"sample_id": "s3"}), ([1],))
+    assert keep and len(side.keys) == 50
+
+
+@pytest.mark.parametrize("value", [0, -1, "many", 1.5])
+def test_a_bad_key_memory_is_refused(tmp_path, value):
+    from layertap.vllm.config import ConfigError
+
+    with pytest.raises(ConfigError, match="key_memory"):
+        scheduler(tmp_path, key_memory=value)
