@@ -34,9 +34,16 @@ def _libc():
 class DirectoryWatch:
     """An inotify watch on one directory: ``wait`` returns when a file in it changed. Made
     before the first look at the files, so that a change between the look and the wait is
-    still seen."""
+    still seen.
+
+    A directory watch names a changed file by the name it was opened under, and the writers
+    create each shard unnamed (``O_TMPFILE``, or a temporary name) and link it under its final
+    name once its header is in: their writes are reported as ``#<inode>`` or the temporary name.
+    So the files being followed are also watched themselves (``watch_file``: a watch on the
+    inode, whatever name the writer opened it by), and their changes reported by their names."""
 
     _MASK = _IN_MODIFY | _IN_ATTRIB | _IN_CLOSE_WRITE | _IN_MOVED_TO | _IN_CREATE
+    _FILE_MASK = _IN_MODIFY | _IN_ATTRIB | _IN_CLOSE_WRITE
 
     def __init__(self, directory: str):
         self._fd = -1
@@ -50,8 +57,18 @@ class DirectoryWatch:
             os.close(fd)
             raise OSError(err, f"cannot watch the dataset directory: {os.strerror(err)}", directory)
         self._fd = fd
+        self._files: dict[int, str] = {}
+        """Watch descriptor of each watched file -> its name in the directory."""
         self._poll = select.poll()
         self._poll.register(fd, select.POLLIN)
+
+    def watch_file(self, path: str) -> None:
+        """Watches the file at ``path`` (in the directory) itself; best effort: a file that is
+        gone, or a watch the kernel refuses (``max_user_watches``), is left to the directory's
+        watch."""
+        wd = _libc().inotify_add_watch(self._fd, os.fsencode(path), self._FILE_MASK)
+        if wd >= 0:
+            self._files[wd] = os.path.basename(path)
 
     def wait(self, timeout: float | None, concerns: Callable[[str], bool]) -> None:
         """Blocks until a file whose name ``concerns`` accepts changed (or events were lost),
@@ -74,9 +91,12 @@ class DirectoryWatch:
                 return out
             at = 0
             while at + _EVENT.size <= len(buf):
-                _, mask, _, length = _EVENT.unpack_from(buf, at)
-                name = buf[at + _EVENT.size : at + _EVENT.size + length].split(b"\0", 1)[0]
-                out.append((mask, os.fsdecode(name)))
+                wd, mask, _, length = _EVENT.unpack_from(buf, at)
+                if wd in self._files:
+                    out.append((mask, self._files[wd]))
+                else:
+                    name = buf[at + _EVENT.size : at + _EVENT.size + length].split(b"\0", 1)[0]
+                    out.append((mask, os.fsdecode(name)))
                 at += _EVENT.size + length
 
     def close(self) -> None:

@@ -265,6 +265,7 @@ class DatasetTail:
                     continue
                 writer_id, index = _writer_and_index(entry.name)
                 self._shards[entry.name] = ShardTail(entry.path, writer_id, index, self._backend_class)
+                self._watch.watch_file(entry.path)
                 self._newest[writer_id] = max(index, self._newest.get(writer_id, -1))
         return [self._shards[name] for name in sorted(self._shards, key=os.fsencode)]
 

@@ -137,13 +137,24 @@ class Child:
         with self._cond:
             seen = 0
             deadline = _now() + timeout
+            ended = False
             while True:
                 for line in self.lines[seen:]:
                     if predicate(line):
                         return line
                 seen = len(self.lines)
-                if self.proc.poll() is not None or _now() > deadline:
+                if ended or _now() > deadline:
                     return None
+                if self.proc.poll() is not None:
+                    # Its last lines may still be in the pipe: read them all, then look once more.
+                    self._cond.release()
+                    try:
+                        for t in self._threads:
+                            t.join(10)
+                    finally:
+                        self._cond.acquire()
+                    ended = True
+                    continue
                 self._cond.wait(0.1)
 
     def finish(self, timeout: float) -> int:

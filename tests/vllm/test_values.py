@@ -59,6 +59,22 @@ class Engine:
         return outputs
 
 
+def burst_pool(dtype: str) -> int:
+    """A pool that holds the largest request (512 tokens) but not two of the decode burst's
+    (307 tokens each, ``test_a_decode_burst_larger_than_the_pool``): requests reach an engine in
+    its own process one by one, so the burst's requests may end over a few steps; any two of
+    them ending in one step must wait in the KV cache."""
+    from types import SimpleNamespace
+
+    from layertap.vllm.transfer import region_bytes
+
+    layers = len(STORED_LAYERS)
+    cache = SimpleNamespace(row_bytes=layers * 128 * (4 if dtype == "float32" else 2), index_width=layers)
+    largest, two = region_bytes(512, cache), 2 * region_bytes(8 + 299, cache)
+    assert largest < two
+    return (largest + two) // 2
+
+
 @pytest.fixture(scope="module", params=[("python", "float32"), ("rust", "bfloat16")], ids=lambda p: f"{p[0]}-{p[1]}")
 def engine(request, tiny_model, tmp_path_factory):
     writer, dtype = request.param
@@ -68,8 +84,7 @@ def engine(request, tiny_model, tmp_path_factory):
         tiny_model,
         out,
         dtype=dtype,
-        # A pool of 1 MiB: more than the largest request (512 tokens), less than a decode burst.
-        connector={"writer": writer, "stats_path": str(stats), "codec": "bp16-zstd", "pool_bytes": 1 << 20},
+        connector={"writer": writer, "stats_path": str(stats), "codec": "bp16-zstd", "pool_bytes": burst_pool(dtype)},
         enable_prefix_caching=True,
         max_num_batched_tokens=64,  # prompts longer than this are prefilled in chunks
         max_num_seqs=8,

@@ -80,30 +80,35 @@ class _Engine:
         finally:
             os.close(write_fd)
         self._reports = os.fdopen(read_fd, "rb")
-        self.proc.stdin.write(json.dumps(spec).encode() + b"\n" + data)  # type: ignore[union-attr]
-        self.proc.stdin.flush()  # type: ignore[union-attr]
+        try:
+            self.proc.stdin.write(json.dumps(spec).encode() + b"\n" + data)  # type: ignore[union-attr]
+            self.proc.stdin.flush()  # type: ignore[union-attr]
+        except BaseException:
+            self._reports.close()
+            self.stop()
+            raise
         # stdin stays open: the engine reads its closing as this process's death.
         self.thread = threading.Thread(target=self._read, name=f"layertap-engine-{index}", daemon=True)
         self.thread.start()
 
     def _read(self) -> None:
         result = None
-        for line in self._reports:
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                continue
-            if "report" in msg:
-                self.events.put(("report", self.index, msg["report"]))
-            elif "summary" in msg:
-                result = ("summary", self.index, msg["summary"])
-            elif "error" in msg:
-                result = ("error", self.index, (msg.get("kind", "failed"), msg["error"]))
+        with self._reports:
+            for line in self._reports:
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue
+                if "report" in msg:
+                    self.events.put(("report", self.index, msg["report"]))
+                elif "summary" in msg:
+                    result = ("summary", self.index, msg["summary"])
+                elif "error" in msg:
+                    result = ("error", self.index, (msg.get("kind", "failed"), msg["error"]))
         rc = self.proc.wait()
         if result is None:
             why = f"killed by signal {-rc}" if rc < 0 else f"exit status {rc}"
             result = ("error", self.index, ("failed", f"the engine process ended without a result ({why})"))
-        self._reports.close()
         self.events.put(result)
 
     def stop(self) -> None:

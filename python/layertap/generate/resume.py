@@ -171,11 +171,13 @@ def prepare_output(path: str, model: str, layer_ids: list[int], lock: bool = Tru
 def _complete_shards(state: OutputState, model: str, layer_ids: list[int]) -> None:
     from layertap.errors import FormatError
 
+    open_shards: list[str] = []
+    unreadable: list[tuple[str, str]] = []
     try:
         ds = _open_dataset(state.path)
     except FormatError:
         # None of the directory's *.lts files is a shard: each is judged on its own below.
-        ds, open_shards, unreadable = None, [], _not_shards(state.path)
+        ds, unreadable = None, _not_shards(state.path)
     if ds is not None:
         # Everything is checked before anything is changed: a directory of another kind is left as it is.
         with ds:
