@@ -13,13 +13,14 @@ import pytest
 import torch
 
 from layertap._tiny_families import ARCHITECTURES
-from layertap.vllm.models import ENV_VAR, FAMILIES, architectures_from_env
+from layertap.vllm.models import ENV_VAR, FAMILIES, IN_MODEL_FAMILIES, architectures_from_env
 from layertap.vllm.models.capture import StreamCapture
 from layertap.vllm.models.families import FUSED, PLAIN
 
 
 def test_every_family_has_a_tiny_model_to_test_it_with():
-    assert sorted(ARCHITECTURES) == sorted(FAMILIES)
+    assert sorted(ARCHITECTURES) == sorted(IN_MODEL_FAMILIES)
+    assert set(FAMILIES) <= set(IN_MODEL_FAMILIES)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,162 @@
+"""Capture in the model (connector option ``capture="in-model"``, ``layertap.vllm.models.in_model``):
+the model class caches the hidden states itself, without vLLM's speculative method. The recorded
+hidden states equal transformers' for every architecture the plugin covers (prefix caching, chunked
+prefill, generated tokens), and the engine runs without speculative decoding: one token per
+request in each decode step.
+
+Llama runs the way users run it: the engine in its own process, which loads the plugin through its
+entry point because ``LAYERTAP_IN_MODEL`` is set, and records read with ``fetch`` while it runs.
+That test comes first, before this process registers anything. The other architectures run in
+this process after ``register_in_model()`` (quicker to start), where the scheduler's output of every
+step can be watched.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import layertap
+from layertap._tiny_families import build_tiny_model
+from layertap.vllm import fetch
+from layertap.vllm.models import IN_MODEL_ENV_VAR, IN_MODEL_FAMILIES
+from plugin_support import LAYERS, STORED_LAYERS, run_requests
+from vllm_support import (
+    VLLM_WARNINGS,
+    Reference,
+    assert_hidden_states_match,
+    engine_args,
+    pytest_env,
+    running_llm,
+    speculative_config,
+)
+
+pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
+
+ENTRY_POINT_ARCH = "LlamaForCausalLM"
+IN_PROCESS_ARCHS = [arch for arch in IN_MODEL_FAMILIES if arch != ENTRY_POINT_ARCH]
+FETCH_TIMEOUT = 60
+
+
+def in_model_engine_args(model: str, output_dir, layers=LAYERS, **overrides):
+    return engine_args(
+        model,
+        output_dir,
+        connector={"writer": "python", "pool_bytes": 8 << 20, "capture": "in-model", "layer_ids": list(layers)},
+        speculative_config=None,
+        enable_prefix_caching=True,
+        max_num_batched_tokens=64,  # longer prompts are prefilled in chunks
+        max_num_seqs=8,
+        **overrides,
+    )
+
+
+def test_llama_through_the_entry_point_in_the_engine_process(tmp_path):
+    """``LAYERTAP_IN_MODEL=1``; the engine core, a process of its own, loads the plugin through its
+    entry point and builds vLLM's Llama with the cache layer. bfloat16, the GPU's dtype."""
+    model = build_tiny_model(tmp_path / "model", ENTRY_POINT_ARCH)
+    args = in_model_engine_args(model, tmp_path / "hs", dtype="bfloat16")
+    with pytest_env({IN_MODEL_ENV_VAR: "1"}), running_llm(True, **args) as llm:
+        assert llm.llm_engine.vllm_config.speculative_config is None
+        requests = run_requests(llm)
+        records = [fetch(out.kv_transfer_params, timeout=FETCH_TIMEOUT) for out, _ in requests]
+    reference = Reference(model)
+    for record, (_, ids) in zip(records, requests):
+        assert record.hidden_states.dtype == torch.bfloat16
+        assert_hidden_states_match(record, reference, ids, layers=STORED_LAYERS)
+
+
+@pytest.fixture(scope="module")
+def registered():
+    from layertap.vllm.models import register_in_model
+
+    names = register_in_model()
+    assert names == list(IN_MODEL_FAMILIES)
+    return names
+
+
+class ScheduledTokens:
+    """Watches an in-process engine's scheduler: the tokens it schedules in each step, and the
+    speculative (draft) tokens among them."""
+
+    def __init__(self, llm):
+        scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+        schedule = scheduler.schedule
+        self.steps: list[dict[str, int]] = []
+        self.draft_tokens = 0
+
+        def watched_schedule(*args, **kwargs):
+            out = schedule(*args, **kwargs)
+            self.steps.append(dict(out.num_scheduled_tokens))
+            self.draft_tokens += sum(len(t) for t in out.scheduled_spec_decode_tokens.values())
+            return out
+
+        scheduler.schedule = watched_schedule
+
+    @property
+    def total(self) -> int:
+        return sum(sum(step.values()) for step in self.steps)
+
+
+@pytest.mark.parametrize("arch", IN_PROCESS_ARCHS)
+def test_values_equal_transformers_one_token_per_decode_step(arch, registered, tmp_path):
+    model = build_tiny_model(tmp_path / "model", arch)
+    out_dir = tmp_path / "hs"
+    with running_llm(False, **in_model_engine_args(model, out_dir)) as llm:
+        scheduled = ScheduledTokens(llm)
+        requests = run_requests(llm)
+    # No speculative decoding: each request is scheduled its uncached prompt tokens, then one token
+    # per decode step for each generated token but the last (vLLM's method schedules two).
+    assert scheduled.draft_tokens == 0
+    expected = sum(
+        len(out.prompt_token_ids) - out.num_cached_tokens + len(out.outputs[0].token_ids) - 1 for out, _ in requests
+    )
+    assert scheduled.total == expected
+    # The engine ran in this process: its shutdown handed the last requests to the connector.
+    reference = Reference(model)
+    with layertap.open(out_dir) as ds:
+        assert len(ds) == len(requests)
+        for out, ids in requests:
+            record = ds[out.kv_transfer_params["layertap"]["key"]]
+            assert_hidden_states_match(record, reference, ids, layers=STORED_LAYERS)
+
+
+def test_in_model_with_a_speculative_config_is_refused(registered, tmp_path):
+    from test_config import start_and_fail
+
+    model = build_tiny_model(tmp_path / "model", "Qwen2ForCausalLM")
+    args = in_model_engine_args(model, tmp_path / "hs", speculative_config=speculative_config(LAYERS))
+    assert 'layertap connector: capture: "in-model" runs without speculative decoding' in start_and_fail(args)
+
+
+def test_without_the_plugin_the_error_says_what_to_set(tmp_path):
+    """The connector asks for capture in the model but the plugin is off in the engine's process."""
+    model = build_tiny_model(tmp_path / "model", ENTRY_POINT_ARCH)
+    args = in_model_engine_args(model, tmp_path / "hs")
+    code = textwrap.dedent(f"""
+        from vllm import LLM
+        try:
+            LLM(**{args!r})
+        except Exception as e:
+            chain = []
+            while e is not None:
+                chain.append(str(e))
+                e = e.__cause__ or e.__context__
+            print("ERROR:", " | ".join(chain))
+    """)
+    env = {k: v for k, v in os.environ.items() if k != IN_MODEL_ENV_VAR}
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path
+    )
+    assert (
+        'layertap connector: capture: "in-model": the model has no hidden-states cache layer: '
+        "layertap's plugin did not register its class for ['LlamaForCausalLM']"
+    ) in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "set LAYERTAP_IN_MODEL=1 in the environment of the process that creates the engine" in proc.stdout
+    assert not any(tmp_path.glob("hs/*.lts"))
