@@ -9,6 +9,7 @@ the connector took has its record.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -21,9 +22,11 @@ import numpy as np
 from layertap.generate.data import BadRow, open_rows
 from layertap.generate.engine import (
     Outcome,
+    check_capture,
     check_connector_args,
     check_engine_args,
     check_json_object,
+    in_model_plugin,
     llm_kwargs,
     run_rows,
     sampling_kwargs,
@@ -185,6 +188,7 @@ def generate(
     connector_args: dict | str | None = None,
     progress: str = "auto",
     progress_interval: float = 10.0,
+    capture: str = "method",
 ) -> dict:
     """Writes the hidden states of every row of ``data`` into ``out`` and returns the summary
     (docs/GENERATE.md lists its fields). Raises GenerateError, before the engine starts, for bad
@@ -200,6 +204,7 @@ def generate(
     sampling = sampling_kwargs(check_json_object(sampling_args, "--sampling-args"), max_tokens)
     info = load_model_info(model, engine_args, need_tokenizer=rows.column != "input_ids")
     layer_ids = parse_layers(layers, info.num_layers)
+    capture = check_capture(capture, info.architectures)
     max_len, model_len = _max_lengths(max_len, max_tokens, engine_args, info.max_positions)
     renderer = Renderer(info.tokenizer, rows.column, info.vocab_size, max_len)
     out_dir = os.path.abspath(os.fspath(out))
@@ -228,17 +233,19 @@ def generate(
         )
         t_load = time.monotonic()
         if done_before < rows.num_rows:
-            outcome, t_engine, t_gen = _run_engine(
-                llm_kwargs(model, layer_ids, {**engine_args, "max_model_len": model_len}, connector),
-                _rendered(rows, done, renderer),
-                rows.num_rows,
-                rows.num_rows - done_before,
-                state,
-                sampling,
-                include_output_tokens,
-                progress,
-                progress_interval,
-            )
+            plugin = in_model_plugin(info.architectures) if capture == "in-model" else contextlib.nullcontext()
+            with plugin:
+                outcome, t_engine, t_gen = _run_engine(
+                    llm_kwargs(model, layer_ids, {**engine_args, "max_model_len": model_len}, connector, capture),
+                    _rendered(rows, done, renderer),
+                    rows.num_rows,
+                    rows.num_rows - done_before,
+                    state,
+                    sampling,
+                    include_output_tokens,
+                    progress,
+                    progress_interval,
+                )
         else:  # nothing left to do: no engine
             outcome, t_engine, t_gen = Outcome(saved=np.zeros(rows.num_rows, dtype=bool)), t_load, t_load
         written = _read_back(state, rows.num_rows)
@@ -258,6 +265,7 @@ def generate(
         "model_revision": info.revision,
         "layer_ids": layer_ids,
         "layer_numbering": "vllm",
+        "capture": capture,
         "dtype": written["dtype"],
         "max_len": max_len,
         "max_tokens": max_tokens,
