@@ -96,10 +96,12 @@ def batches(args):
 
     with_outputs = {"kv_transfer_params": {"include_output_tokens": True}}
     decode = SamplingParams(max_tokens=args.new_tokens, temperature=0.0, ignore_eos=True, extra_args=with_outputs)
+    # Without a connector vLLM warns about kv_transfer_params, once per request.
+    plain_decode = SamplingParams(max_tokens=args.new_tokens, temperature=0.0, ignore_eos=True)
     prefill = SamplingParams(max_tokens=1, temperature=0.0)
     return {
-        "decode": (prompts(args.prompt_tokens, 0), decode, args.requests * args.new_tokens),
-        "prefill": (prompts(args.prefill_tokens, 1), prefill, args.requests * args.prefill_tokens),
+        "decode": (prompts(args.prompt_tokens, 0), decode, plain_decode, args.requests * args.new_tokens),
+        "prefill": (prompts(args.prefill_tokens, 1), prefill, prefill, args.requests * args.prefill_tokens),
     }
 
 
@@ -128,15 +130,15 @@ def main() -> None:
         for mode in MODES:
             engines[mode] = start_engine(mode, model, work, args)
         work_items = batches(args)
-        for llm in engines.values():  # warm-up
-            for prompts, params, _ in work_items.values():
-                llm.generate(prompts, params, use_tqdm=False)
+        for mode, llm in engines.items():  # warm-up
+            for prompts, params, plain, _ in work_items.values():
+                llm.generate(prompts, plain if mode == "none" else params, use_tqdm=False)
         for turn in range(args.turns):
             # Each turn starts with another mode, so that no mode always follows the same one.
             for mode in MODES[turn % len(MODES) :] + MODES[: turn % len(MODES)]:
-                for phase, (prompts, params, tokens) in work_items.items():
+                for phase, (prompts, params, plain, tokens) in work_items.items():
                     start = time.perf_counter()
-                    engines[mode].generate(prompts, params, use_tqdm=False)
+                    engines[mode].generate(prompts, plain if mode == "none" else params, use_tqdm=False)
                     seconds = time.perf_counter() - start
                     run = {
                         "mode": mode,
@@ -199,5 +201,10 @@ def write_results(args, runs: list[dict]) -> None:
 
 
 if __name__ == "__main__":
+    # One torch thread in every engine's worker, as vLLM itself picks for serving. Without it,
+    # the workers of engines started after the first inherit OMP_NUM_THREADS=2 from this process
+    # and keep two spin-waiting threads each, which on a 2-core machine slows them several times
+    # against the first ("OMP_NUM_THREADS=2 is set; leaving Torch threads at 2" in their logs).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.update(VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
     main()

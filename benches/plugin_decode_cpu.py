@@ -178,6 +178,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # One torch thread in every engine's worker (capture_cpu.py says why).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.update(LAYERTAP_BENCH_HOOKED_LLAMA="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
     register_hooked_llama()
     main()
