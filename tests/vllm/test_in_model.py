@@ -107,6 +107,18 @@ def test_generate_with_capture_in_model(tmp_path):
             assert_hidden_states_match(record, reference, record.token_ids.tolist(), layers=[0, 2, 4])
 
 
+def test_generate_refuses_capture_in_model_for_an_architecture_without_a_class():
+    from layertap.generate import GenerateError
+    from layertap.generate.engine import check_capture
+
+    assert check_capture("in-model", ["Qwen2ForCausalLM"]) == "in-model"
+    assert check_capture("method", ["GraniteForCausalLM"]) == "method"
+    with pytest.raises(GenerateError, match=r"--capture in-model: no in-model class for .*\['GraniteForCausalLM'\]"):
+        check_capture("in-model", ["GraniteForCausalLM"])
+    with pytest.raises(GenerateError, match="--capture must be one of method, in-model, got 'eagle'"):
+        check_capture("eagle", ["LlamaForCausalLM"])
+
+
 @pytest.fixture(scope="module")
 def registered():
     from layertap.vllm.models import register_in_model
