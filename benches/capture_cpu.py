@@ -8,7 +8,8 @@ Modes, one engine each (each engine core in its own process), the same tiny rand
 - ``in-model``: the connector with ``capture="in-model"``: layertap's plugin (``LAYERTAP_IN_MODEL``)
   gives the engine a Llama that caches the layers itself, no speculative method;
 - ``method-noop``, ``in-model-noop``: the same captures with a connector that frees every
-  request's blocks at once and writes nothing (``gpu/noop_connector.py``): each capture's floor.
+  request's blocks at once and writes nothing (``gpu/noop_connector.py``): each capture's floor;
+- ``noop``: that connector alone, no capture: what having a KV connector costs vLLM.
 
 Each turn runs a decode batch (``--requests`` x (``--prompt-tokens`` prompt + ``--new-tokens``
 generated), records with the generated tokens) and a prefill batch (``--requests`` x
@@ -32,7 +33,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-MODES = ("none", "method", "in-model", "method-noop", "in-model-noop")
+MODES = ("none", "noop", "method", "in-model", "method-noop", "in-model-noop")
 LAYERS = [2, 3, 4]
 
 
@@ -51,14 +52,14 @@ def start_engine(mode: str, model: str, work: Path, args):
         enable_prefix_caching=False,
     )
     in_model = mode.startswith("in-model")
-    if mode != "none" and not in_model:
+    if mode not in ("none", "noop") and not in_model:
         kwargs["speculative_config"] = {
             "method": "extract_hidden_states",
             "num_speculative_tokens": 1,
             "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": LAYERS}},
         }
     capture = {"capture": "in-model", "layer_ids": LAYERS} if in_model else {}
-    if mode.endswith("-noop"):
+    if mode.endswith("noop"):
         kwargs["kv_transfer_config"] = {
             "kv_connector": "NoopConnector",
             "kv_connector_module_path": "noop_connector",
@@ -176,7 +177,7 @@ def write_results(args, runs: list[dict]) -> None:
         f"records with the generated tokens, generated tok/s. Prefill: {args.requests} x {args.prefill_tokens} "
         "tokens, one generated, prompt tok/s. none: no extraction; method: extract_hidden_states + layertap's "
         'connector; in-model: the connector with capture="in-model" (no speculative method); -noop: the same '
-        "capture with a connector that writes nothing.",
+        "capture with a connector that writes nothing; noop: that connector alone.",
         "",
     ]
     for phase in ("decode", "prefill"):
