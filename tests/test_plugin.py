@@ -1,6 +1,7 @@
-"""The plugin's parts that need no vLLM engine: the switch (``LAYERTAP_EAGLE3``), the entry point,
-and the hooks that read the residual stream (on toy decoder layers). The plugin against real
-vLLM engines and transformers is tested in tests/vllm/test_plugin_values.py."""
+"""The plugin's parts that need no vLLM engine: the switches (``LAYERTAP_EAGLE3``,
+``LAYERTAP_IN_MODEL``), the entry point, and the hooks that read the residual stream (on toy
+decoder layers). The plugin against real vLLM engines and transformers is tested in
+tests/vllm/test_plugin_values.py and tests/vllm/test_in_model.py."""
 
 from __future__ import annotations
 
@@ -13,13 +14,21 @@ import pytest
 import torch
 
 from layertap._tiny_families import ARCHITECTURES
-from layertap.vllm.models import ENV_VAR, FAMILIES, architectures_from_env
+from layertap.vllm.models import (
+    ENV_VAR,
+    FAMILIES,
+    IN_MODEL_ENV_VAR,
+    IN_MODEL_FAMILIES,
+    architectures_from_env,
+    in_model_architectures_from_env,
+)
 from layertap.vllm.models.capture import StreamCapture
 from layertap.vllm.models.families import FUSED, PLAIN
 
 
 def test_every_family_has_a_tiny_model_to_test_it_with():
-    assert sorted(ARCHITECTURES) == sorted(FAMILIES)
+    assert sorted(ARCHITECTURES) == sorted(IN_MODEL_FAMILIES)
+    assert set(FAMILIES) <= set(IN_MODEL_FAMILIES)
 
 
 @pytest.mark.parametrize(
@@ -44,6 +53,26 @@ def test_an_unknown_architecture_is_refused_by_name():
         architectures_from_env("LlamaForCausalLM")
 
 
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("", []),
+        ("0", []),
+        ("1", list(IN_MODEL_FAMILIES)),
+        ("LlamaForCausalLM,Gemma2ForCausalLM", ["LlamaForCausalLM", "Gemma2ForCausalLM"]),
+    ],
+)
+def test_the_in_model_variable_names_the_architectures(value, expected):
+    assert in_model_architectures_from_env(value) == expected
+
+
+def test_an_architecture_without_in_model_capture_is_refused_by_name():
+    with pytest.raises(
+        ValueError, match=r"LAYERTAP_IN_MODEL='GraniteForCausalLM': unknown architecture\(s\) \['GraniteForCausalLM'\]"
+    ):
+        in_model_architectures_from_env("GraniteForCausalLM")
+
+
 def test_vllm_finds_the_entry_point():
     [entry] = [e for e in entry_points(group="vllm.general_plugins") if e.name == "layertap"]
     assert entry.value == "layertap_vllm_plugin:register"
@@ -55,12 +84,13 @@ def test_the_entry_point_imports_nothing_of_layertap_unless_asked():
         "import sys, layertap_vllm_plugin; layertap_vllm_plugin.register(); "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'layertap'))"
     )
-    for value in (None, "", "0"):
-        env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
-        if value is not None:
-            env[ENV_VAR] = value
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-        assert out.stdout.strip() == "[]", (value, out.stdout, out.stderr)
+    for var in (ENV_VAR, IN_MODEL_ENV_VAR):
+        for value in (None, "", "0"):
+            env = {k: v for k, v in os.environ.items() if k not in (ENV_VAR, IN_MODEL_ENV_VAR)}
+            if value is not None:
+                env[var] = value
+            out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+            assert out.stdout.strip() == "[]", (var, value, out.stdout, out.stderr)
 
 
 # Toy decoder layers in vLLM's two conventions. Each adds a branch that depends on its input.

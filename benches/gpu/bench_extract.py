@@ -13,7 +13,11 @@ modes:
 - `layertap-python`: layertap's connector with writer="python", codec none;
 - `layertap-rust-none`, `layertap-rust-bp16`: writer="rust" with codec none / bp16-zstd;
 - `layertap-rust-none-direct`, `layertap-rust-bp16-direct`: the same with `direct=True` (O_DIRECT:
-  no page cache, so what is readable is already on the disk).
+  no page cache, so what is readable is already on the disk);
+- `layertap-inmodel`: `layertap-rust-bp16` with the connector option `capture="in-model"`: the
+  model class of layertap's plugin (``LAYERTAP_IN_MODEL``) caches the layers itself, no
+  speculative method (docs/CONNECTOR.md, "Capture in the model");
+- `noop-inmodel`: the same capture with the `noop` connector: the floor of capture in the model.
 
 It measures, from the start of the timed `generate` (after a warm-up batch, whose records are
 written and waited for before the clock starts):
@@ -46,7 +50,11 @@ MODES = (
     "layertap-rust-bp16",
     "layertap-rust-none-direct",
     "layertap-rust-bp16-direct",
+    "layertap-inmodel",
+    "noop-inmodel",
 )
+#: Modes whose connector writes nothing.
+NO_RECORDS = ("none", "noop", "noop-inmodel")
 WARMUP = 32
 
 
@@ -109,19 +117,27 @@ def engine_kwargs(args, out: Path, stats_path: Path) -> dict:
     if args.mode == "none":
         return kw
     layers = [int(x) for x in args.layers.split(",")]
-    kw["speculative_config"] = {
-        "method": "extract_hidden_states",
-        "num_speculative_tokens": 1,
-        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layers}},
-    }
-    if args.mode in ("upstream", "noop"):
+    in_model = args.mode.endswith("-inmodel")
+    if in_model:
+        # The plugin's class for the model's architecture, in every process the engine starts.
+        archs = json.loads((args.model / "config.json").read_text())["architectures"]
+        os.environ["LAYERTAP_IN_MODEL"] = ",".join(archs)
+    else:
+        kw["speculative_config"] = {
+            "method": "extract_hidden_states",
+            "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layers}},
+        }
+    capture = {"capture": "in-model", "layer_ids": layers} if in_model else {}
+    if args.mode in ("upstream", "noop", "noop-inmodel"):
         sys.path.insert(0, str(HERE))
         os.environ["PYTHONPATH"] = f"{HERE}:{os.environ.get('PYTHONPATH', '')}"
-    if args.mode == "noop":
+    if args.mode in ("noop", "noop-inmodel"):
         kw["kv_transfer_config"] = {
             "kv_connector": "NoopConnector",
             "kv_connector_module_path": "noop_connector",
             "kv_role": "kv_producer",
+            "kv_connector_extra_config": capture,
         }
         return kw
     if args.mode == "upstream":
@@ -133,7 +149,7 @@ def engine_kwargs(args, out: Path, stats_path: Path) -> dict:
             "kv_connector_extra_config": {"shared_storage_path": str(out)},
         }
         return kw
-    extra = {"output_dir": str(out), "stats_path": str(stats_path)}
+    extra = {"output_dir": str(out), "stats_path": str(stats_path), **capture}
     extra.update(args.extra)
     if args.mode == "layertap-python":
         extra.update(writer="python", codec="none")
@@ -150,7 +166,7 @@ def engine_kwargs(args, out: Path, stats_path: Path) -> dict:
 
 
 def step_stats(mode: str, stats_path: Path) -> dict:
-    if mode in ("none", "noop") or not stats_path.exists():
+    if mode in NO_RECORDS or not stats_path.exists():
         return {}
     data = json.loads(stats_path.read_text())
     if mode == "upstream":
@@ -225,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     seen: set[str] = set()
 
     llm.generate(prompts[:WARMUP], sp, use_tqdm=False)
-    if args.mode not in ("none", "noop"):
+    if args.mode not in NO_RECORDS:
         wait_records(args.mode, args.out, WARMUP, args.timeout, seen)
     os.sync()
     bytes_before = dir_bytes(args.out)
@@ -235,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     t_gen = time.perf_counter()
     assert len(outs) == args.prompts
     t_read = t_gen
-    if args.mode not in ("none", "noop"):
+    if args.mode not in NO_RECORDS:
         t_read = wait_records(args.mode, args.out, WARMUP + args.prompts, args.timeout, seen)
     os.sync()
     t_dur = time.perf_counter()

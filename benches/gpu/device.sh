@@ -4,6 +4,8 @@
 #   bash benches/gpu/device.sh smoke|1b|8b [MODE...]   extraction benchmark (run.sh) + disk + table
 #   bash benches/gpu/device.sh writer                  writer benchmark against dd
 #   bash benches/gpu/device.sh generate 1b|8b          layertap generate against the bare connector
+#   bash benches/gpu/device.sh check-inmodel [ARCH...] capture in the model against transformers,
+#                                                      CUDA graphs and eager (default: Llama, Gemma 2)
 # Results accumulate in /tmp/layertap-results (kept while the machine stays warm) and are packed
 # into $OUT/results.tgz after every call.
 set -uo pipefail
@@ -25,6 +27,14 @@ case $what in
     esac
     python3 benches/bench_generate.py "${gen_args[@]}" --rounds 2 --scratch "$SCRATCH/generate" \
       --out "$results/generate-${1:-1b}" 2>&1 | tail -n 20 ;;
+  check-inmodel)
+    [ $# -gt 0 ] || set -- LlamaForCausalLM Gemma2ForCausalLM
+    log=$results/check-inmodel.log
+    python3 tests/vllm/gpu_check_plugin.py "$SCRATCH/check-inmodel" --in-model "$@" > "$log" 2>&1
+    grep -a -e '^{' -e PLUGIN-GPU-CHECK -e 'Error' "$log" | cut -c1-600
+    # Full graphs of decode steps are captured unless something held the engine to PIECEWISE.
+    echo "graphs: $(grep -ao 'Capturing CUDA graphs ([^)]*)' "$log" | sort | uniq -c | tr '\n' ' ')"
+    grep -a 'setting cudagraph_mode' "$log" | cut -c1-300 | sort -u ;;
   writer)
     python3 benches/bench_writer.py --dir "$SCRATCH/writer" --total 4GiB --threads 8 \
       --activations .devbundle/acts/activations.safetensors --out "$results/writer-h200" ;;

@@ -51,14 +51,15 @@ def fmt(x: float | None, spec: str) -> str:
 def case_table(case: str, rows: dict[str, dict]) -> str:
     base = rows.get("none")
     noop = rows.get("noop")
+    noop_inmodel = rows.get("noop-inmodel")
     up = rows.get("upstream")
     out = [
         f"### {CASES.get(case, case)}",
         "",
         "| mode | tok/s generate | tok/s readable | tok/s durable | vs none (gen / read / durable) | vs noop (gen) | "
-        "GB on disk | vs upstream bytes | engine-thread us/step p50 / p99 | pool stalls s | "
+        "vs noop-inmodel (gen) | GB on disk | vs upstream bytes | engine-thread us/step p50 / p99 | pool stalls s | "
         "compression thread-s / threads |",
-        "|---|---:|---:|---:|---|---:|---:|---:|---|---:|---|",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---|---:|---|",
     ]
     for label, r in sorted(rows.items(), key=lambda kv: (MODES.index(kv[1]["mode"]), kv[0])):
         mode = r["mode"]
@@ -67,12 +68,13 @@ def case_table(case: str, rows: dict[str, dict]) -> str:
             b = base["tok_s_generate"]
             ratios = " / ".join(f"{r[k] / b:.2f}" for k in ("tok_s_generate", "tok_s_readable", "tok_s_durable"))
         vs_noop = f"{r['tok_s_generate'] / noop['tok_s_generate']:.2f}" if noop else "-"
+        vs_noop_inmodel = f"{r['tok_s_generate'] / noop_inmodel['tok_s_generate']:.2f}" if noop_inmodel else "-"
         vs_up = (
             f"{r['bytes_on_disk'] / up['bytes_on_disk']:.2f}" if up and up["bytes_on_disk"] and mode != "none" else "-"
         )
         p50, p99 = step_times(r)
         out.append(
-            f"| {label} | {r['tok_s_generate']:,.0f} | {r['tok_s_readable']:,.0f} | {r['tok_s_durable']:,.0f} | {ratios} | {vs_noop} | "
+            f"| {label} | {r['tok_s_generate']:,.0f} | {r['tok_s_readable']:,.0f} | {r['tok_s_durable']:,.0f} | {ratios} | {vs_noop} | {vs_noop_inmodel} | "
             f"{r['bytes_on_disk'] / 1e9:.2f} | {vs_up} | {fmt(p50, '.0f')} / {fmt(p99, '.0f')} | {where_time_goes(r)} |"
         )
     return "\n".join(out) + "\n"

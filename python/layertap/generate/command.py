@@ -38,6 +38,13 @@ def add_parser(sub) -> None:
         "the final norm); default EAGLE-3's 2,N//2,N-3,N",
     )
     p.add_argument(
+        "--capture",
+        choices=("method", "in-model"),
+        default="method",
+        help="how vLLM caches the hidden states: method (vLLM's extract_hidden_states, the default) or "
+        "in-model (layertap's model class, no speculative decoding: faster decode; docs/CONNECTOR.md)",
+    )
+    p.add_argument(
         "--max-tokens",
         type=int,
         default=1,
@@ -124,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
             progress_interval=args.progress_interval,
             data_parallel_size=args.data_parallel_size,
             ray_address=args.ray_address,
+            capture=args.capture,
         )
     except GenerateError as e:
         print(f"layertap generate: {e}", file=sys.stderr)

@@ -10,10 +10,12 @@ to see each request finish.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import inspect
 import json
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,8 +27,11 @@ from layertap.generate.errors import GenerateError
 
 #: ``LLM`` arguments that generate sets itself.
 RESERVED_ENGINE_ARGS = ("model", "speculative_config", "kv_transfer_config")
-#: Connector options that generate sets itself.
-RESERVED_CONNECTOR_ARGS = ("output_dir", "writer_id", "shard_metadata")
+#: Connector options that generate sets itself (``capture`` and ``layer_ids`` from ``--capture``
+#: and ``--layers``).
+RESERVED_CONNECTOR_ARGS = ("output_dir", "writer_id", "shard_metadata", "capture", "layer_ids")
+#: Values of ``--capture`` (the connector's ``capture`` option).
+CAPTURE_MODES = ("method", "in-model")
 #: Requests kept in the engine per ``max_num_seqs``.
 WINDOW_PER_SEQ = 2
 
@@ -99,7 +104,54 @@ def sampling_kwargs(sampling_args: dict, max_tokens: int) -> dict:
     return kwargs
 
 
-def llm_kwargs(model: str, layers: list[int], engine_args: dict, connector: dict) -> dict:
+def check_capture(capture: Any, architectures: list[str]) -> str:
+    """``--capture``; with ``in-model``, the model's architecture must be one the plugin covers."""
+    if capture not in CAPTURE_MODES:
+        raise GenerateError(f"--capture must be one of {', '.join(CAPTURE_MODES)}, got {capture!r}")
+    if capture == "in-model":
+        from layertap.vllm.models import IN_MODEL_FAMILIES
+
+        uncovered = [a for a in architectures if a not in IN_MODEL_FAMILIES] or (not architectures and ["?"])
+        if uncovered:
+            raise GenerateError(
+                f"--capture in-model: no in-model class for the model's architecture {architectures}; "
+                f"covered: {', '.join(sorted(IN_MODEL_FAMILIES))} (use --capture method)"
+            )
+    return capture
+
+
+@contextlib.contextmanager
+def in_model_plugin(architectures: list[str]) -> Iterator[None]:
+    """Turns the plugin's in-model classes on for ``architectures`` while the engine starts and
+    runs: registered in this process (for an engine that runs in it) and, through
+    ``LAYERTAP_IN_MODEL``, in the processes the engine starts, which inherit the environment. A
+    value the user set is kept; the one set here is removed at the end."""
+    from layertap.vllm.models import IN_MODEL_ENV_VAR, register_in_model
+
+    set_here = os.environ.get(IN_MODEL_ENV_VAR, "").strip() in ("", "0")
+    if set_here:
+        os.environ[IN_MODEL_ENV_VAR] = ",".join(architectures)
+    try:
+        register_in_model(architectures)
+        yield
+    finally:
+        if set_here:
+            del os.environ[IN_MODEL_ENV_VAR]
+
+
+def llm_kwargs(model: str, layers: list[int], engine_args: dict, connector: dict, capture: str = "method") -> dict:
+    """The ``LLM`` arguments: with ``capture="method"`` vLLM's ``extract_hidden_states`` method
+    caches the layers; with ``"in-model"`` the model class does (no speculative configuration;
+    start the engine inside ``in_model_plugin``)."""
+    kv_transfer = {
+        "kv_connector": "LayertapConnector",
+        "kv_connector_module_path": "layertap.vllm",
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": connector,
+    }
+    if capture == "in-model":
+        kv_transfer["kv_connector_extra_config"] = {**connector, "capture": "in-model", "layer_ids": list(layers)}
+        return {**engine_args, "model": model, "kv_transfer_config": kv_transfer}
     return {
         **engine_args,
         "model": model,
@@ -108,12 +160,7 @@ def llm_kwargs(model: str, layers: list[int], engine_args: dict, connector: dict
             "num_speculative_tokens": 1,
             "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(layers)}},
         },
-        "kv_transfer_config": {
-            "kv_connector": "LayertapConnector",
-            "kv_connector_module_path": "layertap.vllm",
-            "kv_role": "kv_producer",
-            "kv_connector_extra_config": connector,
-        },
+        "kv_transfer_config": kv_transfer,
     }
 
 

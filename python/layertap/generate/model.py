@@ -4,7 +4,7 @@ which layer ids to record."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from layertap.generate.errors import GenerateError
@@ -18,6 +18,8 @@ class ModelInfo:
     vocab_size: int
     max_positions: int | None
     tokenizer: Any
+    architectures: list[str] = field(default_factory=list)
+    """The configuration's ``architectures`` (vLLM picks its model class by them)."""
 
 
 def _first_line(e: BaseException) -> str:
@@ -59,6 +61,7 @@ def load_model_info(model: str, engine_args: dict, need_tokenizer: bool = True) 
         vocab_size=vocab,
         max_positions=getattr(text, "max_position_embeddings", None),
         tokenizer=tokenizer,
+        architectures=list(getattr(config, "architectures", None) or []),
     )
 
 

@@ -9,6 +9,7 @@ the connector took has its record.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -22,9 +23,11 @@ import numpy as np
 from layertap.generate.data import BadRow, open_rows
 from layertap.generate.engine import (
     Outcome,
+    check_capture,
     check_connector_args,
     check_engine_args,
     check_json_object,
+    in_model_plugin,
     llm_kwargs,
     run_rows,
     sampling_kwargs,
@@ -191,6 +194,7 @@ class Checked:
     connector: dict
     progress: str
     out_dir: str
+    capture: str
 
 
 def check_options(options: dict) -> Checked:
@@ -208,6 +212,7 @@ def check_options(options: dict) -> Checked:
     sampling = sampling_kwargs(check_json_object(o["sampling_args"], "--sampling-args"), o["max_tokens"])
     info = load_model_info(o["model"], engine_args, need_tokenizer=rows.column != "input_ids")
     layer_ids = parse_layers(o["layers"], info.num_layers)
+    capture = check_capture(o.get("capture", "method"), info.architectures)
     max_len, model_len = _max_lengths(max_len, o["max_tokens"], engine_args, info.max_positions)
     renderer = Renderer(info.tokenizer, rows.column, info.vocab_size, max_len)
     out_dir = os.path.abspath(os.fspath(o["out"]))
@@ -230,6 +235,7 @@ def check_options(options: dict) -> Checked:
         connector,
         progress,
         out_dir,
+        capture,
     )
 
 
@@ -250,6 +256,7 @@ def generate(
     progress_interval: float = 10.0,
     data_parallel_size: int | None = None,
     ray_address: str | None = None,
+    capture: str = "method",
 ) -> dict:
     """Writes the hidden states of every row of ``data`` into ``out`` and returns the summary
     (docs/GENERATE.md lists its fields). Raises GenerateError, before the engine starts, for bad
@@ -272,6 +279,7 @@ def generate(
         "connector_args": connector_args,
         "progress": progress,
         "progress_interval": progress_interval,
+        "capture": capture,
     }
     from layertap.generate.parallel import wants_parallel
 
@@ -313,18 +321,20 @@ def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callab
         if report is not None:
             report({"writer_id": state.writer_id, "phase": "engine_start"})
         if todo:
-            outcome, t_engine, t_gen = _run_engine(
-                llm_kwargs(model, layer_ids, {**c.engine_args, "max_model_len": c.model_len}, connector),
-                _rendered(rows, skip, c.renderer),
-                rows.num_rows,
-                todo,
-                state,
-                c.sampling,
-                o["include_output_tokens"],
-                c.progress,
-                o["progress_interval"],
-                report,
-            )
+            plugin = in_model_plugin(info.architectures) if c.capture == "in-model" else contextlib.nullcontext()
+            with plugin:
+                outcome, t_engine, t_gen = _run_engine(
+                    llm_kwargs(model, layer_ids, {**c.engine_args, "max_model_len": c.model_len}, connector, c.capture),
+                    _rendered(rows, skip, c.renderer),
+                    rows.num_rows,
+                    todo,
+                    state,
+                    c.sampling,
+                    o["include_output_tokens"],
+                    c.progress,
+                    o["progress_interval"],
+                    report,
+                )
         else:  # nothing left to do: no engine
             outcome, t_engine, t_gen = Outcome(saved=np.zeros(rows.num_rows, dtype=bool)), t_load, t_load
         written = _read_back(state, rows.num_rows)
@@ -344,6 +354,7 @@ def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callab
         "model_revision": info.revision,
         "layer_ids": layer_ids,
         "layer_numbering": "vllm",
+        "capture": c.capture,
         "dtype": written["dtype"],
         "max_len": c.max_len,
         "max_tokens": o["max_tokens"],

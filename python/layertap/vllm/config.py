@@ -120,6 +120,14 @@ def lower_encoder_priority(nice: int = ENCODER_NICE, expected: int = 0) -> int:
     return changed
 
 
+#: Values of the ``capture`` option: how the hidden states reach the KV cache.
+#: ``"method"``: vLLM's ``extract_hidden_states`` speculative method (its draft "model" caches
+#: them; the layer ids come from the speculative configuration). ``"in-model"``: the model class
+#: that layertap's plugin registers caches them itself, without speculative decoding (the layer
+#: ids come from the ``layer_ids`` option); docs/CONNECTOR.md, "Capture in the model".
+CAPTURE_MODES = ("method", "in-model")
+
+
 class ConfigError(InvalidInputError):
     """A ``kv_connector_extra_config`` option (or the vLLM configuration around the connector) is
     not acceptable; ``option`` names it."""
@@ -181,6 +189,11 @@ class ConnectorOptions:
     worker completes them (``writer_options_for``)."""
     given: frozenset[str] = frozenset()
     """The ``WriterOptions`` fields the configuration set."""
+    capture: str = "method"
+    """One of ``CAPTURE_MODES``."""
+    layer_ids: tuple[int, ...] | None = None
+    """The layer ids to record, as given (``capture="in-model"`` only; with the method they are
+    the speculative configuration's)."""
 
     @property
     def writer_id(self) -> str | None:
@@ -225,11 +238,52 @@ def _writer(value: Any) -> str:
     return value
 
 
+def _capture(value: Any) -> str:
+    if value not in CAPTURE_MODES:
+        raise ConfigError("capture", f"must be one of {', '.join(map(repr, CAPTURE_MODES))}, not {value!r}")
+    return value
+
+
+def _layer_ids(value: Any) -> tuple[int, ...]:
+    if (
+        not isinstance(value, (list, tuple))
+        or not value
+        or not all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+    ):
+        raise ConfigError("layer_ids", f"must be a non-empty list of layer ids (integers), not {value!r}")
+    if len(set(value)) != len(value):
+        raise ConfigError("layer_ids", f"{list(value)} repeats a layer; give each id once")
+    negative = [i for i in value if i < 0]
+    if negative:
+        raise ConfigError(
+            "layer_ids", f"{negative} are negative: ids go from 0 (the embeddings) to the number of layers"
+        )
+    return tuple(value)
+
+
+def in_model_layer_ids(extra_config: Any) -> tuple[int, ...] | None:
+    """The layer ids a ``kv_connector_extra_config`` asks the model to cache itself
+    (``capture="in-model"``), or None when it does not. Reads only ``capture`` and ``layer_ids``, so
+    that layertap's model classes can read them from any connector's configuration when the model
+    is built (``parse_options`` checks them the same way, with the other options)."""
+    if not isinstance(extra_config, Mapping) or extra_config.get("capture") is None:
+        return None
+    if _capture(extra_config["capture"]) != "in-model":
+        return None
+    if extra_config.get("layer_ids") is None:
+        raise ConfigError(
+            "layer_ids", 'required with capture="in-model": the layer ids to record, e.g. [2, 16, 29, 32]'
+        )
+    return _layer_ids(extra_config["layer_ids"])
+
+
 _CONNECTOR_PARSERS = {
     "output_dir": lambda v: _path("output_dir", v),
     "writer": _writer,
     "pool_bytes": lambda v: _positive_or_none("pool_bytes", v),
     "stats_path": lambda v: None if v is None else _path("stats_path", v),
+    "capture": lambda v: "method" if v is None else _capture(v),
+    "layer_ids": lambda v: None if v is None else _layer_ids(v),
 }
 
 #: Every option ``kv_connector_extra_config`` may hold.
@@ -252,6 +306,14 @@ def parse_options(extra_config: Mapping[str, Any] | None) -> ConnectorOptions:
     if "output_dir" not in extra_config:
         raise ConfigError("output_dir", "required: the dataset directory to write shards into")
     values = {k: parse(extra_config[k]) for k, parse in _CONNECTOR_PARSERS.items() if k in extra_config}
+    if values.get("capture") == "in-model":
+        in_model_layer_ids(extra_config)  # layer_ids is required
+    elif values.get("layer_ids") is not None:
+        raise ConfigError(
+            "layer_ids",
+            'only with capture="in-model"; with vLLM\'s extract_hidden_states method the layer ids are '
+            "the speculative_config's eagle_aux_hidden_state_layer_ids",
+        )
     # null means the default, as if the key were not there.
     given = {WRITER_KEYS[k]: v for k, v in extra_config.items() if k in WRITER_KEYS and v is not None}
     try:

@@ -24,7 +24,8 @@ class EngineFacts:
     layer_ids: tuple[int, ...]
     """Layer ids in the order the hidden-states cache stores them (ascending)."""
     requested_layer_ids: tuple[int, ...]
-    """``eagle_aux_hidden_state_layer_ids`` as configured."""
+    """The layer ids as configured (``eagle_aux_hidden_state_layer_ids``, or the ``layer_ids``
+    option with ``capture="in-model"``)."""
     num_model_layers: int
     hidden_size: int
     model: str
@@ -44,14 +45,26 @@ class EngineFacts:
     """Most requests running at once: as many can finish in one step (a decode burst)."""
 
 
-def _layer_ids(vllm_config: Any) -> tuple[int, ...]:
+def _layer_ids(vllm_config: Any, options: ConnectorOptions) -> tuple[int, ...]:
+    """The layer ids as configured: the ``layer_ids`` option with ``capture="in-model"``, else the
+    ``extract_hidden_states`` speculative configuration's."""
     spec = vllm_config.speculative_config
+    if options.capture == "in-model":
+        if spec is not None:
+            raise ConfigError(
+                "capture",
+                f'"in-model" runs without speculative decoding, but speculative_config (method '
+                f'{getattr(spec, "method", None)!r}) is set; remove it, or use capture="method"',
+            )
+        assert options.layer_ids is not None  # parse_options requires them
+        return options.layer_ids
     if spec is None or getattr(spec, "method", None) != "extract_hidden_states":
         raise ConfigError(
             "speculative_config",
             'the connector needs speculative_config={"method": "extract_hidden_states", '
             '"num_speculative_tokens": 1, "draft_model_config": {"hf_config": '
-            '{"eagle_aux_hidden_state_layer_ids": [...]}}}',
+            '{"eagle_aux_hidden_state_layer_ids": [...]}}}, or the connector option '
+            'capture="in-model" with layer_ids (docs/CONNECTOR.md)',
         )
     hf_config = spec.draft_model_config.hf_config
     ids = getattr(hf_config, "eagle_aux_hidden_state_layer_ids", None)
@@ -71,16 +84,16 @@ def _layer_ids(vllm_config: Any) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def _check_layer_ids(ids: tuple[int, ...], num_layers: int) -> None:
+def _check_layer_ids(ids: tuple[int, ...], num_layers: int, option: str) -> None:
     if len(set(ids)) != len(ids):
         raise ConfigError(
-            "eagle_aux_hidden_state_layer_ids",
+            option,
             f"{list(ids)} repeats a layer; vLLM stores each layer once, so give each id once",
         )
     bad = [i for i in ids if not 0 <= i <= num_layers]
     if bad:
         raise ConfigError(
-            "eagle_aux_hidden_state_layer_ids",
+            option,
             f"{bad} out of range for a model of {num_layers} layers: id k < {num_layers} is the "
             f"input of decoder layer k (0: the embeddings), {num_layers} is the last layer's output",
         )
@@ -116,7 +129,8 @@ def hidden_states_group(kv_cache_config: Any) -> tuple[int, int]:
             raise ConfigError(
                 "kv_cache_config",
                 f"cannot tell which of the {len(groups)} KV-cache groups holds the hidden states "
-                f"(candidates: {found}); the extract_hidden_states layer must be in exactly one group",
+                f"(candidates: {found}); the hidden-states cache layer (extract_hidden_states' draft "
+                "model's, or with capture=\"in-model\" the model's own) must be in exactly one group",
             )
     gid = found[0]
     return gid, int(groups[gid].kv_cache_spec.block_size)
@@ -146,8 +160,9 @@ def read_engine_facts(vllm_config: Any, kv_cache_config: Any, options: Connector
         raise ConfigError("pipeline_parallel_size", "pipeline parallelism is not supported by the connector")
     model_config = vllm_config.model_config
     num_layers = model_config.get_total_num_hidden_layers()
-    requested = _layer_ids(vllm_config)
-    _check_layer_ids(requested, num_layers)
+    requested = _layer_ids(vllm_config, options)
+    option = "layer_ids" if options.capture == "in-model" else "eagle_aux_hidden_state_layer_ids"
+    _check_layer_ids(requested, num_layers, option)
     if kv_cache_config is None:
         raise ConfigError("kv_cache_config", "vLLM gave the connector no KV-cache configuration (vLLM too old?)")
     group_id, block_size = hidden_states_group(kv_cache_config)

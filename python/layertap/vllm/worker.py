@@ -100,6 +100,10 @@ class WorkerSide:
 
         names = list(get_layers_from_vllm_config(self.vllm_config, CacheOnlyAttentionLayer, list(kv_caches)))
         if len(names) != 1:
+            if self.options.capture == "in-model":
+                from layertap.vllm.models import missing_cache_layer
+
+                raise missing_cache_layer(self.vllm_config.model_config.architectures, names)
             raise ConfigError(
                 "speculative_config",
                 f"expected one extract_hidden_states cache layer among the KV caches, found {names}",

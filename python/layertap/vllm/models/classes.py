@@ -19,10 +19,9 @@ from layertap.vllm.models.capture import StreamCapture
 from layertap.vllm.models.families import FAMILIES, Family
 
 
-class AuxHiddenStatesMixin:
-    """``SupportsEagle3`` for a model whose family is known (``_layertap_family``): vLLM calls
-    ``set_aux_hidden_state_layers`` once the model is loaded, and then expects ``forward`` to
-    return ``(hidden_states, [one tensor per layer id, ascending])``."""
+class StreamCaptureOwner:
+    """A model whose family is known (``_layertap_family``) and that reads its residual stream
+    with one ``StreamCapture``, made on first use."""
 
     _layertap_family: Family
 
@@ -34,6 +33,12 @@ class AuxHiddenStatesMixin:
             # Plain attribute (nn.Module.__setattr__ would too: it is no Module or Parameter).
             self.__dict__["_layertap_stream_capture"] = capture
         return capture
+
+
+class AuxHiddenStatesMixin(StreamCaptureOwner):
+    """``SupportsEagle3`` for a model whose family is known (``_layertap_family``): vLLM calls
+    ``set_aux_hidden_state_layers`` once the model is loaded, and then expects ``forward`` to
+    return ``(hidden_states, [one tensor per layer id, ascending])``."""
 
     def set_aux_hidden_state_layers(self, layers: tuple[int, ...]) -> None:
         from vllm.distributed import get_pp_group

@@ -64,5 +64,26 @@ _FAMILIES = {
     "GPT2LMHeadModel": _family("gpt2", PLAIN, layers="transformer.h"),
 }
 
-#: Every architecture the plugin knows, with its family.
+#: Every architecture the plugin gives the EAGLE-3 interface, with its family.
 FAMILIES: dict[str, Family] = {arch: make(arch) for arch, make in _FAMILIES.items()}
+
+# Architectures whose vLLM class has the EAGLE-3 interface itself (in 0.26 and 0.32), read the same
+# way as those above: with capture in the model (``in_model.py``) their own aux hidden states are
+# not used, the hooks are. Each is checked against transformers by tests/vllm/test_in_model.py.
+_WITH_INTERFACE = {
+    "LlamaForCausalLM": _family("llama"),
+    # vLLM's MistralForCausalLM and Phi3ForCausalLM are Llama's model with other weight names.
+    "MistralForCausalLM": _family("mistral"),
+    "Phi3ForCausalLM": _family("phi3"),
+    "Qwen2ForCausalLM": _family("qwen2"),
+    # Query/key norms in the attention; the stream is Llama's.
+    "Qwen3ForCausalLM": _family("qwen3"),
+    "Qwen3MoeForCausalLM": _family("qwen3_moe"),
+}
+
+#: Every architecture whose model class can cache the hidden states itself (``capture="in-model"``):
+#: those of ``FAMILIES`` and those whose vLLM class has the EAGLE-3 interface.
+IN_MODEL_FAMILIES: dict[str, Family] = {
+    **{arch: make(arch) for arch, make in _WITH_INTERFACE.items()},
+    **FAMILIES,
+}
