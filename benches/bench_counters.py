@@ -4,7 +4,7 @@
 
 Times each call the connector makes on the engine thread for the metrics, in a loop, with the
 real writers' ``stats`` and a real host pool: per step (``step``, ``report``, the scheduler's
-``writing``) and per record (``submitted``, ``written``, ``accepted``). No vLLM engine: these are
+``writing``) and per step and its records (``submitted``, ``written``) and per request (``accepted``). No vLLM engine: these are
 the calls alone, so that they can be compared with the engine-cost budget (issue 12: <= 5 us per
 request in all, <= 1 ms per step at p99).
 """
@@ -18,7 +18,6 @@ import time
 from types import SimpleNamespace
 
 from layertap import PyShardWriter, ShardWriter
-from layertap._types import Completion
 from layertap.vllm.counters import SchedulerCounters, WorkerCounters
 from layertap.vllm.pool import HostPool
 from layertap.vllm.stats import ConnectorStats
@@ -44,14 +43,13 @@ def main() -> None:
     stats = ConnectorStats()
     counters = WorkerCounters(stats, "w")
     pool = HostPool(1 << 20, pin=False)
-    saves = [SimpleNamespace(finished_at=time.time()) for _ in range(n)]
-    bounds = [(i * 100, (i + 1) * 100) for i in range(n)]
-    completions = [Completion(i, f"k{i}", "s", 0, 1000, 3000) for i in range(n)]
-    seqs = list(range(n))
+    # A step's saves as the worker has them (``StepSaves``: what counting reads of it).
+    saves = SimpleNamespace(num_tokens=[100] * n, finished_at=time.time())
 
     def submitted_then_written():
-        counters.submitted(seqs, saves, bounds)
-        counters.written(completions)
+        counters.submitted(saves)
+        counters.written(n // 2)  # as a step's records come back, in two polls
+        counters.written(n - n // 2)
 
     rows = [("worker: `step` (once per step)", per_call(lambda: counters.step(1e-4), 100_000) * 1e6, "per step")]
     rows.append(
