@@ -349,9 +349,8 @@ fn zstd_frame(stored: &[u8], raw_len: usize) -> std::result::Result<Vec<u8>, Str
             stored.len() - frame_len
         ));
     }
-    let declared = match zstd_safe::get_frame_content_size(stored) {
-        Ok(size) => size,
-        Err(_) => return Err("payload is not a zstd frame".into()),
+    let Ok(declared) = zstd_safe::get_frame_content_size(stored) else {
+        return Err("payload is not a zstd frame".into());
     };
     if let Some(n) = declared {
         if n != raw_len as u64 {

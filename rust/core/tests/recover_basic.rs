@@ -154,7 +154,7 @@ fn a_file_cut_inside_its_header_is_a_torn_empty_shard_and_removed() {
                 assert!(
                     reason.contains("torn empty shard"),
                     "cut at {cut}: {reason}"
-                )
+                );
             }
             other => panic!("cut at {cut}: {other:?}"),
         }

@@ -262,7 +262,7 @@ fn files_that_are_not_shards() {
                     reason.contains("torn empty shard"),
                     torn,
                     "{name}: {reason}"
-                )
+                );
             }
             other => panic!("{name}: {other:?}"),
         }
@@ -273,7 +273,7 @@ fn files_that_are_not_shards() {
                 assert!(!copy.exists(), "{name}: a torn empty shard is removed");
             }
             Err(Error::NotAShard { .. }) if !torn => {
-                assert_eq!(std::fs::read(&copy).unwrap(), bytes, "{name}: left alone")
+                assert_eq!(std::fs::read(&copy).unwrap(), bytes, "{name}: left alone");
             }
             other => panic!("{name}: {other:?}"),
         }

@@ -415,7 +415,7 @@ impl NativeRegionSink {
                     blocks.len()
                 )));
             }
-            copy_ints(&tokens, &mut ids[at..at + n])
+            copy_ints(tokens, &mut ids[at..at + n])
                 .map_err(|e| invalid(format!("fill: token ids of record {i}: {e}")))?;
             let mut t = 0usize;
             for block in blocks.iter() {
@@ -524,12 +524,12 @@ impl NativeRegionSink {
             Ok(_) => {}
             Err(Error::InvalidInput(_) | Error::DuplicateKey { .. }) => {
                 // All or none: find the bad records one by one and write the others.
-                for i in 0..count {
-                    let record = build(i, starts[i]);
+                for (i, &start) in starts.iter().enumerate().take(count) {
+                    let record = build(i, start);
                     match py.detach(|| writer.submit(record)) {
                         Ok(_) => {}
                         Err(e @ (Error::InvalidInput(_) | Error::DuplicateKey { .. })) => {
-                            failures.push((i, e.to_string()))
+                            failures.push((i, e.to_string()));
                         }
                         Err(e) => {
                             drop(lease);
