@@ -44,31 +44,28 @@ def default_pool_bytes(largest_request: int, full_step: int, max_num_seqs: int =
     return max(2 * largest_request, min(DEFAULT_MAX_POOL_BYTES, max(DEFAULT_MIN_POOL_BYTES, wanted)))
 
 
-#: CPUs left to vLLM when the writer's compression threads are counted: the engine thread (the
-#: scheduler and, with one GPU, the model runner) and the front end's.
-ENGINE_CPUS = 2
-#: At most this many compression threads by default (each holds a zstd context of a few MB).
-MAX_DEFAULT_WRITER_THREADS = 32
+#: At most this many compression threads by default.
+MAX_DEFAULT_WRITER_THREADS = 16
 
 
 def default_writer_threads() -> int:
-    """Compression threads when ``writer_threads`` is not given: every CPU this process may run
-    on but ``ENGINE_CPUS`` for vLLM (all of them on 4 CPUs or fewer), at most 32.
+    """Compression threads when ``writer_threads`` is not given: half the CPUs this process may
+    run on (vLLM's engine, its front end and their helper threads need the others), at least 4
+    where there are 4, at most 16.
 
-    The rule (benches/README.md, "Compression threads"): bp16-zstd compresses activations of a
-    trained model (about 1.5x) at 0.3 to 0.9 GB/s of input per thread, so keeping up with an
-    engine that hands over R GB/s takes R / 0.3 threads on a busy GPU host; a Llama-3.2-1B prefill
-    on an H200 hands over ~2.5 GB/s, a 7B ~1.5 GB/s. Threads with nothing to compress wait on a
-    queue and cost nothing, so the default takes every CPU the engine does not need, and runs
-    them at a lower priority (``lower_encoder_priority``) so that the engine thread keeps its
-    CPU when both are busy."""
+    Measured on the H200 machine (16 CPUs, benches/RESULTS.md): with 8 threads the 1B prefill
+    case ran at 0.92x of no extraction and short requests at 0.78x; with 14 (every CPU but two,
+    at nice +5) at 0.88x and 0.71x, each thread slower (24 thread-seconds for the bytes 8
+    threads compressed in 17): the cores are shared with the engine's threads. bp16-zstd
+    compresses a trained model's activations (about 1.5x) at about 0.3 GB/s a thread there, so
+    an engine that hands over more than ``0.3 x threads`` GB/s of them (a 1B prefill: about 2.5
+    GB/s) needs ``writer_threads`` set higher; ``encode_seconds`` against ``threads`` in the
+    statistics tells. The threads run at a lower priority (``lower_encoder_priority``)."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
-    if cpus <= 4:
-        return cpus
-    return min(MAX_DEFAULT_WRITER_THREADS, cpus - ENGINE_CPUS)
+    return min(MAX_DEFAULT_WRITER_THREADS, max(min(4, cpus), cpus // 2))
 
 
 #: The writer's compression threads run at this ``nice`` above the engine's (Linux), so that
