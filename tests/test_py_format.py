@@ -191,6 +191,18 @@ def test_zstd_payload_has_content_size_and_one_frame():
         codecs.decode(fmt.CODEC_ZSTD, stored + b"\0", 20)
 
 
+def test_zstd_frame_header_that_libzstd_refuses_is_corrupt():
+    """A frame whose header the block walk can follow but libzstd refuses (a window of 2**41
+    bytes) is a corrupt payload, as in the Rust reader (codec.rs has the same case); it was an
+    uncaught ``ZstdError`` (found by tests/fuzz/fuzz_readers.py)."""
+    raw = b"x" * 64
+    stored = bytearray(zstandard.ZstdCompressor(write_content_size=False).compress(raw))
+    assert not stored[4] & 0x20  # not single-segment: byte 5 is the window descriptor
+    stored[5] = 31 << 3  # exponent 31: a window log of 41, over libzstd's limit
+    with pytest.raises(FormatProblem, match="zstd frame: libzstd refuses its header"):
+        codecs.decode(fmt.CODEC_ZSTD, bytes(stored), len(raw))
+
+
 def test_keys_and_writer_ids():
     assert fmt.key_problem("req-1") is None
     assert fmt.key_problem("ünïcode key with spaces") is None

@@ -101,7 +101,12 @@ def _zstd_frame(stored, raw_len: int) -> bytes:
     frame_len = zstd_frame_len(stored)
     if frame_len != len(stored):
         raise FormatProblem(f"{len(stored) - frame_len} bytes after the zstd frame")
-    size = zstandard.frame_content_size(stored)  # the frame header was checked above
+    try:
+        size = zstandard.frame_content_size(stored)
+    except zstandard.ZstdError as e:
+        # A header that the walk above can follow but libzstd refuses (a window too large, say;
+        # the Rust reader's libzstd refuses it while finding the frame's length).
+        raise FormatProblem(f"zstd frame: libzstd refuses its header ({e})") from None
     if size >= 0 and size != raw_len:
         raise FormatProblem(f"zstd frame holds {size} bytes, frame header says {raw_len}")
     try:

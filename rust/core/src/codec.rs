@@ -543,6 +543,17 @@ mod tests {
     }
 
     #[test]
+    fn a_frame_header_libzstd_refuses_is_not_a_zstd_frame() {
+        // The same frame as tests/test_py_format.py's: no content size, a window log of 41.
+        let raw = vec![b'x'; 64];
+        let mut stored = frame_without_size(&raw);
+        assert_eq!(stored[4] & 0x20, 0, "not single-segment: byte 5 is the window descriptor");
+        stored[5] = 31 << 3;
+        let err = decode(Codec::Zstd, &stored, raw.len() as u64).unwrap_err();
+        assert!(err.starts_with("zstd frame: "), "{err}");
+    }
+
+    #[test]
     fn levels() {
         assert!(check_level(3).is_ok());
         assert!(check_level(99).is_err());
