@@ -547,7 +547,11 @@ mod tests {
         // The same frame as tests/test_py_format.py's: no content size, a window log of 41.
         let raw = vec![b'x'; 64];
         let mut stored = frame_without_size(&raw);
-        assert_eq!(stored[4] & 0x20, 0, "not single-segment: byte 5 is the window descriptor");
+        assert_eq!(
+            stored[4] & 0x20,
+            0,
+            "not single-segment: byte 5 is the window descriptor"
+        );
         stored[5] = 31 << 3;
         let err = decode(Codec::Zstd, &stored, raw.len() as u64).unwrap_err();
         assert!(err.starts_with("zstd frame: "), "{err}");
