@@ -9,7 +9,8 @@ is in a shard. Before a run:
    records whose bytes are all there and match their checksums are kept and indexed, the torn
    tail is cut), after waiting a little for a writer that is still shutting down to let go of it;
    a file of an earlier run that died before its shard header was complete holds no record and is
-   removed (empty) or set aside as ``NAME.torn`` (a partial header);
+   removed (a torn empty shard: ``recover`` removes it) or set aside as ``NAME.torn`` (bytes
+   that do not begin a header);
 3. every shard must come from ``layertap generate`` with the same model and layers; the keys of
    their records are the rows done.
 
@@ -105,11 +106,9 @@ def recover_shard(shard: str) -> bool:
 
 
 def _set_aside(shard: str, state: OutputState) -> None:
-    """A file of a killed run whose header is incomplete: it holds no record."""
-    if os.path.getsize(shard) == 0:
-        os.unlink(shard)
-    else:
-        os.replace(shard, shard + ".torn")
+    """A file of a killed run whose header is not a shard's beginning (``recover`` removes the
+    torn empty shards, an empty file among them): it holds no record."""
+    os.replace(shard, shard + ".torn")
     state.set_aside.append(shard)
 
 
