@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root, once .devbundle/unpack.sh has unpacked vLLM
 # 0.26 into /tmp/site (benches/gpu/README.md says how). Installs the carried wheels, then:
-#   bash benches/gpu/device.sh smoke|1b|8b [MODE...]   extraction benchmark (run.sh) + disk + table
+#   bash benches/gpu/device.sh CASES [MODE[+VARIANT...]...]
+#                                 extraction benchmark (run.sh: CASES such as 1b or 1b,short,decode
+#                                 on one engine per mode) + disk + tables
 #   bash benches/gpu/device.sh writer                  writer benchmark against dd
 #   bash benches/gpu/device.sh generate 1b|8b          layertap generate against the bare connector
 #   bash benches/gpu/device.sh check-inmodel [ARCH...] capture in the model against transformers,
@@ -9,14 +11,23 @@
 # Results accumulate in /tmp/layertap-results (kept while the machine stays warm) and are packed
 # into $OUT/results.tgz after every call.
 set -uo pipefail
-export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-if compgen -G ".devbundle/wheels/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .devbundle/wheels/*.whl || exit 1
+# BENCH_WHEELS and BENCH_SITE: other folders for a dry run of this script on the CPU machine.
+wheels=${BENCH_WHEELS:-.devbundle/wheels} site=${BENCH_SITE:-/tmp/site}
+if compgen -G "$wheels/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$wheels"/*.whl || exit 1
+fi
+export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+# The build before a change (run.sh's "+old" variant), in a folder of its own put first on
+# PYTHONPATH for those modes only.
+export BENCH_OLD_SITE=${BENCH_OLD_SITE:-/tmp/site-old}
+if compgen -G "${BENCH_WHEELS_OLD:-.devbundle/wheels-old}/*.whl" > /dev/null; then
+  rm -rf "$BENCH_OLD_SITE"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$BENCH_OLD_SITE" "${BENCH_WHEELS_OLD:-.devbundle/wheels-old}"/*.whl || exit 1
 fi
 # FlashInfer would JIT-compile its sampler for minutes; a forked engine hung at start-up there.
 export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_WORKER_MULTIPROC_METHOD=spawn VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1
 export SCRATCH=${SCRATCH:-/var/tmp/layertap-bench}
-results=/tmp/layertap-results
+results=${BENCH_RESULTS:-/tmp/layertap-results}
 mkdir -p "$results"
 what=$1; shift
 case $what in
@@ -39,7 +50,7 @@ case $what in
     python3 benches/bench_writer.py --dir "$SCRATCH/writer" --total 4GiB --threads 8 \
       --activations .devbundle/acts/activations.safetensors --out "$results/writer-h200" ;;
   *)
-    [ -f "$results/disk.json" ] || bash benches/gpu/disk.sh "$results" 8
+    [ -f "$results/disk.json" ] || [ -n "${SKIP_DISK:-}" ] || bash benches/gpu/disk.sh "$results" 4
     bash benches/gpu/run.sh "$what" "$results" "$@"
     python3 benches/gpu/report.py "$results" > "$results/table.md"
     cat "$results/table.md" ;;

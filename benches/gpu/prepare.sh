@@ -3,6 +3,9 @@
 #  - vLLM 0.26 in four parts (../shared/device/build-vllm-bundle.sh), unless already there;
 #  - wheels/: layertap's abi3 wheel and the crc32c wheel for CPython 3.12 (the GPU image has
 #    the other dependencies, zstandard comes with the vLLM bundle);
+#  - wheels/ also holds py-spy (the engine core's sampling profile, run.sh's "+prof");
+#  - wheels-old/: with OLD_COMMIT=<commit>, layertap's wheel built at that commit (run.sh's
+#    "+old": the build before a change, alternated with the current one in one device call);
 #  - acts/activations.safetensors: 8192 tokens of real bf16 activations for the writer benchmark.
 # Then follow benches/gpu/README.md.
 set -euo pipefail
@@ -14,6 +17,14 @@ rm -rf .devbundle/wheels && mkdir -p .devbundle/wheels .devbundle/acts
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d .devbundle/wheels crc32c
+python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
+  -d .devbundle/wheels py-spy==0.4.3
+if [ -n "${OLD_COMMIT:-}" ]; then
+  rm -rf .devbundle/wheels-old .devbundle/old-tree
+  git worktree add -f --detach .devbundle/old-tree "$OLD_COMMIT"
+  (cd .devbundle/old-tree && CARGO_TARGET_DIR=../old-target ../../.venv/bin/maturin build --release -q -o ../wheels-old)
+  git worktree remove --force .devbundle/old-tree
+fi
 .venv/bin/python - <<'PY'
 import sys
 sys.path.insert(0, "benches")
@@ -21,4 +32,4 @@ from bench_writer import load_activations
 from safetensors.torch import save_file
 save_file({"bf16": load_activations("bf16")[:8192].contiguous()}, ".devbundle/acts/activations.safetensors")
 PY
-du -sh .devbundle/part-* .devbundle/wheels .devbundle/acts
+du -sh .devbundle/part-* .devbundle/wheels* .devbundle/acts

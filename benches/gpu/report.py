@@ -1,5 +1,7 @@
 """Turns the results of benches/gpu/run.sh (one JSON per case and mode, and disk.json) into the
-markdown tables of benches/RESULTS.md.
+markdown tables of benches/RESULTS.md: per case, the throughput table, and (for results with
+the engine clock and thread counters, issue 20) where the time went: the engine loop's phases,
+the threads' CPU and run-queue wait, and each phase's difference to no extraction.
 
     python benches/gpu/report.py RESULTS_DIR [--title TEXT] > table.md
 """
@@ -12,19 +14,32 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from attribution import PHASE_GROUPS
+from bench_extract import CASES as CASE_SPECS
 from bench_extract import MODES
 
-CASES = {
-    "1b": "Llama-3.2-1B arch, layers 2,8,13, 3000 x 256",
-    "short": "Llama-3.2-1B arch, layers 2,8,13, 20000 short prompts (16 to 128 tokens)",
-    "decode": "Llama-3.2-1B arch, layers 2,8,13, decode: 2000 x (128 prompt + 128 generated), output tokens recorded",
-    "8b": "Llama-3.1-8B arch, layers 2,16,29,32, 1500 x 1024",
-    "qwen7b": "Qwen2.5-7B arch, layers 2,14,25,28, 400 x 2048",
-    "smoke": "smoke test: 64 prompts",
-}
+CASES = {name: c.about for name, c in CASE_SPECS.items()}
+#: Short names of the engine-loop phases (attribution.PHASE_GROUPS), in its order.
+PHASE_SHORT = (
+    "input",
+    "sched",
+    "conn-S",
+    "execute",
+    "sample",
+    "wait GPU",
+    "conn-W",
+    "update",
+    "step rest",
+    "loop rest",
+)
 
 
 def step_times(r: dict) -> tuple[float | None, float | None]:
+    """The connector's time on the engine thread per step: from the engine clock over the
+    window where there is one (both sides' hooks), else the connector's own (its lifetime)."""
+    per_step = r.get("engine", {}).get("connector_us_per_step")
+    if per_step and r.get("mode") not in ("none",):
+        return per_step["p50"], per_step["p99"]
     if "connector_stats" in r:
         hook = r["connector_stats"]["hook"]
         return hook["p50_us"], hook["p99_us"]
@@ -48,10 +63,17 @@ def fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
+def baseline(rows: dict[str, dict], mode: str = "none") -> dict | None:
+    """The row the others are divided by: the untagged run of ``mode``, else its first round."""
+    if mode in rows:
+        return rows[mode]
+    return next((r for _, r in sorted(rows.items()) if r["mode"] == mode), None)
+
+
 def case_table(case: str, rows: dict[str, dict]) -> str:
-    base = rows.get("none")
-    noop = rows.get("noop")
-    noop_inmodel = rows.get("noop-inmodel")
+    base = baseline(rows)
+    noop = baseline(rows, "noop")
+    noop_inmodel = baseline(rows, "noop-inmodel")
     up = rows.get("upstream")
     out = [
         f"### {CASES.get(case, case)}",
@@ -80,6 +102,65 @@ def case_table(case: str, rows: dict[str, dict]) -> str:
     return "\n".join(out) + "\n"
 
 
+def _group(r: dict, name: str) -> dict:
+    return r.get("thread_groups", {}).get(name, {})
+
+
+def attribution_tables(case: str, rows: dict[str, dict]) -> str:
+    """Where each mode's time went in the generate window: engine-loop phases (ms), what was
+    scheduled, the threads' CPU and run-queue wait; then each mode's gap to ``none`` split
+    into the phases' differences."""
+    rows = {k: r for k, r in rows.items() if r.get("engine", {}).get("iterations")}
+    if not rows:
+        return ""
+    order = sorted(rows.items(), key=lambda kv: (MODES.index(kv[1]["mode"]), kv[0]))
+    base = baseline(rows)
+    head = " | ".join(PHASE_SHORT)
+    out = [
+        f"#### Where the time went: {case} (generate window; ms on the engine thread)",
+        "",
+        f"| mode | t gen ms | steps | tokens/step | draft tok | {head} | engine loop CPU s / run-queue wait s | "
+        "compression CPU s / wait s (threads) | I/O + fsync CPU s | front end CPU s | busy cores |",
+        "|---|---:|---:|---:|---:|" + "---:|" * len(PHASE_SHORT) + "---|---|---:|---:|---:|",
+    ]
+    for label, r in order:
+        e = r["engine"]
+        ph = [e["phases_s"].get(g, 0.0) * 1e3 for g, _ in PHASE_GROUPS]
+        loop, comp = _group(r, "engine loop"), _group(r, "compression")
+        io = _group(r, "writer I/O").get("cpu_s", 0) + _group(r, "writer fsync").get("cpu_s", 0)
+        front = sum(g.get("cpu_s", 0) for n, g in r.get("thread_groups", {}).items() if n.startswith("front end"))
+        comp_s = f"{comp.get('cpu_s', 0):.1f} / {comp.get('wait_s', 0):.2f} ({comp.get('threads', 0)})" if comp else "-"
+        out.append(
+            f"| {label} | {r['t_generate'] * 1e3:,.0f} | {e['steps_with_tokens']} | {e['tokens_per_step']['mean']:,.0f} | "
+            f"{e['draft_tokens']:,} | " + " | ".join(f"{x:,.0f}" for x in ph) + " | "
+            f"{loop.get('cpu_s', 0):.2f} / {loop.get('wait_s', 0):.3f} | {comp_s} | {io:.2f} | {front:.2f} | "
+            f"{r.get('machine', {}).get('busy_cores', 0):.1f} |"
+        )
+    if base:
+        b = [base["engine"]["phases_s"].get(g, 0.0) * 1e3 for g, _ in PHASE_GROUPS]
+        out += [
+            "",
+            "Gap to `none` (ms of the generate window), and the phases' differences:",
+            "",
+            f"| mode | gap ms | {head} |",
+            "|---|---:|" + "---:|" * len(PHASE_SHORT),
+        ]
+        for label, r in order:
+            if r is base:
+                continue
+            ph = [r["engine"]["phases_s"].get(g, 0.0) * 1e3 for g, _ in PHASE_GROUPS]
+            gap = (r["t_generate"] - base["t_generate"]) * 1e3
+            out.append(f"| {label} | {gap:+,.0f} | " + " | ".join(f"{x - y:+,.0f}" for x, y in zip(ph, b)) + " |")
+    hooks = [(label, r["engine"].get("connector_hooks_s", {})) for label, r in order]
+    hooks = [(label, h) for label, h in hooks if any(v > 0.0005 for v in h.values())]
+    if hooks:
+        out += ["", "Connector hooks over the window (ms; the largest):", ""]
+        for label, h in hooks:
+            top = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in list(h.items())[:6])
+            out.append(f"- {label}: {top}")
+    return "\n".join(out) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", type=Path)
@@ -87,14 +168,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     by_case: dict[str, dict[str, dict]] = {}
     for f in sorted(args.results.glob("*.json")):
-        if f.name == "disk.json":
+        if f.name == "disk.json" or f.name.endswith(".speedscope.json") or ".clock." in f.name:
             continue
         r = json.loads(f.read_text())
         if "mode" not in r or "tok_s_generate" not in r:
             continue  # not a bench_extract result (a connector's stats file)
-        case = r.get("case") or {"llama-3.2-1b-arch": "1b", "llama-3.1-8b-arch": "8b"}.get(r["model"], r["model"])
-        if r["prompts"] < 100:
-            case = "smoke"
+        case = r.get("case")
+        if not case:  # results from before the cases had names
+            case = {"llama-3.2-1b-arch": "1b", "llama-3.1-8b-arch": "8b"}.get(r["model"], r["model"])
+            if r["prompts"] < 100:
+                case = "smoke"
         label = r["mode"] + (f" ({r['tag']})" if r.get("tag") else "")
         by_case.setdefault(case, {})[label] = r
     print(f"## {args.title}\n" if args.title else "", end="")
@@ -107,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     for case, rows in by_case.items():
         print(case_table(case, rows))
+        tables = attribution_tables(case, rows)
+        if tables:
+            print(tables)
     return 0
 
 
