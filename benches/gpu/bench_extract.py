@@ -290,10 +290,10 @@ def stop_profiler(proc, path: Path) -> dict:
         return {}
     proc.send_signal(signal.SIGINT)
     try:
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=20)
     except subprocess.TimeoutExpired:
         proc.kill()
-        return {"profile_error": "py-spy did not stop within 60 s"}
+        return {"profile_error": "py-spy did not stop within 20 s"}
     if not path.exists():
         return {"profile_error": (err or "").strip()[-300:]}
     try:
