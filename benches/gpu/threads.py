@@ -150,24 +150,27 @@ def by_group(rows: list[dict], engine_pid: int | None, front_pid: int) -> dict[s
 
 
 def cpu_times() -> list[list[int]]:
-    """Per CPU: [busy, idle+iowait] jiffies from /proc/stat."""
+    """Per CPU: [busy, idle+iowait, steal] jiffies from /proc/stat (steal: time the hypervisor
+    gave this virtual CPU's physical CPU to something else; counted in busy too)."""
     out = []
     for line in (_read("/proc/stat") or "").splitlines():
         if line.startswith("cpu") and line[3:4].isdigit():
             v = [int(x) for x in line.split()[1:]]
             idle = v[3] + (v[4] if len(v) > 4 else 0)
-            out.append([sum(v[:8]) - idle, idle])
+            out.append([sum(v[:8]) - idle, idle, v[7] if len(v) > 7 else 0])
     return out
 
 
 def cpu_busy(before: list[list[int]], after: list[list[int]]) -> dict:
     """How busy the machine's CPUs were over a window: each CPU's busy share, and their sum
     (the number of cores kept busy on average)."""
-    shares = []
+    shares, steal = [], 0.0
     for b, a in zip(before, after):
         busy, idle = a[0] - b[0], a[1] - b[1]
         shares.append(round(busy / (busy + idle), 3) if busy + idle else 0.0)
-    return {"cpus": len(shares), "busy_cores": round(sum(shares), 2), "per_cpu": shares}
+        if len(a) > 2 and busy + idle:
+            steal += (a[2] - b[2]) / (busy + idle)
+    return {"cpus": len(shares), "busy_cores": round(sum(shares), 2), "steal_cores": round(steal, 3), "per_cpu": shares}
 
 
 def topology() -> dict:

@@ -44,6 +44,20 @@ ENV = "BENCH_CLOCK_PATH"
 _UNTIMED = frozenset(("save_kv_layer", "wait_for_layer_load"))
 
 
+#: Iterations of the speed probe's loop (``Clock.end_iteration``).
+PROBE_LOOPS = 1000
+
+
+def _current_cpu() -> int:
+    """The CPU this thread is running on (field 39 of /proc/thread-self/stat), -1 if unknown."""
+    try:
+        with open("/proc/thread-self/stat") as f:
+            stat = f.read()
+        return int(stat[stat.rfind(")") + 2 :].split()[36])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
 class Clock:
     """Exclusive times per phase of the current engine-loop iteration (engine thread) and totals
     per phase for other threads."""
@@ -108,6 +122,17 @@ class Clock:
         return root
 
     def end_iteration(self, wall: float) -> None:
+        # The speed probe: the same fixed piece of Python work every iteration. Its time moves
+        # with the speed the engine thread gets from its core (frequency, a busy sibling
+        # hyper-thread on the host, caches), whatever vLLM's work was; and which CPU the thread
+        # is on. About 20-40 us per iteration, in every mode alike.
+        t0 = time.perf_counter()
+        x = 0
+        for i in range(PROBE_LOOPS):
+            x += i
+        probe = (time.perf_counter() - t0) * 1e6
+        self.meta["probe_us"] = round(probe, 1)
+        self.meta["cpu"] = _current_cpu()
         cur = self.current
         steps = cur.pop("process_engine_step", 0.0)
         entry = {k: round(v * 1e6, 1) for k, v in cur.items()}
@@ -222,9 +247,9 @@ def _instrument(clock: Clock, core) -> None:
         try:
             return step(*a, **k)
         finally:
-            now = time.perf_counter()
-            clock.end_iteration(now - clock.iter_wall)
-            clock.iter_wall = now
+            clock.end_iteration(time.perf_counter() - clock.iter_wall)
+            # After the probe: its time belongs to no iteration (it is not vLLM's).
+            clock.iter_wall = time.perf_counter()
             clock.iter_start = time.time()
 
     core._process_engine_step = process_engine_step
