@@ -419,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
         profile_path.unlink(missing_ok=True)
         profiler = start_profiler(args.profile, epid, profile_path)
 
-        cpu0, threads0 = threads.cpu_times(), threads.snapshot(pids)
+        cpu0, ipi0, threads0 = threads.cpu_times(), threads.interrupts(), threads.snapshot(pids)
         w0 = time.time()
         t0 = time.perf_counter()
         outs = llm.generate(prompts[WARMUP:], sp, use_tqdm=False)
@@ -433,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
             t_read = wait_records(args.mode, args.out, written, args.timeout, seen)
         os.sync()
         t_dur = time.perf_counter()
-        cpu1, threads1 = threads.cpu_times(), threads.snapshot(pids)
+        cpu1, ipi1, threads1 = threads.cpu_times(), threads.interrupts(), threads.snapshot(pids)
         prof = stop_profiler(profiler, profile_path)
         disk = dir_bytes(args.out) - bytes_before
         rows = threads.diff(threads0, threads1)
@@ -463,7 +463,12 @@ def main(argv: list[str] | None = None) -> int:
                 "tok_s_readable": tokens / (t_read - t0),
                 "tok_s_durable": tokens / (t_dur - t0),
                 "bytes_on_disk": disk,
-                "machine": {**threads.cpu_busy(cpu0, cpu1), "topology": threads.topology(), "pinned": pinned},
+                "machine": {
+                    **threads.cpu_busy(cpu0, cpu1),
+                    "interrupts": threads.interrupts_diff(ipi0, ipi1),
+                    "topology": threads.topology(),
+                    "pinned": pinned,
+                },
                 "thread_groups": threads.by_group(rows, epid, os.getpid()),
                 "threads": rows,
                 **prof,

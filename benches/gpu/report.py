@@ -120,8 +120,9 @@ def attribution_tables(case: str, rows: dict[str, dict]) -> str:
         f"#### Where the time went: {case} (generate window; ms on the engine thread)",
         "",
         f"| mode | t gen ms | steps | tokens/step | draft tok | {head} | engine loop CPU s / run-queue wait s | "
-        "compression CPU s / wait s (threads) | I/O + fsync CPU s | front end CPU s | busy cores |",
-        "|---|---:|---:|---:|---:|" + "---:|" * len(PHASE_SHORT) + "---|---|---:|---:|---:|",
+        "compression CPU s / wait s (threads) | I/O + fsync CPU s | front end CPU s | busy cores | "
+        "page faults: engine loop / compression | TLB shootdowns | speed probe us p50 |",
+        "|---|---:|---:|---:|---:|" + "---:|" * len(PHASE_SHORT) + "---|---|---:|---:|---:|---|---:|---:|",
     ]
     for label, r in order:
         e = r["engine"]
@@ -134,7 +135,10 @@ def attribution_tables(case: str, rows: dict[str, dict]) -> str:
             f"| {label} | {r['t_generate'] * 1e3:,.0f} | {e['steps_with_tokens']} | {e['tokens_per_step']['mean']:,.0f} | "
             f"{e['draft_tokens']:,} | " + " | ".join(f"{x:,.0f}" for x in ph) + " | "
             f"{loop.get('cpu_s', 0):.2f} / {loop.get('wait_s', 0):.3f} | {comp_s} | {io:.2f} | {front:.2f} | "
-            f"{r.get('machine', {}).get('busy_cores', 0):.1f} |"
+            f"{r.get('machine', {}).get('busy_cores', 0):.1f} | "
+            f"{fmt(loop.get('minflt'), ',')} / {fmt(comp.get('minflt'), ',')} | "
+            f"{fmt(r.get('machine', {}).get('interrupts', {}).get('TLB'), ',')} | "
+            f"{fmt(e.get('probe_us', {}).get('p50'), '.1f')} |"
         )
     if base:
         b = [base["engine"]["phases_s"].get(g, 0.0) * 1e3 for g, _ in PHASE_GROUPS]

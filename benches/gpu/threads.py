@@ -11,7 +11,12 @@ Per thread (``/proc/PID/task/TID``):
   contention for cores costs the thread), timeslices;
 - ``status``: voluntary and involuntary context switches (a high involuntary count is a thread
   preempted by another that wanted its core);
+- ``stat`` fields 10 and 12: minor and major page faults (memory the thread touched for the
+  first time: fresh allocations, pages the kernel took back);
 - ``comm``: the thread's name, which the groups are made of.
+And for the machine (``cpu_times``, ``interrupts``): each CPU's busy and steal time, and the
+interrupts that one thread's memory management sends to the others' cores (TLB shootdowns,
+function-call IPIs), which slow a thread without making it wait for a core.
 """
 
 from __future__ import annotations
@@ -86,6 +91,8 @@ def snapshot(pids: list[int]) -> dict[tuple[int, int], dict]:
                 "name": (_read(f"{base}/comm") or "?").strip(),
                 "process": pname,
                 "cpu_s": (int(fields[11]) + int(fields[12])) / TICK,
+                "minflt": int(fields[7]),
+                "majflt": int(fields[9]),
                 "processor": int(fields[36]),
                 "nice": int(fields[16]),
             }
@@ -103,7 +110,7 @@ def snapshot(pids: list[int]) -> dict[tuple[int, int], dict]:
     return out
 
 
-COUNTERS = ("cpu_s", "run_s", "wait_s", "slices", "vcsw", "ivcsw")
+COUNTERS = ("cpu_s", "run_s", "wait_s", "slices", "vcsw", "ivcsw", "minflt", "majflt")
 
 
 def diff(before: dict, after: dict) -> list[dict]:
@@ -206,3 +213,30 @@ def pin_writer(pids: list[int], writer_cpus: int) -> dict:
             except OSError:
                 continue
     return {"writer_cpus": mine, "engine_cpus": rest, "threads_moved": moved}
+
+
+#: /proc/interrupts rows that count one core disturbing the others: TLB shootdowns (a thread
+#: unmapped or changed memory that other threads of the process may have cached) and
+#: function-call interrupts.
+IPI_ROWS = ("TLB", "CAL", "RES")
+
+
+def interrupts() -> dict[str, list[int]]:
+    """Per row of ``IPI_ROWS``: the count on each CPU so far."""
+    out: dict[str, list[int]] = {}
+    for line in (_read("/proc/interrupts") or "").splitlines():
+        name, _, rest = line.partition(":")
+        name = name.strip()
+        if name in IPI_ROWS:
+            counts = []
+            for x in rest.split():
+                if not x.isdigit():
+                    break
+                counts.append(int(x))
+            out[name] = counts
+    return out
+
+
+def interrupts_diff(before: dict[str, list[int]], after: dict[str, list[int]]) -> dict[str, int]:
+    """Each row's total over the window."""
+    return {k: sum(after[k]) - sum(before.get(k, [0] * len(after[k]))) for k in after}

@@ -53,13 +53,15 @@ def default_writer_threads() -> int:
     run on (vLLM's engine, its front end and their helper threads need the others), at least 4
     where there are 4, at most 16.
 
-    Measured on the H200 machine (16 CPUs, benches/RESULTS.md): with 8 threads the 1B prefill
-    case ran at 0.92x of no extraction and short requests at 0.78x; with 14 (every CPU but two,
-    at nice +5) at 0.88x and 0.71x, each thread slower (24 thread-seconds for the bytes 8
-    threads compressed in 17): the cores are shared with the engine's threads. bp16-zstd
-    compresses a trained model's activations (about 1.5x) at about 0.3 GB/s a thread there, so
-    an engine that hands over more than ``0.3 x threads`` GB/s of them (a 1B prefill: about 2.5
-    GB/s) needs ``writer_threads`` set higher; ``encode_seconds`` against ``threads`` in the
+    Measured on the H200 machine (16 CPUs, benches/RESULTS.md, 2026-12-02, one run): 4 threads
+    leave the writer behind in prefill (durable at 0.58-0.61x of no extraction, the pool
+    deferring requests); 8 and 14 are within the run's noise of each other, spend the same
+    compression seconds (17.8-19.4 and 19.5 thread-seconds for the 1B case's 9.4 GB), and the
+    engine thread waits for a core with none of them (run-queue wait 0.000-0.13 s per 3-17 s window; it
+    was a guess that 14 threads took the engine's cores). bp16-zstd compresses a trained model's
+    activations (about 1.5x) at about 0.3 GB/s a thread there, so an engine that hands over more
+    than ``0.3 x threads`` GB/s of them (a 1B prefill: about 2.5 GB/s) needs ``writer_threads``
+    set higher; ``encode_seconds`` against ``threads`` in the
     statistics tells. The threads run at a lower priority (``lower_encoder_priority``)."""
     try:
         cpus = len(os.sched_getaffinity(0))
