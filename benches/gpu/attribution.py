@@ -20,6 +20,7 @@ PHASE_GROUPS = (
     ("model: wait for the GPU's output", ("wait_gpu_output",)),
     ("connector, worker side", ("conn_worker.",)),
     ("update_from_output", ("update_from_output",)),
+    ("garbage collection", ("gc0", "gc1", "gc2")),
     ("step, rest", ("step",)),
     ("loop, rest (output queue, post-step, sleeps)", ("other",)),
 )

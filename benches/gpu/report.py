@@ -29,6 +29,7 @@ PHASE_SHORT = (
     "wait GPU",
     "conn-W",
     "update",
+    "gc",
     "step rest",
     "loop rest",
 )

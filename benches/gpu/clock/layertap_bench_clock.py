@@ -12,7 +12,8 @@ executor and connectors, which is what lets it wrap them:
 - the executor: ``execute_model`` and ``sample_tokens`` (with one GPU, the worker and its model
   runner run inside these calls, on the engine thread), and the wait for an asynchronous model
   output (``AsyncOutputFuture.result``: the engine thread waiting for the GPU);
-- every connector hook vLLM calls, on both sides (``KVConnectorFactory.create_connector``).
+- every connector hook vLLM calls, on both sides (``KVConnectorFactory.create_connector``);
+- Python's garbage collections on the engine thread (``gc0``, ``gc1``, ``gc2``: ``gc.callbacks``).
 
 Times are exclusive: a phase's time excludes the phases nested in it (the connector's worker
 hooks run inside ``execute_model``; its scheduler hooks inside ``schedule`` and
@@ -107,6 +108,23 @@ class Clock:
                     stack[-1][2] += total
 
         return timed
+
+    def gc_callback(self, phase: str, info: dict) -> None:
+        """Python's cyclic garbage collector as a phase of its own (``gc`` plus its generation),
+        nested like a wrapped call: a collection runs on the thread whose allocation triggered
+        it, inside whatever phase that was, so without this it would inflate vLLM's phases."""
+        if threading.get_ident() != self.engine_thread:
+            return
+        if phase == "start":
+            self.stack.append([f"gc{info.get('generation', '')}", time.perf_counter(), 0.0])
+            return
+        if not self.stack or not self.stack[-1][0].startswith("gc"):
+            return
+        frame = self.stack.pop()
+        total = time.perf_counter() - frame[1]
+        self.current[frame[0]] = self.current.get(frame[0], 0.0) + total - frame[2]
+        if self.stack:
+            self.stack[-1][2] += total
 
     def iteration(self, fn):
         """Wraps one engine-loop callable as the root of an iteration (input wait, engine step)."""
@@ -253,6 +271,9 @@ def _instrument(clock: Clock, core) -> None:
             clock.iter_start = time.time()
 
     core._process_engine_step = process_engine_step
+    import gc
+
+    gc.callbacks.append(clock.gc_callback)
     clock.iter_wall = time.perf_counter()
     clock.iter_start = time.time()
     clock.facts.update(_describe_engine(core))
