@@ -21,13 +21,13 @@ from layertap.vllm.config import (
     WRITER_ONLY_FIELDS,
     ConfigError,
     default_pool_bytes,
-    default_writer_threads,
     in_model_layer_ids,
     parse_options,
     sample_id_problem,
     writer_options_for,
 )
 from layertap.vllm.online import record_location
+from layertap.vllm.threads import default_writer_threads
 from vllm_support import VLLM_WARNINGS, engine_args, pytest_env, speculative_config
 
 pytestmark = VLLM_WARNINGS  # the engine tests below are marked vllm one by one

@@ -86,7 +86,8 @@ def test_records_hold_the_cache_rows_and_a_refused_one_costs_only_itself(tmp_pat
 def test_the_worker_opens_the_writer_the_options_ask_for(tmp_path, kind):
     """``open_writer`` hands the writer one ``WriterOptions``: the configured ones, the engine's
     writer id, the connector's shard metadata and its own defaults; the writer is a RecordSink."""
-    from layertap.vllm.config import DEFAULT_KEY_MEMORY, default_writer_threads, parse_options
+    from layertap.vllm.config import DEFAULT_KEY_MEMORY, parse_options
+    from layertap.vllm.threads import default_writer_threads
     from layertap.vllm.worker import open_writer
 
     options = parse_options(
@@ -215,7 +216,7 @@ def test_compression_threads_yield_the_cpu_to_the_engine(tmp_path):
     thread), so that they use the CPUs vLLM leaves idle; the engine thread keeps its own."""
     import os
 
-    from layertap.vllm.config import lower_encoder_priority
+    from layertap.vllm.threads import lower_encoder_priority
 
     def nice_of_encoders() -> list[int]:
         out = []

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 from layertap._options import WriterOptions, python_writer_problem
 from layertap._spec.format import key_problem
 from layertap.errors import InvalidInputError, OptionError
+from layertap.vllm.threads import default_writer_threads
 
 #: The default host buffer pool holds this many full steps (``max_num_batched_tokens`` tokens of
 #: hidden states each), so that the writer can fall behind for a few steps without stalling the
@@ -42,81 +42,6 @@ def default_pool_bytes(largest_request: int, full_step: int, max_num_seqs: int =
     constants above)."""
     wanted = max(DEFAULT_POOL_STEPS * full_step, max_num_seqs * largest_request)
     return max(2 * largest_request, min(DEFAULT_MAX_POOL_BYTES, max(DEFAULT_MIN_POOL_BYTES, wanted)))
-
-
-#: At most this many compression threads by default.
-MAX_DEFAULT_WRITER_THREADS = 16
-
-
-def default_writer_threads() -> int:
-    """Compression threads when ``writer_threads`` is not given: half the CPUs this process may
-    run on (vLLM's engine, its front end and their helper threads need the others), at least 4
-    where there are 4, at most 16.
-
-    Measured on the H200 machine (16 CPUs, benches/RESULTS.md, 2026-12-02, one run): 4 threads
-    leave the writer behind in prefill (durable at 0.58-0.61x of no extraction, the pool
-    deferring requests); 8 and 14 are within the run's noise of each other, spend the same
-    compression seconds (17.8-19.4 and 19.5 thread-seconds for the 1B case's 9.4 GB), and the
-    engine thread waits for a core with none of them (run-queue wait 0.000-0.13 s per 3-17 s window; it
-    was a guess that 14 threads took the engine's cores). bp16-zstd compresses a trained model's
-    activations (about 1.5x) at about 0.3 GB/s a thread there, so an engine that hands over more
-    than ``0.3 x threads`` GB/s of them (a 1B prefill: about 2.5 GB/s) needs ``writer_threads``
-    set higher; ``encode_seconds`` against ``threads`` in the
-    statistics tells. The threads run at a lower priority (``lower_encoder_priority``)."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    return min(MAX_DEFAULT_WRITER_THREADS, max(min(4, cpus), cpus // 2))
-
-
-#: The writer's compression threads run at this ``nice`` above the engine's (Linux), so that
-#: they take the CPUs vLLM leaves idle and yield the ones it needs.
-ENCODER_NICE = 5
-
-
-#: How long ``lower_encoder_priority`` waits for a new writer's threads to start and take their names.
-ENCODER_START_WAIT = 2.0
-
-
-def _encoder_threads() -> list[int]:
-    """Thread ids of this process's compression threads (``layertap-zstd-N``)."""
-    out = []
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        return out
-    for tid in tasks:
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                if f.read().startswith("layertap-zstd-"):
-                    out.append(int(tid))
-        except (OSError, ValueError):
-            continue
-    return out
-
-
-def lower_encoder_priority(nice: int = ENCODER_NICE, expected: int = 0) -> int:
-    """Raises the ``nice`` value of this process's compression threads (``layertap-zstd-N``) by
-    ``nice``; returns how many were changed (0 where Linux's per-thread priorities or
-    ``/proc`` are not there). A writer's threads name themselves once they run, which may be a
-    moment after the writer is opened: with ``expected``, waits up to ``ENCODER_START_WAIT``
-    seconds until that many are there. Best effort: a thread that cannot be changed keeps its
-    priority."""
-    deadline = time.monotonic() + ENCODER_START_WAIT
-    tids = _encoder_threads()
-    while len(tids) < expected and time.monotonic() < deadline and os.path.isdir("/proc/self/task"):
-        time.sleep(0.002)
-        tids = _encoder_threads()
-    changed = 0
-    for tid in tids:
-        try:
-            current = os.getpriority(os.PRIO_PROCESS, tid)
-            os.setpriority(os.PRIO_PROCESS, tid, min(19, current + nice))
-            changed += 1
-        except (OSError, AttributeError):
-            continue
-    return changed
 
 
 #: Values of the ``capture`` option: how the hidden states reach the KV cache.

@@ -13,7 +13,6 @@ from layertap.vllm.config import (
     ConfigError,
     ConnectorOptions,
     default_pool_bytes,
-    lower_encoder_priority,
     writer_options_for,
 )
 from layertap.vllm.counters import WorkerCounters
@@ -22,6 +21,7 @@ from layertap.vllm.gather import HiddenStatesCache
 from layertap.vllm.metadata import LayertapMetadata, StepSaves
 from layertap.vllm.pool import HostPool
 from layertap.vllm.stats import ConnectorStats, describe, write_json
+from layertap.vllm.threads import lower_encoder_priority
 from layertap.vllm.transfer import HiddenStatesSaver, region_bytes
 
 logger = logging.getLogger("vllm.layertap")  # under vLLM's logging configuration
