@@ -5,6 +5,7 @@
 #                                 extraction benchmark (run.sh: CASES such as 1b or 1b,short,decode
 #                                 on one engine per mode) + disk + tables
 #   bash benches/gpu/device.sh writer                  writer benchmark against dd
+#   bash benches/gpu/device.sh codecs                  nvCOMP's codecs on real activations (issue 21)
 #   bash benches/gpu/device.sh generate 1b|8b          layertap generate against the bare connector
 #   bash benches/gpu/device.sh check-inmodel [ARCH...] capture in the model against transformers,
 #                                                      CUDA graphs and eager (default: Llama, Gemma 2)
@@ -46,6 +47,12 @@ case $what in
     # Full graphs of decode steps are captured unless something held the engine to PIECEWISE.
     echo "graphs: $(grep -ao 'Capturing CUDA graphs ([^)]*)' "$log" | sort | uniq -c | tr '\n' ' ')"
     grep -a 'setting cudagraph_mode' "$log" | cut -c1-300 | sort -u ;;
+  codecs)
+    # GPU compression candidates (issue 21): nvCOMP from its wheels, carried apart (34 MB).
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
+      .devbundle/wheels-nvcomp/*.whl || exit 1
+    python3 benches/gpu/bench_gpu_codecs.py --activations .devbundle/acts/activations-4k.safetensors \
+      --out "$results/gpu-codecs" 2>&1 | tail -n 60 ;;
   writer)
     python3 benches/bench_writer.py --dir "$SCRATCH/writer" --total 4GiB --threads 8 \
       --activations .devbundle/acts/activations.safetensors --out "$results/writer-h200" ;;

@@ -6,7 +6,9 @@
 #  - wheels/ also holds py-spy (the engine core's sampling profile, run.sh's "+prof");
 #  - wheels-old/: with OLD_COMMIT=<commit>, layertap's wheel built at that commit (run.sh's
 #    "+old": the build before a change, alternated with the current one in one device call);
-#  - acts/activations.safetensors: 8192 tokens of real bf16 activations for the writer benchmark.
+#  - wheels-nvcomp/: nvCOMP's wheels and lz4 (device.sh codecs, issue 21);
+#  - acts/activations.safetensors: 8192 tokens of real bf16 activations for the writer benchmark
+#    (activations-4k: 4096 of them, for the codecs call, which carries nvCOMP too).
 # Then follow benches/gpu/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,6 +21,11 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   -d .devbundle/wheels crc32c
 python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
   -d .devbundle/wheels py-spy==0.4.3
+# nvCOMP (issue 21's codec measurement, device.sh codecs) and lz4 to check its LZ4 output on the CPU.
+mkdir -p .devbundle/wheels-nvcomp
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  -d .devbundle/wheels-nvcomp nvidia-nvcomp-cu13 nvidia-libnvcomp-cu13 lz4
 if [ -n "${OLD_COMMIT:-}" ]; then
   rm -rf .devbundle/wheels-old .devbundle/old-tree
   git worktree add -f --detach .devbundle/old-tree "$OLD_COMMIT"
@@ -30,6 +37,8 @@ import sys
 sys.path.insert(0, "benches")
 from bench_writer import load_activations
 from safetensors.torch import save_file
-save_file({"bf16": load_activations("bf16")[:8192].contiguous()}, ".devbundle/acts/activations.safetensors")
+acts = load_activations("bf16")
+save_file({"bf16": acts[:8192].contiguous()}, ".devbundle/acts/activations.safetensors")
+save_file({"bf16": acts[:4096].contiguous()}, ".devbundle/acts/activations-4k.safetensors")  # the codecs call
 PY
 du -sh .devbundle/part-* .devbundle/wheels* .devbundle/acts
