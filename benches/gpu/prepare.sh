@@ -21,11 +21,12 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   -d .devbundle/wheels crc32c
 python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
   -d .devbundle/wheels py-spy==0.4.3
-# nvCOMP (issue 21's codec measurement, device.sh codecs) and lz4 to check its LZ4 output on the CPU.
+# nvCOMP (issue 21's codec measurement, device.sh codecs), and lz4 and zstandard to check its output on
+# the CPU (the call needs no vLLM bundle, which brings zstandard otherwise).
 mkdir -p .devbundle/wheels-nvcomp
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  -d .devbundle/wheels-nvcomp nvidia-nvcomp-cu13 nvidia-libnvcomp-cu13 lz4
+  -d .devbundle/wheels-nvcomp nvidia-nvcomp-cu13 nvidia-libnvcomp-cu13 lz4 zstandard
 if [ -n "${OLD_COMMIT:-}" ]; then
   rm -rf .devbundle/wheels-old .devbundle/old-tree
   git worktree add -f --detach .devbundle/old-tree "$OLD_COMMIT"
