@@ -10,6 +10,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -260,3 +261,24 @@ def takes_o_direct(directory) -> bool:
             os.unlink(probe)
     os.close(fd)
     return True
+
+
+@contextlib.contextmanager
+def a_busy_python_thread():
+    """A thread that always wants the GIL, and a 1 s switch interval."""
+    old = sys.getswitchinterval()
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            pass
+
+    thread = threading.Thread(target=spin, daemon=True)
+    sys.setswitchinterval(1.0)
+    try:
+        thread.start()
+        yield
+    finally:
+        stop.set()
+        sys.setswitchinterval(old)
+        thread.join()

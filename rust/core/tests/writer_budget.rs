@@ -148,3 +148,42 @@ fn budget_bounds_inflight_bytes_under_load() {
         assert_eq!(read_records(dir.path()).len(), 200);
     }
 }
+
+/// `admits_now` says whether `submit_prepared` would queue a batch without waiting: yes while
+/// the batch fits beside what is in flight, no once it does not (the Python bindings release
+/// the interpreter lock only then), and yes again when the budget comes back.
+#[test]
+fn admits_now_tells_whether_a_prepared_batch_would_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = WriterConfig {
+        max_inflight_bytes: 10_000,
+        ..Default::default()
+    };
+    let w = ShardWriter::open(dir.path(), cfg).unwrap();
+    let gate = Arc::new((Mutex::new(false), Condvar::new()));
+    let small = w
+        .prepare_many(vec![
+            gated_record("a", 1000, &gate),
+            gated_record("b", 1000, &gate),
+        ])
+        .unwrap();
+    assert_eq!(small.len(), 2);
+    assert!(small.raw_len() > 2000 && small.raw_len() < 3000);
+    assert!(w.admits_now(&small));
+    w.submit_prepared(small).unwrap();
+    // 2 records held in flight: another 9,000 bytes do not fit beside them.
+    let big = w
+        .prepare_many(vec![gated_record("c", 9000, &gate)])
+        .unwrap();
+    assert!(!w.admits_now(&big));
+    // Preparing queues nothing: a bad record in the batch refuses it before any budget is taken.
+    let bad = w.prepare_many(vec![gated_record("", 10, &gate)]);
+    assert!(bad.is_err());
+    assert_eq!(w.stats().unwrap().records_submitted, 2);
+    open_gate(&gate);
+    w.flush().unwrap();
+    assert!(w.admits_now(&big));
+    w.submit_prepared(big).unwrap();
+    w.close().unwrap();
+    assert_eq!(read_records(dir.path()).len(), 3);
+}

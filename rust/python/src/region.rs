@@ -518,7 +518,7 @@ impl NativeRegionSink {
         }
         let writer = &self.writer.get().writer;
         let batch: Vec<RecordInput> = (0..count).map(|i| build(i, starts[i])).collect();
-        let outcome = py.detach(|| writer.submit_many(batch));
+        let outcome = crate::writer::submit_many_holding_gil(py, writer, batch);
         let mut failures = Vec::new();
         match outcome {
             Ok(_) => {}

@@ -164,7 +164,7 @@ impl NativeShardWriter {
             metadata,
             num_tokens,
         };
-        let seq = py.detach(|| self.writer.submit(record));
+        let seq = submit_many_holding_gil(py, &self.writer, vec![record]).map(|seqs| seqs[0]);
         drain_graveyard(py); // a refused record's buffers
         seq.py_err()
     }
@@ -199,7 +199,7 @@ impl NativeShardWriter {
                 num_tokens,
             });
         }
-        let seqs = py.detach(|| self.writer.submit_many(batch));
+        let seqs = submit_many_holding_gil(py, &self.writer, batch);
         drain_graveyard(py); // refused records' buffers
         seqs.py_err()
     }
@@ -300,6 +300,23 @@ impl Drop for NativeShardWriter {
             let _ = py.detach(|| self.writer.close());
             drain_graveyard(py);
         });
+    }
+}
+
+/// Queues `recs`, releasing the GIL only when the writer may wait for budget
+/// (`ShardWriter::admits_now`). Queueing alone takes microseconds; releasing the GIL around it
+/// hands the GIL to any other runnable Python thread (vLLM's engine core has two), and taking
+/// it back can cost up to the interpreter's switch interval, 5 ms, on every call.
+pub(crate) fn submit_many_holding_gil(
+    py: Python<'_>,
+    writer: &ShardWriter,
+    recs: Vec<RecordInput>,
+) -> layertap_core::Result<Vec<u64>> {
+    let batch = writer.prepare_many(recs)?;
+    if writer.admits_now(&batch) {
+        writer.submit_prepared(batch)
+    } else {
+        py.detach(|| writer.submit_prepared(batch))
     }
 }
 

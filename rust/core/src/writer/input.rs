@@ -101,6 +101,29 @@ pub(crate) struct Prepared {
     pub raw_len: u64,
 }
 
+/// Records checked and with their headers built, not yet queued
+/// ([`super::ShardWriter::prepare_many`]).
+pub struct PreparedBatch {
+    pub(crate) records: Vec<Prepared>,
+}
+
+impl PreparedBatch {
+    /// Records in the batch.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Whether the batch holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// The bytes the batch takes from the writer's budget: its records' decoded lengths.
+    pub fn raw_len(&self) -> u64 {
+        self.records.iter().map(|r| r.raw_len).sum()
+    }
+}
+
 /// Checks a record and builds its safetensors header. Nothing about the writer's state is
 /// looked at here (duplicate keys are checked by the writer).
 pub(crate) fn prepare(rec: RecordInput) -> Result<Prepared> {

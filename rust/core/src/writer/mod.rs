@@ -38,7 +38,7 @@ mod state;
 mod sync;
 
 pub use config::{random_writer_id, Backend, Durability, IoMode, WriterConfig, IO_ENV_VAR};
-pub use input::{RecordBuffer, RecordInput, TensorInput};
+pub use input::{PreparedBatch, RecordBuffer, RecordInput, TensorInput};
 pub use state::{Completion, Stats};
 
 use crate::error::{Error, Result};
@@ -190,15 +190,46 @@ impl ShardWriter {
     /// twice. Only a failure of the writer itself while waiting for budget can leave the first
     /// records queued and the rest not; the writer is unusable after it anyway.
     pub fn submit_many(&self, recs: Vec<RecordInput>) -> Result<Vec<u64>> {
+        let batch = self.prepare_many(recs)?;
+        self.submit_prepared(batch)
+    }
+
+    /// The first half of [`ShardWriter::submit_many`]: checks every record and builds its
+    /// header, without queueing anything or waiting. A binding calls it with its interpreter
+    /// lock held, then asks [`ShardWriter::admits_now`] whether the second half may wait.
+    pub fn prepare_many(&self, recs: Vec<RecordInput>) -> Result<PreparedBatch> {
         let inner = self.live()?;
         if inner.submit.lock().closed {
             return Err(Error::Closed(None));
         }
         inner.shared.check()?;
-        let prepared = recs
+        let records = recs
             .into_iter()
             .map(input::prepare)
             .collect::<Result<Vec<_>>>()?;
+        Ok(PreparedBatch { records })
+    }
+
+    /// Whether [`ShardWriter::submit_prepared`] would queue `batch` now without waiting for
+    /// budget (`max_inflight_bytes`). A hint: budget only comes back meanwhile, unless another
+    /// thread submits to the same writer in between, in which case the submission waits after
+    /// all. Python bindings release the interpreter lock only when this says no: releasing it
+    /// around a call that does not wait hands the lock to any other runnable Python thread,
+    /// and taking it back can cost up to the interpreter's switch interval (5 ms), on every
+    /// call (benches/RESULTS.md, 2026-12-02).
+    pub fn admits_now(&self, batch: &PreparedBatch) -> bool {
+        match self.live() {
+            Ok(inner) => inner.shared.admits(batch.raw_len()),
+            Err(_) => true, // a closed writer refuses at once
+        }
+    }
+
+    /// The second half of [`ShardWriter::submit_many`]: refuses a key given twice (in the
+    /// batch or earlier), then queues the records, waiting while `max_inflight_bytes` are in
+    /// flight.
+    pub fn submit_prepared(&self, batch: PreparedBatch) -> Result<Vec<u64>> {
+        let inner = self.live()?;
+        let prepared = batch.records;
         let mut side = inner.submit.lock();
         if side.closed {
             return Err(Error::Closed(None));

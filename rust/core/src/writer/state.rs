@@ -150,6 +150,16 @@ impl Shared {
         Ok(())
     }
 
+    /// Whether `raw` more bytes would be admitted now without waiting (a hint: see
+    /// `ShardWriter::admits_now`). Records are admitted one by one, so `raw`, the sum of a
+    /// batch, is admitted at once if the first record finds nothing in flight only when the
+    /// whole sum fits too; this says no in that case, which costs a release of the
+    /// interpreter lock, not correctness.
+    pub fn admits(&self, raw: u64) -> bool {
+        let s = self.state.lock();
+        s.inflight_bytes.saturating_add(raw) <= self.max_inflight
+    }
+
     fn fits(&self, s: &State, raw: u64) -> bool {
         s.inflight_bytes == 0 || s.inflight_bytes.saturating_add(raw) <= self.max_inflight
     }
