@@ -1,7 +1,7 @@
 """``layertap generate`` on the command line (docs/GENERATE.md): the subcommand's arguments and
 what it prints. Exit status: 0 every usable row has its record (bad rows are listed, not
 failures); 1 the run failed or left rows without their record (run it again); 2 bad input,
-found before the engine started."""
+found before the engine started, or data whose every row is bad (nothing to write)."""
 
 from __future__ import annotations
 
@@ -152,4 +152,22 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2))
     else:
         print(summary_text(summary))
-    return 0 if summary["rows_missing"] == 0 and not summary.get("engine_errors") else 1
+    return _exit_status(summary)
+
+
+def _exit_status(summary: dict) -> int:
+    """0 for a complete dataset; 2, with one line saying why, for data without a usable row (a
+    rerun of the same command cannot succeed); 1 otherwise (rerun to resume)."""
+    from layertap.generate.summary import every_row_bad, most_common_reason
+
+    if summary["complete"]:
+        return 0
+    if every_row_bad(summary):
+        reason, count = most_common_reason(summary["bad_rows"])
+        print(
+            f"layertap generate: no record written: all {summary['rows']:,} rows are bad, {count:,} of them: "
+            f"{reason}; fix the data (the summary lists every bad row)",
+            file=sys.stderr,
+        )
+        return 2
+    return 1

@@ -10,6 +10,7 @@ the connector took has its record.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import sys
@@ -38,6 +39,7 @@ from layertap.generate.model import load_model_info, parse_layers
 from layertap.generate.progress import PROGRESS_MODES, Progress, ShardFollower, Totals
 from layertap.generate.render import BadRowError, Renderer
 from layertap.generate.resume import SOURCE, OutputState, prepare_output
+from layertap.generate.summary import is_complete
 
 #: How long to wait for the writer of an engine in its own process to put the last records in
 #: files, counted from the last one that arrived, before stopping the engine anyway.
@@ -85,6 +87,18 @@ def _rendered(rows, skip: np.ndarray, renderer: Renderer) -> Iterator:
             yield BadRow(row.index, str(e))
             continue
         yield row.index, ids, mask
+
+
+def _until_usable(items: Iterator) -> tuple[list[BadRow], Iterator | None]:
+    """Renders rows until the first usable one, so that a run whose rows are all bad starts no
+    engine: the bad rows read so far, and every item from the first of them on (None when
+    there is no usable row)."""
+    bad: list[BadRow] = []
+    for item in items:
+        if not isinstance(item, BadRow):
+            return bad, itertools.chain(bad, [item], items)
+        bad.append(item)
+    return bad, None
 
 
 def _versions() -> dict[str, str]:
@@ -320,12 +334,13 @@ def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callab
         t_load = time.monotonic()
         if report is not None:
             report({"writer_id": state.writer_id, "phase": "engine_start"})
-        if todo:
+        bad_first, items = _until_usable(_rendered(rows, skip, c.renderer)) if todo else ([], None)
+        if items is not None:
             plugin = in_model_plugin(info.architectures) if c.capture == "in-model" else contextlib.nullcontext()
             with plugin:
                 outcome, t_engine, t_gen = _run_engine(
                     llm_kwargs(model, layer_ids, {**c.engine_args, "max_model_len": c.model_len}, connector, c.capture),
-                    _rendered(rows, skip, c.renderer),
+                    items,
                     rows.num_rows,
                     todo,
                     state,
@@ -335,8 +350,9 @@ def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callab
                     o["progress_interval"],
                     report,
                 )
-        else:  # nothing left to do: no engine
-            outcome, t_engine, t_gen = Outcome(saved=np.zeros(rows.num_rows, dtype=bool)), t_load, t_load
+        else:  # nothing left to do, or no row to do is usable: no engine
+            outcome = Outcome(saved=np.zeros(rows.num_rows, dtype=bool), bad=[(b.index, b.reason) for b in bad_first])
+            t_engine = t_gen = t_load
         written = _read_back(state, rows.num_rows)
         t_end = time.monotonic()
     finally:
@@ -388,7 +404,6 @@ def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callab
     }
     if assigned is not None:
         summary["rows_assigned"] = todo
-    summary["complete"] = summary["rows_done_before"] + summary["rows_written"] + summary["rows_bad"] + (
-        rows.num_rows - done_before - todo
-    ) == summary["rows"] and not len(missing)
+    accounted = summary["rows_done_before"] + summary["rows_written"] + summary["rows_bad"]
+    summary["complete"] = is_complete(summary, accounted + rows.num_rows - done_before - todo)
     return summary
