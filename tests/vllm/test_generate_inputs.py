@@ -169,3 +169,16 @@ def test_data_without_a_usable_row(capsys, tiny_model, tmp_path):
     assert summary["complete"] is False and summary["rows_bad"] == 4 and summary["rows_written"] == 0
     assert summary["seconds"]["engine_start"] == 0  # the engine was never started
     assert not list(out.glob("*.lts"))
+
+
+def test_engine_that_does_not_start(capsys, tiny_model, data, tmp_path, monkeypatch):
+    """A setting vLLM refuses only while its engine starts (a KV cache too small for one
+    request): the traceback, then one line that says to fix the cause, not to resume."""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    engine_args = {**TINY_ENGINE_ARGS, "kv_cache_memory_bytes": 4096}
+    status, err = run(capsys, tiny_model, data["ids"], tmp_path / "out", engine_args=engine_args)
+    last = err.strip().splitlines()[-1]
+    assert status == 1, err[-2000:]
+    assert last.startswith("layertap generate: vLLM's engine did not start: "), last
+    assert last.endswith("this run wrote nothing: fix the cause (the traceback above), then run the command again")
+    assert "Traceback" in err and "resume" not in last

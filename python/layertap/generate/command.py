@@ -112,6 +112,7 @@ def _quiet_vllm() -> None:
 def run(args: argparse.Namespace) -> int:
     _quiet_vllm()
     from layertap.generate import GenerateError, generate
+    from layertap.generate.errors import EngineStartError
     from layertap.generate.summary import summary_text
 
     try:
@@ -139,7 +140,15 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("layertap generate: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
-    except Exception as e:  # the engine failed: the traceback, then one line saying what to do
+    except EngineStartError as e:
+        traceback.print_exc()
+        print(
+            f"layertap generate: vLLM's engine did not start: {e}; this run wrote nothing: fix the cause "
+            "(the traceback above), then run the command again",
+            file=sys.stderr,
+        )
+        return 1
+    except Exception as e:  # the engine failed while running: the traceback, then one line saying what to do
         traceback.print_exc()
         first = str(e).strip().splitlines()
         print(
