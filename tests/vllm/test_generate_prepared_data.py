@@ -74,6 +74,19 @@ def test_generate_on_speculators_prepared_data(tiny_model, tmp_path, capsys):
     assert (summary["rows"], summary["rows_written"], summary["rows_bad"]) == (7, 7, 0)
     assert summary["complete"] is True
 
+    # The same command again: nothing left to do, so no engine and no writer of its own; the
+    # summary still says the dataset's dtype, and its time counts the checks (they import vLLM).
+    # In a child, as a user runs it: this process has imported vLLM already.
+    rerun = [sys.executable, "-m", "layertap", *args, "--engine-args", json.dumps(TINY_ENGINE_ARGS), "--json"]
+    proc = subprocess.run(rerun, capture_output=True, text=True, timeout=300)
+    again = json.loads(proc.stdout)
+    assert proc.returncode == 0 and again["complete"] and again["rows_done_before"] == 7 and again["rows_written"] == 0
+    assert again["run"] is None and again["writer_id"] is None and again["dtype"] == summary["dtype"] is not None
+    assert again["seconds"]["total"] >= again["seconds"]["load"] > 1.0  # vLLM's import alone takes more
+    from layertap.generate.summary import summary_text
+
+    assert "no engine started (nothing to write)" in summary_text(again)
+
     # speculators shuffles in prepare-data: row i of its output is what the record of "i" holds.
     import datasets
 

@@ -214,6 +214,9 @@ class Checked:
     progress: str
     out_dir: str
     capture: str
+    started: float
+    """When the checks began (``time.monotonic()``): the run's time counts them, since they import
+    vLLM and transformers (most of the time of a run with nothing left to do)."""
 
 
 def _check_layers(o: dict, engine_args: dict, architectures: list, num_layers: int) -> tuple[list[int], str]:
@@ -232,7 +235,7 @@ def check_options(options: dict) -> Checked:
     (no vLLM, a model without its configuration, layer ids out of range, an architecture vLLM
     cannot record, missing data) are reported in about a second instead of after the 10-20
     CPU-seconds of importing them."""
-    o = options
+    o, started = options, time.monotonic()
     progress = o["progress"]
     if progress not in PROGRESS_MODES:
         raise GenerateError(f"progress must be one of {', '.join(PROGRESS_MODES)}, got {progress!r}")
@@ -274,6 +277,7 @@ def check_options(options: dict) -> Checked:
         progress,
         out_dir,
         capture,
+        started,
     )
 
 
@@ -332,8 +336,8 @@ def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callab
     """One engine writing into ``checked.out_dir``: every row not done there, or, with
     ``assigned`` (bool per row), only the assigned rows not done there. ``report(snapshot)`` is
     given the run's running totals now and then (engines of a parallel run report to it)."""
-    t0 = time.monotonic()
     c, o = checked, checked.options
+    t0 = c.started
     rows, info, layer_ids, model, out_dir = c.rows, c.info, c.layer_ids, o["model"], c.out_dir
     connector = dict(c.connector)
     state = prepare_output(out_dir, model, layer_ids)
@@ -359,7 +363,8 @@ def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callab
         if report is not None:
             report({"writer_id": state.writer_id, "phase": "engine_start"})
         bad_first, items = _until_usable(_rendered(rows, skip, c.renderer)) if todo else ([], None)
-        if items is not None:
+        engine_started = items is not None
+        if engine_started:
             plugin = in_model_plugin(info.architectures) if c.capture == "in-model" else contextlib.nullcontext()
             with plugin:
                 outcome, t_engine, t_gen = _run_engine(
@@ -395,12 +400,13 @@ def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callab
         "layer_ids": layer_ids,
         "layer_numbering": "vllm",
         "capture": c.capture,
-        "dtype": written["dtype"],
+        "dtype": written["dtype"] or state.dtype,
         "max_len": c.max_len,
         "max_tokens": o["max_tokens"],
         "include_output_tokens": o["include_output_tokens"],
-        "run": state.run,
-        "writer_id": state.writer_id,
+        # A run that started no engine wrote nothing: no run number or writer of its own.
+        "run": state.run if engine_started else None,
+        "writer_id": state.writer_id if engine_started else None,
         "rows": rows.num_rows,
         "rows_done_before": done_before,
         "rows_written": int((written["present"] & ~done).sum()),

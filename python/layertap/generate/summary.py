@@ -42,10 +42,15 @@ def _engines(s: dict) -> str:
     """A parallel run's engines: how many, where, and each one's rows."""
     where = f" on Ray at {s['ray_address']}" if s.get("ray_address") else ""
     each = ", ".join(
-        f"engine-{e['engine']} {e.get('writer_id') or 'failed'} {e.get('rows_written', 0):,}/{e['rows_assigned']:,}"
+        f"engine-{e['engine']} {e.get('writer_id') or ('failed' if 'error' in e else 'idle')} "
+        f"{e.get('rows_written', 0):,}/{e['rows_assigned']:,}"
         for e in s["engines"]
     )
     return f"{len(s['engines'])} engine(s){where} (rows written/assigned: {each or 'none needed'}); {len(s['parts'])} part(s)"
+
+
+def _writer(s: dict) -> str:
+    return f"writer {s['writer_id']}" if s["writer_id"] else "no engine started (nothing to write)"
 
 
 def summary_text(s: dict) -> str:
@@ -56,7 +61,7 @@ def summary_text(s: dict) -> str:
         f"{human_bytes(s['stored_bytes'])} stored, ratio {ratio}), {s['rows_done_before']:,} done before, "
         f"{s['rows_bad']:,} bad, of {s['rows']:,} rows",
         f"model {s['model']}, layers {s['layer_ids']} (vLLM numbering), {s['dtype'] or '-'}; "
-        + (f"writer {s['writer_id']}" if s.get("engines") is None else _engines(s)),
+        + (_writer(s) if s.get("engines") is None else _engines(s)),
         f"time: {secs['total']:.1f} s (start-up {secs['load'] + secs['engine_start']:.1f} s, "
         f"generation {secs['generate']:.1f} s at {s['tokens_per_second']:,.0f} tok/s, last records written "
         f"{secs['drain']:.1f} s, shutdown {secs['shutdown']:.1f} s)",
