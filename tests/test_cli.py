@@ -17,6 +17,7 @@ from helpers import (
     payload_offset,
     run_cli,
     shard_files,
+    subprocess_env,
     write_records,
 )
 
@@ -242,3 +243,29 @@ def test_human_bytes():
     assert human_bytes(1024) == "1.0 KiB" and human_bytes(1536) == "1.5 KiB"
     assert human_bytes(5 << 20) == "5.0 MiB" and human_bytes(3 << 30) == "3.0 GiB"
     assert human_bytes(None) == "-"
+
+
+@pytest.mark.parametrize("args", [["inspect", "--json"], ["inspect"], ["verify", "--json"]])
+def test_closed_pipe_ends_quietly(dataset, args):
+    """``layertap inspect --json DIR | head``: the reader has gone before the output is written.
+    The command ends as Unix tools do on a closed pipe, without a traceback or "Exception
+    ignored" message, with the status of a process ended by SIGPIPE (141, as a shell reports
+    it)."""
+    import subprocess
+    import sys
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write to stdout now fails with EPIPE
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "layertap", *args, str(dataset)],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            env=subprocess_env(),
+        )
+    finally:
+        os.close(write_end)
+    assert proc.stderr == ""
+    assert proc.returncode == 141

@@ -1,7 +1,9 @@
 """The ``layertap`` command: ``inspect``, ``verify`` and ``recover`` datasets and shards.
 
 Exit status: 0 all good; 1 problems found (corrupt records, torn tails, a shard that could not
-be recovered); 2 the command could not run (missing path, not a shard, bad arguments).
+be recovered); 2 the command could not run (missing path, not a shard, bad arguments); 141 the
+reader of its output went away (``layertap inspect --json DIR | head``), quietly, as for any Unix
+tool ended by SIGPIPE.
 """
 
 from __future__ import annotations
@@ -526,11 +528,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: The exit status of a command whose reader closed its pipe: a shell's for a process ended by
+#: SIGPIPE (128 + 13), as ``inspect | head`` reports for any Unix tool.
+CLOSED_PIPE_STATUS = 141
+
+
+def _closed_pipe() -> int:
+    """stdout's reader has gone: point stdout at /dev/null, so that the interpreter's last flush
+    at exit does not fail again (and print "Exception ignored"), and end quietly."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return CLOSED_PIPE_STATUS
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the command line; returns the exit status."""
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        status = args.func(args)
+        sys.stdout.flush()  # here, where a closed pipe can still be caught
+        return status
+    except BrokenPipeError:
+        # Python ignores SIGPIPE (so a closed socket in vLLM cannot kill a run); a closed stdout
+        # then raises here instead of ending the process as it ends other tools.
+        return _closed_pipe()
     except _Usage as e:
         print(f"layertap {args.command}: {e}", file=sys.stderr)
         return 2

@@ -184,6 +184,34 @@ def test_launcher(tmp_path):
     assert "--layertap-fetch-timeout" in out.stdout and "layertap" in out.stdout.split("--hidden-states-backend")[1]
 
 
+@pytest.mark.parametrize("case", ["absent", "file-backend layout"])
+def test_train_refuses_a_bad_hidden_states_path_at_start_up(case, tmp_path, verifier, prepared):
+    """speculators' train through the launcher, with a --hidden-states-path that cannot serve:
+    one line and exit status 2 before speculators' train does anything (no config dump, no
+    save directory, no draft model), not a traceback after the draft model is built."""
+    path = str(tmp_path / "absent") if case == "absent" else prepared["exported"]
+    save = tmp_path / "ckpt"
+    argv = ["train", "--verifier-name-or-path", verifier, "--data-path", prepared["data"]]
+    argv += ["--hidden-states-backend", "layertap", "--hidden-states-path", path, "--speculator-type", "eagle3"]
+    argv += ["--target-layer-ids", "1", "2", "3", "--save-path", str(save)]
+    out = subprocess.run(
+        [sys.executable, "-m", "layertap.speculators", *argv], capture_output=True, text=True, timeout=300
+    )
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr and "speculator_type=" not in out.stderr + out.stdout
+    assert not save.exists()
+    if case == "absent":
+        want = (
+            f"layertap backend: --hidden-states-path {path}: no such layertap dataset; write it with layertap generate"
+        )
+    else:
+        want = f"layertap backend: --hidden-states-path {path} is not a layertap dataset"
+    assert lines[-1].startswith(want), lines[-5:]
+    if case != "absent":
+        assert "hs_*.safetensors files, the 'file' backend's layout: pass --hidden-states-backend file" in lines[-1]
+
+
 def test_launcher_refusals(tmp_path, capsys):
     from layertap.speculators.__main__ import main
 

@@ -147,3 +147,38 @@ def test_output_directory_not_for_this_run(capsys, tiny_model, data, tmp_path):
         )
     finally:
         os.close(fd)
+
+
+def test_data_without_a_usable_row(capsys, tiny_model, tmp_path):
+    """Every row bad: no engine starts, no record, exit status 2 with one line naming the most
+    common reason, and the summary does not call the dataset complete."""
+    with open(os.path.join(tiny_model, "config.json")) as f:
+        vocab = json.load(f)["vocab_size"]
+    lines = [{"input_ids": [5, vocab + i]} for i in range(3)] + ["{oops"]
+    data = write_jsonl(tmp_path / "bad.jsonl", lines)
+    out = tmp_path / "out"
+    args = ["generate", tiny_model, "--data", data, "--out", str(out), "--json", "--progress", "none"]
+    status = layertap_cli([*args, "--engine-args", json.dumps(TINY_ENGINE_ARGS)])
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert status == 2, captured.err
+    assert captured.err.strip().splitlines() == [
+        f"layertap generate: no record written: all 4 rows are bad, 3 of them: input_ids holds {vocab}, outside "
+        f"the vocabulary of {vocab} tokens; fix the data (the summary lists every bad row)"
+    ]
+    assert summary["complete"] is False and summary["rows_bad"] == 4 and summary["rows_written"] == 0
+    assert summary["seconds"]["engine_start"] == 0  # the engine was never started
+    assert not list(out.glob("*.lts"))
+
+
+def test_engine_that_does_not_start(capsys, tiny_model, data, tmp_path, monkeypatch):
+    """A setting vLLM refuses only while its engine starts (a KV cache too small for one
+    request): the traceback, then one line that says to fix the cause, not to resume."""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    engine_args = {**TINY_ENGINE_ARGS, "kv_cache_memory_bytes": 4096}
+    status, err = run(capsys, tiny_model, data["ids"], tmp_path / "out", engine_args=engine_args)
+    last = err.strip().splitlines()[-1]
+    assert status == 1, err[-2000:]
+    assert last.startswith("layertap generate: vLLM's engine did not start: "), last
+    assert last.endswith("this run wrote nothing: fix the cause (the traceback above), then run the command again")
+    assert "Traceback" in err and "resume" not in last

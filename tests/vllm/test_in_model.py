@@ -109,7 +109,7 @@ def test_generate_with_capture_in_model(tmp_path):
 
 def test_generate_refuses_capture_in_model_for_an_architecture_without_a_class():
     from layertap.generate import GenerateError
-    from layertap.generate.engine import check_capture
+    from layertap.generate.capture import check_capture
 
     assert check_capture("in-model", ["Qwen2ForCausalLM"]) == "in-model"
     assert check_capture("method", ["GraniteForCausalLM"]) == "method"

@@ -1,7 +1,7 @@
 """``layertap generate`` on the command line (docs/GENERATE.md): the subcommand's arguments and
 what it prints. Exit status: 0 every usable row has its record (bad rows are listed, not
 failures); 1 the run failed or left rows without their record (run it again); 2 bad input,
-found before the engine started."""
+found before the engine started, or data whose every row is bad (nothing to write)."""
 
 from __future__ import annotations
 
@@ -112,6 +112,7 @@ def _quiet_vllm() -> None:
 def run(args: argparse.Namespace) -> int:
     _quiet_vllm()
     from layertap.generate import GenerateError, generate
+    from layertap.generate.errors import EngineStartError
     from layertap.generate.summary import summary_text
 
     try:
@@ -139,7 +140,15 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("layertap generate: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
-    except Exception as e:  # the engine failed: the traceback, then one line saying what to do
+    except EngineStartError as e:
+        traceback.print_exc()
+        print(
+            f"layertap generate: vLLM's engine did not start: {e}; this run wrote nothing: fix the cause "
+            "(the traceback above), then run the command again",
+            file=sys.stderr,
+        )
+        return 1
+    except Exception as e:  # the engine failed while running: the traceback, then one line saying what to do
         traceback.print_exc()
         first = str(e).strip().splitlines()
         print(
@@ -152,4 +161,22 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2))
     else:
         print(summary_text(summary))
-    return 0 if summary["rows_missing"] == 0 and not summary.get("engine_errors") else 1
+    return _exit_status(summary)
+
+
+def _exit_status(summary: dict) -> int:
+    """0 for a complete dataset; 2, with one line saying why, for data without a usable row (a
+    rerun of the same command cannot succeed); 1 otherwise (rerun to resume)."""
+    from layertap.generate.summary import every_row_bad, most_common_reason
+
+    if summary["complete"]:
+        return 0
+    if every_row_bad(summary):
+        reason, count = most_common_reason(summary["bad_rows"])
+        print(
+            f"layertap generate: no record written: all {summary['rows']:,} rows are bad, {count:,} of them: "
+            f"{reason}; fix the data (the summary lists every bad row)",
+            file=sys.stderr,
+        )
+        return 2
+    return 1

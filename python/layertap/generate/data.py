@@ -131,6 +131,8 @@ class _Columnar(RowSource):
     """Rows of an Arrow-backed table, read in batches of the needed columns only."""
 
     def _setup(self, columns: list[str], num_rows: int) -> None:
+        if not num_rows:
+            raise GenerateError(f"{self.path}: holds no rows")
         self.column = _pick_column(columns, self.path)
         self.has_loss_mask = LOSS_MASK in columns
         self.num_rows = self._limited(num_rows)
@@ -194,7 +196,10 @@ class HfDatasetRows(_Columnar):
         self._setup(list(ds.column_names), ds.num_rows)
 
     def _batches(self) -> Iterator[dict[str, list]]:
-        ds = self._ds.select_columns(self._columns)
+        # Plain Python lists whatever format the dataset was saved with: speculators' prepare-data
+        # saves after set_format("torch"), and load_from_disk brings that format back, which
+        # would hand the renderer a tensor per row.
+        ds = self._ds.select_columns(self._columns).with_format(None)
         for start in range(0, self.num_rows, _BATCH_ROWS):
             yield ds[start : min(start + _BATCH_ROWS, self.num_rows)]
 

@@ -30,14 +30,13 @@ RESERVED_ENGINE_ARGS = ("model", "speculative_config", "kv_transfer_config")
 #: Connector options that generate sets itself (``capture`` and ``layer_ids`` from ``--capture``
 #: and ``--layers``).
 RESERVED_CONNECTOR_ARGS = ("output_dir", "writer_id", "shard_metadata", "capture", "layer_ids")
-#: Values of ``--capture`` (the connector's ``capture`` option).
-CAPTURE_MODES = ("method", "in-model")
 #: Requests kept in the engine per ``max_num_seqs``.
 WINDOW_PER_SEQ = 2
 
 
-def check_engine_args(engine_args: Any) -> dict:
-    """``--engine-args`` as a dict of ``LLM`` arguments vLLM knows, else GenerateError."""
+def parse_engine_args(engine_args: Any) -> dict:
+    """``--engine-args`` as a dict without the arguments generate sets, else GenerateError (no
+    vLLM import: ``check_engine_args`` checks the names against vLLM's)."""
     if engine_args is None:
         return {}
     if isinstance(engine_args, str):
@@ -50,6 +49,11 @@ def check_engine_args(engine_args: Any) -> dict:
     reserved = [k for k in engine_args if k in RESERVED_ENGINE_ARGS]
     if reserved:
         raise GenerateError(f"--engine-args may not set {reserved[0]!r}: layertap generate sets it")
+    return dict(engine_args)
+
+
+def check_engine_args(engine_args: dict) -> None:
+    """``engine_args`` (parsed) must be ``LLM`` arguments vLLM knows, else GenerateError."""
     from vllm import LLM
     from vllm.engine.arg_utils import EngineArgs
 
@@ -57,7 +61,6 @@ def check_engine_args(engine_args: Any) -> dict:
     unknown = sorted(k for k in engine_args if k not in known)
     if unknown:
         raise GenerateError(f"--engine-args: {unknown[0]!r} is not an argument of vLLM's LLM")
-    return dict(engine_args)
 
 
 def check_json_object(value: Any, option: str) -> dict:
@@ -102,22 +105,6 @@ def sampling_kwargs(sampling_args: dict, max_tokens: int) -> dict:
     except Exception as e:  # TypeError for unknown names, ValueError/VLLMValidationError for values
         raise GenerateError(f"--sampling-args: {e}") from None
     return kwargs
-
-
-def check_capture(capture: Any, architectures: list[str]) -> str:
-    """``--capture``; with ``in-model``, the model's architecture must be one the plugin covers."""
-    if capture not in CAPTURE_MODES:
-        raise GenerateError(f"--capture must be one of {', '.join(CAPTURE_MODES)}, got {capture!r}")
-    if capture == "in-model":
-        from layertap.vllm.models import IN_MODEL_FAMILIES
-
-        uncovered = [a for a in architectures if a not in IN_MODEL_FAMILIES] or (not architectures and ["?"])
-        if uncovered:
-            raise GenerateError(
-                f"--capture in-model: no in-model class for the model's architecture {architectures}; "
-                f"covered: {', '.join(sorted(IN_MODEL_FAMILIES))} (use --capture method)"
-            )
-    return capture
 
 
 @contextlib.contextmanager

@@ -1,13 +1,29 @@
 """What a run needs to know about the model before the engine starts: that it loads at all
 (configuration and tokenizer), its number of decoder layers, vocabulary and context length, and
-which layer ids to record."""
+which layer ids to record.
+
+Two steps: ``read_config`` reads ``config.json`` as JSON (a local directory, or the Hugging Face
+cache and hub as transformers would), in well under a second, so that a missing configuration or
+layer ids out of range are reported before anything heavy is imported; ``load_model_info`` then
+loads the configuration and tokenizer with transformers (which imports torch: seconds), as vLLM
+will.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from layertap.generate.errors import GenerateError
+
+#: Where configurations keep the number of decoder layers (transformers maps these names onto
+#: ``num_hidden_layers``: GPT-2's ``n_layer``, DBRX's ``n_layers``, ChatGLM's ``num_layers``).
+_LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
+#: Sub-configurations of multimodal models that hold the language model's (transformers'
+#: ``get_text_config``).
+_TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config")
 
 
 @dataclass
@@ -25,6 +41,49 @@ class ModelInfo:
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def read_config(model: str, engine_args: dict) -> dict | None:
+    """The model's ``config.json`` as a dict, read without transformers; None where only
+    transformers knows how to find it (a GGUF file, Mistral's ``params.json``, ModelScope), for
+    ``load_model_info`` to decide. Raises GenerateError when it is missing or unreadable."""
+    source = engine_args.get("hf_config_path") or model
+    if engine_args.get("config_format") not in (None, "auto", "hf") or os.environ.get("VLLM_USE_MODELSCOPE"):
+        return None
+    if os.path.isdir(source):
+        path = os.path.join(source, "config.json")
+        if not os.path.isfile(path):
+            raise GenerateError(f"cannot load model {model!r}: {source} has no config.json")
+    elif os.path.exists(source):
+        return None
+    elif source.startswith((".", "/", "~")):
+        raise GenerateError(f"cannot load model {model!r}: {source}: no such directory")
+    else:
+        from huggingface_hub import hf_hub_download
+
+        try:
+            path = hf_hub_download(source, "config.json", revision=engine_args.get("revision"))
+        except Exception as e:  # huggingface_hub's errors: not found, offline, gated, bad name...
+            raise GenerateError(f"cannot load model {model!r}: {_first_line(e)}") from None
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:
+        raise GenerateError(f"cannot load model {model!r}: {path}: {_first_line(e)}") from None
+    if not isinstance(config, dict):
+        raise GenerateError(f"cannot load model {model!r}: {path} does not hold a JSON object")
+    return config
+
+
+def config_num_layers(config: dict) -> int | None:
+    """The number of decoder layers a raw configuration gives, or None."""
+    for part in [config.get(k) for k in _TEXT_CONFIG_KEYS] + [config]:
+        if isinstance(part, dict):
+            for key in _LAYER_COUNT_KEYS:
+                n = part.get(key)
+                if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+                    return n
+    return None
 
 
 def load_model_info(model: str, engine_args: dict, need_tokenizer: bool = True) -> ModelInfo:

@@ -38,6 +38,7 @@ from layertap.generate.errors import GenerateError
 from layertap.generate.progress import EngineTotals, Progress
 from layertap.generate.resume import SOURCE, lock_directory, make_output_directory, prepare_output
 from layertap.generate.run import Checked, check_options, run_one
+from layertap.generate.summary import is_complete
 from layertap.parts import MANIFEST_NAME, read_manifest, write_manifest
 
 #: Engine ``i`` writes into ``--out/engine-{i}``.
@@ -310,10 +311,8 @@ def _merge(
             "total": round(t_end - t0, 3),
         },
     }
-    summary["complete"] = (
-        not errors
-        and not missing
-        and summary["rows_done_before"] + summary["rows_written"] + summary["rows_bad"] == summary["rows"]
+    summary["complete"] = is_complete(
+        summary, summary["rows_done_before"] + summary["rows_written"] + summary["rows_bad"]
     )
     return summary
 

@@ -53,6 +53,8 @@ class OutputState:
     """Files of killed runs without a complete header (no records), removed or renamed."""
     duplicates: int = 0
     """Records whose row already had one (should never happen; counted, not hidden)."""
+    dtype: str | None = None
+    """The hidden states' dtype of the records already there (their shards' ``dtype``)."""
     _lock_fd: int | None = None
 
     @property
@@ -158,6 +160,7 @@ def prepare_output(path: str, model: str, layer_ids: list[int], lock: bool = Tru
             with ds:
                 for info in ds.shards:
                     _check_meta(info, model, layer_ids)
+                    state.dtype = state.dtype or info.meta.get("user", {}).get("dtype")
                 rows = np.fromiter((_row_of(e.key, path) for b in ds.backends for e in b.entries), dtype=np.int64)
                 state.done = np.unique(rows)
                 state.duplicates = len(rows) - len(state.done)

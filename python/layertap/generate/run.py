@@ -10,6 +10,7 @@ the connector took has its record.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import sys
@@ -20,24 +21,26 @@ from typing import Any
 
 import numpy as np
 
+from layertap.generate.capture import check_capture, check_served, require_vllm
 from layertap.generate.data import BadRow, open_rows
 from layertap.generate.engine import (
     Outcome,
-    check_capture,
     check_connector_args,
     check_engine_args,
     check_json_object,
     in_model_plugin,
     llm_kwargs,
+    parse_engine_args,
     run_rows,
     sampling_kwargs,
     shutdown,
 )
-from layertap.generate.errors import GenerateError
-from layertap.generate.model import load_model_info, parse_layers
+from layertap.generate.errors import EngineStartError, GenerateError
+from layertap.generate.model import config_num_layers, load_model_info, parse_layers, read_config
 from layertap.generate.progress import PROGRESS_MODES, Progress, ShardFollower, Totals
 from layertap.generate.render import BadRowError, Renderer
 from layertap.generate.resume import SOURCE, OutputState, prepare_output
+from layertap.generate.summary import is_complete
 
 #: How long to wait for the writer of an engine in its own process to put the last records in
 #: files, counted from the last one that arrived, before stopping the engine anyway.
@@ -85,6 +88,18 @@ def _rendered(rows, skip: np.ndarray, renderer: Renderer) -> Iterator:
             yield BadRow(row.index, str(e))
             continue
         yield row.index, ids, mask
+
+
+def _until_usable(items: Iterator) -> tuple[list[BadRow], Iterator | None]:
+    """Renders rows until the first usable one, so that a run whose rows are all bad starts no
+    engine: the bad rows read so far, and every item from the first of them on (None when
+    there is no usable row)."""
+    bad: list[BadRow] = []
+    for item in items:
+        if not isinstance(item, BadRow):
+            return bad, itertools.chain(bad, [item], items)
+        bad.append(item)
+    return bad, None
 
 
 def _versions() -> dict[str, str]:
@@ -158,7 +173,11 @@ def _run_engine(
     outcome and when the engine was ready and when the last request finished."""
     from vllm import LLM
 
-    llm = LLM(**llm_args)
+    try:
+        llm = LLM(**llm_args)
+    except Exception as e:  # vLLM raises what its parts raise: ValueError, RuntimeError, OOM...
+        first = str(e).strip().splitlines()
+        raise EngineStartError(f"{type(e).__name__}: {first[0] if first else ''}".rstrip(": ")) from e
     t_engine = time.monotonic()
     follower = ShardFollower(state.path, state.writer_id)
     bar = Progress(todo, follower, progress, interval)
@@ -195,24 +214,46 @@ class Checked:
     progress: str
     out_dir: str
     capture: str
+    started: float
+    """When the checks began (``time.monotonic()``): the run's time counts them, since they import
+    vLLM and transformers (most of the time of a run with nothing left to do)."""
+
+
+def _check_layers(o: dict, engine_args: dict, architectures: list, num_layers: int) -> tuple[list[int], str]:
+    """The layer ids and the capture mode, checked against the model and what vLLM can serve."""
+    layer_ids = parse_layers(o["layers"], num_layers)
+    capture = check_capture(o.get("capture", "method"), architectures)
+    check_served(architectures, capture, layer_ids, num_layers, o["layers"] is not None, engine_args)
+    return layer_ids, capture
 
 
 def check_options(options: dict) -> Checked:
     """Checks a run's options (``generate``'s arguments, as a dict) and loads what it needs:
-    the rows' source, the model's facts, the layers. Raises GenerateError for bad input."""
-    o = options
+    the rows' source, the model's facts, the layers. Raises GenerateError for bad input.
+
+    The checks that need neither vLLM nor transformers come first, so that the usual mistakes
+    (no vLLM, a model without its configuration, layer ids out of range, an architecture vLLM
+    cannot record, missing data) are reported in about a second instead of after the 10-20
+    CPU-seconds of importing them."""
+    o, started = options, time.monotonic()
     progress = o["progress"]
     if progress not in PROGRESS_MODES:
         raise GenerateError(f"progress must be one of {', '.join(PROGRESS_MODES)}, got {progress!r}")
     if not isinstance(o["include_output_tokens"], bool):
         raise GenerateError(f"include_output_tokens must be true or false, got {o['include_output_tokens']!r}")
     limit, max_len = _positive("--limit", o["limit"]), _positive("--max-len", o["max_len"])
+    engine_args = parse_engine_args(o["engine_args"])
+    require_vllm()
+    config = read_config(o["model"], engine_args)
+    early = config_num_layers(config) if config is not None else None
+    if early is not None:
+        _check_layers(o, engine_args, list(config.get("architectures") or []), early)  # type: ignore[union-attr]
     rows = open_rows(o["data"], limit)
-    engine_args = check_engine_args(o["engine_args"])
+    # From here on, vLLM and transformers are imported.
+    check_engine_args(engine_args)
     sampling = sampling_kwargs(check_json_object(o["sampling_args"], "--sampling-args"), o["max_tokens"])
     info = load_model_info(o["model"], engine_args, need_tokenizer=rows.column != "input_ids")
-    layer_ids = parse_layers(o["layers"], info.num_layers)
-    capture = check_capture(o.get("capture", "method"), info.architectures)
+    layer_ids, capture = _check_layers(o, engine_args, info.architectures, info.num_layers)
     max_len, model_len = _max_lengths(max_len, o["max_tokens"], engine_args, info.max_positions)
     renderer = Renderer(info.tokenizer, rows.column, info.vocab_size, max_len)
     out_dir = os.path.abspath(os.fspath(o["out"]))
@@ -236,6 +277,7 @@ def check_options(options: dict) -> Checked:
         progress,
         out_dir,
         capture,
+        started,
     )
 
 
@@ -294,8 +336,8 @@ def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callab
     """One engine writing into ``checked.out_dir``: every row not done there, or, with
     ``assigned`` (bool per row), only the assigned rows not done there. ``report(snapshot)`` is
     given the run's running totals now and then (engines of a parallel run report to it)."""
-    t0 = time.monotonic()
     c, o = checked, checked.options
+    t0 = c.started
     rows, info, layer_ids, model, out_dir = c.rows, c.info, c.layer_ids, o["model"], c.out_dir
     connector = dict(c.connector)
     state = prepare_output(out_dir, model, layer_ids)
@@ -320,12 +362,14 @@ def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callab
         t_load = time.monotonic()
         if report is not None:
             report({"writer_id": state.writer_id, "phase": "engine_start"})
-        if todo:
+        bad_first, items = _until_usable(_rendered(rows, skip, c.renderer)) if todo else ([], None)
+        engine_started = items is not None
+        if engine_started:
             plugin = in_model_plugin(info.architectures) if c.capture == "in-model" else contextlib.nullcontext()
             with plugin:
                 outcome, t_engine, t_gen = _run_engine(
                     llm_kwargs(model, layer_ids, {**c.engine_args, "max_model_len": c.model_len}, connector, c.capture),
-                    _rendered(rows, skip, c.renderer),
+                    items,
                     rows.num_rows,
                     todo,
                     state,
@@ -335,8 +379,9 @@ def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callab
                     o["progress_interval"],
                     report,
                 )
-        else:  # nothing left to do: no engine
-            outcome, t_engine, t_gen = Outcome(saved=np.zeros(rows.num_rows, dtype=bool)), t_load, t_load
+        else:  # nothing left to do, or no row to do is usable: no engine
+            outcome = Outcome(saved=np.zeros(rows.num_rows, dtype=bool), bad=[(b.index, b.reason) for b in bad_first])
+            t_engine = t_gen = t_load
         written = _read_back(state, rows.num_rows)
         t_end = time.monotonic()
     finally:
@@ -355,12 +400,13 @@ def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callab
         "layer_ids": layer_ids,
         "layer_numbering": "vllm",
         "capture": c.capture,
-        "dtype": written["dtype"],
+        "dtype": written["dtype"] or state.dtype,
         "max_len": c.max_len,
         "max_tokens": o["max_tokens"],
         "include_output_tokens": o["include_output_tokens"],
-        "run": state.run,
-        "writer_id": state.writer_id,
+        # A run that started no engine wrote nothing: no run number or writer of its own.
+        "run": state.run if engine_started else None,
+        "writer_id": state.writer_id if engine_started else None,
         "rows": rows.num_rows,
         "rows_done_before": done_before,
         "rows_written": int((written["present"] & ~done).sum()),
@@ -388,7 +434,6 @@ def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callab
     }
     if assigned is not None:
         summary["rows_assigned"] = todo
-    summary["complete"] = summary["rows_done_before"] + summary["rows_written"] + summary["rows_bad"] + (
-        rows.num_rows - done_before - todo
-    ) == summary["rows"] and not len(missing)
+    accounted = summary["rows_done_before"] + summary["rows_written"] + summary["rows_bad"]
+    summary["complete"] = is_complete(summary, accounted + rows.num_rows - done_before - todo)
     return summary

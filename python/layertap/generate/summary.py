@@ -3,20 +3,54 @@ printed at the end otherwise."""
 
 from __future__ import annotations
 
+import re
+from collections import Counter
+
 from layertap.cli import human_bytes
 
 #: Bad rows the text summary lists one by one (``--json`` lists all).
 LISTED_BAD_ROWS = 20
 
 
+def has_records(s: dict) -> bool:
+    """Whether the dataset holds a record (of an earlier run or of this one)."""
+    return s["rows_done_before"] + s["rows_written"] > 0
+
+
+def is_complete(s: dict, accounted: int) -> bool:
+    """``complete``: every row (``accounted`` of them) has its record or is bad, none is missing,
+    no engine failed, and there is a record at all: a dataset whose rows are all bad holds
+    nothing to train on, and is not complete."""
+    return accounted == s["rows"] and not s["rows_missing"] and not s.get("engine_errors") and has_records(s)
+
+
+def every_row_bad(s: dict) -> bool:
+    """The data has no usable row: every row is bad and none has a record (exit status 2)."""
+    return s["rows_bad"] > 0 and s["rows_bad"] == s["rows"] and not has_records(s)
+
+
+def most_common_reason(bad_rows: list[dict]) -> tuple[str, int]:
+    """The reason most bad rows share, and how many share it. Reasons that differ only in
+    their numbers (a row's token count, an id) count as one; the first row's text stands for
+    them."""
+    kinds = Counter(re.sub(r"\d+", "#", b["reason"]) for b in bad_rows)
+    kind, count = kinds.most_common(1)[0]
+    return next(b["reason"] for b in bad_rows if re.sub(r"\d+", "#", b["reason"]) == kind), count
+
+
 def _engines(s: dict) -> str:
     """A parallel run's engines: how many, where, and each one's rows."""
     where = f" on Ray at {s['ray_address']}" if s.get("ray_address") else ""
     each = ", ".join(
-        f"engine-{e['engine']} {e.get('writer_id') or 'failed'} {e.get('rows_written', 0):,}/{e['rows_assigned']:,}"
+        f"engine-{e['engine']} {e.get('writer_id') or ('failed' if 'error' in e else 'idle')} "
+        f"{e.get('rows_written', 0):,}/{e['rows_assigned']:,}"
         for e in s["engines"]
     )
     return f"{len(s['engines'])} engine(s){where} (rows written/assigned: {each or 'none needed'}); {len(s['parts'])} part(s)"
+
+
+def _writer(s: dict) -> str:
+    return f"writer {s['writer_id']}" if s["writer_id"] else "no engine started (nothing to write)"
 
 
 def summary_text(s: dict) -> str:
@@ -27,7 +61,7 @@ def summary_text(s: dict) -> str:
         f"{human_bytes(s['stored_bytes'])} stored, ratio {ratio}), {s['rows_done_before']:,} done before, "
         f"{s['rows_bad']:,} bad, of {s['rows']:,} rows",
         f"model {s['model']}, layers {s['layer_ids']} (vLLM numbering), {s['dtype'] or '-'}; "
-        + (f"writer {s['writer_id']}" if s.get("engines") is None else _engines(s)),
+        + (_writer(s) if s.get("engines") is None else _engines(s)),
         f"time: {secs['total']:.1f} s (start-up {secs['load'] + secs['engine_start']:.1f} s, "
         f"generation {secs['generate']:.1f} s at {s['tokens_per_second']:,.0f} tok/s, last records written "
         f"{secs['drain']:.1f} s, shutdown {secs['shutdown']:.1f} s)",
@@ -50,6 +84,10 @@ def summary_text(s: dict) -> str:
         lines.append(f"ERROR: {error}; run again to resume")
     if s["duplicate_records"]:
         lines.append(f"WARNING: {s['duplicate_records']} records repeat a row found in an earlier run")
+    if every_row_bad(s):
+        reason, count = most_common_reason(s["bad_rows"])
+        lines.append(f"dataset has no record: all {s['rows']:,} rows are bad, {count:,} of them: {reason}")
+        return "\n".join(lines)
     state = "complete" if s["complete"] else "incomplete"
     lines.append(
         f"dataset {state}: {s['rows_done_before'] + s['rows_written']:,} of "

@@ -8,7 +8,8 @@ hidden-states backend registered.
 - ``torchrun ... -m layertap.speculators train ...`` for several GPUs.
 
 speculators reads its backend registry once, at import, and has no plugin entry points, so the
-registration has to come first: that is all this launcher adds.
+registration has to come first. The launcher also checks the backend's training arguments once
+speculators has resolved them, before it builds the draft model (``train_checks``).
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from speculators.cli import app
 
+    from layertap.speculators.train_checks import install
+
+    install()  # train's backend arguments checked before speculators builds anything
     sys.argv = ["speculators", *argv]
     app(prog_name="speculators")  # typer exits with the command's status
     return 0

@@ -114,7 +114,10 @@ def check_dataset(path: str, explicit: bool, reader_backend: str = "auto") -> st
 
     if not os.path.exists(path):
         if explicit:
-            raise FileNotFoundError(f"--hidden-states-path {path}: no such layertap dataset")
+            raise FileNotFoundError(
+                f"--hidden-states-path {path}: no such layertap dataset; write it with layertap generate "
+                "(docs/TRAINING.md, step 2), or leave the option out to have every row generated (--on-missing)"
+            )
         logger.warning(
             "layertap backend: no dataset at %s (the default, data path / 'hidden_states'): every "
             "sample's hidden states come from --on-missing",
@@ -127,8 +130,8 @@ def check_dataset(path: str, explicit: bool, reader_backend: str = "auto") -> st
     except FormatError as e:
         hint = ""
         if os.path.isdir(path) and any(n.startswith("hs_") and n.endswith(".safetensors") for n in os.listdir(path)):
-            hint = " (it holds hs_*.safetensors files: that is the 'file' backend's layout)"
-        raise ValueError(f"layertap backend: {path} is not a layertap dataset: {e}{hint}") from None
+            hint = "; it holds hs_*.safetensors files, the 'file' backend's layout: pass --hidden-states-backend file"
+        raise ValueError(f"--hidden-states-path {path} is not a layertap dataset: {e}{hint}") from None
     logger.info("layertap backend: %d cached records in %s", count, path)
     return path
 

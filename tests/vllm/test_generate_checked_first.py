@@ -1,0 +1,186 @@
+"""What ``layertap generate`` refuses before anything heavy is imported (issue 24): failures that
+no rerun fixes and that vLLM would otherwise report only after its engine had started (a
+traceback, exit status 1, "run the same command again to resume"), and bad input that used to
+wait for vLLM's import (10-20 CPU-seconds). Each is one line on stderr, exit status 2, and the
+command imports neither vLLM nor torch: it runs in a child process that reports which of them it
+imported.
+
+The models are real (tiny random transformers models, saved), so that before these checks
+existed each case went as far as vLLM took it; the last test runs an architecture vLLM serves
+through its Transformers backend with the ids it can record, against transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from generate_support import TINY_ENGINE_ARGS, id_rows, write_jsonl
+
+import layertap
+from layertap._tiny_families import build_tiny_model
+from layertap._tiny_model import save_random_model, write_tokenizer
+from layertap.generate.errors import GenerateError
+from vllm_support import VLLM_WARNINGS, Reference, assert_hidden_states_match, pytest_env
+
+pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
+
+#: Runs the command line in a child and prints, last, which heavy modules it imported.
+CHILD = """
+import sys
+from layertap.cli import main
+{before}
+status = main(sys.argv[1:])
+print(sorted(m for m in ("vllm", "torch") if sys.modules.get(m) is not None))
+sys.exit(status)
+"""
+
+
+def refused(model: str, data: str, out, *extra: str, before: str = "", env: dict | None = None):
+    """Runs ``layertap generate`` in a child process; returns its exit status, its stderr lines
+    and the heavy modules it imported."""
+    args = ["generate", model, "--data", data, "--out", str(out), "--engine-args", json.dumps(TINY_ENGINE_ARGS)]
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD.format(before=before), *args, *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **(env or {})},
+    )
+    imported = json.loads(proc.stdout.strip().splitlines()[-1].replace("'", '"')) if proc.stdout.strip() else None
+    return proc.returncode, proc.stderr.strip().splitlines(), imported
+
+
+def assert_refused_early(message: str, *args, **kw) -> None:
+    status, lines, imported = refused(*args, **kw)
+    assert status == 2, "\n".join(lines[-20:])
+    assert len(lines) == 1 and lines[0].startswith("layertap generate: "), "\n".join(lines[-20:])
+    assert message in lines[0], lines[0]
+    assert imported == [], f"imported {imported} before refusing"
+
+
+def tiny(path: Path, architecture: str, config_class: str) -> str:
+    """A random 4-layer transformers model of ``architecture`` with the tiny tokenizer."""
+    import transformers
+
+    vocab = write_tokenizer(path)
+    config = getattr(transformers, config_class)(
+        vocab_size=len(vocab),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=4096,
+        bos_token_id=vocab["<s>"],
+        eos_token_id=vocab["</s>"],
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
+    return save_random_model(getattr(transformers, architecture), config, path)
+
+
+@pytest.fixture(scope="module")
+def ids(tmp_path_factory) -> str:
+    return write_jsonl(tmp_path_factory.mktemp("ids") / "ids.jsonl", id_rows(3, 4, 9))
+
+
+@pytest.fixture(scope="module")
+def phi(tmp_path_factory) -> str:
+    """vLLM 0.32 runs Phi (PhiForCausalLM) through its Transformers backend."""
+    return tiny(tmp_path_factory.mktemp("phi"), "PhiForCausalLM", "PhiConfig")
+
+
+def test_without_vllm(tiny_model, ids, tmp_path):
+    assert_refused_early(
+        "layertap generate needs vLLM, which is not installed here: pip install 'layertap[vllm]'",
+        tiny_model,
+        ids,
+        tmp_path / "out",
+        before="sys.modules['vllm'] = None  # as if it were not installed",
+    )
+
+
+def test_bad_input_before_any_import(tiny_model, ids, tmp_path):
+    out = tmp_path / "out"
+    assert_refused_early(
+        "layer ids [5, 9] are out of range for a model of 4 layers", tiny_model, ids, out, "--layers", "2,5,9"
+    )
+    assert_refused_early("--layers must be comma-separated integers", tiny_model, ids, out, "--layers", "two")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert_refused_early(f"cannot load model '{empty}': {empty} has no config.json", str(empty), ids, out)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"num_hidden_layers": 4,')
+    assert_refused_early(f"cannot load model '{broken}': {broken}/config.json: JSONDecodeError", str(broken), ids, out)
+    assert_refused_early("./no-such-model: no such directory", "./no-such-model", ids, out)
+    assert_refused_early(
+        f"{tmp_path}/none.jsonl: no such file or directory", tiny_model, str(tmp_path / "none.jsonl"), out
+    )
+    nocol = write_jsonl(tmp_path / "nocol.jsonl", [{"text": "the water"}])
+    assert_refused_early("no prompt column", tiny_model, nocol, out)
+    assert_refused_early("--engine-args is not JSON", tiny_model, ids, out, "--engine-args", "{x")
+    assert not out.exists()
+
+
+def test_architecture_without_the_interface(ids, tmp_path):
+    """StableLM: vLLM's class has no EAGLE-3 interface and layertap's plugin none for it."""
+    stablelm = tiny(tmp_path / "stablelm", "StableLmForCausalLM", "StableLmConfig")
+    assert_refused_early(
+        "vLLM's StablelmForCausalLM (StableLmForCausalLM) lacks the EAGLE-3 interface that --capture method "
+        "(vLLM's extract_hidden_states) needs, and layertap's plugin has no class for it",
+        stablelm,
+        ids,
+        tmp_path / "out",
+    )
+
+
+def test_architecture_the_plugin_covers(ids, tmp_path):
+    """Gemma 2: the fix is layertap's plugin, or capture in the model."""
+    from layertap.generate.capture import check_served
+
+    gemma2 = build_tiny_model(tmp_path / "gemma2", "Gemma2ForCausalLM")
+    message = "set LAYERTAP_EAGLE3=1 (layertap's plugin adds the interface to it) or pass --capture in-model"
+    assert_refused_early(message, gemma2, ids, tmp_path / "out", env={"LAYERTAP_EAGLE3": "0"})
+    with pytest_env({"LAYERTAP_EAGLE3": "Gemma2ForCausalLM"}):
+        check_served(["Gemma2ForCausalLM"], "method", [1, 2, 4], 4, True, {})  # the plugin serves it
+    with pytest_env({"LAYERTAP_EAGLE3": "Gema2ForCausalLM"}), pytest.raises(GenerateError, match="unknown archit"):
+        check_served(["Gemma2ForCausalLM"], "method", [1, 2, 4], 4, True, {})
+
+
+def test_layer_zero_through_the_transformers_backend(phi, ids, tmp_path):
+    from layertap.generate.capture import check_served
+
+    message = (
+        "layer id 0 (the embeddings) cannot be recorded from PhiForCausalLM: vLLM runs it through its "
+        "Transformers backend, which records the outputs of decoder layers only (ids 1 to 4); pass --layers without 0"
+    )
+    assert_refused_early(message, phi, ids, tmp_path / "out", "--layers", "0,2,4")
+    # Asking for vLLM's Transformers backend makes any model one.
+    with pytest.raises(GenerateError, match="layer id 0 .* from LlamaForCausalLM"):
+        check_served(["LlamaForCausalLM"], "method", [0, 4], 4, True, {"model_impl": "transformers"})
+    check_served(["LlamaForCausalLM"], "method", [0, 4], 4, True, {})  # vLLM's own Llama records 0
+
+
+@pytest.mark.slow
+def test_transformers_backend_records_ids_1_to_n(phi, ids, tmp_path):
+    """What docs/CONNECTOR.md says of the Transformers backend: ids 1 to N work and mean what they
+    mean for vLLM's own classes (id k the input of decoder layer k, N the last layer's output
+    before the final norm)."""
+    out = tmp_path / "out"
+    # The engine in its own process: vLLM's Transformers backend rewrites transformers' Phi
+    # classes in the process that loads it, and the reference below needs them as they are.
+    with pytest_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}):
+        summary = layertap.generate(
+            phi, ids, out, layers="1,2,4", progress="none", engine_args={**TINY_ENGINE_ARGS, "dtype": "float32"}
+        )
+    assert summary["complete"] and summary["rows_written"] == 3
+    reference = Reference(phi)
+    with layertap.open(out) as ds:
+        for i, row in enumerate(json.loads(line) for line in Path(ids).read_text().splitlines()):
+            assert_hidden_states_match(ds[str(i)], reference, row["input_ids"], layers=[1, 2, 4])
