@@ -7,6 +7,7 @@
 //! - [`blob`]: the safetensors blob a record decodes to.
 //! - [`codec`]: what the codecs `none`, `zstd`, `bp16-zstd`, `exp-huf` do to a payload.
 //! - [`exphuf`]: codec `exp-huf`, Huffman-coded exponents of floating tensors.
+//! - [`fp8`]: the writer's lossy stage, float8 e4m3 with a scale per token.
 //!
 //! Modules depend downwards only: [`error`] < [`format`](mod@format) < [`blob`] < [`codec`] < [`reader`],
 //! [`writer`].
@@ -28,6 +29,7 @@ pub mod dtype;
 pub mod error;
 pub mod exphuf;
 pub mod format;
+pub mod fp8;
 pub mod names;
 pub mod reader;
 pub mod recover;
