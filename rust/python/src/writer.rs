@@ -5,6 +5,7 @@
 use crate::buffers_in::{drain_graveyard, PyRecordBuffer};
 use crate::errors::{to_py, IntoPyResult};
 use layertap_core::blob::TensorSpec;
+use layertap_core::fp8::Lossy;
 use layertap_core::writer::{
     Completion, Durability, IoMode, RecordInput, ShardWriter, TensorInput, WriterConfig,
 };
@@ -96,7 +97,7 @@ impl NativeShardWriter {
     #[new]
     #[pyo3(signature = (
         path, *, codec, level, shard_size, durability, threads, max_inflight_bytes, batch_bytes,
-        writer_id, io, direct, metadata, key_memory = None
+        writer_id, io, direct, metadata, key_memory = None, lossy = None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -114,6 +115,7 @@ impl NativeShardWriter {
         direct: bool,
         metadata: BTreeMap<String, String>,
         key_memory: Option<u64>,
+        lossy: Option<&str>,
     ) -> PyResult<NativeShardWriter> {
         let cfg = WriterConfig {
             codec: Codec::from_name(codec).py_err()?,
@@ -128,6 +130,7 @@ impl NativeShardWriter {
             direct,
             shard_metadata: metadata,
             key_memory,
+            lossy: lossy.map(Lossy::from_name).transpose().py_err()?,
         };
         let writer = py.detach(|| ShardWriter::open(&path, cfg)).py_err()?;
         Ok(NativeShardWriter {

@@ -110,6 +110,9 @@ pub struct WriterConfig {
     /// `None`: every key of its lifetime. A long-running writer (a server's) bounds its memory
     /// with it.
     pub key_memory: Option<u64>,
+    /// Store records' `hidden_states` lossily (docs/FP8.md): quantized by the compression
+    /// threads before they encode; `None` (the default): as given.
+    pub lossy: Option<crate::fp8::Lossy>,
 }
 
 impl Default for WriterConfig {
@@ -127,6 +130,7 @@ impl Default for WriterConfig {
             direct: false,
             shard_metadata: BTreeMap::new(),
             key_memory: None,
+            lossy: None,
         }
     }
 }

@@ -4,6 +4,7 @@
 
 use super::encoded::{Encoded, Payload, ToIo};
 use super::input::Prepared;
+use super::lossy;
 use super::state::Shared;
 use crate::codec::{Codec, Encoder};
 use crate::error::Result;
@@ -26,18 +27,26 @@ pub(crate) fn run_worker(
     shared: &Shared,
 ) {
     let mut encoder = Encoder::new(codec, level);
-    for job in &jobs {
+    for mut job in &jobs {
+        // What the record took from the budget; the lossy stage may change its length.
         let raw_len = job.rec.raw_len;
         let started = Instant::now();
         let result = match encoder.as_mut() {
             // A panic must not lose the record silently: the I/O thread waits for every seq.
-            Ok(enc) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| encode(enc, job)))
-                .unwrap_or_else(|_| Err(codec_error(codec, "encoder panicked".into()))),
+            Ok(enc) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                lossy::apply(&mut job.rec)?;
+                encode(enc, job)
+            }))
+            .unwrap_or_else(|_| Err(codec_error(codec, "encoder panicked".into()))),
             Err(e) => Err(codec_error(codec, e.to_string())),
         };
         shared.add_encode_time(started.elapsed());
         let msg = match result {
-            Ok(encoded) => ToIo::Encoded(encoded),
+            Ok(encoded) => {
+                // Its frame's length is what the I/O side frees once it is written.
+                shared.readmit(raw_len, encoded.header.raw_len);
+                ToIo::Encoded(encoded)
+            }
             Err(error) => ToIo::Failed { raw_len, error },
         };
         if to_io.send(msg).is_err() {
@@ -61,6 +70,7 @@ fn encode(enc: &mut Encoder, job: Job) -> Result<Encoded> {
         two_byte,
         num_tokens,
         raw_len,
+        lossy: _, // applied by now
     } = job.rec;
     let codec = enc.codec();
     let (payload, stored_len, payload_crc) = if codec == Codec::None {

@@ -3,6 +3,7 @@
 
 use crate::blob::{self, TensorSpec};
 use crate::error::{Error, Result};
+use crate::fp8::{self, Lossy};
 use crate::names;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -89,7 +90,9 @@ pub struct RecordInput {
     pub num_tokens: u32,
 }
 
-/// A checked record: its blob header is built, its length known.
+/// A checked record: its blob header is built, its length known; or, for a lossy writer, a
+/// record whose `hidden_states` the compression thread quantizes first (`lossy`), which then
+/// builds the header and knows the length.
 pub(crate) struct Prepared {
     pub key: String,
     pub blob_header: Vec<u8>,
@@ -97,8 +100,20 @@ pub(crate) struct Prepared {
     /// Whether each tensor has 2-byte elements (for `bp16-zstd`).
     pub two_byte: Vec<bool>,
     pub num_tokens: u32,
-    /// Length of the decoded payload: blob header plus tensor bytes.
+    /// Length of the decoded payload: blob header plus tensor bytes. For a record still to be
+    /// quantized, its length as given, which is what it takes from the budget until then.
     pub raw_len: u64,
+    /// The quantization still to do, and the metadata the header is built from then.
+    pub lossy: Option<LossyPlan>,
+}
+
+/// What the lossy stage does to a prepared record (`super::lossy`).
+pub(crate) struct LossyPlan {
+    pub lossy: Lossy,
+    /// Index of `hidden_states` among the tensors.
+    pub index: usize,
+    /// The record's metadata, `key` included.
+    pub metadata: BTreeMap<String, String>,
 }
 
 /// Records checked and with their headers built, not yet queued
@@ -124,9 +139,10 @@ impl PreparedBatch {
     }
 }
 
-/// Checks a record and builds its safetensors header. Nothing about the writer's state is
+/// Checks a record and builds its safetensors header (for a lossy writer, the checks only:
+/// the header is built once `hidden_states` is quantized). Nothing about the writer's state is
 /// looked at here (duplicate keys are checked by the writer).
-pub(crate) fn prepare(rec: RecordInput) -> Result<Prepared> {
+pub(crate) fn prepare(rec: RecordInput, lossy: Option<Lossy>) -> Result<Prepared> {
     let RecordInput {
         key,
         tensors,
@@ -155,15 +171,61 @@ pub(crate) fn prepare(rec: RecordInput) -> Result<Prepared> {
         }
         raw_len += got;
     }
+    let plan = match lossy {
+        Some(lossy) => lossy_plan(&key, &tensors, lossy, metadata)?,
+        None => None,
+    };
     let two_byte = tensors.iter().map(|t| t.spec.dtype.is_two_byte()).collect();
     Ok(Prepared {
         key,
-        blob_header,
+        blob_header: if plan.is_some() {
+            Vec::new()
+        } else {
+            blob_header
+        },
         tensors,
         two_byte,
         num_tokens,
         raw_len,
+        lossy: plan,
     })
+}
+
+/// What a lossy writer will do to a record: quantize its `hidden_states`, if it has one (a
+/// record without is stored as given, as the Python writers do).
+fn lossy_plan(
+    key: &str,
+    tensors: &[TensorInput],
+    lossy: Lossy,
+    metadata: BTreeMap<String, String>,
+) -> Result<Option<LossyPlan>> {
+    let Some(index) = tensors.iter().position(|t| t.spec.name == fp8::QUANTIZED) else {
+        return Ok(None);
+    };
+    let spec = &tensors[index].spec;
+    let name = lossy.name();
+    if !fp8::quantizable(spec.dtype) {
+        return Err(Error::invalid(format!(
+            "record {key:?}: lossy={name:?} needs hidden_states as BF16, F16 or F32, not {:?}",
+            spec.dtype
+        )));
+    }
+    if spec.shape.is_empty() {
+        return Err(Error::invalid(format!(
+            "record {key:?}: lossy={name:?} needs hidden_states with a token axis"
+        )));
+    }
+    if tensors.iter().any(|t| t.spec.name == fp8::SCALE_NAME) {
+        return Err(Error::invalid(format!(
+            "record {key:?}: lossy={name:?} adds a tensor {:?}; the record has one already",
+            fp8::SCALE_NAME
+        )));
+    }
+    Ok(Some(LossyPlan {
+        lossy,
+        index,
+        metadata,
+    }))
 }
 
 fn strip_prefix(e: Error) -> String {

@@ -33,6 +33,7 @@ mod input;
 mod io;
 mod io_thread;
 mod keys;
+mod lossy;
 mod shard;
 mod state;
 mod sync;
@@ -69,6 +70,8 @@ struct Inner {
     backend: Backend,
     /// Compression threads started.
     encoders: usize,
+    /// What the compression threads quantize first (`WriterConfig::lossy`).
+    lossy: Option<crate::fp8::Lossy>,
     pid: u32,
     shared: Arc<Shared>,
     submit: Mutex<SubmitSide>,
@@ -163,6 +166,7 @@ impl ShardWriter {
                 writer_id,
                 backend,
                 encoders: cfg.thread_count(),
+                lossy: cfg.lossy,
                 pid: std::process::id(),
                 shared,
                 submit: Mutex::new(SubmitSide {
@@ -205,7 +209,7 @@ impl ShardWriter {
         inner.shared.check()?;
         let records = recs
             .into_iter()
-            .map(input::prepare)
+            .map(|r| input::prepare(r, inner.lossy))
             .collect::<Result<Vec<_>>>()?;
         Ok(PreparedBatch { records })
     }

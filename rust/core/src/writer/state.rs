@@ -164,6 +164,20 @@ impl Shared {
         s.inflight_bytes == 0 || s.inflight_bytes.saturating_add(raw) <= self.max_inflight
     }
 
+    /// A record admitted with `was` bytes is `now` bytes long after the lossy stage: it holds
+    /// that much from now on, which is what its completion frees.
+    pub fn readmit(&self, was: u64, now: u64) {
+        if was == now {
+            return;
+        }
+        let mut s = self.state.lock();
+        s.inflight_bytes = s.inflight_bytes.saturating_sub(was).saturating_add(now);
+        drop(s);
+        if now < was {
+            self.budget_freed.notify_all();
+        }
+    }
+
     /// Records written: queues their completions and frees their budget.
     pub fn written(&self, done: impl IntoIterator<Item = Completion>) {
         let mut s = self.state.lock();
