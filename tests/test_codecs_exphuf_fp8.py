@@ -18,7 +18,7 @@ from layertap._spec import exphuf as py_decoder
 from layertap._spec.blob import build_header
 from layertap._spec.format import FormatProblem
 from layertap.cli import inspect_summary, inspect_table
-from layertap.errors import CorruptRecordError, OptionError
+from layertap.errors import CorruptRecordError, InvalidInputError, OptionError
 
 
 def _activations(tokens: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
@@ -121,3 +121,54 @@ def test_fp8_records_hold_scales_errors_and_dequantize(tmp_path, writer, codec):
     assert summary["shards"][0]["lossy"]["lossy"] == "fp8-e4m3"
     assert "first record's relative error" in inspect_table(summary)
     json.dumps(summary)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_both_writers_quantize_alike_in_every_submit(tmp_path, dtype):
+    """The Rust writer quantizes on its compression threads (``rust/core/src/fp8.rs``), the
+    Python writer with torch (``layertap.fp8``): the same e4m3 bytes and scales, through
+    ``submit``, ``submit_many`` and ``submit_buffers`` (the connector's path); the error
+    statistics agree to their printed digits but the last (``f64`` sums against torch's ``f32``)."""
+    x = _activations(33, dtype, seed=7)
+    x[4] = 0  # a token of zeros: scale 1
+    names = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
+    ids = torch.arange(33, dtype=torch.int64)
+    buffers = [
+        ("hidden_states", x.view(torch.uint8).numpy(), names[dtype], list(x.shape)),
+        ("token_ids", ids.numpy(), "I64", [33]),
+    ]
+    for kind in ("rust", "python"):
+        with writer_class(kind)(tmp_path / kind, codec="zstd", lossy="fp8-e4m3", durability="none") as w:
+            w.submit("a", {"hidden_states": x, "token_ids": ids}, {"dtype": "source"})
+            w.submit_many([("b", {"hidden_states": x[:5]})])
+            w.submit_buffers([("c", buffers, {"dtype": "source"}, 33)])
+    with layertap.open(tmp_path / "rust") as rs, layertap.open(tmp_path / "python", backend="python") as py:
+        for key in ("a", "b", "c"):
+            r, p = rs[key], py[key]
+            assert (
+                list(r.tensors)
+                == list(p.tensors)
+                == ["hidden_states", "hidden_states_scale", *(["token_ids"] if key != "b" else [])]
+            )
+            assert r.hidden_states.dtype == torch.float8_e4m3fn
+            assert torch.equal(r.hidden_states.view(torch.uint8), p.hidden_states.view(torch.uint8)), key
+            assert torch.equal(r["hidden_states_scale"], p["hidden_states_scale"]), key
+            assert set(r.metadata) == set(p.metadata), key
+            for name in ("fp8_max_rel_err", "fp8_mean_rel_err", "fp8_rms_rel_err"):
+                a, b = float(r.metadata[name]), float(p.metadata[name])
+                assert abs(a - b) <= 1e-5 * max(abs(a), abs(b), 1e-30), (key, name, a, b)
+        assert rs["a"]["hidden_states_scale"][4].item() == 1.0
+        assert rs["c"].metadata["fp8_source_dtype"] == "source"
+
+
+def test_a_lossy_writer_refuses_what_it_cannot_quantize(tmp_path, writer):
+    with writer(tmp_path, lossy="fp8-e4m3", durability="none") as w:
+        ints = torch.zeros(2, 4, dtype=torch.int16)
+        with pytest.raises(InvalidInputError, match="hidden_states"):
+            w.submit("ints", {"hidden_states": ints})
+        x = _activations(2, torch.bfloat16)
+        with pytest.raises(InvalidInputError, match="hidden_states_scale"):
+            w.submit("scaled", {"hidden_states": x, "hidden_states_scale": torch.ones(2)})
+        w.submit("fine", {"hidden_states": x})
+    with layertap.open(tmp_path) as ds:
+        assert list(ds.keys()) == ["fine"]

@@ -26,6 +26,7 @@ class NativeShardWriter:
         direct: bool,
         metadata: dict[str, str],
         key_memory: int | None = None,
+        lossy: str | None = None,
     ) -> None: ...
     def submit(
         self,

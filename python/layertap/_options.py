@@ -153,7 +153,6 @@ class WriterOptions:
         """The keyword arguments of ``layertap._native.NativeShardWriter``."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["metadata"] = dict(self.metadata)
-        del out["lossy"]  # applied in Python before records reach the native writer
         return out
 
 

@@ -68,11 +68,48 @@ def quantize_record(tensors: Mapping[str, Any], metadata: Mapping[str, str] | No
         out[name] = q if name == "hidden_states" else t
         if name == "hidden_states":
             out[SCALE_NAME] = scale
+    return out, _merged(metadata, meta)
+
+
+def _merged(metadata: Mapping[str, str] | None, errors: dict[str, str]) -> dict[str, str]:
     merged = dict(metadata or {})
     if isinstance(merged.get("dtype"), str):
         merged["fp8_source_dtype"] = merged["dtype"]
-    merged.update(meta)
-    return out, merged
+    merged.update(errors)
+    return merged
+
+
+#: safetensors dtype names of the floating types quantized, as torch names them.
+_FLOATS = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
+
+
+def quantize_buffer_record(record: tuple) -> tuple:
+    """A ``submit_buffers`` record ``(key, [(name, buffer, dtype, shape)], metadata,
+    num_tokens)`` with ``hidden_states`` stored as fp8 and its scales after it, as the Rust
+    writer's compression threads make it (``PyShardWriter``'s reference of that path); a record
+    without ``hidden_states``, or not of that form, is left for the writer's checks."""
+    import numpy as np
+    import torch
+
+    if not isinstance(record, (tuple, list)) or len(record) != 4 or not isinstance(record[1], (list, tuple)):
+        return record
+    key, parts, metadata, num_tokens = record
+    names = [p[0] if isinstance(p, (tuple, list)) and p else None for p in parts]
+    if "hidden_states" not in names:
+        return record
+    if SCALE_NAME in names:
+        raise InvalidInputError(f"lossy='fp8-e4m3' adds a tensor {SCALE_NAME!r}; the record has one already")
+    i = names.index("hidden_states")
+    _, buffer, dtype, shape = parts[i]
+    if dtype not in _FLOATS:
+        raise InvalidInputError(f"lossy='fp8-e4m3' needs hidden_states as BF16, F16 or F32, not {dtype}")
+    raw = torch.from_numpy(np.frombuffer(buffer, dtype=np.uint8).copy())
+    x = raw.view(getattr(torch, _FLOATS[dtype])).reshape(tuple(shape))
+    q, scale, meta = quantize(x)
+    out = list(parts)
+    out[i] = ("hidden_states", q.view(torch.uint8).numpy(), "F8_E4M3", list(shape))
+    out.insert(i + 1, (SCALE_NAME, scale.numpy(), "F32", [int(shape[0])]))
+    return (key, out, _merged(metadata, meta), num_tokens)
 
 
 def dequantize(record_or_tensor, scale=None, dtype=None):

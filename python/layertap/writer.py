@@ -3,7 +3,7 @@
 A thin layer over ``layertap._native.NativeShardWriter``: it checks options
 (``layertap.WriterOptions``) and turns tensors into buffers (no copy, see ``layertap._tensors``);
 the native writer checks each record, queues it and returns at once, and its own threads
-compress, checksum and write, with the GIL released.
+quantize (``lossy``, docs/FP8.md), compress, checksum and write, with the GIL released.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from layertap._sink import BufferRecord
 from layertap._tensors import check_metadata, normalize, prepare_record
 from layertap._types import Completion
 from layertap.errors import InvalidInputError, WriterClosedError
-from layertap.fp8 import lossy_records, quantize_record
 
 
 def _native_class():
@@ -68,8 +67,6 @@ class ShardWriter:
             raise WriterClosedError("writer is closed")
         if not isinstance(key, str):
             raise InvalidInputError(f"record key must be a str, not {type(key).__name__}")
-        if self.options.lossy is not None:
-            tensors, metadata = quantize_record(tensors, metadata)
         parts, num_tokens = normalize(tensors)
         meta = check_metadata(metadata)
         native_parts = [(name, view, dtype, list(shape)) for name, view, dtype, shape in parts]
@@ -82,7 +79,6 @@ class ShardWriter:
         record, or a key given twice, refuses them all before anything is queued."""
         if self._closed:
             raise WriterClosedError("writer is closed")
-        records = lossy_records(self.options.lossy, records)
         return self._native.submit_many([prepare_record(r) for r in records])
 
     def submit_buffers(self, records: list[BufferRecord]) -> list[int]:
@@ -90,10 +86,6 @@ class ShardWriter:
         shape)], metadata or None, num_tokens)``, ``dtype`` a safetensors name, ``num_tokens``
         the record's token count. No torch or numpy conversion: the vLLM connector's path
         (``layertap.RecordSink``). Checked like ``submit_many``, all or none."""
-        if self.options.lossy is not None:
-            raise InvalidInputError(
-                f"lossy={self.options.lossy!r} quantizes in submit and submit_many; submit_buffers stores bytes as given"
-            )
         if self._closed:
             raise WriterClosedError("writer is closed")
         return self._native.submit_many(records)

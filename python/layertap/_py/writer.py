@@ -379,15 +379,15 @@ class PyShardWriter:
     def submit_buffers(self, records: list[BufferRecord]) -> list[int]:
         """Queues records given as byte buffers, ``(key, [(name, buffer, dtype, shape)],
         metadata or None, num_tokens)``; all or none. See docs/API.md and ``RecordSink``."""
-        if self.options.lossy is not None:
-            raise InvalidInputError(
-                f"lossy={self.options.lossy!r} quantizes in submit and submit_many; submit_buffers stores bytes as given"
-            )
         self._check_open()
         from layertap._tensors import check_buffer_record
 
         if not isinstance(records, list):
             raise InvalidInputError(f"records must be a list, not {type(records).__name__}")
+        if self.options.lossy is not None:
+            from layertap.fp8 import quantize_buffer_record
+
+            records = [quantize_buffer_record(r) for r in records]
         return self._queue([check_buffer_record(r) for r in records])
 
     def _check_key(self, key: Any, batch_keys: set[str]) -> None:
