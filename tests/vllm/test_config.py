@@ -65,7 +65,7 @@ GOOD = {"output_dir": "hs"}
         ({**GOOD, "shard_metadata": {"run": 1}}, "shard_metadata", "entry 'run': 1: keys and values must be str"),
         ({**GOOD, "shard_metadata": [1]}, "shard_metadata", "must be a mapping of str to str"),
         ({**GOOD, "key_memory": 0}, "key_memory", "must be a positive integer"),
-        ({**GOOD, "lossy": "fp8-e4m3"}, "lossy", "not a connector option: the connector hands the hidden states"),
+        ({**GOOD, "lossy": "fp8"}, "lossy", "must be None or 'fp8-e4m3', not 'fp8'"),
         ({**GOOD, "capture": "spec"}, "capture", "must be one of 'method', 'in-model', not 'spec'"),
         ({**GOOD, "capture": "in-model"}, "layer_ids", 'required with capture="in-model"'),
         ({**GOOD, "layer_ids": [1, 2]}, "layer_ids", 'only with capture="in-model"; with vLLM\'s'),

@@ -79,15 +79,12 @@ WRITER_KEYS: dict[str, str] = {
     "writer_id": "writer_id",
     "shard_metadata": "metadata",
     "key_memory": "key_memory",
+    "lossy": "lossy",
 }
 _KEY_OF_FIELD = {f: k for k, f in WRITER_KEYS.items()}
-#: ``layertap.WriterOptions`` fields the connector does not offer, and why.
-WRITER_ONLY_FIELDS: dict[str, str] = {
-    "lossy": (
-        "not a connector option: the connector hands the hidden states to the writer as the bytes vLLM "
-        "computed and stores them losslessly; quantize with layertap.ShardWriter(lossy='fp8-e4m3') (docs/FP8.md)"
-    ),
-}
+#: ``layertap.WriterOptions`` fields the connector does not offer, and why (none today: a field
+#: added to the writer must be offered here or explained).
+WRITER_ONLY_FIELDS: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
