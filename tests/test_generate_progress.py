@@ -1,14 +1,21 @@
-"""``layertap generate``'s progress readers without vLLM: ``ShardFollower`` counts a writer's
-records across shards as they are written, listing the directory only when the writer has left
-its shard; ``EngineTotals`` sums engines' cumulative reports into increments."""
+"""``layertap generate``'s progress without vLLM: ``ShardFollower`` counts a writer's records
+across shards as they are written, listing the directory only when the writer has left its
+shard; ``EngineTotals`` sums engines' cumulative reports into increments; ``Progress`` shows
+the bytes as they reach the files and ends with figures timed to the last row."""
 
 from __future__ import annotations
 
+import io
 import os
+import time
+import types
+
+import pytest
 
 import layertap
 from helpers import make_tensors
-from layertap.generate.progress import EngineTotals, ShardFollower
+from layertap.cli import human_bytes
+from layertap.generate.progress import EngineTotals, Progress, ShardFollower
 
 
 def test_follower_counts_across_shards_and_lists_once_per_shard(tmp_path, monkeypatch):
@@ -50,3 +57,78 @@ def test_engine_totals_turn_reports_into_increments():
     assert t.take(0, {"rows": 3, "tokens": 30, "bad": 0}) == {"rows": 0, "tokens": 0, "bad": 0}  # repeated
     assert t.take(0, {"rows": 5, "tokens": 44}) == {"rows": 2, "tokens": 14, "bad": 0}
     assert (t.raw_bytes, t.stored_bytes, t.ratio) == (160, 80, 2.0)
+
+
+def _final(text: str) -> str:
+    """The last thing drawn or printed: a bar redraws its line after a carriage return."""
+    return text.replace("\r", "\n").strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("mode", ["bar", "lines"])
+def test_the_last_figures_time_the_rows_not_the_drain_and_shutdown(tmp_path, mode):
+    """Rows done, then their records reach the files later and the engine takes a while to stop
+    (a second here; seconds with a real engine): the final bar or line shows every record's
+    bytes, but the time and rate up to the last row only (issue 24: the bar's time included the
+    drain and shutdown)."""
+    stream = io.StringIO()
+    follower = ShardFollower(str(tmp_path), "gen-0")
+    bar = Progress(3, follower, mode, interval=10.0, stream=stream)
+    bar.update(rows=3, tokens=9)
+    time.sleep(1.3)  # the records still in the writer, then the engine stopping
+    with layertap.PyShardWriter(tmp_path, writer_id="gen-0", codec="none") as w:
+        for i in range(3):
+            w.submit(str(i), make_tensors(i))
+    bar.close()
+    bar.close()  # a second close (the run's finally) draws nothing more
+    last = _final(stream.getvalue())
+    assert f"{human_bytes(follower.stored_bytes)} written" in last, last
+    assert ("3/3 [00:00<" if mode == "bar" else "0:00:00 elapsed") in last, last
+    if mode == "lines":
+        assert stream.getvalue().count("generate: 3/3 rows") == 1
+    follower.close()
+
+
+def test_the_bar_shows_new_bytes_without_waiting_for_a_row(tmp_path):
+    """A step that finishes no row (a long prefill) still shows the bytes written meanwhile: the
+    bar drew them only with the next finished row (issue 24: "21.0 KiB written" shown when far
+    more was stored)."""
+    stream = io.StringIO()
+    follower = ShardFollower(str(tmp_path), "gen-0")
+    bar = Progress(4, follower, "bar", interval=0.05, stream=stream)
+    bar.update(rows=1, tokens=3)
+    with layertap.PyShardWriter(tmp_path, writer_id="gen-0", codec="none") as w:
+        w.submit("0", make_tensors(0))
+    time.sleep(0.1)
+    bar.update()  # an engine step without a finished row
+    assert f"{human_bytes(follower.stored_bytes)} written" in _final(stream.getvalue())
+    bar.close()
+    follower.close()
+
+
+def test_a_parallel_runs_progress_ends_with_the_engines_summaries(capsys):
+    """The engines' last reports can be lost (a Ray actor's may arrive after the task's result):
+    the progress ends with the figures of each engine's summary, not its last report."""
+    from layertap.generate.parallel import _follow
+
+    def summary(rows: int, stored: int) -> dict:
+        return {
+            "rows_written": rows,
+            "rows_missing": 0,
+            "rows_bad": 0,
+            "tokens": 10 * rows,
+            "raw_bytes": 2 * stored,
+            "stored_bytes": stored,
+            "seconds": {"generate": 0.5},
+        }
+
+    def events():
+        yield "report", 0, {"rows": 2, "tokens": 20, "bad": 0, "raw_bytes": 200, "stored_bytes": 100, "elapsed": 0.1}
+        yield "summary", 0, summary(5, 40 << 10)  # its final report (5 rows) never came
+        yield "summary", 1, summary(3, 20 << 10)  # nor did any report of engine 1
+
+    run = types.SimpleNamespace(progress="lines", options={"progress_interval": 10.0})
+    results = _follow(events(), 8, run)
+    assert sorted(results) == [0, 1]
+    last = _final(capsys.readouterr().err)
+    assert last.startswith("generate: 8/8 rows (100%), 80 tokens, "), last
+    assert "60.0 KiB written, ratio 2.00x" in last, last

@@ -1,4 +1,5 @@
-"""The ``layertap`` command: ``inspect``, ``verify`` and ``recover`` datasets and shards.
+"""The ``layertap`` command: ``generate`` a dataset with vLLM, ``inspect``, ``verify`` and ``recover``
+datasets and shards, ``export`` them to a drafter trainer's files.
 
 Exit status: 0 all good; 1 problems found (corrupt records, torn tails, a shard that could not
 be recovered); 2 the command could not run (missing path, not a shard, bad arguments); 141 the
@@ -484,9 +485,17 @@ _PATHS_HELP = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="layertap", description="Inspect, verify and recover layertap datasets.")
+    parser = argparse.ArgumentParser(
+        prog="layertap",
+        description="Generate hidden-states datasets with vLLM, inspect, verify and recover them, and export them "
+        "for the drafter trainers speculators and SpecForge.",
+    )
     parser.add_argument("--version", action="version", version=f"layertap {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    from layertap.generate.command import add_parser as add_generate_parser  # its own package
+
+    add_generate_parser(sub)  # first: the command that makes a dataset
     backend = {
         "choices": ["auto", "rust", "python"],
         "default": "auto",
@@ -521,10 +530,6 @@ def build_parser() -> argparse.ArgumentParser:
     from layertap.export.cli import add_parser as add_export  # issue 9: the trainers' exports
 
     add_export(sub)
-
-    from layertap.generate.command import add_parser as add_generate_parser  # its own package
-
-    add_generate_parser(sub)
     return parser
 
 

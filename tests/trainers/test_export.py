@@ -209,6 +209,46 @@ def test_refusals(hs_dataset, tmp_path, verifier, truth, rows, capsys):
     assert "other settings" in refused(hs_dataset, "--to", "speculators", out, "--dtype", "float32")
 
 
+def test_another_dataset_into_an_export_is_refused(hs_dataset, tmp_path, rows, truth, capsys):
+    """An export directory belongs to one dataset: its manifest names it, and exporting another
+    dataset there with the same settings is refused (it wrote nothing and left the first
+    dataset's files in place, as if they were the second's). The same dataset continues."""
+    from layertap.cli import main
+
+    other = tmp_path / "other"
+    write_dataset(other, rows[:3], truth)
+    out = tmp_path / "o"
+    assert main(["export", hs_dataset, "--to", "speculators", str(out), "--limit", "2"]) == 0
+    manifest = json.loads((out / "hidden_states" / "layertap-export.json").read_text())
+    assert manifest["source"] == os.path.abspath(hs_dataset)
+    before = sorted(os.listdir(out / "hidden_states"))
+    capsys.readouterr()
+    assert main(["export", str(other), "--to", "speculators", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("layertap export: "), err
+    assert f"holds an export of {os.path.abspath(hs_dataset)}" in err and "another directory" in err
+    assert f"remove {out / 'hidden_states'}" in err  # the export's own directory, not speculators' data
+    assert sorted(os.listdir(out / "hidden_states")) == before
+    # The first dataset, by another path to the same directory, continues its export.
+    link = tmp_path / "link"
+    link.symlink_to(hs_dataset)
+    s = export(str(link), str(out), "speculators")
+    assert (s.existing, s.written, s.ok) == (2, len(rows) - 2, True)
+
+
+def test_a_dflash_export_that_skips_rows_succeeds(tmp_path, truth):
+    """Rows SpecForge's DFlash trainer refuses (no two consecutive supervised tokens) get no file,
+    as SpecForge's own capture leaves them out: that is a complete export (exit 0, the skips
+    counted), not a failure that a rerun could fix."""
+    rows = prepared_rows(3, seed=3)
+    rows[1]["loss_mask"] = [1, 0] * (len(rows[1]["input_ids"]) // 2) + [0] * (len(rows[1]["input_ids"]) % 2)
+    write_dataset(tmp_path / "ds", rows, truth)
+    proc = layertap_cli("export", tmp_path / "ds", "--to", "specforge", tmp_path / "df", "--strategy", "dflash")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("OK: ") and "2 written" in proc.stdout and "1 skipped" in proc.stdout
+    assert "skipped 1: " in proc.stdout
+
+
 def test_corrupt_and_missing_rows_are_reported(hs_dataset, tmp_path, rows):
     ds_copy = tmp_path / "ds"
     shutil.copytree(hs_dataset, ds_copy)

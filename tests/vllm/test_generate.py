@@ -1,6 +1,7 @@
 """``layertap generate`` through real vLLM engines: records equal transformers' hidden states
 for the rendered tokens, bad rows skipped and listed, loss masks and output tokens, and the
-progress output on a terminal and without one."""
+progress output on a terminal and without one (its last figures final and timed to the last
+row), vLLM's log in the dataset's directory rather than on stderr, and on stderr with --verbose."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import fcntl
 import json
 import os
 import pty
+import re
 import struct
 import termios
 
@@ -16,6 +18,7 @@ import torch
 from generate_support import TINY_ENGINE_ARGS, Child, chat_rows, generate_cmd, id_rows, write_jsonl
 
 import layertap
+from layertap.cli import human_bytes
 from vllm_support import VLLM_WARNINGS, assert_hidden_states_match, pytest_env
 
 pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
@@ -136,13 +139,33 @@ def test_loss_mask_and_output_tokens(tiny_model, reference, tmp_path):
             assert_hidden_states_match(record, reference, record.token_ids.tolist(), layers=[0, 4])
 
 
+#: A line of vLLM's log (its own format, "(EngineCore pid=7) WARNING ...", or the command's file's).
+VLLM_LOG_LINE = re.compile(r"pid=\d+\)? (DEBUG|INFO|WARNING) ")
+
+
+def assert_no_vllm_log(lines: list[str]) -> None:
+    """None of vLLM's log lines, nor the warnings of the processes it runs, on stderr."""
+    noise = [line for line in lines if VLLM_LOG_LINE.search(line) or "Warning" in line or "Triton" in line]
+    assert not noise, noise
+
+
+def assert_vllm_log_in(out) -> None:
+    """vLLM's log of the run is in ``out/vllm.log``, from each of its processes."""
+    log = (out / "vllm.log").read_text()
+    for process in ("MainProcess pid=", "EngineCore", "VllmWorker"):
+        assert process in log, process
+    assert " INFO " in log and " WARNING " in log
+
+
 def test_progress_lines_and_json_without_a_terminal(tiny_model, tmp_path):
     """The engine in its own process (vLLM's default); stderr a pipe: plain progress lines, and
-    with --json the summary is all that stdout holds."""
+    with --json the summary is all that stdout holds. The last line has every record's bytes and
+    times the rows, not the drain and the engine's shutdown; vLLM's log is in the dataset's
+    directory, not on stderr."""
     data = write_jsonl(tmp_path / "chat.jsonl", chat_rows(40, seed=1))
+    out = tmp_path / "out"
     child = Child(
-        generate_cmd(tiny_model, data, str(tmp_path / "out"), "--json", "--progress-interval", "0.2"),
-        multiprocessing=True,
+        generate_cmd(tiny_model, data, str(out), "--json", "--progress-interval", "0.2"), multiprocessing=True
     )
     assert child.finish(timeout=240) == 0, child.stderr
     summary = json.loads(child.stdout)
@@ -150,16 +173,26 @@ def test_progress_lines_and_json_without_a_terminal(tiny_model, tmp_path):
     lines = [line for line in child.lines if line.startswith("generate: ")]
     assert lines and lines[-1].startswith("generate: 40/40 rows (100%), "), child.stderr
     assert " tok/s, " in lines[-1] and " written, ratio " in lines[-1] and "elapsed" in lines[-1]
+    assert f", {human_bytes(summary['stored_bytes'])} written, " in lines[-1], (lines[-1], summary["stored_bytes"])
+    h, m, sec = map(int, re.search(r"(\d+):(\d\d):(\d\d) elapsed", lines[-1]).groups())
+    seconds = summary["seconds"]
+    assert 3600 * h + 60 * m + sec <= seconds["generate"] + 1, (lines[-1], seconds)
     assert not any(line.startswith("generate:") and "%|" in line for line in child.lines)  # no bar drawn
     assert not any("Loading safetensors checkpoint shards" in line for line in child.lines)  # nor vLLM's
+    assert_no_vllm_log(child.lines)
+    assert_vllm_log_in(out)
 
 
 def test_progress_bar_on_a_terminal(tiny_model, tmp_path):
+    """The engine in its own process, stderr a terminal: a bar, whose last drawing shows every
+    record's bytes and the time up to the last row (issue 24: bytes drawn late, the time
+    including the drain and the engine's shutdown), with none of vLLM's log drawn into it."""
     data = write_jsonl(tmp_path / "chat.jsonl", chat_rows(30, seed=2))
+    out = tmp_path / "out"
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # 40 rows, 120 columns
     try:
-        child = Child(generate_cmd(tiny_model, data, str(tmp_path / "out")), multiprocessing=False, stderr_fd=slave)
+        child = Child(generate_cmd(tiny_model, data, str(out)), multiprocessing=True, stderr_fd=slave)
         os.close(slave)
         child.follow(master)
         assert child.finish(timeout=240) == 0, child.stderr
@@ -167,7 +200,26 @@ def test_progress_bar_on_a_terminal(tiny_model, tmp_path):
         os.close(master)
     bars = [line for line in child.lines if line.startswith("generate:") and "%|" in line]
     assert bars, child.stderr
-    assert any("30/30" in b and "tok/s" in b and "written" in b and "ratio" in b for b in bars), bars
+    assert "30/30" in bars[-1] and "tok/s" in bars[-1] and "written" in bars[-1] and "ratio" in bars[-1], bars
     assert not any(line.startswith("generate: 30/30 rows (100%)") for line in child.lines)  # no plain lines
     summary = child.stdout.decode()
     assert "30 rows written this run" in summary and "dataset complete: 30 of 30 usable rows" in summary
+    stored = re.search(r"tokens, (\S+ \S+) stored", summary).group(1)
+    assert f"{stored} written" in bars[-1], (bars[-1], summary)
+    generation = float(re.search(r"generation ([\d.]+) s", summary).group(1))
+    minutes, seconds = map(int, re.search(r"\| 30/30 \[(\d+):(\d+)<", bars[-1]).groups())
+    assert 60 * minutes + seconds <= generation + 1, (bars[-1], summary)
+    assert_no_vllm_log(child.lines)
+    assert_vllm_log_in(out)
+
+
+def test_verbose_shows_vllms_log(tiny_model, tmp_path):
+    """--verbose: vLLM's log on stderr at its own level, as without layertap; stdout still holds
+    the summary alone, and no log file is written."""
+    data = write_jsonl(tmp_path / "ids.jsonl", id_rows(4, 3, 8))
+    out = tmp_path / "out"
+    child = Child(generate_cmd(tiny_model, data, str(out), "--verbose", "--json"), multiprocessing=False)
+    assert child.finish(timeout=240) == 0, child.stderr
+    assert json.loads(child.stdout)["rows_written"] == 4
+    assert any(re.search(r"\(MainProcess pid=\d+\) INFO ", line) for line in child.lines), child.stderr
+    assert not (out / "vllm.log").exists()

@@ -180,5 +180,9 @@ def test_engine_that_does_not_start(capsys, tiny_model, data, tmp_path, monkeypa
     last = err.strip().splitlines()[-1]
     assert status == 1, err[-2000:]
     assert last.startswith("layertap generate: vLLM's engine did not start: "), last
-    assert last.endswith("this run wrote nothing: fix the cause (the traceback above), then run the command again")
+    log = tmp_path / "out" / "vllm.log"  # vLLM's log: in the directory, named in the line
+    assert last.endswith(
+        f"this run wrote nothing: fix the cause (the traceback above, and vLLM's log in {log}), then run the command again"
+    ), last
     assert "Traceback" in err and "resume" not in last
+    assert "No available memory for the cache blocks" in err and " INFO " in log.read_text()

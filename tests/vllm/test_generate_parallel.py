@@ -125,6 +125,9 @@ def test_two_engine_processes_then_resume_with_one(tiny_model, reference, tmp_pa
     seen = progress_rows(child.lines)
     assert seen and seen[-1] == (10, 10) and {total for _, total in seen} == {10}, child.stderr[-3000:]
     assert json.loads((out / MANIFEST_NAME).read_text())["parts"] == ["engine-0", "engine-1"]
+    for part in ("engine-0", "engine-1"):  # each engine's vLLM log in its part, none on stderr
+        assert " INFO " in (out / part / "vllm.log").read_text()
+    assert not any(" WARNING " in line for line in child.lines), child.stderr[-3000:]
     with layertap.open(out / "engine-0") as ds:  # rows dealt out in turn
         assert sorted(ds.keys(), key=int) == ["0", "2", "4", "6", "8"]
     # A run killed (SIGKILL, the command alone) as soon as its engine processes exist: they end

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import warnings
@@ -26,11 +27,15 @@ LAYERS = "1,2,3,4"
 
 @pytest.fixture(autouse=True)
 def in_process_engine(monkeypatch):
-    """The engine in this process (3 s of start-up instead of 12); the command's logging
-    variables stay out of other tests."""
+    """The engine in this process (3 s of start-up instead of 12); the variables the command sets
+    for vLLM's logging stay out of other tests."""
+    saved = dict(os.environ)
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     for var in ("VLLM_LOGGING_LEVEL", "VLLM_LOGGING_STREAM"):
         monkeypatch.delenv(var, raising=False)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def prepare_data(model: str, rows_file: str, output) -> str:

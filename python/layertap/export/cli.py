@@ -1,6 +1,8 @@
 """``layertap export DIR --to speculators|specforge OUT ...``: the command line of
-``layertap.export.export``. Exit status: 0 every selected row has its file; 1 some rows have
-none (bad records, rows asked for without a record); 2 the export could not run."""
+``layertap.export.export``. Exit status: 0 every selected row has its file or was skipped (rows
+the trainer refuses, e.g. DFlash's without two consecutive supervised tokens: a rerun would skip
+them again); 1 some other rows have none (bad records, rows asked for without a record); 2 the
+export could not run (bad input, another dataset or other settings in OUT)."""
 
 from __future__ import annotations
 

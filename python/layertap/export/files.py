@@ -102,11 +102,18 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def _dataset_paths(source: str) -> tuple[str, ...]:
+    """The dataset a manifest's ``source`` names, symlinks resolved: the same dataset reached by
+    another path is the same source. (Several paths are joined by ", ", as the summary shows them.)"""
+    return tuple(os.path.realpath(p) for p in source.split(", "))
+
+
 def check_manifest(root: str, settings: dict[str, Any], info: dict[str, Any], fsync: bool) -> bool:
-    """Writes the export's ``settings`` (and ``info``, not compared) to ``root``'s manifest, or
-    checks that an earlier export there used the same settings (so a rerun continues it rather
-    than mixing two exports). Returns whether an earlier export was found. Raises
-    ``InvalidInputError``."""
+    """Writes the export's ``settings`` and ``info`` (its ``source`` dataset, and facts not
+    compared) to ``root``'s manifest, or checks that an earlier export there was of the same
+    source with the same settings, so that a rerun continues it rather than mixing two exports:
+    a file already there counts as done, so another dataset's rows would be left as the first's.
+    Returns whether an earlier export was found. Raises ``InvalidInputError``."""
     path = os.path.join(root, MANIFEST_NAME)
     try:
         with open(path, encoding="utf-8") as f:
@@ -116,6 +123,14 @@ def check_manifest(root: str, settings: dict[str, Any], info: dict[str, Any], fs
         return False
     except ValueError as e:
         raise InvalidInputError(f"{path}: not a layertap export manifest: {e}") from None
+    if not isinstance(earlier, dict):
+        raise InvalidInputError(f"{path}: not a layertap export manifest: not a JSON object")
+    source = earlier.get("source")
+    if isinstance(source, str) and _dataset_paths(source) != _dataset_paths(info["source"]):
+        raise InvalidInputError(
+            f"{root} holds an export of {source}, not of {info['source']}: export into another directory, "
+            f"or remove {root} to replace that export"
+        )
     differ = sorted(k for k in settings if earlier.get(k) != settings[k])
     if differ:
         what = ", ".join(f"{k} {earlier.get(k)!r} (now {settings[k]!r})" for k in differ)

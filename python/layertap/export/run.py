@@ -30,7 +30,8 @@ MAX_LISTED = 20
 
 @dataclass
 class ExportSummary:
-    """What an export did. ``ok`` is True when every selected row has its file."""
+    """What an export did. ``ok`` is True when every selected row has its file or was skipped
+    (``skipped``: rows the trainer would refuse, which its own capture leaves out too)."""
 
     source: str
     out: str

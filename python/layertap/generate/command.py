@@ -87,6 +87,11 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show vLLM's log on stderr (by default it goes to vllm.log in --out, and only its errors to stderr)",
+    )
+    p.add_argument(
         "--progress",
         choices=PROGRESS_MODES,
         default="auto",
@@ -102,18 +107,15 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _quiet_vllm() -> None:
-    """vLLM logs INFO lines to stdout, where the summary (and --json) goes: unless the user chose
-    otherwise, it logs warnings and errors only, to stderr. Set before vLLM is imported."""
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-
-
 def run(args: argparse.Namespace) -> int:
-    _quiet_vllm()
+    from layertap.generate import vllm_log
+
+    vllm_log.configure(args.verbose)  # before vLLM is imported
     from layertap.generate import GenerateError, generate
     from layertap.generate.errors import EngineStartError
     from layertap.generate.summary import summary_text
+
+    log = vllm_log.log_file  # where to look, named in the lines of a failed run (when it exists)
 
     try:
         summary = generate(
@@ -144,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
         traceback.print_exc()
         print(
             f"layertap generate: vLLM's engine did not start: {e}; this run wrote nothing: fix the cause "
-            "(the traceback above), then run the command again",
+            f"(the traceback above{_and_log(log(os.path.abspath(args.out)))}), then run the command again",
             file=sys.stderr,
         )
         return 1
@@ -152,8 +154,8 @@ def run(args: argparse.Namespace) -> int:
         traceback.print_exc()
         first = str(e).strip().splitlines()
         print(
-            f"layertap generate: the run failed: {type(e).__name__}: {first[0] if first else ''}; "
-            "run the same command again to resume",
+            f"layertap generate: the run failed: {type(e).__name__}: {first[0] if first else ''}"
+            f"{_see(log(os.path.abspath(args.out)))}; run the same command again to resume",
             file=sys.stderr,
         )
         return 1
@@ -162,6 +164,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(summary_text(summary))
     return _exit_status(summary)
+
+
+def _and_log(path: str | None) -> str:
+    return f", and vLLM's log in {path}" if path else ""
+
+
+def _see(path: str | None) -> str:
+    return f" (vLLM's log: {path})" if path else ""
 
 
 def _exit_status(summary: dict) -> int:

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from layertap.generate import vllm_log
 from layertap.generate.errors import GenerateError
 
 #: Seconds an engine is given to stop after SIGTERM before it is killed (when this run is
@@ -73,7 +74,8 @@ class _Engine:
                 [sys.executable, "-m", "layertap.generate.worker"],
                 stdin=subprocess.PIPE,
                 stdout=sys.stderr.fileno(),  # stdout is the run's summary; an engine's prints go with its logs
-                env={**os.environ, **env},
+                # Its vLLM log goes into its part, once it has locked it (not into this run's file).
+                env={k: v for k, v in {**os.environ, **env}.items() if k != vllm_log.PATH_ENV},
                 pass_fds=(write_fd,),
                 start_new_session=True,
             )

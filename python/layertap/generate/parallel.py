@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from layertap.generate import vllm_log
 from layertap.generate.errors import GenerateError
 from layertap.generate.progress import EngineTotals, Progress
 from layertap.generate.resume import SOURCE, lock_directory, make_output_directory, prepare_output
@@ -182,6 +183,7 @@ def _generate(c: Checked, engines: int, ray_address: str | None, t0: float) -> d
         local = device_slices(engines, c.engine_args)  # checked before anything is written
     state = prepare_parts(c, engines)
     try:
+        vllm_log.start(c.out_dir)  # this process's; each engine logs into its part
         todo = np.flatnonzero(~state.done)
         jobs = []
         for i in range(min(engines, len(todo))):
@@ -212,14 +214,21 @@ def _follow(events: Generator[Event, None, None], todo: int, c: Checked) -> dict
     results: dict[int, tuple[str, object]] = {}
     try:
         for kind, engine, value in events:
-            if kind != "report":
+            if kind == "report":
+                step = totals.take(engine, value)  # type: ignore[arg-type]
+                elapsed = value.get("elapsed", 0.0) if "rows" in value else None  # type: ignore[union-attr,operator]
+            elif kind == "summary":
+                results[engine] = (kind, value)
+                # Its final figures: the last report may come late or not at all (a Ray actor's).
+                step = totals.settle(engine, value)  # type: ignore[arg-type]
+                elapsed = value["seconds"]["generate"]  # type: ignore[index]
+            else:
                 results[engine] = (kind, value)
                 continue
-            step = totals.take(engine, value)  # type: ignore[arg-type]
-            if bar is None and "rows" in value:  # type: ignore[operator]
+            if bar is None and elapsed is not None:
                 # From the first engine ready, as a single run's progress (rates without start-up).
                 bar = Progress(todo, totals, c.progress, c.options["progress_interval"])  # type: ignore[arg-type]
-                bar.start -= value.get("elapsed", 0.0)  # type: ignore[union-attr]
+                bar.start -= elapsed
             if bar is not None:
                 bar.update(**step)
     finally:

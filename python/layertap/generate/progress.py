@@ -162,6 +162,7 @@ class Progress:
         """When the last row finished: rates are measured up to it, not through the shutdown."""
         self._last_poll = 0.0
         self._last_line = self.start
+        self._closed = False
         self._bar = None
         if mode == "bar":
             from tqdm import tqdm
@@ -192,7 +193,9 @@ class Progress:
             self._last_poll = now
             self.follower.poll()
             if self._bar is not None:
-                self._bar.set_postfix_str(self._stats(now), refresh=False)
+                # Drawn now unless a row moves the bar below: the new bytes would wait for the
+                # next row, which a long prefill step delays.
+                self._bar.set_postfix_str(self._stats(now), refresh=not (rows or bad))
         if self._bar is not None:
             if rows or bad:
                 self._bar.update(rows + bad)
@@ -221,14 +224,33 @@ class Progress:
             flush=True,
         )
 
-    def close(self) -> None:
+    def show_written(self) -> None:
+        """Reads the run's shards again and shows what they hold: while the last records go into
+        the files, after the last row."""
         self.follower.poll()
         if self._bar is not None:
-            self._bar.set_postfix_str(self._stats(time.monotonic()), refresh=False)
+            self._bar.set_postfix_str(self._stats(time.monotonic()), refresh=True)
+
+    def close(self) -> None:
+        """Shows the final figures, once (later calls do nothing): the bytes the shards hold now,
+        and the time and rates up to the last row, not the time the last records took to reach
+        the files or the engine to stop (the summary gives those)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.follower.poll()
+        if self._bar is not None:
+            self._bar.set_postfix_str(self._stats(self._last_row), refresh=False)
+            # tqdm shows elapsed = now - start_t and the rate over it: end both at the last row.
+            # (As its unpause() does, last_print_t moves too: it draws at close only when it
+            # drew after start_t.)
+            since_last_row = max(0.0, time.monotonic() - self._last_row)
+            self._bar.start_t += since_last_row
+            self._bar.last_print_t += since_last_row
             self._bar.close()
             self._bar = None
         elif self.mode == "lines":
-            self.line()
+            self.line(self._last_row)
 
 
 #: Seconds between two reports of an engine's running totals to the run that started it.
@@ -291,6 +313,20 @@ class EngineTotals:
         after = {**before, **snapshot}
         self._latest[engine] = after
         return {k: after.get(k, 0) - before.get(k, 0) for k in ("rows", "tokens", "bad")}
+
+    def settle(self, engine: int, summary: dict) -> dict:
+        """Takes ``engine``'s final figures from its summary, as ``take`` does a report (a figure
+        that a report had higher stays: nothing goes down)."""
+        final = {
+            "rows": summary["rows_written"] + summary["rows_missing"],  # the rows its connector took
+            "tokens": summary["tokens"],
+            "bad": summary["rows_bad"],
+            "records": summary["rows_written"],
+            "raw_bytes": summary["raw_bytes"],
+            "stored_bytes": summary["stored_bytes"],
+        }
+        before = self._latest.get(engine, {})
+        return self.take(engine, {k: max(v, before.get(k, 0)) for k, v in final.items()})
 
     def _sum(self, key: str) -> int:
         return sum(s.get(key, 0) for s in self._latest.values())

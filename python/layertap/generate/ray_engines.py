@@ -88,8 +88,10 @@ def _engine_task(engine: int, options: dict, rows: np.ndarray, board) -> tuple[s
     """One engine, in a Ray worker: ``("summary", ...)`` or ``("error", (kind, text))``."""
     import traceback
 
+    from layertap.generate import vllm_log
     from layertap.generate.parallel import run_engine
 
+    vllm_log.localize()  # before vLLM is imported here
     try:
         return "summary", run_engine(options, rows, lambda totals: board.report.remote(engine, totals))
     except GenerateError as e:

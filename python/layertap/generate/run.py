@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from layertap.generate import vllm_log
 from layertap.generate.capture import check_capture, check_served, require_vllm
 from layertap.generate.data import BadRow, open_rows
 from layertap.generate.engine import (
@@ -115,14 +116,16 @@ def _in_process(llm: Any) -> bool:
     return "Inproc" in type(llm.llm_engine.engine_core).__name__
 
 
-def _drain(follower: ShardFollower, expected: int) -> None:
-    """Waits until the run's shards hold ``expected`` records, or none arrived for a while."""
+def _drain(follower: ShardFollower, expected: int, on_record: Callable[[], None]) -> None:
+    """Waits until the run's shards hold ``expected`` records, or none arrived for a while;
+    ``on_record()`` whenever more are there."""
     last, seen = time.monotonic(), follower.records
     while follower.records < expected and time.monotonic() - last < DRAIN_STALL_SECONDS:
         time.sleep(0.05)
         follower.poll()
         if follower.records != seen:
             last, seen = time.monotonic(), follower.records
+            on_record()
 
 
 def _read_back(state: OutputState, num_rows: int) -> dict:
@@ -185,10 +188,17 @@ def _run_engine(
     try:
         outcome = run_rows(llm, items, num_rows, sampling, include_output_tokens, totals.update)
         t_gen = time.monotonic()
-        if not _in_process(llm):
-            _drain(follower, outcome.saved_count)
-        outcome.drain_seconds = time.monotonic() - t_gen
-        shutdown(llm, SHUTDOWN_SECONDS)
+        if _in_process(llm):
+            # This engine hands the last finished requests to the connector as it stops.
+            shutdown(llm, SHUTDOWN_SECONDS)
+            bar.close()
+        else:
+            _drain(follower, outcome.saved_count, bar.show_written)
+            outcome.drain_seconds = time.monotonic() - t_gen
+            # Every record is in a file: the bar ends with its final figures, before the engine
+            # stops (seconds, in which vLLM may log).
+            bar.close()
+            shutdown(llm, SHUTDOWN_SECONDS)
     finally:
         bar.close()
         totals.send(phase="done")
@@ -342,6 +352,7 @@ def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callab
     connector = dict(c.connector)
     state = prepare_output(out_dir, model, layer_ids)
     try:
+        vllm_log.start(out_dir)  # the directory exists and is this run's now
         done = np.zeros(rows.num_rows, dtype=bool)
         done[state.done[state.done < rows.num_rows]] = True
         done_before = int(done.sum())
