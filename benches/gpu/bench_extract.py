@@ -204,12 +204,13 @@ def engine_kwargs(args, out: Path, stats_path: Path) -> dict:
         }
         return kw
     extra = {"output_dir": str(out), "stats_path": str(stats_path), **capture}
-    extra.update(args.extra)
     if args.mode == "layertap-python":
         extra.update(writer="python", codec="none")
     else:
         codec = "none" if "-none" in args.mode else "bp16-zstd"
         extra.update(writer="rust", codec=codec, level=1, direct=args.mode.endswith("-direct"))
+    # Last, so that a variant can change what the mode chose (run.sh's +raw: codec "none").
+    extra.update(args.extra)
     kw["kv_transfer_config"] = {
         "kv_connector": "LayertapConnector",
         "kv_connector_module_path": "layertap.vllm",

@@ -16,7 +16,7 @@ copy as bp16-zstd splits them):
 Every codec runs in its own ``try``: one that fails is reported with its error and the rest go
 on. Without CUDA or nvCOMP only the CPU references run, and the reason is printed (a dry run).
 
-    python benches/gpu/bench_gpu_codecs.py --activations .devbundle/acts/activations-4k.safetensors \
+    python benches/gpu/bench_gpu_codecs.py --activations .devbundle/acts/activations-2k.safetensors \
         --out /tmp/layertap-results/gpu-codecs
 """
 

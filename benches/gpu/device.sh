@@ -51,7 +51,7 @@ case $what in
     # GPU compression candidates (issue 21): nvCOMP from its wheels, carried apart (34 MB).
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
       .devbundle/wheels-nvcomp/*.whl || exit 1
-    python3 benches/gpu/bench_gpu_codecs.py --activations .devbundle/acts/activations-4k.safetensors \
+    python3 benches/gpu/bench_gpu_codecs.py --activations .devbundle/acts/activations-2k.safetensors \
       --out "$results/gpu-codecs" 2>&1 | tail -n 60 ;;
   writer)
     python3 benches/bench_writer.py --dir "$SCRATCH/writer" --total 4GiB --threads 8 \

@@ -8,7 +8,8 @@
 #    "+old": the build before a change, alternated with the current one in one device call);
 #  - wheels-nvcomp/: nvCOMP's wheels and lz4 (device.sh codecs, issue 21);
 #  - acts/activations.safetensors: 8192 tokens of real bf16 activations for the writer benchmark
-#    (activations-4k: 4096 of them, for the codecs call, which carries nvCOMP too).
+#    (activations-2k: 2048 of them, for the codecs call, which carries nvCOMP too: 4096 went over the
+#    64 MiB a call carries).
 # Then follow benches/gpu/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -40,6 +41,6 @@ from bench_writer import load_activations
 from safetensors.torch import save_file
 acts = load_activations("bf16")
 save_file({"bf16": acts[:8192].contiguous()}, ".devbundle/acts/activations.safetensors")
-save_file({"bf16": acts[:4096].contiguous()}, ".devbundle/acts/activations-4k.safetensors")  # the codecs call
+save_file({"bf16": acts[:2048].contiguous()}, ".devbundle/acts/activations-2k.safetensors")  # the codecs call
 PY
 du -sh .devbundle/part-* .devbundle/wheels* .devbundle/acts

@@ -18,6 +18,8 @@
 #           with the current one in one call
 #   +aff    (an experiment) the writer's threads pinned to CPUs of their own (whole cores from
 #           the top, as many as compression threads, at most half), the engine's on the others
+#   +raw    codec "none": the writer frames and writes without compressing (is it compression's
+#           CPU work that slows the engine thread?)
 #   +prof   py-spy the engine core over each case's window, native stacks (BENCH_PROFILE
 #           sets the kind: native or python)
 #   +<word> a label only (a second round: +r2)
@@ -42,6 +44,7 @@ for spec in "${modes[@]}"; do
       old) [ -d "${BENCH_OLD_SITE:-}" ] || { echo "$spec: +old needs BENCH_OLD_SITE (a folder holding the old layertap)"; continue 2; }
            pypath=$BENCH_OLD_SITE${pypath:+:$pypath} ;;
       prof) profile=${BENCH_PROFILE:-native} ;;
+      raw) extra=$(python3 -c "import json,sys; d=json.loads(sys.argv[1]); d['codec']='none'; print(json.dumps(d))" "$extra") ;;
       aff) pin=$(python3 -c "import json,os,sys; print(json.loads(sys.argv[1]).get('writer_threads') or max(4, min(16, len(os.sched_getaffinity(0)) // 2)))" "$extra") ;;
     esac
     tag=${tag:+$tag-}$v
