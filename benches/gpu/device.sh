@@ -6,6 +6,7 @@
 #                                 on one engine per mode) + disk + tables
 #   bash benches/gpu/device.sh writer                  writer benchmark against dd
 #   bash benches/gpu/device.sh codecs                  nvCOMP's codecs on real activations (issue 21)
+#   bash benches/gpu/device.sh exphuf                  exp-huf in torch on the GPU (issue 21)
 #   bash benches/gpu/device.sh generate 1b|8b          layertap generate against the bare connector
 #   bash benches/gpu/device.sh check-inmodel [ARCH...] capture in the model against transformers,
 #                                                      CUDA graphs and eager (default: Llama, Gemma 2)
@@ -53,6 +54,10 @@ case $what in
       .devbundle/wheels-nvcomp/*.whl || exit 1
     python3 benches/gpu/bench_gpu_codecs.py --activations .devbundle/acts/activations-2k.safetensors \
       --out "$results/gpu-codecs" 2>&1 | tail -n 60 ;;
+  exphuf)
+    # exp-huf in torch on the GPU (issue 21): bytes against the Rust encoder's, ratio, GB/s, host CPU.
+    python3 benches/gpu/bench_gpu_exphuf.py --activations .devbundle/acts/activations-2k.safetensors \
+      --out "$results/gpu-exphuf" 2>&1 | tail -n 20 ;;
   writer)
     python3 benches/bench_writer.py --dir "$SCRATCH/writer" --total 4GiB --threads 8 \
       --activations .devbundle/acts/activations.safetensors --out "$results/writer-h200" ;;

@@ -85,8 +85,7 @@ def encode_block(data, shape: tuple[int, ...], dtype: str) -> bytes:
     # Contexts by top 9 bits: exponent bucket around the sample's most common exponent, and sign.
     sample = (top[:: max(n // 4096, 1)] & 0xFF) >> exp_shift
     mode = int(np.bincount(sample, minlength=256).argmax())
-    t = np.arange(SYMBOLS)
-    ctx_of_top = (t >> 8) * 8 | (np.clip(((t & 0xFF) >> exp_shift) - mode, -4, 3) & 7)
+    ctx_of_top = contexts_of_top(mode, exp_shift)
     ctx = np.zeros(n, dtype=np.int64)
     if stride:
         for k in range(STREAMS):
@@ -98,23 +97,38 @@ def encode_block(data, shape: tuple[int, ...], dtype: str) -> bytes:
     lengths = np.array([code_lengths(h) for h in hist], dtype=np.int64)
     codes = np.array([reversed_codes(list(ln)) for ln in lengths], dtype=np.uint64)
 
-    out = bytearray([MODE_CODED])
-    out += struct.pack("<BBHI", MAX_CONTEXTS, STREAMS, 0, stride)
-    cmap = ctx_of_top[top_of_symbol(t)]
-    out += bytes((cmap[0::2] | cmap[1::2] << 4).astype(np.uint8))
-    for ln in lengths:
-        used = np.flatnonzero(ln)
-        first, count = (int(used[0]), int(used[-1]) - int(used[0]) + 1) if used.size else (0, 0)
-        nib = list(ln[first : first + count]) + [0] * (count % 2)
-        out += struct.pack("<HH", first, count) + bytes(a | b << 4 for a, b in zip(nib[0::2], nib[1::2]))
     length = lengths[ctx, sym]
     values = codes[ctx, sym] | (x & np.uint64((1 << raw_bits) - 1)) << length.astype(np.uint64)
     streams = [_pack_bits(values[seg.start : seg.stop], (length + raw_bits)[seg.start : seg.stop])
                for seg in (segment(n, STREAMS, k) for k in range(STREAMS))]  # fmt: skip
-    out += struct.pack(f"<{STREAMS}Q", *map(len, streams))
+    out = block_head(stride, ctx_of_top, lengths, [len(s) for s in streams])
     for s in streams:
         out += s
     return bytes(out) if len(out) < len(raw) else raw
+
+
+def contexts_of_top(mode: int, exp_shift: int) -> np.ndarray:
+    """The context of each top-9-bit value: its exponent's bucket around ``mode`` (the sample's
+    most common exponent), clamped to -4..3, and its sign."""
+    t = np.arange(SYMBOLS)
+    return (t >> 8) * 8 | (np.clip(((t & 0xFF) >> exp_shift) - mode, -4, 3) & 7)
+
+
+def block_head(stride: int, ctx_of_top, lengths, stream_lens) -> bytearray:
+    """A coded block up to its streams: mode byte, fixed fields, context map, code-length
+    tables and the streams' byte lengths (shared with the torch encoder, ``layertap.gpu``)."""
+    out = bytearray([MODE_CODED])
+    out += struct.pack("<BBHI", MAX_CONTEXTS, len(stream_lens), 0, stride)
+    cmap = np.asarray(ctx_of_top)[top_of_symbol(np.arange(SYMBOLS))]
+    out += bytes((cmap[0::2] | cmap[1::2] << 4).astype(np.uint8))
+    for ln in lengths:
+        ln = np.asarray(ln)
+        used = np.flatnonzero(ln)
+        first, count = (int(used[0]), int(used[-1]) - int(used[0]) + 1) if used.size else (0, 0)
+        nib = [int(v) for v in ln[first : first + count]] + [0] * (count % 2)
+        out += struct.pack("<HH", first, count) + bytes(a | b << 4 for a, b in zip(nib[0::2], nib[1::2]))
+    out += struct.pack(f"<{len(stream_lens)}Q", *stream_lens)
+    return out
 
 
 def encode(raw) -> bytes:

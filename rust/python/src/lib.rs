@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 
 mod buffers_in;
 mod buffers_out;
+mod codec;
 mod errors;
 mod reader;
 mod region;
@@ -16,5 +17,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     writer::register(m)?;
     reader::register(m)?;
     region::register(m)?;
+    codec::register(m)?;
     Ok(())
 }

@@ -1,0 +1,129 @@
+"""The torch encoder of exp-huf (layertap.gpu.exphuf) on the GPU (issue 21): on real bf16
+activations (all-MiniLM-L6-v2's, ``.devbundle/acts``), in records of ``--record-tokens`` tokens,
+
+- whether its bytes equal the Rust writer's encoder's (the CPU reference) for the first
+  ``--check`` records;
+- the ratio, and per record the wall time (CUDA synchronised) and the host CPU time of the
+  calling thread (launches, the code lengths built from the counts), as GB/s of input and host
+  CPU seconds per GB, best of ``--reps`` passes;
+- the same for bp16-zstd level 1 on one CPU thread (the Rust writer's codec, through zstandard
+  here), for the "10x fewer host CPU seconds per GB" of the issue.
+
+Without CUDA it runs on the CPU (a dry run: the speeds mean nothing).
+
+    python benches/gpu/bench_gpu_exphuf.py --activations .devbundle/acts/activations-2k.safetensors \\
+        --out /tmp/layertap-results/gpu-exphuf
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench_gpu_codecs import load_records  # noqa: E402
+
+
+def encode_all(records, encode):
+    torch.cuda.synchronize() if torch.cuda.is_available() else None
+    wall0, cpu0 = time.perf_counter(), time.thread_time()
+    blocks = [encode(r, "BF16") for r in records]
+    total = sum(len(b) for b in blocks)  # the body's size is known on the host: no extra sync
+    torch.cuda.synchronize() if torch.cuda.is_available() else None
+    return blocks, total, time.perf_counter() - wall0, time.thread_time() - cpu0
+
+
+def rust_block(t: torch.Tensor) -> bytes:
+    """The Rust writer's exp-huf block of ``t`` (its payload of a blob holding ``t`` alone)."""
+    from layertap import _native
+    from layertap._spec.blob import build_header
+
+    header = build_header([("t", "BF16", tuple(t.shape))], {})
+    return _native.exphuf_encode(header + t.reshape(-1).view(torch.uint8).numpy().tobytes())[len(header) :]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--activations", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True, help="PREFIX: writes PREFIX.json and PREFIX.md")
+    ap.add_argument("--record-tokens", type=int, nargs="+", default=[256, 1024])
+    ap.add_argument("--records", type=int, default=16)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--check", type=int, default=2)
+    args = ap.parse_args(argv)
+
+    try:
+        import zstandard
+
+        from layertap._py.encode import BYTE_PLANE_LEVEL_1
+    except ImportError:
+        zstandard = None
+    from layertap._spec.codecs import split_planes
+    from layertap.gpu.exphuf import encode_block
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    rows = []
+    for tokens in args.record_tokens:
+        records = load_records(args.activations, tokens, args.records)
+        gb = sum(r.numel() * 2 for r in records) / 1e9
+        dev = [r.to(device) for r in records]
+        best = None
+        for _ in range(args.reps):
+            blocks, stored, wall, cpu = encode_all(dev, encode_block)
+            best = (wall, cpu) if best is None or wall < best[0] else best
+        equal = all(blocks[i].to_bytes() == rust_block(records[i]) for i in range(min(args.check, len(records))))
+        zstd_ratio = zstd_cpu_per_gb = None
+        if zstandard is not None:  # the GPU image has it only with the vLLM bundle
+            cctx = zstandard.ZstdCompressor(compression_params=BYTE_PLANE_LEVEL_1)
+            cpu0 = time.thread_time()
+            zstd_stored = 0
+            for r in records:
+                data = r.reshape(-1).view(torch.uint8).numpy()
+                planes = np.empty_like(data)
+                split_planes(data, planes)
+                zstd_stored += len(cctx.compress(planes.tobytes()))
+            zstd_ratio = round(gb * 1e9 / zstd_stored, 4)
+            zstd_cpu_per_gb = round((time.thread_time() - cpu0) / gb, 3)
+        row = {
+            "device": device,
+            "record_tokens": tokens,
+            "records": len(records),
+            "record_mb": round(records[0].numel() * 2 / 1e6, 3),
+            "equal_to_cpu_reference": equal,
+            "ratio": round(gb * 1e9 / stored, 4),
+            "gbps": round(gb / best[0], 3),
+            "us_per_record": round(best[0] / len(records) * 1e6, 1),
+            "host_cpu_s_per_gb": round(best[1] / gb, 4),
+            "bp16_zstd_ratio": zstd_ratio,
+            "bp16_zstd_cpu_s_per_gb": zstd_cpu_per_gb,
+        }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    md = [
+        "# exp-huf in torch (layertap.gpu.exphuf) on real activations",
+        "",
+        "| device | tokens/record | MB/record | equal to CPU | ratio | GB/s | us/record | host CPU s/GB | bp16-zstd ratio | bp16-zstd CPU s/GB |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        md.append(
+            f"| {r['device']} | {r['record_tokens']} | {r['record_mb']} | {r['equal_to_cpu_reference']} | {r['ratio']} | "
+            f"{r['gbps']} | {r['us_per_record']} | {r['host_cpu_s_per_gb']} | {r['bp16_zstd_ratio']} | "
+            f"{r['bp16_zstd_cpu_s_per_gb']} |"
+        )
+    args.out.with_suffix(".md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""The torch encoder of exp-huf (layertap.gpu.exphuf), run on the CPU: the bytes it emits are
+those of the Rust writer's encoder (which the readers' tests read), block by block and for a
+whole record's payload, and the reference decoder gives the tensors back bit for bit."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from layertap import _native
+from layertap._py import exphuf as np_exphuf
+from layertap._spec import exphuf as spec
+from layertap._spec.blob import build_header
+from layertap.gpu.exphuf import Block, encode_blob_tensors, encode_block
+
+NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
+
+
+def activations_like(shape, dtype, seed=0) -> torch.Tensor:
+    """Values whose exponents vary by layer and channel, as hidden states' do."""
+    g = torch.Generator().manual_seed(seed)
+    scale = torch.logspace(-2, 2, shape[-1]) if len(shape) > 1 else torch.tensor(1.0)
+    return (torch.randn(shape, generator=g) * scale).to(dtype)
+
+
+def reference(t: torch.Tensor) -> bytes:
+    """The Rust encoder's block of ``t``: its payload of a blob holding ``t`` alone, less the
+    blob's header."""
+    header = build_header([("t", NAMES[t.dtype], tuple(t.shape))], {})
+    raw = header + t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    payload = _native.exphuf_encode(raw)
+    assert payload[: len(header)] == header
+    return payload[len(header) :]
+
+
+CASES = [
+    ((64, 3, 256), torch.bfloat16),  # [tokens, layers, hidden]: contexts one layer back
+    ((33, 2, 100), torch.bfloat16),  # segments of unequal length
+    ((1000,), torch.bfloat16),  # one dimension: no context
+    ((100, 4, 64), torch.float16),
+    ((40, 50), torch.float32),
+    ((2, 3000), torch.bfloat16),  # stride 3000 against segments of 1500: no element has a context
+]
+
+
+@pytest.mark.parametrize("shape,dtype", CASES, ids=[f"{NAMES[d]}{list(s)}" for s, d in CASES])
+def test_blocks_equal_the_rust_writers(shape, dtype):
+    t = activations_like(shape, dtype)
+    block = encode_block(t, NAMES[dtype])
+    assert block.head[0] == spec.MODE_CODED
+    assert block.to_bytes() == reference(t)
+    width = t.element_size()
+    values, end = spec.decode_block(block.to_bytes(), 0, t.numel(), width)
+    assert end == len(block)
+    assert np.asarray(values).tobytes() == t.reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.zeros(63, dtype=torch.bfloat16),  # under 64 elements: raw
+        lambda: torch.full((300,), 1.5, dtype=torch.bfloat16),  # one symbol: 1-bit codes
+        # every bit pattern equally likely: coding does not pay, stored raw
+        lambda: torch.randint(-(2**15), 2**15, (4096,), dtype=torch.int16).view(torch.bfloat16),
+        lambda: torch.tensor([float("inf"), float("-inf"), float("nan"), -0.0, 0.0, 1e-40] * 20, dtype=torch.float32),
+    ],
+    ids=["short", "one-symbol", "incompressible", "special-values"],
+)
+def test_edge_cases_equal_the_rust_writers(make):
+    t = make()
+    block = encode_block(t, NAMES[t.dtype])
+    assert block.to_bytes() == reference(t)
+    values, _ = spec.decode_block(block.to_bytes(), 0, t.numel(), t.element_size())
+    assert np.asarray(values).tobytes() == t.reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def test_a_records_payload_equals_the_rust_writers():
+    hidden = activations_like((48, 3, 128), torch.bfloat16, seed=1)
+    ids = torch.arange(48, dtype=torch.int64)
+    header = build_header(
+        [("hidden_states", "BF16", tuple(hidden.shape)), ("token_ids", "I64", (48,))], {"num_tokens": "48"}
+    )
+    raw = header + hidden.view(torch.uint8).numpy().tobytes() + ids.view(torch.uint8).numpy().tobytes()
+    blocks = encode_blob_tensors([(hidden, "BF16"), (ids, "I64")])
+    payload = header + b"".join(b.to_bytes() for b in blocks)
+    assert payload == _native.exphuf_encode(raw)
+    assert bytes(spec.decode(payload, len(raw))) == raw
+
+
+def test_a_dtype_of_the_wrong_width_is_refused():
+    with pytest.raises(ValueError, match="2-byte elements"):
+        encode_block(torch.zeros(100, dtype=torch.float32), "BF16")
+
+
+def test_the_block_stays_on_the_inputs_device():
+    block = encode_block(activations_like((16, 2, 64), torch.bfloat16), "BF16")
+    assert isinstance(block, Block) and block.body.device == torch.device("cpu")
+    assert block.body.dtype == torch.uint8
+
+
+def test_without_the_native_module_the_python_code_lengths_give_a_valid_block(monkeypatch):
+    import layertap.gpu.exphuf as gpu_exphuf
+
+    t = activations_like((32, 3, 128), torch.bfloat16, seed=2)
+    hist = np.random.default_rng(0).integers(0, 1000, (2, 512))
+    monkeypatch.setitem(sys.modules, "layertap._native", None)  # import fails as without the build
+    python_lengths = gpu_exphuf.code_lengths(hist)
+    assert python_lengths.tolist() == [np_exphuf.code_lengths(h) for h in hist]
+    block = encode_block(t, "BF16")
+    values, _ = spec.decode_block(block.to_bytes(), 0, t.numel(), 2)
+    assert np.asarray(values).tobytes() == t.reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def test_native_code_lengths_refuse_a_partial_table():
+    with pytest.raises(ValueError, match="whole number of 512-symbol"):
+        _native.exphuf_code_lengths(b"\0" * 100)
