@@ -14,7 +14,7 @@ from layertap import _native
 from layertap._py import exphuf as np_exphuf
 from layertap._spec import exphuf as spec
 from layertap._spec.blob import build_header
-from layertap.gpu.exphuf import Block, encode_blob_tensors, encode_block
+from layertap.gpu.exphuf import Block, code_lengths, encode_blob_tensors, encode_block, encode_blocks, reversed_codes_of
 
 NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
 
@@ -117,3 +117,24 @@ def test_without_the_native_module_the_python_code_lengths_give_a_valid_block(mo
 def test_native_code_lengths_refuse_a_partial_table():
     with pytest.raises(ValueError, match="whole number of 512-symbol"):
         _native.exphuf_code_lengths(b"\0" * 100)
+
+
+def test_a_batch_gives_each_tensor_its_own_block():
+    """One pass over tensors of different shapes, a short one and an incompressible one among
+    them: each block is the one the tensor gets alone (the Rust encoder's)."""
+    tensors = [
+        activations_like((40, 3, 96), torch.bfloat16, seed=3),
+        torch.zeros(10, dtype=torch.bfloat16),
+        activations_like((7, 1000), torch.bfloat16, seed=4),
+        torch.randint(-(2**15), 2**15, (2048,), dtype=torch.int16).view(torch.bfloat16),
+        activations_like((3000,), torch.bfloat16, seed=5) * 1e-30,  # exponents far from the others'
+    ]
+    blocks = encode_blocks(tensors, "BF16")
+    assert [b.to_bytes() for b in blocks] == [reference(t) for t in tensors]
+    assert [b.head[0] for b in blocks][:4] == [spec.MODE_CODED, spec.MODE_RAW, spec.MODE_CODED, spec.MODE_RAW]
+
+
+def test_canonical_codes_equal_the_references():
+    rng = np.random.default_rng(1)
+    lengths = code_lengths(rng.integers(0, 50, (6, 512)) * (rng.random((6, 512)) < 0.3))
+    assert reversed_codes_of(lengths).tolist() == [spec.reversed_codes(list(ln)) for ln in lengths]

@@ -31,7 +31,7 @@ import torch
 
 from layertap._py import exphuf as _py_exphuf
 from layertap._py.exphuf import MIN_CODED, STREAMS, block_head, contexts_of_top
-from layertap._spec.exphuf import CODED, MAX_CONTEXTS, MODE_RAW, SYMBOLS, reversed_codes, segment
+from layertap._spec.exphuf import CODED, MAX_CODE_LEN, MAX_CONTEXTS, MODE_RAW, SYMBOLS
 
 #: Bits a packing word holds: a value of at most 11 + 23 bits shifted by at most 15 stays below
 #: 2^49, so int64 arithmetic never overflows, and adding the disjoint bits of several values
@@ -74,72 +74,128 @@ def code_lengths(hist: np.ndarray) -> np.ndarray:
     return np.frombuffer(got, dtype=np.uint8).reshape(hist.shape).astype(np.int64)
 
 
-def _segment_ids(n: int, device) -> torch.Tensor:
-    ids = torch.empty(n, dtype=torch.int64, device=device)
-    for k in range(STREAMS):
-        seg = segment(n, STREAMS, k)
-        ids[seg.start : seg.stop] = k
-    return ids
+def reversed_codes_of(lengths: np.ndarray) -> np.ndarray:
+    """The canonical codes (RFC 1951, 3.2.2) of each row of code lengths, bit-reversed as
+    ``_spec.exphuf.reversed_codes`` gives them, for all rows at once."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    rows = lengths.shape[0]
+    bl_count = np.zeros((rows, MAX_CODE_LEN + 1), dtype=np.int64)
+    np.add.at(bl_count, (np.arange(rows)[:, None].repeat(SYMBOLS, 1), lengths), 1)
+    bl_count[:, 0] = 0
+    next_code = np.zeros((rows, MAX_CODE_LEN + 1), dtype=np.int64)
+    code = np.zeros(rows, dtype=np.int64)
+    for ln in range(1, MAX_CODE_LEN + 1):
+        code = (code + bl_count[:, ln - 1]) << 1
+        next_code[:, ln] = code
+    # Rank of each symbol among the symbols of its length, in symbol order.
+    one_hot = lengths[:, :, None] == np.arange(MAX_CODE_LEN + 1)[None, None, :]
+    rank = np.take_along_axis(np.cumsum(one_hot, axis=1) - 1, lengths[:, :, None], axis=2)[:, :, 0]
+    codes = np.take_along_axis(next_code, lengths, axis=1) + rank
+    rev = _REVERSED[codes & ((1 << MAX_CODE_LEN) - 1)] >> (MAX_CODE_LEN - lengths)
+    return np.where(lengths > 0, rev, 0)
+
+
+#: Bit reversal of every MAX_CODE_LEN-bit value.
+_REVERSED = np.array([int(f"{v:0{MAX_CODE_LEN}b}"[::-1], 2) for v in range(1 << MAX_CODE_LEN)], dtype=np.int64)
+
+
+@dataclass
+class _Plan:
+    """What the host decided for one tensor of a batch."""
+
+    n: int
+    stride: int
+    mode: int
 
 
 def encode_block(t: torch.Tensor, dtype: str) -> Block:
     """The exp-huf block of tensor ``t`` (a contiguous tensor whose element size is that of
     ``dtype``, one of ``BF16``, ``F16``, ``F32``; the shape sets the stride), on ``t``'s device."""
+    return encode_blocks([t], dtype)[0]
+
+
+def encode_blocks(tensors: list[torch.Tensor], dtype: str) -> list[Block]:
+    """The exp-huf blocks of several tensors of one dtype, on their (common) device, in one pass:
+    the same kernels whatever the count, two small copies to the host (the symbol counts, then
+    the streams' bit lengths). The bodies are views of one buffer."""
     width, exp_shift = CODED[dtype]
-    if t.element_size() != width:
-        raise ValueError(f"a {dtype} block needs {width}-byte elements, not {t.element_size()}-byte {t.dtype}")
-    t = t.contiguous()
-    n = t.numel()
-    raw_body = t.reshape(-1).view(torch.uint8)
-    if n < MIN_CODED:
-        return Block(bytes([MODE_RAW]), raw_body)
-    device = t.device
-    shape = tuple(t.shape)
-    stride = shape[-1] if len(shape) >= 2 and shape[-1] < n else 0
+    for t in tensors:
+        if t.element_size() != width:
+            raise ValueError(f"a {dtype} block needs {width}-byte elements, not {t.element_size()}-byte {t.dtype}")
+    blocks: list[Block | None] = [None] * len(tensors)
+    coded = []
+    for i, t in enumerate(tensors):
+        t = t.contiguous()
+        if t.numel() < MIN_CODED:
+            blocks[i] = Block(bytes([MODE_RAW]), t.reshape(-1).view(torch.uint8))
+        else:
+            coded.append((i, t))
+    if not coded:
+        return blocks
+    device = coded[0][1].device
     raw_bits = 8 * width - 9
-    x = _as_unsigned(t, width)
+    plans = []
+    for _, t in coded:
+        n, shape = t.numel(), tuple(t.shape)
+        plans.append(_Plan(n=n, stride=shape[-1] if len(shape) >= 2 and shape[-1] < n else 0, mode=0))
+    ns = np.array([p.n for p in plans], dtype=np.int64)
+    base = np.concatenate([[0], np.cumsum(ns)[:-1]])
+    total = int(ns.sum())
+    # Segments: STREAMS per tensor, in order; their starts, global and sorted.
+    seg_start = np.array([b + k * n // STREAMS for b, n in zip(base, ns) for k in range(STREAMS)], dtype=np.int64)
+    seg_stride = np.repeat([p.stride for p in plans], STREAMS)
+    # Elements of the sample that picks each tensor's contexts: every max(n // 4096, 1)-th.
+    step = np.maximum(ns // 4096, 1)
+
+    x = torch.cat([_as_unsigned(t, width) for _, t in coded])
     top = x >> raw_bits
-
-    # Contexts (as _py.exphuf): the sample's most common exponent, then each element's context
-    # from the element `stride` before it in its segment.
-    sample = (top[:: max(n // 4096, 1)] & 0xFF) >> exp_shift
-    mode = 255 - torch.bincount(sample, minlength=256).flip(0).argmax()  # the last of tied counts
+    idx = torch.arange(total, device=device)
+    rec = torch.repeat_interleave(torch.arange(len(plans), device=device), torch.from_numpy(ns).to(device))
+    local = idx - torch.from_numpy(base).to(device)[rec]
+    seg_start_t = torch.from_numpy(seg_start).to(device)
+    seg = torch.searchsorted(seg_start_t, idx, right=True) - 1
+    in_sample = local % torch.from_numpy(step).to(device)[rec] == 0
+    exps = torch.bincount((rec * 256 + ((top & 0xFF) >> exp_shift))[in_sample], minlength=len(plans) * 256).reshape(
+        -1, 256
+    )
+    mode = 255 - exps.flip(1).argmax(1)  # the last of tied counts, as the Rust encoder
     tt = torch.arange(SYMBOLS, device=device)
-    ctx_of_top = (tt >> 8) * 8 | (torch.clamp(((tt & 0xFF) >> exp_shift) - mode, -4, 3) & 7)
-    seg_id = _segment_ids(n, device)
-    ctx = torch.zeros(n, dtype=torch.int64, device=device)
-    if stride:
-        for k in range(STREAMS):
-            seg = segment(n, STREAMS, k)
-            if seg.stop - seg.start > stride:
-                ctx[seg.start + stride : seg.stop] = ctx_of_top[top[seg.start : seg.stop - stride]]
+    ctx_of_top = (tt[None] >> 8) * 8 | (torch.clamp(((tt[None] & 0xFF) >> exp_shift) - mode[:, None], -4, 3) & 7)
+    # Each element's context: that of the element `stride` before it in its segment, if any.
+    stride_of = torch.from_numpy(seg_stride).to(device)[seg]
+    has_ctx = (stride_of > 0) & (idx - seg_start_t[seg] >= stride_of)
+    prev = torch.where(has_ctx, idx - stride_of, idx)
+    ctx = torch.where(has_ctx, ctx_of_top.reshape(-1)[rec * SYMBOLS + top[prev]], 0)
     sym = ((top & 0xFF) << 1) | (top >> 8)
-    cell = ctx * SYMBOLS + sym
+    cell = (rec * MAX_CONTEXTS + ctx) * SYMBOLS + sym
 
-    # Counts per segment and cell: the one copy to the host before packing.
-    counts = torch.bincount(seg_id * (MAX_CONTEXTS * SYMBOLS) + cell, minlength=STREAMS * MAX_CONTEXTS * SYMBOLS)
-    counts = counts.reshape(STREAMS, MAX_CONTEXTS, SYMBOLS).cpu().numpy()
-    hist = counts.sum(axis=0)
-    lengths = code_lengths(hist)
-    stream_bits = (counts * (lengths + raw_bits)[None]).sum(axis=(1, 2))
-    stream_lens = [int(b + 7) // 8 for b in stream_bits]
-    head = block_head(stride, contexts_of_top(int(mode), exp_shift), lengths, stream_lens)
-    if len(head) + sum(stream_lens) >= 1 + n * width:
-        return Block(bytes([MODE_RAW]), raw_body)
-
-    codes = np.array([reversed_codes(list(ln)) for ln in lengths], dtype=np.int64)
-    code_of_cell = torch.from_numpy(codes.reshape(-1)).to(device)
+    # First copy to the host: the counts of each tensor's contexts, for its code lengths.
+    hist = torch.bincount(cell, minlength=len(plans) * MAX_CONTEXTS * SYMBOLS).to(torch.int32).cpu().numpy()
+    modes = mode.cpu().numpy()
+    lengths = code_lengths(hist.reshape(-1, SYMBOLS)).reshape(len(plans), MAX_CONTEXTS, SYMBOLS)
+    codes = reversed_codes_of(lengths.reshape(-1, SYMBOLS))
     len_of_cell = torch.from_numpy(lengths.reshape(-1)).to(device)
     length = len_of_cell[cell]
-    values = code_of_cell[cell] | (x & ((1 << raw_bits) - 1)) << length
+    values = torch.from_numpy(codes.reshape(-1)).to(device)[cell] | (x & ((1 << raw_bits) - 1)) << length
     nbits = length + raw_bits
-    # Bit offset of each element in the block's streams: streams start on byte boundaries.
-    stream_base = torch.tensor(np.concatenate([[0], np.cumsum(stream_lens)[:-1]]) * 8, device=device)
+    # Second copy: each stream's bit length, which sets the layout of the output.
+    seg_bits = torch.zeros(len(seg_start), dtype=torch.int64, device=device).index_add_(0, seg, nbits)
+    seg_bytes = (seg_bits.cpu().numpy() + 7) // 8
+    seg_base = np.concatenate([[0], np.cumsum(seg_bytes)[:-1]])
     ends = torch.cumsum(nbits, 0)
-    seg_start = torch.tensor([segment(n, STREAMS, k).start for k in range(STREAMS)], device=device)
-    before = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), ends])[seg_start]
-    offset = ends - nbits - before[seg_id] + stream_base[seg_id]
-    return Block(head, _pack(values, offset, 8 * sum(stream_lens)))
+    before = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), ends])[seg_start_t]
+    offset = ends - nbits - before[seg] + 8 * torch.from_numpy(seg_base).to(device)[seg]
+    packed = _pack(values, offset, 8 * int(seg_bytes.sum()))
+
+    for j, ((i, t), plan) in enumerate(zip(coded, plans)):
+        lens = [int(v) for v in seg_bytes[j * STREAMS : (j + 1) * STREAMS]]
+        head = block_head(plan.stride, contexts_of_top(int(modes[j]), exp_shift), lengths[j], lens)
+        if len(head) + sum(lens) >= 1 + plan.n * width:
+            blocks[i] = Block(bytes([MODE_RAW]), t.reshape(-1).view(torch.uint8))
+        else:
+            start = int(seg_base[j * STREAMS])
+            blocks[i] = Block(bytes(head), packed[start : start + sum(lens)])
+    return blocks
 
 
 def _pack(values: torch.Tensor, offset: torch.Tensor, total_bits: int) -> torch.Tensor:
