@@ -163,6 +163,12 @@ def attribution_tables(case: str, rows: dict[str, dict]) -> str:
         for label, h in hooks:
             top = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in list(h.items())[:6])
             out.append(f"- {label}: {top}")
+    parts = [(label, r.get("connector_stats", {}).get("hook_parts_s")) for label, r in order]
+    parts = [(label, p) for label, p in parts if p]
+    if parts:
+        out += ["", "The worker hook's parts over the engine's life (every case of the run; s):", ""]
+        for label, p in parts:
+            out.append(f"- {label}: " + ", ".join(f"{k} {v:.3f}" for k, v in p.items()))
     return "\n".join(out) + "\n"
 
 

@@ -190,5 +190,8 @@ def test_every_request_has_exactly_one_record(engine, reference):
     assert stats["pool"]["in_use_bytes"] == 0 and stats["pool"]["live_regions"] == 0
     assert stats["hook"]["steps"] > 0 and stats["hook"]["p99_us"] >= stats["hook"]["p50_us"] > 0
     assert stats["gathers"] >= 1
+    # The hook's parts are timed.
+    parts = stats["hook_parts_s"]
+    assert set(parts) == {"launch", "submit", "reap"} and all(v > 0 for v in parts.values())
     # The decode burst waited in the KV cache, not on the engine thread.
     assert stats["pool_deferrals"] > 0 and stats["pool_stalls"] == 0

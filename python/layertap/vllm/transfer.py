@@ -194,6 +194,14 @@ class HiddenStatesSaver:
     # -- gather and submit --------------------------------------------------------------------
 
     def _launch(self, region: Region, saves: StepSaves) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._launch_timed(region, saves)
+        finally:
+            # Without a copy stream the launch submits too, which counts its own part.
+            self.stats.hook_parts["launch"] += time.perf_counter() - t0
+
+    def _launch_timed(self, region: Region, saves: StepSaves) -> None:
         total = sum(saves.num_tokens)
         hidden_bytes = align_up(total * self.row_bytes)
         ids_offset = region.offset + hidden_bytes
@@ -220,6 +228,13 @@ class HiddenStatesSaver:
 
     def _submit(self, batch: _Batch) -> None:
         """Hands the records of a gathered batch to the writer in one call (``sinks.py``)."""
+        t0 = time.perf_counter()
+        try:
+            self._submit_timed(batch)
+        finally:
+            self.stats.hook_parts["submit"] += time.perf_counter() - t0
+
+    def _submit_timed(self, batch: _Batch) -> None:
         batch.keep = ()
         saves, region = batch.saves, batch.region
         self._regions[region.id] = region
@@ -241,7 +256,10 @@ class HiddenStatesSaver:
     def _reap(self, timeout: float | None = 0.0) -> None:
         """Returns the regions the writer is done with to the pool (waiting up to ``timeout``
         for the first one: see ``NativeRegionSink.reap``)."""
+        t0 = time.perf_counter()
         released, written = self._writer_call(self.sink.reap, timeout)
+        if not timeout:  # a wait for the writer is not the hook's work
+            self.stats.hook_parts["reap"] += time.perf_counter() - t0
         self.stats.records_written += written
         if written and self.counters is not None:
             self.counters.written(written)
