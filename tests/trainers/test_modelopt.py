@@ -54,7 +54,7 @@ def test_modelopt_layout_holds_the_records(hs_dataset, tmp_path, rows, truth, ve
         "final_norm": "LlamaRMSNorm",
     }
     # Model-Optimizer's default for N = 4 is [0, 1] ({1, N//2-1, N-4}): the config must name these.
-    assert "not its default [0, 1]: set eagle_config.eagle_aux_hidden_state_layer_ids" in s.describe
+    assert "not its default [0, 1]: set eagle_architecture_config.eagle_aux_hidden_state_layer_ids" in s.describe
     # One {row}.pt per row, flat (Model-Optimizer takes every *.pt under offline_data_path).
     assert sorted(os.listdir(out)) == sorted(
         [f"{i}.pt" for i in range(len(rows))] + ["layertap-export.json", ".layertap-export.lock"]
@@ -86,7 +86,8 @@ def test_modelopt_layout_holds_the_records(hs_dataset, tmp_path, rows, truth, ve
 def test_modelopt_prenorm_layers_and_dtype(hs_dataset, tmp_path, verifier):
     out = tmp_path / "mo"
     s = export(hs_dataset, str(out), "modelopt", model=verifier, prenorm=True, layers=[3, 2], dtype="float32")
-    assert s.ok and s.settings["layer_ids"] == [3, 2] and s.settings["modelopt_layer_ids"] == [2, 1]
+    # The aux layers ascending, as Model-Optimizer's draft and the serving engines collect them.
+    assert s.ok and s.settings["layer_ids"] == [2, 3] and s.settings["modelopt_layer_ids"] == [1, 2]
     assert s.settings["final_norm"] == "left to Model-Optimizer (hidden_states_prenorm)"
     with layertap.open(hs_dataset) as ds:
         got, stored = _load(out, 5), ds["5"].hidden_states
@@ -94,7 +95,7 @@ def test_modelopt_prenorm_layers_and_dtype(hs_dataset, tmp_path, verifier):
     assert set(got) == KEYS | {"hidden_states_prenorm"} and got["hidden_states_prenorm"] is True
     assert got["hidden_states"].dtype == torch.float32
     assert torch.equal(got["hidden_states"], stored[:, 3].float())  # as stored, before the norm
-    assert torch.equal(got["aux_hidden_states"], stored[:, [2, 1]].reshape(T, -1).float())  # in --layers order
+    assert torch.equal(got["aux_hidden_states"], stored[:, [1, 2]].reshape(T, -1).float())
 
 
 def test_modelopt_default_layers_and_a_missing_loss_mask(tmp_path, truth, verifier):

@@ -21,9 +21,9 @@ layer j, vLLM's j + 1 (SpecForge's EAGLE-3 default ``[1, N//2-1, N-4]`` is vLLM'
   and ``modelopt.torch.speculative.eagle.utils.OfflineSupervisedDataset`` reads them (EAGLE-3
   offline training): ``input_ids`` int64 ``[T]``, ``hidden_states`` ``[T, H]`` (layer N *after*
   the final norm, transformers' ``hidden_states[-1]``; or before it, with
-  ``hidden_states_prenorm=True``, which Model-Optimizer 0.46 and later read and undo by applying
-  the norm itself), ``aux_hidden_states`` ``[T, k*H]`` (the k auxiliary layers side by side,
-  ascending), ``loss_mask`` int64 ``[T]`` and ``conversation_id`` (the row, as a string).
+  ``hidden_states_prenorm=True``, for Model-Optimizer 0.46 and later to apply the norm
+  themselves), ``aux_hidden_states`` ``[T, k*H]`` (the k auxiliary layers side by side, ascending),
+  ``loss_mask`` int64 ``[T]`` and ``conversation_id`` (the row, as a string).
   Model-Optimizer numbers layers as SGLang does (its aux id j is the output of decoder layer j).
 """
 
@@ -320,7 +320,9 @@ class ModelOptLayout:
                 f"the dataset holds only layer {num_layers} (N): EAGLE-3's aux_hidden_states need auxiliary "
                 f"layers, e.g. generate with --layers 2,{num_layers // 2},{num_layers - 3},{num_layers}"
             )
-        self.take = _pick(layer_ids, aux, "")
+        # Ascending whatever --layers says: Model-Optimizer's capture scripts sort them, and its
+        # draft (forward hooks) and the serving engines collect them in layer order.
+        self.take = sorted(_pick(layer_ids, aux, ""), key=lambda i: layer_ids[i])
         self.last = layer_ids.index(num_layers)
         self.layer_ids = [layer_ids[i] for i in self.take]
         if 0 in self.layer_ids:
@@ -336,7 +338,7 @@ class ModelOptLayout:
         config_note = (
             "its default"
             if ids == default
-            else f"not its default {default}: set eagle_config.eagle_aux_hidden_state_layer_ids"
+            else f"not its default {default}: set eagle_architecture_config.eagle_aux_hidden_state_layer_ids"
         )
         last = "before the final norm, hidden_states_prenorm" if prenorm else f"after {norm.kind}"
         self.describe = (
