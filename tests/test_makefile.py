@@ -48,12 +48,18 @@ def test_the_demo_installs_only_the_demo_requirements(tmp_path):
     commands = dry_run("demo", tmp_path)
     assert "-r requirements-demo.txt" in commands
     assert "requirements-dev.txt" not in commands and "requirements-specforge.txt" not in commands
+    assert "requirements-modelopt.txt" not in commands
     assert "maturin develop" in commands and "layertap.demo" in commands
 
 
 def test_the_tests_install_the_dev_requirements(tmp_path):
     commands = dry_run("test-python", tmp_path)
-    for requirements in ("requirements-demo.txt", "requirements-dev.txt", "requirements-specforge.txt"):
+    for requirements in (
+        "requirements-demo.txt",
+        "requirements-dev.txt",
+        "requirements-specforge.txt",
+        "requirements-modelopt.txt",
+    ):
         assert f"-r {requirements}" in commands
     assert "-m pytest" in commands
 

@@ -17,6 +17,10 @@ REPO = Path(__file__).resolve().parents[2]
 #: SpecForge 0.2.0's wheel, installed without its dependencies (it pins torch 2.11 and sglang)
 #: by `make venv` (Makefile; requirements-specforge.txt).
 SPECFORGE_TARGET = REPO / ".venv" / "specforge"
+#: NVIDIA Model-Optimizer 0.47.0 and the transformers it runs with, installed without
+#: dependencies beside the virtualenv running the tests (`make venv`: $(VENV)/modelopt;
+#: requirements-modelopt.txt says why not into it).
+MODELOPT_TARGET = Path(sys.prefix) / "modelopt"
 #: vLLM layer ids the datasets of these tests hold (the tiny model has N = 4 layers): speculators'
 #: and EAGLE-3's [2, N//2, N-3, N] would repeat layer 2, so the aux layers are 1, 2, 3.
 LAYERS = [1, 2, 3, 4]

@@ -1,4 +1,4 @@
-"""``layertap export DIR --to speculators|specforge OUT ...``: the command line of
+"""``layertap export DIR --to speculators|specforge|modelopt OUT ...``: the command line of
 ``layertap.export.export``. Exit status: 0 every selected row has its file or was skipped (rows
 the trainer refuses, e.g. DFlash's without two consecutive supervised tokens: a rerun would skip
 them again); 1 some other rows have none (bad records, rows asked for without a record); 2 the
@@ -28,9 +28,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     """Adds ``export`` to the ``layertap`` command's subcommands."""
     p = sub.add_parser(
         "export",
-        help="write a dataset as speculators' or SpecForge's training files",
+        help="write a dataset as speculators', SpecForge's or Model-Optimizer's training files",
         description="Write a dataset keyed by row index (layertap generate's) as the files a drafter trainer "
-        "reads, one per row. Layer ids are vLLM's (SpecForge's are one lower). Rerunning continues "
+        "reads, one per row. Layer ids are vLLM's (SpecForge's and Model-Optimizer's are one lower). Rerunning continues "
         "an interrupted export. See docs/TRAINING.md.",
     )
     p.add_argument("path", metavar="DIR", help="the layertap dataset (directory or shard)")
@@ -38,26 +38,33 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "out",
         metavar="OUT",
-        help="speculators: its --data-path (files go to OUT/hidden_states); specforge: the hidden-states directory",
+        help="speculators: its --data-path (files go to OUT/hidden_states); specforge: the hidden-states "
+        "directory; modelopt: its offline_data_path",
     )
     p.add_argument(
         "--model",
         metavar="MODEL_DIR",
-        help="the verifier (config and safetensors weights): needed for SpecForge's EAGLE-3 (final "
-        "norm); elsewhere it checks the layer ids",
+        help="the verifier (config and safetensors weights): needed for SpecForge's EAGLE-3 and for "
+        "Model-Optimizer (final norm); elsewhere it checks the layer ids",
     )
     p.add_argument("--strategy", choices=["eagle3", "dflash"], default="eagle3", help="SpecForge's (default eagle3)")
     p.add_argument(
         "--layers",
         type=_layer_list,
         metavar="IDS",
-        help="vLLM layer ids to export, comma-separated (EAGLE-3: the 3 auxiliary ones; default: every "
-        "stored layer, and for EAGLE-3 every one but N)",
+        help="vLLM layer ids to export, comma-separated (EAGLE-3: the auxiliary ones, 3 for SpecForge; "
+        "default: every stored layer, and for EAGLE-3 every one but N)",
     )
     p.add_argument(
         "--dtype",
         choices=DTYPES,
-        help="dtype of the exported hidden states (default: speculators stored, specforge bfloat16)",
+        help="dtype of the exported hidden states (default: speculators and modelopt stored, specforge bfloat16)",
+    )
+    p.add_argument(
+        "--prenorm",
+        action="store_true",
+        help="modelopt: write layer N as stored, before the final norm, with hidden_states_prenorm=True "
+        "(Model-Optimizer 0.46 and later then apply the norm, for the model types it knows)",
     )
     p.add_argument(
         "--keys",
@@ -122,6 +129,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             fsync=args.fsync,
             progress=progress,
             backend=args.backend,
+            prenorm=args.prenorm,
         )
     except FileNotFoundError as e:
         print(f"layertap export: {e.filename or args.path}: no such file or directory", file=sys.stderr)

@@ -1,5 +1,5 @@
 """The verifier's final norm, for exports whose trainer wants the last hidden state *after* it
-(SpecForge's EAGLE-3 ``hidden_state``), while layertap stores vLLM's layer id N, the last decoder
+(SpecForge's EAGLE-3 ``hidden_state``, Model-Optimizer's ``hidden_states``), while layertap stores vLLM's layer id N, the last decoder
 layer's output *before* it.
 
 The norm is transformers' own module of the model's family (``LlamaRMSNorm``,
@@ -24,15 +24,21 @@ def _text_config(config: Any) -> Any:
     return getattr(config, "text_config", None) or config
 
 
-def num_hidden_layers(model_dir: str) -> int:
-    """N, the number of decoder layers of the model in ``model_dir`` (its text model's)."""
+def model_dims(model_dir: str) -> tuple[int, int]:
+    """(N, hidden size) of the model in ``model_dir`` (its text model's): N its decoder layers."""
     from transformers import AutoConfig
 
     try:
         config = AutoConfig.from_pretrained(model_dir)
     except (OSError, ValueError) as e:
         raise InvalidInputError(f"--model {model_dir}: cannot read the model's config: {e}") from None
-    return int(_text_config(config).num_hidden_layers)
+    text = _text_config(config)
+    return int(text.num_hidden_layers), int(text.hidden_size)
+
+
+def num_hidden_layers(model_dir: str) -> int:
+    """N, the number of decoder layers of the model in ``model_dir`` (its text model's)."""
+    return model_dims(model_dir)[0]
 
 
 def _checkpoint_files(model_dir: str) -> dict[str, str]:
@@ -111,4 +117,4 @@ class FinalNorm:
             return self.module(states.float()).to(dtype)
 
 
-__all__ = ["FinalNorm", "num_hidden_layers"]
+__all__ = ["FinalNorm", "model_dims", "num_hidden_layers"]

@@ -1,4 +1,5 @@
-"""What an export writes for each row: the file layouts of speculators and SpecForge.
+"""What an export writes for each row: the file layouts of speculators, SpecForge and
+NVIDIA Model-Optimizer.
 
 Layer ids are vLLM's throughout (docs/CONNECTOR.md): for a model of N decoder layers, id k < N is
 the input of decoder layer k and id N the last decoder layer's output before the final norm.
@@ -15,6 +16,15 @@ layer j, vLLM's j + 1 (SpecForge's EAGLE-3 default ``[1, N//2-1, N-4]`` is vLLM'
   ``loss_mask`` int64 ``[S]``, ``aux_hidden_state`` ``[1, S, 3H]`` (three layers side by side)
   and ``hidden_state`` ``[1, S, H]`` (the last layer *after* the model's final norm); for
   DFlash ``input_ids``, ``loss_mask`` and ``hidden_states`` ``[1, S, K*H]``.
+- ``ModelOptLayout``: ``{root}/{row}.pt`` written with ``torch.save``, as Model-Optimizer's
+  ``examples/speculative_decoding/collect_hidden_states/compute_hidden_states_hf.py`` writes them
+  and ``modelopt.torch.speculative.eagle.utils.OfflineSupervisedDataset`` reads them (EAGLE-3
+  offline training): ``input_ids`` int64 ``[T]``, ``hidden_states`` ``[T, H]`` (layer N *after*
+  the final norm, transformers' ``hidden_states[-1]``; or before it, with
+  ``hidden_states_prenorm=True``, for Model-Optimizer 0.46 and later to apply the norm
+  themselves), ``aux_hidden_states`` ``[T, k*H]`` (the k auxiliary layers side by side, ascending),
+  ``loss_mask`` int64 ``[T]`` and ``conversation_id`` (the row, as a string).
+  Model-Optimizer numbers layers as SGLang does (its aux id j is the output of decoder layer j).
 """
 
 from __future__ import annotations
@@ -104,10 +114,28 @@ def specforge_ids(vllm_ids: list[int]) -> list[int]:
     return [i - 1 for i in vllm_ids]
 
 
+#: Model-Optimizer numbers layers as SGLang does: its aux id j is the output of decoder layer j.
+modelopt_ids = specforge_ids
+
+
+def modelopt_default_aux(num_layers: int) -> list[int]:
+    """Model-Optimizer's default EAGLE-3 aux layer ids for a model of ``num_layers`` decoder
+    layers, in its numbering (``hf_eagle.default_eagle_aux_layer_ids``: near the start, the
+    middle and the end, deduplicated for small models)."""
+    return sorted({1, max(0, num_layers // 2 - 1), max(0, num_layers - 4)})
+
+
+def _compact(t: Any) -> Any:
+    """``t`` in storage of its own: ``torch.save`` writes a view's whole storage."""
+    t = t.contiguous()
+    return t if t.untyped_storage().nbytes() == t.nbytes else t.clone()
+
+
 class SpeculatorsLayout:
     """speculators' cached hidden states: ``hs_{row}.safetensors`` under ``OUT/hidden_states``."""
 
     name = "speculators"
+    fills_loss_mask = False
 
     def __init__(
         self,
@@ -159,6 +187,7 @@ class SpecForgeLayout:
     """SpecForge's offline features: ``rows_{g}-{g+2000}/data_{row}.ckpt`` (EAGLE-3 or DFlash)."""
 
     name = "specforge"
+    fills_loss_mask = True
 
     def __init__(
         self,
@@ -255,8 +284,110 @@ class SpecForgeLayout:
         return buf.getvalue()
 
 
+class ModelOptLayout:
+    """Model-Optimizer's EAGLE-3 offline dumps: ``{row}.pt`` in ``OUT`` (its
+    ``offline_data_path``, which it searches for ``*.pt`` recursively)."""
+
+    name = "modelopt"
+    fills_loss_mask = True
+
+    def __init__(
+        self,
+        out: str,
+        layer_ids: list[int],
+        stored_dtype: Any,
+        *,
+        num_layers: int,
+        layers: list[int] | None = None,
+        dtype: str = "stored",
+        norm: Any = None,
+        prenorm: bool = False,
+    ):
+        self.root = out
+        self.dtype = _dtype(dtype, stored_dtype)
+        self.norm = None if prenorm else norm
+        if not prenorm and norm is None:
+            raise InvalidInputError("--to modelopt needs the final norm (--model) unless --prenorm")
+        if num_layers not in layer_ids:
+            raise InvalidInputError(
+                f"Model-Optimizer's hidden_states is the verifier's last layer: the dataset needs layer "
+                f"{num_layers} (N, the last decoder layer's output) but has {layer_ids}: generate with it "
+                f"(e.g. --layers 2,{num_layers // 2},{num_layers - 3},{num_layers})"
+            )
+        aux = [i for i in layer_ids if i != num_layers] if layers is None else layers
+        if not aux:
+            raise InvalidInputError(
+                f"the dataset holds only layer {num_layers} (N): EAGLE-3's aux_hidden_states need auxiliary "
+                f"layers, e.g. generate with --layers 2,{num_layers // 2},{num_layers - 3},{num_layers}"
+            )
+        # Ascending whatever --layers says: Model-Optimizer's capture scripts sort them, and its
+        # draft (forward hooks) and the serving engines collect them in layer order.
+        self.take = sorted(_pick(layer_ids, aux, ""), key=lambda i: layer_ids[i])
+        self.last = layer_ids.index(num_layers)
+        self.layer_ids = [layer_ids[i] for i in self.take]
+        if 0 in self.layer_ids:
+            raise InvalidInputError(
+                "vLLM layer 0 (the embeddings) is no decoder layer's output, which Model-Optimizer's aux "
+                "layers are: leave it out with --layers"
+            )
+        if max(self.layer_ids) > num_layers:
+            raise InvalidInputError(f"layer ids {self.layer_ids} exceed the model's {num_layers} layers")
+        self.prenorm = prenorm
+        ids = modelopt_ids(self.layer_ids)
+        default = modelopt_default_aux(num_layers)
+        config_note = (
+            "its default"
+            if ids == default
+            else f"not its default {default}: set eagle_architecture_config.eagle_aux_hidden_state_layer_ids"
+        )
+        last = "before the final norm, hidden_states_prenorm" if prenorm else f"after {norm.kind}"
+        self.describe = (
+            f"{{row}}.pt: input_ids, loss_mask, conversation_id, aux_hidden_states [T, {len(ids)}H] (vLLM "
+            f"layers {self.layer_ids} = Model-Optimizer {ids}, {config_note}), hidden_states [T, H] "
+            f"(layer {num_layers} {last})"
+        )
+        self.settings = {
+            "format": "modelopt",
+            "layer_ids": self.layer_ids,
+            "modelopt_layer_ids": ids,
+            "last_layer": num_layers,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "final_norm": "left to Model-Optimizer (hidden_states_prenorm)" if prenorm else norm.kind,
+        }
+
+    def relpath(self, row: int) -> str:
+        return f"{row}.pt"
+
+    def build(self, r: Row) -> dict:
+        import torch
+
+        ids = _compact(r.token_ids)
+        mask = torch.ones_like(ids) if r.loss_mask is None else r.loss_mask.to(torch.int64)
+        hs = r.hidden_states
+        aux = hs[:, self.take].reshape(hs.shape[0], -1).to(self.dtype)
+        last = hs[:, self.last].to(self.dtype) if self.norm is None else self.norm(hs[:, self.last], self.dtype)
+        tensors = {
+            "input_ids": ids,
+            "hidden_states": _compact(last),
+            "aux_hidden_states": _compact(aux),
+            "loss_mask": _compact(mask),
+            "conversation_id": str(r.row),
+        }
+        if self.prenorm:
+            tensors["hidden_states_prenorm"] = True
+        return tensors
+
+    def serialize(self, tensors: dict, row: int) -> bytes:
+        import torch
+
+        buf = io.BytesIO()
+        torch.save(tensors, buf)
+        return buf.getvalue()
+
+
 __all__ = [
     "DTYPES",
+    "ModelOptLayout",
     "RecordProblem",
     "Row",
     "SPECFORGE_GROUP",
@@ -264,5 +395,7 @@ __all__ = [
     "SpecForgeLayout",
     "SpeculatorsLayout",
     "check_record",
+    "modelopt_default_aux",
+    "modelopt_ids",
     "specforge_ids",
 ]

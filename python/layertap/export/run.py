@@ -15,6 +15,7 @@ from typing import Any
 from layertap.errors import InvalidInputError, LayertapError
 from layertap.export import files
 from layertap.export.layouts import (
+    ModelOptLayout,
     RecordProblem,
     Skip,
     SpecForgeLayout,
@@ -23,7 +24,7 @@ from layertap.export.layouts import (
 )
 from layertap.export.rows import Selection, select
 
-FORMATS = ("speculators", "specforge")
+FORMATS = ("speculators", "specforge", "modelopt")
 #: Problems listed one by one in the summary; the rest are counted.
 MAX_LISTED = 20
 
@@ -50,7 +51,8 @@ class ExportSummary:
     missing: int = 0
     duplicates: int = 0
     no_loss_mask: int = 0
-    """Rows exported with a loss mask of ones because their record had none (SpecForge)."""
+    """Rows exported with a loss mask of ones because their record had none (SpecForge,
+    Model-Optimizer)."""
     stale_temporaries: int = 0
     bytes_written: int = 0
     seconds: float = 0.0
@@ -83,10 +85,29 @@ def _first_record(ds: Any, sel: Selection) -> Any:
     return None
 
 
+def _final_norm(model: str, first: Any) -> Any:
+    """The final norm of ``model``, checked against the dataset's hidden size."""
+    from layertap.export.final_norm import FinalNorm
+
+    norm = FinalNorm(model)
+    hidden = first.tensors["hidden_states"].shape[-1]
+    if hidden != norm.hidden_size:
+        raise InvalidInputError(f"--model {model}: hidden size {norm.hidden_size}, the dataset's is {hidden}")
+    return norm
+
+
 def _layout(
-    fmt: str, out: str, first: Any, *, model: str | None, strategy: str, layers: list[int] | None, dtype: str | None
+    fmt: str,
+    out: str,
+    first: Any,
+    *,
+    model: str | None,
+    strategy: str,
+    layers: list[int] | None,
+    dtype: str | None,
+    prenorm: bool = False,
 ) -> Any:
-    from layertap.export.final_norm import FinalNorm, num_hidden_layers
+    from layertap.export.final_norm import model_dims, num_hidden_layers
 
     layer_ids = first.layer_ids
     if not layer_ids:
@@ -100,15 +121,30 @@ def _layout(
         if strategy == "eagle3":
             if not model:
                 raise InvalidInputError("--to specforge --strategy eagle3 needs --model MODEL_DIR (for the final norm)")
-            norm = FinalNorm(model)
+            norm = _final_norm(model, first)
             n = norm.num_hidden_layers
-            hidden = first.tensors["hidden_states"].shape[-1]
-            if hidden != norm.hidden_size:
-                raise InvalidInputError(f"--model {model}: hidden size {norm.hidden_size}, the dataset's is {hidden}")
         elif model:
             n = num_hidden_layers(model)
         return SpecForgeLayout(
             out, layer_ids, stored, strategy=strategy, layers=layers, dtype=dtype or "bfloat16", norm=norm, num_layers=n
+        )
+    if fmt == "modelopt":
+        if not model:
+            raise InvalidInputError(
+                "--to modelopt needs --model MODEL_DIR: hidden_states is layer N after the verifier's final "
+                "norm (with --prenorm, before it, the norm left to Model-Optimizer)"
+            )
+        if prenorm:
+            n, hidden = model_dims(model)
+            stored_hidden = first.tensors["hidden_states"].shape[-1]
+            if stored_hidden != hidden:
+                raise InvalidInputError(f"--model {model}: hidden size {hidden}, the dataset's is {stored_hidden}")
+            norm = None
+        else:
+            norm = _final_norm(model, first)
+            n = norm.num_hidden_layers
+        return ModelOptLayout(
+            out, layer_ids, stored, num_layers=n, layers=layers, dtype=dtype or "stored", norm=norm, prenorm=prenorm
         )
     raise InvalidInputError(f"--to must be one of {', '.join(FORMATS)}, not {fmt!r}")
 
@@ -150,9 +186,12 @@ def export(
     fsync: bool = True,
     progress: bool = False,
     backend: str = "auto",
+    prenorm: bool = False,
 ) -> ExportSummary:
     """Exports the layertap dataset ``source`` to ``out`` in the layout of trainer ``to``
-    (``"speculators"`` or ``"specforge"``), one file per row; see docs/TRAINING.md. Rows whose
+    (``"speculators"``, ``"specforge"`` or ``"modelopt"``), one file per row; see
+    docs/TRAINING.md. ``prenorm`` (Model-Optimizer): the last layer as stored, before the final
+    norm, flagged ``hidden_states_prenorm`` for Model-Optimizer to apply the norm. Rows whose
     file exists are left as they are, so a rerun continues an interrupted export. Raises
     ``InvalidInputError`` (or ``FileNotFoundError``/``FormatError`` for the source) when it
     cannot start; problems with single records are counted in the summary."""
@@ -165,6 +204,8 @@ def export(
         raise ImportError(
             f"layertap export needs torch and safetensors ({e}): pip install 'layertap[trainers]'"
         ) from None
+    if prenorm and to != "modelopt":
+        raise InvalidInputError("--prenorm is for --to modelopt")
     if limit is not None and limit < 0:
         raise InvalidInputError(f"--limit must be >= 0, not {limit}")
     workers = workers or min(8, os.cpu_count() or 1)
@@ -181,7 +222,7 @@ def export(
         first = _first_record(ds, sel)
         if first is None:
             raise InvalidInputError(f"{source}: none of the rows asked for with --keys has a record")
-        layout = _layout(to, out, first, model=model, strategy=strategy, layers=layers, dtype=dtype)
+        layout = _layout(to, out, first, model=model, strategy=strategy, layers=layers, dtype=dtype, prenorm=prenorm)
         summary = ExportSummary(
             ", ".join(os.path.abspath(p) for p in source)
             if isinstance(source, (list, tuple))
@@ -262,7 +303,7 @@ def _run(
         else:
             summary.written += 1
             summary.bytes_written += nbytes
-            summary.no_loss_mask += no_mask and layout.name == "specforge"
+            summary.no_loss_mask += no_mask and layout.fills_loss_mask
         if bar is not None:
             bar.update(1)
 
