@@ -174,6 +174,18 @@ impl Encoder {
         self.codec
     }
 
+    /// Capacity an output buffer needs for [`Encoder::encode_into`] to encode `total` bytes
+    /// into it without growing it: what a caller that recycles buffers asks for.
+    pub fn out_capacity(&self, total: usize) -> usize {
+        match self.codec {
+            Codec::None => total,
+            Codec::ExpHuf => crate::exphuf::out_capacity(total),
+            // zstd's bound, plus the room `feed` and `finish` keep free before each call (else
+            // a payload that nears the bound would double the buffer for its last bytes).
+            Codec::Zstd | Codec::Bp16Zstd => zstd::zstd_safe::compress_bound(total) + OUT_STEP,
+        }
+    }
+
     /// Encodes a blob given as pieces (its header, then each tensor's bytes): returns the stored
     /// payload. For `none` this concatenates; callers that can write the pieces directly should
     /// do so instead. `two_byte` lists, for each piece, whether it is a 2-byte tensor (the header
@@ -185,7 +197,8 @@ impl Encoder {
     }
 
     /// Like [`Encoder::encode`], writing the payload into `out` (cleared first), whose
-    /// allocation is reused.
+    /// allocation is reused: it grows only if its capacity is less than
+    /// [`Encoder::out_capacity`] (`reserve_exact` reallocates only then).
     pub fn encode_into(
         &mut self,
         pieces: &[&[u8]],
@@ -194,12 +207,13 @@ impl Encoder {
     ) -> Result<()> {
         out.clear();
         let total: usize = pieces.iter().map(|p| p.len()).sum();
+        let capacity = self.out_capacity(total);
         let codec = self.codec;
         if codec == Codec::ExpHuf {
             return crate::exphuf::encode(pieces, out).map_err(|e| codec_err(codec, e));
         }
         let Some(cctx) = self.zstd.as_mut() else {
-            out.reserve_exact(total);
+            out.reserve_exact(capacity);
             for p in pieces {
                 out.extend_from_slice(p);
             }
@@ -209,7 +223,7 @@ impl Encoder {
             .map_err(|e| zstd_err(codec, e))?;
         cctx.set_pledged_src_size(Some(total as u64))
             .map_err(|e| zstd_err(codec, e))?;
-        out.reserve_exact(zstd::zstd_safe::compress_bound(total));
+        out.reserve_exact(capacity);
         for (i, piece) in pieces.iter().enumerate() {
             let split = codec == Codec::Bp16Zstd && two_byte.get(i).copied().unwrap_or(false);
             if !split || piece.len() % 2 != 0 {
@@ -486,6 +500,41 @@ mod tests {
                     raw,
                     "{codec}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn a_buffer_of_out_capacity_is_never_grown() {
+        // Random bytes take zstd's payload near its bound; bf16 ones exp-huf's codes near their
+        // longest. A recycled buffer must be filled where it is, never reallocated.
+        let n = (1 << 20) + 3;
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let random: Vec<u8> = (0..2 * n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 24) as u8
+            })
+            .collect();
+        let zeros = vec![0u8; 2 * n];
+        let specs = vec![TensorSpec {
+            name: "h".into(),
+            dtype: Dtype::BF16,
+            shape: vec![n as u64],
+        }];
+        let header = build_header(&specs, &BTreeMap::new()).unwrap();
+        for codec in Codec::ALL {
+            let mut enc = Encoder::new(codec, 1).unwrap();
+            let mut out = Vec::with_capacity(enc.out_capacity(header.len() + 2 * n));
+            let (at, cap) = (out.as_ptr(), out.capacity());
+            for data in [&random, &zeros, &random] {
+                enc.encode_into(&[&header, data], &[false, true], &mut out)
+                    .unwrap();
+                assert_eq!((out.as_ptr(), out.capacity()), (at, cap), "{codec}");
+                let raw = [&header[..], data].concat();
+                assert_eq!(decode(codec, &out, raw.len() as u64).unwrap().blob, raw);
             }
         }
     }

@@ -194,10 +194,11 @@ fn e4m3_value(b: u8) -> f32 {
 }
 
 /// A quantized tensor: the e4m3 bytes, the scales (`f32`, little-endian) and the error
-/// statistics' metadata entries.
-pub struct Quantized {
+/// statistics' metadata entries. `V` holds the values: a `Vec<u8>`, or a buffer of the caller's
+/// ([`quantize_into`]).
+pub struct Quantized<V = Vec<u8>> {
     /// One byte per element, the input's shape.
-    pub values: Vec<u8>,
+    pub values: V,
     /// One little-endian `f32` per token.
     pub scales: Vec<u8>,
     /// `fp8_max_rel_err`, `fp8_mean_rel_err`, `fp8_rms_rel_err`, formatted (`%.6g`).
@@ -231,6 +232,17 @@ fn to_f32_into(dtype: Dtype, data: &[u8], out: &mut Vec<f32>) {
 
 /// Quantizes `data`, a `[tokens, ...]` tensor of `dtype` (one of `quantizable`'s).
 pub fn quantize(dtype: Dtype, data: &[u8], tokens: usize) -> Result<Quantized> {
+    quantize_into(dtype, data, tokens, Vec::new())
+}
+
+/// Like [`quantize`], writing the values into `values` (cleared first), whose allocation is
+/// reused: the writer's compression threads recycle record-sized buffers (`writer/out_pool.rs`).
+pub fn quantize_into<V: AsMut<Vec<u8>>>(
+    dtype: Dtype,
+    data: &[u8],
+    tokens: usize,
+    mut values: V,
+) -> Result<Quantized<V>> {
     if !quantizable(dtype) {
         return Err(Error::invalid(format!(
             "lossy='fp8-e4m3' quantizes BF16, F16 or F32 hidden_states, not {dtype:?}"
@@ -240,7 +252,9 @@ pub fn quantize(dtype: Dtype, data: &[u8], tokens: usize) -> Result<Quantized> {
     let count = data.len() / size;
     let per_token = count.checked_div(tokens).unwrap_or(0);
     let mut x: Vec<f32> = Vec::with_capacity(per_token);
-    let mut values = Vec::with_capacity(count);
+    let out = values.as_mut();
+    out.clear();
+    out.reserve_exact(count);
     let mut scales = Vec::with_capacity(4 * tokens);
     let mut stats = ErrorSums::default();
     let mut nan = false;
@@ -261,17 +275,17 @@ pub fn quantize(dtype: Dtype, data: &[u8], tokens: usize) -> Result<Quantized> {
             1.0
         };
         scales.extend_from_slice(&scale.to_le_bytes());
-        let start = values.len();
+        let start = out.len();
         if row_nan {
-            values.extend(row.iter().map(|&v| e4m3_from_f32(v / scale)));
+            out.extend(row.iter().map(|&v| e4m3_from_f32(v / scale)));
             continue;
         }
         // Each value in f32, as torch computes it: x / scale, clamped, rounded.
-        values.extend(
+        out.extend(
             row.iter()
                 .map(|&v| e4m3_finite((v / scale).clamp(-E4M3_MAX, E4M3_MAX))),
         );
-        stats.add(row, &values[start..], scale);
+        stats.add(row, &out[start..], scale);
     }
     let ErrorSums {
         mut max_rel,

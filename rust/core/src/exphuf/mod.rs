@@ -55,6 +55,13 @@ fn gather<'a>(
     scratch
 }
 
+/// Capacity of an output buffer that [`encode`] does not grow for a blob of `total` bytes of a
+/// few tensors: `encode` reserves room for every coded element at its longest, `max_bits` (bf16
+/// 18 of its 16 bits, the most of any dtype; f32 34 of 32), and each tensor adds its tables.
+pub fn out_capacity(total: usize) -> usize {
+    total / 16 * block::max_bits::<2>() as usize + (64 << 10)
+}
+
 /// Encodes a blob given as pieces (any split; the writers give the header, then each tensor's
 /// bytes) into `out` (cleared first). `Err` says why the pieces are not a blob.
 pub fn encode(pieces: &[&[u8]], out: &mut Vec<u8>) -> Result<(), String> {

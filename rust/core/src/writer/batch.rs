@@ -27,7 +27,8 @@ impl Placed {
 /// What an op's iovecs point into.
 enum Memory {
     /// The frame header bytes and payloads of the frames written (codec `none`: the caller's
-    /// buffers themselves).
+    /// buffers themselves; else buffers of the writer's output pool, which they return to when
+    /// the op is dropped).
     Frames(#[allow(dead_code)] Vec<(Vec<u8>, Payload)>),
     /// A bounce buffer the bytes were copied into (direct I/O).
     Staged(AlignedBuf),
@@ -56,9 +57,11 @@ pub(crate) struct WriteOp {
     memory: Memory,
 }
 
-// SAFETY: the raw pointers in `iov` point into heap memory owned by `memory` (Vec buffers, boxed
-// caller buffers, an aligned allocation), which does not move when the op moves, so sending the
-// op to another thread moves the owners along with the pointers.
+// SAFETY: the raw pointers in `iov` point into heap memory owned by `memory` (Vec buffers, pooled
+// ones included, boxed caller buffers, an aligned allocation), which does not move when the op
+// moves, so sending the op to another thread moves the owners along with the pointers. A pooled
+// buffer goes back to its pool only when the op is dropped, i.e. once the engine is done with
+// it (`io/mod.rs`), so no worker can write into memory a write still reads.
 unsafe impl Send for WriteOp {}
 
 impl WriteOp {

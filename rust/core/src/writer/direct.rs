@@ -226,10 +226,12 @@ mod tests {
     use super::*;
     use crate::format::{FrameHeader, FrameKind};
     use crate::writer::encoded::Payload;
+    use crate::writer::out_pool::OutPool;
     use crate::Codec;
 
     fn frame(seq: u64, len: usize) -> Encoded {
-        let payload: Vec<u8> = (0..len).map(|i| (i * 7 + seq as usize) as u8).collect();
+        let mut payload = OutPool::new(0, 0).take(len); // a pool that keeps nothing
+        payload.extend((0..len).map(|i| (i * 7 + seq as usize) as u8));
         let header = FrameHeader {
             kind: FrameKind::Record,
             codec: Codec::Zstd,

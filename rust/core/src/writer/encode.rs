@@ -1,15 +1,17 @@
 //! The compression workers (`layertap-zstd-N` threads): each takes checked records, encodes
-//! the payload (or, for codec `none`, only checksums the caller's buffers), builds the frame
-//! header, and hands the result to the I/O thread.
+//! the payload (or, for codec `none`, only checksums the caller's buffers) into a buffer of the
+//! writer's [`OutPool`], builds the frame header, and hands the result to the I/O thread.
 
 use super::encoded::{Encoded, Payload, ToIo};
 use super::input::Prepared;
 use super::lossy;
+use super::out_pool::OutPool;
 use super::state::Shared;
 use crate::codec::{Codec, Encoder};
 use crate::error::Result;
 use crate::format::{self, FrameHeader, FrameKind};
 use crossbeam_channel::{Receiver, Sender};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// A record queued for a worker.
@@ -25,6 +27,7 @@ pub(crate) fn run_worker(
     jobs: Receiver<Job>,
     to_io: Sender<ToIo>,
     shared: &Shared,
+    pool: &Arc<OutPool>,
 ) {
     let mut encoder = Encoder::new(codec, level);
     for mut job in &jobs {
@@ -34,8 +37,8 @@ pub(crate) fn run_worker(
         let result = match encoder.as_mut() {
             // A panic must not lose the record silently: the I/O thread waits for every seq.
             Ok(enc) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                lossy::apply(&mut job.rec)?;
-                encode(enc, job)
+                lossy::apply(&mut job.rec, pool)?;
+                encode(enc, job, pool)
             }))
             .unwrap_or_else(|_| Err(codec_error(codec, "encoder panicked".into()))),
             Err(e) => Err(codec_error(codec, e.to_string())),
@@ -62,7 +65,7 @@ fn codec_error(codec: Codec, reason: String) -> crate::Error {
     }
 }
 
-fn encode(enc: &mut Encoder, job: Job) -> Result<Encoded> {
+fn encode(enc: &mut Encoder, job: Job, pool: &Arc<OutPool>) -> Result<Encoded> {
     let Prepared {
         key,
         blob_header,
@@ -93,7 +96,8 @@ fn encode(enc: &mut Encoder, job: Job) -> Result<Encoded> {
         let mut flags = Vec::with_capacity(pieces.len());
         flags.push(false);
         flags.extend_from_slice(&two_byte);
-        let mut out = Vec::new();
+        let total = pieces.iter().map(|p| p.len()).sum();
+        let mut out = pool.take(enc.out_capacity(total));
         enc.encode_into(&pieces, &flags, &mut out)?;
         drop(pieces);
         drop(tensors); // the caller's buffers are no longer needed

@@ -5,6 +5,7 @@
 
 use super::aligned::AlignedBuf;
 use super::input::TensorInput;
+use super::out_pool::PooledBuf;
 use crate::error::Error;
 use crate::format::{self, FrameHeader};
 use crossbeam_channel::Sender;
@@ -29,8 +30,9 @@ pub(crate) enum Payload {
         blob_header: Vec<u8>,
         tensors: Vec<TensorInput>,
     },
-    /// The encoded payload (the caller's buffers are already released).
-    Owned(Vec<u8>),
+    /// The encoded payload (the caller's buffers are already released), in a buffer that goes
+    /// back to the writer's pool when this is dropped.
+    Owned(PooledBuf),
 }
 
 /// A record ready to be written: frame header and payload.

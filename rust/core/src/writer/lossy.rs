@@ -1,16 +1,19 @@
 //! The compression threads' lossy stage (`WriterConfig::lossy`): quantizes a prepared record's
 //! `hidden_states` ([`crate::fp8`]), puts the scales tensor after it, adds the error statistics
 //! to the metadata and builds the header the record is stored with. On the compression threads,
-//! not the submitting one: the vLLM connector submits from the engine thread.
+//! not the submitting one: the vLLM connector submits from the engine thread. The fp8 values
+//! go into a buffer of the writer's [`OutPool`], recycled like the encoded payloads.
 
 use super::input::{LossyPlan, Prepared, TensorInput};
+use super::out_pool::OutPool;
 use crate::blob::{self, TensorSpec};
 use crate::dtype::Dtype;
 use crate::error::Result;
 use crate::fp8;
+use std::sync::Arc;
 
 /// Applies `rec`'s lossy plan, if it has one; afterwards `rec.raw_len` is its stored length.
-pub(crate) fn apply(rec: &mut Prepared) -> Result<()> {
+pub(crate) fn apply(rec: &mut Prepared, pool: &Arc<OutPool>) -> Result<()> {
     let Some(LossyPlan {
         lossy,
         index,
@@ -21,10 +24,14 @@ pub(crate) fn apply(rec: &mut Prepared) -> Result<()> {
     };
     let source = &rec.tensors[index];
     let tokens = source.spec.shape[0];
-    let quantized = fp8::quantize(
+    let data = source.data.bytes();
+    // One byte per element.
+    let values = pool.take(data.len() / source.spec.dtype.size());
+    let quantized = fp8::quantize_into(
         source.spec.dtype,
-        source.data.bytes(),
+        data,
         usize::try_from(tokens).unwrap_or(usize::MAX),
+        values,
     )?;
     let values = TensorSpec {
         dtype: Dtype::F8_E4M3,
