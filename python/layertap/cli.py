@@ -16,6 +16,7 @@ import re
 import sys
 from typing import Any
 
+from layertap._text import human_bytes, plural, problem_line
 from layertap._types import Problem
 from layertap.errors import LayertapError
 
@@ -26,30 +27,6 @@ PROGRESS_MIN_BYTES = 1 << 30
 
 class _Usage(Exception):
     """The command cannot run; the message is printed and the exit status is 2."""
-
-
-def human_bytes(n: int | None) -> str:
-    """``n`` bytes in B, KiB, MiB, GiB or TiB."""
-    if n is None:
-        return "-"
-    if n < 1024:
-        return f"{n} B"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
-        value /= 1024
-        if value < 1024 or unit == "PiB":
-            return f"{value:.1f} {unit}"
-    raise AssertionError("unreachable")
-
-
-def problem_line(p: Problem) -> str:
-    """One line naming a problem: kind, shard, offset, key and reason."""
-    where = p.shard
-    if p.offset is not None:
-        where += f" offset {p.offset}"
-    if p.key is not None:
-        where += f" key {p.key!r}"
-    return f"{p.kind}: {where}: {p.message}"
 
 
 def _listed_in(e: FileNotFoundError) -> str:
@@ -188,10 +165,6 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n:,} {word}{'' if n == 1 else 's'}"
-
-
 #: ``inspect`` fits its table in this many columns: shard names are shortened in the middle
 #: (``--json`` has them whole), and columns whose value all shards share move to the summary.
 TABLE_WIDTH = 100
@@ -276,8 +249,8 @@ def inspect_table(summary: dict) -> str:
         row + [_tail(sum(s["torn_tail_bytes"] for s in shards))] * torn + [_cell(summary["lost_in_recovery"])] * lost
     )
     title = (
-        f"{summary['path']}: {_plural(len(shards), 'shard')}{f' ({counts})' if counts else ''}, "
-        f"{_plural(summary['records'], 'record')}, {_plural(summary['tokens'], 'token')}, "
+        f"{summary['path']}: {plural(len(shards), 'shard')}{f' ({counts})' if counts else ''}, "
+        f"{plural(summary['records'], 'record')}, {plural(summary['tokens'], 'token')}, "
         f"{human_bytes(summary['file_bytes'])} on disk"
     )
     shared = [
@@ -293,10 +266,10 @@ def inspect_table(summary: dict) -> str:
     out = [title]
     if len(summary.get("parts", [])) > 1 or summary.get("manifest"):
         listed = f" (manifest {summary['manifest']})" if summary.get("manifest") else ""
-        out.append(f"{_plural(len(summary['parts']), 'part')}{listed}")
+        out.append(f"{plural(len(summary['parts']), 'part')}{listed}")
     if summary.get("duplicate_keys"):
         out.append(
-            f"{_plural(summary['duplicate_keys'], 'duplicate key')}: the first record of each key in "
+            f"{plural(summary['duplicate_keys'], 'duplicate key')}: the first record of each key in "
             "dataset order is the key's record (layertap verify lists them)"
         )
     if summary["layer_ids"] is not None:
@@ -376,13 +349,13 @@ def cmd_verify(args) -> int:
         where = f" of {parts} parts" if parts > 1 else ""
         allowed = ""
         if report.duplicates:
-            allowed = f"; {_plural(len(report.duplicates), 'duplicate key')} allowed (the first record of each counts)"
+            allowed = f"; {plural(len(report.duplicates), 'duplicate key')} allowed (the first record of each counts)"
         lost = report.lost_in_recovery
         print(
             f"{verdict}: {name}: {report.records_ok:,} records ok, {report.records_bad:,} bad, "
             f"{len(report.problems)} problem{'s' if len(report.problems) != 1 else ''} in {shards} "
             f"shard{'s' if shards != 1 else ''}{where}{allowed}"
-            + (f"; {_plural(lost, 'damaged part')} lost in an earlier recovery" if lost else "")
+            + (f"; {plural(lost, 'damaged part')} lost in an earlier recovery" if lost else "")
         )
     return 0 if report.ok else 1
 
