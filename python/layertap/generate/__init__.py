@@ -8,7 +8,7 @@ Modules: ``data`` (reading rows), ``render`` (rows to token ids), ``model`` (the
 and layer ids), ``capture`` (what vLLM can record of the model, checked before it is imported;
 ``vllm_source`` reads vLLM's model classes from its source), ``resume`` (what the output
 directory holds), ``engine`` (the vLLM loop), ``progress``, ``summary``, ``vllm_log`` (where vLLM's
-log goes), ``command`` (the command line) and ``run`` (the whole run). vLLM and transformers are imported only when a run starts,
+log goes), and ``run`` (the whole run); the command line is ``layertap.cli.generate``. vLLM and transformers are imported only when a run starts,
 after the checks that need neither.
 """
 
