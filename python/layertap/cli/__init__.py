@@ -17,20 +17,12 @@ import argparse
 import os
 import sys
 
+from layertap._version import __version__
 from layertap.cli import export, generate, inspect, recover, verify
 from layertap.cli.common import UsageError
 
 #: The subcommands, in the order ``layertap --help`` lists them: first the one that makes a dataset.
 SUBCOMMANDS = (generate, inspect, verify, recover, export)
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("layertap")
-    except PackageNotFoundError:  # a source tree without installed metadata
-        return "0+unknown"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Generate hidden-states datasets with vLLM, inspect, verify and recover them, and export them "
         "for the drafter trainers speculators and SpecForge.",
     )
-    parser.add_argument("--version", action="version", version=f"layertap {_version()}")
+    parser.add_argument("--version", action="version", version=f"layertap {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in SUBCOMMANDS:
         command.add_parser(sub)

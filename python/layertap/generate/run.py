@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from layertap._version import __version__
 from layertap.generate import vllm_log
 from layertap.generate.capture import check_capture, check_served, require_vllm
 from layertap.generate.data import BadRow, open_rows
@@ -106,11 +107,9 @@ def _until_usable(items: Iterator) -> tuple[list[BadRow], Iterator | None]:
 
 
 def _versions() -> dict[str, str]:
-    import vllm
+    import vllm  # here: loaded already by the checks (importing it takes 10-20 s of CPU)
 
-    import layertap
-
-    return {"layertap_version": layertap.__version__, "vllm_version": getattr(vllm, "__version__", "")}
+    return {"layertap_version": __version__, "vllm_version": getattr(vllm, "__version__", "")}
 
 
 def _in_process(llm: Any) -> bool:
