@@ -72,9 +72,11 @@ test: test-rust test-python ## Run every test (Rust and Python)
 PY_SOURCES := python tests benches
 
 .PHONY: lint
-lint: venv ## Check Python (ruff) and Rust (rustfmt, clippy) style and lints
+lint: venv ## Check Python (ruff, the import layers) and Rust (rustfmt, clippy) style and lints
 	$(BIN)/ruff check $(PY_SOURCES)
 	$(BIN)/ruff format --check $(PY_SOURCES)
+	@# The contracts in pyproject.toml, on this tree's python/ (not an installed copy); no cache: it takes a second.
+	PYTHONPATH=python $(BIN)/lint-imports --no-cache
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
 

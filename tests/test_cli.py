@@ -16,6 +16,7 @@ from helpers import (
     flip_bit,
     payload_offset,
     run_cli,
+    run_python,
     shard_files,
     subprocess_env,
     write_records,
@@ -246,13 +247,27 @@ def test_inspect_shows_shards_being_written(tmp_path):
         child.release()
 
 
-def test_human_bytes():
-    from layertap.cli import human_bytes
+def test_human_bytes_and_plural():
+    from layertap._text import human_bytes, plural
 
     assert human_bytes(0) == "0 B" and human_bytes(1023) == "1023 B"
     assert human_bytes(1024) == "1.0 KiB" and human_bytes(1536) == "1.5 KiB"
     assert human_bytes(5 << 20) == "5.0 MiB" and human_bytes(3 << 30) == "3.0 GiB"
     assert human_bytes(None) == "-"
+    assert plural(1, "shard") == "1 shard" and plural(0, "shard") == "0 shards"
+    assert plural(1200, "record") == "1,200 records"
+
+
+def test_import_layertap_loads_no_command_line():
+    """The library (``import layertap``, ``layertap.generate``) loads none of the command line's
+    modules: the text helpers that generate's progress and summary share with it are a module
+    below both (issue 22). (argparse itself may be loaded: crc32c imports it.)"""
+    proc = run_python(
+        "import json, sys, layertap\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m == 'layertap.cli' or m.startswith('layertap.cli.'))))"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == []
 
 
 @pytest.mark.parametrize("args", [["inspect", "--json"], ["inspect"], ["verify", "--json"]])

@@ -17,7 +17,7 @@ from layertap._py import exphuf as py_encoder
 from layertap._spec import exphuf as py_decoder
 from layertap._spec.blob import build_header
 from layertap._spec.format import FormatProblem
-from layertap.cli import inspect_summary, inspect_table
+from layertap.cli.inspect import inspect_summary, inspect_table
 from layertap.errors import CorruptRecordError, InvalidInputError, OptionError
 
 

@@ -14,7 +14,7 @@ import pytest
 
 import layertap
 from helpers import make_tensors
-from layertap.cli import human_bytes
+from layertap._text import human_bytes
 from layertap.generate.progress import EngineTotals, Progress, ShardFollower
 
 

@@ -25,6 +25,7 @@ from layertap._types import (
     ShardInfo,
     VerifyReport,
 )
+from layertap._version import __version__ as __version__
 from layertap.errors import (
     CorruptRecordError,
     DuplicateKeyError,
@@ -44,13 +45,6 @@ from layertap.writer import ShardWriter
 
 if TYPE_CHECKING:
     from layertap._py.writer import PyShardWriter
-
-try:
-    from importlib.metadata import version as _version
-
-    __version__ = _version("layertap")
-except Exception:  # pragma: no cover - running from a source tree without metadata
-    __version__ = "0+unknown"
 
 
 def __getattr__(name: str) -> Any:

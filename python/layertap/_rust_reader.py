@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from layertap import _native
+from layertap._native import NativeShardReader, is_being_written
 from layertap._types import IndexEntry, Problem
 from layertap.errors import FormatError
 
@@ -33,7 +33,7 @@ class RustShardReader:
 
     def __init__(self, path: str | os.PathLike, *, probe_lock: bool = True):
         self.path = os.fspath(path)
-        native = _native.NativeShardReader(self.path)
+        native = NativeShardReader(self.path)
         self._native = native
         self.complete: bool = native.complete
         self.file_bytes: int = native.file_bytes
@@ -54,7 +54,7 @@ class RustShardReader:
             Problem(self.path, offset, key, kind, message) for kind, offset, key, message in native.problems
         ]
         self.entries: list[IndexEntry] = [IndexEntry(*row) for row in native.entries()]
-        self.being_written: bool = _native.is_being_written(self.path) if probe_lock else False
+        self.being_written: bool = is_being_written(self.path) if probe_lock else False
 
     def read(
         self, i: int, verify: bool = True

@@ -18,6 +18,8 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from layertap.reader import open as open_dataset
+
 DATA = Path(__file__).resolve().parent / "demo_data" / "chat.jsonl"
 
 
@@ -85,9 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         if status:
             return status
 
-    import layertap
-
-    with layertap.open(dataset) as ds:
+    with open_dataset(dataset) as ds:
         rec = ds["7"]
         print(
             f"record of row 7: {rec}\n  layer_ids {rec.layer_ids}, metadata row={rec.metadata['row']!r}, "

@@ -24,10 +24,10 @@ def recover(path: str | os.PathLike) -> RecoverReport:
     cannot be opened, and ``WriterIOError`` if truncating, writing or fsyncing fails.
     """
     # Imported here so that ``import layertap`` works without the extension built.
-    from layertap import _native
+    from layertap._native import recover as native_recover
 
     path = os.fspath(path)
-    d = _native.recover(path)
+    d = native_recover(path)
     return RecoverReport(
         path=d["path"],
         was_complete=d["was_complete"],

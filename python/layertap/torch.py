@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-import layertap
 from layertap._tensors import to_torch
 from layertap.errors import LayertapError, RecordNotFoundError
+from layertap.reader import open as open_dataset
 
 _ERRORS = ("raise", "skip")
 
@@ -80,7 +80,7 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
         fork, so that each process reads through its own memory maps and file descriptors."""
         if self._ds is not None and self._pid == os.getpid():
             return self._ds
-        self._ds = layertap.open(self.path, backend=self.backend, tensors="torch")
+        self._ds = open_dataset(self.path, backend=self.backend, tensors="torch")
         self._pid = os.getpid()
         # Where each key's record is: (shard backend, its position there); the first record of a
         # key in dataset order, as ``Dataset[key]`` finds it.

@@ -18,7 +18,7 @@ import torch
 from generate_support import TINY_ENGINE_ARGS, Child, chat_rows, generate_cmd, id_rows, write_jsonl
 
 import layertap
-from layertap.cli import human_bytes
+from layertap._text import human_bytes
 from vllm_support import VLLM_WARNINGS, assert_hidden_states_match, pytest_env
 
 pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]

@@ -12,6 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from layertap._version import __version__
 from layertap.errors import InvalidInputError, LayertapError
 from layertap.export import files
 from layertap.export.layouts import (
@@ -23,6 +24,7 @@ from layertap.export.layouts import (
     check_record,
 )
 from layertap.export.rows import Selection, select
+from layertap.reader import open as open_dataset
 
 FORMATS = ("speculators", "specforge", "modelopt")
 #: Problems listed one by one in the summary; the rest are counted.
@@ -195,8 +197,6 @@ def export(
     file exists are left as they are, so a rerun continues an interrupted export. Raises
     ``InvalidInputError`` (or ``FileNotFoundError``/``FormatError`` for the source) when it
     cannot start; problems with single records are counted in the summary."""
-    import layertap
-
     try:
         import safetensors  # noqa: F401 - asked here to fail before any work, with one line
         import torch  # noqa: F401
@@ -212,7 +212,7 @@ def export(
     if workers < 1:
         raise InvalidInputError(f"--workers must be >= 1, not {workers}")
     started = time.monotonic()
-    with layertap.open(source, backend=backend, tensors="torch") as ds:
+    with open_dataset(source, backend=backend, tensors="torch") as ds:
         sel = select(ds.keys(), keys, limit)
         if not sel.rows and not sel.missing:
             raise InvalidInputError(
@@ -245,7 +245,7 @@ def export(
             info = {
                 "source": summary.source,
                 "model": os.path.abspath(model) if model else None,
-                "layertap_version": layertap.__version__,
+                "layertap_version": __version__,
             }
             files.check_manifest(layout.root, layout.settings, info, fsync)
             todo = []

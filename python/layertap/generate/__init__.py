@@ -4,21 +4,74 @@
 is callable, so that this name can be both the function and the package of its modules:
 ``layertap.generate(...)`` and ``from layertap.generate import generate`` are the same call.
 
-Modules: ``data`` (reading rows), ``render`` (rows to token ids), ``model`` (the model's facts
-and layer ids), ``capture`` (what vLLM can record of the model, checked before it is imported;
-``vllm_source`` reads vLLM's model classes from its source), ``resume`` (what the output
-directory holds), ``engine`` (the vLLM loop), ``progress``, ``summary``, ``vllm_log`` (where vLLM's
-log goes), ``command`` (the command line) and ``run`` (the whole run). vLLM and transformers are imported only when a run starts,
-after the checks that need neither.
+Modules, each importing only those after it: ``parallel`` (a run of many engines: their parts of
+``out``, the rows dealt out, one progress and one summary), ``local`` and ``ray_engines`` (the
+engines' processes on this machine, ``worker`` being one, or Ray tasks), ``run`` (one engine's run:
+every input checked, then the engine over the rows not done); and what a run is made of: ``data``
+(reading rows), ``render`` (rows to token ids), ``model`` (the model's facts and layer ids),
+``capture`` (what vLLM can record of the model, checked before it is imported; ``vllm_source``
+reads vLLM's model classes from its source), ``resume`` (what the output directory holds),
+``engine`` (the vLLM loop), ``progress``, ``summary``, ``vllm_log`` (where vLLM's log goes). The
+command line is ``layertap.cli.generate``. vLLM and transformers are imported only when a run
+starts, after the checks that need neither.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 
 from layertap.generate.errors import GenerateError
-from layertap.generate.run import generate
+from layertap.generate.parallel import generate_parallel, wants_parallel
+from layertap.generate.run import check_options, run_one
+
+
+def generate(
+    model: str,
+    data: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    layers: str | list[int] | None = None,
+    max_tokens: int = 1,
+    include_output_tokens: bool = False,
+    max_len: int | None = None,
+    limit: int | None = None,
+    engine_args: dict | str | None = None,
+    sampling_args: dict | str | None = None,
+    connector_args: dict | str | None = None,
+    progress: str = "auto",
+    progress_interval: float = 10.0,
+    data_parallel_size: int | None = None,
+    ray_address: str | None = None,
+    capture: str = "method",
+) -> dict:
+    """Writes the hidden states of every row of ``data`` into ``out`` and returns the summary
+    (docs/GENERATE.md lists its fields). Raises GenerateError, before the engine starts, for bad
+    input. Rerunning with the same ``out`` resumes: rows whose records exist are skipped.
+
+    ``data_parallel_size`` runs that many engines, each writing a part of ``out`` (docs/SCALE.md);
+    ``ray_address`` runs them on a Ray cluster. An ``out`` that holds such parts is resumed as a
+    whole, whatever the number of engines."""
+    options = {
+        "model": model,
+        "data": os.fspath(data),
+        "out": os.fspath(out),
+        "layers": layers,
+        "max_tokens": max_tokens,
+        "include_output_tokens": include_output_tokens,
+        "max_len": max_len,
+        "limit": limit,
+        "engine_args": engine_args,
+        "sampling_args": sampling_args,
+        "connector_args": connector_args,
+        "progress": progress,
+        "progress_interval": progress_interval,
+        "capture": capture,
+    }
+    if wants_parallel(options["out"], data_parallel_size, ray_address):
+        return generate_parallel(options, data_parallel_size, ray_address)
+    return run_one(check_options(options))
 
 
 class _CallableModule(types.ModuleType):

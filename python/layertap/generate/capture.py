@@ -11,6 +11,7 @@ from typing import Any
 from layertap.generate import vllm_source
 from layertap.generate.errors import GenerateError
 from layertap.vllm.config import CAPTURE_MODES
+from layertap.vllm.models import ENV_VAR, FAMILIES, IN_MODEL_FAMILIES, architectures_from_env
 
 INSTALL_VLLM = "pip install 'layertap[vllm]'"
 
@@ -26,8 +27,6 @@ def check_capture(capture: Any, architectures: list[str]) -> str:
     if capture not in CAPTURE_MODES:
         raise GenerateError(f"--capture must be one of {', '.join(CAPTURE_MODES)}, got {capture!r}")
     if capture == "in-model":
-        from layertap.vllm.models import IN_MODEL_FAMILIES
-
         uncovered = [a for a in architectures if a not in IN_MODEL_FAMILIES] or (not architectures and ["?"])
         if uncovered:
             raise GenerateError(
@@ -40,8 +39,6 @@ def check_capture(capture: Any, architectures: list[str]) -> str:
 def _plugin_architectures() -> list[str]:
     """The architectures ``LAYERTAP_EAGLE3`` turns the plugin on for (vLLM reads it in the
     engine's processes, which inherit this environment)."""
-    from layertap.vllm.models import ENV_VAR, architectures_from_env
-
     try:
         return architectures_from_env()
     except ValueError as e:  # an unknown name would stop vLLM at start-up
@@ -62,8 +59,6 @@ def check_served(
     Transformers backend (which records decoder layers' outputs, ids 1 to N, and looks up the
     output of layer ``k - 1`` for id ``k``). ``--capture in-model`` uses the plugin's classes,
     which ``check_capture`` checks. Nothing is refused where vLLM's source does not say."""
-    from layertap.vllm.models import ENV_VAR, FAMILIES, IN_MODEL_FAMILIES
-
     plugin = _plugin_architectures()
     if capture != "method":
         return

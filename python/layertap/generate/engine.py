@@ -24,6 +24,8 @@ import numpy as np
 
 from layertap.generate.data import BadRow
 from layertap.generate.errors import GenerateError
+from layertap.vllm.config import ConfigError, parse_options
+from layertap.vllm.models import IN_MODEL_ENV_VAR, register_in_model
 
 #: ``LLM`` arguments that generate sets itself.
 RESERVED_ENGINE_ARGS = ("model", "speculative_config", "kv_transfer_config")
@@ -78,8 +80,6 @@ def check_json_object(value: Any, option: str) -> dict:
 
 def check_connector_args(connector_args: dict, output_dir: str) -> dict:
     """Connector options (``--connector-args``) checked now, as the connector will."""
-    from layertap.vllm.config import ConfigError, parse_options
-
     reserved = [k for k in connector_args if k in RESERVED_CONNECTOR_ARGS]
     if reserved:
         raise GenerateError(f"--connector-args may not set {reserved[0]!r}: layertap generate sets it")
@@ -113,8 +113,6 @@ def in_model_plugin(architectures: list[str]) -> Iterator[None]:
     runs: registered in this process (for an engine that runs in it) and, through
     ``LAYERTAP_IN_MODEL``, in the processes the engine starts, which inherit the environment. A
     value the user set is kept; the one set here is removed at the end."""
-    from layertap.vllm.models import IN_MODEL_ENV_VAR, register_in_model
-
     set_here = os.environ.get(IN_MODEL_ENV_VAR, "").strip() in ("", "0")
     if set_here:
         os.environ[IN_MODEL_ENV_VAR] = ",".join(architectures)

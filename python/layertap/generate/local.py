@@ -36,7 +36,7 @@ def _visible_gpus() -> list[str]:
     if env is not None:
         return [d.strip() for d in env.split(",") if d.strip()]
     try:
-        import torch
+        import torch  # here: seconds to import, and only asked where CUDA_VISIBLE_DEVICES is not set
 
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception:  # a torch without CUDA, or no driver

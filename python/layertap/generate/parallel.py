@@ -29,16 +29,18 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from layertap.generate import vllm_log
 from layertap.generate.errors import GenerateError
+from layertap.generate.local import device_slices, local_events
 from layertap.generate.progress import EngineTotals, Progress
+from layertap.generate.ray_engines import connect, default_engines, disconnect, ray_events
 from layertap.generate.resume import SOURCE, lock_directory, make_output_directory, prepare_output
-from layertap.generate.run import Checked, check_options, run_one
+from layertap.generate.run import Checked, assigned_mask, check_options, run_one
 from layertap.generate.summary import is_complete
 from layertap.parts import MANIFEST_NAME, read_manifest, write_manifest
 
@@ -138,24 +140,11 @@ def _engine_options(c: Checked, part: str) -> dict:
     return {**c.options, "out": part, "progress": "none"}
 
 
-def _mask(rows: np.ndarray, num_rows: int) -> np.ndarray:
-    assigned = np.zeros(num_rows, dtype=bool)
-    assigned[rows] = True
-    return assigned
-
-
-def run_engine(options: dict, rows: np.ndarray, report: Callable[[dict], None]) -> dict:
-    """What each engine runs, in its own process or Ray task: one engine over ``rows`` (its row
-    indices, ascending)."""
-    c = check_options(options)
-    return run_one(c, _mask(rows, c.rows.num_rows), report)
-
-
 def _in_this_process(c: Checked, part: str, rows: np.ndarray) -> dict[int, tuple[str, object]]:
     """One engine, in this process (a run of one engine over a dataset of parts), drawing its
     own progress; bad input raises GenerateError as in a single run."""
     checked = dataclasses.replace(c, out_dir=part, options={**c.options, "out": part})
-    return {0: ("summary", run_one(checked, _mask(rows, c.rows.num_rows)))}
+    return {0: ("summary", run_one(checked, assigned_mask(rows, c.rows.num_rows)))}
 
 
 def generate_parallel(options: dict, data_parallel_size: int | None, ray_address: str | None) -> dict:
@@ -165,8 +154,6 @@ def generate_parallel(options: dict, data_parallel_size: int | None, ray_address
     c = check_options(options)
     engines = _positive_engines(data_parallel_size)
     if ray_address is not None:
-        from layertap.generate.ray_engines import connect, default_engines, disconnect
-
         connect(ray_address)
         try:
             return _generate(c, engines or default_engines(c.engine_args), ray_address, t0)
@@ -178,8 +165,6 @@ def generate_parallel(options: dict, data_parallel_size: int | None, ray_address
 def _generate(c: Checked, engines: int, ray_address: str | None, t0: float) -> dict:
     local = None
     if ray_address is None and engines > 1:
-        from layertap.generate.local import device_slices
-
         local = device_slices(engines, c.engine_args)  # checked before anything is written
     state = prepare_parts(c, engines)
     try:
@@ -193,12 +178,8 @@ def _generate(c: Checked, engines: int, ray_address: str | None, t0: float) -> d
         if not jobs:
             results = {}
         elif ray_address is not None:
-            from layertap.generate.ray_engines import ray_events
-
             results = _follow(ray_events(specs, c.engine_args), len(todo), c)
         elif local is not None:
-            from layertap.generate.local import local_events
-
             results = _follow(local_events(specs, local), len(todo), c)
         else:
             results = _in_this_process(c, jobs[0][1], jobs[0][2])
@@ -326,4 +307,4 @@ def _merge(
     return summary
 
 
-__all__ = ["PART_PREFIX", "generate_parallel", "prepare_parts", "run_engine", "wants_parallel"]
+__all__ = ["PART_PREFIX", "generate_parallel", "prepare_parts", "wants_parallel"]

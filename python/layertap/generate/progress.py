@@ -21,7 +21,7 @@ from layertap._spec.format import (
     decode_file_header,
     read_frame_header,
 )
-from layertap.cli import human_bytes
+from layertap._text import human_bytes
 
 PROGRESS_MODES = ("auto", "bar", "lines", "none")
 

@@ -1,7 +1,7 @@
 """The engines of ``layertap generate --ray ADDRESS``: one Ray task per engine on the cluster,
 each asking for ``tensor_parallel_size x pipeline_parallel_size`` GPUs (one CPU on a cluster
 without GPUs), running the same engine code as a local engine process
-(``parallel.run_engine``), and reporting its running totals to a small actor that this process
+(``run.run_engine``), and reporting its running totals to a small actor that this process
 reads twice a second.
 
 The tasks write into ``--out``'s parts by path, so ``--out`` must be a file system that every
@@ -12,12 +12,16 @@ retry elsewhere could not tell which of the rows the dead engine had written).
 
 from __future__ import annotations
 
+import json
 import os
+import traceback
 from collections.abc import Iterator
 
 import numpy as np
 
+from layertap.generate import vllm_log
 from layertap.generate.errors import GenerateError
+from layertap.generate.run import run_engine
 
 #: Seconds between two reads of the engines' reports.
 POLL_SECONDS = 0.5
@@ -28,7 +32,7 @@ _connected_here = False
 
 def _ray():
     try:
-        import ray
+        import ray  # here: an optional dependency (pip install ray), needed by --ray only
     except ImportError as e:
         raise GenerateError(f"--ray needs the 'ray' package ({e}); pip install ray") from None
     return ray
@@ -86,11 +90,6 @@ class _Board:
 
 def _engine_task(engine: int, options: dict, rows: np.ndarray, board) -> tuple[str, object]:
     """One engine, in a Ray worker: ``("summary", ...)`` or ``("error", (kind, text))``."""
-    import traceback
-
-    from layertap.generate import vllm_log
-    from layertap.generate.parallel import run_engine
-
     vllm_log.localize()  # before vLLM is imported here
     try:
         return "summary", run_engine(options, rows, lambda totals: board.report.remote(engine, totals))
@@ -138,8 +137,6 @@ def ray_events(specs: list[tuple[int, dict, np.ndarray]], engine_args: dict) -> 
 
 
 def _with_mp(engine_args):
-    import json
-
     args = json.loads(engine_args) if isinstance(engine_args, str) else dict(engine_args or {})
     return {**args, "distributed_executor_backend": "mp"}
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from layertap.generate.errors import GenerateError
+
 
 class BadRowError(Exception):
     """This row cannot be used; the message says why."""
@@ -30,8 +32,6 @@ class Renderer:
         self.max_len = max_len
         self._render = {"input_ids": self._ids, "prompt": self._text, "messages": self._chat}[column]
         if column == "messages" and not getattr(tokenizer, "chat_template", None):
-            from layertap.generate.errors import GenerateError
-
             raise GenerateError(
                 "the data has 'messages' but the model's tokenizer has no chat template; "
                 "give token ids ('input_ids') or text ('prompt') instead"

@@ -29,7 +29,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from layertap.errors import FormatError, ShardLockedError
 from layertap.generate.errors import GenerateError
+from layertap.reader import open as open_dataset
+from layertap.recover import recover
 
 LOCK_NAME = ".layertap-generate.lock"
 SOURCE = "layertap.generate"
@@ -83,21 +86,16 @@ def _run_number(names: list[str]) -> int:
 
 
 def _open_dataset(path: str):
-    import layertap
-
     names = [n for n in os.listdir(path) if n.endswith(".lts")]
-    return layertap.open(path) if names else None
+    return open_dataset(path) if names else None
 
 
 def recover_shard(shard: str) -> bool:
     """Completes ``shard``; False when it was a torn empty shard, which ``recover`` removes."""
-    import layertap
-    from layertap.errors import ShardLockedError
-
     deadline = time.monotonic() + LOCK_WAIT_SECONDS
     while True:
         try:
-            return not layertap.recover(shard).removed
+            return not recover(shard).removed
         except ShardLockedError:
             if time.monotonic() > deadline:
                 raise GenerateError(
@@ -171,8 +169,6 @@ def prepare_output(path: str, model: str, layer_ids: list[int], lock: bool = Tru
 
 
 def _complete_shards(state: OutputState, model: str, layer_ids: list[int]) -> None:
-    from layertap.errors import FormatError
-
     open_shards: list[str] = []
     unreadable: list[tuple[str, str]] = []
     try:
@@ -206,14 +202,11 @@ def _complete_shards(state: OutputState, model: str, layer_ids: list[int]) -> No
 
 def _not_shards(path: str) -> list[tuple[str, str]]:
     """The ``*.lts`` files of a directory that holds no shard, each with why it is not one."""
-    import layertap
-    from layertap.errors import FormatError
-
     out = []
     for name in sorted(n for n in os.listdir(path) if n.endswith(".lts")):
         shard = os.path.join(path, name)
         try:
-            layertap.open(shard).close()
+            open_dataset(shard).close()
         except FormatError as e:
             out.append((shard, str(e)))
     return out

@@ -1,4 +1,5 @@
-"""``layertap.generate``: a hidden-states dataset from a prompt dataset (docs/GENERATE.md).
+"""One engine's run of ``layertap generate`` (docs/GENERATE.md): a single run, and each engine of
+a run of many (``parallel``).
 
 Order of work: every input is checked before the engine starts (data, model, layers, options,
 the output directory, which is locked and whose earlier runs are completed); then the rows not
@@ -21,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from layertap._version import __version__
 from layertap.generate import vllm_log
 from layertap.generate.capture import check_capture, check_served, require_vllm
 from layertap.generate.data import BadRow, open_rows
@@ -40,8 +42,9 @@ from layertap.generate.errors import EngineStartError, GenerateError
 from layertap.generate.model import config_num_layers, load_model_info, parse_layers, read_config
 from layertap.generate.progress import PROGRESS_MODES, Progress, ShardFollower, Totals
 from layertap.generate.render import BadRowError, Renderer
-from layertap.generate.resume import SOURCE, OutputState, prepare_output
+from layertap.generate.resume import SOURCE, OutputState, prepare_output, recover_shard
 from layertap.generate.summary import is_complete
+from layertap.reader import open as open_dataset
 
 #: How long to wait for the writer of an engine in its own process to put the last records in
 #: files, counted from the last one that arrived, before stopping the engine anyway.
@@ -104,11 +107,9 @@ def _until_usable(items: Iterator) -> tuple[list[BadRow], Iterator | None]:
 
 
 def _versions() -> dict[str, str]:
-    import vllm
+    import vllm  # here: loaded already by the checks (importing it takes 10-20 s of CPU)
 
-    import layertap
-
-    return {"layertap_version": layertap.__version__, "vllm_version": getattr(vllm, "__version__", "")}
+    return {"layertap_version": __version__, "vllm_version": getattr(vllm, "__version__", "")}
 
 
 def _in_process(llm: Any) -> bool:
@@ -131,21 +132,18 @@ def _drain(follower: ShardFollower, expected: int, on_record: Callable[[], None]
 def _read_back(state: OutputState, num_rows: int) -> dict:
     """This run's records as its shards hold them (shards the engine left open are completed
     first)."""
-    import layertap
-    from layertap.generate.resume import recover_shard
-
     prefix = state.writer_id + "-"
     names = sorted(n for n in os.listdir(state.path) if n.startswith(prefix) and n.endswith(".lts"))
     present = np.zeros(num_rows, dtype=bool)
     out = {"records": 0, "tokens": 0, "raw_bytes": 0, "stored_bytes": 0, "dtype": None, "shards": len(names)}
     for name in names:
         path = os.path.join(state.path, name)
-        with layertap.open(path) as ds:
+        with open_dataset(path) as ds:
             complete = ds.shards[0].complete
         if not complete:
             recover_shard(path)
             state.recovered.append(path)
-        with layertap.open(path) as ds:
+        with open_dataset(path) as ds:
             info = ds.shards[0]
             out["dtype"] = out["dtype"] or info.meta.get("user", {}).get("dtype")
             for e in ds.backends[0].entries:
@@ -174,7 +172,7 @@ def _run_engine(
 ) -> tuple[Outcome, float, float]:
     """Starts the engine, runs the rows, stops it once its records are in files. Returns the
     outcome and when the engine was ready and when the last request finished."""
-    from vllm import LLM
+    from vllm import LLM  # here: importing vLLM takes 10-20 s of CPU, and the checks come first
 
     try:
         llm = LLM(**llm_args)
@@ -291,57 +289,6 @@ def check_options(options: dict) -> Checked:
     )
 
 
-def generate(
-    model: str,
-    data: str | os.PathLike,
-    out: str | os.PathLike,
-    *,
-    layers: str | list[int] | None = None,
-    max_tokens: int = 1,
-    include_output_tokens: bool = False,
-    max_len: int | None = None,
-    limit: int | None = None,
-    engine_args: dict | str | None = None,
-    sampling_args: dict | str | None = None,
-    connector_args: dict | str | None = None,
-    progress: str = "auto",
-    progress_interval: float = 10.0,
-    data_parallel_size: int | None = None,
-    ray_address: str | None = None,
-    capture: str = "method",
-) -> dict:
-    """Writes the hidden states of every row of ``data`` into ``out`` and returns the summary
-    (docs/GENERATE.md lists its fields). Raises GenerateError, before the engine starts, for bad
-    input. Rerunning with the same ``out`` resumes: rows whose records exist are skipped.
-
-    ``data_parallel_size`` runs that many engines, each writing a part of ``out`` (docs/SCALE.md);
-    ``ray_address`` runs them on a Ray cluster. An ``out`` that holds such parts is resumed as a
-    whole, whatever the number of engines."""
-    options = {
-        "model": model,
-        "data": os.fspath(data),
-        "out": os.fspath(out),
-        "layers": layers,
-        "max_tokens": max_tokens,
-        "include_output_tokens": include_output_tokens,
-        "max_len": max_len,
-        "limit": limit,
-        "engine_args": engine_args,
-        "sampling_args": sampling_args,
-        "connector_args": connector_args,
-        "progress": progress,
-        "progress_interval": progress_interval,
-        "capture": capture,
-    }
-    from layertap.generate.parallel import wants_parallel
-
-    if wants_parallel(options["out"], data_parallel_size, ray_address):
-        from layertap.generate.parallel import generate_parallel
-
-        return generate_parallel(options, data_parallel_size, ray_address)
-    return run_one(check_options(options))
-
-
 def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callable | None = None) -> dict:
     """One engine writing into ``checked.out_dir``: every row not done there, or, with
     ``assigned`` (bool per row), only the assigned rows not done there. ``report(snapshot)`` is
@@ -448,3 +395,21 @@ def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callab
     accounted = summary["rows_done_before"] + summary["rows_written"] + summary["rows_bad"]
     summary["complete"] = is_complete(summary, accounted + rows.num_rows - done_before - todo)
     return summary
+
+
+def assigned_mask(rows: np.ndarray, num_rows: int) -> np.ndarray:
+    """``run_one``'s ``assigned``: True at each of ``rows`` (row indices), of ``num_rows``."""
+    assigned = np.zeros(num_rows, dtype=bool)
+    assigned[rows] = True
+    return assigned
+
+
+def run_engine(options: dict, rows: np.ndarray, report: Callable[[dict], None]) -> dict:
+    """What each engine of a run of many runs, in its own process (``worker``) or Ray task
+    (``ray_engines``): one engine over ``rows`` (its row indices, ascending), its options
+    checked again where it runs."""
+    c = check_options(options)
+    return run_one(c, assigned_mask(rows, c.rows.num_rows), report)
+
+
+__all__ = ["Checked", "assigned_mask", "check_options", "run_engine", "run_one"]

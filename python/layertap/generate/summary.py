@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from layertap.cli import human_bytes
+from layertap._text import human_bytes
 
 #: Bad rows the text summary lists one by one (``--json`` lists all).
 LISTED_BAD_ROWS = 20

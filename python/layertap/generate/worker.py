@@ -19,6 +19,9 @@ import traceback
 
 import numpy as np
 
+from layertap.generate.errors import GenerateError
+from layertap.generate.run import run_engine
+
 
 def _read_exactly(stream, n: int) -> bytes:
     chunks, left = [], n
@@ -53,9 +56,6 @@ def main() -> int:
 
     def send(msg: dict) -> None:
         out.write(json.dumps(msg) + "\n")
-
-    from layertap.generate.errors import GenerateError
-    from layertap.generate.parallel import run_engine
 
     try:
         summary = run_engine(spec["options"], rows, lambda totals: send({"report": totals}))

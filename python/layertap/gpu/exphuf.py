@@ -67,10 +67,10 @@ def code_lengths(hist: np.ndarray) -> np.ndarray:
     """Code lengths of each row of symbol counts ``hist`` (``[k, 512]``), from the Rust core
     (a few microseconds a table; the Python builder takes about 2 ms)."""
     try:
-        from layertap import _native
+        from layertap._native import exphuf_code_lengths  # where the extension is built
     except ImportError:
         return np.array([_py_exphuf.code_lengths(h) for h in hist], dtype=np.int64)
-    got = _native.exphuf_code_lengths(np.ascontiguousarray(hist, dtype="<u4").tobytes())
+    got = exphuf_code_lengths(np.ascontiguousarray(hist, dtype="<u4").tobytes())
     return np.frombuffer(got, dtype=np.uint8).reshape(hist.shape).astype(np.int64)
 
 

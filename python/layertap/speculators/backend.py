@@ -20,6 +20,9 @@ from typing import Any
 
 from hs_connectors import HiddenStatesBackend, HiddenStatesTransfer
 
+from layertap.errors import FormatError
+from layertap.reader import open as open_dataset
+
 logger = logging.getLogger("layertap.speculators")
 
 #: How long ``get_generated`` waits for the server's writer, unless --layertap-fetch-timeout.
@@ -73,9 +76,7 @@ class LayertapTransfer(HiddenStatesTransfer):
 
     def _open(self) -> Any:
         if self._dataset is None and self.dataset_path is not None:
-            import layertap
-
-            self._dataset = layertap.open(self.dataset_path, backend=self.reader_backend, tensors="torch")
+            self._dataset = open_dataset(self.dataset_path, backend=self.reader_backend, tensors="torch")
         return self._dataset
 
     def get_cached(self, file_idx: int) -> dict | None:
@@ -109,9 +110,6 @@ def check_dataset(path: str, explicit: bool, reader_backend: str = "auto") -> st
     start-up with one line instead of in a DataLoader worker: ``path`` when it holds shards;
     None (with a warning) when the default path does not exist; ``FileNotFoundError`` or
     ``ValueError`` otherwise."""
-    import layertap
-    from layertap.errors import FormatError
-
     if not os.path.exists(path):
         if explicit:
             raise FileNotFoundError(
@@ -125,7 +123,7 @@ def check_dataset(path: str, explicit: bool, reader_backend: str = "auto") -> st
         )
         return None
     try:
-        with layertap.open(path, backend=reader_backend) as ds:
+        with open_dataset(path, backend=reader_backend) as ds:
             count = len(ds)
     except FormatError as e:
         hint = ""

@@ -50,9 +50,10 @@ def open_writer(options: ConnectorOptions, facts: EngineFacts, pool_bytes: int, 
     import json
 
     if options.writer == "python":
-        from layertap import PyShardWriter as writer_class
+        # The reference implementation, loaded only when it is asked for (the production path never loads it).
+        from layertap._py.writer import PyShardWriter as writer_class
     else:
-        from layertap import ShardWriter as writer_class
+        from layertap.writer import ShardWriter as writer_class
     shard_meta = {"source": "layertap.vllm", "model": facts.model, "layer_ids": json.dumps(list(facts.layer_ids))}
     if dtype is not None:
         shard_meta["dtype"] = dtype

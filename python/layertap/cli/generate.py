@@ -11,10 +11,14 @@ import os
 import sys
 import traceback
 
+from layertap.generate import GenerateError, generate, vllm_log
+from layertap.generate.errors import EngineStartError
 from layertap.generate.progress import PROGRESS_MODES
+from layertap.generate.summary import every_row_bad, most_common_reason, summary_text
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Adds ``generate`` to the ``layertap`` command's subcommands."""
     p = sub.add_parser(
         "generate",
         help="write the hidden states of a prompt dataset (resumable)",
@@ -108,13 +112,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from layertap.generate import vllm_log
-
-    vllm_log.configure(args.verbose)  # before vLLM is imported
-    from layertap.generate import GenerateError, generate
-    from layertap.generate.errors import EngineStartError
-    from layertap.generate.summary import summary_text
-
+    vllm_log.configure(args.verbose)  # before vLLM is imported (a run imports it)
     log = vllm_log.log_file  # where to look, named in the lines of a failed run (when it exists)
 
     try:
@@ -177,8 +175,6 @@ def _see(path: str | None) -> str:
 def _exit_status(summary: dict) -> int:
     """0 for a complete dataset; 2, with one line saying why, for data without a usable row (a
     rerun of the same command cannot succeed); 1 otherwise (rerun to resume)."""
-    from layertap.generate.summary import every_row_bad, most_common_reason
-
     if summary["complete"]:
         return 0
     if every_row_bad(summary):
@@ -190,3 +186,6 @@ def _exit_status(summary: dict) -> int:
         )
         return 2
     return 1
+
+
+__all__ = ["add_parser", "run"]

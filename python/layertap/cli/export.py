@@ -10,8 +10,10 @@ import argparse
 import json
 import sys
 
+from layertap.errors import LayertapError
 from layertap.export.layouts import DTYPES
-from layertap.export.run import FORMATS, ExportSummary
+from layertap.export.rows import parse_keys
+from layertap.export.run import FORMATS, ExportSummary, export
 
 
 def _layer_list(text: str) -> list[int]:
@@ -108,10 +110,6 @@ def summary_text(s: ExportSummary) -> str:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from layertap.errors import LayertapError
-    from layertap.export.rows import parse_keys
-    from layertap.export.run import export
-
     progress = args.progress or (sys.stderr.isatty() and not args.json)
     try:
         keys = parse_keys(args.keys) if args.keys else None

@@ -1,0 +1,73 @@
+"""The ``layertap`` command: ``generate`` a dataset with vLLM, ``inspect``, ``verify`` and ``recover``
+datasets and shards, ``export`` them to a drafter trainer's files.
+
+One module per subcommand (``generate``, ``inspect``, ``verify``, ``recover``, ``export``), each
+with ``add_parser(subparsers)``, which adds its arguments and the function that runs it; ``common``
+holds what they share. Here: the top-level parser and ``main``.
+
+Exit status: 0 all good; 1 problems found (corrupt records, torn tails, a shard that could not
+be recovered); 2 the command could not run (missing path, not a shard, bad arguments); 141 the
+reader of its output went away (``layertap inspect --json DIR | head``), quietly, as for any Unix
+tool ended by SIGPIPE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from layertap._version import __version__
+from layertap.cli import export, generate, inspect, recover, verify
+from layertap.cli.common import UsageError
+
+#: The subcommands, in the order ``layertap --help`` lists them: first the one that makes a dataset.
+SUBCOMMANDS = (generate, inspect, verify, recover, export)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="layertap",
+        description="Generate hidden-states datasets with vLLM, inspect, verify and recover them, and export them "
+        "for the drafter trainers speculators and SpecForge.",
+    )
+    parser.add_argument("--version", action="version", version=f"layertap {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command in SUBCOMMANDS:
+        command.add_parser(sub)
+    return parser
+
+
+#: The exit status of a command whose reader closed its pipe: a shell's for a process ended by
+#: SIGPIPE (128 + 13), as ``inspect | head`` reports for any Unix tool.
+CLOSED_PIPE_STATUS = 141
+
+
+def _closed_pipe() -> int:
+    """stdout's reader has gone: point stdout at /dev/null, so that the interpreter's last flush
+    at exit does not fail again (and print "Exception ignored"), and end quietly."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return CLOSED_PIPE_STATUS
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the command line; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        status = args.func(args)
+        sys.stdout.flush()  # here, where a closed pipe can still be caught
+        return status
+    except BrokenPipeError:
+        # Python ignores SIGPIPE (so a closed socket in vLLM cannot kill a run); a closed stdout
+        # then raises here instead of ending the process as it ends other tools.
+        return _closed_pipe()
+    except UsageError as e:
+        print(f"layertap {args.command}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+__all__ = ["CLOSED_PIPE_STATUS", "SUBCOMMANDS", "build_parser", "main"]

@@ -1,0 +1,279 @@
+"""``layertap inspect PATH...``: a dataset's or shard's summary, as a table or ``--json``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from typing import Any
+
+from layertap._spec.dtypes import TORCH_NAMES
+from layertap._text import human_bytes, plural
+from layertap.cli.common import PATHS_HELP, add_backend_argument, open_dataset, problem_json
+from layertap.errors import LayertapError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Adds ``inspect`` to the ``layertap`` command's subcommands."""
+    p = sub.add_parser("inspect", help="summarise a dataset or shard")
+    p.add_argument("paths", nargs="+", metavar="PATH", help=PATHS_HELP)
+    p.add_argument("--json", action="store_true", help="print a JSON object")
+    add_backend_argument(p)
+    p.set_defaults(func=cmd_inspect)
+
+
+def _first_record_shape(backend) -> dict[str, Any]:
+    """layers, hidden size, dtype and layer ids of a shard, from its first record."""
+    out: dict[str, Any] = {"layers": None, "hidden_size": None, "dtype": None, "layer_ids": None, "lossy": None}
+    if not backend.entries:
+        return out
+    try:
+        metadata, tensors = backend.read(0)
+    except LayertapError as e:
+        out["error"] = str(e)
+        return out
+    for name, dtype, shape, _ in tensors:
+        if name == "hidden_states":
+            out["dtype"] = TORCH_NAMES[dtype]
+            if len(shape) == 3:
+                out["layers"], out["hidden_size"] = shape[1], shape[2]
+    if metadata.get("lossy"):
+        # Written with lossy storage (docs/FP8.md): the first record's error, as its metadata says.
+        out["lossy"] = {k: metadata[k] for k in ("lossy", "fp8_max_rel_err", "fp8_mean_rel_err") if k in metadata}
+    try:
+        ids = json.loads(metadata["layer_ids"]) if "layer_ids" in metadata else None
+        out["layer_ids"] = ids if isinstance(ids, list) else None
+    except ValueError:
+        pass
+    return out
+
+
+def _state(info) -> str:
+    if info.complete:
+        return "complete"
+    return "being written" if info.being_written else "open"
+
+
+def _agreed(values: list) -> Any:
+    """The one value all shards with records agree on, None if none, "mixed" otherwise."""
+    seen = [v for v in values if v is not None]
+    if not seen:
+        return None
+    return seen[0] if all(v == seen[0] for v in seen) else "mixed"
+
+
+def inspect_summary(ds) -> dict:
+    """What ``layertap inspect --json`` prints."""
+    shards = []
+    for info, backend in zip(ds.shards, ds.backends):
+        shape = _first_record_shape(backend)
+        shards.append(
+            {
+                "path": info.path,
+                "name": ds.shard_name(info.path),
+                "state": _state(info).replace(" ", "_"),
+                "complete": info.complete,
+                "being_written": info.being_written,
+                "records": info.records,
+                "tokens": info.tokens,
+                **shape,
+                "codecs": info.codecs,
+                "raw_bytes": info.raw_bytes,
+                "stored_bytes": info.stored_bytes,
+                "file_bytes": info.file_bytes,
+                "ratio": round(info.raw_bytes / info.stored_bytes, 4) if info.stored_bytes else None,
+                "torn_tail_bytes": info.torn_tail_bytes,
+                "lost_in_recovery": info.lost_in_recovery,
+                "writer": info.meta.get("writer"),
+                "writer_id": info.meta.get("writer_id"),
+                "problems": [problem_json(p) for p in backend.scan_problems],
+            }
+        )
+    codecs: dict[str, int] = {}
+    for s in shards:
+        for c, n in s["codecs"].items():
+            codecs[c] = codecs.get(c, 0) + n
+    raw = sum(s["raw_bytes"] for s in shards)
+    stored = sum(s["stored_bytes"] for s in shards)
+    total = {
+        "path": ds.path,
+        "records": sum(s["records"] for s in shards),
+        "tokens": sum(s["tokens"] for s in shards),
+        "layers": _agreed([s["layers"] for s in shards]),
+        "hidden_size": _agreed([s["hidden_size"] for s in shards]),
+        "dtype": _agreed([s["dtype"] for s in shards]),
+        "layer_ids": _agreed([s["layer_ids"] for s in shards]),
+        "codecs": codecs,
+        "raw_bytes": raw,
+        "stored_bytes": stored,
+        "file_bytes": sum(s["file_bytes"] for s in shards),
+        "lost_in_recovery": sum(s["lost_in_recovery"] for s in shards),
+        "ratio": round(raw / stored, 4) if stored else None,
+        "shards": shards,
+        "unreadable": [problem_json(p) for p in ds.unreadable],
+        "parts": ds.parts,
+        "manifest": ds.manifest,
+        "duplicate_keys": len(ds.duplicates),
+    }
+    for key in ("layers", "hidden_size", "dtype", "layer_ids"):
+        if total[key] == "mixed":
+            total[key] = None  # JSON readers get null; the table says "mixed"
+            total[f"{key}_mixed"] = True
+    return total
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+#: ``inspect`` fits its table in this many columns: shard names are shortened in the middle
+#: (``--json`` has them whole), and columns whose value all shards share move to the summary.
+TABLE_WIDTH = 100
+_MIN_NAME = 20
+
+
+def _middle(text: str, width: int) -> str:
+    """``text`` shortened to ``width`` characters by an ellipsis in the middle; of a shard name,
+    the writer id is shortened and the shard number kept (``-000000.lts``)."""
+    if len(text) <= width:
+        return text
+    keep = re.search(r"-\d{6,}\.lts$", text)
+    tail = keep.group() if keep and width - len(keep.group()) >= 9 else ""
+    text = text[: len(text) - len(tail)]
+    room = width - len(tail) - 1
+    head = (room + 1) // 2
+    return text[:head] + "…" + text[len(text) - (room - head) :] + tail
+
+
+def _table(rows: list[list[str]], right: set[int], width: int = TABLE_WIDTH) -> str:
+    """Rows in columns two spaces apart; the first column is shortened so that the table fits
+    ``width`` columns, where it can."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    room = width - sum(widths[1:]) - 2 * (len(widths) - 1)
+    if widths[0] > room:
+        widths[0] = max(_MIN_NAME, room)
+        rows = [[_middle(r[0], widths[0]), *r[1:]] for r in rows]
+    lines = []
+    for r in rows:
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def _tail(n: int) -> str:
+    return human_bytes(n) if n else "-"
+
+
+def inspect_table(summary: dict) -> str:
+    """What ``layertap inspect`` prints: a summary, then one row per shard and a total, within
+    ``TABLE_WIDTH`` columns."""
+
+    def ratio(r):
+        return f"{r:.2f}x" if r else "-"
+
+    def codecs(c):
+        return ",".join(sorted(c)) or "-"
+
+    def total(key):
+        return "mixed" if summary.get(f"{key}_mixed") else _cell(summary[key])
+
+    shards = summary["shards"]
+    # Columns that differ between shards stay in the table; the others are said once above it.
+    varying = [
+        (head, key, fmt)
+        for head, key, fmt in (
+            ("layers", "layers", _cell),
+            ("hidden", "hidden_size", _cell),
+            ("dtype", "dtype", _cell),
+            ("codecs", "codecs", codecs),
+        )
+        if len({fmt(s[key]) for s in shards if s["records"]}) > 1
+    ]
+    torn = any(s["torn_tail_bytes"] for s in shards)
+    lost = any(s["lost_in_recovery"] for s in shards)
+    head = ["shard", "state", "records", "tokens", *(h for h, _, _ in varying), "raw", "stored", "ratio"]
+    head += ["torn tail"] * torn + ["lost"] * lost
+    rows = [head]
+    for s in shards:
+        row = [s["name"], s["state"].replace("_", " "), _cell(s["records"]), _cell(s["tokens"])]
+        row += [fmt(s[key]) for _, key, fmt in varying]
+        row += [human_bytes(s["raw_bytes"]), human_bytes(s["stored_bytes"]), ratio(s["ratio"])]
+        rows.append(row + [_tail(s["torn_tail_bytes"])] * torn + [_cell(s["lost_in_recovery"] or None)] * lost)
+    states = [s["state"] for s in shards]
+    counts = ", ".join(
+        f"{states.count(k)} {k.replace('_', ' ')}" for k in ("complete", "open", "being_written") if k in states
+    )
+    row = ["total", "", _cell(summary["records"]), _cell(summary["tokens"])]
+    row += ["mixed" for _ in varying]
+    row += [human_bytes(summary["raw_bytes"]), human_bytes(summary["stored_bytes"]), ratio(summary["ratio"])]
+    rows.append(
+        row + [_tail(sum(s["torn_tail_bytes"] for s in shards))] * torn + [_cell(summary["lost_in_recovery"])] * lost
+    )
+    title = (
+        f"{summary['path']}: {plural(len(shards), 'shard')}{f' ({counts})' if counts else ''}, "
+        f"{plural(summary['records'], 'record')}, {plural(summary['tokens'], 'token')}, "
+        f"{human_bytes(summary['file_bytes'])} on disk"
+    )
+    shared = [
+        f"{h} {total(key)}"
+        for h, key in (("layers", "layers"), ("hidden", "hidden_size"), ("dtype", "dtype"))
+        if h not in {v[0] for v in varying}
+    ]
+    shared.append(
+        "codecs " + ", ".join(f"{c} ({n:,})" for c, n in sorted(summary["codecs"].items()))
+        if summary["codecs"]
+        else "codecs -"
+    )
+    out = [title]
+    if len(summary.get("parts", [])) > 1 or summary.get("manifest"):
+        listed = f" (manifest {summary['manifest']})" if summary.get("manifest") else ""
+        out.append(f"{plural(len(summary['parts']), 'part')}{listed}")
+    if summary.get("duplicate_keys"):
+        out.append(
+            f"{plural(summary['duplicate_keys'], 'duplicate key')}: the first record of each key in "
+            "dataset order is the key's record (layertap verify lists them)"
+        )
+    if summary["layer_ids"] is not None:
+        shared.append(f"layer ids {summary['layer_ids']}")
+    if shared:
+        out.append(", ".join(shared))
+    out += [
+        "",
+        _table(
+            rows,
+            right=set(range(2, len(head))) - {4 + i for i, (h, _, _) in enumerate(varying) if h in ("dtype", "codecs")},
+        ),
+    ]
+    for s in shards:
+        if s.get("lossy"):
+            lossy = s["lossy"]
+            out.append(
+                f"lossy {lossy.get('lossy')}: {s['name']}, first record's relative error "
+                f"max {lossy.get('fp8_max_rel_err', '?')}, mean {lossy.get('fp8_mean_rel_err', '?')}"
+            )
+    for u in summary["unreadable"]:
+        out.append(f"not a shard: {u['shard']}: {u['message']}")
+    if lost:
+        n = summary["lost_in_recovery"]
+        out.append(
+            f"lost in recovery: {n} damaged part{'s' if n != 1 else ''} (corrupt records, damaged regions) "
+            "left out of the index by an earlier `layertap recover` (column lost)"
+        )
+    return "\n".join(out)
+
+
+def cmd_inspect(args) -> int:
+    with open_dataset(args.paths, args.backend) as ds:
+        summary = inspect_summary(ds)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(inspect_table(summary))
+    return 0
+
+
+__all__ = ["TABLE_WIDTH", "add_parser", "cmd_inspect", "inspect_summary", "inspect_table"]

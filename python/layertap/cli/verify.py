@@ -1,0 +1,78 @@
+"""``layertap verify PATH...``: every record checked; exit status 1 if anything is wrong."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from layertap._text import plural, problem_line
+from layertap.cli.common import PATHS_HELP, add_backend_argument, open_dataset, problem_json
+
+#: verify shows a progress bar on a terminal past this many records (or with --progress).
+PROGRESS_MIN_RECORDS = 10_000
+PROGRESS_MIN_BYTES = 1 << 30
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Adds ``verify`` to the ``layertap`` command's subcommands."""
+    p = sub.add_parser("verify", help="check every record; exit 1 if anything is wrong")
+    p.add_argument("paths", nargs="+", metavar="PATH", help=PATHS_HELP)
+    p.add_argument(
+        "--allow-duplicates",
+        action="store_true",
+        help="a key written by several writers is not a problem: its first record in dataset order counts",
+    )
+    p.add_argument("--json", action="store_true", help="print a JSON report")
+    p.add_argument("--quiet", "-q", action="store_true", help="print only the problems (on stderr)")
+    p.add_argument("--progress", action="store_true", help="always show a progress bar")
+    add_backend_argument(p)
+    p.set_defaults(func=cmd_verify)
+
+
+def cmd_verify(args) -> int:
+    with open_dataset(args.paths, args.backend) as ds:
+        large = len(ds) >= PROGRESS_MIN_RECORDS or sum(s.raw_bytes for s in ds.shards) >= PROGRESS_MIN_BYTES
+        progress = args.progress or (large and sys.stderr.isatty() and not args.quiet)
+        report = ds.verify(progress=progress, allow_duplicates=args.allow_duplicates)
+        shards = len(ds.backends)
+        name, parts = ds.path, len(ds.parts)
+    for p in report.problems:
+        print(problem_line(p), file=sys.stderr)
+    for p in report.notes:
+        print(f"note: {problem_line(p)}", file=sys.stderr)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "path": name,
+                    "ok": report.ok,
+                    "parts": parts,
+                    "shards": shards,
+                    "records_ok": report.records_ok,
+                    "records_bad": report.records_bad,
+                    "lost_in_recovery": report.lost_in_recovery,
+                    "problems": [problem_json(p) for p in report.problems],
+                    "duplicate_keys": len(report.duplicates),
+                    "notes": [problem_json(p) for p in report.notes],
+                },
+                indent=2,
+            )
+        )
+    elif not args.quiet:
+        verdict = "OK" if report.ok else "FAILED"
+        where = f" of {parts} parts" if parts > 1 else ""
+        allowed = ""
+        if report.duplicates:
+            allowed = f"; {plural(len(report.duplicates), 'duplicate key')} allowed (the first record of each counts)"
+        lost = report.lost_in_recovery
+        print(
+            f"{verdict}: {name}: {report.records_ok:,} records ok, {report.records_bad:,} bad, "
+            f"{len(report.problems)} problem{'s' if len(report.problems) != 1 else ''} in {shards} "
+            f"shard{'s' if shards != 1 else ''}{where}{allowed}"
+            + (f"; {plural(lost, 'damaged part')} lost in an earlier recovery" if lost else "")
+        )
+    return 0 if report.ok else 1
+
+
+__all__ = ["PROGRESS_MIN_BYTES", "PROGRESS_MIN_RECORDS", "add_parser", "cmd_verify"]
