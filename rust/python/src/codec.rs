@@ -11,7 +11,7 @@ use pyo3::types::PyBytes;
 #[pyfunction]
 fn exphuf_code_lengths<'py>(py: Python<'py>, counts: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
     let table_bytes = 4 * huffman::SYMBOLS;
-    if counts.len() % table_bytes != 0 {
+    if !counts.len().is_multiple_of(table_bytes) {
         return Err(PyValueError::new_err(format!(
             "counts hold {} bytes, not a whole number of {}-symbol u32 tables",
             counts.len(),
