@@ -14,6 +14,7 @@ from layertap import _native
 from layertap._py import exphuf as np_exphuf
 from layertap._spec import exphuf as spec
 from layertap._spec.blob import build_header
+from layertap.errors import InvalidInputError
 from layertap.gpu.exphuf import Block, code_lengths, encode_blob_tensors, encode_block, encode_blocks, reversed_codes_of
 
 NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
@@ -114,9 +115,11 @@ def test_without_the_native_module_the_python_code_lengths_give_a_valid_block(mo
     assert np.asarray(values).tobytes() == t.reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
-def test_native_code_lengths_refuse_a_partial_table():
-    with pytest.raises(ValueError, match="whole number of 512-symbol"):
+def test_the_native_helpers_refuse_bad_input_with_typed_errors():
+    with pytest.raises(InvalidInputError, match="whole number of 512-symbol"):
         _native.exphuf_code_lengths(b"\0" * 100)
+    with pytest.raises(InvalidInputError, match="not a blob exp-huf can encode"):
+        _native.exphuf_encode(b"\x05")
 
 
 def test_a_batch_gives_each_tensor_its_own_block():

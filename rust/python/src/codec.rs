@@ -1,8 +1,9 @@
 //! Codec pieces that other encoders reuse: the torch encoder of exp-huf (`layertap.gpu.exphuf`)
 //! builds its code lengths here, and checks its bytes against this encoder's.
 
+use crate::errors::to_py;
 use layertap_core::exphuf::{self, huffman};
-use pyo3::exceptions::PyValueError;
+use layertap_core::Error;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
@@ -12,11 +13,11 @@ use pyo3::types::PyBytes;
 fn exphuf_code_lengths<'py>(py: Python<'py>, counts: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
     let table_bytes = 4 * huffman::SYMBOLS;
     if !counts.len().is_multiple_of(table_bytes) {
-        return Err(PyValueError::new_err(format!(
+        return Err(to_py(Error::invalid(format!(
             "counts hold {} bytes, not a whole number of {}-symbol u32 tables",
             counts.len(),
             huffman::SYMBOLS
-        )));
+        ))));
     }
     let mut out = Vec::with_capacity(counts.len() / 4);
     for table in counts.chunks_exact(table_bytes) {
@@ -33,7 +34,11 @@ fn exphuf_code_lengths<'py>(py: Python<'py>, counts: &[u8]) -> PyResult<Bound<'p
 fn exphuf_encode<'py>(py: Python<'py>, raw: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
     let mut out = Vec::new();
     py.detach(|| exphuf::encode(&[raw], &mut out))
-        .map_err(PyValueError::new_err)?;
+        .map_err(|e| {
+            to_py(Error::invalid(format!(
+                "not a blob exp-huf can encode: {e}"
+            )))
+        })?;
     Ok(PyBytes::new(py, &out))
 }
 
