@@ -90,6 +90,7 @@ def write_dataset(
     keys: list[str] | None = None,
     loss_mask: bool = True,
     writer_id: str | None = None,
+    lossy: str | None = None,
 ) -> None:
     """A layertap dataset like `layertap generate`'s: record key = row index, hidden_states of
     ``layers`` (vLLM ids) in ``dtype``, token_ids, the row's loss_mask (uint8) and metadata."""
@@ -98,6 +99,7 @@ def write_dataset(
     with layertap.ShardWriter(
         str(out),
         writer_id=writer_id,
+        lossy=lossy,
         metadata={"source": "layertap.generate", "layer_numbering": "vllm", "layer_ids": json.dumps(layers)},
     ) as w:
         for i, row in enumerate(rows):

@@ -60,7 +60,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--dtype",
         choices=DTYPES,
-        help="dtype of the exported hidden states (default: speculators and modelopt stored, specforge bfloat16)",
+        help="dtype of the exported hidden states (default: speculators and modelopt stored, specforge bfloat16; "
+        "float8_e4m3fn: speculators' fp8 backend layout, with per-token scales; a dataset stored as fp8 is "
+        "dequantized for the other layouts)",
     )
     p.add_argument(
         "--prenorm",

@@ -9,7 +9,10 @@ layer j, vLLM's j + 1 (SpecForge's EAGLE-3 default ``[1, N//2-1, N-4]`` is vLLM'
 
 - ``SpeculatorsLayout``: ``{root}/hs_{row}.safetensors`` with ``hidden_states`` ``[T, L, H]``
   and ``token_ids`` int64 ``[T]``, which speculators' file backend reads for row ``row``
-  (``root`` is ``OUT/hidden_states``, OUT being speculators' ``--data-path``).
+  (``root`` is ``OUT/hidden_states``, OUT being speculators' ``--data-path``); in fp8
+  (``float8_e4m3fn``, the default for a dataset stored as fp8) its fp8 backend's layout:
+  ``hidden_states`` float8_e4m3fn ``[T, L, H]`` and ``hidden_states_scales`` float32
+  ``[T, 1, 1]`` (hs-connectors' ``fp8_hidden_states_connector``).
 - ``SpecForgeLayout``: ``{root}/rows_{g}-{g+2000}/data_{row}.ckpt`` (``g`` = row rounded down to
   a multiple of 2000) written with ``torch.save``, as SpecForge's
   ``scripts/prepare_hidden_states.py`` writes them: for EAGLE-3 ``input_ids`` int64 ``[S]``,
@@ -25,6 +28,10 @@ layer j, vLLM's j + 1 (SpecForge's EAGLE-3 default ``[1, N//2-1, N-4]`` is vLLM'
   themselves), ``aux_hidden_states`` ``[T, k*H]`` (the k auxiliary layers side by side, ascending),
   ``loss_mask`` int64 ``[T]`` and ``conversation_id`` (the row, as a string).
   Model-Optimizer numbers layers as SGLang does (its aux id j is the output of decoder layer j).
+
+A dataset stored as fp8 (docs/FP8.md) reaches SpecForge and Model-Optimizer dequantized, in the
+dtype the writer was given (its ``fp8_source_dtype``, else bfloat16) unless ``dtype`` says
+otherwise; speculators gets it as stored, with its scales, unless ``dtype`` names a float type.
 """
 
 from __future__ import annotations
@@ -35,10 +42,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from layertap.errors import InvalidInputError
+from layertap.fp8 import SCALE_NAME
 
 #: Rows per subdirectory of a SpecForge export (its --file-group-size default).
 SPECFORGE_GROUP = 2000
-DTYPES = ("stored", "bfloat16", "float16", "float32")
+#: The fp8 dtype, which only speculators' layout takes (its fp8 backend's).
+FP8 = "float8_e4m3fn"
+DTYPES = ("stored", "bfloat16", "float16", "float32", FP8)
+#: The scales tensor of speculators' fp8 layout (hs-connectors' ``fp8_utils.SCALES_KEY``).
+SPECULATORS_SCALES = "hidden_states_scales"
 
 
 class RecordProblem(Exception):
@@ -58,6 +70,18 @@ class Row:
     hidden_states: Any  # [T, L, H]
     layer_ids: list[int]
     loss_mask: Any  # [T] or None
+    scale: Any = None  # float32 [T] when hidden_states are fp8 (docs/FP8.md), else None
+
+    def floats(self) -> Any:
+        """``hidden_states`` as floats: dequantized (float32) when stored as fp8, so that no
+        layout casts fp8 values without their scales."""
+        if self.scale is None:
+            return self.hidden_states
+        import torch
+
+        from layertap.fp8 import dequantize
+
+        return dequantize(self.hidden_states, self.scale, dtype=torch.float32)
 
 
 def check_record(row: int, record: Any, layer_ids: list[int]) -> Row:
@@ -88,12 +112,35 @@ def check_record(row: int, record: Any, layer_ids: list[int]) -> Row:
             raise RecordProblem(f"loss_mask {list(mask.shape)} does not match token_ids {list(ids.shape)}")
         if bool(((mask != 0) & (mask != 1)).any()):
             raise RecordProblem("loss_mask holds values other than 0 and 1")
-    return Row(row, ids, hs, layer_ids, mask)
+    scale = record.tensors.get(SCALE_NAME)
+    if scale is not None and (scale.dtype != torch.float32 or list(scale.shape) != [hs.shape[0]]):
+        raise RecordProblem(f"{SCALE_NAME} {scale.dtype} {list(scale.shape)}: expected float32 [{hs.shape[0]}]")
+    if (scale is None) != (hs.dtype != torch.float8_e4m3fn):
+        raise RecordProblem(f"hidden_states of {hs.dtype} with{'' if scale is not None else 'out'} {SCALE_NAME}")
+    return Row(row, ids, hs, layer_ids, mask, scale)
 
 
-def _dtype(name: str, stored: Any) -> Any:
+def stored_float_dtype(first: Any) -> Any:
+    """The torch dtype an export calls "stored" for a dataset whose first record is ``first``:
+    for fp8 records, the dtype they were quantized from (``fp8_source_dtype``, else bfloat16),
+    which the layouts that cannot take fp8 dequantize to."""
     import torch
 
+    stored = first.tensors["hidden_states"].dtype
+    if stored != torch.float8_e4m3fn:
+        return stored
+    source = getattr(torch, first.metadata.get("fp8_source_dtype", "bfloat16"), None)
+    return source if isinstance(source, torch.dtype) and source.is_floating_point else torch.bfloat16
+
+
+def _dtype(name: str, stored: Any, layout: str = "") -> Any:
+    import torch
+
+    if name == FP8 and layout != "speculators":
+        raise InvalidInputError(
+            f"--dtype {FP8}: only --to speculators stores fp8 (its fp8 backend's layout); {layout} takes "
+            "bfloat16, float16 or float32"
+        )
     return stored if name == "stored" else getattr(torch, name)
 
 
@@ -146,7 +193,11 @@ class SpeculatorsLayout:
         layers: list[int] | None = None,
         dtype: str = "stored",
         num_layers: int | None = None,
+        fp8_stored: bool = False,
     ):
+        """``fp8_stored``: the dataset holds fp8 records, which "stored" keeps as they are."""
+        import torch
+
         self.root = os.path.join(out, "hidden_states")
         self.take = _pick(layer_ids, layers, "")
         self.layer_ids = [layer_ids[i] for i in self.take]
@@ -155,7 +206,8 @@ class SpeculatorsLayout:
                 f"speculators takes the last exported layer as the verifier's last hidden state, layer "
                 f"{num_layers} (N) of this model, but the last is {self.layer_ids[-1]} (layers {self.layer_ids})"
             )
-        self.dtype = _dtype(dtype, stored_dtype)
+        self.dtype = torch.float8_e4m3fn if dtype == "stored" and fp8_stored else _dtype(dtype, stored_dtype, self.name)
+        self.fp8 = self.dtype == torch.float8_e4m3fn
         self.settings = {
             "format": "speculators",
             "layer_ids": self.layer_ids,
@@ -163,15 +215,33 @@ class SpeculatorsLayout:
         }
         self.describe = (
             f"hs_{{row}}.safetensors: hidden_states [T, {len(self.layer_ids)}, H] {self.settings['dtype']} "
-            f"(layers {self.layer_ids}), token_ids [T]"
+            f"(layers {self.layer_ids}), token_ids [T]" + (f", {SPECULATORS_SCALES} [T, 1, 1]" if self.fp8 else "")
         )
 
     def relpath(self, row: int) -> str:
         return f"hs_{row}.safetensors"
 
     def build(self, r: Row) -> dict:
-        hs = r.hidden_states if self.take == list(range(r.hidden_states.shape[1])) else r.hidden_states[:, self.take]
-        return {"hidden_states": hs.to(self.dtype).contiguous(), "token_ids": r.token_ids.contiguous()}
+        every = self.take == list(range(r.hidden_states.shape[1]))
+        if not self.fp8:
+            hs = r.floats() if every else r.floats()[:, self.take]
+            return {"hidden_states": hs.to(self.dtype).contiguous(), "token_ids": r.token_ids.contiguous()}
+        if r.scale is None:
+            # Quantized as hs-connectors' quantize_tensor_to_fp8 does (the same e4m3 bytes and
+            # scales, tests/trainers/test_speculators_fp8.py), over the exported layers.
+            from layertap.fp8 import quantize
+
+            q, scale, _ = quantize(r.hidden_states if every else r.hidden_states[:, self.take])
+        else:
+            # The stored bytes and scales, whose tokens' largest magnitudes may lie in a layer
+            # left out: the values dequantize all the same.
+            q = r.hidden_states if every else r.hidden_states[:, self.take]
+            scale = r.scale
+        return {
+            "hidden_states": q.contiguous(),
+            SPECULATORS_SCALES: scale.reshape(-1, 1, 1).contiguous(),
+            "token_ids": r.token_ids.contiguous(),
+        }
 
     def serialize(self, tensors: dict, row: int) -> bytes:
         import json
@@ -203,7 +273,7 @@ class SpecForgeLayout:
     ):
         self.root = out
         self.strategy = strategy
-        self.dtype = _dtype(dtype, stored_dtype)
+        self.dtype = _dtype(dtype, stored_dtype, self.name)
         self.norm = norm
         if strategy == "eagle3":
             if norm is None or num_layers is None:
@@ -266,7 +336,7 @@ class SpecForgeLayout:
 
         ids = r.token_ids.contiguous()
         mask = torch.ones_like(ids) if r.loss_mask is None else r.loss_mask.to(torch.int64)
-        hs = r.hidden_states
+        hs = r.floats()
         side_by_side = hs[:, self.take].reshape(hs.shape[0], -1).to(self.dtype).unsqueeze(0).contiguous()
         if self.strategy == "dflash":
             # SpecForge refuses such a sample at training time; its own capture leaves it out.
@@ -304,7 +374,7 @@ class ModelOptLayout:
         prenorm: bool = False,
     ):
         self.root = out
-        self.dtype = _dtype(dtype, stored_dtype)
+        self.dtype = _dtype(dtype, stored_dtype, self.name)
         self.norm = None if prenorm else norm
         if not prenorm and norm is None:
             raise InvalidInputError("--to modelopt needs the final norm (--model) unless --prenorm")
@@ -363,7 +433,7 @@ class ModelOptLayout:
 
         ids = _compact(r.token_ids)
         mask = torch.ones_like(ids) if r.loss_mask is None else r.loss_mask.to(torch.int64)
-        hs = r.hidden_states
+        hs = r.floats()
         aux = hs[:, self.take].reshape(hs.shape[0], -1).to(self.dtype)
         last = hs[:, self.last].to(self.dtype) if self.norm is None else self.norm(hs[:, self.last], self.dtype)
         tensors = {
@@ -395,6 +465,7 @@ __all__ = [
     "SpecForgeLayout",
     "SpeculatorsLayout",
     "check_record",
+    "stored_float_dtype",
     "modelopt_default_aux",
     "modelopt_ids",
     "specforge_ids",

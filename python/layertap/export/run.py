@@ -22,8 +22,10 @@ from layertap.export.layouts import (
     SpecForgeLayout,
     SpeculatorsLayout,
     check_record,
+    stored_float_dtype,
 )
 from layertap.export.rows import Selection, select
+from layertap.fp8 import SCALE_NAME
 from layertap.reader import open as open_dataset
 
 FORMATS = ("speculators", "specforge", "modelopt")
@@ -114,10 +116,13 @@ def _layout(
     layer_ids = first.layer_ids
     if not layer_ids:
         raise InvalidInputError(f"record {first.key!r} has no layer_ids metadata: cannot tell which layers it holds")
-    stored = first.tensors["hidden_states"].dtype
+    stored = stored_float_dtype(first)
     if fmt == "speculators":
         n = num_hidden_layers(model) if model else None
-        return SpeculatorsLayout(out, layer_ids, stored, layers=layers, dtype=dtype or "stored", num_layers=n)
+        fp8_stored = SCALE_NAME in first.tensors
+        return SpeculatorsLayout(
+            out, layer_ids, stored, layers=layers, dtype=dtype or "stored", num_layers=n, fp8_stored=fp8_stored
+        )
     if fmt == "specforge":
         norm = n = None
         if strategy == "eagle3":

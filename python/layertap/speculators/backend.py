@@ -5,7 +5,8 @@ dataset calls for each sample).
 speculators' training dataset asks the transfer for row ``i`` of the prepared dataset
 (``get_cached(i)``), falls back to asking a running vLLM for that row when it gets ``None``
 (``--on-missing generate``) and reads the result with ``get_generated(kv_transfer_params)``.
-Both return ``{"hidden_states": [tokens, layers, hidden], "token_ids": int64 [tokens]}``; the
+Both return ``{"hidden_states": [tokens, layers, hidden], "token_ids": int64 [tokens]}`` (a record
+stored as fp8 dequantized to bfloat16, as speculators' fp8 backend returns its own); the
 dataset drops a sample whose ``token_ids`` differ from the row's ``input_ids`` and takes
 ``hidden_states[:, :-1]`` as the auxiliary states and ``hidden_states[:, -1]`` as the verifier's
 last hidden state.
@@ -18,9 +19,12 @@ import logging
 import os
 from typing import Any
 
+import torch
 from hs_connectors import HiddenStatesBackend, HiddenStatesTransfer
+from hs_connectors.fp8_utils import dequantize_fp8_tensor
 
 from layertap.errors import FormatError
+from layertap.fp8 import SCALE_NAME
 from layertap.reader import open as open_dataset
 
 logger = logging.getLogger("layertap.speculators")
@@ -50,6 +54,12 @@ def _record_tensors(record: Any, where: str) -> dict:
             f"{where}: record {record.key!r} has hidden_states {list(hidden.shape)} and token_ids "
             f"{list(token_ids.shape)}; expected [tokens, layers, hidden] and [tokens]"
         )
+    scale = record.tensors.get(SCALE_NAME)
+    if scale is not None:
+        # A dataset stored as fp8 (docs/FP8.md) is handed over as speculators' fp8 backend hands
+        # its own: dequantized to bfloat16 by hs-connectors' function, so a drafter trains on the
+        # same values from either.
+        hidden = dequantize_fp8_tensor(hidden, scale.reshape(-1, *([1] * (hidden.dim() - 1))), dtype=torch.bfloat16)
     return {"hidden_states": hidden, "token_ids": token_ids}
 
 
