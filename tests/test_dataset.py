@@ -176,7 +176,7 @@ def test_iteration_goes_on_past_corrupt_records_when_asked(tmp_path, backend):
         assert {p.kind for p in it.problems} == {"corrupt_record"}
         assert "checksum" in it.problems[0].message and not it.problems[0].message.startswith(paths[0])
         assert list(it) == []  # exhausted
-        with pytest.raises(InvalidInputError, match="errors must be 'raise' or 'skip'"):
+        with pytest.raises(InvalidInputError, match="errors must be one of 'raise', 'skip'"):
             ds.iter(errors="ignore")
 
 
@@ -197,7 +197,7 @@ def test_records_as_numpy_arrays(tmp_path, backend):
             )
             assert rec.token_ids.dtype == np.int64 and rec.token_ids.tolist() == tensors["token_ids"].tolist()
             assert "hidden_states: bfloat16[3, 2, 8]" in repr(rec)
-    with pytest.raises(InvalidInputError, match="tensors must be 'auto', 'torch' or 'numpy'"):
+    with pytest.raises(InvalidInputError, match="tensors must be one of 'auto', 'torch', 'numpy'"):
         layertap.open(tmp_path, tensors="jax")
 
 

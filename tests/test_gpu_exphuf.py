@@ -5,17 +5,27 @@ whole record's payload, and the reference decoder gives the tensors back bit for
 from __future__ import annotations
 
 import sys
+import time
 
 import numpy as np
 import pytest
 import torch
 
+from helpers import a_busy_python_thread
 from layertap import _native
 from layertap._py import exphuf as np_exphuf
 from layertap._spec import exphuf as spec
 from layertap._spec.blob import build_header
 from layertap.errors import InvalidInputError
-from layertap.gpu.exphuf import Block, code_lengths, encode_blob_tensors, encode_block, encode_blocks, reversed_codes_of
+from layertap.gpu.exphuf import (
+    Block,
+    code_lengths,
+    encode_blob_tensors,
+    encode_block,
+    encode_blocks,
+    encode_contiguous,
+    reversed_codes_of,
+)
 
 NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
 
@@ -137,7 +147,82 @@ def test_a_batch_gives_each_tensor_its_own_block():
     assert [b.head[0] for b in blocks][:4] == [spec.MODE_CODED, spec.MODE_RAW, spec.MODE_CODED, spec.MODE_RAW]
 
 
+@pytest.mark.parametrize("order", ["mixed", "raw-first", "one", "raw-only"])
+def test_contiguous_blocks_are_the_batchs_blocks_back_to_back(order):
+    """What the connector copies to the host in one piece (compress_on="gpu"): every block in
+    its place, heads included, raw blocks (short, incompressible) among coded ones."""
+    coded = [activations_like((40, 3, 96), torch.bfloat16, seed=s) for s in (6, 7)]
+    short = torch.zeros(10, dtype=torch.bfloat16)
+    noise = torch.randint(-(2**15), 2**15, (2048,), dtype=torch.int16).view(torch.bfloat16)
+    tensors = {
+        "mixed": [coded[0], short, noise, coded[1]],
+        "raw-first": [noise, short, coded[0]],
+        "one": [coded[1]],
+        "raw-only": [short, noise],
+    }[order]
+    buf, sizes = encode_contiguous(tensors, "BF16")
+    want = [reference(t) for t in tensors]
+    assert sizes == [len(w) for w in want]
+    assert buf.dtype == torch.uint8 and buf.numel() == sum(sizes)
+    assert buf.numpy().tobytes() == b"".join(want)
+
+
 def test_canonical_codes_equal_the_references():
+    """The Rust core's codes (what the encoder uses where the extension is built) and the numpy
+    stand-in equal the spec's reference."""
+    import layertap.gpu.exphuf as gpu_exphuf
+
     rng = np.random.default_rng(1)
     lengths = code_lengths(rng.integers(0, 50, (6, 512)) * (rng.random((6, 512)) < 0.3))
-    assert reversed_codes_of(lengths).tolist() == [spec.reversed_codes(list(ln)) for ln in lengths]
+    want = [spec.reversed_codes(list(ln)) for ln in lengths]
+    assert reversed_codes_of(lengths).tolist() == want
+    assert gpu_exphuf._reversed_codes_numpy(lengths).tolist() == want
+
+
+def test_the_native_head_and_code_builders_refuse_bad_tables():
+    good = np.zeros((1, 16, 512), dtype=np.uint8)
+    good[..., :2] = 1
+    assert len(_native.exphuf_coded_heads("BF16", [8], [127], good.tobytes(), [1, 1, 1, 1])) == 1
+    with pytest.raises(InvalidInputError, match="table 0: code lengths are over-subscribed"):
+        _native.exphuf_reversed_codes(bytes([1, 1, 1] + [0] * 509))
+    with pytest.raises(InvalidInputError, match="tensor 0: context 0: code length 12 is over 11"):
+        bad = good.copy()
+        bad[0, 0, 5] = 12
+        _native.exphuf_coded_heads("BF16", [8], [127], bad.tobytes(), [1, 1, 1, 1])
+    with pytest.raises(InvalidInputError, match="tensor 0: 3 streams"):
+        _native.exphuf_coded_heads("BF16", [8], [127], good.tobytes(), [1, 1, 1])
+    with pytest.raises(InvalidInputError, match="do not describe the same tensors"):
+        _native.exphuf_coded_heads("BF16", [8, 8], [127], good.tobytes(), [1, 1, 1, 1])
+    with pytest.raises(InvalidInputError, match="I64"):
+        _native.exphuf_coded_heads("I64", [8], [127], good.tobytes(), [1, 1, 1, 1])
+
+
+@pytest.mark.parametrize("builder", ["exphuf_code_lengths", "exphuf_reversed_codes", "exphuf_coded_heads"])
+def test_the_table_builders_release_the_gil(builder):
+    """The GPU path's thread builds about 1,000 tables a batch (milliseconds) beside the engine
+    thread: each builder releases the GIL around its work. With the switch interval at 1 s and
+    a thread spinning in Python, a release shows as a call that takes about a second (the
+    spinning thread keeps the GIL until the interval ends); a call of the same length that keeps
+    the GIL (``b"x" * 300_000_000``, 0.2 s here) returns without waiting. The work is made long
+    enough (20-50 ms) for the spinning thread to be running when the call ends; on a loaded
+    machine it may not have been scheduled in time, so the call gets three tries (a call that
+    keeps the GIL never waits)."""
+    lengths = np.zeros((24_000, 512), dtype=np.uint8)
+    lengths[:, :2] = 1
+    heads = 1500  # 16 tables each
+    calls = {
+        "exphuf_code_lengths": lambda: _native.exphuf_code_lengths(np.ones((2000, 512), "<u4").tobytes()),
+        "exphuf_reversed_codes": lambda: _native.exphuf_reversed_codes(lengths[:5000].tobytes()),
+        "exphuf_coded_heads": lambda: _native.exphuf_coded_heads(
+            "BF16", [8] * heads, [127] * heads, lengths[: 16 * heads].tobytes(), [1, 1, 1, 1] * heads
+        ),
+    }
+    took = []
+    for _ in range(3):
+        with a_busy_python_thread():
+            t0 = time.perf_counter()
+            calls[builder]()
+            took.append(time.perf_counter() - t0)
+        if took[-1] > 0.5:
+            break
+    assert max(took) > 0.5, f"{builder} took {[f'{t * 1000:.1f} ms' for t in took]}: it kept the GIL"

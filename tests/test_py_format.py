@@ -11,11 +11,12 @@ import safetensors.torch
 import torch
 import zstandard
 
-from helpers import make_tensors, payload_offset, shard_files, write_records
+from helpers import make_tensors, payload_offset, reader_class, shard_files, write_records
 from layertap._py import encode
 from layertap._spec import blob, codecs
 from layertap._spec import format as fmt
 from layertap._spec.format import FormatProblem, Truncated, crc32c
+from layertap.errors import FormatError
 
 
 def test_crc32c_check_value():
@@ -194,12 +195,13 @@ def test_zstd_payload_has_content_size_and_one_frame():
 def test_zstd_frame_header_that_libzstd_refuses_is_corrupt():
     """A frame whose header the block walk can follow but libzstd refuses (a window of 2**41
     bytes) is a corrupt payload, as in the Rust reader (codec.rs has the same case); it was an
-    uncaught ``ZstdError`` (found by tests/fuzz/fuzz_readers.py)."""
+    uncaught ``ZstdError`` (found by tests/fuzz/fuzz_readers.py). Now the window limit of
+    FORMAT.md refuses it first."""
     raw = b"x" * 64
     stored = bytearray(zstandard.ZstdCompressor(write_content_size=False).compress(raw))
     assert not stored[4] & 0x20  # not single-segment: byte 5 is the window descriptor
     stored[5] = 31 << 3  # exponent 31: a window log of 41, over libzstd's limit
-    with pytest.raises(FormatProblem, match="zstd frame: libzstd refuses its header"):
+    with pytest.raises(FormatProblem, match="zstd frame asks for a window of 2199023255552 bytes, more than 134217728"):
         codecs.decode(fmt.CODEC_ZSTD, bytes(stored), len(raw))
 
 
@@ -234,3 +236,27 @@ def test_written_payload_is_a_safetensors_file(tmp_path):
     header = json.loads(payload[8 : 8 + int.from_bytes(payload[:8], "little")])
     assert header["__metadata__"] == {"i": "1", "key": key, "layer_ids": "[1, 3]"}
     assert list(header) == ["__metadata__", "hidden_states", "token_ids"]
+
+
+def _header_with_meta_text(text: bytes) -> bytes:
+    """A file header (checksum right) whose shard metadata is ``text`` as it is."""
+    out = bytearray(b"\x89LTAP\r\n\x1a" + struct.pack("<HHI", 1, 0, len(text)) + bytes(16) + text)
+    out += crc32c(bytes(out)).to_bytes(4, "little")
+    return bytes(out + bytes(-len(out) % 8))
+
+
+@pytest.mark.parametrize("reader", ["python", "rust"])
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        # Deep enough for Python's json module to raise RecursionError, not ValueError.
+        (b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nest"),
+        (b'{"created_unix_ms":NaN}', "JSON"),
+        (b'{"note":"\\udc00"}', "JSON"),
+    ],
+)
+def test_shard_metadata_beyond_the_json_limits_is_not_a_shard(tmp_path, reader, text, reason):
+    path = tmp_path / "w-000000.lts"
+    path.write_bytes(_header_with_meta_text(text))
+    with pytest.raises(FormatError, match=f"not a layertap shard.*{reason}"):
+        reader_class(reader)(str(path), probe_lock=False)

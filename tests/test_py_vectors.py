@@ -8,6 +8,7 @@ import importlib.util
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -42,6 +43,9 @@ def test_generator_is_deterministic(tmp_path):
             assert [{k: r.get(k) for k in decoded} for r in got["records"]] == [
                 {k: r.get(k) for k in decoded} for r in want["records"]
             ], name
+    assert (tmp_path / "layout.json").read_text(encoding="utf-8") == (VECTORS / "layout.json").read_text(
+        encoding="utf-8"
+    )
 
 
 def test_expected_json_describes_the_files():
@@ -49,8 +53,8 @@ def test_expected_json_describes_the_files():
         data = (VECTORS / name).read_bytes()
         assert len(data) == want["file_bytes"] and hashlib.sha256(data).hexdigest() == want["sha256"], name
         # exp-huf codes a tensor only where it saves more than its tables take (~0.5 KB), so
-        # its vector needs a record of a few thousand elements.
-        limit = 20_000 if name == "exp-huf.lts" else 4096
+        # its vector needs a record of a few thousand elements; json-limits has 13 records.
+        limit = {"exp-huf.lts": 20_000, "json-limits.lts": 6000}.get(name, 4096)
         assert len(data) < limit, f"{name}: test vectors should stay tiny"
 
 
@@ -138,3 +142,30 @@ def test_files_that_are_not_shards(reader, name, tmp_path):
         with pytest.raises(FormatError):
             recover(copy)
         assert copy.read_bytes() == data
+
+
+LAYOUT = json.loads((VECTORS / "layout.json").read_text(encoding="utf-8"))
+
+
+def layout_cache(case: dict):
+    """The case's hidden-states KV cache: a tensor of its shape and strides (values unused)."""
+    from layertap.vllm.gather import HiddenStatesCache
+
+    shape, strides = case["kv_shape"], case["kv_strides"]
+    storage = torch.zeros(1 + sum((n - 1) * s for n, s in zip(shape, strides)), dtype=torch.bfloat16)
+    kv = torch.as_strided(storage, shape, strides)
+    return HiddenStatesCache(kv, case["num_layers"], case["hidden_size"], case["block_size"])
+
+
+@pytest.mark.parametrize("case", LAYOUT["cases"], ids=[c["name"] for c in LAYOUT["cases"]])
+def test_write_indices_follow_the_layout_vector(case):
+    """Python's layout (``HiddenStatesCache``) gives the layout arguments and the indices of
+    tests/vectors/layout.json, which the Rust layout is checked against too (vectors.rs)."""
+    cache = layout_cache(case)
+    steps, layer_rows = cache.row_layout()
+    assert (cache.tensor_block_size, cache.index_width) == (case["tensor_block_size"], case["index_width"])
+    assert (list(steps) if steps else None, layer_rows) == (case["row_steps"], case["layer_rows"])
+    requests = [(r["block_ids"], r["num_tokens"]) for r in case["requests"]]
+    index = np.full((len(case["indices"]), cache.index_width), -1, dtype=np.int64)
+    cache.write_indices(requests, index)
+    assert index.tolist() == case["indices"]

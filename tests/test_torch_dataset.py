@@ -3,18 +3,23 @@ selection, DataLoader workers started by fork and by spawn, corrupt records skip
 
 from __future__ import annotations
 
-import os
+import json
 import pickle
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import layertap
-from helpers import flip_bit
+from helpers import flip_bit, subprocess_env
 from layertap.errors import CorruptRecordError, RecordNotFoundError
 from layertap.torch import HiddenStatesDataset, pack_collate, pad_collate
+from loader_check import keys_through_loader
 
+LOADER_CHECK = Path(__file__).with_name("loader_check.py")
 ROWS = 24
 LAYER_IDS = [2, 8, 13]
 
@@ -75,26 +80,21 @@ def test_pickles_as_its_arguments(dataset_path):
     assert copy.keys == ds.keys and torch.equal(copy[4]["hidden_states"], ds[4]["hidden_states"])
 
 
-def collate_in_worker(batch):
-    """pack_collate, after checking that this worker reads through a reader it opened itself."""
-    info = torch.utils.data.get_worker_info()
-    assert info is not None and info.dataset._pid == os.getpid()
-    return pack_collate(batch)
-
-
-@pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_dataloader_workers(dataset_path, context):
-    ds = HiddenStatesDataset(dataset_path)
-    ds[0]  # the parent has a reader open: a forked worker must open its own
-    loader = torch.utils.data.DataLoader(
-        ds, batch_size=5, shuffle=True, num_workers=2, multiprocessing_context=context, collate_fn=collate_in_worker
+def test_dataloader_workers_started_by_fork(dataset_path):
+    """In a fresh interpreter (tests/loader_check.py says why)."""
+    proc = subprocess.run(
+        [sys.executable, str(LOADER_CHECK), str(dataset_path), "fork"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=subprocess_env(),
     )
-    seen = []
-    for batch in loader:
-        seen += batch["keys"]
-        n = len(batch["token_ids"])
-        assert batch["hidden_states"].shape == (n, 3, 16) and batch["cu_seqlens"][-1] == n
-    assert sorted(seen, key=int) == ds.keys
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(json.loads(proc.stdout), key=int) == HiddenStatesDataset(dataset_path).keys
+
+
+def test_dataloader_workers_started_by_spawn(dataset_path):
+    assert sorted(keys_through_loader(dataset_path, "spawn"), key=int) == HiddenStatesDataset(dataset_path).keys
 
 
 def test_collates():

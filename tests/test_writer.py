@@ -80,7 +80,7 @@ def test_native_checks_buffers_itself(tmp_path):
     """The native writer does not trust its Python caller: a strided or short buffer is refused
     with the tensor named."""
     with Writer(tmp_path) as w:
-        native = w._native
+        native = w.native
         strided = memoryview(bytearray(8))[::2]
         with pytest.raises(InvalidInputError, match='tensor "h".*not C-contiguous'):
             native.submit("k", [("h", strided, "U8", [4])], None, 0)

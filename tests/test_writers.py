@@ -211,7 +211,7 @@ def test_same_writer_id_at_once_fails_instead_of_mixing(tmp_path, kind):
         ({"writer_id": ".hidden"}, "writer_id", "writer_id must be None or 1 to 64 characters"),
         ({"writer_id": "a/b"}, "writer_id", "writer_id must be None or 1 to 64 characters .* not 'a/b'"),
         ({"writer_id": 5}, "writer_id", "writer_id must be"),
-        ({"io": "mmap"}, "io", "io must be 'auto', 'uring' or 'pwrite', not 'mmap'"),
+        ({"io": "mmap"}, "io", "io must be one of 'auto', 'uring', 'pwrite', not 'mmap'"),
         ({"direct": "yes"}, "direct", "direct must be True or False, not 'yes'"),
         ({"direct": 1}, "direct", "direct must be True or False"),
         ({"metadata": {"a": 1}}, "metadata", "metadata entry 'a': 1: keys and values must be str"),

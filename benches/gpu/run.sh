@@ -20,6 +20,8 @@
 #           the top, as many as compression threads, at most half), the engine's on the others
 #   +raw    codec "none": the writer frames and writes without compressing (is it compression's
 #           CPU work that slows the engine thread?)
+#   +exphuf codec "exp-huf", compressed by the writer's threads on the host
+#   +gpu    compress_on="gpu": exp-huf encoded on the GPU before the copy (issue 21)
 #   +prof   py-spy the engine core over each case's window, native stacks (BENCH_PROFILE
 #           sets the kind: native or python)
 #   +<word> a label only (a second round: +r2)
@@ -45,6 +47,8 @@ for spec in "${modes[@]}"; do
            pypath=$BENCH_OLD_SITE${pypath:+:$pypath} ;;
       prof) profile=${BENCH_PROFILE:-native} ;;
       raw) extra=$(python3 -c "import json,sys; d=json.loads(sys.argv[1]); d['codec']='none'; print(json.dumps(d))" "$extra") ;;
+      exphuf) extra=$(python3 -c "import json,sys; d=json.loads(sys.argv[1]); d['codec']='exp-huf'; print(json.dumps(d))" "$extra") ;;
+      gpu) extra=$(python3 -c "import json,sys; d=json.loads(sys.argv[1]); d.update(codec='exp-huf', compress_on='gpu'); print(json.dumps(d))" "$extra") ;;
       aff) pin=$(python3 -c "import json,os,sys; print(json.loads(sys.argv[1]).get('writer_threads') or max(4, min(16, len(os.sched_getaffinity(0)) // 2)))" "$extra") ;;
     esac
     tag=${tag:+$tag-}$v

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import collections
 
+from layertap.errors import InvalidInputError
+
 
 class KeyWindow:
     """The last ``limit`` keys added (every key when ``limit`` is None), for membership tests;
@@ -16,7 +18,7 @@ class KeyWindow:
 
     def __init__(self, limit: int | None):
         if limit is not None and limit < 1:
-            raise ValueError(f"key window limit must be at least 1, not {limit}")
+            raise InvalidInputError(f"key window limit must be a positive integer or None, not {limit!r}")
         self.limit = limit
         self._keys: set[str] = set()
         self._order: collections.deque[str] = collections.deque()

@@ -15,21 +15,18 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from layertap._checks import choices_text, flag, is_int, one_of, positive_int
+from layertap._choices import DURABILITY_MODES, IO_MODES, LOSSY_MODES, MAX_THREADS
 from layertap._spec.codecs import MAX_LEVEL, MIN_LEVEL
 from layertap._spec.format import CODECS, MAX_META_LEN, WRITER_ID_RULE, writer_id_problem
 from layertap.errors import InvalidInputError, OptionError
 
 _U64 = 1 << 64
 _I32 = 1 << 31
-MAX_THREADS = 256
-#: Values of ``io``; ``"io_uring"`` is taken for ``"uring"`` (the name ``stats["backend"]`` uses).
-IO_MODES = ("auto", "uring", "pwrite")
 
 
 def _positive(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value < _U64:
-        raise OptionError(name, f"must be a positive integer below 2**64, not {value!r}")
-    return value
+    return positive_int(name, value, OptionError, below=_U64)
 
 
 def check_utf8(what: str, *texts: str) -> None:
@@ -105,37 +102,38 @@ class WriterOptions:
     None: every key of its lifetime (a long-running writer bounds its memory with it)."""
 
     def __post_init__(self) -> None:
-        if self.codec not in CODECS:
-            raise OptionError("codec", f"must be one of {', '.join(map(repr, CODECS))}, not {self.codec!r}")
+        one_of("codec", self.codec, CODECS, OptionError)
         level = self.level
-        if not isinstance(level, int) or isinstance(level, bool):
+        if not is_int(level):
             raise OptionError("level", f"must be an integer, not {level!r}")
         if self.codec != "none" and not MIN_LEVEL <= level <= MAX_LEVEL:
             raise OptionError("level", f"must be a zstd level from {MIN_LEVEL} to {MAX_LEVEL}, not {level!r}")
         if not -_I32 <= level < _I32:
             raise OptionError("level", f"must be a 32-bit integer, not {level!r}")
         _positive("shard_size", self.shard_size)
-        if self.durability not in ("none", "close"):
+        if self.durability not in DURABILITY_MODES:
             d = self.durability
-            if not isinstance(d, int) or isinstance(d, bool) or not 0 < d < _U64:
-                raise OptionError("durability", f"must be 'none', 'close' or a positive number of bytes, not {d!r}")
-        t = self.threads
-        if t is not None and (not isinstance(t, int) or isinstance(t, bool) or not 0 < t <= MAX_THREADS):
-            raise OptionError("threads", f"must be None or an integer from 1 to {MAX_THREADS}, not {t!r}")
+            if not is_int(d) or not 0 < d < _U64:
+                raise OptionError(
+                    "durability", f"must be {choices_text(DURABILITY_MODES)} or a positive number of bytes, not {d!r}"
+                )
+        if self.threads is not None:
+            t = self.threads
+            if not is_int(t) or not 0 < t <= MAX_THREADS:
+                raise OptionError("threads", f"must be None or an integer from 1 to {MAX_THREADS}, not {t!r}")
         _positive("max_inflight_bytes", self.max_inflight_bytes)
         _positive("batch_bytes", self.batch_bytes)
         if self.writer_id is not None and writer_id_problem(self.writer_id):
             raise OptionError("writer_id", f"must be None or {WRITER_ID_RULE}, not {self.writer_id!r}")
         if self.io == "io_uring":
             object.__setattr__(self, "io", "uring")
-        elif self.io not in IO_MODES:
-            raise OptionError("io", f"must be 'auto', 'uring' or 'pwrite', not {self.io!r}")
+        else:
+            one_of("io", self.io, IO_MODES, OptionError)
         if self.key_memory is not None:
             _positive("key_memory", self.key_memory)
-        if not isinstance(self.direct, bool):
-            raise OptionError("direct", f"must be True or False, not {self.direct!r}")
-        if self.lossy is not None and self.lossy not in ("fp8-e4m3",):
-            raise OptionError("lossy", f"must be None or 'fp8-e4m3', not {self.lossy!r}")
+        flag("direct", self.direct, OptionError)
+        if self.lossy is not None and self.lossy not in LOSSY_MODES:
+            raise OptionError("lossy", f"must be None or {choices_text(LOSSY_MODES)}, not {self.lossy!r}")
         # Read-only, so that no one changes a checked value behind the check.
         object.__setattr__(self, "metadata", MappingProxyType(_shard_metadata(self.metadata)))
 

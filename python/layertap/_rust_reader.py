@@ -10,13 +10,13 @@ checks checksums and decompresses.
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
 
 from layertap._native import NativeShardReader, is_being_written
-from layertap._types import IndexEntry, Problem
+from layertap._spec import json_text
+from layertap._types import IndexEntry, Problem, ProblemKind
 from layertap.errors import FormatError
 
 
@@ -47,11 +47,12 @@ class RustShardReader:
         self.lost_in_recovery: int = native.lost_in_recovery
         self.shard_id: bytes = native.shard_id
         try:
-            self.meta: dict = json.loads(native.meta_json)
+            self.meta: dict = json_text.parse(native.meta_json.encode("utf-8"))
         except ValueError as e:  # the core checked it is a JSON object; keep the promise anyway
             raise FormatError(f"{self.path}: not a layertap shard: shard metadata: {e}", self.path) from None
         self.scan_problems: list[Problem] = [
-            Problem(self.path, offset, key, kind, message) for kind, offset, key, message in native.problems
+            Problem(self.path, offset, key, ProblemKind(kind), message)
+            for kind, offset, key, message in native.problems
         ]
         self.entries: list[IndexEntry] = [IndexEntry(*row) for row in native.entries()]
         self.being_written: bool = is_being_written(self.path) if probe_lock else False

@@ -16,8 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from layertap._checks import one_of
+from layertap._choices import TENSOR_KINDS
 from layertap._options import check_str_map
 from layertap._spec.dtypes import ITEMSIZE, NUMPY_DTYPES, TORCH_NAMES, numpy_dtype
+from layertap._spec.record import TOKEN_IDS
 from layertap.errors import InvalidInputError
 
 if sys.byteorder != "little":  # pragma: no cover - the format is little-endian
@@ -172,7 +175,7 @@ def normalize(tensors: Mapping[str, Any]) -> tuple[list[tuple[str, memoryview, s
         out.append((name, view, dtype, shape))  # empty tensors too: a zero-token record
     num_tokens = 0
     for name, _, _, shape in out:
-        if name == "token_ids" and shape:
+        if name == TOKEN_IDS and shape:
             num_tokens = shape[0]
     if num_tokens >= 1 << 32:
         raise InvalidInputError(f"token_ids has {num_tokens} tokens; at most 2**32 - 1 fit a record")
@@ -233,15 +236,14 @@ def tensor_maker(tensors: str = "auto"):
     back: ``"torch"`` tensors, ``"numpy"`` arrays, or ``"auto"``: torch where it can be
     imported, else numpy. Raises InvalidInputError for another value, ImportError for
     ``"torch"`` without torch."""
+    one_of("tensors", tensors, TENSOR_KINDS)
     if tensors == "auto":
         return to_torch if _torch_available() else to_numpy
     if tensors == "torch":
         if not _torch_available():
             raise ImportError("tensors='torch' needs torch (pip install 'layertap[torch]'); or use tensors='numpy'")
         return to_torch
-    if tensors == "numpy":
-        return to_numpy
-    raise InvalidInputError(f"tensors must be 'auto', 'torch' or 'numpy', not {tensors!r}")
+    return to_numpy
 
 
 def check_buffer_record(record: Any) -> Prepared:

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from layertap._tiny_model import save_random_model, write_tokenizer
+from layertap.errors import InvalidInputError
 
 _COMMON = dict(
     hidden_size=128,
@@ -114,7 +115,7 @@ def build_tiny_model(path: str | os.PathLike, architecture: str, *, dtype: str =
     vocab = write_tokenizer(out)
     configs = _configs(vocab)
     if architecture not in configs:
-        raise ValueError(f"no tiny model for {architecture!r}; known: {sorted(configs)}")
+        raise InvalidInputError(f"no tiny model for {architecture!r}; known: {sorted(configs)}")
     model_class, config_class, kwargs = configs[architecture]
     config = getattr(transformers, config_class)(**kwargs)
     return save_random_model(getattr(transformers, model_class), config, out, dtype=dtype, seed=seed)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from enum import Enum
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 
 class Completion(NamedTuple):
@@ -32,17 +33,75 @@ class IndexEntry(NamedTuple):
     payload_crc: int
 
 
+class ProblemKind(str, Enum):
+    """What a ``Problem`` is. A ``str`` too, equal to its value (``ProblemKind.TORN_TAIL ==
+    "torn_tail"``), which JSON reports print and both readers and the Rust core use."""
+
+    CORRUPT_RECORD = "corrupt_record"
+    """A record failed its checksum or could not be decoded."""
+    DAMAGED_REGION = "damaged_region"
+    """Bytes between records that are no record frame (a scan skipped them)."""
+    TORN_TAIL = "torn_tail"
+    """The end of a shard whose writer stopped mid-record (or is still writing)."""
+    DUPLICATE_KEY = "duplicate_key"
+    """A key that another record of the dataset has too."""
+    BAD_INDEX = "bad_index"
+    """A complete shard whose index (footer) is damaged; its records were found by a scan."""
+    NOT_A_SHARD = "not_a_shard"
+    """A file among the shards that is not one."""
+    MISSING_RECORD = "missing_record"
+    """A record a store's index lists and the store does not hold (docs/MOONCAKE.md)."""
+    LOST_IN_RECOVERY = "lost_in_recovery"
+    """A note of ``VerifyReport``: damaged parts an earlier ``recover`` left out of an index."""
+
+    # The value, not "ProblemKind.TORN_TAIL", wherever a kind is printed (Python 3.10 and 3.12
+    # format mixed-in enums differently).
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
 class Problem(NamedTuple):
     """Something wrong found in a shard or dataset."""
 
     shard: str
     offset: int | None
     key: str | None
-    kind: str
-    """One of: ``"corrupt_record"``, ``"damaged_region"``, ``"torn_tail"``, ``"duplicate_key"``,
-    ``"bad_index"``, ``"not_a_shard"``; and ``"lost_in_recovery"`` for the notes of
-    ``VerifyReport``."""
+    kind: ProblemKind
+    """What it is (a ``ProblemKind``, equal to its string value)."""
     message: str
+
+
+@runtime_checkable
+class ShardBackend(Protocol):
+    """One shard as a reader backend opens it: ``RustShardReader`` (``layertap._rust_reader``,
+    memory-mapped), ``PyShardReader`` (``layertap._py.reader``, the reference), or the reader's
+    stand-in for a torn empty shard. ``layertap.open`` and ``layertap.follow`` take any of them."""
+
+    path: str
+    complete: bool
+    """The shard has its index and trailer (else its records were found by a scan)."""
+    meta: dict
+    """The shard metadata JSON object of its header."""
+    file_bytes: int
+    torn_tail_bytes: int
+    being_written: bool
+    """Another process held the shard's flock (a live writer) when it was opened."""
+    lost_in_recovery: int
+    scan_problems: list[Problem]
+    """What opening it found: a torn tail, damaged regions, a bad index, corrupt records."""
+    entries: list[IndexEntry]
+    """Its records, in file order."""
+
+    def read(self, i: int, verify: bool = True) -> tuple[dict[str, str], list[tuple[str, str, tuple[int, ...], Any]]]:
+        """Record ``i``'s metadata and tensors ``(name, dtype, shape, buffer)``; with ``verify``
+        its checksum is checked first (``CorruptRecordError``)."""
+        ...
+
+    def check(self, i: int) -> None:
+        """Checks record ``i`` (checksum, decoding) without handing it out."""
+        ...
+
+    def close(self) -> None: ...
 
 
 @dataclass

@@ -60,6 +60,29 @@ class CorruptRecordError(FormatError):
         self.key = key
 
 
+class CodecError(LayertapError):
+    """A codec's library failed on data layertap handed it (compressing a record, or a zstd
+    context it could not allocate): ``codec`` names the codec, ``reason`` is the library's
+    message. Damaged stored data is a ``CorruptRecordError`` instead."""
+
+    def __init__(self, message: str, codec: str | None = None, reason: str | None = None):
+        super().__init__(message)
+        self.codec = codec
+        self.reason = reason
+
+    def __reduce__(self):
+        return type(self), (str(self), self.codec, self.reason)
+
+
+class RecordMissingError(CorruptRecordError):
+    """A record its index lists is not in the store that should hold it (Mooncake Store: evicted,
+    lost with the node that held it, or never put); its data is never read as another's."""
+
+
+class StoreUnavailableError(LayertapError):
+    """The store (a Mooncake master and its clients) cannot be reached or refused the client."""
+
+
 class RecordNotFoundError(LayertapError, KeyError):
     """No record has this key (or position)."""
 
@@ -96,7 +119,10 @@ __all__ = [
     "DuplicateKeyError",
     "FormatError",
     "CorruptRecordError",
+    "CodecError",
+    "RecordMissingError",
     "RecordNotFoundError",
+    "StoreUnavailableError",
     "ShardLockedError",
     "WriterClosedError",
     "WriterIOError",

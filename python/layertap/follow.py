@@ -22,27 +22,26 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from layertap._checks import one_of
+from layertap._choices import ERROR_MODES
+from layertap._cursor import ShardCursor
 from layertap._inotify import DirectoryWatch
 from layertap._spec.format import (
     CODECS,
-    FILE_HEADER_FIXED_LEN,
     KIND_INDEX,
-    MAX_META_LEN,
     SHARD_SUFFIX,
     TRAILER_LEN,
     FormatProblem,
     Truncated,
-    decode_file_header,
     decode_trailer,
     frame_header_len,
-    read_frame_header,
 )
 from layertap._spec.lock import is_locked
 from layertap._spec.record import decode_record
 from layertap._tensors import tensor_maker
-from layertap._types import IndexEntry, Problem
-from layertap.errors import CorruptRecordError, FormatError, InvalidInputError
-from layertap.reader import Record, _reason, backend_class
+from layertap._types import IndexEntry, Problem, ProblemKind
+from layertap.errors import CorruptRecordError, FormatError, InvalidInputError, RecordMissingError
+from layertap.reader import Record, backend_class, problem_message
 
 
 class NotYet(Exception):
@@ -79,7 +78,7 @@ class ShardTail:
         self._corrupt: dict[int, str] = {}  # entry -> why the backend found it corrupt
         self._keys: dict[str, int] = {}
         self._fd = -1
-        self._pos: int | None = None  # offset of the next frame header to read; None: file header not read
+        self._cursor = ShardCursor(self._pread)  # the next frame header to read
 
     # -- finding records ----------------------------------------------------------------------
 
@@ -98,18 +97,13 @@ class ShardTail:
                 self._take_from_backend(0)  # complete when first seen: its index says everything
                 return
         size = os.fstat(self._fd).st_size
-        if self._pos is None:
-            head = self._pread(0, min(size, FILE_HEADER_FIXED_LEN + 4 + MAX_META_LEN))
-            try:
-                self._pos = decode_file_header(head, size).header_len
-            except FormatProblem:
-                if superseded and not is_locked(self.path):
-                    self._take_from_backend(0)  # left without a header (or not a shard)
-                return
+        if not self._cursor.find_start(size):
+            if superseded and not is_locked(self.path):
+                self._take_from_backend(0)  # left without a header (or not a shard)
+            return
         while True:
-            pos = self._pos
             try:
-                h = read_frame_header(self._pread, pos, size)
+                h = self._cursor.peek(size)
             except Truncated:
                 # Nothing more yet (or the frame being written). A writer that left for good
                 # leaves only a torn tail here.
@@ -119,13 +113,13 @@ class ShardTail:
             except FormatProblem:
                 # Not written yet (writes may land out of order), or damage.
                 if not is_locked(self.path) and (superseded or self._has_trailer()):
-                    self._take_from_backend(pos)
+                    self._take_from_backend(self._cursor.pos or 0)
                 return
             if h.kind == KIND_INDEX:
                 self._finish()
                 return
+            pos = self._cursor.step(h)
             self._add(IndexEntry(h.key, pos, h.stored_len, h.raw_len, h.num_tokens, CODECS[h.codec], h.payload_crc))
-            self._pos = pos + h.frame_len
 
     def _add(self, entry: IndexEntry, at_backend: int | None = None, corrupt: str | None = None) -> None:
         if corrupt is not None:
@@ -151,7 +145,7 @@ class ShardTail:
             (e.frame_offset, e, i, None) for i, e in enumerate(backend.entries) if e.frame_offset >= start
         ]
         for p in backend.scan_problems:
-            if p.kind == "corrupt_record" and p.offset is not None and p.offset >= start:
+            if p.kind == ProblemKind.CORRUPT_RECORD and p.offset is not None and p.offset >= start:
                 found.append((p.offset, IndexEntry(p.key or "", p.offset, 0, 0, 0, "none", 0), None, p.message))
         for _, entry, at, corrupt in sorted(found, key=lambda f: f[0]):
             self._add(entry, at, corrupt)
@@ -333,7 +327,11 @@ class Follow:
                         self.skipped += 1
                         self.problems.append(
                             Problem(
-                                shard.path, e.frame_offset, e.key or None, "corrupt_record", _reason(err, shard.path)
+                                shard.path,
+                                e.frame_offset,
+                                e.key or None,
+                                ProblemKind.CORRUPT_RECORD,
+                                problem_message(err, shard.path),
                             )
                         )
                         shard.consumed += 1
@@ -369,6 +367,72 @@ class Follow:
         return f"Follow({self._tail.directory!r}, skipped {self.skipped})"
 
 
+class StoreFollow:
+    """``follow`` of a dataset in Mooncake Store (docs/MOONCAKE.md): the store tells no one when
+    objects appear, so the writers' heads and index chunks are looked at again every
+    ``STORE_POLL`` seconds; records are read and checked as ``layertap.open`` reads them. A
+    record the index lists and the store does not hold raises ``RecordMissingError`` (a
+    ``CorruptRecordError``: ``errors="skip"`` counts it)."""
+
+    STORE_POLL = 0.2
+
+    def __init__(self, path: str, timeout: float | None, make, skip: bool):
+        self._path = path
+        self._timeout = timeout
+        self._make = make
+        self._skip = skip
+        self.skipped = 0
+        self.problems: list[Problem] = []
+        self._records = self._run()
+
+    def _run(self) -> Iterator[Record]:
+        from layertap.mooncake.backend import open_address
+
+        consumed: dict[str, int] = {}  # writer path -> records handed out (or skipped)
+        idle_since = time.monotonic()
+        while True:
+            _, shards, _ = open_address(self._path)
+            for shard in shards:
+                while consumed.get(shard.path, 0) < len(shard.entries):
+                    i = consumed.get(shard.path, 0)
+                    consumed[shard.path] = i + 1
+                    e = shard.entries[i]
+                    try:
+                        metadata, tensors = shard.read(i)
+                    except CorruptRecordError as err:
+                        if not self._skip:
+                            raise
+                        kind = (
+                            ProblemKind.MISSING_RECORD
+                            if isinstance(err, RecordMissingError)
+                            else ProblemKind.CORRUPT_RECORD
+                        )
+                        self.skipped += 1
+                        self.problems.append(Problem(shard.path, i, e.key, kind, problem_message(err, shard.path)))
+                        continue
+                    yield Record.from_parts(e, shard.path, metadata, tensors, self._make)
+                    idle_since = time.monotonic()
+            left = None if self._timeout is None else self._timeout - (time.monotonic() - idle_since)
+            if left is not None and left <= 0:
+                return
+            time.sleep(self.STORE_POLL if left is None else min(self.STORE_POLL, left))
+
+    def __iter__(self) -> StoreFollow:
+        return self
+
+    def __next__(self) -> Record:
+        return next(self._records)
+
+    def close(self) -> None:
+        self._records.close()
+
+    def __enter__(self) -> StoreFollow:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def follow(
     path: str | os.PathLike,
     *,
@@ -387,13 +451,17 @@ def follow(
     it waits for more until the caller stops). ``writer_id``: only that writer's shards.
     ``errors``: ``"raise"`` raises ``CorruptRecordError`` at a damaged record, ``"skip"`` leaves
     it out and counts it in ``skipped``. ``backend`` and ``tensors`` as for ``layertap.open``.
-    Raises FileNotFoundError if the directory does not exist."""
-    if errors not in ("raise", "skip"):
-        raise InvalidInputError(f"errors must be 'raise' or 'skip', not {errors!r}")
+    ``path`` may be a dataset in Mooncake Store (``mooncake://...``, ``StoreFollow``). Raises
+    FileNotFoundError if the directory does not exist."""
+    one_of("errors", errors, ERROR_MODES)
     if timeout is not None and not (isinstance(timeout, (int, float)) and timeout >= 0):
         raise InvalidInputError(f"timeout must be a number of seconds >= 0 or None, not {timeout!r}")
     make = tensor_maker(tensors)
+    if isinstance(path, str) and path.startswith("mooncake://"):
+        if writer_id is not None:
+            raise InvalidInputError("writer_id is for a dataset directory; a store dataset is followed whole")
+        return StoreFollow(path, timeout, make, errors == "skip")
     return Follow(DatasetTail(path, writer_id=writer_id, backend=backend), timeout, make, errors == "skip")
 
 
-__all__ = ["DatasetTail", "Follow", "ShardTail", "follow"]
+__all__ = ["DatasetTail", "Follow", "ShardTail", "StoreFollow", "follow"]

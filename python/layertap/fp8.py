@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from layertap._spec.record import HIDDEN_STATES
 from layertap.errors import InvalidInputError
 
 #: The values of the writers' ``lossy`` option.
@@ -58,15 +59,15 @@ def quantize(hidden_states) -> tuple[Any, Any, dict[str, str]]:
 def quantize_record(tensors: Mapping[str, Any], metadata: Mapping[str, str] | None):
     """A record's tensors and metadata with ``hidden_states`` stored as fp8 and its scales
     added after it; a record without ``hidden_states`` is left as it is."""
-    if not isinstance(tensors, Mapping) or "hidden_states" not in tensors:
+    if not isinstance(tensors, Mapping) or HIDDEN_STATES not in tensors:
         return tensors, metadata
     if SCALE_NAME in tensors:
         raise InvalidInputError(f"lossy='fp8-e4m3' adds a tensor {SCALE_NAME!r}; the record has one already")
-    q, scale, meta = quantize(tensors["hidden_states"])
+    q, scale, meta = quantize(tensors[HIDDEN_STATES])
     out: dict[str, Any] = {}
     for name, t in tensors.items():
-        out[name] = q if name == "hidden_states" else t
-        if name == "hidden_states":
+        out[name] = q if name == HIDDEN_STATES else t
+        if name == HIDDEN_STATES:
             out[SCALE_NAME] = scale
     return out, _merged(metadata, meta)
 
@@ -95,11 +96,11 @@ def quantize_buffer_record(record: tuple) -> tuple:
         return record
     key, parts, metadata, num_tokens = record
     names = [p[0] if isinstance(p, (tuple, list)) and p else None for p in parts]
-    if "hidden_states" not in names:
+    if HIDDEN_STATES not in names:
         return record
     if SCALE_NAME in names:
         raise InvalidInputError(f"lossy='fp8-e4m3' adds a tensor {SCALE_NAME!r}; the record has one already")
-    i = names.index("hidden_states")
+    i = names.index(HIDDEN_STATES)
     _, buffer, dtype, shape = parts[i]
     if dtype not in _FLOATS:
         raise InvalidInputError(f"lossy='fp8-e4m3' needs hidden_states as BF16, F16 or F32, not {dtype}")
@@ -107,7 +108,7 @@ def quantize_buffer_record(record: tuple) -> tuple:
     x = raw.view(getattr(torch, _FLOATS[dtype])).reshape(tuple(shape))
     q, scale, meta = quantize(x)
     out = list(parts)
-    out[i] = ("hidden_states", q.view(torch.uint8).numpy(), "F8_E4M3", list(shape))
+    out[i] = (HIDDEN_STATES, q.view(torch.uint8).numpy(), "F8_E4M3", list(shape))
     out.insert(i + 1, (SCALE_NAME, scale.numpy(), "F32", [int(shape[0])]))
     return (key, out, _merged(metadata, meta), num_tokens)
 
@@ -120,7 +121,7 @@ def dequantize(record_or_tensor, scale=None, dtype=None):
 
     if scale is None:
         rec = record_or_tensor  # a layertap Record or a mapping: both index tensors by name
-        q, scale = rec["hidden_states"], rec[SCALE_NAME]
+        q, scale = rec[HIDDEN_STATES], rec[SCALE_NAME]
     else:
         q = record_or_tensor
     q, scale = torch.as_tensor(q), torch.as_tensor(scale)

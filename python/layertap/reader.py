@@ -3,20 +3,8 @@
 
 A dataset is a list of shards, each read by a *shard backend*: ``RustShardReader`` (memory-mapped,
 ``layertap._rust_reader``) or ``PyShardReader`` (the pure-Python reference, ``layertap._py.reader``,
-imported only when it is chosen or the extension is not built). Both follow this protocol::
-
-    class ShardBackend(Protocol):
-        path: str
-        complete: bool
-        meta: dict                  # the shard metadata JSON object
-        file_bytes: int
-        torn_tail_bytes: int
-        being_written: bool         # another process holds the shard's flock
-        scan_problems: list[Problem]
-        entries: list[IndexEntry]   # records in file order
-        def read(self, i: int, verify: bool = True) -> tuple[dict[str, str], list[tuple[str, str, tuple[int, ...], object]]]: ...
-        def check(self, i: int) -> None: ...
-        def close(self) -> None: ...
+imported only when it is chosen or the extension is not built). Both follow the protocol
+``layertap._types.ShardBackend``; ``backend_class`` picks one (``layertap._backends``).
 """
 
 from __future__ import annotations
@@ -31,6 +19,9 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from layertap._backends import resolve_backend
+from layertap._checks import one_of
+from layertap._choices import ERROR_MODES
 from layertap._spec.format import (
     FILE_HEADER_FIXED_LEN,
     MAX_META_LEN,
@@ -41,45 +32,31 @@ from layertap._spec.format import (
     is_torn_empty,
 )
 from layertap._spec.lock import is_locked
+from layertap._spec.record import HIDDEN_STATES, LAYER_IDS, TOKEN_IDS
 from layertap._tensors import tensor_maker
-from layertap._types import IndexEntry, Problem, ShardInfo, VerifyReport
-from layertap.errors import CorruptRecordError, FormatError, InvalidInputError, RecordNotFoundError
+from layertap._types import IndexEntry, Problem, ProblemKind, ShardBackend, ShardInfo, VerifyReport
+from layertap.errors import CorruptRecordError, FormatError, RecordMissingError, RecordNotFoundError
 
 if TYPE_CHECKING:
     from layertap.parts import Parts
 
-_BACKENDS = ("auto", "rust", "python")
-_ERRORS = ("raise", "skip")
 
+def _rust_backend() -> type[ShardBackend]:
+    from layertap._rust_reader import RustShardReader
 
-def _rust_backend():
-    """``RustShardReader``, or the ImportError saying why it is not available."""
-    try:
-        from layertap._rust_reader import RustShardReader
-    except ImportError as e:
-        return e
     return RustShardReader
 
 
-def _python_backend():
+def _python_backend() -> type[ShardBackend]:
     from layertap._py.reader import PyShardReader
 
     return PyShardReader
 
 
-def backend_class(backend: str):
+def backend_class(backend: str) -> type[ShardBackend]:
     """The shard backend class ``backend`` names: ``"rust"``, ``"python"``, or ``"auto"`` (Rust
     when the extension is built)."""
-    if backend not in _BACKENDS:
-        raise InvalidInputError(f"backend must be one of {', '.join(_BACKENDS)}, not {backend!r}")
-    if backend == "python":
-        return _python_backend()
-    rust = _rust_backend()
-    if isinstance(rust, ImportError):
-        if backend == "rust":
-            raise ImportError(f"backend 'rust' is not available: the native extension is not built ({rust})")
-        return _python_backend()
-    return rust
+    return resolve_backend("backend", backend, rust=_rust_backend, python=_python_backend)
 
 
 class Record:
@@ -101,17 +78,17 @@ class Record:
     @property
     def hidden_states(self):
         """The ``hidden_states`` tensor ``[tokens, layers, hidden]``, or None."""
-        return self.tensors.get("hidden_states")
+        return self.tensors.get(HIDDEN_STATES)
 
     @property
     def token_ids(self):
         """The ``token_ids`` tensor ``[tokens]``, or None."""
-        return self.tensors.get("token_ids")
+        return self.tensors.get(TOKEN_IDS)
 
     @property
     def layer_ids(self) -> list[int] | None:
         """The layer ids of ``hidden_states``' second axis (metadata ``layer_ids``), or None."""
-        text = self.metadata.get("layer_ids")
+        text = self.metadata.get(LAYER_IDS)
         if text is None:
             return None
         try:
@@ -162,7 +139,7 @@ class _TornEmptyShard:
         self.file_bytes = os.path.getsize(path)
         self.torn_tail_bytes = self.file_bytes
         reason = "its header is not written yet" if being_written else TORN_EMPTY_REASON
-        self.scan_problems = [Problem(path, 0, None, "torn_tail", reason)]
+        self.scan_problems = [Problem(path, 0, None, ProblemKind.TORN_TAIL, reason)]
 
     def read(self, i: int, verify: bool = True):
         raise IndexError(i)
@@ -201,7 +178,7 @@ class Dataset:
     def __init__(
         self,
         path: str,
-        shards: list,
+        shards: list[ShardBackend],
         unreadable: list[Problem] | None = None,
         tensors: str = "auto",
         parts: Parts | None = None,
@@ -276,8 +253,7 @@ class Dataset:
         """Every record, in dataset order. ``errors="raise"`` raises ``CorruptRecordError`` at
         the first corrupt record; ``errors="skip"`` leaves corrupt records out and counts them
         in the iterator's ``skipped`` (and lists them in its ``problems``)."""
-        if errors not in _ERRORS:
-            raise InvalidInputError(f"errors must be 'raise' or 'skip', not {errors!r}")
+        one_of("errors", errors, ERROR_MODES)
         return RecordIterator(self, errors == "skip")
 
     # -- summaries ----------------------------------------------------------------------------
@@ -337,7 +313,7 @@ class Dataset:
         return self._duplicates()
 
     @property
-    def backends(self) -> list:
+    def backends(self) -> list[ShardBackend]:
         """The shard backends (``RustShardReader`` or ``PyShardReader``), one per shard."""
         return list(self._shards)
 
@@ -364,18 +340,23 @@ class Dataset:
         try:
             for s in self._shards:
                 for p in s.scan_problems:
-                    if p.kind == "torn_tail" and s.being_written:
+                    if p.kind == ProblemKind.TORN_TAIL and s.being_written:
                         continue
                     report.problems.append(p)
-                    if p.kind == "corrupt_record":
+                    if p.kind == ProblemKind.CORRUPT_RECORD:
                         report.records_bad += 1
                 for i, e in enumerate(s.entries):
                     try:
                         s.check(i)
                     except FormatError as err:
                         report.records_bad += 1
+                        kind = (
+                            ProblemKind.MISSING_RECORD
+                            if isinstance(err, RecordMissingError)
+                            else ProblemKind.CORRUPT_RECORD
+                        )
                         report.problems.append(
-                            Problem(s.path, e.frame_offset, e.key, "corrupt_record", _reason(err, s.path))
+                            Problem(s.path, e.frame_offset, e.key, kind, problem_message(err, s.path))
                         )
                     else:
                         report.records_ok += 1
@@ -401,7 +382,7 @@ class Dataset:
                         s.path,
                         e.frame_offset,
                         e.key,
-                        "duplicate_key",
+                        ProblemKind.DUPLICATE_KEY,
                         f"key {e.key!r} was already used by the record at offset {where[1]} of {where[0]}, "
                         "which is the key's record",
                     )
@@ -456,7 +437,9 @@ class RecordIterator:
                 e = shard.entries[i]
                 self.skipped += 1
                 self.problems.append(
-                    Problem(shard.path, e.frame_offset, e.key, "corrupt_record", _reason(err, shard.path))
+                    Problem(
+                        shard.path, e.frame_offset, e.key, ProblemKind.CORRUPT_RECORD, problem_message(err, shard.path)
+                    )
                 )
         raise StopIteration
 
@@ -473,13 +456,13 @@ def _lost_note(s) -> Problem:
         s.path,
         None,
         None,
-        "lost_in_recovery",
+        ProblemKind.LOST_IN_RECOVERY,
         f"an earlier `layertap recover` left {n} damaged part{'s' if n != 1 else ''} (corrupt records, damaged "
         f"regions) out of this shard's index; {unindexed} bytes of it are not indexed",
     )
 
 
-def _reason(err: Exception, path: str) -> str:
+def problem_message(err: Exception, path: str) -> str:
     """An error's message without what the Problem it goes into names anyway: the shard path
     and, for a corrupt record, its offset and key."""
     text = str(err)
@@ -500,11 +483,12 @@ def _open_shards(cls, paths: list[str], shards: list, unreadable: list[Problem])
             if torn is not None:
                 shards.append(torn)
             else:
-                unreadable.append(Problem(p, None, None, "not_a_shard", _reason(e, p)))
+                unreadable.append(Problem(p, None, None, ProblemKind.NOT_A_SHARD, problem_message(e, p)))
 
 
 def open(path: str | os.PathLike | list | tuple, backend: str = "auto", *, tensors: str = "auto") -> Dataset:
-    """Opens a shard file, a dataset directory (its ``*.lts`` files, by file name), or a dataset
+    """Opens a shard file, a dataset directory (its ``*.lts`` files, by file name), a dataset in
+    Mooncake Store (``mooncake://MASTER_HOST:PORT/PREFIX``, docs/MOONCAKE.md), or a dataset
     of several parts: a directory holding a manifest (``layertap-dataset.json``), a manifest
     file, or a list of any of these (docs/FORMAT.md, "Datasets of several parts"). The records
     are the parts' in the order listed.
@@ -519,6 +503,11 @@ def open(path: str | os.PathLike | list | tuple, backend: str = "auto", *, tenso
 
     cls = backend_class(backend)
     tensor_maker(tensors)  # a bad value fails before any file is opened
+    if isinstance(path, str) and path.startswith("mooncake://"):
+        from layertap.mooncake.backend import open_address
+
+        address, store_shards, problems = open_address(path)
+        return Dataset(address.dataset, store_shards, problems, tensors=tensors)
     parts = resolve(path)
     single = len(parts.paths) == 1 and parts.manifest is None
     if single and not os.path.isdir(parts.paths[0]):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from layertap._types import Problem, RecoverReport
+from layertap._types import Problem, ProblemKind, RecoverReport
 
 
 def recover(path: str | os.PathLike) -> RecoverReport:
@@ -34,7 +34,9 @@ def recover(path: str | os.PathLike) -> RecoverReport:
         records=d["records"],
         truncated_bytes=d["truncated_bytes"],
         removed=d["removed"],
-        problems=[Problem(path, offset, key, kind, message) for kind, offset, key, message in d["problems"]],
+        problems=[
+            Problem(path, offset, key, ProblemKind(kind), message) for kind, offset, key, message in d["problems"]
+        ],
     )
 
 

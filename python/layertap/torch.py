@@ -18,11 +18,12 @@ from typing import Any
 
 import torch
 
+from layertap._checks import one_of
+from layertap._choices import ERROR_MODES
+from layertap._spec.record import HIDDEN_STATES, LAYER_IDS, LOSS_MASK, TOKEN_IDS
 from layertap._tensors import to_torch
 from layertap.errors import LayertapError, RecordNotFoundError
 from layertap.reader import open as open_dataset
-
-_ERRORS = ("raise", "skip")
 
 
 def _row_order(keys: list[str]) -> list[str]:
@@ -58,8 +59,7 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
         backend: str = "auto",
         verify: bool = True,
     ):
-        if errors not in _ERRORS:
-            raise ValueError(f"errors must be one of {', '.join(_ERRORS)}, not {errors!r}")
+        one_of("errors", errors, ERROR_MODES)
         # A list of paths (parts of one dataset) stays a list: layertap.open takes it as it is.
         self.path = [os.fspath(p) for p in path] if isinstance(path, (list, tuple)) else os.fspath(path)
         self.layers = None if layers is None else [int(i) for i in layers]
@@ -134,32 +134,37 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
 
     def _item(self, key: str, shard: str, metadata: dict, tensors: list) -> dict:
         found = {name: to_torch(buf, dtype, shape) for name, dtype, shape, buf in tensors}
-        hidden, token_ids = found.get("hidden_states"), found.get("token_ids")
+        hidden, token_ids = found.get(HIDDEN_STATES), found.get(TOKEN_IDS)
         if hidden is None or token_ids is None:
             raise LayertapError(f"{shard}: record {key!r} has no hidden_states or token_ids tensor")
         if self.layers is not None:
             try:
-                stored = json.loads(metadata.get("layer_ids", "null")) or []
+                stored = json.loads(metadata.get(LAYER_IDS, "null")) or []
                 index = [stored.index(i) for i in self.layers]
             except (ValueError, AttributeError):
                 raise LayertapError(
-                    f"{shard}: record {key!r} holds layers {metadata.get('layer_ids')}, not all of {self.layers}"
+                    f"{shard}: record {key!r} holds layers {metadata.get(LAYER_IDS)}, not all of {self.layers}"
                 ) from None
             if index != list(range(len(stored))):
                 hidden = hidden[:, index]
-        mask = found.get("loss_mask")
+        mask = found.get(LOSS_MASK)
         if mask is None:
             mask = torch.ones(len(token_ids), dtype=torch.uint8)
-        return {"hidden_states": hidden, "token_ids": token_ids, "loss_mask": mask, "key": key}
+        return {HIDDEN_STATES: hidden, TOKEN_IDS: token_ids, LOSS_MASK: mask, "key": key}
 
     def __repr__(self) -> str:
         return f"HiddenStatesDataset({self.path!r}, {len(self)} records, layers={self.layers})"
 
 
+class EmptyBatchError(LayertapError, ValueError):
+    """Every record of a batch was corrupt and skipped (``errors="skip"``): there is nothing
+    to collate."""
+
+
 def _present(batch: list[dict | None]) -> list[dict]:
     items = [b for b in batch if b is not None]
     if not items:
-        raise ValueError("a batch with no readable record (all were corrupt and skipped)")
+        raise EmptyBatchError("a batch with no readable record (all were corrupt and skipped)")
     return items
 
 
@@ -169,22 +174,22 @@ def pad_collate(batch: list[dict | None], pad_token_id: int = 0) -> dict:
     ``attention_mask [B, T]`` (bool), ``lengths [B]`` and ``keys``. Skipped records (None) are
     left out."""
     items = _present(batch)
-    lengths = torch.tensor([len(b["token_ids"]) for b in items])
+    lengths = torch.tensor([len(b[TOKEN_IDS]) for b in items])
     n, t = len(items), int(lengths.max())
-    first = items[0]["hidden_states"]
+    first = items[0][HIDDEN_STATES]
     hidden = first.new_zeros((n, t, *first.shape[1:]))
     token_ids = torch.full((n, t), pad_token_id, dtype=torch.int64)
     loss_mask = torch.zeros((n, t), dtype=torch.uint8)
     for j, b in enumerate(items):
-        k = len(b["token_ids"])
-        hidden[j, :k] = b["hidden_states"]
-        token_ids[j, :k] = b["token_ids"]
-        loss_mask[j, :k] = b["loss_mask"]
+        k = len(b[TOKEN_IDS])
+        hidden[j, :k] = b[HIDDEN_STATES]
+        token_ids[j, :k] = b[TOKEN_IDS]
+        loss_mask[j, :k] = b[LOSS_MASK]
     attention_mask = torch.arange(t)[None, :] < lengths[:, None]
     return {
-        "hidden_states": hidden,
-        "token_ids": token_ids,
-        "loss_mask": loss_mask,
+        HIDDEN_STATES: hidden,
+        TOKEN_IDS: token_ids,
+        LOSS_MASK: loss_mask,
         "attention_mask": attention_mask,
         "lengths": lengths,
         "keys": [b["key"] for b in items],
@@ -197,18 +202,18 @@ def pack_collate(batch: list[dict | None]) -> dict:
     (int32 offsets, as varlen attention kernels take them) and ``keys``. Skipped records (None)
     are left out."""
     items = _present(batch)
-    lengths = torch.tensor([len(b["token_ids"]) for b in items])
+    lengths = torch.tensor([len(b[TOKEN_IDS]) for b in items])
     cu = torch.zeros(len(items) + 1, dtype=torch.int32)
     torch.cumsum(lengths, 0, out=cu[1:])
     starts = torch.repeat_interleave(cu[:-1].long(), lengths)
     return {
-        "hidden_states": torch.cat([b["hidden_states"] for b in items]),
-        "token_ids": torch.cat([b["token_ids"] for b in items]),
-        "loss_mask": torch.cat([b["loss_mask"] for b in items]),
+        HIDDEN_STATES: torch.cat([b[HIDDEN_STATES] for b in items]),
+        TOKEN_IDS: torch.cat([b[TOKEN_IDS] for b in items]),
+        LOSS_MASK: torch.cat([b[LOSS_MASK] for b in items]),
         "position_ids": torch.arange(int(cu[-1])) - starts,
         "cu_seqlens": cu,
         "keys": [b["key"] for b in items],
     }
 
 
-__all__ = ["HiddenStatesDataset", "pad_collate", "pack_collate"]
+__all__ = ["EmptyBatchError", "HiddenStatesDataset", "pad_collate", "pack_collate"]

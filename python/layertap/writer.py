@@ -135,6 +135,13 @@ class ShardWriter:
         """The dataset directory."""
         return self._native.path
 
+    @property
+    def native(self) -> Any:
+        """The ``layertap._native.NativeShardWriter`` this class wraps: for a caller that hands
+        the Rust writer work without Python in between (the connector's ``NativeRegionSink``,
+        ``layertap.vllm.sinks``). Its methods take already checked values; use this class's."""
+        return self._native
+
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"ShardWriter({self.path!r}, writer_id={self.writer_id!r}, backend={self.backend!r}, {state})"

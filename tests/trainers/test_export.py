@@ -5,6 +5,7 @@ with SIGKILL continues when run again."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -190,6 +191,9 @@ def test_refusals(hs_dataset, tmp_path, verifier, truth, rows, capsys):
     write_dataset(tmp_path / "with0", rows[:1], truth, layers=[0, 2])
     assert "embeddings" in refused(str(tmp_path / "with0"), "--to", "specforge", out, "--strategy", "dflash")
     assert "3 auxiliary layers" in refused(hs_dataset, "--to", "specforge", out, "--model", verifier, "--layers", "1,2")
+    assert "needs --compress" in refused(hs_dataset, "--to", "specforge", out, "--compression-level", "3")
+    assert "1 to 9" in refused(hs_dataset, "--to", "specforge", out, "--compress", "--compression-level", "10")
+    assert "is for --to specforge" in refused(hs_dataset, "--to", "speculators", out, "--compress")
     # Keys that are not row indices (a server whose client set no sample_id).
     write_dataset(tmp_path / "ids", rows[:2], truth, keys=["cmpl-a", "cmpl-b"])
     assert "row index" in refused(str(tmp_path / "ids"), "--to", "speculators", out)
@@ -247,6 +251,55 @@ def test_a_dflash_export_that_skips_rows_succeeds(tmp_path, truth):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith("OK: ") and "2 written" in proc.stdout and "1 skipped" in proc.stdout
     assert "skipped 1: " in proc.stdout
+    # The same with --compress: data_{i}.ckpt.gz, SpecForge's default level (6), the same rows.
+    from layertap.cli import main
+
+    assert (
+        main(
+            [
+                "export",
+                str(tmp_path / "ds"),
+                "--to",
+                "specforge",
+                str(tmp_path / "gz"),
+                "--strategy",
+                "dflash",
+                "--compress",
+            ]
+        )
+        == 0
+    )
+    manifest = json.loads((tmp_path / "gz" / "layertap-export.json").read_text())
+    assert manifest["compress"] == "gzip" and manifest["compression_level"] == 6
+    names = sorted(p.name for p in (tmp_path / "gz" / "rows_0-2000").iterdir())
+    assert names == ["data_0.ckpt.gz", "data_2.ckpt.gz"]
+    with gzip.open(tmp_path / "gz" / "rows_0-2000" / "data_2.ckpt.gz") as f:
+        assert torch.equal(
+            torch.load(f, weights_only=True)["hidden_states"], _ckpt(tmp_path / "df", 2)["hidden_states"]
+        )
+
+
+def test_records_of_capture_windows_are_reported(tmp_path):
+    """A reduction (one vector) and a window that starts past the sequence's start are no
+    training sequences: listed as problems, not written; a window from position 0 (a prefix) is."""
+    g = torch.Generator().manual_seed(0)
+    windows = {
+        "0": {"window_start": "0", "window_end": "5"},
+        "1": {"window_start": "3", "window_end": "8"},
+        "2": {"window_start": "0", "window_end": "9", "reduction": "mean"},
+    }
+    with layertap.ShardWriter(str(tmp_path / "ds")) as w:
+        for key, meta in windows.items():
+            n = 1 if "reduction" in meta else 5
+            tensors = {
+                "hidden_states": torch.randn(n, 2, 8, generator=g),
+                "token_ids": torch.arange(n, dtype=torch.int64),
+            }
+            w.submit(key, tensors, metadata={"layer_ids": "[1, 3]", **meta})
+    s = export(str(tmp_path / "ds"), str(tmp_path / "df"), "specforge", strategy="dflash")
+    assert (s.written, s.failed) == (1, 2), s.problems
+    assert any(p.startswith("row 1:") and "positions [3, 8) of its sequence only" in p for p in s.problems)
+    assert any(p.startswith("row 2:") and "a mean over positions [0, 9)" in p for p in s.problems)
 
 
 def test_corrupt_and_missing_rows_are_reported(hs_dataset, tmp_path, rows):

@@ -28,6 +28,7 @@ from layertap._spec.blob import build_header
 from layertap._spec.codecs import decode, split_planes
 from layertap._spec.format import (
     CODEC_BP16_ZSTD,
+    CODEC_NONE,
     CODEC_ZSTD,
     CODECS,
     KIND_RECORD,
@@ -41,7 +42,7 @@ from layertap._spec.format import (
 )
 from layertap._tensors import TORCH_DTYPES
 from layertap.errors import CorruptRecordError
-from layertap.reader import _reason
+from layertap.reader import problem_message
 
 CREATED_UNIX_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 WRITER = "layertap-python 0.1.0"
@@ -193,6 +194,13 @@ def _no_size_frame(raw: bytes) -> bytes:
     return c.compress(raw) + c.flush()
 
 
+def _with_window_log(frame: bytes, log: int) -> bytes:
+    """``frame`` (one with a window descriptor: not single-segment) asking for a window of
+    ``2**log`` bytes (RFC 8878, 3.1.1.1.2: exponent ``log - 10``, mantissa 0) instead."""
+    assert not frame[4] & 0x20, "a single-segment frame has no window descriptor"
+    return frame[:5] + bytes([(log - 10) << 3]) + frame[6:]
+
+
 def _stored(codec: int, raw: bytes, planes: list[tuple[int, int]]) -> bytes:
     if codec == CODEC_BP16_ZSTD:
         split = np.frombuffer(raw, dtype=np.uint8).copy()
@@ -224,7 +232,8 @@ def make_zstd_no_size(out: str) -> None:
     """zstd-no-size: the three vector records as frames without a content size, zstd, bp16-zstd,
     zstd. zstd-no-size-bad: such frames that are corrupt although their checksums match: one
     decodes to more than its raw_len, one to less, one is two frames, one has bytes after its
-    frame; then a good one."""
+    frame, one asks for a window of 2^28 bytes (more than FORMAT.md allows; a one-call decoder
+    would decode it, a streaming one refuses it); then a good one."""
     recs = [(key, *_blob(key, tensors, meta), int(tensors["token_ids"].shape[0])) for key, tensors, meta in records()]
     good = []
     for (key, raw, planes, tokens), codec in zip(recs, [CODEC_ZSTD, CODEC_BP16_ZSTD, CODEC_ZSTD]):
@@ -237,9 +246,54 @@ def make_zstd_no_size(out: str) -> None:
         (k1, CODEC_ZSTD, frame1, len(raw1) + 8, t1),
         ("two-frames", CODEC_ZSTD, frame0 + frame0, 2 * len(raw0), t0),
         ("trailing", CODEC_ZSTD, frame1 + b"\0\0\0", len(raw1), t1),
+        ("wide-window", CODEC_ZSTD, _with_window_log(frame0, 28), len(raw0), t0),
         (k2, CODEC_BP16_ZSTD, _stored(CODEC_BP16_ZSTD, raw2, p2), len(raw2), t2),
     ]
     hand_shard(os.path.join(out, "zstd-no-size-bad.lts"), "zstd-no-size-bad", bad)
+
+
+def _raw_blob(header: str, data: bytes = b"") -> bytes:
+    """A safetensors blob of the JSON text ``header`` written as it is (padded with spaces) and
+    ``data``: for headers no writer makes."""
+    text = header.encode("utf-8")
+    text += b" " * (align8(8 + len(text)) - 8 - len(text))
+    return len(text).to_bytes(8, "little") + text + data
+
+
+#: json-limits.lts: records whose safetensors headers test docs/FORMAT.md's JSON limits, by key:
+#: (what their tensor ``t`` (I64 [1], value 7) carries besides dtype, shape and offsets, the
+#: metadata members besides the key, a second tensor ``e`` (I64) of no element, given by its
+#: shape text, or None). Whether each is good is what expected.json says.
+JSON_LIMITS = {
+    "deep-enough": (',"x":' + "[" * 62 + "]" * 62, "", None),  # objects 2 deep, then 62 arrays: 64
+    "too-deep": (',"x":' + "[" * 63 + "]" * 63, "", None),
+    "nan": (',"x":NaN', "", None),
+    "huge-number": (',"x":1e400', "", None),
+    "huge-integer": (',"x":1' + "0" * 309, "", None),  # 1e309: above the largest double
+    "largest-double": (',"x":1.7976931348623157e308,"y":1.7976931348623158e308', "", None),  # both finite
+    "lone-surrogate": ("", ',"note":"\\ud800"', None),
+    "paired-surrogates": ("", ',"note":"\\ud83d\\ude00"', None),
+    "repeated-name": ("", ',"note":"first","note":"last"', None),
+    "minus-zero": ("", "", "[-0]"),
+    "dim-of-2^64": ("", "", "[18446744073709551616,0]"),
+    "empty-of-2^62-bytes": ("", "", "[1073741824,536870912,0]"),  # nonzero dimensions x 8 bytes: 2^62
+    "empty-of-2^63-bytes": ("", "", "[0,1073741824,1073741824]"),
+}
+
+
+def make_json_limits(out: str) -> None:
+    """json-limits: one record for each case of ``JSON_LIMITS`` (codec none). (The shard
+    metadata's limits: ``meta-beyond-limits.lts``, among the files that are not shards.)"""
+    frames = []
+    for key, (extra, meta, empty) in JSON_LIMITS.items():
+        header = (
+            f'{{"__metadata__":{{"key":"{key}"{meta}}},"t":{{"dtype":"I64","shape":[1],"data_offsets":[0,8]{extra}}}'
+        )
+        if empty is not None:
+            header += f',"e":{{"dtype":"I64","shape":{empty},"data_offsets":[8,8]}}'
+        raw = _raw_blob(header + "}", (7).to_bytes(8, "little"))
+        frames.append((key, CODEC_NONE, raw, len(raw), 1))
+    hand_shard(os.path.join(out, "json-limits.lts"), "json-limits", frames)
 
 
 def make_zero_tokens(tmp: str, out: str) -> None:
@@ -257,6 +311,23 @@ def make_zero_tokens(tmp: str, out: str) -> None:
     shutil.copyfile(os.path.join(tmp, "zero-tokens-000000.lts"), os.path.join(out, "zero-tokens.lts"))
 
 
+def make_open_huge_frame(tmp: str, out: str) -> None:
+    """open-huge-frame: three records, no footer, record 1's frame header (checksum right) saying
+    its payload is 2^64 - 1 bytes long. A valid header whose frame runs past the end of the file
+    is the frame being written: the scan stops there, and record 2 after it is torn tail."""
+    three = write_shard(tmp, "open-huge-frame", "none", count=3)
+    with PyShardReader(three, probe_lock=False) as r:
+        rec1 = r.raw_entries()[1]
+    with open(three, "rb") as f:
+        data = bytearray(f.read(_data_end(three)))
+    at = rec1.frame_offset
+    data[at + 8 : at + 16] = (2**64 - 1).to_bytes(8, "little")
+    key = rec1.key.encode("utf-8")
+    data[at + 44 : at + 48] = crc32c(key, crc32c(bytes(data[at : at + 44]))).to_bytes(4, "little")
+    with open(os.path.join(out, "open-huge-frame.lts"), "wb") as f:
+        f.write(data)
+
+
 def make_recovered(out: str) -> None:
     """recovered-lost: open-damaged.lts completed by the reference recover, which leaves its
     corrupt record and damaged region out of the index and counts them in the trailer."""
@@ -268,13 +339,31 @@ def make_recovered(out: str) -> None:
 
 #: Files that are not shards, and whether each is a torn empty shard (a prefix of a header:
 #: recover removes it) or something else (left alone).
-NOT_SHARDS = {"torn-empty.lts": True, "torn-header.lts": True, "garbage.lts": False}
+NOT_SHARDS = {"torn-empty.lts": True, "torn-header.lts": True, "garbage.lts": False, "meta-beyond-limits.lts": False}
+
+
+def _meta_beyond_limits() -> bytes:
+    """A file header, checksum right, whose shard metadata says ``"created_unix_ms":1e400``: JSON
+    to Python's json module (as inf), not within FORMAT.md's limits (a double's range)."""
+    shard_id, _ = VectorWriter._shard_identity("meta-beyond-limits", 0)
+    meta = {"writer_id": "meta-beyond-limits", "shard_index": 0, "created_unix_ms": 12345, "writer": WRITER}
+    header = bytearray(encode_file_header(shard_id, meta))
+    crc_at = 32 + int.from_bytes(header[12:16], "little")
+    assert header.count(b":12345,") == 1
+    header[:crc_at] = header[:crc_at].replace(b":12345,", b":1e400,")
+    header[crc_at : crc_at + 4] = crc32c(header[:crc_at]).to_bytes(4, "little")
+    return bytes(header)
 
 
 def make_not_shards(out: str) -> None:
     with open(os.path.join(out, "none.lts"), "rb") as f:
         header = f.read(20)  # magic, version, flags, meta_len and 4 bytes of the shard id
-    contents = {"torn-empty.lts": b"", "torn-header.lts": header, "garbage.lts": b"this is not a layertap shard\n"}
+    contents = {
+        "torn-empty.lts": b"",
+        "torn-header.lts": header,
+        "garbage.lts": b"this is not a layertap shard\n",
+        "meta-beyond-limits.lts": _meta_beyond_limits(),
+    }
     for name, data in contents.items():
         with open(os.path.join(out, name), "wb") as f:
             f.write(data)
@@ -324,7 +413,7 @@ def describe(path: str) -> dict:
                 metadata, tensors = r.read(i)
             except CorruptRecordError as err:
                 rec["ok"] = False
-                rec["error"] = _reason(err, path)
+                rec["error"] = problem_message(err, path)
                 desc["verify_problems"].append({"kind": "corrupt_record", "offset": e.frame_offset, "key": e.key})
             else:
                 raw = decode(e.codec, r.pread(e.payload_offset, e.stored_len), e.raw_len).blob
@@ -351,7 +440,89 @@ FILES = [
     "zstd-no-size-bad.lts",
     "zero-tokens.lts",
     "recovered-lost.lts",
+    "json-limits.lts",
+    "open-huge-frame.lts",
 ]
+
+
+#: Hidden-states KV caches as vLLM lays them out, for layout.json: (name, shape, strides, layers,
+#: hidden size, scheduler block size). Sizes differ from each other so that the token axis is
+#: found from the shape (``gather.token_axis``).
+LAYOUT_CACHES = [
+    # vLLM 0.26: [blocks, block size, layers, hidden], contiguous.
+    ("token-major", (6, 4, 3, 5), (60, 15, 5, 1), 3, 5, 4),
+    # vLLM 0.32 on the CPU: [blocks, layers, block size, hidden], contiguous (layer-major).
+    ("layer-major", (6, 3, 4, 5), (60, 20, 5, 1), 3, 5, 4),
+    # vLLM 0.32 under LBNHC on CUDA: the logical [blocks, layers, block size, hidden] over
+    # token-major memory.
+    ("lbnhc", (6, 3, 4, 5), (60, 5, 15, 1), 3, 5, 4),
+    # A scheduler block of 8 tokens split into kernel blocks of 4.
+    ("kernel-blocks", (6, 4, 3, 5), (60, 15, 5, 1), 3, 5, 8),
+    # Padded: blocks 2 elements apart more than their rows take, so no table of rows: the
+    # indices are (tensor block, offset) pairs.
+    ("padded", (6, 4, 3, 5), (62, 15, 5, 1), 3, 5, 4),
+]
+
+
+def layout_case(name: str, shape, strides, layers: int, hidden: int, block_size: int) -> dict:
+    """One case of layout.json: the cache's geometry, the layout arguments the sinks take (as
+    ``HiddenStatesCache.row_layout`` gives them), requests, and each token's indices computed
+    token by token from the strides (not by either implementation)."""
+    axis = 2 if shape[1] == layers else 1
+    tbs = shape[axis]
+    block_stride, token_stride, layer_stride = strides[0], strides[axis], strides[3 - axis]
+    by_rows = strides[3] == 1 and all(s % hidden == 0 for s in (block_stride, token_stride, layer_stride))
+    sched_blocks = shape[0] * tbs // block_size
+    bs = block_size
+    requests = [
+        ([sched_blocks - 1, 0, 1], 2 * bs + 1),  # the last block partly used
+        ([1], bs),
+        ([], 0),  # no token
+        ([2, sched_blocks - 1], bs - 1),  # a block past the tokens, never read
+    ]
+    indices = []
+    for blocks, n in requests:
+        for t in range(n):
+            blk, off = divmod(blocks[t // bs] * bs + t % bs, tbs)
+            if by_rows:
+                at = blk * block_stride + off * token_stride
+                indices.append([(at + layer * layer_stride) // hidden for layer in range(layers)])
+            else:
+                indices.append([blk, off])
+    return {
+        "name": name,
+        "kv_shape": list(shape),
+        "kv_strides": list(strides),
+        "num_layers": layers,
+        "hidden_size": hidden,
+        "block_size": block_size,
+        "tensor_block_size": tbs,
+        "row_steps": [block_stride // hidden, token_stride // hidden] if by_rows else None,
+        "layer_rows": [layer * layer_stride // hidden for layer in range(layers)] if by_rows else [],
+        "index_width": layers if by_rows else 2,
+        "requests": [{"block_ids": b, "num_tokens": n} for b, n in requests],
+        "indices": indices,
+    }
+
+
+def _compact_lists(text: str) -> str:
+    """Lists of numbers on one line each, so that the file stays short and diffs stay readable."""
+    return re.sub(
+        r"\[\s*(-?[0-9.e+-]+(?:,\s*-?[0-9.e+-]+)*)\s*\]",
+        lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]",
+        text,
+    )
+
+
+def make_layout(out: str) -> None:
+    """layout.json: where each token of a request lies in the hidden-states cache, for the Rust
+    layout (``layertap_core::region``) and Python's (``HiddenStatesCache.write_indices``, both
+    sinks' ``fill``)."""
+    layout = {"generator": "tests/vectors/make_vectors.py", "cases": [layout_case(*c) for c in LAYOUT_CACHES]}
+    text = _compact_lists(json.dumps(layout, indent=1))
+    assert json.loads(text) == layout
+    with open(os.path.join(out, "layout.json"), "w", encoding="utf-8") as f:
+        f.write(text + "\n")
 
 
 def main(out: str) -> None:
@@ -359,7 +530,9 @@ def main(out: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         make_files(tmp, out)
         make_zero_tokens(tmp, out)
+        make_open_huge_frame(tmp, out)
     make_zstd_no_size(out)
+    make_json_limits(out)
     make_recovered(out)
     make_not_shards(out)
     expected = {
@@ -368,16 +541,11 @@ def main(out: str) -> None:
         "files": {name: describe(os.path.join(out, name)) for name in FILES},
         "not_shards": {name: {"torn_empty": torn} for name, torn in NOT_SHARDS.items()},
     }
-    text = json.dumps(expected, indent=1, ensure_ascii=False)
-    # Lists of numbers on one line each, so that the file stays short and diffs stay readable.
-    text = re.sub(
-        r"\[\s*(-?[0-9.e+-]+(?:,\s*-?[0-9.e+-]+)*)\s*\]",
-        lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]",
-        text,
-    )
+    text = _compact_lists(json.dumps(expected, indent=1, ensure_ascii=False))
     assert json.loads(text) == expected
     with open(os.path.join(out, "expected.json"), "w", encoding="utf-8") as f:
         f.write(text + "\n")
+    make_layout(out)
 
 
 if __name__ == "__main__":

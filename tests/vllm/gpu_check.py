@@ -4,8 +4,9 @@ Not a pytest module (the GPU machine has no pytest); the CPU tests cover the sam
 0.32. Two engines, each checked against transformers:
 
 - a 4-layer tiny Llama in bfloat16 with CUDA graphs, layers [4, 0, 2]: a batch of prompts of
-  different lengths, a prompt prefilled in chunks, shared prefixes, include_output_tokens; each
-  record read with ``layertap.vllm.fetch`` right after ``generate`` returns;
+  different lengths, a prompt prefilled in chunks, shared prefixes, include_output_tokens, capture
+  windows and reductions; each record read with ``layertap.vllm.fetch`` right after ``generate``
+  returns;
 - a 16-layer one recording 16 layers, as many as a block has tokens, so the cache's layer and
   token axes have the same size.
 
@@ -113,6 +114,20 @@ def run_engine(name: str, model: str, out: Path, layers: list[int], writer: str,
         ),
         include_outputs=True,
     )
+    # Capture windows and reductions (issue 25) across chunked prefill, beside the plain record
+    # of the same prompt in the same batch: the window's rows are the plain record's rows, the
+    # mean their float32 mean rounded once (computed on the GPU, in the copy stream).
+    long = prompt_ids(300, 17)
+    asks = [None, {"window": [40, 200]}, {"reduction": "last"}, {"window": [10, -10], "reduction": "mean"}]
+    win = llm.generate([{"prompt_token_ids": long}] * len(asks), [sampling(2, a) for a in asks], use_tqdm=False)
+    check(win[:1])
+    plain = fetch(win[0].kv_transfer_params, timeout=120).hidden_states
+    rows = [fetch(o.kv_transfer_params, timeout=120).hidden_states for o in win[1:]]
+    assert torch.equal(rows[0], plain[40:200]), (rows[0].float() - plain[40:200].float()).abs().max()
+    assert torch.equal(rows[1], plain[-1:])
+    mean = plain[10:290].float().mean(0, keepdim=True)
+    torch.testing.assert_close(rows[2].float(), mean, rtol=2**-7, atol=2**-7)
+    checked += 3
     # A larger batch, for the connector's statistics.
     many = llm.generate([{"prompt_token_ids": prompt_ids(256, s)} for s in range(64)], sampling(16), use_tqdm=False)
     check(many[:4])
@@ -122,7 +137,7 @@ def run_engine(name: str, model: str, out: Path, layers: list[int], writer: str,
     import layertap
 
     with layertap.open(dataset) as ds:
-        assert len(ds) == 5 + 1 + 2 + 1 + 64, len(ds)
+        assert len(ds) == 5 + 1 + 2 + 1 + 4 + 64, len(ds)
         assert ds.verify().ok and all(s.complete for s in ds.shards)
     return {"engine": name, "layers": stored, "records_checked": checked, "seconds": round(elapsed, 2), "stats": stats}
 

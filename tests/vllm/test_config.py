@@ -41,7 +41,7 @@ GOOD = {"output_dir": "hs"}
         ({"output_dir": "hs", "bogus": 1}, "bogus", "unknown option; the options are: output_dir, writer"),
         ({}, "output_dir", "required"),
         ({"output_dir": ""}, "output_dir", "must be a non-empty path, not ''"),
-        ({**GOOD, "writer": "c++"}, "writer", "must be 'rust' or 'python', not 'c++'"),
+        ({**GOOD, "writer": "c++"}, "writer", "must be one of 'rust', 'python', not 'c++'"),
         ({**GOOD, "pool_bytes": -1}, "pool_bytes", "must be a positive integer, not -1"),
         ({**GOOD, "stats_path": 3}, "stats_path", "must be a non-empty path"),
         # The writer's options, checked by layertap.WriterOptions, named by the connector's key:
@@ -55,7 +55,7 @@ GOOD = {"output_dir": "hs"}
         ({**GOOD, "writer_threads": 0}, "writer_threads", "must be None or an integer from 1 to 256, not 0"),
         ({**GOOD, "max_inflight_bytes": "1G"}, "max_inflight_bytes", "must be a positive integer"),
         ({**GOOD, "batch_bytes": 0}, "batch_bytes", "must be a positive integer"),
-        ({**GOOD, "io": "mmap"}, "io", "must be 'auto', 'uring' or 'pwrite', not 'mmap'"),
+        ({**GOOD, "io": "mmap"}, "io", "must be one of 'auto', 'uring', 'pwrite', not 'mmap'"),
         ({**GOOD, "writer": "python", "io": "uring"}, "io", "the Python writer has no io_uring"),
         ({**GOOD, "direct": "yes"}, "direct", "must be True or False, not 'yes'"),
         ({**GOOD, "direct": 1}, "direct", "must be True or False, not 1"),
@@ -74,6 +74,10 @@ GOOD = {"output_dir": "hs"}
         ({**GOOD, "capture": "in-model", "layer_ids": [True]}, "layer_ids", "must be a non-empty list"),
         ({**GOOD, "capture": "in-model", "layer_ids": "2,3"}, "layer_ids", "must be a non-empty list"),
         ({**GOOD, "capture": "in-model", "layer_ids": [3, -1]}, "layer_ids", "[-1] are negative"),
+        ({**GOOD, "compress_on": "cuda"}, "compress_on", "must be one of 'host', 'gpu', not 'cuda'"),
+        ({**GOOD, "compress_on": "gpu", "writer": "python"}, "compress_on", '"gpu" needs writer="rust"'),
+        ({**GOOD, "compress_on": "gpu", "codec": "bp16-zstd"}, "codec", "'bp16-zstd' with compress_on=\"gpu\""),
+        ({**GOOD, "compress_on": "gpu", "lossy": "fp8-e4m3"}, "lossy", 'not with compress_on="gpu"'),
     ],
 )
 def test_bad_option_is_named(extra, option, message):
@@ -132,6 +136,16 @@ def test_every_option_parses(tmp_path):
     )
     assert set(WRITER_KEYS.values()) | set(WRITER_ONLY_FIELDS) == set(WriterOptions.__dataclass_fields__)
     assert parse_options({"output_dir": "rel/dir"}).output_dir == os.path.abspath("rel/dir")
+
+
+def test_compression_on_the_gpu_takes_codec_exp_huf():
+    for extra in ({"compress_on": "gpu"}, {"compress_on": "gpu", "codec": "exp-huf"}):
+        options = parse_options({**GOOD, **extra})
+        assert options.compress_on == "gpu" and options.writer_options.codec == "exp-huf"
+        assert "codec" in options.given
+    assert (
+        parse_options(GOOD).compress_on == "host" and parse_options({**GOOD, "compress_on": None}).compress_on == "host"
+    )
 
 
 def test_the_model_reads_only_the_capture_options():

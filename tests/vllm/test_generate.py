@@ -59,6 +59,22 @@ def chat_run(tiny_model, tmp_path_factory):
     return rows, out, summary
 
 
+def assert_summary_fields(summary: dict) -> None:
+    """A summary has every field its type (``layertap.generate.summary.Summary``) requires, and
+    none it does not name; so do its seconds and bad rows."""
+    from layertap.generate.summary import BadRowEntry, Seconds, Summary
+
+    assert Summary.__required_keys__ <= set(summary) <= Summary.__required_keys__ | Summary.__optional_keys__
+    assert "complete" in summary and set(summary["seconds"]) == Seconds.__required_keys__
+    assert all(set(b) == BadRowEntry.__required_keys__ for b in summary["bad_rows"])
+
+
+def test_the_summary_has_the_fields_of_its_type(chat_run):
+    _, _, summary = chat_run
+    assert_summary_fields(summary)
+    assert summary["capture"] == "method" and summary["bad_rows"]
+
+
 def test_records_equal_transformers(chat_run, tiny_model, tokenizer, reference):
     rows, out, summary = chat_run
     assert summary["rows"] == 204 and summary["rows_written"] == 200 and summary["rows_done_before"] == 0

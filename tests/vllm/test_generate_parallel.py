@@ -118,6 +118,10 @@ def test_two_engine_processes_then_resume_with_one(tiny_model, reference, tmp_pa
     assert child.finish(timeout=600) == 0, child.stderr[-3000:]
     s = json.loads(child.stdout)
     assert s["complete"] and s["rows"] == 10 and s["rows_written"] == 10 and s["data_parallel_size"] == 2
+    from layertap.generate.summary import EngineEntry, Summary
+
+    assert Summary.__required_keys__ <= set(s) <= Summary.__required_keys__ | Summary.__optional_keys__
+    assert all(set(e) <= EngineEntry.__optional_keys__ for e in s["engines"]) and len(s["engines"]) == 2
     assert s["parts"] == [str(out / "engine-0"), str(out / "engine-1")] and s["engine_errors"] == []
     assert [(e["rows_assigned"], e["rows_written"], e["writer_id"]) for e in s["engines"]] == [(5, 5, "gen-0")] * 2
     assert s["tokens"] > 0 and s["stored_bytes"] > 0 and s["duplicate_records"] == 0

@@ -115,7 +115,7 @@ def test_generate_refuses_capture_in_model_for_an_architecture_without_a_class()
     assert check_capture("method", ["GraniteForCausalLM"]) == "method"
     with pytest.raises(GenerateError, match=r"--capture in-model: no in-model class for .*\['GraniteForCausalLM'\]"):
         check_capture("in-model", ["GraniteForCausalLM"])
-    with pytest.raises(GenerateError, match="--capture must be one of method, in-model, got 'eagle'"):
+    with pytest.raises(GenerateError, match="--capture must be one of 'method', 'in-model', not 'eagle'"):
         check_capture("eagle", ["LlamaForCausalLM"])
 
 
@@ -172,6 +172,55 @@ def test_values_equal_transformers_one_token_per_decode_step(arch, registered, t
         for out, ids in requests:
             record = ds[out.kv_transfer_params["layertap"]["key"]]
             assert_hidden_states_match(record, reference, ids, layers=STORED_LAYERS)
+
+
+def test_capture_windows_with_capture_in_model(registered, tiny_model, reference, tmp_path):
+    """Windows and reductions (issue 25) are the connector's, whichever way the cache is filled:
+    with the model class caching, a window across chunked prefill and a mean over the response
+    tokens equal transformers' rows."""
+    from vllm import SamplingParams
+
+    prompt = [3 + (7 + 41 * i) % 490 for i in range(150)]
+    asks = [{"window": [30, 140]}, {"include_output_tokens": True, "window": [150, None], "reduction": "mean"}]
+    with running_llm(False, **in_model_engine_args(tiny_model, tmp_path / "hs")) as llm:
+        outputs = llm.generate(
+            [{"prompt_token_ids": prompt}] * 2,
+            [
+                SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, extra_args={"kv_transfer_params": a})
+                for a in asks
+            ],
+            use_tqdm=False,
+        )
+    ids = prompt + list(outputs[1].outputs[0].token_ids)[:-1]
+    full = reference.hidden_states(ids, STORED_LAYERS)
+    with layertap.open(tmp_path / "hs") as ds:
+        window, mean = (ds[o.kv_transfer_params["layertap"]["key"]] for o in outputs)
+    assert window.token_ids.tolist() == prompt[30:140] and window.metadata["window_start"] == "30"
+    torch.testing.assert_close(window.hidden_states, full[30:140], rtol=1e-5, atol=1e-5)
+    assert mean.hidden_states.shape == (1, len(STORED_LAYERS), 128) and mean.metadata["window_end"] == "155"
+    torch.testing.assert_close(mean.hidden_states, full[150:155].mean(0, keepdim=True), rtol=1e-5, atol=1e-5)
+
+
+def test_a_class_registered_after_the_model_ran_is_the_one_built(registered, tmp_path):
+    """vLLM (0.32) caches, per process, the class each model path resolved to; registering the
+    in-model classes drops that cache, so a model that already ran here with vLLM's class is
+    built with layertap's next time (in the suite's order this failed the test above)."""
+    from vllm import ModelRegistry
+    from vllm.config import ModelConfig
+    from vllm.model_executor.model_loader.utils import get_model_architecture
+    from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
+
+    from layertap.vllm.models import register_in_model
+    from layertap.vllm.models.in_model import InModelCacheMixin
+
+    model = build_tiny_model(tmp_path / "model", "Qwen2ForCausalLM")
+    ModelRegistry.register_model("Qwen2ForCausalLM", Qwen2ForCausalLM)  # vLLM's own, as without the plugin
+    try:
+        assert get_model_architecture(ModelConfig(model=model))[0] is Qwen2ForCausalLM
+    finally:
+        register_in_model(["Qwen2ForCausalLM"])
+    built = get_model_architecture(ModelConfig(model=model))[0]
+    assert issubclass(built, InModelCacheMixin) and issubclass(built, Qwen2ForCausalLM), built.__mro__
 
 
 def test_in_model_with_a_speculative_config_is_refused(registered, tmp_path):

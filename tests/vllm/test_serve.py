@@ -20,11 +20,19 @@ import urllib.error
 import urllib.request
 
 import pytest
+import torch
 
 import layertap
 from layertap.errors import InvalidInputError
 from layertap.vllm import fetch
-from vllm_support import VLLM_WARNINGS, assert_hidden_states_match, connector_config, read_stats, speculative_config
+from vllm_support import (
+    STORED_LAYERS,
+    VLLM_WARNINGS,
+    assert_hidden_states_match,
+    connector_config,
+    read_stats,
+    speculative_config,
+)
 
 pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
 
@@ -237,11 +245,30 @@ def test_metrics_match_the_dataset(server):
         time.sleep(0.5)
 
 
+def test_a_reduction_and_a_window_over_http(server, reference):
+    """A served client's probe vector: ``reduction: "mean"`` in the request's kv_transfer_params
+    over HTTP; the response names a one-row record, which ``fetch`` reads back as soon as it is
+    written (vLLM sends the response before the worker copies: it cannot carry the vector)."""
+    prompt = prompt_ids(50, 9)
+    resp = server.complete(prompt, 2, {"sample_id": "probe", "window": [10, -5], "reduction": "mean"})
+    assert resp["kv_transfer_params"]["layertap"]["num_tokens"] == 1
+    record = fetch(resp["kv_transfer_params"], timeout=60)
+    assert record.hidden_states.shape == (1, 3, 128) and record.metadata["reduction"] == "mean"
+    assert (record.metadata["window_start"], record.metadata["window_end"]) == ("10", "45")
+    want = reference.hidden_states(prompt, STORED_LAYERS)[10:45].mean(0, keepdim=True)
+    torch.testing.assert_close(record.hidden_states, want, rtol=1e-5, atol=1e-5)
+    resp = server.complete(
+        prompt_ids(30, 11), 6, {"sample_id": "response", "include_output_tokens": True, "window": [30, None]}
+    )
+    record = fetch(resp["kv_transfer_params"], timeout=60)
+    assert record.num_tokens == 5 and record.metadata["window_start"] == "30"
+
+
 def test_shutdown_closes_the_writer(server):
     """Last test of the module: SIGINT the server; every record is in a complete shard."""
     assert server.stop() == 0, server.log_tail()
     with layertap.open(server.out) as ds:
-        assert len(ds) == 5 and "http sample 7" in ds
+        assert len(ds) == 7 and "http sample 7" in ds and "probe" in ds
         assert all(s.complete for s in ds.shards) and ds.verify().ok
     stats = read_stats(server.stats)
-    assert stats["records_written"] == 5 and stats["pool"]["in_use_bytes"] == 0
+    assert stats["records_written"] == 7 and stats["pool"]["in_use_bytes"] == 0

@@ -117,7 +117,9 @@ def test_a_missing_extension_is_named_as_the_writer_option(tmp_path, monkeypatch
         raise ImportError("layertap.ShardWriter needs the compiled extension layertap._native")
 
     monkeypatch.setattr(layertap.writer, "_native_class", not_built)
-    with pytest.raises(ConfigError, match="writer: the Rust writer is not available .*use writer='python'") as info:
+    with pytest.raises(
+        ConfigError, match="writer: 'rust' is not available: the native extension is not built .*use writer='python'"
+    ) as info:
         open_writer(parse_options({"output_dir": str(tmp_path)}), facts(), pool_bytes=1 << 20)
     assert info.value.option == "writer" and isinstance(info.value.__cause__, ImportError)
 
@@ -237,3 +239,39 @@ def test_compression_threads_yield_the_cpu_to_the_engine(tmp_path):
         assert lower_encoder_priority(3) == len(before)
         assert all(n == min(19, b + 3) for n, b in zip(nice_of_encoders(), before))
     assert os.getpriority(os.PRIO_PROCESS, 0) == mine
+
+
+@pytest.mark.parametrize("kind", ["python", "rust"])
+def test_both_sinks_fill_the_indices_of_the_layout_vector(tmp_path, kind):
+    """``BufferSink`` (Python's ``write_indices``) and ``NativeSink`` (the Rust layout, through
+    ``NativeRegionSink.fill``) write the token ids and the indices of tests/vectors/layout.json
+    into the pool, for every cache layout there."""
+    import json
+
+    import numpy as np
+
+    from helpers import VECTORS
+    from layertap.vllm.metadata import StepSaves
+    from layertap.vllm.sinks import open_sink
+
+    for case in json.loads((VECTORS / "layout.json").read_text(encoding="utf-8"))["cases"]:
+        shape, strides = case["kv_shape"], case["kv_strides"]
+        storage = torch.zeros(1 + sum((n - 1) * s for n, s in zip(shape, strides)), dtype=torch.bfloat16)
+        kv = torch.as_strided(storage, shape, strides)
+        cache = HiddenStatesCache(kv, case["num_layers"], case["hidden_size"], case["block_size"])
+        writer = writer_class(kind)(str(tmp_path / case["name"] / kind), codec="none")
+        pool = HostPool(1 << 16, pin=False)
+        sink = open_sink(writer, pool, cache, facts())
+        assert type(sink).__name__ == ("NativeSink" if kind == "rust" else "BufferSink")
+        step = StepSaves()
+        for i, r in enumerate(case["requests"]):
+            n = r["num_tokens"]
+            step.add(f"k{i}", f"r{i}", [1000 * i + t for t in range(n + 2)], n, n, r["block_ids"])
+        total = len(case["indices"])
+        sink.fill(step, 1024, 8192)
+        buf = pool.buffer.numpy()
+        ids = buf[1024 : 1024 + total * 8].view(np.int64).tolist()
+        assert ids == [1000 * i + t for i, r in enumerate(case["requests"]) for t in range(r["num_tokens"])]
+        index = buf[8192 : 8192 + total * case["index_width"] * 8].view(np.int64).reshape(total, -1)
+        assert index.tolist() == case["indices"], case["name"]
+        writer.close()

@@ -24,7 +24,7 @@ from layertap._spec.format import (
 )
 from layertap._spec.lock import is_locked
 from layertap._spec.record import decode_record
-from layertap._types import IndexEntry, Problem
+from layertap._types import IndexEntry, Problem, ProblemKind
 from layertap.errors import CorruptRecordError, FormatError, LayertapError
 
 
@@ -86,7 +86,7 @@ class PyShardReader:
                         self.path,
                         footer.index_offset,
                         None,
-                        "bad_index",
+                        ProblemKind.BAD_INDEX,
                         f"index at offset {footer.index_offset} is unusable ({footer.problem}); "
                         "the shard was scanned instead",
                     )
@@ -108,7 +108,7 @@ class PyShardReader:
                         self.path,
                         found.data_end,
                         None,
-                        "torn_tail",
+                        ProblemKind.TORN_TAIL,
                         f"torn tail of {self.torn_tail_bytes} bytes at offset {found.data_end}: "
                         "an unfinished frame after the last valid one",
                     )
@@ -119,7 +119,7 @@ class PyShardReader:
                         self.path,
                         found.stop,
                         None,
-                        "bad_index",
+                        ProblemKind.BAD_INDEX,
                         "an index frame without a valid trailer after it (the writer died while closing the shard?)",
                     )
                 )

@@ -13,7 +13,7 @@ import os
 from layertap._py.reader import PyShardReader
 from layertap._py.shardfile import fsync_dir, io_error
 from layertap._spec.format import FILE_HEADER_FIXED_LEN, MAX_META_LEN, encode_footer, is_torn_empty
-from layertap._types import RecoverReport
+from layertap._types import ProblemKind, RecoverReport
 from layertap.errors import ShardLockedError
 
 
@@ -47,7 +47,9 @@ def recover(path: str | os.PathLike) -> RecoverReport:
             # A file cut inside the header's padding is shorter than data_end: ftruncate below
             # pads it with zeros, so that the index frame starts at header_len.
             truncated = max(0, shard.file_bytes - data_end)
-            problems = [p for p in shard.scan_problems if p.kind in ("corrupt_record", "damaged_region")]
+            problems = [
+                p for p in shard.scan_problems if p.kind in (ProblemKind.CORRUPT_RECORD, ProblemKind.DAMAGED_REGION)
+            ]
         footer = encode_footer(entries, data_end, min(len(problems), 0xFFFF_FFFF))
         try:
             os.ftruncate(fd, data_end)

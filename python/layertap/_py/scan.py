@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol
 
+from layertap._cursor import ShardCursor
 from layertap._spec import format as fmt
 from layertap._spec.format import (
     FRAME_HEADER_LEN,
@@ -29,7 +30,7 @@ from layertap._spec.format import (
     decode_index,
     decode_trailer,
 )
-from layertap._types import Problem
+from layertap._types import Problem, ProblemKind
 
 _CHUNK = 8 << 20
 
@@ -146,22 +147,22 @@ class ScanResult(NamedTuple):
 def scan(shard: _Shard) -> ScanResult:
     """Scans the frames of a shard from its header on."""
     size = shard.file_bytes
-    pos = shard.header_len
-    data_end = pos
+    cursor = ShardCursor(shard.pread, shard.header_len)
+    data_end = shard.header_len
     stop, stopped_at_index = size, False
     entries: list[RawEntry] = []
     problems: list[Problem] = []
     pending: list[Problem] = []  # reported only once a valid record follows them
     damaged_from = None
-    while pos < size:
+    while (pos := cursor.pos or 0) < size:
         try:
-            h = read_frame_header(shard, pos)
+            h = cursor.peek(size)
         except FrameCutOff:
             break  # the frame being written; the rest of the file is its unfinished payload
         except FormatProblem:
             if damaged_from is None:
                 damaged_from = pos
-            pos = _next_candidate(shard, pos + 8)
+            cursor.pos = _next_candidate(shard, pos + 8)  # resynchronise past the damage
             continue
         if damaged_from is not None:
             pending.append(
@@ -169,7 +170,7 @@ def scan(shard: _Shard) -> ScanResult:
                     shard.path,
                     damaged_from,
                     None,
-                    "damaged_region",
+                    ProblemKind.DAMAGED_REGION,
                     f"damaged region of {pos - damaged_from} bytes at [{damaged_from}, {pos}): "
                     "no valid frame header in it",
                 )
@@ -179,6 +180,7 @@ def scan(shard: _Shard) -> ScanResult:
             stop, stopped_at_index = pos, True
             break
         nxt = pos + h.frame_len
+        cursor.step(h)
         crc = payload_crc(shard, pos + h.header_len, h.stored_len)
         if crc == h.payload_crc:
             problems += pending
@@ -191,11 +193,10 @@ def scan(shard: _Shard) -> ScanResult:
                     shard.path,
                     pos,
                     h.key,
-                    "corrupt_record",
+                    ProblemKind.CORRUPT_RECORD,
                     f"payload checksum mismatch (frame says {h.payload_crc:#010x}, payload has {crc:#010x})",
                 )
             )
-        pos = nxt
     return ScanResult(entries, data_end, stop, stopped_at_index, problems)
 
 

@@ -10,7 +10,8 @@ import from here; nothing here imports either of them. The Rust twin is ``rust/c
 - ``format``: byte layout of file headers, frames, indexes and trailers; names and limits;
 - ``codecs``: zstd levels and payload decoding (``none``, ``zstd``, ``bp16-zstd``);
 - ``blob``: the safetensors blob a record payload decodes to;
-- ``record``: a stored payload checked and decoded into metadata and tensor bytes;
+- ``record``: the hidden-states record's tensor and metadata names (docs/RECORD.md), and a stored
+  payload checked and decoded into metadata and tensor bytes;
 - ``dtypes``: element sizes, torch and numpy names of the safetensors dtypes;
 - ``lock``: whether a live writer holds a shard.
 """

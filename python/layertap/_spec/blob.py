@@ -12,6 +12,7 @@ import json
 import math
 from typing import NamedTuple
 
+from layertap._spec import json_text
 from layertap._spec.dtypes import ITEMSIZE
 from layertap._spec.format import FormatProblem, align8
 
@@ -53,8 +54,8 @@ def parse_header(blob) -> tuple[dict[str, str], list[TensorInfo], int]:
         raise FormatProblem(f"safetensors header length {n} does not fit the payload")
     data_start = 8 + n
     try:
-        doc = json.loads(bytes(blob[8:data_start]).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
+        doc = json_text.parse(blob[8:data_start])
+    except ValueError as e:  # UnicodeDecodeError is one
         raise FormatProblem(f"safetensors header: {e}") from None
     if not isinstance(doc, dict):
         raise FormatProblem("safetensors header is not a JSON object")
@@ -82,7 +83,9 @@ def parse_header(blob) -> tuple[dict[str, str], list[TensorInfo], int]:
 
 
 def _is_uint(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+    """A ``u64`` as FORMAT.md writes integers: an int (not a bool, not ``-0``, which reads as a
+    float) in ``[0, 2**64)``."""
+    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 64
 
 
 def _parse_tensor(name: str, v, data_start: int, blob_len: int) -> TensorInfo:
@@ -97,6 +100,10 @@ def _parse_tensor(name: str, v, data_start: int, blob_len: int) -> TensorInfo:
     offs = v.get("data_offsets")
     if not (isinstance(offs, list) and len(offs) == 2 and all(_is_uint(o) for o in offs) and offs[0] <= offs[1]):
         raise FormatProblem(f"tensor {name!r}: bad data_offsets")
+    # The rule of rust/core/src/blob.rs (TensorSpec::byte_len): numpy and torch cannot make a
+    # tensor, even an empty one, whose nonzero dimensions hold 2^63 bytes or more.
+    if math.prod(d for d in shape if d) * ITEMSIZE[dtype] >= 1 << 63:
+        raise FormatProblem(f"tensor {name!r}: shape {shape} is too large (2^63 bytes or more)")
     if math.prod(shape) * ITEMSIZE[dtype] != offs[1] - offs[0]:
         raise FormatProblem(f"tensor {name!r}: data length does not match dtype and shape")
     begin, end = data_start + offs[0], data_start + offs[1]

@@ -14,7 +14,7 @@ import zstandard
 from layertap._spec import exphuf
 from layertap._spec.blob import TensorInfo, parse_header
 from layertap._spec.dtypes import TWO_BYTE
-from layertap._spec.format import CODEC_BP16_ZSTD, CODEC_EXP_HUF, CODEC_NONE, CODEC_ZSTD, CODECS, FormatProblem
+from layertap._spec.format import CODEC_BP16_ZSTD, CODEC_EXP_HUF, CODEC_NONE, CODEC_ZSTD, FormatProblem
 from layertap.errors import InvalidInputError
 
 #: zstd cannot expand data by more than this (about 32 000 to 1 at best); a larger raw_len is
@@ -22,13 +22,6 @@ from layertap.errors import InvalidInputError
 ZSTD_MAX_RATIO = 32 << 10
 #: zstd levels accepted (the library's own range; negative levels are zstd's fast modes).
 MIN_LEVEL, MAX_LEVEL = -(1 << 17), zstandard.MAX_COMPRESSION_LEVEL
-
-
-def codec_id(name: object) -> int:
-    """The id of the codec called ``name``; InvalidInputError for an unknown one."""
-    if isinstance(name, str) and name in CODECS:
-        return CODECS.index(name)
-    raise InvalidInputError(f"unknown codec {name!r}; choose one of: {', '.join(CODECS)}")
 
 
 def check_level(level: object) -> int:
@@ -101,6 +94,9 @@ def _zstd_frame(stored, raw_len: int) -> bytes:
     frame_len = zstd_frame_len(stored)
     if frame_len != len(stored):
         raise FormatProblem(f"{len(stored) - frame_len} bytes after the zstd frame")
+    window = zstd_window_size(stored)
+    if window > ZSTD_MAX_WINDOW:
+        raise FormatProblem(f"zstd frame asks for a window of {window} bytes, more than {ZSTD_MAX_WINDOW}")
     try:
         size = zstandard.frame_content_size(stored)
     except zstandard.ZstdError as e:
@@ -122,6 +118,23 @@ def _zstd_frame(stored, raw_len: int) -> bytes:
 
 #: First bytes of a zstd frame (RFC 8878, 3.1.1).
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+#: The largest window a stored zstd frame may ask for (docs/FORMAT.md): libzstd's default
+#: decoding limit, which python-zstandard enforces and the Rust reader checks.
+ZSTD_MAX_WINDOW = 1 << 27
+
+
+def zstd_window_size(frame) -> int:
+    """The window size the header of ``frame`` (a whole zstd frame, ``zstd_frame_len`` checked)
+    asks for (RFC 8878, 3.1.1.1.2): its window descriptor's, or for a single-segment frame its
+    content size."""
+    fhd = frame[4]
+    if not fhd & 0x20:
+        wd = frame[5]
+        base = 1 << (10 + (wd >> 3))
+        return base + (base >> 3) * (wd & 7)
+    at = 5 + (0, 1, 2, 4)[fhd & 3]
+    size = (1, 2, 4, 8)[fhd >> 6]
+    return int.from_bytes(frame[at : at + size], "little") + (256 if size == 2 else 0)
 
 
 def zstd_frame_len(data) -> int:

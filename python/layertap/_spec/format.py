@@ -16,6 +16,9 @@ from typing import NamedTuple
 
 import crc32c as _crc32c
 
+from layertap._spec import json_text
+from layertap.errors import InvalidInputError
+
 FILE_MAGIC = b"\x89LTAP\r\n\x1a"
 VERSION = 1
 FRAME_MAGIC = b"LTRF"
@@ -120,7 +123,7 @@ def parse_shard_index(file_name: str, writer_id: str) -> int | None:
 def encode_file_header(shard_id: bytes, meta: dict) -> bytes:
     """The file header, padding included; its length is where the first frame starts."""
     if len(shard_id) != 16:
-        raise ValueError("shard_id must be 16 bytes")
+        raise InvalidInputError(f"shard_id must be 16 bytes, not {len(shard_id)}")
     meta_bytes = json.dumps(meta, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     out = bytearray(_FILE_FIXED.pack(FILE_MAGIC, VERSION, 0, len(meta_bytes), shard_id))
     out += meta_bytes
@@ -156,11 +159,11 @@ def decode_file_header(data: bytes, file_len: int) -> FileHeader:
     if crc32c(data[:crc_at]) != int.from_bytes(data[crc_at : crc_at + 4], "little"):
         raise FormatProblem("header checksum mismatch")
     try:
-        meta = json.loads(bytes(data[FILE_HEADER_FIXED_LEN:crc_at]).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        raise FormatProblem("shard metadata is not UTF-8 JSON") from None
+        meta = json_text.parse(data[FILE_HEADER_FIXED_LEN:crc_at])
+    except ValueError as e:  # UnicodeDecodeError is one
+        raise FormatProblem(f"the shard metadata is not UTF-8 JSON within FORMAT.md's limits: {e}") from None
     if not isinstance(meta, dict):
-        raise FormatProblem("shard metadata is not a JSON object")
+        raise FormatProblem("the shard metadata is not a JSON object")
     return FileHeader(bytes(shard_id), meta, align8(crc_at + 4))
 
 

@@ -1,7 +1,7 @@
 """The ``layertap`` command: ``generate`` a dataset with vLLM, ``inspect``, ``verify`` and ``recover``
-datasets and shards, ``export`` them to a drafter trainer's files.
+datasets and shards, ``export`` them to a drafter trainer's files, ``pull`` one out of Mooncake Store.
 
-One module per subcommand (``generate``, ``inspect``, ``verify``, ``recover``, ``export``), each
+One module per subcommand (``generate``, ``inspect``, ``verify``, ``recover``, ``export``, ``pull``), each
 with ``add_parser(subparsers)``, which adds its arguments and the function that runs it; ``common``
 holds what they share. Here: the top-level parser and ``main``.
 
@@ -18,11 +18,11 @@ import os
 import sys
 
 from layertap._version import __version__
-from layertap.cli import export, generate, inspect, recover, verify
+from layertap.cli import export, generate, inspect, pull, recover, verify
 from layertap.cli.common import UsageError
 
 #: The subcommands, in the order ``layertap --help`` lists them: first the one that makes a dataset.
-SUBCOMMANDS = (generate, inspect, verify, recover, export)
+SUBCOMMANDS = (generate, inspect, verify, recover, export, pull)
 
 
 def build_parser() -> argparse.ArgumentParser:

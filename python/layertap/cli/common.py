@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from layertap._choices import READER_BACKENDS
 from layertap._types import Problem
 from layertap.errors import LayertapError
 from layertap.reader import open as layertap_open
@@ -23,7 +24,7 @@ def add_backend_argument(p: argparse.ArgumentParser) -> None:
     """``--backend``: which reader (or recovery) implementation a command uses."""
     p.add_argument(
         "--backend",
-        choices=["auto", "rust", "python"],
+        choices=READER_BACKENDS,
         default="auto",
         help="reader implementation (default: Rust when built)",
     )

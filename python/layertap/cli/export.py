@@ -1,4 +1,4 @@
-"""``layertap export DIR --to speculators|specforge|modelopt OUT ...``: the command line of
+"""``layertap export DIR --to speculators|specforge|modelopt OUT [--compress] ...``: the command line of
 ``layertap.export.export``. Exit status: 0 every selected row has its file or was skipped (rows
 the trainer refuses, e.g. DFlash's without two consecutive supervised tokens: a rerun would skip
 them again); 1 some other rows have none (bad records, rows asked for without a record); 2 the
@@ -10,8 +10,9 @@ import argparse
 import json
 import sys
 
+from layertap._choices import READER_BACKENDS
 from layertap.errors import LayertapError
-from layertap.export.layouts import DTYPES
+from layertap.export.layouts import DTYPES, SPECFORGE_GZIP_LEVEL
 from layertap.export.rows import parse_keys
 from layertap.export.run import FORMATS, ExportSummary, export
 
@@ -71,6 +72,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "(Model-Optimizer 0.46 and later then apply the norm, for the model types it knows)",
     )
     p.add_argument(
+        "--compress",
+        action="store_true",
+        help="specforge: write data_{row}.ckpt.gz (gzip), as prepare_hidden_states.py --compress does; "
+        "SpecForge's loaders read them",
+    )
+    p.add_argument(
+        "--compression-level",
+        type=int,
+        metavar="N",
+        help=f"gzip level of --compress, 1 to 9 (default {SPECFORGE_GZIP_LEVEL}, SpecForge's)",
+    )
+    p.add_argument(
         "--keys",
         metavar="ROWS",
         help="rows to export: row indices and inclusive ranges (0-99,150) or @FILE (one per line)",
@@ -86,7 +99,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--progress", action="store_true", help="always show a progress bar (default: on a terminal)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--backend", choices=["auto", "rust", "python"], default="auto", help="reader implementation")
+    p.add_argument("--backend", choices=READER_BACKENDS, default="auto", help="reader implementation")
     p.set_defaults(func=cmd_export)
 
 
@@ -113,6 +126,12 @@ def summary_text(s: ExportSummary) -> str:
 
 def cmd_export(args: argparse.Namespace) -> int:
     progress = args.progress or (sys.stderr.isatty() and not args.json)
+    if args.compression_level is not None and not args.compress:
+        print("layertap export: --compression-level needs --compress", file=sys.stderr)
+        return 2
+    compress = (
+        (SPECFORGE_GZIP_LEVEL if args.compression_level is None else args.compression_level) if args.compress else None
+    )
     try:
         keys = parse_keys(args.keys) if args.keys else None
         summary = export(
@@ -130,6 +149,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             progress=progress,
             backend=args.backend,
             prenorm=args.prenorm,
+            compress=compress,
         )
     except FileNotFoundError as e:
         print(f"layertap export: {e.filename or args.path}: no such file or directory", file=sys.stderr)

@@ -11,6 +11,7 @@ import os
 import sys
 import traceback
 
+from layertap._choices import CAPTURE_MODES, DEFAULT_CAPTURE
 from layertap.generate import GenerateError, generate, vllm_log
 from layertap.generate.errors import EngineStartError
 from layertap.generate.progress import PROGRESS_MODES
@@ -34,7 +35,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="JSONL file, Parquet file, or Hugging Face datasets directory (save_to_disk) with "
         "input_ids, messages or prompt, and optionally loss_mask",
     )
-    p.add_argument("--out", required=True, metavar="DIR", help="dataset directory (created; resumed when it exists)")
+    p.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="dataset directory (created; resumed when it exists), or a dataset in Mooncake Store: "
+        "mooncake://MASTER_HOST:PORT/PREFIX (docs/MOONCAKE.md)",
+    )
+    p.add_argument(
+        "--also-dir",
+        metavar="DIR",
+        help="with --out mooncake://...: keep the run's shards in DIR too (resumable; else a temporary spool)",
+    )
     p.add_argument(
         "--layers",
         metavar="IDS",
@@ -43,8 +55,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--capture",
-        choices=("method", "in-model"),
-        default="method",
+        choices=CAPTURE_MODES,
+        default=DEFAULT_CAPTURE,
         help="how vLLM caches the hidden states: method (vLLM's extract_hidden_states, the default) or "
         "in-model (layertap's model class, no speculative decoding: faster decode; docs/CONNECTOR.md)",
     )
@@ -57,6 +69,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--include-output-tokens", action="store_true", help="record the generated tokens too (all but the last)"
+    )
+    p.add_argument(
+        "--window",
+        metavar="START:END",
+        help="record only positions [START, END) of each row's recorded tokens (either may be empty; "
+        "negative counts from the end), e.g. 100: or -64: (docs/CONNECTOR.md, 'Windows and reductions')",
+    )
+    p.add_argument(
+        "--reduction",
+        choices=("last", "mean"),
+        help="store one vector per layer per row ([1, layers, hidden]): the window's last position, or the mean of its positions",
     )
     p.add_argument(
         "--max-len",
@@ -123,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
             layers=args.layers,
             max_tokens=args.max_tokens,
             include_output_tokens=args.include_output_tokens,
+            window=args.window,
+            reduction=args.reduction,
             max_len=args.max_len,
             limit=args.limit,
             engine_args=args.engine_args,
@@ -133,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
             data_parallel_size=args.data_parallel_size,
             ray_address=args.ray_address,
             capture=args.capture,
+            also_dir=args.also_dir,
         )
     except GenerateError as e:
         print(f"layertap generate: {e}", file=sys.stderr)

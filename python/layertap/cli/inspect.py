@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 from layertap._spec.dtypes import TORCH_NAMES
+from layertap._spec.record import HIDDEN_STATES, LAYER_IDS
 from layertap._text import human_bytes, plural
 from layertap.cli.common import PATHS_HELP, add_backend_argument, open_dataset, problem_json
 from layertap.errors import LayertapError
@@ -33,7 +34,7 @@ def _first_record_shape(backend) -> dict[str, Any]:
         out["error"] = str(e)
         return out
     for name, dtype, shape, _ in tensors:
-        if name == "hidden_states":
+        if name == HIDDEN_STATES:
             out["dtype"] = TORCH_NAMES[dtype]
             if len(shape) == 3:
                 out["layers"], out["hidden_size"] = shape[1], shape[2]
@@ -41,8 +42,8 @@ def _first_record_shape(backend) -> dict[str, Any]:
         # Written with lossy storage (docs/FP8.md): the first record's error, as its metadata says.
         out["lossy"] = {k: metadata[k] for k in ("lossy", "fp8_max_rel_err", "fp8_mean_rel_err") if k in metadata}
     try:
-        ids = json.loads(metadata["layer_ids"]) if "layer_ids" in metadata else None
-        out["layer_ids"] = ids if isinstance(ids, list) else None
+        ids = json.loads(metadata[LAYER_IDS]) if LAYER_IDS in metadata else None
+        out[LAYER_IDS] = ids if isinstance(ids, list) else None
     except ValueError:
         pass
     return out

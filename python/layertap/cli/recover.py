@@ -8,6 +8,7 @@ import os
 import sys
 from typing import Any
 
+from layertap._backends import resolve_backend
 from layertap._text import human_bytes, problem_line
 from layertap.cli.common import UsageError, add_backend_argument, problem_json
 from layertap.errors import FormatError, LayertapError, ShardLockedError
@@ -23,20 +24,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_recover)
 
 
+def _native_recover():
+    from layertap._native import recover as _  # noqa: F401 - only asks whether the extension is built
+
+    return native_recover
+
+
+def _python_recover():
+    from layertap._py.recover import recover
+
+    return recover
+
+
 def _recover_function(backend: str):
     """The Rust core's recovery, or the reference implementation's (``--backend python``, or
     ``auto`` without the extension built). The reference is imported only when it is chosen: the
     production path never loads ``layertap._py``."""
-    if backend == "auto":
-        try:
-            from layertap._native import recover as _  # noqa: F401 - only asks whether the extension is built
-        except ImportError:
-            backend = "python"
-    if backend == "python":
-        from layertap._py.recover import recover
-
-        return recover
-    return native_recover
+    return resolve_backend("--backend", backend, rust=_native_recover, python=_python_recover, unavailable=UsageError)
 
 
 def cmd_recover(args) -> int:

@@ -2,8 +2,9 @@
 
 - ``--to speculators OUT``: ``OUT/hidden_states/hs_{row}.safetensors``, speculators' cached
   hidden states for row ``row`` of its prepared dataset ``OUT``;
-- ``--to specforge OUT --model MODEL_DIR [--strategy eagle3|dflash]``:
-  ``OUT/rows_{g}-{g+2000}/data_{row}.ckpt``, SpecForge's offline features;
+- ``--to specforge OUT --model MODEL_DIR [--strategy eagle3|dflash] [--compress]``:
+  ``OUT/rows_{g}-{g+2000}/data_{row}.ckpt`` (``.ckpt.gz`` with ``--compress``), SpecForge's
+  offline features;
 - ``--to modelopt OUT --model MODEL_DIR [--prenorm]``: ``OUT/{row}.pt``, NVIDIA
   Model-Optimizer's EAGLE-3 offline dumps.
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import gzip
+import io
 import json
 import os
 import threading
@@ -94,6 +96,16 @@ def write_file(path: str, data: bytes, fsync: bool) -> None:
         raise
 
 
+def gzipped(data: bytes, name: str, level: int) -> bytes:
+    """``data`` as the one-member gzip file that ``gzip.open(name + ".gz", "wb", compresslevel=level)``
+    writes (the original name ``name`` in the header), but with no timestamp (mtime 0), so that
+    the same record always gives the same bytes. zlib releases the GIL while it deflates."""
+    buf = io.BytesIO()
+    with gzip.GzipFile(filename=name, mode="wb", compresslevel=level, fileobj=buf, mtime=0) as f:
+        f.write(data)
+    return buf.getvalue()
+
+
 def fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -148,6 +160,7 @@ __all__ = [
     "TMP_SUFFIX",
     "check_manifest",
     "fsync_dir",
+    "gzipped",
     "remove_stale_temporaries",
     "write_file",
 ]

@@ -18,7 +18,10 @@ layer j, vLLM's j + 1 (SpecForge's EAGLE-3 default ``[1, N//2-1, N-4]`` is vLLM'
   ``scripts/prepare_hidden_states.py`` writes them: for EAGLE-3 ``input_ids`` int64 ``[S]``,
   ``loss_mask`` int64 ``[S]``, ``aux_hidden_state`` ``[1, S, 3H]`` (three layers side by side)
   and ``hidden_state`` ``[1, S, H]`` (the last layer *after* the model's final norm); for
-  DFlash ``input_ids``, ``loss_mask`` and ``hidden_states`` ``[1, S, K*H]``.
+  DFlash ``input_ids``, ``loss_mask`` and ``hidden_states`` ``[1, S, K*H]``. With ``compress``
+  (``prepare_hidden_states.py --compress``) each is ``data_{row}.ckpt.gz`` instead: the same
+  ``torch.save`` bytes as one gzip member, which SpecForge's loaders (``load_feature_file``,
+  ``OfflineEagle3Dataset``) recognise by the ``.gz`` ending and gunzip before ``torch.load``.
 - ``ModelOptLayout``: ``{root}/{row}.pt`` written with ``torch.save``, as Model-Optimizer's
   ``examples/speculative_decoding/collect_hidden_states/compute_hidden_states_hf.py`` writes them
   and ``modelopt.torch.speculative.eagle.utils.OfflineSupervisedDataset`` reads them (EAGLE-3
@@ -41,11 +44,15 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from layertap._spec.record import HIDDEN_STATES, LOSS_MASK, REDUCTION, TOKEN_IDS, WINDOW_END, WINDOW_START
 from layertap.errors import InvalidInputError
+from layertap.export.files import gzipped
 from layertap.fp8 import SCALE_NAME
 
 #: Rows per subdirectory of a SpecForge export (its --file-group-size default).
 SPECFORGE_GROUP = 2000
+#: gzip level of SpecForge's ``prepare_hidden_states.py --compress`` (its --compression-level default).
+SPECFORGE_GZIP_LEVEL = 6
 #: The fp8 dtype, which only speculators' layout takes (its fp8 backend's).
 FP8 = "float8_e4m3fn"
 DTYPES = ("stored", "bfloat16", "float16", "float32", FP8)
@@ -89,7 +96,18 @@ def check_record(row: int, record: Any, layer_ids: list[int]) -> Row:
     wrong with them. ``layer_ids``: the layers every record of the export must have."""
     import torch
 
-    hs, ids = record.tensors.get("hidden_states"), record.tensors.get("token_ids")
+    meta = record.metadata
+    if meta.get(REDUCTION):
+        raise RecordProblem(
+            f"a {meta[REDUCTION]} over positions [{meta.get(WINDOW_START)}, {meta.get(WINDOW_END)}) "
+            "(a capture window's reduction): one vector, not the sequence a drafter trains on"
+        )
+    if meta.get(WINDOW_START, "0") != "0":
+        raise RecordProblem(
+            f"holds positions [{meta[WINDOW_START]}, {meta.get(WINDOW_END)}) of its sequence only "
+            "(a capture window): drafters train on sequences from their start; record it without --window"
+        )
+    hs, ids = record.tensors.get(HIDDEN_STATES), record.tensors.get(TOKEN_IDS)
     if hs is None or ids is None:
         raise RecordProblem("no hidden_states or no token_ids tensor")
     if hs.dim() != 3 or ids.dim() != 1 or hs.shape[0] != ids.shape[0]:
@@ -106,7 +124,7 @@ def check_record(row: int, record: Any, layer_ids: list[int]) -> Row:
         raise RecordProblem(f"layer ids {ids_of_record}, not {layer_ids} like the export's first record")
     if hs.shape[1] != len(layer_ids):
         raise RecordProblem(f"hidden_states hold {hs.shape[1]} layers but layer_ids name {len(layer_ids)}")
-    mask = record.tensors.get("loss_mask")
+    mask = record.tensors.get(LOSS_MASK)
     if mask is not None:
         if mask.shape != ids.shape:
             raise RecordProblem(f"loss_mask {list(mask.shape)} does not match token_ids {list(ids.shape)}")
@@ -126,7 +144,7 @@ def stored_float_dtype(first: Any) -> Any:
     which the layouts that cannot take fp8 dequantize to."""
     import torch
 
-    stored = first.tensors["hidden_states"].dtype
+    stored = first.tensors[HIDDEN_STATES].dtype
     if stored != torch.float8_e4m3fn:
         return stored
     source = getattr(torch, first.metadata.get("fp8_source_dtype", "bfloat16"), None)
@@ -270,9 +288,14 @@ class SpecForgeLayout:
         dtype: str = "bfloat16",
         norm: Any = None,
         num_layers: int | None = None,
+        compress: int | None = None,
     ):
+        """``compress``: a gzip level (1-9) to write ``.ckpt.gz`` files, as SpecForge's
+        ``--compress --compression-level`` do; None writes ``.ckpt``."""
         self.root = out
         self.strategy = strategy
+        self.compress = compress
+        self.suffix = ".ckpt" if compress is None else ".ckpt.gz"
         self.dtype = _dtype(dtype, stored_dtype, self.name)
         self.norm = norm
         if strategy == "eagle3":
@@ -317,19 +340,26 @@ class SpecForgeLayout:
             )
         if num_layers is not None and max(self.layer_ids) > num_layers:
             raise InvalidInputError(f"layer ids {self.layer_ids} exceed the model's {num_layers} layers")
+        # "compress" is always a setting (None when plain), so that a plain rerun of a gzipped
+        # export (or the reverse) is refused rather than leaving both files of a row, which
+        # SpecForge would both read.
         self.settings = {
             "format": "specforge",
             "strategy": strategy,
             "layer_ids": self.layer_ids,
             "specforge_layer_ids": specforge_ids(self.layer_ids),
             "dtype": str(self.dtype).removeprefix("torch."),
+            "compress": None if compress is None else "gzip",
         }
+        if compress is not None:
+            self.settings["compression_level"] = compress
+            self.describe = self.describe.replace("data_{row}.ckpt:", f"data_{{row}}.ckpt.gz (gzip level {compress}):")
         if strategy == "eagle3":
             self.settings["final_norm"] = norm.kind
 
     def relpath(self, row: int) -> str:
         g = row // SPECFORGE_GROUP * SPECFORGE_GROUP
-        return os.path.join(f"rows_{g}-{g + SPECFORGE_GROUP}", f"data_{row}.ckpt")
+        return os.path.join(f"rows_{g}-{g + SPECFORGE_GROUP}", f"data_{row}{self.suffix}")
 
     def build(self, r: Row) -> dict:
         import torch
@@ -351,7 +381,11 @@ class SpecForgeLayout:
 
         buf = io.BytesIO()
         torch.save(tensors, buf)
-        return buf.getvalue()
+        if self.compress is None:
+            return buf.getvalue()
+        # What SpecForge's gzip.open(path, "wb") around torch.save writes (torch's zip writer
+        # never seeks, so the stream holds the .ckpt's bytes), without the timestamp.
+        return gzipped(buf.getbuffer(), f"data_{row}.ckpt", self.compress)
 
 
 class ModelOptLayout:
@@ -461,6 +495,7 @@ __all__ = [
     "RecordProblem",
     "Row",
     "SPECFORGE_GROUP",
+    "SPECFORGE_GZIP_LEVEL",
     "Skip",
     "SpecForgeLayout",
     "SpeculatorsLayout",

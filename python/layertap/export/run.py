@@ -12,6 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from layertap._spec.record import HIDDEN_STATES
 from layertap._version import __version__
 from layertap.errors import InvalidInputError, LayertapError
 from layertap.export import files
@@ -81,7 +82,7 @@ def _first_record(ds: Any, sel: Selection) -> Any:
         except LayertapError as e:
             error = e
             continue
-        if "hidden_states" not in record.tensors:
+        if HIDDEN_STATES not in record.tensors:
             raise InvalidInputError(f"record {record.key!r} has no hidden_states tensor: not a hidden-states dataset")
         return record
     if error is not None:
@@ -94,7 +95,7 @@ def _final_norm(model: str, first: Any) -> Any:
     from layertap.export.final_norm import FinalNorm
 
     norm = FinalNorm(model)
-    hidden = first.tensors["hidden_states"].shape[-1]
+    hidden = first.tensors[HIDDEN_STATES].shape[-1]
     if hidden != norm.hidden_size:
         raise InvalidInputError(f"--model {model}: hidden size {norm.hidden_size}, the dataset's is {hidden}")
     return norm
@@ -110,6 +111,7 @@ def _layout(
     layers: list[int] | None,
     dtype: str | None,
     prenorm: bool = False,
+    compress: int | None = None,
 ) -> Any:
     from layertap.export.final_norm import model_dims, num_hidden_layers
 
@@ -133,7 +135,15 @@ def _layout(
         elif model:
             n = num_hidden_layers(model)
         return SpecForgeLayout(
-            out, layer_ids, stored, strategy=strategy, layers=layers, dtype=dtype or "bfloat16", norm=norm, num_layers=n
+            out,
+            layer_ids,
+            stored,
+            strategy=strategy,
+            layers=layers,
+            dtype=dtype or "bfloat16",
+            norm=norm,
+            num_layers=n,
+            compress=compress,
         )
     if fmt == "modelopt":
         if not model:
@@ -143,7 +153,7 @@ def _layout(
             )
         if prenorm:
             n, hidden = model_dims(model)
-            stored_hidden = first.tensors["hidden_states"].shape[-1]
+            stored_hidden = first.tensors[HIDDEN_STATES].shape[-1]
             if stored_hidden != hidden:
                 raise InvalidInputError(f"--model {model}: hidden size {hidden}, the dataset's is {stored_hidden}")
             norm = None
@@ -194,11 +204,14 @@ def export(
     progress: bool = False,
     backend: str = "auto",
     prenorm: bool = False,
+    compress: int | None = None,
 ) -> ExportSummary:
     """Exports the layertap dataset ``source`` to ``out`` in the layout of trainer ``to``
     (``"speculators"``, ``"specforge"`` or ``"modelopt"``), one file per row; see
     docs/TRAINING.md. ``prenorm`` (Model-Optimizer): the last layer as stored, before the final
-    norm, flagged ``hidden_states_prenorm`` for Model-Optimizer to apply the norm. Rows whose
+    norm, flagged ``hidden_states_prenorm`` for Model-Optimizer to apply the norm. ``compress``
+    (SpecForge): a gzip level, 1 to 9, to write ``data_{row}.ckpt.gz`` files as its
+    ``prepare_hidden_states.py --compress`` does (``SPECFORGE_GZIP_LEVEL``, 6, is its default). Rows whose
     file exists are left as they are, so a rerun continues an interrupted export. Raises
     ``InvalidInputError`` (or ``FileNotFoundError``/``FormatError`` for the source) when it
     cannot start; problems with single records are counted in the summary."""
@@ -211,6 +224,10 @@ def export(
         ) from None
     if prenorm and to != "modelopt":
         raise InvalidInputError("--prenorm is for --to modelopt")
+    if compress is not None and to != "specforge":
+        raise InvalidInputError(f"--compress is for --to specforge (its .ckpt.gz files), not --to {to}")
+    if compress is not None and (isinstance(compress, bool) or compress not in range(1, 10)):
+        raise InvalidInputError(f"--compression-level must be 1 to 9 (gzip's levels), not {compress!r}")
     if limit is not None and limit < 0:
         raise InvalidInputError(f"--limit must be >= 0, not {limit}")
     workers = workers or min(8, os.cpu_count() or 1)
@@ -227,7 +244,17 @@ def export(
         first = _first_record(ds, sel)
         if first is None:
             raise InvalidInputError(f"{source}: none of the rows asked for with --keys has a record")
-        layout = _layout(to, out, first, model=model, strategy=strategy, layers=layers, dtype=dtype, prenorm=prenorm)
+        layout = _layout(
+            to,
+            out,
+            first,
+            model=model,
+            strategy=strategy,
+            layers=layers,
+            dtype=dtype,
+            prenorm=prenorm,
+            compress=compress,
+        )
         summary = ExportSummary(
             ", ".join(os.path.abspath(p) for p in source)
             if isinstance(source, (list, tuple))

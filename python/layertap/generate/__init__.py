@@ -22,9 +22,12 @@ import os
 import sys
 import types
 
+from layertap._choices import DEFAULT_CAPTURE
 from layertap.generate.errors import GenerateError
 from layertap.generate.parallel import generate_parallel, wants_parallel
 from layertap.generate.run import check_options, run_one
+from layertap.generate.store import is_store_address, store_output
+from layertap.generate.summary import Summary
 
 
 def generate(
@@ -35,6 +38,8 @@ def generate(
     layers: str | list[int] | None = None,
     max_tokens: int = 1,
     include_output_tokens: bool = False,
+    window: list | str | None = None,
+    reduction: str | None = None,
     max_len: int | None = None,
     limit: int | None = None,
     engine_args: dict | str | None = None,
@@ -44,15 +49,43 @@ def generate(
     progress_interval: float = 10.0,
     data_parallel_size: int | None = None,
     ray_address: str | None = None,
-    capture: str = "method",
-) -> dict:
+    capture: str = DEFAULT_CAPTURE,
+    also_dir: str | os.PathLike | None = None,
+) -> Summary:
     """Writes the hidden states of every row of ``data`` into ``out`` and returns the summary
-    (docs/GENERATE.md lists its fields). Raises GenerateError, before the engine starts, for bad
+    (a ``layertap.generate.summary.Summary``; docs/GENERATE.md lists its fields). Raises GenerateError, before the engine starts, for bad
     input. Rerunning with the same ``out`` resumes: rows whose records exist are skipped.
 
     ``data_parallel_size`` runs that many engines, each writing a part of ``out`` (docs/SCALE.md);
     ``ray_address`` runs them on a Ray cluster. An ``out`` that holds such parts is resumed as a
-    whole, whatever the number of engines."""
+    whole, whatever the number of engines.
+
+    ``out`` may be a dataset in Mooncake Store, ``mooncake://MASTER_HOST:PORT/PREFIX``
+    (docs/MOONCAKE.md): the run writes shards into ``also_dir`` (kept; resumable) or a temporary
+    directory, and each record is put into the store as soon as it is written."""
+    if is_store_address(os.fspath(out)):
+        with store_output(os.fspath(out), also_dir, connector_args) as (spool, args):
+            summary = generate(
+                model,
+                data,
+                spool,
+                layers=layers,
+                max_tokens=max_tokens,
+                include_output_tokens=include_output_tokens,
+                max_len=max_len,
+                limit=limit,
+                engine_args=engine_args,
+                sampling_args=sampling_args,
+                connector_args=args,
+                progress=progress,
+                progress_interval=progress_interval,
+                data_parallel_size=data_parallel_size,
+                ray_address=ray_address,
+                capture=capture,
+            )
+        return {**summary, "out": os.fspath(out), "also_dir": spool if also_dir is not None else None}
+    if also_dir is not None:
+        raise GenerateError("--also-dir goes with --out mooncake://...: a run to a directory writes there")
     options = {
         "model": model,
         "data": os.fspath(data),
@@ -60,6 +93,8 @@ def generate(
         "layers": layers,
         "max_tokens": max_tokens,
         "include_output_tokens": include_output_tokens,
+        "window": window,
+        "reduction": reduction,
         "max_len": max_len,
         "limit": limit,
         "engine_args": engine_args,

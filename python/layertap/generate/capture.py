@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from layertap._checks import one_of
+from layertap._choices import CAPTURE_MODES
 from layertap.generate import vllm_source
 from layertap.generate.errors import GenerateError
-from layertap.vllm.config import CAPTURE_MODES
 from layertap.vllm.models import ENV_VAR, FAMILIES, IN_MODEL_FAMILIES, architectures_from_env
 
 INSTALL_VLLM = "pip install 'layertap[vllm]'"
@@ -24,8 +25,7 @@ def require_vllm() -> None:
 
 def check_capture(capture: Any, architectures: list[str]) -> str:
     """``--capture``; with ``in-model``, the model's architecture must be one the plugin covers."""
-    if capture not in CAPTURE_MODES:
-        raise GenerateError(f"--capture must be one of {', '.join(CAPTURE_MODES)}, got {capture!r}")
+    one_of("--capture", capture, CAPTURE_MODES, GenerateError)
     if capture == "in-model":
         uncovered = [a for a in architectures if a not in IN_MODEL_FAMILIES] or (not architectures and ["?"])
         if uncovered:

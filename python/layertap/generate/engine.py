@@ -14,7 +14,6 @@ import contextlib
 import copy
 import dataclasses
 import inspect
-import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -22,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from layertap._checks import json_object, positive_int
+from layertap._choices import DEFAULT_CAPTURE
 from layertap.generate.data import BadRow
 from layertap.generate.errors import GenerateError
 from layertap.vllm.config import ConfigError, parse_options
@@ -39,15 +40,7 @@ WINDOW_PER_SEQ = 2
 def parse_engine_args(engine_args: Any) -> dict:
     """``--engine-args`` as a dict without the arguments generate sets, else GenerateError (no
     vLLM import: ``check_engine_args`` checks the names against vLLM's)."""
-    if engine_args is None:
-        return {}
-    if isinstance(engine_args, str):
-        try:
-            engine_args = json.loads(engine_args)
-        except ValueError as e:
-            raise GenerateError(f"--engine-args is not JSON: {e}") from None
-    if not isinstance(engine_args, dict):
-        raise GenerateError(f"--engine-args must be a JSON object of LLM arguments, got {engine_args!r:.80}")
+    engine_args = json_object("--engine-args", engine_args, GenerateError)
     reserved = [k for k in engine_args if k in RESERVED_ENGINE_ARGS]
     if reserved:
         raise GenerateError(f"--engine-args may not set {reserved[0]!r}: layertap generate sets it")
@@ -63,19 +56,6 @@ def check_engine_args(engine_args: dict) -> None:
     unknown = sorted(k for k in engine_args if k not in known)
     if unknown:
         raise GenerateError(f"--engine-args: {unknown[0]!r} is not an argument of vLLM's LLM")
-
-
-def check_json_object(value: Any, option: str) -> dict:
-    if value is None:
-        return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError as e:
-            raise GenerateError(f"{option} is not JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise GenerateError(f"{option} must be a JSON object, got {value!r:.80}")
-    return dict(value)
 
 
 def check_connector_args(connector_args: dict, output_dir: str) -> dict:
@@ -95,8 +75,7 @@ def sampling_kwargs(sampling_args: dict, max_tokens: int) -> dict:
     """``SamplingParams`` arguments of every request, checked by building one."""
     from vllm import SamplingParams
 
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-        raise GenerateError(f"--max-tokens must be a positive integer, got {max_tokens!r}")
+    positive_int("--max-tokens", max_tokens, GenerateError)
     if sampling_args.get("n", 1) != 1:
         raise GenerateError("--sampling-args: n must be 1 (one record per row)")
     kwargs = {**sampling_args, "max_tokens": max_tokens, "detokenize": False}
@@ -124,7 +103,9 @@ def in_model_plugin(architectures: list[str]) -> Iterator[None]:
             del os.environ[IN_MODEL_ENV_VAR]
 
 
-def llm_kwargs(model: str, layers: list[int], engine_args: dict, connector: dict, capture: str = "method") -> dict:
+def llm_kwargs(
+    model: str, layers: list[int], engine_args: dict, connector: dict, capture: str = DEFAULT_CAPTURE
+) -> dict:
     """The ``LLM`` arguments: with ``capture="method"`` vLLM's ``extract_hidden_states`` method
     caches the layers; with ``"in-model"`` the model class does (no speculative configuration;
     start the engine inside ``in_model_plugin``)."""
@@ -170,11 +151,13 @@ def run_rows(
     items: Iterator,
     num_rows: int,
     sampling: dict,
-    include_output_tokens: bool,
+    record_params: dict,
     on_progress: Callable[..., None],
 ) -> Outcome:
     """Feeds ``items`` (``(row, token ids, loss mask or None)`` or ``BadRow``) to the engine and
-    waits for every request to finish. ``on_progress(rows=, tokens=, bad=)`` after each step."""
+    waits for every request to finish. ``record_params``: the connector's request parameters
+    every row's request adds (``include_output_tokens``, ``window``, ``reduction``: see
+    ``run.record_params``). ``on_progress(rows=, tokens=, bad=)`` after each step."""
     from vllm import SamplingParams
 
     engine = llm.llm_engine
@@ -195,9 +178,7 @@ def run_rows(
                 bad += 1
                 continue
             row, ids, mask = item
-            kv: dict[str, Any] = {"sample_id": str(row), "record_metadata": {"row": str(row)}}
-            if include_output_tokens:
-                kv["include_output_tokens"] = True
+            kv: dict[str, Any] = {"sample_id": str(row), "record_metadata": {"row": str(row)}, **record_params}
             if mask is not None:
                 kv["loss_mask"] = mask
             params = copy.copy(base)  # vLLM clones it again for its own use

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from layertap._checks import optional_positive_int
 from layertap.generate import vllm_log
 from layertap.generate.errors import GenerateError
 from layertap.generate.local import device_slices, local_events
@@ -41,7 +42,7 @@ from layertap.generate.progress import EngineTotals, Progress
 from layertap.generate.ray_engines import connect, default_engines, disconnect, ray_events
 from layertap.generate.resume import SOURCE, lock_directory, make_output_directory, prepare_output
 from layertap.generate.run import Checked, assigned_mask, check_options, run_one
-from layertap.generate.summary import is_complete
+from layertap.generate.summary import EngineEntry, Summary, is_complete
 from layertap.parts import MANIFEST_NAME, read_manifest, write_manifest
 
 #: Engine ``i`` writes into ``--out/engine-{i}``.
@@ -52,20 +53,12 @@ PART_PREFIX = "engine-"
 Event = tuple[str, int, object]
 
 
-def _positive_engines(value: object) -> int | None:
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise GenerateError(f"--data-parallel-size must be a positive integer, got {value!r}")
-    return value
-
-
 def wants_parallel(out: str, data_parallel_size: object, ray_address: str | None) -> bool:
     """Whether a run goes through the engines of this module: several engines, Ray, or an
     ``out`` that is already a dataset of parts (a run of one engine resumes it as a whole)."""
-    n = _positive_engines(data_parallel_size)
+    n = optional_positive_int("--data-parallel-size", data_parallel_size, GenerateError)
     if ray_address is not None and (not isinstance(ray_address, str) or not ray_address):
-        raise GenerateError(f"--ray must be a Ray cluster's address (or 'auto'), got {ray_address!r}")
+        raise GenerateError(f"--ray must be a Ray cluster's address (or 'auto'), not {ray_address!r}")
     return (n or 1) > 1 or ray_address is not None or os.path.isfile(os.path.join(os.fspath(out), MANIFEST_NAME))
 
 
@@ -147,12 +140,12 @@ def _in_this_process(c: Checked, part: str, rows: np.ndarray) -> dict[int, tuple
     return {0: ("summary", run_one(checked, assigned_mask(rows, c.rows.num_rows)))}
 
 
-def generate_parallel(options: dict, data_parallel_size: int | None, ray_address: str | None) -> dict:
+def generate_parallel(options: dict, data_parallel_size: int | None, ray_address: str | None) -> Summary:
     """A run of ``data_parallel_size`` engines (here or on the Ray cluster at ``ray_address``)
     writing parts of ``options["out"]``; returns the merged summary."""
     t0 = time.monotonic()
     c = check_options(options)
-    engines = _positive_engines(data_parallel_size)
+    engines = optional_positive_int("--data-parallel-size", data_parallel_size, GenerateError)
     if ray_address is not None:
         connect(ray_address)
         try:
@@ -162,7 +155,7 @@ def generate_parallel(options: dict, data_parallel_size: int | None, ray_address
     return _generate(c, engines or 1, None, t0)
 
 
-def _generate(c: Checked, engines: int, ray_address: str | None, t0: float) -> dict:
+def _generate(c: Checked, engines: int, ray_address: str | None, t0: float) -> Summary:
     local = None
     if ray_address is None and engines > 1:
         local = device_slices(engines, c.engine_args)  # checked before anything is written
@@ -229,13 +222,13 @@ def _merge(
     ray_address: str | None,
     t0: float,
     t_load: float,
-) -> dict:
+) -> Summary:
     """One summary of the run, in the fields of a single run's, plus each engine's."""
     summaries = {i: v for i, (k, v) in results.items() if k == "summary"}
     per_engine, errors, bad, missing = [], [], [], []
     for i, part, rows in jobs:
         kind, value = results.get(i, ("error", ("failed", "the engine ended without a result")))
-        entry: dict = {"engine": i, "part": part, "rows_assigned": len(rows)}
+        entry: EngineEntry = {"engine": i, "part": part, "rows_assigned": len(rows)}
         if kind == "summary":
             s = value
             entry.update({k: s[k] for k in ("writer_id", "rows_written", "rows_bad", "rows_missing", "tokens")})
@@ -257,7 +250,7 @@ def _merge(
     gen = seconds["generate"]
     raw, stored = total("raw_bytes"), total("stored_bytes")
     bad.sort(key=lambda b: b["row"])
-    summary = {
+    summary: Summary = {
         "out": c.out_dir,
         "data": os.path.abspath(c.options["data"]),
         "data_format": c.rows.format,
@@ -271,6 +264,8 @@ def _merge(
         "max_len": c.max_len,
         "max_tokens": c.options["max_tokens"],
         "include_output_tokens": c.options["include_output_tokens"],
+        "window": c.options.get("window"),
+        "reduction": c.options.get("reduction"),
         "run": None,
         "writer_id": None,
         "data_parallel_size": engines,

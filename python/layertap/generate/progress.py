@@ -12,14 +12,9 @@ import sys
 import time
 from typing import Any, TextIO
 
+from layertap._cursor import ShardCursor
 from layertap._spec.format import (
-    FILE_HEADER_FIXED_LEN,
-    KIND_RECORD,
-    MAX_META_LEN,
     SHARD_SUFFIX,
-    FormatProblem,
-    decode_file_header,
-    read_frame_header,
 )
 from layertap._text import human_bytes
 
@@ -33,8 +28,7 @@ class _GrowingShard:
     def __init__(self, path: str):
         self.path = path
         self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        self.pos: int | None = None
-        """Offset of the next frame header; None until the file header is complete."""
+        self.cursor = ShardCursor(self._pread)
         self.finished = False
 
     def _pread(self, offset: int, n: int) -> bytes:
@@ -42,23 +36,10 @@ class _GrowingShard:
 
     def advance(self, on_record) -> None:
         """Reads the frame headers completed since the last call; ``on_record(header)`` each."""
-        size = os.fstat(self.fd).st_size
-        if self.pos is None:
-            head = self._pread(0, min(size, FILE_HEADER_FIXED_LEN + 4 + MAX_META_LEN))
-            try:
-                self.pos = decode_file_header(head, size).header_len
-            except FormatProblem:
-                return  # the header is still being written
-        while True:
-            try:
-                frame = read_frame_header(self._pread, self.pos, size)
-            except FormatProblem:
-                return  # the next frame is not (all) there yet
-            if frame.kind != KIND_RECORD:  # the index: the shard is complete
-                self.close()
-                return
+        for _, frame in self.cursor.records(os.fstat(self.fd).st_size):
             on_record(frame)
-            self.pos += frame.frame_len
+        if self.cursor.at_index:  # the shard is complete
+            self.close()
 
     def close(self) -> None:
         if not self.finished:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from layertap._spec.record import LAYER_IDS
 from layertap.errors import FormatError, ShardLockedError
 from layertap.generate.errors import GenerateError
 from layertap.reader import open as open_dataset
@@ -124,7 +125,7 @@ def _check_meta(info, model: str, layer_ids: list[int]) -> None:
             f"--out holds {name} made with model {user.get('model')!r}, not {model!r}; use another --out"
         )
     try:
-        theirs = json.loads(user.get("layer_ids", "null"))
+        theirs = json.loads(user.get(LAYER_IDS, "null"))
     except ValueError:
         theirs = None
     if theirs != sorted(layer_ids):

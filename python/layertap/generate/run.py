@@ -22,6 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from layertap._checks import flag, json_object, one_of, optional_positive_int
+from layertap._choices import DEFAULT_CAPTURE
+from layertap._spec.record import LAYER_IDS
 from layertap._version import __version__
 from layertap.generate import vllm_log
 from layertap.generate.capture import check_capture, check_served, require_vllm
@@ -30,7 +33,6 @@ from layertap.generate.engine import (
     Outcome,
     check_connector_args,
     check_engine_args,
-    check_json_object,
     in_model_plugin,
     llm_kwargs,
     parse_engine_args,
@@ -43,8 +45,9 @@ from layertap.generate.model import config_num_layers, load_model_info, parse_la
 from layertap.generate.progress import PROGRESS_MODES, Progress, ShardFollower, Totals
 from layertap.generate.render import BadRowError, Renderer
 from layertap.generate.resume import SOURCE, OutputState, prepare_output, recover_shard
-from layertap.generate.summary import is_complete
+from layertap.generate.summary import Summary, is_complete
 from layertap.reader import open as open_dataset
+from layertap.vllm.window import check as check_window_request
 
 #: How long to wait for the writer of an engine in its own process to put the last records in
 #: files, counted from the last one that arrived, before stopping the engine anyway.
@@ -53,12 +56,39 @@ DRAIN_STALL_SECONDS = 120.0
 SHUTDOWN_SECONDS = 60.0
 
 
-def _positive(name: str, value: Any) -> int | None:
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise GenerateError(f"{name} must be a positive integer, got {value!r}")
-    return value
+def check_window(window: Any, reduction: Any) -> list | None:
+    """``--window`` as the connector's ``[start, end]`` (None: the whole sequence): from a list
+    of two integers or None, or the command line's ``START:END`` (either side may be empty;
+    negative counts from the end). Raises GenerateError for a bad one, or a bad ``reduction``."""
+    if isinstance(window, str):
+        parts = window.split(":")
+        try:
+            if len(parts) != 2:
+                raise ValueError
+            window = [int(p) if p.strip() else None for p in parts]
+        except ValueError:
+            raise GenerateError(
+                f"--window must be START:END (integers, either may be empty, negative counting from the end), got {window!r}"
+            ) from None
+    if isinstance(window, tuple):
+        window = list(window)
+    _, problem = check_window_request({"window": window, "reduction": reduction})
+    if problem:
+        raise GenerateError(f"--{problem}")
+    return window
+
+
+def record_params(options: dict) -> dict:
+    """What every row's request asks of the connector besides its key: ``kv_transfer_params``
+    entries (docs/CONNECTOR.md, "Per request")."""
+    params: dict = {}
+    if options["include_output_tokens"]:
+        params["include_output_tokens"] = True
+    if options.get("window") is not None:
+        params["window"] = options["window"]
+    if options.get("reduction") is not None:
+        params["reduction"] = options["reduction"]
+    return params
 
 
 def _max_lengths(max_len: int | None, max_tokens: int, engine_args: dict, max_positions: int | None) -> tuple[int, int]:
@@ -165,7 +195,7 @@ def _run_engine(
     todo: int,
     state: OutputState,
     sampling: dict,
-    include_output_tokens: bool,
+    record_params: dict,
     progress: str,
     interval: float,
     report: Callable | None = None,
@@ -184,7 +214,7 @@ def _run_engine(
     bar = Progress(todo, follower, progress, interval)
     totals = Totals(bar, follower, report)
     try:
-        outcome = run_rows(llm, items, num_rows, sampling, include_output_tokens, totals.update)
+        outcome = run_rows(llm, items, num_rows, sampling, record_params, totals.update)
         t_gen = time.monotonic()
         if _in_process(llm):
             # This engine hands the last finished requests to the connector as it stops.
@@ -230,7 +260,7 @@ class Checked:
 def _check_layers(o: dict, engine_args: dict, architectures: list, num_layers: int) -> tuple[list[int], str]:
     """The layer ids and the capture mode, checked against the model and what vLLM can serve."""
     layer_ids = parse_layers(o["layers"], num_layers)
-    capture = check_capture(o.get("capture", "method"), architectures)
+    capture = check_capture(o.get("capture", DEFAULT_CAPTURE), architectures)
     check_served(architectures, capture, layer_ids, num_layers, o["layers"] is not None, engine_args)
     return layer_ids, capture
 
@@ -245,11 +275,11 @@ def check_options(options: dict) -> Checked:
     CPU-seconds of importing them."""
     o, started = options, time.monotonic()
     progress = o["progress"]
-    if progress not in PROGRESS_MODES:
-        raise GenerateError(f"progress must be one of {', '.join(PROGRESS_MODES)}, got {progress!r}")
-    if not isinstance(o["include_output_tokens"], bool):
-        raise GenerateError(f"include_output_tokens must be true or false, got {o['include_output_tokens']!r}")
-    limit, max_len = _positive("--limit", o["limit"]), _positive("--max-len", o["max_len"])
+    one_of("progress", progress, PROGRESS_MODES, GenerateError)
+    flag("include_output_tokens", o["include_output_tokens"], GenerateError, json_words=True)
+    limit = optional_positive_int("--limit", o["limit"], GenerateError)
+    max_len = optional_positive_int("--max-len", o["max_len"], GenerateError)
+    o["window"] = check_window(o.get("window"), o.get("reduction"))
     engine_args = parse_engine_args(o["engine_args"])
     require_vllm()
     config = read_config(o["model"], engine_args)
@@ -257,15 +287,20 @@ def check_options(options: dict) -> Checked:
     if early is not None:
         _check_layers(o, engine_args, list(config.get("architectures") or []), early)  # type: ignore[union-attr]
     rows = open_rows(o["data"], limit)
+    if o.get("reduction") and rows.has_loss_mask:
+        raise GenerateError(
+            f"--reduction {o['reduction']} stores one vector per row, which a loss_mask cannot mask; "
+            "the data has a loss_mask column: drop it or the reduction"
+        )
     # From here on, vLLM and transformers are imported.
     check_engine_args(engine_args)
-    sampling = sampling_kwargs(check_json_object(o["sampling_args"], "--sampling-args"), o["max_tokens"])
+    sampling = sampling_kwargs(json_object("--sampling-args", o["sampling_args"], GenerateError), o["max_tokens"])
     info = load_model_info(o["model"], engine_args, need_tokenizer=rows.column != "input_ids")
     layer_ids, capture = _check_layers(o, engine_args, info.architectures, info.num_layers)
     max_len, model_len = _max_lengths(max_len, o["max_tokens"], engine_args, info.max_positions)
     renderer = Renderer(info.tokenizer, rows.column, info.vocab_size, max_len)
     out_dir = os.path.abspath(os.fspath(o["out"]))
-    connector = check_connector_args(check_json_object(o["connector_args"], "--connector-args"), out_dir)
+    connector = check_connector_args(json_object("--connector-args", o["connector_args"], GenerateError), out_dir)
     if progress == "auto":
         progress = "bar" if sys.stderr.isatty() else "lines"
     if progress != "bar":
@@ -289,7 +324,7 @@ def check_options(options: dict) -> Checked:
     )
 
 
-def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callable | None = None) -> dict:
+def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callable | None = None) -> Summary:
     """One engine writing into ``checked.out_dir``: every row not done there, or, with
     ``assigned`` (bool per row), only the assigned rows not done there. ``report(snapshot)`` is
     given the run's running totals now and then (engines of a parallel run report to it)."""
@@ -312,7 +347,7 @@ def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callab
                 "source": SOURCE,
                 "model": model,
                 "model_revision": info.revision,
-                "layer_ids": json.dumps(layer_ids),
+                LAYER_IDS: json.dumps(layer_ids),
                 "layer_numbering": "vllm",
                 **_versions(),
             },
@@ -332,7 +367,7 @@ def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callab
                     todo,
                     state,
                     c.sampling,
-                    o["include_output_tokens"],
+                    record_params(o),
                     c.progress,
                     o["progress_interval"],
                     report,
@@ -347,7 +382,7 @@ def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callab
     missing = np.flatnonzero(outcome.saved & ~written["present"])
     bad = sorted(outcome.bad)
     gen_seconds = t_gen - t_engine
-    summary = {
+    summary: Summary = {
         "out": out_dir,
         "data": os.path.abspath(o["data"]),
         "data_format": rows.format,
@@ -362,6 +397,8 @@ def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callab
         "max_len": c.max_len,
         "max_tokens": o["max_tokens"],
         "include_output_tokens": o["include_output_tokens"],
+        "window": o.get("window"),
+        "reduction": o.get("reduction"),
         # A run that started no engine wrote nothing: no run number or writer of its own.
         "run": state.run if engine_started else None,
         "writer_id": state.writer_id if engine_started else None,

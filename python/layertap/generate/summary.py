@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from typing import TypedDict
 
 from layertap._text import human_bytes
 
@@ -12,24 +13,121 @@ from layertap._text import human_bytes
 LISTED_BAD_ROWS = 20
 
 
-def has_records(s: dict) -> bool:
+class BadRowEntry(TypedDict):
+    """A row that has no record and never will: its index in the data and why."""
+
+    row: int
+    reason: str
+
+
+class Seconds(TypedDict):
+    """Where a run's time went (a run of many engines: the slowest engine's, per phase)."""
+
+    load: float
+    engine_start: float
+    generate: float
+    drain: float
+    shutdown: float
+    total: float
+
+
+class EngineEntry(TypedDict, total=False):
+    """One engine of a run of many (``Summary.engines``): its part and rows, and either what it
+    wrote or its error."""
+
+    engine: int
+    part: str
+    rows_assigned: int
+    writer_id: str | None
+    rows_written: int
+    rows_bad: int
+    rows_missing: int
+    tokens: int
+    stored_bytes: int
+    seconds: Seconds
+    error: str
+    """What stopped it (no summary then)."""
+    error_kind: str
+    """``"input"`` (its inputs were refused) or ``"failed"``."""
+
+
+class _SummaryFields(TypedDict):
+    """The fields every summary has (docs/GENERATE.md, "The summary")."""
+
+    out: str
+    data: str
+    data_format: str
+    column: str | None
+    loss_mask: bool
+    model: str
+    model_revision: str | None
+    layer_ids: list[int]
+    layer_numbering: str
+    dtype: str | None
+    max_len: int | None
+    max_tokens: int
+    include_output_tokens: bool
+    window: list[int | None] | None
+    """The capture window as given (``[start, end]``, None for an open end), None when none."""
+    reduction: str | None
+    """``"last"`` or ``"mean"``, None when none."""
+    run: int | None
+    """This run's number in ``--out``; None when it started no engine (or ran many)."""
+    writer_id: str | None
+    rows: int
+    rows_done_before: int
+    rows_written: int
+    rows_bad: int
+    rows_missing: int
+    bad_rows: list[BadRowEntry]
+    missing_rows: list[int]
+    """The first 1000 rows the connector took that have no record."""
+    duplicate_records: int
+    tokens: int
+    raw_bytes: int
+    stored_bytes: int
+    ratio: float | None
+    shards: int
+    shards_recovered: list[str]
+    files_set_aside: list[str]
+    tokens_per_second: float
+    seconds: Seconds
+
+
+class Summary(_SummaryFields, total=False):
+    """What ``layertap.generate`` returns and ``--json`` prints: the fields of every run, and
+    those of some. ``complete`` is always there once the summary is returned."""
+
+    complete: bool
+    capture: str
+    """One engine's run: the capture mode (``layertap._choices.CAPTURE_MODES``)."""
+    rows_assigned: int
+    """An engine of a run of many: the rows dealt to it."""
+    data_parallel_size: int
+    ray_address: str | None
+    parts: list[str]
+    engines: list[EngineEntry]
+    engine_errors: list[str]
+
+
+def has_records(s: Summary) -> bool:
     """Whether the dataset holds a record (of an earlier run or of this one)."""
     return s["rows_done_before"] + s["rows_written"] > 0
 
 
-def is_complete(s: dict, accounted: int) -> bool:
+def is_complete(s: Summary, accounted: int) -> bool:
     """``complete``: every row (``accounted`` of them) has its record or is bad, none is missing,
     no engine failed, and there is a record at all: a dataset whose rows are all bad holds
     nothing to train on, and is not complete."""
     return accounted == s["rows"] and not s["rows_missing"] and not s.get("engine_errors") and has_records(s)
 
 
-def every_row_bad(s: dict) -> bool:
+def every_row_bad(s: Summary) -> bool:
     """The data has no usable row: every row is bad and none has a record (exit status 2)."""
     return s["rows_bad"] > 0 and s["rows_bad"] == s["rows"] and not has_records(s)
 
 
-def most_common_reason(bad_rows: list[dict]) -> tuple[str, int]:
+def most_common_reason(bad_rows: list[BadRowEntry]) -> tuple[str, int]:
     """The reason most bad rows share, and how many share it. Reasons that differ only in
     their numbers (a row's token count, an id) count as one; the first row's text stands for
     them."""
@@ -38,7 +136,7 @@ def most_common_reason(bad_rows: list[dict]) -> tuple[str, int]:
     return next(b["reason"] for b in bad_rows if re.sub(r"\d+", "#", b["reason"]) == kind), count
 
 
-def _engines(s: dict) -> str:
+def _engines(s: Summary) -> str:
     """A parallel run's engines: how many, where, and each one's rows."""
     where = f" on Ray at {s['ray_address']}" if s.get("ray_address") else ""
     each = ", ".join(
@@ -49,11 +147,11 @@ def _engines(s: dict) -> str:
     return f"{len(s['engines'])} engine(s){where} (rows written/assigned: {each or 'none needed'}); {len(s['parts'])} part(s)"
 
 
-def _writer(s: dict) -> str:
+def _writer(s: Summary) -> str:
     return f"writer {s['writer_id']}" if s["writer_id"] else "no engine started (nothing to write)"
 
 
-def summary_text(s: dict) -> str:
+def summary_text(s: Summary) -> str:
     secs = s["seconds"]
     ratio = f"{s['ratio']:.2f}x" if s["ratio"] else "-"
     lines = [

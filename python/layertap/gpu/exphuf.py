@@ -25,6 +25,7 @@ block out.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -32,6 +33,7 @@ import torch
 from layertap._py import exphuf as _py_exphuf
 from layertap._py.exphuf import MIN_CODED, STREAMS, block_head, contexts_of_top
 from layertap._spec.exphuf import CODED, MAX_CODE_LEN, MAX_CONTEXTS, MODE_RAW, SYMBOLS
+from layertap.errors import InvalidInputError
 
 #: Bits a packing word holds: a value of at most 11 + 23 bits shifted by at most 15 stays below
 #: 2^49, so int64 arithmetic never overflows, and adding the disjoint bits of several values
@@ -63,20 +65,46 @@ def _as_unsigned(t: torch.Tensor, width: int) -> torch.Tensor:
     return flat.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
 
 
-def code_lengths(hist: np.ndarray) -> np.ndarray:
-    """Code lengths of each row of symbol counts ``hist`` (``[k, 512]``), from the Rust core
-    (a few microseconds a table; the Python builder takes about 2 ms)."""
+def _native():
+    """The extension's exp-huf pieces, or None where it is not built (the pure-Python writer's
+    builders then stand in)."""
     try:
-        from layertap._native import exphuf_code_lengths  # where the extension is built
+        from layertap._native import exphuf_code_lengths, exphuf_coded_heads, exphuf_reversed_codes
     except ImportError:
-        return np.array([_py_exphuf.code_lengths(h) for h in hist], dtype=np.int64)
-    got = exphuf_code_lengths(np.ascontiguousarray(hist, dtype="<u4").tobytes())
-    return np.frombuffer(got, dtype=np.uint8).reshape(hist.shape).astype(np.int64)
+        return None
+    return SimpleNamespace(
+        exphuf_code_lengths=exphuf_code_lengths,
+        exphuf_coded_heads=exphuf_coded_heads,
+        exphuf_reversed_codes=exphuf_reversed_codes,
+    )
+
+
+def code_lengths(hist: np.ndarray) -> np.ndarray:
+    """Code lengths (uint8) of each row of symbol counts ``hist`` (``[k, 512]``), from the Rust
+    core (a few microseconds a table; the Python builder takes about 2 ms). Counts given as
+    ``<u4`` or ``<i4`` (the encoder's, non-negative) are not converted first."""
+    native = _native()
+    if native is None:
+        return np.array([_py_exphuf.code_lengths(h) for h in hist], dtype=np.uint8)
+    if hist.dtype not in (np.dtype("<u4"), np.dtype("<i4")):
+        hist = hist.astype("<u4")
+    got = native.exphuf_code_lengths(np.ascontiguousarray(hist).view("<u4").tobytes())
+    return np.frombuffer(got, dtype=np.uint8).reshape(hist.shape)
 
 
 def reversed_codes_of(lengths: np.ndarray) -> np.ndarray:
     """The canonical codes (RFC 1951, 3.2.2) of each row of code lengths, bit-reversed as
-    ``_spec.exphuf.reversed_codes`` gives them, for all rows at once."""
+    ``_spec.exphuf.reversed_codes`` gives them, for all rows at once: from the Rust core where
+    it is built (the numpy version below costs about 1 ms a record)."""
+    native = _native()
+    if native is None:
+        return _reversed_codes_numpy(lengths).astype(np.uint16)
+    got = native.exphuf_reversed_codes(np.ascontiguousarray(lengths, dtype=np.uint8).tobytes())
+    return np.frombuffer(got, dtype="<u2").reshape(np.shape(lengths))
+
+
+def _reversed_codes_numpy(lengths: np.ndarray) -> np.ndarray:
+    """``reversed_codes_of`` without the extension."""
     lengths = np.asarray(lengths, dtype=np.int64)
     rows = lengths.shape[0]
     bl_count = np.zeros((rows, MAX_CODE_LEN + 1), dtype=np.int64)
@@ -118,20 +146,30 @@ def encode_blocks(tensors: list[torch.Tensor], dtype: str) -> list[Block]:
     """The exp-huf blocks of several tensors of one dtype, on their (common) device, in one pass:
     the same kernels whatever the count, two small copies to the host (the symbol counts, then
     the streams' bit lengths). The bodies are views of one buffer."""
+    return _encode(tensors, dtype, contiguous=False)
+
+
+def encode_contiguous(tensors: list[torch.Tensor], dtype: str) -> tuple[torch.Tensor, list[int]]:
+    """The exp-huf blocks of several tensors of one dtype, back to back in one uint8 tensor on
+    their device (heads included), and each block's length: what the connector copies to the
+    host in one copy (``compress_on="gpu"``). The same bytes as ``encode_blocks``."""
+    return _encode(tensors, dtype, contiguous=True)
+
+
+def _encode(tensors: list[torch.Tensor], dtype: str, contiguous: bool):
     width, exp_shift = CODED[dtype]
     for t in tensors:
         if t.element_size() != width:
-            raise ValueError(f"a {dtype} block needs {width}-byte elements, not {t.element_size()}-byte {t.dtype}")
-    blocks: list[Block | None] = [None] * len(tensors)
-    coded = []
-    for i, t in enumerate(tensors):
-        t = t.contiguous()
-        if t.numel() < MIN_CODED:
-            blocks[i] = Block(bytes([MODE_RAW]), t.reshape(-1).view(torch.uint8))
-        else:
-            coded.append((i, t))
+            raise InvalidInputError(
+                f"a {dtype} block needs {width}-byte elements, not {t.element_size()}-byte {t.dtype}"
+            )
+    tensors = [t.contiguous() for t in tensors]
+    coded = [(i, t) for i, t in enumerate(tensors) if t.numel() >= MIN_CODED]
+    heads: list[bytes] = [bytes([MODE_RAW])] * len(tensors)
+    """Each block's head; a raw block is its mode byte, then the tensor's bytes."""
+    body_len = [t.numel() * width for t in tensors]
     if not coded:
-        return blocks
+        return _assemble(tensors, heads, body_len, {}, None, contiguous)
     device = coded[0][1].device
     raw_bits = 8 * width - 9
     plans = []
@@ -147,65 +185,223 @@ def encode_blocks(tensors: list[torch.Tensor], dtype: str) -> list[Block]:
     # Elements of the sample that picks each tensor's contexts: every max(n // 4096, 1)-th.
     step = np.maximum(ns // 4096, 1)
 
-    x = torch.cat([_as_unsigned(t, width) for _, t in coded])
+    # The intermediates are int64 per element (about 8 live at the peak, 64 bytes an element):
+    # each is dropped as soon as it is used, which is what bounds the encoder's memory.
+    x = _as_unsigned(torch.cat([t.reshape(-1) for _, t in coded]), width)
     top = x >> raw_bits
     idx = torch.arange(total, device=device)
-    rec = torch.repeat_interleave(torch.arange(len(plans), device=device), torch.from_numpy(ns).to(device))
-    local = idx - torch.from_numpy(base).to(device)[rec]
-    seg_start_t = torch.from_numpy(seg_start).to(device)
-    seg = torch.searchsorted(seg_start_t, idx, right=True) - 1
-    in_sample = local % torch.from_numpy(step).to(device)[rec] == 0
+    seg_start_t = _to_device(seg_start, device)
+    # Each element's segment and tensor, as running counts of the segment starts passed (a
+    # tensor of at least MIN_CODED elements has STREAMS non-empty segments, in order): a
+    # cumulative sum, where repeat_interleave or a search cost several times more on the GPU.
+    marks = torch.zeros(total, dtype=torch.int64, device=device)
+    marks[seg_start_t[1:]] = 1
+    seg = torch.cumsum(marks, 0)
+    del marks
+    rec = seg // STREAMS
+    local = idx - _to_device(base, device)[rec]
+    in_sample = local % _to_device(step, device)[rec] == 0
+    del local
     exps = torch.bincount((rec * 256 + ((top & 0xFF) >> exp_shift))[in_sample], minlength=len(plans) * 256).reshape(
         -1, 256
     )
+    del in_sample
     mode = 255 - exps.flip(1).argmax(1)  # the last of tied counts, as the Rust encoder
     tt = torch.arange(SYMBOLS, device=device)
     ctx_of_top = (tt[None] >> 8) * 8 | (torch.clamp(((tt[None] & 0xFF) >> exp_shift) - mode[:, None], -4, 3) & 7)
     # Each element's context: that of the element `stride` before it in its segment, if any.
-    stride_of = torch.from_numpy(seg_stride).to(device)[seg]
+    stride_of = _to_device(seg_stride, device)[seg]
     has_ctx = (stride_of > 0) & (idx - seg_start_t[seg] >= stride_of)
     prev = torch.where(has_ctx, idx - stride_of, idx)
+    del idx, stride_of
     ctx = torch.where(has_ctx, ctx_of_top.reshape(-1)[rec * SYMBOLS + top[prev]], 0)
+    del has_ctx, prev
     sym = ((top & 0xFF) << 1) | (top >> 8)
+    del top
     cell = (rec * MAX_CONTEXTS + ctx) * SYMBOLS + sym
+    del rec, ctx, sym
 
     # First copy to the host: the counts of each tensor's contexts, for its code lengths.
-    hist = torch.bincount(cell, minlength=len(plans) * MAX_CONTEXTS * SYMBOLS).to(torch.int32).cpu().numpy()
-    modes = mode.cpu().numpy()
+    hist, modes = _to_host(torch.bincount(cell, minlength=len(plans) * MAX_CONTEXTS * SYMBOLS).to(torch.int32), mode)
+    hist, modes = hist.numpy(), modes.numpy()
     lengths = code_lengths(hist.reshape(-1, SYMBOLS)).reshape(len(plans), MAX_CONTEXTS, SYMBOLS)
     codes = reversed_codes_of(lengths.reshape(-1, SYMBOLS))
-    len_of_cell = torch.from_numpy(lengths.reshape(-1)).to(device)
+    # The tables go to the device as they are (uint8 lengths, 11-bit codes as int16: a sixth of
+    # the bytes of int64) and are widened there.
+    len_of_cell = _to_device(lengths.reshape(-1), device).to(torch.int64)
     length = len_of_cell[cell]
-    values = torch.from_numpy(codes.reshape(-1)).to(device)[cell] | (x & ((1 << raw_bits) - 1)) << length
+    code_of_cell = _to_device(codes.reshape(-1).view(np.int16), device).to(torch.int64)
+    values = code_of_cell[cell] | (x & ((1 << raw_bits) - 1)) << length
+    del cell, x
     nbits = length + raw_bits
+    del length
     # Second copy: each stream's bit length, which sets the layout of the output.
-    seg_bits = torch.zeros(len(seg_start), dtype=torch.int64, device=device).index_add_(0, seg, nbits)
-    seg_bytes = (seg_bits.cpu().numpy() + 7) // 8
-    seg_base = np.concatenate([[0], np.cumsum(seg_bytes)[:-1]])
+    # (A stream's bits are a difference of running sums: an index_add_ into a few segments
+    # serialises on its atomics.)
     ends = torch.cumsum(nbits, 0)
-    before = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), ends])[seg_start_t]
-    offset = ends - nbits - before[seg] + 8 * torch.from_numpy(seg_base).to(device)[seg]
-    packed = _pack(values, offset, 8 * int(seg_bytes.sum()))
+    ends0 = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), ends])
+    seg_end_t = torch.cat([seg_start_t[1:], _to_device(np.array([total], dtype=np.int64), device)])
+    before = ends0[seg_start_t]
+    (seg_bits,) = _to_host(ends0[seg_end_t] - before)
+    seg_bytes = (seg_bits.numpy() + 7) // 8
 
-    for j, ((i, t), plan) in enumerate(zip(coded, plans)):
-        lens = [int(v) for v in seg_bytes[j * STREAMS : (j + 1) * STREAMS]]
-        head = block_head(plan.stride, contexts_of_top(int(modes[j]), exp_shift), lengths[j], lens)
-        if len(head) + sum(lens) >= 1 + plan.n * width:
-            blocks[i] = Block(bytes([MODE_RAW]), t.reshape(-1).view(torch.uint8))
-        else:
-            start = int(seg_base[j * STREAMS])
-            blocks[i] = Block(bytes(head), packed[start : start + sum(lens)])
-    return blocks
+    # Each coded tensor's head, and whether its block is coded at all (not if raw is smaller).
+    coded_heads = _coded_heads(dtype, exp_shift, plans, modes, lengths, seg_bytes)
+    coded_ok: dict[int, int] = {}  # tensor index -> its number among the coded
+    for j, ((i, _), plan) in enumerate(zip(coded, plans)):
+        streams_len = int(seg_bytes[j * STREAMS : (j + 1) * STREAMS].sum())
+        if len(coded_heads[j]) + streams_len < 1 + plan.n * width:
+            heads[i], body_len[i] = coded_heads[j], streams_len
+            coded_ok[i] = j
+    # Where each stream goes: with `contiguous`, into its block's place in the output (after its
+    # head); else the coded tensors' streams back to back.
+    if contiguous:
+        sizes = [len(h) + b for h, b in zip(heads, body_len)]
+        block_at = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        end = int(sum(sizes))
+    else:
+        block_at = np.zeros(len(tensors), dtype=np.int64)
+        end = 0
+    seg_base = np.zeros(len(seg_start), dtype=np.int64)
+    body_at: dict[int, int] = {}
+    for i, _ in coded:
+        if i in coded_ok:
+            body_at[i] = int(block_at[i]) + len(heads[i]) if contiguous else end
+            if not contiguous:
+                end += body_len[i]
+    for j, (i, _) in enumerate(coded):
+        if i in body_at:  # (the streams of a tensor stored raw are dropped below)
+            lens = seg_bytes[j * STREAMS : (j + 1) * STREAMS]
+            seg_base[j * STREAMS : (j + 1) * STREAMS] = body_at[i] + np.concatenate([[0], np.cumsum(lens)[:-1]])
+    offset = ends - nbits - before[seg] + 8 * _to_device(seg_base, device)[seg]
+    del ends, ends0
+    if len(body_at) < len(coded):
+        # Tensors stored raw after all: their streams are not written (the packing needs the
+        # streams in the order of the output).
+        keep = _to_device(np.array([i in body_at for i, _ in coded]), device)[seg // STREAMS]
+        values, offset, nbits = values[keep], offset[keep], nbits[keep]
+    del seg
+    packed = _pack(values, offset, nbits, 8 * end, raw_bits + 1)
+    return _assemble(tensors, heads, body_len, body_at, packed, contiguous)
 
 
-def _pack(values: torch.Tensor, offset: torch.Tensor, total_bits: int) -> torch.Tensor:
+def _coded_heads(dtype, exp_shift, plans, modes, lengths, seg_bytes) -> list[bytes]:
+    """The head of each coded tensor's block (everything before its streams): written by the
+    Rust core, as its own encoder writes them, in one call for the batch; without the extension,
+    by the pure-Python writer's ``block_head`` (about 0.2 ms a tensor)."""
+    native = _native()
+    if native is None:
+        return [
+            bytes(
+                block_head(
+                    plan.stride,
+                    contexts_of_top(int(modes[j]), exp_shift),
+                    lengths[j],
+                    [int(v) for v in seg_bytes[j * STREAMS : (j + 1) * STREAMS]],
+                )
+            )
+            for j, plan in enumerate(plans)
+        ]
+    return native.exphuf_coded_heads(
+        dtype,
+        [p.stride for p in plans],
+        np.asarray(modes, dtype=np.uint8).tolist(),
+        np.ascontiguousarray(lengths, dtype=np.uint8).tobytes(),
+        np.asarray(seg_bytes, dtype=np.uint64).tolist(),
+    )
+
+
+def _assemble(tensors, heads, body_len, body_at, packed, contiguous):
+    """The blocks out of the packed streams: ``Block``s (bodies are views), or with
+    ``contiguous`` one buffer with every head written in its place and each raw block's bytes
+    copied in."""
+    if not contiguous:
+        out = []
+        for i, t in enumerate(tensors):
+            if i in body_at:
+                out.append(Block(heads[i], packed[body_at[i] : body_at[i] + body_len[i]]))
+            else:
+                out.append(Block(heads[i], t.reshape(-1).view(torch.uint8)))
+        return out
+    sizes = [len(h) + b for h, b in zip(heads, body_len)]
+    block_at = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    end = int(sum(sizes))
+    device = tensors[0].device if tensors else torch.device("cpu")
+    buf = packed[:end] if packed is not None else torch.zeros(end, dtype=torch.uint8, device=device)
+    for i, t in enumerate(tensors):
+        if i not in body_at:  # a raw block: its mode byte (a head) and the tensor's bytes
+            at = int(block_at[i]) + 1
+            buf[at : at + body_len[i]].copy_(t.reshape(-1).view(torch.uint8))
+    if not tensors:
+        return buf, sizes
+    # Every head in one small copy to the device and one scatter.
+    where = np.concatenate([np.arange(len(h), dtype=np.int64) + a for h, a in zip(heads, block_at)])
+    head_bytes = np.frombuffer(b"".join(heads), dtype=np.uint8)
+    buf[_to_device(where, device)] = _to_device(head_bytes.copy(), device)
+    return buf, sizes
+
+
+def _to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array on ``device`` without the host waiting: a copy from pageable memory makes
+    the thread wait (spinning) for everything queued on the stream before it, the packing's
+    kernels among them; from pinned memory it is queued like a kernel (torch keeps the pinned
+    block until the copy is done)."""
+    if not (a.flags.writeable and a.flags.c_contiguous):
+        a = np.array(a)  # torch takes only writable arrays (the core's tables come read-only)
+    t = torch.from_numpy(a)
+    if device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def _to_host(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Copies of small device tensors on the host, waited for with a blocking event (the thread
+    sleeps rather than spins, so the wait costs the host no CPU)."""
+    if not tensors or tensors[0].device.type != "cuda":
+        return [t.cpu() for t in tensors]
+    out = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
+    for o, t in zip(out, tensors):
+        o.copy_(t, non_blocking=True)
+    wait_sleeping()
+    return out
+
+
+def wait_sleeping(stream: torch.cuda.Stream | None = None) -> None:
+    """Waits for the work queued on ``stream`` (default: the current one) with the thread asleep.
+    ``stream.synchronize()`` spins a core at 100% for as long as the GPU works when the process
+    has fewer CUDA contexts than cores (CUDA's default scheduling): on the H200 that spinning was
+    most of the compressing thread's host CPU time. A blocking event's wait sleeps."""
+    done = torch.cuda.Event(blocking=True)
+    done.record(stream)
+    done.synchronize()
+
+
+def _pack(
+    values: torch.Tensor, offset: torch.Tensor, nbits: torch.Tensor, total_bits: int, min_bits: int
+) -> torch.Tensor:
     """The bytes of a bit string of ``total_bits`` bits (a multiple of 8) in which value ``i``
-    starts at bit ``offset[i]``, least significant bit first; bits no value covers are 0."""
-    words = torch.zeros(total_bits // _WORD_BITS + 4, dtype=torch.int64, device=values.device)
-    first = offset // _WORD_BITS
-    shifted = values << (offset % _WORD_BITS)
-    for k in range(4):  # a value of at most 34 bits, shifted by at most 15, spans 4 words
-        words.index_add_(0, first + k, (shifted >> (_WORD_BITS * k)) & 0xFFFF)
+    (``nbits[i]`` bits, at least ``min_bits``) starts at bit ``offset[i]``, least significant
+    bit first; ``offset`` ascending, the values not overlapping; bits no value covers are 0.
+
+    Each 16-bit word gathers the values that overlap it (the first found by a binary search
+    over the values' ends, then the next few): no scatter, whose atomics collide when
+    neighbouring values share a word."""
+    device = values.device
+    n_words = (total_bits + _WORD_BITS - 1) // _WORD_BITS
+    words = torch.zeros(n_words, dtype=torch.int64, device=device)
+    if values.numel() and n_words:
+        ends = offset + nbits
+        lo = torch.arange(n_words, device=device) * _WORD_BITS
+        first = torch.searchsorted(ends, lo, right=True)  # the first value ending past the word's start
+        last = values.numel() - 1
+        # Values that can overlap one word: those starting in it, and one started before.
+        for k in range(-(-_WORD_BITS // min_bits) + 1):
+            j = first + k
+            at = torch.clamp(j, max=last)
+            rel = offset[at] - lo  # where the value starts, relative to the word
+            v = values[at]
+            part = torch.where(rel >= 0, v << rel.clamp(0, _WORD_BITS), v >> (-rel).clamp(0, 63))
+            words |= torch.where((j <= last) & (rel < _WORD_BITS), part & 0xFFFF, 0)
     out = torch.stack([words & 0xFF, words >> 8], dim=1).reshape(-1).to(torch.uint8)
     return out[: total_bits // 8]
 

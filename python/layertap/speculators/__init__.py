@@ -21,8 +21,14 @@ See docs/TRAINING.md.
 
 from __future__ import annotations
 
+from layertap.errors import LayertapError
+
 #: The name speculators' ``--hidden-states-backend`` takes.
 BACKEND_NAME = "layertap"
+
+
+class BackendNameTakenError(LayertapError, RuntimeError):
+    """hs_connectors already has another hidden-states backend under ``BACKEND_NAME``."""
 
 
 def register() -> type:
@@ -38,11 +44,11 @@ def register() -> type:
         HiddenStatesBackend.register(BACKEND_NAME)(LayertapBackend)
         return LayertapBackend
     if registered is not LayertapBackend:
-        raise RuntimeError(
+        raise BackendNameTakenError(
             f"hs_connectors already has a hidden-states backend named {BACKEND_NAME!r} "
             f"({registered.__module__}.{registered.__qualname__}), not layertap's"
         )
     return registered
 
 
-__all__ = ["BACKEND_NAME", "register"]
+__all__ = ["BACKEND_NAME", "BackendNameTakenError", "register"]

@@ -23,7 +23,8 @@ import torch
 from hs_connectors import HiddenStatesBackend, HiddenStatesTransfer
 from hs_connectors.fp8_utils import dequantize_fp8_tensor
 
-from layertap.errors import FormatError
+from layertap._checks import json_object
+from layertap.errors import FormatError, InvalidInputError
 from layertap.fp8 import SCALE_NAME
 from layertap.reader import open as open_dataset
 
@@ -48,9 +49,9 @@ def _add_argument(parser: argparse.ArgumentParser, *flags: str, **kwargs: Any) -
 def _record_tensors(record: Any, where: str) -> dict:
     hidden, token_ids = record.hidden_states, record.token_ids
     if hidden is None or token_ids is None:
-        raise ValueError(f"{where}: record {record.key!r} has no hidden_states or no token_ids tensor")
+        raise InvalidInputError(f"{where}: record {record.key!r} has no hidden_states or no token_ids tensor")
     if hidden.dim() != 3 or token_ids.dim() != 1 or hidden.shape[0] != token_ids.shape[0]:
-        raise ValueError(
+        raise InvalidInputError(
             f"{where}: record {record.key!r} has hidden_states {list(hidden.shape)} and token_ids "
             f"{list(token_ids.shape)}; expected [tokens, layers, hidden] and [tokens]"
         )
@@ -120,7 +121,7 @@ def check_dataset(path: str, explicit: bool, reader_backend: str = "auto") -> st
     start-up with one line instead of in a DataLoader worker: ``path`` when it holds shards;
     None (with a warning) when the default path does not exist; ``FileNotFoundError`` or
     ``ValueError`` otherwise."""
-    if not os.path.exists(path):
+    if not path.startswith("mooncake://") and not os.path.exists(path):
         if explicit:
             raise FileNotFoundError(
                 f"--hidden-states-path {path}: no such layertap dataset; write it with layertap generate "
@@ -139,7 +140,7 @@ def check_dataset(path: str, explicit: bool, reader_backend: str = "auto") -> st
         hint = ""
         if os.path.isdir(path) and any(n.startswith("hs_") and n.endswith(".safetensors") for n in os.listdir(path)):
             hint = "; it holds hs_*.safetensors files, the 'file' backend's layout: pass --hidden-states-backend file"
-        raise ValueError(f"--hidden-states-path {path} is not a layertap dataset: {e}{hint}") from None
+        raise InvalidInputError(f"--hidden-states-path {path} is not a layertap dataset: {e}{hint}") from None
     logger.info("layertap backend: %d cached records in %s", count, path)
     return path
 
@@ -198,14 +199,7 @@ class LayertapBackend(HiddenStatesBackend):
 
     @staticmethod
     def build_kv_transfer_config(args: argparse.Namespace) -> dict[str, Any]:
-        import json
-
-        try:
-            extra = json.loads(getattr(args, "layertap_options", "{}") or "{}")
-        except ValueError as e:
-            raise ValueError(f"--layertap-options: not JSON: {e}") from None
-        if not isinstance(extra, dict):
-            raise ValueError(f"--layertap-options must be a JSON object, not {extra!r}")
+        extra = json_object("--layertap-options", getattr(args, "layertap_options", None) or None)
         options = {"codec": getattr(args, "layertap_codec", "bp16-zstd"), **extra}
         options["output_dir"] = os.path.abspath(args.hidden_states_path)
         return {

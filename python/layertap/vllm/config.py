@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from layertap._checks import one_of, optional_positive_int
+from layertap._choices import CAPTURE_MODES
 from layertap._options import WriterOptions, python_writer_problem
 from layertap._spec.format import key_problem
 from layertap.errors import InvalidInputError, OptionError
@@ -44,12 +46,16 @@ def default_pool_bytes(largest_request: int, full_step: int, max_num_seqs: int =
     return max(2 * largest_request, min(DEFAULT_MAX_POOL_BYTES, max(DEFAULT_MIN_POOL_BYTES, wanted)))
 
 
-#: Values of the ``capture`` option: how the hidden states reach the KV cache.
-#: ``"method"``: vLLM's ``extract_hidden_states`` speculative method (its draft "model" caches
-#: them; the layer ids come from the speculative configuration). ``"in-model"``: the model class
-#: that layertap's plugin registers caches them itself, without speculative decoding (the layer
-#: ids come from the ``layer_ids`` option); docs/CONNECTOR.md, "Capture in the model".
-CAPTURE_MODES = ("method", "in-model")
+#: Values of the ``capture`` option (``_choices.CAPTURE_MODES``): how the hidden states reach the
+#: KV cache. ``"method"``: vLLM's ``extract_hidden_states`` speculative method (its draft "model"
+#: caches them; the layer ids come from the speculative configuration). ``"in-model"``: the model
+#: class that layertap's plugin registers caches them itself, without speculative decoding (the
+#: layer ids come from the ``layer_ids`` option); docs/CONNECTOR.md, "Capture in the model".
+#: Values of the ``compress_on`` option: where records are compressed. ``"host"``: by the
+#: writer's threads. ``"gpu"``: on the GPU before the copy to the host, as exp-huf blocks the
+#: writer only checksums, frames and writes (``gpu_compress.py``; docs/CONNECTOR.md,
+#: "Compression on the GPU"); it needs the Rust writer and codec ``exp-huf``.
+COMPRESS_ON = ("host", "gpu")
 
 
 class ConfigError(InvalidInputError):
@@ -115,6 +121,13 @@ class ConnectorOptions:
     layer_ids: tuple[int, ...] | None = None
     """The layer ids to record, as given (``capture="in-model"`` only; with the method they are
     the speculative configuration's)."""
+    compress_on: str = "host"
+    """One of ``COMPRESS_ON``."""
+    mooncake: str | None = None
+    """The dataset in Mooncake Store that records are also put into (its address, checked:
+    docs/MOONCAKE.md); ``output_dir`` is then the spool they are written to first."""
+    mooncake_keep_shards: bool = False
+    """With ``mooncake``: keep the spool's shards once forwarded."""
 
     @property
     def writer_id(self) -> str | None:
@@ -142,9 +155,7 @@ def writer_options_for(options: ConnectorOptions, writer_id: str, pool_bytes: in
 
 
 def _positive_or_none(option: str, value: Any) -> int | None:
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise ConfigError(option, f"must be a positive integer, not {value!r}")
-    return value
+    return optional_positive_int(option, value, ConfigError)
 
 
 def _path(option: str, value: Any) -> str:
@@ -154,15 +165,32 @@ def _path(option: str, value: Any) -> str:
 
 
 def _writer(value: Any) -> str:
-    if value not in ("rust", "python"):
-        raise ConfigError("writer", f"must be 'rust' or 'python', not {value!r}")
-    return value
+    return one_of("writer", value, ("rust", "python"), ConfigError)
 
 
 def _capture(value: Any) -> str:
-    if value not in CAPTURE_MODES:
-        raise ConfigError("capture", f"must be one of {', '.join(map(repr, CAPTURE_MODES))}, not {value!r}")
-    return value
+    return one_of("capture", value, CAPTURE_MODES, ConfigError)
+
+
+def _compress_on(value: Any) -> str:
+    return one_of("compress_on", value, COMPRESS_ON, ConfigError)
+
+
+def _gpu_compression_problem(extra_config: Mapping[str, Any], values: dict) -> ConfigError | None:
+    """Why ``compress_on="gpu"`` does not go with the other options, or None."""
+    if values.get("writer", "rust") != "rust":
+        return ConfigError("compress_on", '"gpu" needs writer="rust" (the Python writer cannot take encoded records)')
+    codec = extra_config.get("codec")
+    if codec is not None and codec != "exp-huf":
+        return ConfigError(
+            "codec",
+            f'{codec!r} with compress_on="gpu": the GPU encodes exp-huf; leave codec out or give "exp-huf"',
+        )
+    if extra_config.get("lossy") is not None:
+        return ConfigError(
+            "lossy", 'not with compress_on="gpu" (the GPU encodes the values as they are); leave one of them out'
+        )
+    return None
 
 
 def _layer_ids(value: Any) -> tuple[int, ...]:
@@ -198,6 +226,24 @@ def in_model_layer_ids(extra_config: Any) -> tuple[int, ...] | None:
     return _layer_ids(extra_config["layer_ids"])
 
 
+def _store_address(value: Any) -> str:
+    from layertap.mooncake.address import parse_address
+
+    if not isinstance(value, str):
+        raise ConfigError("mooncake", f"must be an address mooncake://MASTER_HOST:PORT/PREFIX, not {value!r}")
+    try:
+        parse_address(value)
+    except InvalidInputError as e:
+        raise ConfigError("mooncake", str(e)) from None
+    return value
+
+
+def _bool(option: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(option, f"must be true or false, not {value!r}")
+    return value
+
+
 _CONNECTOR_PARSERS = {
     "output_dir": lambda v: _path("output_dir", v),
     "writer": _writer,
@@ -205,6 +251,9 @@ _CONNECTOR_PARSERS = {
     "stats_path": lambda v: None if v is None else _path("stats_path", v),
     "capture": lambda v: "method" if v is None else _capture(v),
     "layer_ids": lambda v: None if v is None else _layer_ids(v),
+    "compress_on": lambda v: "host" if v is None else _compress_on(v),
+    "mooncake": lambda v: None if v is None else _store_address(v),
+    "mooncake_keep_shards": lambda v: False if v is None else _bool("mooncake_keep_shards", v),
 }
 
 #: Every option ``kv_connector_extra_config`` may hold.
@@ -237,6 +286,11 @@ def parse_options(extra_config: Mapping[str, Any] | None) -> ConnectorOptions:
         )
     # null means the default, as if the key were not there.
     given = {WRITER_KEYS[k]: v for k, v in extra_config.items() if k in WRITER_KEYS and v is not None}
+    if values.get("compress_on") == "gpu":
+        problem = _gpu_compression_problem(extra_config, values)
+        if problem is not None:
+            raise problem
+        given["codec"] = "exp-huf"
     try:
         writer_options = WriterOptions(**given)
         problem = python_writer_problem(writer_options) if values.get("writer", "rust") == "python" else None

@@ -77,6 +77,8 @@ class WorkerCounters:
     def __init__(self, stats: Any, writer_id: str):
         self._stats = stats
         self._writer_id = writer_id
+        self.store: dict | None = None
+        """With the ``mooncake`` option: the forwarder's counts (``mooncake_sink.Forwarder.stats``)."""
         self._engine_thread: list[float] = []
         self._delays: list[float] = []
         self._pending: collections.deque[list] = collections.deque()
@@ -130,7 +132,15 @@ class WorkerCounters:
         """The payload since the last report, or None when there is nothing to report or the
         last one is too recent (see the module's docstring)."""
         stats = self._stats
-        signature = (stats.records_submitted, stats.records_written, stats.records_failed, stats.pool_stalls)
+        store = self.store or {}
+        store_counts = {k: int(store.get(k, 0)) for k in STORE_COUNTERS}
+        signature = (
+            stats.records_submitted,
+            stats.records_written,
+            stats.records_failed,
+            stats.pool_stalls,
+            *store_counts.values(),
+        )
         changed = signature != self._signature
         if not changed and not self._engine_thread:
             return None
@@ -152,6 +162,8 @@ class WorkerCounters:
             "pool_stall_seconds": stats.pool_stall_seconds,
             "writer_blocked_seconds": float(writer_stats.get("blocked_seconds", 0.0)),
         }
+        if self.store is not None:
+            totals.update({f"store_{k}": v for k, v in store_counts.items()})
         last = self._reported
         payload: dict[str, Any] = {
             "gauges": {
@@ -176,6 +188,10 @@ class WorkerCounters:
         if observations:
             payload["observations"] = observations
         return payload
+
+
+#: The forwarder's counts that the payload carries (as ``store_<name>``) with the ``mooncake`` option.
+STORE_COUNTERS = ("records_put", "records_failed", "duplicates_refused")
 
 
 class SchedulerCounters:

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-#: Record metadata the connector writes itself; a client may not set them.
-CONNECTOR_METADATA = ("key", "layer_ids", "model", "dtype", "num_tokens", "request_id", "num_prompt_tokens")
+from layertap._spec.record import CONNECTOR_METADATA  # a client may not set them
+
 #: Caller metadata per record is kept small: it travels with every request and lands in every
 #: record's header.
 MAX_RECORD_METADATA_BYTES = 64 << 10

@@ -21,6 +21,8 @@ import itertools
 import numpy as np
 import torch
 
+from layertap.vllm.errors import CacheLayoutError
+
 
 def _conventional_token_axis() -> int:
     """The token-in-block axis of the hidden-states cache by this vLLM's convention."""
@@ -38,7 +40,7 @@ def _conventional_token_axis() -> int:
 def token_axis(shape: tuple[int, ...], num_layers: int, hidden_size: int) -> int:
     """The axis (1 or 2) of ``shape`` that indexes tokens within a block."""
     if len(shape) != 4 or shape[3] != hidden_size or num_layers not in shape[1:3]:
-        raise ValueError(
+        raise CacheLayoutError(
             f"layertap connector: the hidden-states KV cache has shape {list(shape)}; expected "
             f"[blocks, {num_layers} layers, block size, {hidden_size}] or "
             f"[blocks, block size, {num_layers} layers, {hidden_size}]"
@@ -66,7 +68,7 @@ class HiddenStatesCache:
         (vLLM may split a scheduler block into smaller kernel blocks)."""
         self.block_size = block_size
         if block_size % self.tensor_block_size:
-            raise ValueError(
+            raise CacheLayoutError(
                 f"layertap connector: the scheduler's block size {block_size} is not a multiple of "
                 f"the hidden-states cache's {self.tensor_block_size}"
             )
@@ -97,11 +99,15 @@ class HiddenStatesCache:
             return None, []
         return self._row_steps, self._layer_rows.tolist()
 
-    def write_indices(self, requests: list[tuple[list[int], int]], index: np.ndarray) -> None:
+    def write_indices(
+        self, requests: list[tuple[list[int], int]], index: np.ndarray, starts: np.ndarray | None = None
+    ) -> None:
         """Fills ``index`` (int64 ``[tokens, index_width]``, one row per token of all
         ``requests`` in order) with where each token is in the cache: its row number per layer,
         or its block and in-block offset. A request is ``(scheduler block ids, number of
-        tokens)``. One vectorised pass for the whole batch."""
+        tokens)``: its first tokens, or with ``starts`` (one position per request) that many from
+        its position ``starts[i]`` on (a capture window, ``window.py``). One vectorised pass for
+        the whole batch."""
         counts = np.fromiter((n for _, n in requests), dtype=np.int64, count=len(requests))
         nblocks = np.fromiter((len(b) for b, _ in requests), dtype=np.int64, count=len(requests))
         blocks = np.fromiter(
@@ -111,6 +117,8 @@ class HiddenStatesCache:
         block_starts = np.cumsum(nblocks) - nblocks
         # Position of each token within its request, then its scheduler block and slot.
         t = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(token_starts, counts)
+        if starts is not None:
+            t += np.repeat(starts, counts)
         slots = blocks[np.repeat(block_starts, counts) + t // self.block_size] * self.block_size + t % self.block_size
         blk, off = np.divmod(slots, self.tensor_block_size)
         if self.by_rows:
@@ -119,6 +127,15 @@ class HiddenStatesCache:
         else:
             index[:, 0] = blk
             index[:, 1] = off
+
+    def take(self, index: torch.Tensor) -> torch.Tensor:
+        """The tokens that ``index`` (from ``write_indices``) locates, ``[tokens, layers,
+        hidden]`` on the cache's device (a new tensor), for work there before the copy out."""
+        if self.by_rows:
+            rows = index.reshape(-1).to(self.device, non_blocking=True)
+            return torch.index_select(self._rows, 0, rows).view(-1, self.num_layers, self.hidden_size)
+        blk, off = index[:, 0].to(self.device, non_blocking=True), index[:, 1].to(self.device, non_blocking=True)
+        return self.kv[blk, off] if self.axis == 1 else self.kv[blk, :, off]
 
     def gather(self, index: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Copies the tokens that ``index`` (from ``write_indices``) locates into ``out``

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
+from layertap.vllm.window import Window
+
 #: A record's additions from its client: ``record_metadata`` (checked, ``extras.py``) and the
 #: ``loss_mask`` as bytes (uint8 0/1, one per recorded token), either may be None.
 Extras = tuple[dict[str, str] | None, bytes | None]
@@ -23,11 +25,12 @@ class StepSaves:
     ``include_output_tokens``; the request's own list, not a copy, where it can be),
     ``num_prompt_tokens[i]`` and ``block_ids[i]`` (the request's blocks of the hidden-states
     group, at least enough for its tokens). ``extras`` maps the few indices whose client sent
-    extras to them."""
+    extras to them, ``windows`` those whose client asked for a capture window (their
+    ``token_ids`` and ``num_tokens`` are then the stored rows', ``window.py``)."""
 
     #: The per-record lists.
     COLUMNS = ("keys", "req_ids", "token_ids", "num_tokens", "num_prompt_tokens", "block_ids")
-    __slots__ = (*COLUMNS, "extras", "finished_at")
+    __slots__ = (*COLUMNS, "extras", "windows", "finished_at")
 
     def __init__(self) -> None:
         self.keys: list[str] = []
@@ -37,6 +40,7 @@ class StepSaves:
         self.num_prompt_tokens: list[int] = []
         self.block_ids: list[list[int]] = []
         self.extras: dict[int, Extras] = {}
+        self.windows: dict[int, Window] = {}
         self.finished_at = 0.0
         """When the first of these requests ended (``time.time()``, set by the scheduler half:
         the worker may be another process, or with Ray another host); the others ended in the
@@ -51,9 +55,12 @@ class StepSaves:
         num_prompt_tokens: int,
         block_ids: list[int],
         extras: Extras | None = None,
+        window: Window | None = None,
     ) -> None:
         if extras is not None:
             self.extras[len(self.keys)] = extras
+        if window is not None:
+            self.windows[len(self.keys)] = window
         self.keys.append(key)
         self.req_ids.append(req_id)
         self.token_ids.append(token_ids)
@@ -73,9 +80,11 @@ class StepSaves:
             setattr(head, name, column[:n])
             setattr(self, name, column[n:])
         head.finished_at = self.finished_at
-        if self.extras:
-            head.extras = {i: e for i, e in self.extras.items() if i < n}
-            self.extras = {i - n: e for i, e in self.extras.items() if i >= n}
+        for name in ("extras", "windows"):
+            by_index = getattr(self, name)
+            if by_index:
+                setattr(head, name, {i: e for i, e in by_index.items() if i < n})
+                setattr(self, name, {i - n: e for i, e in by_index.items() if i >= n})
         return head
 
     def extend(self, other: StepSaves) -> None:
@@ -86,6 +95,7 @@ class StepSaves:
         if other.finished_at and (not self.finished_at or other.finished_at < self.finished_at):
             self.finished_at = other.finished_at
         self.extras.update({base + i: e for i, e in other.extras.items()})
+        self.windows.update({base + i: w for i, w in other.windows.items()})
 
     def __getstate__(self) -> tuple:
         return tuple(getattr(self, name) for name in self.__slots__)

@@ -47,6 +47,15 @@ COUNTERS: dict[str, tuple[str, str]] = {
         "layertap_writer_blocked_seconds",
         "Seconds the writer's submit waited because max_inflight_bytes were in flight.",
     ),
+    "store_records_put": ("layertap_store_records_put", "Records put into Mooncake Store (option mooncake)."),
+    "store_records_failed": (
+        "layertap_store_records_failed",
+        "Records Mooncake Store refused or could not be reached for (they stay in the spool).",
+    ),
+    "store_duplicates_refused": (
+        "layertap_store_duplicates_refused",
+        "Records not put because the store already held a record with their key.",
+    ),
 }
 #: Requests whose hidden states were not saved, labelled by ``reason``.
 NOT_SAVED = ("layertap_requests_not_saved", "Finished requests not saved, by reason (invalid_request, not_saved).")

@@ -41,6 +41,9 @@ class RecordLocation:
     """The id of the engine's writer: its shards are ``{writer_id}-{n:06}.lts``."""
     key: str
     num_tokens: int | None = None
+    store: str | None = None
+    """With the connector's ``mooncake`` option: the dataset in Mooncake Store, where ``fetch``
+    reads the record (docs/MOONCAKE.md)."""
 
 
 def record_location(kv_transfer_params: Mapping[str, Any] | None) -> RecordLocation:
@@ -72,7 +75,10 @@ def record_location(kv_transfer_params: Mapping[str, Any] | None) -> RecordLocat
         if problem:
             raise InvalidInputError(problem)
     num_tokens = entry.get("num_tokens")
-    return RecordLocation(dataset, writer_id, key, num_tokens if isinstance(num_tokens, int) else None)
+    store = entry.get("store")
+    if store is not None and not (isinstance(store, str) and store.startswith("mooncake://")):
+        raise InvalidInputError(f"store {store!r} is not a Mooncake address")
+    return RecordLocation(dataset, writer_id, key, num_tokens if isinstance(num_tokens, int) else None, store)
 
 
 def fetch(
@@ -89,8 +95,13 @@ def fetch(
     reader); with ``durable`` (the default) the shard is then fsynced before returning, so the
     record is on stable storage whatever the connector's ``durability`` option (``durable=False``
     skips that, for callers that only need the tensors). Raises ``LayertapError`` if the
-    server's writer failed."""
+    server's writer failed. With the connector's ``mooncake`` option the record is read from
+    Mooncake Store once it is there (``durable`` does not apply: docs/MOONCAKE.md, "Durability")."""
     loc = kv_transfer_params if isinstance(kv_transfer_params, RecordLocation) else record_location(kv_transfer_params)
+    if loc.store is not None:
+        from layertap.vllm.mooncake_sink import fetch_from_store
+
+        return fetch_from_store(loc.store, loc.writer_id, loc.key, timeout, tensor_maker("auto"))
     deadline = None if timeout is None else time.monotonic() + timeout
     marker = error_marker_path(loc.dataset, loc.writer_id)
     make = tensor_maker("auto")

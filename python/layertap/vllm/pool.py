@@ -15,6 +15,8 @@ import collections
 
 import torch
 
+from layertap.vllm.errors import ConnectorError
+
 #: Every region starts at a multiple of this (covers int64 views and DMA alignment).
 ALIGN = 256
 
@@ -52,7 +54,7 @@ class HostPool:
         try:
             self.buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
         except RuntimeError as e:
-            raise RuntimeError(
+            raise ConnectorError(
                 f"layertap connector: cannot allocate the {'pinned ' if pin else ''}host buffer pool "
                 f"of {nbytes} bytes ({e}); lower pool_bytes"
             ) from e
@@ -112,7 +114,7 @@ class HostPool:
     def release(self, region: Region) -> None:
         """Gives ``region`` back; its memory is reused once every older region is back too."""
         if region.released:
-            raise RuntimeError("layertap connector: a pool region was released twice")
+            raise ConnectorError("layertap connector: a pool region was released twice")
         region.released = True
         self.in_use -= region.nbytes
         while self._live and self._live[0].released:

@@ -11,6 +11,7 @@ from typing import Any
 
 from layertap._keys import KeyWindow
 from layertap.vllm import registry
+from layertap.vllm import window as capture_window
 from layertap.vllm.config import ConnectorOptions, sample_id_problem
 from layertap.vllm.counters import DRAIN_WAIT, SchedulerCounters
 from layertap.vllm.engine import EngineFacts, read_engine_facts
@@ -21,7 +22,7 @@ from layertap.vllm.online import PARAMS_KEY
 logger = logging.getLogger("vllm.layertap")  # under vLLM's logging configuration
 
 #: Request kv_transfer_params the connector reads.
-REQUEST_KEYS = ("sample_id", "include_output_tokens", "record_metadata", "loss_mask")
+REQUEST_KEYS = ("sample_id", "include_output_tokens", "record_metadata", "loss_mask", *capture_window.WINDOW_KEYS)
 #: Finish states whose hidden states are saved: the request ran to its end. Aborted, ignored
 #: (prompt too long) and failed requests are not.
 _SAVED_STATES = frozenset(("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED", "FINISHED_REPETITION"))
@@ -69,6 +70,8 @@ class SchedulerSide:
         self.keys = KeyWindow(options.key_memory)
         """Keys given out lately: the writer refuses a key twice (docs/CONNECTOR.md)."""
         self._location = {"dataset": options.output_dir, "writer_id": facts.writer_id}
+        if options.mooncake is not None:
+            self._location["store"] = options.mooncake.split("?", 1)[0]  # fetch reads it from there
         self.counters = SchedulerCounters()
         registry.register_scheduler(facts.engine_id, self)
 
@@ -114,12 +117,12 @@ class SchedulerSide:
             )
         req_id = request.request_id
         params = request.kv_transfer_params
-        extras = None
+        extras = window_spec = None
         if params:
             checked = self._check_params(request, params)
             if isinstance(checked[0], bool):
                 return checked  # a refusal
-            key, include_outputs, extras = checked
+            key, include_outputs, extras, window_spec = checked
         else:
             key, include_outputs = req_id, False
         if include_outputs:
@@ -141,11 +144,25 @@ class SchedulerSide:
                 "not_saved",
                 f"only {len(blocks) * facts.block_size} of {num_tokens} tokens are in the KV cache",
             )
+        mask = None
         if extras is not None and extras[1] is not None:
             num_prompt = request.num_prompt_tokens
             mask, problem = loss_mask_array(extras[1], num_prompt, num_tokens - num_prompt)
             if problem:
                 return self._refuse(req_id, "invalid_request", problem)
+        window = None
+        if window_spec is not None:
+            window, problem = capture_window.resolve(window_spec, num_tokens)
+            if problem:
+                return self._refuse(req_id, "invalid_request", problem)
+            token_ids = capture_window.stored_token_ids(token_ids, window)
+            num_tokens = len(token_ids)
+            if mask is not None:
+                mask = mask[window[0] : window[1]]
+            meta = dict(extras[0] or {}) if extras is not None else {}
+            meta.update(capture_window.metadata(window))
+            extras = (meta, None)
+        if mask is not None:
             extras = (extras[0], mask.tobytes())
         if not self.keys.add_new(key):
             what = "sample_id" if key is not req_id else "request id"
@@ -158,7 +175,7 @@ class SchedulerSide:
             unsent = self._unsent
             if not unsent.keys:
                 unsent.finished_at = time.time()  # one clock read per step, for the record delay
-            unsent.add(key, req_id, token_ids, num_tokens, request.num_prompt_tokens, blocks, extras)
+            unsent.add(key, req_id, token_ids, num_tokens, request.num_prompt_tokens, blocks, extras, window)
         self._held += 1
         self.counters.accepted()
         location = self._location.copy()
@@ -167,9 +184,10 @@ class SchedulerSide:
         return True, {PARAMS_KEY: location}
 
     def _check_params(self, request: Any, params: Any) -> tuple:
-        """``(key, include_output_tokens, extras or None)`` from a request's
-        ``kv_transfer_params``, or a refusal (``_refuse``'s answer); extras' loss mask is the
-        client's list, checked later."""
+        """``(key, include_output_tokens, extras or None, window request or None)`` from a
+        request's ``kv_transfer_params``, or a refusal (``_refuse``'s answer); extras' loss mask
+        is the client's list and the window its bounds, both checked against the recorded tokens
+        later."""
         req_id = request.request_id
         if not isinstance(params, dict):
             return self._refuse(req_id, "invalid_request", f"kv_transfer_params must be an object, got {params!r}")
@@ -192,10 +210,19 @@ class SchedulerSide:
             if problem:
                 return self._refuse(req_id, "invalid_request", problem)
         loss_mask = params.get("loss_mask")
+        window_spec, problem = capture_window.check(params)
+        if problem:
+            return self._refuse(req_id, "invalid_request", problem)
+        if window_spec is not None and window_spec[2] and loss_mask is not None:
+            return self._refuse(
+                req_id,
+                "invalid_request",
+                "loss_mask is one entry per stored token; a reduction stores one vector: send one or the other",
+            )
         extras = None
         if record_metadata or loss_mask is not None:
             extras = (dict(record_metadata) if record_metadata else None, loss_mask)
-        return key, include_outputs, extras
+        return key, include_outputs, extras, window_spec
 
     def _refuse(self, req_id: str, reason: str, message: str) -> tuple[bool, dict]:
         logger.warning("layertap: hidden states of request %s not saved: %s", req_id, message)

@@ -23,6 +23,17 @@ from typing import Any
 import numpy as np
 
 from layertap._sink import RecordSink
+from layertap._spec.record import (
+    DTYPE,
+    HIDDEN_STATES,
+    LAYER_IDS,
+    LOSS_MASK,
+    MODEL,
+    NUM_PROMPT_TOKENS,
+    NUM_TOKENS,
+    REQUEST_ID,
+    TOKEN_IDS,
+)
 from layertap._tensors import dtype_name
 from layertap.errors import InvalidInputError
 from layertap.vllm.engine import EngineFacts
@@ -37,9 +48,9 @@ def record_template(facts: EngineFacts, cache: HiddenStatesCache) -> dict[str, s
     """The metadata every record of this engine carries (besides its key, ``num_tokens``,
     ``request_id``, ``num_prompt_tokens`` and its client's entries)."""
     return {
-        "layer_ids": json.dumps(list(facts.layer_ids)),
-        "model": facts.model,
-        "dtype": str(cache.dtype).removeprefix("torch."),
+        LAYER_IDS: json.dumps(list(facts.layer_ids)),
+        MODEL: facts.model,
+        DTYPE: str(cache.dtype).removeprefix("torch."),
     }
 
 
@@ -51,7 +62,7 @@ class NativeSink:
 
         steps, layer_rows = cache.row_layout()
         self._native = NativeRegionSink(
-            writer._native,
+            writer.native,
             pool.buffer.numpy(),
             dtype=dtype_name(cache.dtype),
             row_shape=[cache.num_layers, cache.hidden_size],
@@ -112,26 +123,42 @@ class BufferSink:
         self.cache.write_indices(list(zip(saves.block_ids, saves.num_tokens)), index)
 
     def submit(self, region: Region, ids_offset: int, saves: StepSaves) -> list[tuple[int, str]]:
+        return self.hand_over(region, self.records(region, ids_offset, saves))
+
+    def records(
+        self, region: Region, ids_offset: int, saves: StepSaves, hidden: list[tuple[int, int]] | None = None
+    ) -> list:
+        """The ``submit_buffers`` records of a gathered batch: views of the region. ``hidden``:
+        each record's hidden states as ``(offset, length)`` of an exp-huf block in the pool
+        (``compress_on="gpu"``), instead of its rows at the start of the region."""
         row, pool = self.cache.row_bytes, self._pool
         records = []
         at = 0
         for i, (key, req_id, n, prompt) in enumerate(
             zip(saves.keys, saves.req_ids, saves.num_tokens, saves.num_prompt_tokens)
         ):
-            meta = dict(self._template, num_tokens=str(n), request_id=req_id, num_prompt_tokens=str(prompt))
-            h, t = region.offset + at * row, ids_offset + at * 8
-            parts = [
-                ("hidden_states", pool[h : h + n * row], self._dtype, [n, *self._row_shape]),
-                ("token_ids", pool[t : t + n * 8], "I64", [n]),
-            ]
+            meta = {**self._template, NUM_TOKENS: str(n), REQUEST_ID: req_id, NUM_PROMPT_TOKENS: str(prompt)}
+            t = ids_offset + at * 8
+            if hidden is None:
+                h = region.offset + at * row
+                states = (HIDDEN_STATES, pool[h : h + n * row], self._dtype, [n, *self._row_shape])
+            else:
+                h, length = hidden[i]
+                states = (HIDDEN_STATES, pool[h : h + length], self._dtype, [n, *self._row_shape], "exp-huf")
+            parts = [states, (TOKEN_IDS, pool[t : t + n * 8], "I64", [n])]
             extras = saves.extras.get(i)
             if extras is not None:
                 if extras[0]:
                     meta.update(extras[0])  # the scheduler refused the connector's names
                 if extras[1] is not None:
-                    parts.append(("loss_mask", memoryview(extras[1]), "U8", [n]))
+                    parts.append((LOSS_MASK, memoryview(extras[1]), "U8", [n]))
             records.append((key, parts, meta, n))
             at += n
+        return records
+
+    def hand_over(self, region: Region, records: list) -> list[tuple[int, str]]:
+        """Submits ``records`` (views of ``region``); returns ``(index, reason)`` of those the
+        writer refused."""
         failures: list[tuple[int, str]] = []
         try:
             seqs: list[int | None] = list(self.writer.submit_buffers(records))

@@ -31,20 +31,26 @@ from layertap._tensors import dtype_name
 from layertap.errors import InvalidInputError, LayertapError
 from layertap.vllm.counters import WorkerCounters
 from layertap.vllm.engine import EngineFacts
+from layertap.vllm.errors import ConnectorError
 from layertap.vllm.gather import HiddenStatesCache
+from layertap.vllm.gpu_compress import GpuCompressor, region_slack
 from layertap.vllm.metadata import StepSaves
 from layertap.vllm.online import error_marker_path
 from layertap.vllm.pool import HostPool, Region, align_up
 from layertap.vllm.sinks import open_sink
 from layertap.vllm.stats import ConnectorStats
+from layertap.vllm.window_gather import gather as gather_rows
 
 logger = logging.getLogger("vllm.layertap")  # under vLLM's logging configuration
 
 
-def region_bytes(num_tokens: int, cache: HiddenStatesCache) -> int:
-    """Pool bytes for ``num_tokens`` tokens: hidden states, token ids and gather indices."""
+def region_bytes(num_tokens: int, cache: HiddenStatesCache, slack: int = 0) -> int:
+    """Pool bytes for ``num_tokens`` tokens: hidden states (and ``slack`` bytes: encoded records
+    may take a byte more each, ``gpu_compress.region_slack``), token ids and gather indices."""
     return (
-        align_up(num_tokens * cache.row_bytes) + align_up(num_tokens * 8) + align_up(num_tokens * cache.index_width * 8)
+        align_up(num_tokens * cache.row_bytes + slack)
+        + align_up(num_tokens * 8)
+        + align_up(num_tokens * cache.index_width * 8)
     )
 
 
@@ -58,7 +64,7 @@ def _geometry(cache: HiddenStatesCache) -> tuple:
 class _Batch:
     """The requests gathered together in one region."""
 
-    __slots__ = ("region", "saves", "ids_offset", "tokens", "event", "keep")
+    __slots__ = ("region", "saves", "ids_offset", "tokens", "event", "keep", "staged")
 
     def __init__(self, region: Region, saves: StepSaves, ids_offset: int, tokens: int):
         self.region = region
@@ -67,6 +73,8 @@ class _Batch:
         self.tokens = tokens
         self.event: Any = None
         self.keep: tuple = ()
+        self.staged: torch.Tensor | None = None
+        """With ``compress_on="gpu"``: the gathered rows on the device, for the compressor."""
 
 
 class HiddenStatesSaver:
@@ -86,6 +94,7 @@ class HiddenStatesSaver:
         *,
         wait_when_full: bool = True,
         counters: WorkerCounters | None = None,
+        compress_on_gpu: bool = False,
     ):
         self.cache: HiddenStatesCache | None = cache
         """None while vLLM's KV cache is unregistered (sleep mode: ``drop_cache``)."""
@@ -98,7 +107,14 @@ class HiddenStatesSaver:
         self.row_bytes = cache.row_bytes
         self._geometry = _geometry(cache)
         self.wait_when_full = wait_when_full
-        self.sink = open_sink(writer, pool, cache, facts)
+        self.compressor: GpuCompressor | None = None
+        """``compress_on="gpu"``: encodes gathered batches and hands them to the writer
+        (``gpu_compress.py``); the engine thread then never submits records itself."""
+        if compress_on_gpu:
+            self.compressor = GpuCompressor(writer, pool, cache, facts)
+            self.sink = self.compressor
+        else:
+            self.sink = open_sink(writer, pool, cache, facts)
         self._regions: dict[int, Region] = {}
         self._pending: collections.deque[StepSaves] = collections.deque()
         """Saves handed over and not gathered yet (no room in the pool), oldest first."""
@@ -123,6 +139,7 @@ class HiddenStatesSaver:
         when regions are leased (a step the engine takes only for the writer)."""
         while self._inflight and self._inflight[0].event.query():
             self._submit(self._inflight.popleft())
+        self._take_results()
         self._reap(timeout=wait)
         if self._pending:
             self._launch_pending()
@@ -163,25 +180,29 @@ class HiddenStatesSaver:
         region (O(log records) tries)."""
         room = self.pool.largest_free()
         total = sum(saves.num_tokens)
-        if region_bytes(total, self.cache) <= room:
-            return self.pool.try_alloc(region_bytes(total, self.cache)), len(saves)
+        if self._region_bytes(total, len(saves)) <= room:
+            return self.pool.try_alloc(self._region_bytes(total, len(saves))), len(saves)
         prefix = list(itertools.accumulate(saves.num_tokens))
-        lo, hi = 0, len(prefix)  # the answer n: region_bytes(prefix[n - 1]) <= room
+        lo, hi = 0, len(prefix)  # the answer n: region_bytes of the first n records <= room
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if region_bytes(prefix[mid - 1], self.cache) <= room:
+            if self._region_bytes(prefix[mid - 1], mid) <= room:
                 lo = mid
             else:
                 hi = mid - 1
         if lo == 0:
             return None, 0
-        return self.pool.try_alloc(region_bytes(prefix[lo - 1], self.cache)), lo
+        return self.pool.try_alloc(self._region_bytes(prefix[lo - 1], lo)), lo
+
+    def _region_bytes(self, tokens: int, records: int) -> int:
+        slack = region_slack(records) if self.compressor is not None else 0
+        return region_bytes(tokens, self.cache, slack)
 
     def _wait_for_room(self) -> None:
         """Finishes the copies in flight, hands them to the writer, then waits until the writer
         hands at least one region back."""
         if self.pool.live_regions == 0:
-            raise RuntimeError(
+            raise ConnectorError(
                 f"layertap connector: a request does not fit the empty pool of {self.pool.nbytes} "
                 "bytes; raise pool_bytes"
             )
@@ -190,6 +211,7 @@ class HiddenStatesSaver:
             batch.event.synchronize()
             self._submit(batch)
         self._reap(timeout=None)
+        self._take_results()
 
     # -- gather and submit --------------------------------------------------------------------
 
@@ -203,7 +225,8 @@ class HiddenStatesSaver:
 
     def _launch_timed(self, region: Region, saves: StepSaves) -> None:
         total = sum(saves.num_tokens)
-        hidden_bytes = align_up(total * self.row_bytes)
+        slack = region_slack(len(saves)) if self.compressor is not None else 0
+        hidden_bytes = align_up(total * self.row_bytes + slack)
         ids_offset = region.offset + hidden_bytes
         index_offset = ids_offset + align_up(total * 8)
         self.sink.fill(saves, ids_offset, index_offset)
@@ -214,14 +237,19 @@ class HiddenStatesSaver:
         batch = _Batch(region, saves, ids_offset, total)
         self.stats.gathers += 1
         if self._stream is None:
-            cache.gather(index, hidden)
+            if self.compressor is not None:  # compress_on="gpu" run on the CPU (tests)
+                hidden = batch.staged = torch.empty(hidden.shape, dtype=cache.dtype, device=cache.device)
+            gather_rows(cache, saves, index, hidden)  # cache.gather, or only a window's rows
             self._submit(batch)
             return
         # The copy stream starts after the work the model has queued so far (which wrote these
         # hidden states); the engine thread goes on at once.
         self._stream.wait_stream(torch.cuda.current_stream(cache.device))
         with torch.cuda.stream(self._stream):
-            batch.keep = cache.gather(index, hidden)
+            if self.compressor is not None:
+                # The rows stay on the device, for the compressor: only their blocks are copied out.
+                hidden = batch.staged = torch.empty(hidden.shape, dtype=cache.dtype, device=cache.device)
+            batch.keep = gather_rows(cache, saves, index, hidden)
             batch.event = torch.cuda.Event()
             batch.event.record(self._stream)
         self._inflight.append(batch)
@@ -238,7 +266,28 @@ class HiddenStatesSaver:
         batch.keep = ()
         saves, region = batch.saves, batch.region
         self._regions[region.id] = region
+        if self.compressor is not None:
+            # The rows are on the device, gathered: the KV blocks may go. The compressor hands
+            # the records to the writer; the counters follow when it is done (_take_results).
+            staged, batch.staged = batch.staged, None
+            self._writer_call(self.compressor.put, batch, staged)
+            self._copied.append(saves.req_ids)
+            return
         failures = self._writer_call(self.sink.submit, region, batch.ids_offset, saves)
+        self._account(batch, failures)
+        self._copied.append(saves.req_ids)
+
+    def _take_results(self) -> None:
+        """Counts the batches the compressor handed to the writer since the last call."""
+        if self.compressor is None:
+            return
+        self._writer_call(self.compressor.check)
+        for batch, failures in self.compressor.results():
+            self._account(batch, failures)
+
+    def _account(self, batch: _Batch, failures: list[tuple[int, str]]) -> None:
+        """Counts a batch's records handed to the writer, and logs those it refused."""
+        saves = batch.saves
         tokens = batch.tokens
         for i, message in failures:
             # The scheduler checked the key already; anything left is a bug worth a log line,
@@ -251,7 +300,6 @@ class HiddenStatesSaver:
         self.stats.records_submitted += len(saves) - len(failures)
         self.stats.tokens += tokens
         self.stats.bytes_submitted += tokens * (self.row_bytes + 8)
-        self._copied.append(saves.req_ids)
 
     def _reap(self, timeout: float | None = 0.0) -> None:
         """Returns the regions the writer is done with to the pool (waiting up to ``timeout``
@@ -280,7 +328,7 @@ class HiddenStatesSaver:
                     f.write(f"{type(err).__name__}: {err}\n")
             except OSError:
                 pass
-            raise RuntimeError(f"layertap connector: the shard writer failed: {err}") from err
+            raise ConnectorError(f"layertap connector: the shard writer failed: {err}") from err
 
     # -- sleep mode ---------------------------------------------------------------------------
 
@@ -297,6 +345,9 @@ class HiddenStatesSaver:
             batch = self._inflight.popleft()
             batch.event.synchronize()
             self._submit(batch)
+        if self.compressor is not None:
+            self._writer_call(self.compressor.drain)
+            self._take_results()
 
     def drop_cache(self) -> None:
         """Forgets the KV cache tensor (vLLM is about to free or remap it), after finishing the
@@ -309,7 +360,7 @@ class HiddenStatesSaver:
         """Takes the KV cache tensor vLLM holds after waking up. It must have the geometry the
         pool, the sink's layout and the records were set up for."""
         if _geometry(cache) != self._geometry:
-            raise RuntimeError(
+            raise ConnectorError(
                 f"layertap connector: after wake-up the hidden-states cache has rows of {cache.row_bytes} "
                 f"bytes of {cache.dtype} on {cache.device} laid out as {_geometry(cache)[3]}; before sleep: "
                 f"{self._geometry}"
@@ -325,5 +376,7 @@ class HiddenStatesSaver:
         if self.failed is not None:
             return
         self.finish_copies()
+        if self.compressor is not None:
+            self.compressor.close()
         self._writer_call(self.writer.close)
         self._reap()

@@ -7,8 +7,11 @@ import logging
 import time
 from typing import Any
 
+from layertap._backends import resolve_backend
+from layertap._choices import WRITER_BACKENDS
 from layertap._sink import RecordSink
-from layertap.vllm import registry
+from layertap._spec.record import LAYER_IDS
+from layertap.vllm import gpu_compress, registry
 from layertap.vllm.config import (
     ConfigError,
     ConnectorOptions,
@@ -17,8 +20,10 @@ from layertap.vllm.config import (
 )
 from layertap.vllm.counters import WorkerCounters
 from layertap.vllm.engine import EngineFacts, read_engine_facts
+from layertap.vllm.errors import ConnectorError
 from layertap.vllm.gather import HiddenStatesCache
 from layertap.vllm.metadata import LayertapMetadata, StepSaves
+from layertap.vllm.mooncake_sink import Forwarder, connect_store, start_forwarder
 from layertap.vllm.pool import HostPool
 from layertap.vllm.stats import ConnectorStats, describe, write_json
 from layertap.vllm.threads import lower_encoder_priority
@@ -49,21 +54,31 @@ def open_writer(options: ConnectorOptions, facts: EngineFacts, pool_bytes: int, 
     (``dtype``: the hidden states' dtype, as torch names it, when known)."""
     import json
 
-    if options.writer == "python":
-        # The reference implementation, loaded only when it is asked for (the production path never loads it).
-        from layertap._py.writer import PyShardWriter as writer_class
-    else:
-        from layertap.writer import ShardWriter as writer_class
-    shard_meta = {"source": "layertap.vllm", "model": facts.model, "layer_ids": json.dumps(list(facts.layer_ids))}
+    shard_meta = {"source": "layertap.vllm", "model": facts.model, LAYER_IDS: json.dumps(list(facts.layer_ids))}
     if dtype is not None:
         shard_meta["dtype"] = dtype
     writer_options = writer_options_for(options, facts.writer_id, pool_bytes, shard_meta)
-    try:
-        return writer_class(options.output_dir, options=writer_options)
-    except ImportError as e:  # the Rust writer without its compiled extension
-        raise ConfigError(
-            "writer", f"the Rust writer is not available ({e}); build the extension or use writer='python'"
-        ) from e
+
+    def rust() -> RecordSink:  # raises ImportError without the compiled extension
+        from layertap.writer import ShardWriter
+
+        return ShardWriter(options.output_dir, options=writer_options)
+
+    def python() -> RecordSink:
+        # The reference implementation, loaded only when it is asked for (the production path never loads it).
+        from layertap._py.writer import PyShardWriter
+
+        return PyShardWriter(options.output_dir, options=writer_options)
+
+    return resolve_backend(
+        "writer",
+        options.writer,
+        rust=rust,
+        python=python,
+        choices=WRITER_BACKENDS,
+        error=ConfigError,
+        unavailable=ConfigError,
+    )
 
 
 class WorkerSide:
@@ -88,10 +103,14 @@ class WorkerSide:
         self.stats = ConnectorStats()
         self.counters = WorkerCounters(self.stats, facts.writer_id)
         self.saver: HiddenStatesSaver | None = None
+        self.compress_on = options.compress_on
+        """Where records are compressed: the option, or "host" where "gpu" cannot run."""
         self._cache_layer: str | None = None
         """Name of the hidden-states cache layer (to find its tensor again after sleep)."""
         self._asleep = False
         self._closed = False
+        self.forwarder: Forwarder | None = None
+        """With the ``mooncake`` option: what puts the written records into the store."""
 
     # -- start-up -----------------------------------------------------------------------------
 
@@ -124,7 +143,15 @@ class WorkerSide:
         """Allocates the pool and opens the writer for the hidden-states cache tensor ``kv``."""
         facts = self.facts
         cache = HiddenStatesCache(kv, len(facts.layer_ids), facts.hidden_size, facts.block_size)
-        largest = region_bytes(facts.max_model_len, cache)
+        if self.compress_on == "gpu":
+            why_not = gpu_compress.runs_here(cache)
+            if why_not is not None:
+                logger.warning(
+                    'layertap: compress_on="gpu": %s; compressing on the host instead (same codec, exp-huf)', why_not
+                )
+                self.compress_on = "host"
+        slack = gpu_compress.region_slack(1) if self.compress_on == "gpu" else 0
+        largest = region_bytes(facts.max_model_len, cache, slack)
         pool_bytes = self.options.pool_bytes or default_pool_bytes(
             largest, region_bytes(facts.max_num_batched_tokens, cache), facts.max_num_seqs
         )
@@ -137,7 +164,11 @@ class WorkerSide:
                 f"and gather indices, needs {largest} bytes; raise pool_bytes or lower max_model_len",
             )
         pool = HostPool(pool_bytes, pin=cache.is_cuda)
+        store = connect_store(self.options)  # before the writer: an unreachable master stops start-up
         writer = open_writer(self.options, facts, pool_bytes, str(cache.dtype).removeprefix("torch."))
+        if store is not None:
+            self.forwarder = start_forwarder(store, self.options, facts, writer)
+            self.counters.store = self.forwarder.stats
         # The compression threads take the CPUs vLLM leaves idle, not the engine thread's.
         self.stats.encoder_threads_lowered = lower_encoder_priority(expected=_encoder_count(writer))
         self.saver = HiddenStatesSaver(
@@ -149,10 +180,11 @@ class WorkerSide:
             self.options.output_dir,
             wait_when_full=not _engine_steps_on(),
             counters=self.counters,
+            compress_on_gpu=self.compress_on == "gpu",
         )
         logger.info(
             "layertap: writing hidden states of layers %s (%s, cache %s strides %s, token axis %d, "
-            "block %d/%d, gather by %s) to %s as writer %s (%s writer, %s; pool %.0f MiB%s)",
+            "block %d/%d, gather by %s) to %s as writer %s (%s writer, %s, compressed on the %s; pool %.0f MiB%s)",
             list(facts.layer_ids),
             str(cache.dtype).removeprefix("torch."),
             list(cache.kv.shape),
@@ -165,6 +197,7 @@ class WorkerSide:
             facts.writer_id,
             self.options.writer,
             writer.backend,
+            "GPU" if self.compress_on == "gpu" else "host",
             pool_bytes / 2**20,
             " pinned" if pool.pinned else "",
         )
@@ -240,7 +273,7 @@ class WorkerSide:
         if isinstance(kv, (list, tuple)):  # one per virtual engine in older vLLM
             kv = kv[0] if kv else None
         if kv is None or not hasattr(kv, "shape") or kv.numel() == 0:
-            raise RuntimeError(
+            raise ConnectorError(
                 f"layertap connector: vLLM restored the KV caches but layer {self._cache_layer!r} has no cache tensor"
             )
         return kv
@@ -281,6 +314,8 @@ class WorkerSide:
                 saver.wait_when_full = True
                 saver.start(leftover)
             saver.close()
+            if self.forwarder is not None:
+                self.forwarder.close()
         finally:
             self._report()
 
@@ -290,7 +325,13 @@ class WorkerSide:
         return self.stats.summary(
             pool=saver.pool if saver else None,
             writer=saver.writer if saver else None,
-            extra={"writer_id": self.facts.writer_id, "output_dir": self.options.output_dir},
+            extra={
+                "writer_id": self.facts.writer_id,
+                "output_dir": self.options.output_dir,
+                "compress_on": self.compress_on,
+                **({"gpu_compress": saver.compressor.summary()} if saver and saver.compressor else {}),
+                **({"mooncake": dict(self.forwarder.stats)} if self.forwarder is not None else {}),
+            },
         )
 
     def _report(self) -> None:

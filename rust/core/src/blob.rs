@@ -27,17 +27,24 @@ pub struct TensorSpec {
 }
 
 impl TensorSpec {
-    /// Number of bytes of the tensor's data.
+    /// Number of bytes of the tensor's data. A shape is refused when its nonzero dimensions'
+    /// product times the item size is 2^63 or more (docs/FORMAT.md, "Record payload"), empty
+    /// tensors included: numpy and torch cannot make such a tensor, and the rule does not
+    /// depend on the order of the dimensions.
     pub fn byte_len(&self) -> Result<u64> {
-        self.shape
+        let nonzero = self
+            .shape
             .iter()
+            .filter(|&&d| d != 0)
             .try_fold(self.dtype.size() as u64, |acc, &d| acc.checked_mul(d))
+            .filter(|&n| n <= i64::MAX as u64)
             .ok_or_else(|| {
                 Error::invalid(format!(
-                    "tensor {:?}: shape {:?} overflows",
+                    "tensor {:?}: shape {:?} is too large (2^63 bytes or more)",
                     self.name, self.shape
                 ))
-            })
+            })?;
+        Ok(if self.shape.contains(&0) { 0 } else { nonzero })
     }
 }
 
@@ -168,9 +175,11 @@ pub fn parse_header_of(blob: &[u8], blob_len: usize) -> std::result::Result<Blob
         ));
     }
     let data_start = 8 + n as usize;
-    let json: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(&blob[8..data_start])
-            .map_err(|e| format!("safetensors header: {e}"))?;
+    let json = match crate::json_text::parse(&blob[8..data_start]) {
+        Ok(serde_json::Value::Object(json)) => json,
+        Ok(_) => return Err("safetensors header is not a JSON object".into()),
+        Err(e) => return Err(format!("safetensors header: {e}")),
+    };
     let mut metadata = BTreeMap::new();
     let mut tensors = Vec::new();
     for (name, v) in json {

@@ -8,9 +8,14 @@ use crate::error::{Error, Result};
 /// what each codec does.
 pub use crate::format::Codec;
 
+/// The zstd levels the library takes.
+pub fn level_range() -> std::ops::RangeInclusive<i32> {
+    zstd::compression_level_range()
+}
+
 /// Checks a zstd level.
 pub fn check_level(level: i32) -> Result<()> {
-    let range = zstd::compression_level_range();
+    let range = level_range();
     if !range.contains(&level) {
         return Err(Error::invalid(format!(
             "zstd level {level} is out of range {}..={}",
@@ -342,6 +347,31 @@ pub fn check_raw_len(got: usize, want: u64) -> Result<(), String> {
 
 /// First bytes of a zstd frame (RFC 8878, 3.1.1), little-endian `0xFD2FB528`.
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
+/// The largest window a stored zstd frame may ask for (docs/FORMAT.md): libzstd's default
+/// decoding limit (`ZSTD_WINDOWLOG_LIMIT_DEFAULT`, 2^27), which streaming decoders (the Python
+/// reader's among them) enforce; this reader decodes in one call, which needs no window, so it
+/// checks the limit itself and both readers refuse the same frames. No writer at any level asks
+/// for more.
+pub const ZSTD_MAX_WINDOW: u64 = 1 << 27;
+
+/// The window size a zstd frame's header asks for (RFC 8878, 3.1.1.1.2): its window
+/// descriptor's, or for a single-segment frame its content size. `stored` is a frame whose
+/// length [`zstd_safe::find_frame_compressed_size`] found, so its header is whole.
+fn zstd_window_size(stored: &[u8]) -> u64 {
+    let fhd = stored[4];
+    if fhd & 0x20 == 0 {
+        let wd = stored[5];
+        let base = 1u64 << (10 + (wd >> 3));
+        return base + (base >> 3) * (wd & 7) as u64;
+    }
+    // Single segment: after the descriptor, the dictionary id (0, 1, 2 or 4 bytes), then the
+    // content size (1, 2, 4 or 8 bytes; a 2-byte one is stored less 256).
+    let at = 5 + [0, 1, 2, 4][(fhd & 3) as usize];
+    let len = [1, 2, 4, 8][(fhd >> 6) as usize];
+    let mut field = [0u8; 8];
+    field[..len].copy_from_slice(&stored[at..at + len]);
+    u64::from_le_bytes(field) + if len == 2 { 256 } else { 0 }
+}
 
 /// Decodes `stored`, which must be exactly one zstd frame, into at most `raw_len` bytes.
 ///
@@ -361,6 +391,12 @@ fn zstd_frame(stored: &[u8], raw_len: usize) -> std::result::Result<Vec<u8>, Str
         return Err(format!(
             "{} bytes after the zstd frame",
             stored.len() - frame_len
+        ));
+    }
+    let window = zstd_window_size(stored);
+    if window > ZSTD_MAX_WINDOW {
+        return Err(format!(
+            "zstd frame asks for a window of {window} bytes, more than {ZSTD_MAX_WINDOW}"
         ));
     }
     let Ok(declared) = zstd_safe::get_frame_content_size(stored) else {

@@ -12,6 +12,16 @@ pub enum Error {
     #[error("invalid input: {0}")]
     InvalidInput(String),
 
+    /// An option (of the writer, or the environment variable that overrides one) is not
+    /// acceptable: Python's `OptionError`, with the same `option` and `problem`.
+    #[error("invalid input: {option} {problem}")]
+    InvalidOption {
+        /// The option's name, as the writers' options spell it (`"threads"`, `"io"`...).
+        option: &'static str,
+        /// What is wrong with its value: `"must be ..., not ..."`.
+        problem: String,
+    },
+
     /// A key was submitted twice to the same writer.
     #[error("duplicate key {key:?}: this writer already wrote a record with this key")]
     DuplicateKey {
@@ -108,6 +118,14 @@ impl Error {
     /// Shorthand for [`Error::InvalidInput`].
     pub fn invalid(msg: impl Into<String>) -> Self {
         Error::InvalidInput(msg.into())
+    }
+
+    /// Shorthand for [`Error::InvalidOption`].
+    pub fn option(option: &'static str, problem: impl Into<String>) -> Self {
+        Error::InvalidOption {
+            option,
+            problem: problem.into(),
+        }
     }
 
     /// The `errno` of an I/O error, if this is one.

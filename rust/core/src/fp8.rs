@@ -41,16 +41,16 @@ impl Lossy {
             .copied()
             .find(|l| l.name() == name)
             .ok_or_else(|| {
-                Error::invalid(format!(
-                    "lossy must be one of {:?} or None, not {name:?}",
-                    ["fp8-e4m3"]
-                ))
+                Error::option(
+                    "lossy",
+                    format!("must be one of 'fp8-e4m3' or None, not {name:?}"),
+                )
             })
     }
 }
 
 /// The tensor a lossy writer quantizes, and the one it adds beside it.
-pub const QUANTIZED: &str = "hidden_states";
+pub const QUANTIZED: &str = crate::record::HIDDEN_STATES;
 /// Name of the scales tensor.
 pub const SCALE_NAME: &str = "hidden_states_scale";
 /// The largest finite e4m3 value.

@@ -10,11 +10,13 @@
 //! - [`fp8`]: the writer's lossy stage, float8 e4m3 with a scale per token.
 //!
 //! Modules depend downwards only: [`error`] < [`format`](mod@format) < [`blob`] < [`codec`] < [`reader`],
-//! [`writer`].
+//! [`writer`] < [`region`].
 //! - [`names`]: keys, writer ids, shard file names.
+//! - [`record`]: the hidden-states record's tensor and metadata names (docs/RECORD.md).
 //! - [`reader`]: memory-mapped shard reader, scanning of open shards, verification.
 //! - [`recover`]: making a shard whose writer died complete again.
 //! - [`writer`]: the threaded, batching shard writer with io_uring and pwrite backends.
+//! - [`region`]: the vLLM connector's path into the writer: a host pool's regions as records.
 //!
 //! The format itself is specified in `docs/FORMAT.md`, included below as the [`spec`] module.
 
@@ -30,9 +32,12 @@ pub mod error;
 pub mod exphuf;
 pub mod format;
 pub mod fp8;
+pub mod json_text;
 pub mod names;
 pub mod reader;
+pub mod record;
 pub mod recover;
+pub mod region;
 pub mod writer;
 
 #[doc = include_str!("../../../docs/FORMAT.md")]

@@ -279,3 +279,100 @@ fn files_that_are_not_shards() {
         }
     }
 }
+
+/// `layout.json`: the region sink's layout gives each token the indices the vector holds (and
+/// Python's `HiddenStatesCache.write_indices` the same, `tests/test_py_vectors.py`), through
+/// `Layout` alone and through `RegionSink::fill` into a pool.
+#[test]
+fn layout_vectors() {
+    use layertap_core::region::{Layout, RegionSink};
+    let text = std::fs::read_to_string(vectors_dir().join("layout.json")).unwrap();
+    let vectors: Value = serde_json::from_str(&text).unwrap();
+    let cases = vectors["cases"].as_array().unwrap();
+    assert!(cases.len() >= 5);
+    let ints = |v: &Value| -> Vec<i64> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_i64().unwrap())
+            .collect()
+    };
+    for case in cases {
+        let name = case["name"].as_str().unwrap();
+        let row_steps = case["row_steps"].as_array().map(|s| {
+            let s: Vec<i64> = s.iter().map(|x| x.as_i64().unwrap()).collect();
+            (s[0], s[1])
+        });
+        let layout = || {
+            Layout::new(
+                case["block_size"].as_u64().unwrap(),
+                case["tensor_block_size"].as_u64().unwrap(),
+                row_steps,
+                ints(&case["layer_rows"]),
+            )
+            .unwrap()
+        };
+        let width = case["index_width"].as_u64().unwrap() as usize;
+        assert_eq!(layout().width(), width, "{name}");
+        let want: Vec<i64> = case["indices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(ints)
+            .collect();
+        let requests: Vec<(Vec<u64>, u64)> = case["requests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let blocks = ints(&r["block_ids"])
+                    .into_iter()
+                    .map(|b| b as u64)
+                    .collect();
+                (blocks, r["num_tokens"].as_u64().unwrap())
+            })
+            .collect();
+
+        let mut got = Vec::new();
+        for (blocks, n) in &requests {
+            let mut out = vec![-1i64; *n as usize * width];
+            layout().write_request(blocks, &mut out);
+            got.extend(out);
+        }
+        assert_eq!(got, want, "{name}: Layout::write_request");
+
+        let mut pool = vec![0u8; 1 << 14];
+        let base = pool.as_mut_ptr();
+        // SAFETY: the vector's buffer stays in place when the vector moves into the sink,
+        // which owns it from here on; nothing else writes it.
+        let sink = unsafe {
+            RegionSink::new(
+                Box::new(pool),
+                base,
+                1 << 14,
+                Dtype::BF16,
+                vec![1, 1],
+                Default::default(),
+                layout(),
+            )
+        }
+        .unwrap();
+        let counts: Vec<u64> = requests.iter().map(|r| r.1).collect();
+        let total = sink
+            .fill(0, 4096, &counts, |i, ids, blocks| {
+                ids.fill(i as i64);
+                blocks.extend_from_slice(&requests[i].0);
+                Ok::<(), Error>(())
+            })
+            .unwrap();
+        assert_eq!(total as usize * width, want.len(), "{name}");
+        // SAFETY: test only: the index range lies in the pool (4096 + 8 * its length < 16 KiB),
+        // which `sink` keeps alive; nothing writes it meanwhile.
+        let bytes = unsafe { std::slice::from_raw_parts(base.add(4096), want.len() * 8) };
+        let filled: Vec<i64> = bytes
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(filled, want, "{name}: RegionSink::fill");
+    }
+}

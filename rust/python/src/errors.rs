@@ -20,6 +20,9 @@ fn build(py: Python<'_>, e: Error) -> PyResult<PyErr> {
     let msg = e.to_string();
     let exc = match &e {
         Error::InvalidInput(_) => class(py, "InvalidInputError")?.call1((msg,))?,
+        Error::InvalidOption { option, problem } => {
+            class(py, "OptionError")?.call1((*option, problem.as_str()))?
+        }
         Error::DuplicateKey { key } => class(py, "DuplicateKeyError")?.call1((msg, key))?,
         Error::NotAShard { path, .. } | Error::CorruptIndex { path, .. } => {
             class(py, "FormatError")?.call1((msg, path.display().to_string()))?
@@ -42,7 +45,9 @@ fn build(py: Python<'_>, e: Error) -> PyResult<PyErr> {
             class(py, "ShardLockedError")?.call1((msg, path.display().to_string()))?
         }
         Error::Closed(_) => class(py, "WriterClosedError")?.call1((msg,))?,
-        Error::Codec { .. } => class(py, "LayertapError")?.call1((msg,))?,
+        Error::Codec { codec, reason } => {
+            class(py, "CodecError")?.call1((msg.as_str(), *codec, reason.as_str()))?
+        }
     };
     Ok(PyErr::from_value(exc))
 }

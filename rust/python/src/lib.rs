@@ -14,6 +14,10 @@ mod writer;
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FORMAT_VERSION", layertap_core::format::VERSION)?;
+    m.add(
+        "MAX_THREADS",
+        layertap_core::writer::WriterConfig::MAX_THREADS,
+    )?;
     writer::register(m)?;
     reader::register(m)?;
     region::register(m)?;

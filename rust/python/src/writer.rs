@@ -48,16 +48,23 @@ fn string_map(what: &str, value: Option<&Bound<'_, PyAny>>) -> PyResult<BTreeMap
     }
 }
 
-/// One `(name, buffer, dtype, shape)` tuple of `submit`.
+/// One `(name, buffer, dtype, shape)` tuple of `submit`, or `(name, buffer, dtype, shape,
+/// stored)` with `stored` `"exp-huf"` for a floating tensor whose buffer holds its exp-huf
+/// block, encoded by the caller (`TensorInput::exphuf_block`), or `"raw"`.
 fn tensor_input(item: &Bound<'_, PyAny>) -> PyResult<TensorInput> {
-    let (name, buffer, dtype, shape): (
-        Bound<'_, PyAny>,
-        Bound<'_, PyAny>,
-        Bound<'_, PyAny>,
-        Bound<'_, PyAny>,
-    ) = item
-        .extract()
-        .map_err(|_| invalid("each tensor must be a tuple (name, buffer, dtype, shape)"))?;
+    let shape_err =
+        || invalid("each tensor must be a tuple (name, buffer, dtype, shape[, stored])");
+    let tuple = item.cast::<PyTuple>().map_err(|_| shape_err())?;
+    if !matches!(tuple.len(), 4 | 5) {
+        return Err(shape_err());
+    }
+    let item = |i: usize| tuple.get_item(i).map_err(|_| shape_err());
+    let (name, buffer, dtype, shape) = (item(0)?, item(1)?, item(2)?, item(3)?);
+    let stored = if tuple.len() == 5 {
+        Some(item(4)?)
+    } else {
+        None
+    };
     let name: String = name
         .extract()
         .map_err(|_| invalid(format!("tensor name {name} is not a str of valid UTF-8")))?;
@@ -70,9 +77,25 @@ fn tensor_input(item: &Bound<'_, PyAny>) -> PyResult<TensorInput> {
             "tensor {name:?}: shape {shape} is not a sequence of non-negative ints"
         ))
     })?;
+    let encoded = match stored.as_ref().map(|s| s.extract::<String>()) {
+        None => false,
+        Some(Ok(s)) if s == "raw" => false,
+        Some(Ok(s)) if s == "exp-huf" => true,
+        Some(_) => {
+            return Err(invalid(format!(
+                "tensor {name:?}: stored must be \"raw\" or \"exp-huf\" (the buffer holds the tensor's exp-huf block), not {}",
+                stored.map(|s| s.repr().map(|r| r.to_string()).unwrap_or_default()).unwrap_or_default()
+            )))
+        }
+    };
     let data = PyRecordBuffer::get(&buffer)
         .map_err(|reason| invalid(format!("tensor {name:?}: {reason}")))?;
-    Ok(TensorInput::new(TensorSpec { name, dtype, shape }, data))
+    let spec = TensorSpec { name, dtype, shape };
+    Ok(if encoded {
+        TensorInput::exphuf_block(spec, data)
+    } else {
+        TensorInput::new(spec, data)
+    })
 }
 
 fn completion_tuple<'py>(py: Python<'py>, c: Completion) -> PyResult<Bound<'py, PyTuple>> {

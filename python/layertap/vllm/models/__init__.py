@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+from layertap.vllm.errors import PluginError
 from layertap.vllm.models.families import FAMILIES, IN_MODEL_FAMILIES, Family
 
 #: The environment variable that turns the plugin's EAGLE-3 classes on (in every process vLLM starts).
@@ -43,7 +44,7 @@ def _names_from_env(var: str, value: str | None, known: dict[str, Family]) -> li
     names = [name.strip() for name in value.split(",") if name.strip()]
     unknown = [name for name in names if name not in known]
     if unknown:
-        raise ValueError(
+        raise PluginError(
             f"{var}={value!r}: unknown architecture(s) {unknown}; use 1 (all) or names among {sorted(known)}"
         )
     return names
@@ -76,7 +77,7 @@ def register(architectures: Iterable[str] | None = None) -> list[str]:
     names = list(FAMILIES) if architectures is None else list(architectures)
     unknown = [name for name in names if name not in FAMILIES]
     if unknown:
-        raise ValueError(f"layertap plugin: unknown architecture(s) {unknown}; known: {sorted(FAMILIES)}")
+        raise PluginError(f"layertap plugin: unknown architecture(s) {unknown}; known: {sorted(FAMILIES)}")
     registered = []
     for name in names:
         cls = with_aux_hidden_states(name)
@@ -100,12 +101,28 @@ def register_in_model(architectures: Iterable[str] | None = None) -> list[str]:
     names = list(IN_MODEL_FAMILIES) if architectures is None else list(architectures)
     unknown = [name for name in names if name not in IN_MODEL_FAMILIES]
     if unknown:
-        raise ValueError(
+        raise PluginError(
             f"layertap plugin: no in-model capture for architecture(s) {unknown}; known: {sorted(IN_MODEL_FAMILIES)}"
         )
     for name in names:
         ModelRegistry.register_model(name, in_model_class(name))
+    _forget_resolved_classes()
     return names
+
+
+def _forget_resolved_classes() -> None:
+    """Drops vLLM's cache of the class each model resolved to in this process
+    (``model_loader.utils._MODEL_ARCH_BY_HASH``, keyed by the model's path and architectures, not
+    by the registry): without this, an engine of a model that already ran in this process with
+    vLLM's class would be built with it again, without the cache layer. vLLM versions without the
+    cache need nothing."""
+    try:
+        from vllm.model_executor.model_loader import utils
+    except ImportError:
+        return
+    cache = getattr(utils, "_MODEL_ARCH_BY_HASH", None)
+    if isinstance(cache, dict):
+        cache.clear()
 
 
 def missing_cache_layer(architectures: Iterable[str] | None, found: list[str]) -> Exception:

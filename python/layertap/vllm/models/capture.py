@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from layertap.vllm.errors import CaptureError, PluginError
 from layertap.vllm.models.families import FUSED, PLAIN
 
 
@@ -26,7 +27,7 @@ class StreamCapture:
 
     def __init__(self, layers: Sequence[torch.nn.Module], stream: str):
         if stream not in (FUSED, PLAIN):
-            raise ValueError(f"unknown residual stream convention {stream!r}")
+            raise PluginError(f"layertap plugin: unknown residual stream convention {stream!r}")
         self._layers = layers
         self._stream = stream
         self._handles: list[Any] = []
@@ -43,7 +44,7 @@ class StreamCapture:
         n = self.num_layers
         bad = [i for i in ids if not 0 <= i <= n]
         if bad:
-            raise ValueError(
+            raise PluginError(
                 f"layertap plugin: aux hidden-state layer ids {bad} out of range: this model has "
                 f"{n} decoder layers, so ids go from 0 (the embeddings) to {n} (the last layer's output)"
             )
@@ -65,7 +66,7 @@ class StreamCapture:
         """The tensors recorded by the forward pass that just ran, one ``[tokens, hidden]`` per id."""
         tensors, self.tensors = self.tensors, []
         if len(tensors) != len(self.layer_ids):
-            raise RuntimeError(
+            raise CaptureError(
                 f"layertap plugin: the forward pass recorded {len(tensors)} hidden states for layer ids "
                 f"{list(self.layer_ids)}; the model did not run its decoder layers as the plugin expects"
             )

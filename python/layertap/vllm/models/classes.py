@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from vllm.model_executor.models.interfaces import SupportsEagle3, supports_eagle3
 
+from layertap.vllm.errors import PluginError
 from layertap.vllm.models.capture import StreamCapture
 from layertap.vllm.models.families import FAMILIES, Family
 
@@ -44,7 +45,7 @@ class AuxHiddenStatesMixin(StreamCaptureOwner):
         from vllm.distributed import get_pp_group
 
         if get_pp_group().world_size > 1:
-            raise ValueError(
+            raise PluginError(
                 f"layertap plugin: {type(self).__name__} with pipeline parallelism is not supported "
                 "(its aux hidden states would have to cross the pipeline stages)"
             )

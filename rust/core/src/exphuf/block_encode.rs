@@ -59,12 +59,44 @@ fn contexts<const W: usize>(data: &[u8], exp_shift: u32) -> [u8; SYMBOLS] {
     for x in data.chunks_exact(W).step_by((n / 4096).max(1)) {
         hist[(top::<W>(x) & 0xFF) >> exp_shift] += 1;
     }
-    let mode = (0..256).max_by_key(|&e| hist[e]).unwrap_or(0) as i32;
+    // The last of tied counts (the torch encoder picks the same).
+    let mode = (0..256).max_by_key(|&e| hist[e]).unwrap_or(0) as u8;
+    context_map(mode, exp_shift)
+}
+
+/// Context of each top-9 value for the most common exponent `mode`: its exponent's bucket
+/// around `mode`, clamped to -4..3, and its sign.
+pub(crate) fn context_map(mode: u8, exp_shift: u32) -> [u8; SYMBOLS] {
     std::array::from_fn(|t| {
         let e = ((t & 0xFF) >> exp_shift) as i32;
-        let bucket = (e - mode).clamp(-4, 3) & 7;
+        let bucket = (e - mode as i32).clamp(-4, 3) & 7;
         ((t >> 8) * 8) as u8 | bucket as u8
     })
+}
+
+/// Appends a coded block up to its streams: the mode byte, the fixed part (the context map of
+/// `ctx_of_top`, indexed by top-9 value), each context's code lengths (indexed by symbol), and
+/// `streams` stream lengths of zero, for the caller to fill in. Shared with the head of blocks
+/// that another encoder coded ([`super::write_coded_head`]), so both write the same bytes.
+pub(crate) fn write_head(
+    stride: usize,
+    streams: usize,
+    ctx_of_top: &[u8; SYMBOLS],
+    lengths: &[[u8; SYMBOLS]],
+    out: &mut Vec<u8>,
+) {
+    out.push(MODE_CODED);
+    Head {
+        contexts: lengths.len(),
+        streams,
+        stride,
+        context_of_symbol: std::array::from_fn(|s| ctx_of_top[top_of_symbol(s)]),
+    }
+    .write(out);
+    for l in lengths {
+        super::block::write_lengths(l, out);
+    }
+    out.resize(out.len() + 8 * streams, 0);
 }
 
 /// Adds the (context, top 9 bits) counts of a segment to `hist`, indexed by
@@ -115,19 +147,8 @@ fn encode_coded<const W: usize>(data: &[u8], plan: &Plan, streams: usize, out: &
         }
     }
 
-    out.push(MODE_CODED);
-    Head {
-        contexts: MAX_CONTEXTS,
-        streams,
-        stride,
-        context_of_symbol: std::array::from_fn(|s| ctx_of_top[top_of_symbol(s)]),
-    }
-    .write(out);
-    for l in &lengths {
-        super::block::write_lengths(l, out);
-    }
-    let lens_at = out.len();
-    out.resize(lens_at + 8 * streams, 0);
+    write_head(stride, streams, &ctx_of_top, &lengths, out);
+    let lens_at = out.len() - 8 * streams;
     out.reserve((n * max_bits::<W>() as usize).div_ceil(8) + 8 * streams);
     for k in 0..streams {
         let seg = segment(n, streams, k);

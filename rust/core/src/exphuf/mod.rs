@@ -12,9 +12,14 @@ mod block;
 mod block_decode;
 mod block_encode;
 pub mod huffman;
+pub mod tables;
 
 use crate::blob;
 use crate::dtype::Dtype;
+
+/// Contexts of a coded block as this crate's encoder writes them (each with a table of
+/// [`huffman::SYMBOLS`] code lengths): what [`write_coded_head`] takes.
+pub const CONTEXTS: usize = block::MAX_CONTEXTS;
 
 /// A payload decodes to at most this many times its stored length: a coded element takes at
 /// least 9 of its 16 bits (f32: 24 of 32) and everything else is stored as it is.
@@ -29,6 +34,123 @@ fn coded(dtype: Dtype) -> Option<(usize, u32)> {
         Dtype::F32 => Some((4, 0)),
         _ => None,
     }
+}
+
+/// Whether exp-huf codes tensors of `dtype` in blocks (the others it stores as they are).
+pub fn is_coded(dtype: Dtype) -> bool {
+    coded(dtype).is_some()
+}
+
+/// Checks the framing of a block given already encoded for a tensor of `elements` elements of
+/// `dtype` (a coded dtype): its mode, head, code-length tables (a prefix code each) and stream
+/// lengths, and that the block ends where its last stream does. The streams themselves are
+/// not decoded (a reader does that, and rejects a bad one): this costs a few hundred bytes'
+/// reading, not a decode, and catches a block cut short or padded, or written for another
+/// tensor's size. `Err` says what is wrong.
+pub fn check_block(block: &[u8], dtype: Dtype, elements: usize) -> Result<(), String> {
+    let (w, _) = coded(dtype).ok_or_else(|| format!("{dtype:?} is not coded in blocks"))?;
+    let mode = *block.first().ok_or("block is empty")?;
+    match mode {
+        block::MODE_RAW => {
+            let want = 1 + elements * w;
+            if block.len() != want {
+                return Err(format!(
+                    "raw block of {} bytes for {elements} elements of {w} bytes (needs {want})",
+                    block.len()
+                ));
+            }
+            Ok(())
+        }
+        block::MODE_CODED => {
+            let fixed = block
+                .get(1..1 + block::FIXED_LEN)
+                .ok_or("block is cut off")?;
+            let head = block::Head::parse(fixed)?;
+            let mut at = 1 + block::FIXED_LEN;
+            for c in 0..head.contexts {
+                let lengths = block::parse_lengths(block, &mut at)
+                    .map_err(|e| format!("context {c}: {e}"))?;
+                huffman::check_lengths(&lengths).map_err(|e| format!("context {c}: {e}"))?;
+            }
+            let lens = block
+                .get(at..at + 8 * head.streams)
+                .ok_or("block is cut off")?;
+            at += 8 * head.streams;
+            let mut total = 0u64;
+            for (k, len) in lens.chunks_exact(8).enumerate() {
+                let len = u64::from_le_bytes(len.try_into().expect("8 bytes"));
+                // Every element of a segment takes at least its raw bits and at most max_bits.
+                let n = block::segment(elements, head.streams, k).len() as u64;
+                let (lo, hi) = match w {
+                    2 => (block::raw_bits::<2>(), block::max_bits::<2>()),
+                    _ => (block::raw_bits::<4>(), block::max_bits::<4>()),
+                };
+                let (lo, hi) = (
+                    (n * (lo as u64 + 1)).div_ceil(8),
+                    (n * hi as u64).div_ceil(8),
+                );
+                if len < lo || len > hi {
+                    return Err(format!(
+                        "stream {k} of {len} bytes for {n} elements (they take {lo} to {hi})"
+                    ));
+                }
+                total += len;
+            }
+            let rest = (block.len() - at) as u64;
+            if rest != total {
+                return Err(format!(
+                    "block holds {rest} bytes of streams; its stream lengths add up to {total}"
+                ));
+            }
+            Ok(())
+        }
+        m => Err(format!("block mode {m} is unknown")),
+    }
+}
+
+/// Appends the head of a coded block whose streams another encoder made (the torch encoder of
+/// `layertap.gpu.exphuf`, which counts and packs on the GPU and leaves the tables to this one):
+/// everything before the streams, as this crate's encoder writes it. `mode` is the most common
+/// exponent of the encoder's sample (it sets the context map), `lengths` the code lengths of
+/// each of [`CONTEXTS`] contexts (`16 * 512`, indexed by context, then
+/// symbol), `stream_lens` the streams' byte lengths (1, 2, 4 or 8 of them). `Err` says what is
+/// wrong with them (a table that is not a prefix code, a stream count the format lacks).
+pub fn write_coded_head(
+    dtype: Dtype,
+    stride: usize,
+    mode: u8,
+    lengths: &[u8],
+    stream_lens: &[u64],
+    out: &mut Vec<u8>,
+) -> Result<(), String> {
+    let (_, exp_shift) = coded(dtype).ok_or_else(|| format!("{dtype:?} is not coded in blocks"))?;
+    if !block::STREAM_COUNTS.contains(&stream_lens.len()) {
+        return Err(format!(
+            "{} streams (1, 2, 4 or 8 allowed)",
+            stream_lens.len()
+        ));
+    }
+    let tables = match lengths.as_chunks::<{ huffman::SYMBOLS }>() {
+        (tables, []) if tables.len() == block::MAX_CONTEXTS => tables,
+        _ => {
+            return Err(format!(
+                "{} code lengths, not {} contexts of {}",
+                lengths.len(),
+                block::MAX_CONTEXTS,
+                huffman::SYMBOLS
+            ))
+        }
+    };
+    for (c, table) in tables.iter().enumerate() {
+        huffman::check_lengths(table).map_err(|e| format!("context {c}: {e}"))?;
+    }
+    let ctx_of_top = block_encode::context_map(mode, exp_shift);
+    block_encode::write_head(stride, stream_lens.len(), &ctx_of_top, tables, out);
+    let lens_at = out.len() - 8 * stream_lens.len();
+    for (k, len) in stream_lens.iter().enumerate() {
+        out[lens_at + 8 * k..lens_at + 8 * k + 8].copy_from_slice(&len.to_le_bytes());
+    }
+    Ok(())
 }
 
 /// The bytes `range` of the concatenation of `pieces`: borrowed when one piece holds them all,

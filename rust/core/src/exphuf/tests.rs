@@ -154,6 +154,61 @@ fn every_stream_count_decodes() {
     }
 }
 
+/// What [`write_coded_head`] writes, given the tables, stride, mode and stream lengths of a block
+/// this crate's encoder made, is that block up to its streams, byte for byte (the torch encoder
+/// relies on it); bad tables and stream counts are refused.
+#[test]
+fn coded_heads_of_another_encoder_equal_this_one() {
+    for (dtype, width, exp_shift) in [(Dtype::BF16, 2, 0), (Dtype::F16, 2, 3), (Dtype::F32, 4, 0)] {
+        let data = activations(48, 40, width, 9);
+        let mut block = Vec::new();
+        let plan = block_encode::Plan {
+            stride: 40,
+            exp_shift,
+        };
+        if width == 2 {
+            block_encode::encode::<2>(&data, &plan, &mut block);
+        } else {
+            block_encode::encode::<4>(&data, &plan, &mut block);
+        }
+        assert_eq!(block[0], block::MODE_CODED, "{dtype:?}");
+        let head = block::Head::parse(&block[1..1 + block::FIXED_LEN]).unwrap();
+        let mut at = 1 + block::FIXED_LEN;
+        let mut lengths = Vec::new();
+        for _ in 0..head.contexts {
+            lengths.extend_from_slice(&block::parse_lengths(&block, &mut at).unwrap());
+        }
+        let stream_lens: Vec<u64> = block[at..at + 8 * head.streams]
+            .chunks_exact(8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        let streams_at = at + 8 * head.streams;
+        // The most common exponent: the one positive top value whose bucket is 0, context 0.
+        let top_of_mode = (0..256)
+            .find(|&t| head.context_of_symbol[block::symbol_of_top(t)] == 0)
+            .unwrap();
+        let mode = (top_of_mode >> exp_shift) as u8;
+        let mut out = vec![7u8]; // appends
+        write_coded_head(dtype, head.stride, mode, &lengths, &stream_lens, &mut out).unwrap();
+        assert_eq!(&out[1..], &block[..streams_at], "{dtype:?}");
+
+        let mut bad = lengths.clone();
+        bad[..4].copy_from_slice(&[1, 1, 1, 0]);
+        let e = write_coded_head(dtype, 40, mode, &bad, &stream_lens, &mut out).unwrap_err();
+        assert!(
+            e.contains("context 0") && e.contains("over-subscribed"),
+            "{e}"
+        );
+        let e =
+            write_coded_head(dtype, 40, mode, &lengths, &stream_lens[..3], &mut out).unwrap_err();
+        assert!(e.contains("3 streams"), "{e}");
+        let e =
+            write_coded_head(dtype, 40, mode, &lengths[1..], &stream_lens, &mut out).unwrap_err();
+        assert!(e.contains("code lengths"), "{e}");
+        assert!(write_coded_head(Dtype::I32, 40, mode, &lengths, &stream_lens, &mut out).is_err());
+    }
+}
+
 #[test]
 fn damaged_payloads_are_errors() {
     let data = activations(32, 64, 2, 1);

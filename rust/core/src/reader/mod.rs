@@ -100,12 +100,18 @@ impl ShardReader {
             };
             Error::not_a_shard(&path, reason)
         })?;
-        match serde_json::from_str::<serde_json::Value>(&header.meta_json) {
+        match crate::json_text::parse(header.meta_json.as_bytes()) {
             Ok(serde_json::Value::Object(_)) => {}
-            _ => {
+            Ok(_) => {
                 return Err(Error::not_a_shard(
                     &path,
                     "the shard metadata is not a JSON object",
+                ))
+            }
+            Err(e) => {
+                return Err(Error::not_a_shard(
+                    &path,
+                    format!("the shard metadata is not JSON within FORMAT.md's limits: {e}"),
                 ))
             }
         }

@@ -1,7 +1,7 @@
 //! What a [`ShardWriter`](super::ShardWriter) is asked to do: codec, sizes, durability, threads,
 //! I/O backend. Checked once, when the writer opens.
 
-use crate::codec::{check_level, Codec};
+use crate::codec::{level_range, Codec};
 use crate::error::{Error, Result};
 use crate::names;
 use std::collections::BTreeMap;
@@ -35,9 +35,10 @@ impl IoMode {
             "auto" => Ok(IoMode::Auto),
             "uring" | "io_uring" => Ok(IoMode::Uring),
             "pwrite" => Ok(IoMode::Pwrite),
-            _ => Err(Error::invalid(format!(
-                "io {name:?} is not one of: auto, uring, pwrite"
-            ))),
+            _ => Err(Error::option(
+                "io",
+                format!("must be one of 'auto', 'uring', 'pwrite', not {name:?}"),
+            )),
         }
     }
 
@@ -46,9 +47,10 @@ impl IoMode {
     pub fn from_env() -> Result<Option<IoMode>> {
         match std::env::var(IO_ENV_VAR) {
             Ok(v) if v.is_empty() => Ok(None),
-            Ok(v) => IoMode::from_name(&v)
-                .map(Some)
-                .map_err(|e| Error::invalid(format!("environment variable {IO_ENV_VAR}: {e}"))),
+            Ok(v) => IoMode::from_name(&v).map(Some).map_err(|e| match e {
+                Error::InvalidOption { problem, .. } => Error::option(IO_ENV_VAR, problem),
+                other => other,
+            }),
             Err(_) => Ok(None),
         }
     }
@@ -136,14 +138,28 @@ impl Default for WriterConfig {
 }
 
 impl WriterConfig {
+    /// Compression threads a writer starts at most (`threads`); Python's
+    /// `layertap._choices.MAX_THREADS`, which a test holds equal through `_native.MAX_THREADS`.
+    pub const MAX_THREADS: usize = 256;
+
     /// Checks every option; the error names the option.
     pub fn validate(&self) -> Result<()> {
-        if self.codec != Codec::None {
-            check_level(self.level).map_err(|e| Error::invalid(format!("level: {e}")))?;
+        if self.codec != Codec::None && !level_range().contains(&self.level) {
+            let range = level_range();
+            return Err(Error::option(
+                "level",
+                format!(
+                    "must be a zstd level from {} to {}, not {}",
+                    range.start(),
+                    range.end(),
+                    self.level
+                ),
+            ));
         }
         if self.key_memory == Some(0) {
-            return Err(Error::invalid(
-                "key_memory must be positive (or None: every key)",
+            return Err(Error::option(
+                "key_memory",
+                "must be a positive integer (or None: every key), not 0",
             ));
         }
         let positive = [
@@ -153,21 +169,37 @@ impl WriterConfig {
         ];
         for (name, v) in positive {
             if v == 0 {
-                return Err(Error::invalid(format!("{name} must be positive")));
+                return Err(Error::option(name, "must be a positive integer, not 0"));
             }
         }
         if self.durability == Durability::EveryBytes(0) {
-            return Err(Error::invalid(
-                "durability: fsync every 0 bytes; give a positive count",
+            return Err(Error::option(
+                "durability",
+                "must be 'none', 'close' or a positive number of bytes, not 0",
             ));
         }
         if let Some(t) = self.threads {
-            if t == 0 || t > 256 {
-                return Err(Error::invalid(format!("threads must be 1 to 256, not {t}")));
+            if t == 0 || t > Self::MAX_THREADS {
+                return Err(Error::option(
+                    "threads",
+                    format!(
+                        "must be an integer from 1 to {}, not {t}",
+                        Self::MAX_THREADS
+                    ),
+                ));
             }
         }
         if let Some(id) = &self.writer_id {
-            names::check_writer_id(id).map_err(|e| Error::invalid(format!("writer_id: {e}")))?;
+            if names::check_writer_id(id).is_err() {
+                return Err(Error::option(
+                    "writer_id",
+                    format!(
+                        "must be None or 1 to {} characters from [A-Za-z0-9._-], not starting \
+                         with '.', not {id:?}",
+                        names::MAX_WRITER_ID_LEN
+                    ),
+                ));
+            }
         }
         let meta_len: usize = self
             .shard_metadata
@@ -175,9 +207,10 @@ impl WriterConfig {
             .map(|(k, v)| k.len() + v.len() + 8)
             .sum();
         if meta_len > crate::format::MAX_META_LEN / 2 {
-            return Err(Error::invalid(format!(
-                "metadata: {meta_len} bytes is too large for a shard header"
-            )));
+            return Err(Error::option(
+                "metadata",
+                format!("is too large: {meta_len} bytes, for a shard header of at most 1 MiB"),
+            ));
         }
         Ok(())
     }

@@ -74,9 +74,12 @@ fn encode(enc: &mut Encoder, job: Job, pool: &Arc<OutPool>) -> Result<Encoded> {
         num_tokens,
         raw_len,
         lossy: _, // applied by now
+        encoded_len,
     } = job.rec;
     let codec = enc.codec();
-    let (payload, stored_len, payload_crc) = if codec == Codec::None {
+    // Codec `none`, or a record whose floating tensors came as exp-huf blocks (checked at
+    // submission): the payload is the blob header and the caller's buffers as they are.
+    let (payload, stored_len, payload_crc) = if codec == Codec::None || encoded_len.is_some() {
         let mut crc = format::crc32c(&blob_header);
         for t in &tensors {
             crc = format::crc32c_append(crc, t.data.bytes());
@@ -86,7 +89,7 @@ fn encode(enc: &mut Encoder, job: Job, pool: &Arc<OutPool>) -> Result<Encoded> {
                 blob_header,
                 tensors,
             },
-            raw_len,
+            encoded_len.unwrap_or(raw_len),
             crc,
         )
     } else {

@@ -3,6 +3,8 @@
 
 use crate::blob::{self, TensorSpec};
 use crate::error::{Error, Result};
+use crate::exphuf;
+use crate::format::Codec;
 use crate::fp8::{self, Lossy};
 use crate::names;
 use std::collections::BTreeMap;
@@ -54,8 +56,11 @@ impl RecordBuffer for &'static [u8] {
 pub struct TensorInput {
     /// Name, dtype, shape.
     pub spec: TensorSpec,
-    /// The bytes; their length must be what `spec` needs.
+    /// The bytes; their length must be what `spec` needs, unless the tensor is given encoded.
     pub data: Box<dyn RecordBuffer>,
+    /// `data` holds the tensor's exp-huf block (docs/FORMAT.md, "Codec 3"), encoded by the
+    /// caller, not its bytes ([`TensorInput::exphuf_block`]).
+    encoded: bool,
 }
 
 impl TensorInput {
@@ -64,7 +69,28 @@ impl TensorInput {
         TensorInput {
             spec,
             data: Box::new(data),
+            encoded: false,
         }
+    }
+
+    /// A floating tensor (`BF16`, `F16`, `F32`) given as its exp-huf block, already encoded by
+    /// the caller (the GPU encoder, `layertap.gpu.exphuf`, runs before the copy to the host).
+    /// The writer stores the block as it is, so it needs a writer of codec `exp-huf`, and a
+    /// record with one such tensor has all its floating tensors given so. Its framing is
+    /// checked at submission ([`crate::exphuf::check_block`]); its streams are not decoded,
+    /// which is what saves the host's CPU: the frame's CRC covers them from then on, and
+    /// `layertap verify` decodes them.
+    pub fn exphuf_block(spec: TensorSpec, block: impl RecordBuffer) -> TensorInput {
+        TensorInput {
+            spec,
+            data: Box::new(block),
+            encoded: true,
+        }
+    }
+
+    /// Whether `data` holds an exp-huf block rather than the tensor's bytes.
+    pub fn is_encoded(&self) -> bool {
+        self.encoded
     }
 }
 
@@ -73,6 +99,7 @@ impl std::fmt::Debug for TensorInput {
         f.debug_struct("TensorInput")
             .field("spec", &self.spec)
             .field("bytes", &self.data.bytes().len())
+            .field("encoded", &self.encoded)
             .finish()
     }
 }
@@ -105,6 +132,10 @@ pub(crate) struct Prepared {
     pub raw_len: u64,
     /// The quantization still to do, and the metadata the header is built from then.
     pub lossy: Option<LossyPlan>,
+    /// For a record whose floating tensors came encoded ([`TensorInput::exphuf_block`]): its
+    /// stored length (the blob header, then each tensor's data as given), which the worker
+    /// only checksums.
+    pub encoded_len: Option<u64>,
 }
 
 /// What the lossy stage does to a prepared record (`super::lossy`).
@@ -142,7 +173,7 @@ impl PreparedBatch {
 /// Checks a record and builds its safetensors header (for a lossy writer, the checks only:
 /// the header is built once `hidden_states` is quantized). Nothing about the writer's state is
 /// looked at here (duplicate keys are checked by the writer).
-pub(crate) fn prepare(rec: RecordInput, lossy: Option<Lossy>) -> Result<Prepared> {
+pub(crate) fn prepare(rec: RecordInput, lossy: Option<Lossy>, codec: Codec) -> Result<Prepared> {
     let RecordInput {
         key,
         tensors,
@@ -159,10 +190,19 @@ pub(crate) fn prepare(rec: RecordInput, lossy: Option<Lossy>) -> Result<Prepared
     metadata.insert("key".into(), key.clone());
     let blob_header = blob::build_header_of(&specs, &metadata)
         .map_err(|e| Error::invalid(format!("record {key:?}: {}", strip_prefix(e))))?;
+    let encoded_len = if tensors.iter().any(|t| t.encoded) {
+        Some(check_encoded(&key, &tensors, lossy, codec)? + blob_header.len() as u64)
+    } else {
+        None
+    };
     let mut raw_len = blob_header.len() as u64;
     for t in &tensors {
         let want = t.spec.byte_len()?;
         let got = t.data.bytes().len() as u64;
+        if t.encoded {
+            raw_len += want;
+            continue;
+        }
         if got != want {
             return Err(Error::invalid(format!(
                 "record {key:?}: tensor {:?} has {got} bytes but {} {:?} needs {want}",
@@ -188,7 +228,58 @@ pub(crate) fn prepare(rec: RecordInput, lossy: Option<Lossy>) -> Result<Prepared
         num_tokens,
         raw_len,
         lossy: plan,
+        encoded_len,
     })
+}
+
+/// Checks a record given with encoded tensors (see [`TensorInput::exphuf_block`]) and returns
+/// the bytes its tensors' data take as given.
+fn check_encoded(
+    key: &str,
+    tensors: &[TensorInput],
+    lossy: Option<Lossy>,
+    codec: Codec,
+) -> Result<u64> {
+    if codec != Codec::ExpHuf {
+        return Err(Error::invalid(format!(
+            "record {key:?}: tensors given as exp-huf blocks need a writer of codec \"exp-huf\", not {:?}",
+            codec.name()
+        )));
+    }
+    if let Some(lossy) = lossy {
+        return Err(Error::invalid(format!(
+            "record {key:?}: a writer with lossy={:?} quantizes the tensors itself; give them as they are, not as exp-huf blocks",
+            lossy.name()
+        )));
+    }
+    let mut stored = 0u64;
+    for t in tensors {
+        let (name, dtype) = (&t.spec.name, t.spec.dtype);
+        let coded = exphuf::is_coded(dtype);
+        if coded && !t.encoded {
+            return Err(Error::invalid(format!(
+                "record {key:?}: tensor {name:?} ({dtype:?}) is given as it is beside tensors given as exp-huf blocks; give every floating tensor of the record as a block"
+            )));
+        }
+        if t.encoded {
+            if !coded {
+                return Err(Error::invalid(format!(
+                    "record {key:?}: tensor {name:?} is {dtype:?}, which exp-huf stores as it is; give its bytes, not a block"
+                )));
+            }
+            let elements =
+                usize::try_from(t.spec.byte_len()? / dtype.size() as u64).map_err(|_| {
+                    Error::invalid(format!("record {key:?}: tensor {name:?} is too large"))
+                })?;
+            exphuf::check_block(t.data.bytes(), dtype, elements).map_err(|e| {
+                Error::invalid(format!(
+                    "record {key:?}: tensor {name:?}: exp-huf block: {e}"
+                ))
+            })?;
+        }
+        stored += t.data.bytes().len() as u64;
+    }
+    Ok(stored)
 }
 
 /// What a lossy writer will do to a record: quantize its `hidden_states`, if it has one (a

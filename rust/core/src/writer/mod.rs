@@ -76,6 +76,8 @@ struct Inner {
     encoders: usize,
     /// What the compression threads quantize first (`WriterConfig::lossy`).
     lossy: Option<crate::fp8::Lossy>,
+    /// The records' codec (`WriterConfig::codec`): tensors given encoded must be in it.
+    codec: crate::format::Codec,
     pid: u32,
     shared: Arc<Shared>,
     submit: Mutex<SubmitSide>,
@@ -173,6 +175,7 @@ impl ShardWriter {
                 backend,
                 encoders: cfg.thread_count(),
                 lossy: cfg.lossy,
+                codec: cfg.codec,
                 pid: std::process::id(),
                 shared,
                 submit: Mutex::new(SubmitSide {
@@ -215,7 +218,7 @@ impl ShardWriter {
         inner.shared.check()?;
         let records = recs
             .into_iter()
-            .map(|r| input::prepare(r, inner.lossy))
+            .map(|r| input::prepare(r, inner.lossy, inner.codec))
             .collect::<Result<Vec<_>>>()?;
         Ok(PreparedBatch { records })
     }

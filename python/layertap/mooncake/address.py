@@ -1,0 +1,125 @@
+"""Mooncake Store addresses: ``mooncake://MASTER_HOST:PORT/PREFIX?option=value&...``
+(docs/MOONCAKE.md, "Addresses"), parsed and checked once into a ``StoreAddress``."""
+
+from __future__ import annotations
+
+import re
+import socket
+import urllib.parse
+from dataclasses import dataclass
+
+from layertap.errors import InvalidInputError
+
+SCHEME = "mooncake://"
+#: A dataset prefix: path segments of ``[A-Za-z0-9._-]``, joined by ``/``.
+_PREFIX = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
+MAX_PREFIX_LEN = 200
+
+#: What this process lends the store when the address does not say (``segment``): nothing. Engines
+#: and trainers come and go; the memory that holds records belongs on store nodes that stay
+#: (``mooncake_client``, docs/MOONCAKE.md, "Where records live").
+DEFAULT_SEGMENT_BYTES = 0
+#: The client's transfer buffer (``buffer``): a get or put of an object goes through it.
+DEFAULT_BUFFER_BYTES = 256 << 20
+DEFAULT_METADATA = "P2PHANDSHAKE"
+PROTOCOLS = ("tcp", "rdma")
+_SIZE = re.compile(r"(\d+)([KMG]i?B?)?", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+OPTIONS = ("metadata", "protocol", "device", "local", "segment", "buffer")
+
+
+def _size(option: str, text: str) -> int:
+    m = _SIZE.fullmatch(text.strip())
+    if m is None:
+        raise InvalidInputError(f"mooncake address: {option}={text!r} is not a size (bytes, or e.g. 512MiB, 4GiB)")
+    return int(m.group(1)) * _UNITS[(m.group(2) or "")[:1].lower()]
+
+
+@dataclass(frozen=True)
+class StoreAddress:
+    """Where a dataset lives in Mooncake Store: the master, the prefix its objects' names start
+    with, and how this process joins the store."""
+
+    host: str
+    port: int
+    prefix: str
+    metadata: str = DEFAULT_METADATA
+    """The metadata service: ``P2PHANDSHAKE`` (none), or ``http://HOST:PORT/metadata``."""
+    protocol: str = "tcp"
+    device: str = ""
+    """RDMA devices (``protocol=rdma``), e.g. ``mlx5_0,mlx5_1``."""
+    local: str | None = None
+    """This process's address as the other clients reach it; None: the address of the interface
+    that routes to the master."""
+    segment: int = DEFAULT_SEGMENT_BYTES
+    buffer: int = DEFAULT_BUFFER_BYTES
+
+    @property
+    def master(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def dataset(self) -> str:
+        """The address without the client options: what names the dataset."""
+        return f"{SCHEME}{self.master}/{self.prefix}"
+
+    def __str__(self) -> str:
+        return self.dataset
+
+    def local_host(self) -> str:
+        if self.local:
+            return self.local
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                s.connect((self.host, self.port))  # no packet is sent: this only picks the route
+                return s.getsockname()[0]
+            except OSError:
+                return "127.0.0.1"
+
+
+def is_store_address(path: object) -> bool:
+    return isinstance(path, str) and path.startswith(SCHEME)
+
+
+def parse_address(text: str) -> StoreAddress:
+    """Parses ``mooncake://HOST:PORT/PREFIX[?option=value&...]``; raises InvalidInputError with
+    one line naming what is wrong."""
+    if not is_store_address(text):
+        raise InvalidInputError(f"{text!r} is not a Mooncake address: mooncake://MASTER_HOST:PORT/PREFIX")
+    url = urllib.parse.urlsplit(text)
+    if url.username or url.password or url.fragment:
+        raise InvalidInputError(f"{text}: a Mooncake address has no user, password or #fragment")
+    try:
+        host, port = url.hostname, url.port
+    except ValueError as e:
+        raise InvalidInputError(f"{text}: bad master port ({e})") from None
+    if not host or port is None:
+        raise InvalidInputError(
+            f"{text}: name the master as HOST:PORT (its -rpc_port), e.g. mooncake://10.0.0.5:50051/hs"
+        )
+    prefix = url.path.strip("/")
+    if not prefix or len(prefix) > MAX_PREFIX_LEN or not _PREFIX.fullmatch(prefix):
+        raise InvalidInputError(
+            f"{text}: the dataset prefix {prefix!r} must be 1 to {MAX_PREFIX_LEN} characters of "
+            "[A-Za-z0-9._-] segments joined by '/', e.g. mooncake://HOST:PORT/runs/llama-hs"
+        )
+    values: dict = {}
+    for name, value in urllib.parse.parse_qsl(url.query, keep_blank_values=True, strict_parsing=False):
+        if name not in OPTIONS:
+            raise InvalidInputError(f"{text}: unknown option {name!r}; the options are {', '.join(OPTIONS)}")
+        if name in values:
+            raise InvalidInputError(f"{text}: option {name!r} is given twice")
+        values[name] = value
+    if "protocol" in values and values["protocol"] not in PROTOCOLS:
+        raise InvalidInputError(f"{text}: protocol must be one of {', '.join(PROTOCOLS)}, not {values['protocol']!r}")
+    for name in ("segment", "buffer"):
+        if name in values:
+            values[name] = _size(name, values[name])
+    if values.get("buffer", DEFAULT_BUFFER_BYTES) < 16 << 20:
+        raise InvalidInputError(f"{text}: buffer must be at least 16MiB (Mooncake's smallest transfer buffer)")
+    if 0 < values.get("segment", 0) < 16 << 20:
+        raise InvalidInputError(f"{text}: segment must be 0 (lend no memory) or at least 16MiB")
+    return StoreAddress(host, port, prefix, **values)
+
+
+__all__ = ["SCHEME", "StoreAddress", "is_store_address", "parse_address"]

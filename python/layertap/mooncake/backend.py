@@ -1,0 +1,218 @@
+"""Reading a dataset out of Mooncake Store with the readers' code: each writer of the dataset is
+one *shard backend* (``StoreShard``, the protocol of ``layertap.reader``), so ``layertap.open``'s
+``Dataset`` (lookups, iteration, ``verify``, ``inspect``) works on it as on shards on disk.
+
+A record's object is its frame, byte for byte as in a shard: its header is checked by the
+format's code and its payload decoded and checked (CRC32C, length, metadata key) by the one
+decoding the readers share (``_spec.record``). An object that is not there (evicted, lost with
+its node, never put) raises ``RecordMissingError``; one whose frame differs from what the index
+says (another writer's record under the same key) raises ``CorruptRecordError``: neither is ever
+read as the record.
+"""
+
+from __future__ import annotations
+
+import json
+
+from layertap._spec.format import CODECS, FormatProblem, crc32c, decode_frame_header
+from layertap._spec.record import decode_record
+from layertap._types import IndexEntry, Problem
+from layertap.errors import CorruptRecordError, FormatError, RecordMissingError
+from layertap.mooncake.address import StoreAddress
+from layertap.mooncake.client import StoreClient
+from layertap.mooncake.layout import (
+    Head,
+    LayoutProblem,
+    StoreEntry,
+    chunk_name,
+    decode_chunk,
+    decode_head,
+    decode_slot,
+    head_name,
+    record_name,
+    writer_slot_name,
+)
+
+
+def writer_path(address: StoreAddress, writer_id: str) -> str:
+    """What names a writer's records where a reader names a shard (``Record.shard``...)."""
+    return f"{address.dataset}#{writer_id}"
+
+
+def check_frame(obj, key: str, want: StoreEntry | None, where: str) -> tuple[StoreEntry, memoryview]:
+    """The frame header of a record object (checked by the format's code, key and all) and its
+    stored payload; raises FormatProblem when the object is not the frame of ``key`` that
+    ``want`` (the index's entry, if any) describes."""
+    h = decode_frame_header(obj, len(obj))
+    got = StoreEntry(h.key, h.stored_len, h.raw_len, h.num_tokens, h.codec, h.payload_crc)
+    if h.key != key:
+        raise FormatProblem(f"the object holds the record {h.key!r}, not {key!r}")
+    if h.frame_len != len(obj):
+        raise FormatProblem(f"the object is {len(obj)} bytes, its frame {h.frame_len}")
+    if want is not None and got != want:
+        raise FormatProblem(
+            f"the object is another record than the index lists (frame {got}, index {want}): "
+            f"another writer put the key first ({where})"
+        )
+    start = h.header_len
+    return got, memoryview(obj)[start : start + h.stored_len]
+
+
+def read_object(client: StoreClient, address: StoreAddress, key: str, want: StoreEntry | None, path: str, offset: int):
+    """``(metadata, tensors)`` of the record ``key`` read from the store (``want``: what the
+    index says of it); raises RecordMissingError or CorruptRecordError."""
+    obj = client.get(record_name(address.prefix, key))
+    quoted = json.dumps(key, ensure_ascii=False)
+    if obj is None:
+        raise RecordMissingError(
+            f"{path}: record {quoted} is not in the store (evicted, lost with the node that held it, or never put)",
+            path,
+            offset,
+            key,
+        )
+    try:
+        entry, payload = check_frame(obj, key, want, path)
+        metadata, tensors = decode_record(
+            payload, key=key, codec=entry.codec, raw_len=entry.raw_len, payload_crc=entry.payload_crc
+        )
+    except FormatProblem as problem:
+        raise CorruptRecordError(
+            f"{path}: corrupt record at offset {offset} (key {quoted}): {problem}", path, offset, key
+        ) from None
+    return metadata, tensors
+
+
+class StoreShard:
+    """One writer's records in the store, as a shard backend (``layertap.reader``). An entry's
+    ``frame_offset`` is the record's position in its writer's index."""
+
+    lost_in_recovery = 0
+    torn_tail_bytes = 0
+
+    def __init__(
+        self, client: StoreClient, address: StoreAddress, head: Head, entries: list[StoreEntry], problems: list[Problem]
+    ):
+        self.client = client
+        self.address = address
+        self.head = head
+        self.path = writer_path(address, head.writer_id)
+        self.complete = head.closed
+        self.being_written = not head.closed
+        self.meta = {"writer_id": head.writer_id, **head.meta}
+        self._store_entries = entries
+        self.entries = [
+            IndexEntry(e.key, i, e.stored_len, e.raw_len, e.num_tokens, CODECS[e.codec], e.payload_crc)
+            for i, e in enumerate(entries)
+        ]
+        self.file_bytes = sum(e.frame_len for e in entries)
+        self.scan_problems = problems
+
+    def read(self, i: int, verify: bool = True):
+        e = self._store_entries[i]
+        return read_object(self.client, self.address, e.key, e, self.path, i)
+
+    def check(self, i: int) -> None:
+        self.read(i)
+
+    def frame(self, i: int) -> bytes:
+        """Record ``i``'s frame as stored, checked against the index and its payload's CRC."""
+        e = self._store_entries[i]
+        obj = self.client.get(record_name(self.address.prefix, e.key))
+        if obj is None:
+            raise RecordMissingError(f"{self.path}: record {e.key!r} is not in the store", self.path, i, e.key)
+        try:
+            _, payload = check_frame(obj, e.key, e, self.path)
+            if crc32c(payload) != e.payload_crc:
+                raise FormatProblem("payload checksum mismatch")
+        except FormatProblem as problem:
+            raise CorruptRecordError(
+                f"{self.path}: corrupt record at offset {i} (key {e.key!r}): {problem}", self.path, i, e.key
+            ) from None
+        return obj
+
+    def close(self) -> None:
+        pass
+
+
+def writer_ids(client: StoreClient, address: StoreAddress) -> list[str]:
+    """The dataset's writers in the order they took their slots."""
+    out: list[str] = []
+    slot = 0
+    while True:
+        data = client.get(writer_slot_name(address.prefix, slot))
+        if data is None:
+            return out
+        try:
+            w = decode_slot(data)
+        except LayoutProblem as p:
+            raise FormatError(f"{address}: writer slot {slot}: {p}", address.dataset) from None
+        if w not in out:
+            out.append(w)
+        slot += 1
+
+
+def open_writer_shard(client: StoreClient, address: StoreAddress, writer_id: str) -> StoreShard | Problem:
+    """The writer's records as its index lists them; a Problem when its head is missing."""
+    path = writer_path(address, writer_id)
+    data = client.get(head_name(address.prefix, writer_id))
+    if data is None:
+        return Problem(path, None, None, "bad_index", "the writer's head object is not in the store")
+    try:
+        head = decode_head(data)
+    except LayoutProblem as p:
+        return Problem(path, None, None, "bad_index", str(p))
+    entries: list[StoreEntry] = []
+    problems: list[Problem] = []
+    for c in range(head.chunks):
+        chunk = client.get(chunk_name(address.prefix, writer_id, c))
+        if chunk is None:
+            problems.append(
+                Problem(
+                    path, None, None, "bad_index", f"index chunk {c} is not in the store: its records cannot be listed"
+                )
+            )
+            continue
+        try:
+            entries += decode_chunk(chunk, writer_id, c)
+        except LayoutProblem as p:
+            problems.append(Problem(path, None, None, "bad_index", str(p)))
+    if head.failed:
+        problems.append(
+            Problem(
+                path,
+                None,
+                None,
+                "missing_record",
+                f"the writer could not put {head.failed} records into the store (its log names them)",
+            )
+        )
+    return StoreShard(client, address, head, entries, problems)
+
+
+def open_store(address: StoreAddress, client: StoreClient) -> tuple[list[StoreShard], list[Problem]]:
+    """Every writer of the dataset as a shard backend, and the writers that cannot be read.
+    Raises FormatError when no writer has published under the prefix."""
+    shards: list[StoreShard] = []
+    problems: list[Problem] = []
+    for w in writer_ids(client, address):
+        s = open_writer_shard(client, address, w)
+        (problems if isinstance(s, Problem) else shards).append(s)
+    if not shards and not problems:
+        raise FormatError(
+            f"{address}: no dataset there: no writer has published under prefix {address.prefix!r}", address.dataset
+        )
+    return shards, problems
+
+
+__all__ = ["StoreShard", "check_frame", "open_store", "open_writer_shard", "read_object", "writer_ids", "writer_path"]
+
+
+def open_address(text: str) -> tuple[StoreAddress, list[StoreShard], list[Problem]]:
+    """The address, writers and unreadable writers of the dataset ``text`` names
+    (``mooncake://...``); connects this process's client first."""
+    from layertap.mooncake.address import parse_address
+    from layertap.mooncake.client import connect
+
+    address = parse_address(text)
+    shards, problems = open_store(address, connect(address))
+    return address, shards, problems

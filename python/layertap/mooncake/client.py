@@ -1,0 +1,123 @@
+"""One Mooncake Store client per process and address: ``connect`` checks that the master answers
+(in about a second, where Mooncake's own set-up retries for 90 s) and sets the client up;
+``StoreClient`` turns Mooncake's status codes into what layertap reports."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+
+from layertap.errors import StoreUnavailableError
+from layertap.mooncake.address import StoreAddress
+
+logger = logging.getLogger("layertap.mooncake")
+
+#: Seconds ``connect`` waits for the master's port to accept a connection.
+CONNECT_TIMEOUT = 3.0
+#: Mooncake's status for a key that is not in the store (``ErrorCode::OBJECT_NOT_FOUND``).
+OBJECT_NOT_FOUND = -704
+
+_clients: dict[tuple, StoreClient] = {}
+_lock = threading.Lock()
+
+
+def _quiet_mooncake_logs() -> None:
+    # Mooncake logs through glog to stderr, every transfer error at ERROR: layertap reports
+    # failures itself (counted, one line per cause), so only fatal lines are left. A user who
+    # wants them sets GLOG_minloglevel.
+    os.environ.setdefault("GLOG_minloglevel", "3")
+
+
+def check_master(address: StoreAddress, timeout: float = CONNECT_TIMEOUT) -> None:
+    """Raises StoreUnavailableError, one line saying what to do, unless the master's RPC port
+    accepts a TCP connection within ``timeout`` seconds."""
+    try:
+        socket.create_connection((address.host, address.port), timeout).close()
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        raise StoreUnavailableError(
+            f"{address}: cannot reach the Mooncake master at {address.master} ({reason}): start mooncake_master "
+            f"-rpc_port={address.port} there, or fix the address"
+        ) from None
+
+
+class StoreClient:
+    """A set-up ``MooncakeDistributedStore``. Thread-safe (Mooncake's client is)."""
+
+    def __init__(self, address: StoreAddress):
+        _quiet_mooncake_logs()
+        try:
+            from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+        except ImportError as e:
+            raise StoreUnavailableError(
+                f"Mooncake is not installed ({e}): pip install mooncake-transfer-engine-non-cuda (CPU) or "
+                "mooncake-transfer-engine (CUDA); it needs Debian's libibverbs1 and librdmacm1"
+            ) from None
+        check_master(address)
+        self.address = address
+        self.store = MooncakeDistributedStore()
+        status = self.store.setup(
+            address.local_host(),
+            address.metadata,
+            address.segment,
+            address.buffer,
+            address.protocol,
+            address.device,
+            address.master,
+        )
+        if status != 0:
+            raise StoreUnavailableError(
+                f"{address}: Mooncake client set-up failed (status {status}) with master {address.master}, "
+                f"metadata {address.metadata!r}, protocol {address.protocol}: check the master and these options"
+            )
+        self._pinned = ReplicateConfig()
+        # The small objects that list the records are never evicted: without them a reader
+        # cannot find the records that are still there.
+        self._pinned.with_hard_pin = True
+
+    def put(self, name: str, data, pinned: bool = False) -> int:
+        """Puts a new object; 0 or Mooncake's negative status. An existing object is left as it
+        is (Mooncake ignores the put: see ``exists``)."""
+        return self.store.put(name, data, self._pinned) if pinned else self.store.put(name, data)
+
+    def upsert(self, name: str, data) -> int:
+        return self.store.upsert(name, data, self._pinned)
+
+    def get(self, name: str) -> bytes | None:
+        """The object's bytes; None if the store does not have it (or cannot reach it)."""
+        data = self.store.get(name)
+        return data if data else None
+
+    def exists(self, name: str) -> bool | None:
+        """Whether the object is there; None when the store cannot say."""
+        r = self.store.is_exist(name)
+        return None if r < 0 else bool(r)
+
+    def healthy(self) -> bool:
+        return self.store.health_check() == 0
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def connect(address: StoreAddress) -> StoreClient:
+    """This process's client for ``address``'s master and client options (made once)."""
+    k = (
+        address.master,
+        address.metadata,
+        address.protocol,
+        address.device,
+        address.local,
+        address.segment,
+        address.buffer,
+    )
+    with _lock:
+        client = _clients.get(k)
+        if client is None:
+            client = _clients[k] = StoreClient(address)
+        return client
+
+
+__all__ = ["OBJECT_NOT_FOUND", "StoreClient", "check_master", "connect"]

@@ -1,0 +1,200 @@
+"""The Mooncake sink of the connector (option ``mooncake``, docs/MOONCAKE.md): the Rust writer
+writes each record into a shard of a local spool directory as it always does (the engine
+thread's work is the same as with files), and a thread of this module, the *forwarder*, reads
+each record's frame back from the spool as soon as the writer has written it (``DatasetTail``:
+inotify, frame headers only) and puts it into Mooncake Store (``layertap.mooncake.publisher``).
+
+The spool is the records' copy on disk: with ``mooncake_keep_shards`` its shards stay (a dataset
+on disk as well as in the store); without, a shard is removed once complete and forwarded. A
+record the store refuses or loses (master gone, store full, key already there) is counted and
+logged, and stays in the spool until its shard is removed; the engine never waits for the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+from layertap._spec.format import CODECS, FormatProblem, crc32c, decode_frame_header
+from layertap._spec.lock import is_locked
+from layertap.follow import DatasetTail, ShardTail
+from layertap.mooncake.address import StoreAddress
+from layertap.mooncake.client import connect
+from layertap.mooncake.layout import StoreEntry
+from layertap.mooncake.publisher import INDEX_INTERVAL, StorePublisher
+
+logger = logging.getLogger("vllm.layertap")
+
+
+def read_frame(fd: int, offset: int, frame_len: int) -> bytes:
+    parts, n = [], frame_len
+    while n > 0:
+        chunk = os.pread(fd, n, offset)
+        if not chunk:
+            break
+        parts.append(chunk)
+        offset += len(chunk)
+        n -= len(chunk)
+    return b"".join(parts)
+
+
+class Forwarder:
+    """Puts the records of writer ``writer_id``'s shards in ``directory`` into the store, on a
+    thread of its own, until ``close`` (after the writer's close: every record is in a shard)."""
+
+    def __init__(self, address: StoreAddress, directory: str, writer_id: str, meta: dict, keep_shards: bool):
+        self.address = address
+        self.directory = directory
+        self.writer_id = writer_id
+        self.keep_shards = keep_shards
+        self.publisher = StorePublisher(connect(address), address, writer_id, meta)
+        self.stats = self.publisher.stats
+        self.stats.update(records_unreadable_in_spool=0, spool_shards_removed=0)
+        self._fds: dict[str, int] = {}
+        self._closing = threading.Event()
+        self._tail = DatasetTail(directory, writer_id=writer_id)
+        self._thread = threading.Thread(target=self._run, name="layertap-mooncake", daemon=True)
+        self.error: BaseException | None = None
+        self._thread.start()
+
+    # -- the thread -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                closing = self._closing.is_set()
+                self._forward_new()
+                if self.publisher.index_due():
+                    self.publisher.flush_index()
+                if closing:
+                    break
+                self._tail.wait(INDEX_INTERVAL / 2)
+            self.publisher.close()
+        except BaseException as e:
+            self.error = e
+            logger.exception("layertap mooncake: the forwarder stopped")
+        finally:
+            self._tail.close()
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+    def _forward_new(self) -> None:
+        for shard in self._tail.shards():
+            if shard.done and shard.consumed == len(shard.entries):
+                continue
+            self._tail.refresh(shard)
+            while shard.consumed < len(shard.entries):
+                got = self._frame(shard, shard.consumed)
+                if got is None:
+                    break  # not all written yet
+                if got is not False:
+                    self.publisher.publish(*got)
+                shard.consumed += 1
+            if shard.done and shard.consumed == len(shard.entries):
+                self._finished(shard)
+
+    def _frame(self, shard: ShardTail, i: int):
+        """``(entry, frame)`` of record ``i``; None while its payload is being written; False for
+        a record the spool does not hold intact (counted)."""
+        e = shard.entries[i]
+        fd = self._fds.get(shard.path)
+        if fd is None:
+            fd = self._fds[shard.path] = os.open(shard.path, os.O_RDONLY | os.O_CLOEXEC)
+        entry = StoreEntry(e.key, e.stored_len, e.raw_len, e.num_tokens, CODECS.index(e.codec), e.payload_crc)
+        frame = read_frame(fd, e.frame_offset, entry.frame_len)
+        try:
+            h = decode_frame_header(frame, len(frame))
+            start = h.header_len
+            if h.key != e.key or crc32c(memoryview(frame)[start : start + h.stored_len]) != h.payload_crc:
+                raise FormatProblem("payload checksum mismatch")
+        except FormatProblem:
+            if is_locked(shard.path):
+                return None  # writes may land out of order; the writer is still on it
+            self.stats["records_unreadable_in_spool"] += 1
+            logger.error("layertap mooncake: record %r of %s is damaged in the spool; not put", e.key, shard.path)
+            return False
+        return entry, frame
+
+    def _finished(self, shard: ShardTail) -> None:
+        shard.close()
+        fd = self._fds.pop(shard.path, None)
+        if fd is not None:
+            os.close(fd)
+        if not self.keep_shards:
+            try:
+                os.unlink(shard.path)
+                self.stats["spool_shards_removed"] += 1
+            except FileNotFoundError:
+                pass
+
+    # -- the owner --------------------------------------------------------------------------------
+
+    def close(self, timeout: float | None = None) -> None:
+        """Forwards what the (closed) writer left in the spool, publishes the index and marks
+        the writer closed in the store. ``timeout``: seconds to wait for it."""
+        self._closing.set()
+        t0 = time.monotonic()
+        self._thread.join(timeout)
+        self.stats["close_seconds"] = time.monotonic() - t0
+
+
+__all__ = ["Forwarder"]
+
+
+# -- the connector's use ---------------------------------------------------------------------------
+
+
+def connect_store(options) -> tuple[StoreAddress, object] | None:
+    """The store of the connector's ``mooncake`` option, connected (None without the option);
+    raises ConfigError, one line, when the master cannot be reached: before the engine serves."""
+    if options.mooncake is None:
+        return None
+    from layertap.errors import StoreUnavailableError
+    from layertap.mooncake.address import parse_address
+    from layertap.vllm.config import ConfigError
+
+    address = parse_address(options.mooncake)
+    try:
+        return address, connect(address)
+    except StoreUnavailableError as e:
+        raise ConfigError("mooncake", str(e)) from None
+
+
+def start_forwarder(store: tuple[StoreAddress, object], options, facts, writer) -> Forwarder:
+    """The forwarder of the connector's writer (opened: its spool directory exists)."""
+    address, _ = store
+    meta = {"writer": f"layertap ({writer.backend})", "user": dict(options.writer_options.metadata)}
+    return Forwarder(address, options.output_dir, facts.writer_id, meta, options.mooncake_keep_shards)
+
+
+#: ``fetch`` looks for a record this often at first, then less often up to ``FETCH_MAX_POLL``
+#: (Mooncake Store tells no one when an object appears).
+FETCH_FIRST_POLL = 0.005
+FETCH_MAX_POLL = 0.1
+
+
+def fetch_from_store(store: str, writer_id: str, key: str, timeout: float | None, make):
+    """The record ``key`` once the forwarder has put it into the store ``store`` (an address),
+    read and checked by the readers' code; raises TimeoutError past ``timeout`` seconds."""
+    from layertap.mooncake.address import parse_address
+    from layertap.mooncake.backend import read_object, writer_path
+    from layertap.mooncake.layout import record_name
+    from layertap.reader import Record
+
+    address = parse_address(store)
+    client = connect(address)
+    name = record_name(address.prefix, key)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pause = FETCH_FIRST_POLL
+    while not client.exists(name):
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError(f"record {key!r} of writer {writer_id} did not appear in {address} within {timeout} s")
+        time.sleep(pause)
+        pause = min(FETCH_MAX_POLL, pause * 2)
+    path = writer_path(address, writer_id)
+    metadata, tensors = read_object(client, address, key, None, path, 0)
+    tensors_made = {name: make(buf, dtype, shape) for name, dtype, shape, buf in tensors}
+    return Record(key, tensors_made, metadata, path, 0, int(metadata.get("num_tokens", "0")))

@@ -1,0 +1,92 @@
+"""Capture windows and reductions: a request asks, in its ``kv_transfer_params``, for the hidden
+states of a window of positions only (``window: [start, end]``), or for one vector over that
+window (``reduction: "last"`` or ``"mean"``), stored as a ``[1, layers, hidden]`` record
+(docs/CONNECTOR.md, "Windows and reductions").
+
+This module is the request half, which imports neither torch nor vLLM (``layertap generate``
+checks its rows with it before either is loaded): it checks a request's window and resolves it
+against the request's recorded tokens when the request finishes (``resolve``), so that the
+record's token ids, its row count and the metadata that says which positions it holds are known
+in the scheduler, and the pool region, the sink and the writer see an ordinary record of that
+many rows. The worker half, the gather of only those rows, is ``window_gather``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from layertap._spec.record import REDUCTION, WINDOW_END, WINDOW_START
+
+#: A record's capture window: the positions ``[start, end)`` of the request's recorded tokens
+#: it covers, and its reduction (one of ``REDUCTIONS``) or None.
+Window = tuple[int, int, str | None]
+
+#: Request kv_transfer_params read here.
+WINDOW_KEYS = ("window", "reduction")
+#: What a reduction stores, one vector per layer: the window's last position, or the mean of its
+#: positions.
+REDUCTIONS = ("last", "mean")
+#: Record metadata of a windowed or reduced record (the connector's own: a client may not set them).
+WINDOW_METADATA = (WINDOW_START, WINDOW_END, REDUCTION)
+
+
+def _bound(value: Any, name: str) -> tuple[int | None, str | None]:
+    if value is None:
+        return None, None
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None, f"window {name} must be an integer or null, got {value!r:.40}"
+    return value, None
+
+
+def check(params: dict) -> tuple[tuple[Any, Any, str | None] | None, str | None]:
+    """A request's window request from its ``kv_transfer_params``: ``((start, end, reduction),
+    None)`` (bounds as given, None meaning the ends), ``(None, None)`` if it asks for none, or
+    ``(None, problem)``."""
+    window, reduction = params.get("window"), params.get("reduction")
+    if window is None and reduction is None:
+        return None, None
+    if reduction is not None and reduction not in REDUCTIONS:
+        return None, f"reduction must be one of {', '.join(map(repr, REDUCTIONS))}, got {reduction!r:.40}"
+    start = end = None
+    if window is not None:
+        if not isinstance(window, (list, tuple)) or len(window) != 2:
+            return (
+                None,
+                f"window must be [start, end] (integers or null; negative counts from the end), got {window!r:.60}",
+            )
+        start, problem = _bound(window[0], "start")
+        if problem is None:
+            end, problem = _bound(window[1], "end")
+        if problem:
+            return None, problem
+    return (start, end, reduction), None
+
+
+def resolve(spec: tuple[Any, Any, str | None], num_tokens: int) -> tuple[Window | None, str | None]:
+    """The positions ``[start, end)`` of ``num_tokens`` recorded tokens that ``spec`` (from
+    ``check``) selects, as Python slices do (negative bounds count from the end, bounds past the
+    ends are clipped), with its reduction; or the problem (a window without tokens)."""
+    start, end, reduction = spec
+    lo, hi, _ = slice(start, end).indices(num_tokens)
+    if hi <= lo:
+        return None, (
+            f"window [{start}, {end}) of the {num_tokens} recorded tokens holds no token "
+            f"(positions {lo} to {hi}); nothing to save"
+        )
+    return (lo, hi, reduction), None
+
+
+def stored_token_ids(token_ids: list[int], window: Window) -> list[int]:
+    """The token ids a windowed record holds: the window's, or for a reduction the window's last
+    (one per stored row, as the format has it)."""
+    lo, hi, reduction = window
+    return token_ids[hi - 1 : hi] if reduction else token_ids[lo:hi]
+
+
+def metadata(window: Window) -> dict[str, str]:
+    """The record metadata that says which positions a record holds (docs/FORMAT.md)."""
+    lo, hi, reduction = window
+    meta = {WINDOW_START: str(lo), WINDOW_END: str(hi)}
+    if reduction:
+        meta[REDUCTION] = reduction
+    return meta

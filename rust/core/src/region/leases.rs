@@ -1,0 +1,121 @@
+//! Which regions of the pool the writer still reads, and which it gave back.
+//!
+//! A region is *leased* from its `submit` until the last record slice of it is dropped (on a
+//! writer thread, once the record is encoded or written); its id then waits in `released` for
+//! the next `reap`.
+
+use parking_lot::{Condvar, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The live leases (start -> end, in pool bytes) and the ids of the regions given back.
+#[derive(Default)]
+pub(crate) struct Leases {
+    state: Mutex<LeaseState>,
+    returned: Condvar,
+}
+
+#[derive(Default)]
+struct LeaseState {
+    live: BTreeMap<usize, usize>,
+    released: Vec<u64>,
+}
+
+impl LeaseState {
+    fn overlaps(&self, start: usize, end: usize) -> bool {
+        self.live
+            .range(..end)
+            .next_back()
+            .is_some_and(|(_, &live_end)| live_end > start)
+    }
+}
+
+impl Leases {
+    /// Whether `[start, end)` overlaps a live lease.
+    pub(crate) fn overlaps(&self, start: usize, end: usize) -> bool {
+        self.state.lock().overlaps(start, end)
+    }
+
+    /// Leases `[start, end)` as region `id` until the returned lease (and every clone) drops.
+    /// The caller checked that it overlaps no live lease.
+    pub(crate) fn lease(self: &Arc<Self>, id: u64, start: usize, end: usize) -> Lease {
+        self.state.lock().live.insert(start, end);
+        Lease {
+            id,
+            start,
+            leases: self.clone(),
+        }
+    }
+
+    /// The regions given back since the last call.
+    pub(crate) fn take_released(&self) -> Vec<u64> {
+        std::mem::take(&mut self.state.lock().released)
+    }
+
+    /// Waits until `until` for a region to come back, unless one already has or none is
+    /// leased; returns whether one has (or none is leased).
+    pub(crate) fn wait_returned(&self, until: Instant) -> bool {
+        let mut s = self.state.lock();
+        if s.released.is_empty() && !s.live.is_empty() {
+            self.returned.wait_until(&mut s, until);
+        }
+        !s.released.is_empty() || s.live.is_empty()
+    }
+
+    /// Regions leased now.
+    pub(crate) fn live(&self) -> usize {
+        self.state.lock().live.len()
+    }
+}
+
+/// One region's records in the writer; dropped with the last slice of the region.
+pub(crate) struct Lease {
+    id: u64,
+    start: usize,
+    leases: Arc<Leases>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut s = self.leases.state.lock();
+        s.live.remove(&self.start);
+        s.released.push(self.id);
+        drop(s);
+        self.leases.returned.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn overlap_is_half_open() {
+        let leases = Arc::new(Leases::default());
+        let lease = leases.lease(7, 100, 200);
+        assert!(!leases.overlaps(0, 100));
+        assert!(!leases.overlaps(200, 300));
+        assert!(leases.overlaps(199, 300));
+        assert!(leases.overlaps(0, 101));
+        assert!(leases.overlaps(120, 130));
+        assert_eq!(leases.live(), 1);
+        drop(lease);
+        assert!(!leases.overlaps(0, 300));
+        assert_eq!(leases.take_released(), [7]);
+        assert!(leases.take_released().is_empty());
+    }
+
+    #[test]
+    fn waiting_ends_when_a_region_comes_back() {
+        let leases = Arc::new(Leases::default());
+        assert!(leases.wait_returned(Instant::now() + Duration::from_secs(60)));
+        let lease = leases.lease(1, 0, 8);
+        assert!(!leases.wait_returned(Instant::now() + Duration::from_millis(10)));
+        let t = std::thread::spawn(move || drop(lease));
+        assert!(leases.wait_returned(Instant::now() + Duration::from_secs(60)));
+        t.join().unwrap();
+        assert_eq!(leases.take_released(), [1]);
+    }
+}

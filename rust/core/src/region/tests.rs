@@ -1,0 +1,216 @@
+//! The region sink against a real writer: records read back with the schema's names, leases
+//! that refuse overlapping writes until reaped, and a bad record that costs only itself.
+
+use super::*;
+use crate::codec::Codec;
+use crate::reader::ShardReader;
+use crate::record;
+use crate::writer::{Durability, WriterConfig};
+
+const POOL: usize = 4096;
+
+/// A sink over a fresh pool of `POOL` bytes (bf16 rows `[2, 4]`: 16 bytes a token), layout
+/// blocks of 4 tokens, row numbers `blk * 8 + off * 2 + layer`.
+fn sink() -> RegionSink {
+    let mut pool = vec![0u8; POOL];
+    let base = pool.as_mut_ptr();
+    let layout = Layout::new(4, 4, Some((8, 2)), vec![0, 1]).unwrap();
+    let meta = BTreeMap::from([(record::MODEL.to_owned(), "tiny".to_owned())]);
+    // SAFETY: the vector's buffer does not move when the vector does, and it is owned by the
+    // sink from here on; nothing else writes it.
+    unsafe {
+        RegionSink::new(
+            Box::new(pool),
+            base,
+            POOL,
+            Dtype::BF16,
+            vec![2, 4],
+            meta,
+            layout,
+        )
+    }
+    .unwrap()
+}
+
+fn writer(dir: &std::path::Path) -> ShardWriter {
+    let cfg = WriterConfig {
+        codec: Codec::None,
+        durability: Durability::None,
+        ..WriterConfig::default()
+    };
+    ShardWriter::open(dir, cfg).unwrap()
+}
+
+fn request(key: &str, n: u64) -> Request {
+    Request {
+        key: key.into(),
+        request_id: format!("id-{key}"),
+        num_tokens: n,
+        num_prompt_tokens: n - 1,
+        extras: None,
+    }
+}
+
+/// Fills two requests (3 and 2 tokens, blocks [1] and [0]) at ids 1024, indices 2048.
+fn fill_two(sink: &RegionSink) -> Result<u64> {
+    sink.fill(1024, 2048, &[3, 2], |i, ids, blocks| {
+        for (t, id) in ids.iter_mut().enumerate() {
+            *id = (i * 100 + t) as i64;
+        }
+        blocks.push(1 - i as u64);
+        Ok::<(), Error>(())
+    })
+}
+
+fn pool_i64(sink: &RegionSink, at: usize, n: usize) -> Vec<i64> {
+    // SAFETY: test only: the range lies in the pool and nothing writes it meanwhile.
+    let bytes = unsafe { std::slice::from_raw_parts((sink.pool.base + at) as *const u8, n * 8) };
+    bytes
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn records_read_back_with_the_schema_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = writer(dir.path());
+    let s = sink();
+    assert_eq!(fill_two(&s).unwrap(), 5);
+    assert_eq!(pool_i64(&s, 1024, 5), [0, 1, 2, 100, 101]);
+    assert_eq!(
+        pool_i64(&s, 2048, 10),
+        [8, 9, 10, 11, 12, 13, 0, 1, 2, 3],
+        "row numbers of block 1 then block 0"
+    );
+    let mut second = request("b", 2);
+    second.extras = Some(Extras {
+        metadata: BTreeMap::from([("sample".to_owned(), "7".to_owned())]),
+        loss_mask: Some(vec![0, 1]),
+    });
+    let failures = s
+        .submit(&mut &w, 9, 0, 1100, 0, 1024, &[request("a", 3), second])
+        .unwrap();
+    assert!(failures.is_empty());
+    w.flush().unwrap();
+    assert_eq!(
+        s.reap(&w, Some(Duration::from_secs(10))).unwrap(),
+        (vec![9], 2)
+    );
+    assert_eq!(s.live_regions(), 0);
+    w.close().unwrap();
+
+    let shard = std::fs::read_dir(dir.path())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let r = ShardReader::open(&shard).unwrap();
+    let rec = r.read(1, true).unwrap();
+    let names: Vec<_> = rec
+        .header
+        .tensors
+        .iter()
+        .map(|t| t.spec.name.as_str())
+        .collect();
+    assert_eq!(
+        names,
+        [record::HIDDEN_STATES, record::TOKEN_IDS, record::LOSS_MASK]
+    );
+    assert_eq!(rec.header.tensors[0].spec.shape, [2, 2, 4]);
+    assert_eq!(
+        rec.tensor_data(&rec.header.tensors[1]),
+        [100i64.to_le_bytes(), 101i64.to_le_bytes()].concat()
+    );
+    let m = &rec.header.metadata;
+    assert_eq!(m[record::NUM_TOKENS], "2");
+    assert_eq!(m[record::REQUEST_ID], "id-b");
+    assert_eq!(m[record::NUM_PROMPT_TOKENS], "1");
+    assert_eq!(m[record::MODEL], "tiny");
+    assert_eq!(m[record::KEY], "b");
+    assert_eq!(m["sample"], "7");
+}
+
+#[test]
+fn a_leased_region_is_not_written_until_reaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = writer(dir.path());
+    let s = sink();
+    fill_two(&s).unwrap();
+    s.submit(
+        &mut &w,
+        1,
+        1024,
+        1024,
+        1024,
+        1024,
+        &[request("a", 3), request("b", 2)],
+    )
+    .unwrap();
+    let err = fill_two(&s).unwrap_err().to_string();
+    assert!(
+        err.contains("overlap a region the writer still reads"),
+        "{err}"
+    );
+    let err = s
+        .submit(&mut &w, 2, 1500, 16, 1500, 1500, &[])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("submit: region: bytes 1500..1516 overlap"),
+        "{err}"
+    );
+    w.flush().unwrap();
+    assert_eq!(s.reap(&w, None).unwrap().0, [1]);
+    fill_two(&s).unwrap();
+}
+
+#[test]
+fn bad_ranges_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = writer(dir.path());
+    let s = sink();
+    let none = |_: usize, _: &mut [i64], _: &mut Vec<u64>| Ok::<(), Error>(());
+    let err = s.fill(POOL - 8, 0, &[2], none).unwrap_err().to_string();
+    assert!(err.contains("outside the pool of 4096 bytes"), "{err}");
+    let err = s.fill(4, 2048, &[1], none).unwrap_err().to_string();
+    assert!(err.contains("not aligned to 8"), "{err}");
+    let err = s.fill(0, 8, &[2], none).unwrap_err().to_string();
+    assert!(err.contains("overlap"), "{err}");
+    let err = s.fill(0, 1024, &[5], |_, _, b: &mut Vec<u64>| {
+        b.push(0);
+        Ok::<(), Error>(())
+    });
+    assert!(err
+        .unwrap_err()
+        .to_string()
+        .contains("5 tokens but 1 blocks of 4"));
+    let err = s
+        .submit(&mut &w, 0, 0, 40, 0, 16, &[request("a", 3)])
+        .unwrap_err();
+    assert!(err.to_string().contains("outside the region"), "{err}");
+    assert_eq!(s.live_regions(), 0);
+}
+
+#[test]
+fn a_refused_record_costs_only_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = writer(dir.path());
+    let s = sink();
+    fill_two(&s).unwrap();
+    let reqs = [
+        request("a", 1),
+        request("a", 1),
+        request("bad/\0key", 1),
+        request("c", 2),
+    ];
+    let failures = s.submit(&mut &w, 3, 0, 1100, 0, 1024, &reqs).unwrap();
+    let refused: Vec<usize> = failures.iter().map(|f| f.0).collect();
+    assert_eq!(refused, [1, 2], "{failures:?}");
+    w.flush().unwrap();
+    assert_eq!(
+        s.reap(&w, Some(Duration::from_secs(10))).unwrap(),
+        (vec![3], 2)
+    );
+}

@@ -1,0 +1,213 @@
+"""The store layer against a real Mooncake Store on loopback: records forwarded from a writer's
+shards, read back by ``layertap.open`` (CRC checked), verified, inspected, pulled into shards."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import layertap
+from layertap.errors import CorruptRecordError, RecordMissingError
+from layertap.mooncake.address import parse_address
+from layertap.mooncake.client import connect
+from layertap.mooncake.layout import record_name
+from layertap.vllm.mooncake_sink import Forwarder
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "python")}
+    return subprocess.run(
+        [sys.executable, "-m", "layertap", *args], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+def _write(directory, writer_id: str, n: int, codec: str = "bp16-zstd", shard_size: int = 64 << 10, seed: int = 0):
+    """n records, as the connector's would be, by the Rust writer; returns their tensors by key."""
+    rng = np.random.default_rng(seed)
+    want = {}
+    with layertap.ShardWriter(directory, writer_id=writer_id, codec=codec, shard_size=shard_size) as w:
+        for i in range(n):
+            t = int(rng.integers(1, 40))
+            hs = rng.standard_normal((t, 3, 32)).astype(np.float32)
+            ids = rng.integers(0, 1000, t).astype(np.int64)
+            key = f"{writer_id}-r{i}"
+            w.submit(key, {"hidden_states": hs, "token_ids": ids}, {"model": "m", "num_tokens": str(t)})
+            want[key] = (hs, ids)
+    return want
+
+
+def _forward(address: str, directory, writer_id: str, keep: bool = True) -> Forwarder:
+    f = Forwarder(parse_address(address), str(directory), writer_id, {"user": {"run": "t"}}, keep_shards=keep)
+    f.close(timeout=60)
+    assert f.error is None
+    return f
+
+
+def test_records_through_the_store(store, tmp_path):
+    address = store.address("t/records")
+    spool = tmp_path / "spool"
+    want = _write(spool, "w0", 60)
+    f = _forward(address, spool, "w0", keep=True)
+    assert f.stats["records_put"] == 60 and f.stats["records_failed"] == 0
+    with layertap.open(address, tensors="numpy") as ds, layertap.open(str(spool), tensors="numpy") as disk:
+        assert ds.keys() == disk.keys() == list(want)
+        for key, (hs, ids) in want.items():
+            r = ds[key]
+            assert np.array_equal(r["hidden_states"], hs) and np.array_equal(r["token_ids"], ids)
+            assert r.metadata == disk[key].metadata
+        report = ds.verify()
+        assert report.ok and report.records_ok == 60, report.problems
+        assert ds.shards[0].complete and ds.shards[0].meta["user"] == {"run": "t"}
+    # the torch Dataset reads the store dataset as it reads shards
+    from layertap.torch import HiddenStatesDataset
+
+    items = HiddenStatesDataset(address)
+    assert len(items) == 60
+    for key in list(want)[::7]:
+        item, (hs, ids) = items[items.keys.index(key)], want[key]
+        assert np.array_equal(item["hidden_states"].numpy(), hs) and np.array_equal(item["token_ids"].numpy(), ids)
+    # verify and inspect on the command line
+    r = _cli("verify", address)
+    assert r.returncode == 0 and "60 records ok" in r.stdout, r.stdout + r.stderr
+    r = _cli("inspect", address)
+    assert r.returncode == 0 and "60" in r.stdout, r.stdout + r.stderr
+    # pull: shards on disk that verify accepts, each frame byte for byte the writer's
+    out = tmp_path / "pulled"
+    r = _cli("pull", address, str(out))
+    assert r.returncode == 0 and "60 records" in r.stdout, r.stdout + r.stderr
+    assert _cli("verify", str(out)).returncode == 0
+    assert _frames(out) == _frames(spool)
+    # pulling again adds nothing
+    r = _cli("pull", address, str(out))
+    assert r.returncode == 0 and "60 already there" in r.stdout, r.stdout
+
+
+def _frames(directory) -> dict[str, bytes]:
+    out = {}
+    with layertap.open(str(directory)) as ds:
+        for s in ds.backends:
+            with open(s.path, "rb") as f:
+                data = f.read()
+            for e in s.entries:
+                from layertap._spec.format import align8, frame_header_len
+
+                n = frame_header_len(len(e.key.encode())) + align8(e.stored_len)
+                out[e.key] = data[e.frame_offset : e.frame_offset + n]
+    return out
+
+
+def test_missing_and_foreign_records_are_never_read(store, tmp_path):
+    address = store.address("t/missing")
+    spool = tmp_path / "spool"
+    _write(spool, "w1", 5)
+    _forward(address, spool, "w1", keep=False)
+    assert not [n for n in os.listdir(spool) if n.endswith(".lts")]  # forwarded, removed
+    a = parse_address(address)
+    client = connect(a)
+    assert client.store.remove(record_name(a.prefix, "w1-r2"), True) == 0  # as eviction would
+    # another record under a key of the index: a different frame than the index says
+    other = tmp_path / "other"
+    _write(other, "w1", 5, seed=7)
+    frame = _frames(other)["w1-r3"]
+    assert client.store.remove(record_name(a.prefix, "w1-r3"), True) == 0
+    assert client.put(record_name(a.prefix, "w1-r3"), frame) == 0
+    with layertap.open(address) as ds:
+        with pytest.raises(RecordMissingError, match="not in the store"):
+            ds["w1-r2"]
+        with pytest.raises(CorruptRecordError, match="another record than the index lists"):
+            ds["w1-r3"]
+        report = ds.verify()
+        kinds = sorted((p.key, p.kind) for p in report.problems)
+        assert kinds == [("w1-r2", "missing_record"), ("w1-r3", "corrupt_record")]
+        assert report.records_ok == 3
+    r = _cli("pull", address, str(tmp_path / "pulled"))
+    assert r.returncode == 1 and "3 records" in r.stdout and "1 missing, 1 corrupt" in r.stdout, r.stdout
+    assert _cli("verify", str(tmp_path / "pulled")).returncode == 0
+
+
+def test_key_already_there_is_refused(store, tmp_path):
+    address = store.address("t/dup")
+    _write(tmp_path / "a", "wa", 3)
+    _forward(address, tmp_path / "a", "wa")
+    (tmp_path / "b").mkdir()
+    with layertap.ShardWriter(tmp_path / "b", writer_id="wb") as w:
+        w.submit("wa-r1", {"x": np.zeros(3, np.float32)})  # a key writer wa put already
+        w.submit("wb-r0", {"x": np.ones(3, np.float32)})
+    f = _forward(address, tmp_path / "b", "wb")
+    assert f.stats["duplicates_refused"] == 1 and f.stats["records_put"] == 1
+    with layertap.open(address, tensors="numpy") as ds:
+        assert sorted(ds.keys()) == ["wa-r0", "wa-r1", "wa-r2", "wb-r0"]
+        assert "hidden_states" in ds["wa-r1"].tensors  # wa's record, not wb's
+        assert ds.verify().ok
+
+
+def test_bad_addresses_and_unreachable_master(tmp_path):
+    from store_support import free_port
+
+    from layertap.errors import InvalidInputError, StoreUnavailableError
+
+    for bad, words in [
+        ("mooncake://host/prefix", "HOST:PORT"),
+        ("mooncake://h:1/", "prefix"),
+        ("mooncake://h:1/p?segment=3", "segment"),
+        ("mooncake://h:1/p?color=red", "unknown option"),
+    ]:
+        with pytest.raises(InvalidInputError, match=words):
+            parse_address(bad)
+    port = free_port()
+    with pytest.raises(StoreUnavailableError, match=f"cannot reach the Mooncake master at 127.0.0.1:{port}"):
+        layertap.open(f"mooncake://127.0.0.1:{port}/x")
+    r = _cli("verify", f"mooncake://127.0.0.1:{port}/x")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "mooncake_master" in r.stderr, r.stderr
+
+
+def test_follow_records_as_they_arrive(store, tmp_path):
+    import threading
+
+    address = store.address("t/follow")
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    got: list[str] = []
+    with layertap.ShardWriter(spool, writer_id="wf", shard_size=16 << 10) as w:
+        for i in range(5):
+            w.submit(f"f{i}", {"x": np.full(700, i, np.float32)})
+        w.flush()
+        fwd = Forwarder(parse_address(address), str(spool), "wf", {}, keep_shards=False)
+
+        def reader():
+            with layertap.follow(address, timeout=3, tensors="numpy") as f:
+                for r in f:
+                    assert r["x"][0] == int(r.key[1:])
+                    got.append(r.key)
+
+        t = threading.Thread(target=reader)
+        t.start()
+        for i in range(5, 12):
+            w.submit(f"f{i}", {"x": np.full(700, i, np.float32)})
+    fwd.close(timeout=60)
+    t.join(30)
+    assert got == [f"f{i}" for i in range(12)]
+
+
+def test_speculators_backend_reads_from_the_store(store, tmp_path):
+    from layertap.speculators.backend import LayertapTransfer, check_dataset
+
+    address = store.address("t/spec")
+    spool = tmp_path / "spool"
+    with layertap.ShardWriter(spool, writer_id="ws") as w:
+        for i in range(3):
+            hs = np.full((4, 2, 8), i, np.float32)
+            w.submit(str(i), {"hidden_states": hs, "token_ids": np.arange(4, dtype=np.int64)})
+    _forward(address, spool, "ws")
+    assert check_dataset(address, explicit=True) == address
+    transfer = LayertapTransfer(address)
+    sample = transfer.get_cached(2)
+    assert sample["token_ids"].tolist() == [0, 1, 2, 3] and float(sample["hidden_states"][0, 0, 0]) == 2.0
+    assert transfer.get_cached(5) is None
+    transfer.close()

@@ -1,0 +1,115 @@
+"""A real Mooncake Store on loopback for the tests: ``mooncake_master`` and one store node
+(``mooncake_client``, which lends the memory records live in), on free ports, stopped by pid."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+BIN = os.path.dirname(sys.executable)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, proc: subprocess.Popen, what: str, log: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}; see {log}")
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{what} did not listen on {port} within {timeout} s; see {log}")
+
+
+class LoopbackStore:
+    """A master and a store node of ``segment`` bytes; ``address(prefix)`` names a dataset."""
+
+    def __init__(self, workdir: str, segment: str = "256MB"):
+        self.workdir = workdir
+        self.port = free_port()
+        self.procs: list[subprocess.Popen] = []
+        self.logs = []
+        env = {**os.environ, "GLOG_minloglevel": "2"}
+        log = os.path.join(workdir, "mooncake_master.log")
+        self.master = subprocess.Popen(
+            [
+                os.path.join(BIN, "mooncake_master"),
+                "-rpc_address=127.0.0.1",
+                f"-rpc_port={self.port}",
+                f"-metrics_port={free_port()}",
+                "-default_kv_lease_ttl=50",
+            ],
+            stdout=self._log(log),
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        self.procs.append(self.master)
+        _wait_port(self.port, self.master, "mooncake_master", log)
+        node_port = free_port()
+        log = os.path.join(workdir, "mooncake_client.log")
+        self.node = subprocess.Popen(
+            [
+                os.path.join(BIN, "mooncake_client"),
+                "-host=127.0.0.1",
+                f"-port={node_port}",
+                f"-global_segment_size={segment}",
+                "-local_buffer_size=16MB",
+                f"-master_server_address=127.0.0.1:{self.port}",
+                "-metadata_server=P2PHANDSHAKE",
+                "-protocol=tcp",
+            ],
+            stdout=self._log(log),
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        self.procs.append(self.node)
+        _wait_port(node_port, self.node, "mooncake_client", log)
+        self._wait_segment()
+
+    def _wait_segment(self) -> None:
+        """Until the node's segment is mounted (a put lands somewhere)."""
+        from layertap.mooncake.address import parse_address
+        from layertap.mooncake.client import connect
+
+        client = connect(parse_address(self.address("probe")))
+        deadline = time.monotonic() + 15
+        while client.put("probe/ready", b"1") != 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the store node's segment was not mounted within 15 s")
+            time.sleep(0.1)
+
+    def address(self, prefix: str, **options: str) -> str:
+        query = "&".join(f"{k}={v}" for k, v in {"local": "127.0.0.1", "buffer": "64MiB", **options}.items())
+        return f"mooncake://127.0.0.1:{self.port}/{prefix}?{query}"
+
+    def _log(self, path: str):
+        f = open(path, "w")  # noqa: SIM115 - open as long as the process writes to it
+        self.logs.append(f)
+        return f
+
+    def kill_master(self) -> None:
+        os.kill(self.master.pid, signal.SIGKILL)
+        self.master.wait()
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGTERM)
+                try:
+                    p.wait(5)
+                except subprocess.TimeoutExpired:
+                    os.kill(p.pid, signal.SIGKILL)
+                    p.wait()
+        for f in self.logs:
+            f.close()

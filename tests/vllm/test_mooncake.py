@@ -1,0 +1,187 @@
+"""Records through Mooncake Store with real vLLM and a real store on loopback (docs/MOONCAKE.md):
+``layertap generate --out mooncake://...`` drained by ``layertap pull`` into shards whose records
+are byte for byte a run to disk's; a served engine whose records another process fetches from
+the store, equal to transformers', and that keeps serving when the master is killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from generate_support import TINY_ENGINE_ARGS, id_rows, write_jsonl
+from store_support import LoopbackStore
+from test_serve import Server, free_port, one_value, prompt_ids
+
+import layertap
+from layertap._spec.format import align8, frame_header_len
+from layertap.reader import Record
+from vllm_support import (
+    VLLM_WARNINGS,
+    assert_hidden_states_match,
+    connector_config,
+    pytest_env,
+    read_stats,
+    speculative_config,
+)
+
+pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = LoopbackStore(str(tmp_path))
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "python")}
+    return subprocess.run(
+        [sys.executable, "-m", "layertap", *args], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+def _frames(directory) -> dict[str, bytes]:
+    """Every record's frame, as its shard holds it, by key."""
+    out = {}
+    with layertap.open(str(directory)) as ds:
+        for s in ds.backends:
+            with open(s.path, "rb") as f:
+                data = f.read()
+            for e in s.entries:
+                n = frame_header_len(len(e.key.encode())) + align8(e.stored_len)
+                out[e.key] = data[e.frame_offset : e.frame_offset + n]
+    return out
+
+
+def test_generate_into_the_store_then_pull(store, tiny_model, tmp_path):
+    data = write_jsonl(tmp_path / "rows.jsonl", id_rows(300, 3, 24))
+    args = {"max_len": 64, "progress": "none", "engine_args": {**TINY_ENGINE_ARGS, "dtype": "float32"}}
+    address = store.address("gen/run1")
+    disk = tmp_path / "disk"
+    with pytest_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}):
+        summary = layertap.generate(tiny_model, data, address, also_dir=disk, **args)
+    assert summary["complete"] and summary["rows_written"] == 300 and summary["out"] == address
+    pulled = tmp_path / "pulled"
+    r = _cli("pull", address, str(pulled))
+    assert r.returncode == 0 and "300 records" in r.stdout, r.stdout + r.stderr
+    r = _cli("verify", str(pulled))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert _cli("verify", address).returncode == 0
+    # the same frames, byte for byte, as the run wrote to disk
+    frames = _frames(pulled)
+    assert len(frames) == 300 and frames == _frames(disk)
+    with layertap.open(address) as ds, layertap.open(str(pulled)) as back:
+        assert ds.keys() == back.keys()
+        assert torch.equal(ds["7"].hidden_states, back["7"].hidden_states)
+
+
+def test_unreachable_master_is_one_line_before_the_engine_starts(tiny_model, tmp_path):
+    data = write_jsonl(tmp_path / "rows.jsonl", id_rows(3, 3, 5))
+    port = free_port()
+    t0 = time.monotonic()
+    r = _cli("generate", tiny_model, "--data", data, "--out", f"mooncake://127.0.0.1:{port}/x")
+    assert r.returncode == 2 and time.monotonic() - t0 < 30
+    assert r.stderr.strip().count("\n") == 0, r.stderr
+    assert f"cannot reach the Mooncake master at 127.0.0.1:{port}" in r.stderr and "mooncake_master" in r.stderr
+
+
+FETCH = """
+import sys, torch
+from layertap.vllm import fetch
+import json
+r = fetch(json.loads(sys.argv[1]), timeout=60)
+torch.save({"key": r.key, "tensors": dict(r.tensors), "metadata": r.metadata, "shard": r.shard}, sys.argv[2])
+"""
+
+
+def _fetch_elsewhere(params: dict, path) -> Record:
+    """The record, fetched by another process."""
+    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "python")}
+    subprocess.run([sys.executable, "-c", FETCH, json.dumps(params), str(path)], check=True, env=env, timeout=120)
+    got = torch.load(path)
+    return Record(got["key"], got["tensors"], got["metadata"], got["shard"], 0, len(got["tensors"]["token_ids"]))
+
+
+@pytest.mark.slow
+def test_served_engine_through_the_store(store, tiny_model, reference, tmp_path):
+    spool, stats = tmp_path / "spool", tmp_path / "stats.json"
+    address = store.address("serve")
+    connector = connector_config(
+        spool, stats_path=str(stats), writer_id="serve-mc", mooncake=address, mooncake_keep_shards=True
+    )
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        tiny_model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        "256",
+        "--block-size",
+        "32",
+        "--kv-cache-memory-bytes",
+        str(64 << 20),
+        "--seed",
+        "0",
+        "--shutdown-timeout",
+        "30",
+        "--speculative-config",
+        json.dumps(speculative_config()),
+        "--kv-transfer-config",
+        json.dumps(connector),
+    ]
+    log_path = tmp_path / "server.log"
+    with open(log_path, "wb") as log:
+        env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "python")}  # this tree's layertap
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, env=env)
+    server = Server(proc, port, log_path, tiny_model)
+    try:
+        server.wait_ready()
+        prompts = [prompt_ids(17, 1), prompt_ids(33, 2)]
+        for i, prompt in enumerate(prompts):
+            resp = server.complete(prompt, 2, {"sample_id": f"mc-{i}"})
+            params = resp["kv_transfer_params"]
+            assert params["layertap"]["store"] == address.split("?")[0]
+            record = _fetch_elsewhere(params, tmp_path / f"r{i}.pt")
+            assert record.key == f"mc-{i}" and record.shard == f"{address.split('?')[0]}#serve-mc"
+            assert_hidden_states_match(record, reference, prompt)
+        # The master goes away: the engine keeps serving, the records stay in the spool and are
+        # counted as failed.
+        store.kill_master()
+        for i in range(2, 4):
+            resp = server.complete(prompt_ids(20, i), 2, {"sample_id": f"mc-{i}"})
+            assert resp["choices"][0]["text"] is not None
+        deadline = time.monotonic() + 60
+        while True:  # the failures reach /metrics as the engine steps: a request it saves nothing of steps it
+            server.complete(prompt_ids(5, 9), 1, {"sample_id": "../not-saved"})
+            samples = server.metrics()
+            failed = samples.get("layertap_store_records_failed_total")
+            if failed and one_value(samples, "layertap_store_records_failed_total") == 2:
+                break
+            assert time.monotonic() < deadline, samples.get("layertap_store_records_failed_total")
+            time.sleep(0.5)
+        assert one_value(samples, "layertap_store_records_put_total") == 2
+    finally:
+        assert server.stop() == 0, server.log_tail()
+    mooncake = read_stats(stats)["mooncake"]
+    assert mooncake["records_put"] == 2 and mooncake["records_failed"] == 2, mooncake
+    r = _cli("verify", str(spool))
+    assert r.returncode == 0 and "4 records ok" in r.stdout, r.stdout + r.stderr

