@@ -32,6 +32,7 @@ GROUPS = (
     (re.compile(r"^layertap-zstd"), "compression"),
     (re.compile(r"^layertap-io"), "writer I/O"),
     (re.compile(r"^layertap-sync"), "writer fsync"),
+    (re.compile(r"^layertap-gpu"), "GPU compression"),
     (re.compile(r"^layertap"), "layertap other"),
     (re.compile(r"^py-spy"), "profiler"),
 )

@@ -241,6 +241,30 @@ def test_compression_threads_yield_the_cpu_to_the_engine(tmp_path):
     assert os.getpriority(os.PRIO_PROCESS, 0) == mine
 
 
+def test_the_gpu_paths_thread_has_a_name_the_os_shows():
+    """The GPU path's compressing thread names itself where ``/proc`` (and so top, py-spy and
+    benches/gpu/threads.py) shows it: a thread started from Python keeps the process's name,
+    and on the H200 its CPU time was counted as the engine's."""
+    import threading
+
+    from layertap.vllm.threads import GPU_COMPRESS_THREAD, name_this_thread
+
+    seen = {}
+
+    def named():
+        seen["named"] = name_this_thread(GPU_COMPRESS_THREAD)
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm") as f:
+            seen["comm"] = f.read().strip()
+
+    thread = threading.Thread(target=named)
+    thread.start()
+    thread.join()
+    assert seen == {"named": True, "comm": "layertap-gpu"}
+    with open(f"/proc/self/task/{threading.get_native_id()}/comm") as f:
+        assert f.read().strip() != "layertap-gpu"  # only the calling thread is renamed
+    assert len(GPU_COMPRESS_THREAD) <= 15  # what Linux keeps of a thread's name
+
+
 @pytest.mark.parametrize("kind", ["python", "rust"])
 def test_both_sinks_fill_the_indices_of_the_layout_vector(tmp_path, kind):
     """``BufferSink`` (Python's ``write_indices``) and ``NativeSink`` (the Rust layout, through

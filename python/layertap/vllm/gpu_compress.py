@@ -43,6 +43,7 @@ from layertap.vllm.errors import ConnectorError
 from layertap.vllm.gather import HiddenStatesCache
 from layertap.vllm.pool import HostPool
 from layertap.vllm.sinks import BufferSink, NativeSink
+from layertap.vllm.threads import GPU_COMPRESS_THREAD, name_this_thread
 
 #: Elements encoded in one pass: the encoder's intermediates take about 64 bytes an element on
 #: the device, so a pass of 2^24 elements (32 MiB of bf16) takes about 1 GiB beside vLLM's KV
@@ -118,7 +119,7 @@ class GpuCompressor:
         """Wall time of this thread's work per batch, the GPU's included (it waits for its copy)."""
         self.host_cpu_seconds = 0.0
         """CPU time of this thread: kernel launches and the code lengths built on the host."""
-        self._thread = threading.Thread(target=self._run, name="layertap-gpu-compress", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=GPU_COMPRESS_THREAD, daemon=True)
         self._thread.start()
 
     # -- the engine thread --------------------------------------------------------------------
@@ -181,6 +182,7 @@ class GpuCompressor:
     # -- this thread --------------------------------------------------------------------------
 
     def _run(self) -> None:
+        name_this_thread(GPU_COMPRESS_THREAD)
         while True:
             job = self._jobs.get()
             if job is None:

@@ -8,6 +8,7 @@ core with 8 or 14 compression threads at nice +5, and 4 threads were too few for
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 #: At most this many compression threads by default.
@@ -83,3 +84,20 @@ def lower_encoder_priority(nice: int = ENCODER_NICE, expected: int = 0) -> int:
         except (OSError, AttributeError):
             continue
     return changed
+
+
+#: The OS name of the GPU path's compressing thread (``gpu_compress``; Linux keeps 15 bytes).
+GPU_COMPRESS_THREAD = "layertap-gpu"
+
+
+def name_this_thread(name: str) -> bool:
+    """Gives the calling thread ``name`` where the OS shows it (``/proc/self/task/TID/comm``:
+    ``top -H``, py-spy, benches/gpu/threads.py). Before Python 3.14 a thread started from Python
+    keeps its process's name (``VLLM::EngineCor`` in vLLM's engine), so its CPU time could not be
+    told from the engine's. Linux only, best effort: returns whether it was named."""
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
+            f.write(name[:15])
+        return True
+    except OSError:
+        return False
