@@ -204,24 +204,23 @@ def test_the_table_builders_release_the_gil(builder):
     a thread spinning in Python, a release shows as a call that takes about a second (the
     spinning thread keeps the GIL until the interval ends); a call of the same length that keeps
     the GIL (``b"x" * 300_000_000``, 0.2 s here) returns without waiting. The work is made long
-    enough (20-50 ms) for the spinning thread to be running when the call ends; on a loaded
-    machine it may not have been scheduled in time, so the call gets three tries (a call that
-    keeps the GIL never waits)."""
-    lengths = np.zeros((24_000, 512), dtype=np.uint8)
+    enough (100-200 ms here) for the spinning thread to be scheduled and take the GIL while the
+    call runs, even with the other test worker's engine busy on the other cores; should it not
+    have been, the call gets five tries (a call that keeps the GIL never waits)."""
+    lengths = np.zeros((16 * 6000, 512), dtype=np.uint8)
     lengths[:, :2] = 1
-    heads = 1500  # 16 tables each
-    calls = {
-        "exphuf_code_lengths": lambda: _native.exphuf_code_lengths(np.ones((2000, 512), "<u4").tobytes()),
-        "exphuf_reversed_codes": lambda: _native.exphuf_reversed_codes(lengths[:5000].tobytes()),
-        "exphuf_coded_heads": lambda: _native.exphuf_coded_heads(
-            "BF16", [8] * heads, [127] * heads, lengths[: 16 * heads].tobytes(), [1, 1, 1, 1] * heads
-        ),
-    }
+    heads = 6000  # 16 tables each
+    args = {
+        "exphuf_code_lengths": (np.ones((12_000, 512), "<u4").tobytes(),),
+        "exphuf_reversed_codes": (lengths[:48_000].tobytes(),),
+        "exphuf_coded_heads": ("BF16", [8] * heads, [127] * heads, lengths.tobytes(), [1, 1, 1, 1] * heads),
+    }[builder]
+    call = getattr(_native, builder)
     took = []
-    for _ in range(3):
+    for _ in range(5):
         with a_busy_python_thread():
             t0 = time.perf_counter()
-            calls[builder]()
+            call(*args)
             took.append(time.perf_counter() - t0)
         if took[-1] > 0.5:
             break
