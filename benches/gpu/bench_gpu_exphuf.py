@@ -5,7 +5,8 @@ activations (all-MiniLM-L6-v2's, ``.devbundle/acts``), in records of ``--record-
   ``--check`` records;
 - the ratio, and per record the wall time (CUDA synchronised) and the host CPU time of the
   calling thread (launches, the code lengths built from the counts), as GB/s of input and host
-  CPU seconds per GB, best of ``--reps`` passes;
+  CPU seconds per GB, best of ``--reps`` passes, and the synchronising calls torch sees in one
+  call (``host_syncs``: waits in which the thread spins);
 - the same for bp16-zstd level 1 on one CPU thread (the Rust writer's codec, through zstandard
   here), for the "10x fewer host CPU seconds per GB" of the issue.
 
@@ -47,6 +48,34 @@ def encode_all(records, batched):
     total = sum(len(b) for b in blocks)  # the body's size is known on the host: no extra sync
     torch.cuda.synchronize() if torch.cuda.is_available() else None
     return blocks, total, time.perf_counter() - wall0, time.thread_time() - cpu0
+
+
+def host_syncs(records, batched) -> int | None:
+    """The synchronising calls torch sees in one encode (its sync debug mode: a copy to the host
+    that waits, ``.item()``, a boolean mask's count, bincount's min and max), each a wait with
+    the calling thread spinning; the encoder's own waits (blocking events) are not among them.
+    None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    import warnings
+
+    from layertap.gpu.exphuf import encode_block, encode_blocks, encode_contiguous
+
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if batched == "contiguous":
+                encode_contiguous(records, "BF16")
+            elif batched:
+                encode_blocks(records, "BF16")
+            else:
+                for r in records:
+                    encode_block(r, "BF16")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
 
 
 def rust_block(t: torch.Tensor) -> bytes:
@@ -123,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                 "peak_mb": None if peak is None else round(peak, 1),
                 "input_mb": round(gb * 1e3, 1),
                 "host_cpu_s_per_gb": round(best[1] / gb, 4),
+                "host_syncs": host_syncs(dev, batched),
                 "bp16_zstd_ratio": zstd_ratio,
                 "bp16_zstd_cpu_s_per_gb": zstd_cpu_per_gb,
             }
@@ -133,13 +163,13 @@ def main(argv: list[str] | None = None) -> int:
     md = [
         "# exp-huf in torch (layertap.gpu.exphuf) on real activations",
         "",
-        "| device | batched | tokens/record | MB/record | equal to CPU | ratio | GB/s | us/record | peak MB over input MB | host CPU s/GB | bp16-zstd ratio | bp16-zstd CPU s/GB |",
-        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| device | batched | tokens/record | MB/record | equal to CPU | ratio | GB/s | us/record | peak MB over input MB | host CPU s/GB | syncs a call | bp16-zstd ratio | bp16-zstd CPU s/GB |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         md.append(
             f"| {r['device']} | {r['batched']} | {r['record_tokens']} | {r['record_mb']} | {r['equal_to_cpu_reference']} | {r['ratio']} | "
-            f"{r['gbps']} | {r['us_per_record']} | {r['peak_mb']} / {r['input_mb']} | {r['host_cpu_s_per_gb']} | {r['bp16_zstd_ratio']} | "
+            f"{r['gbps']} | {r['us_per_record']} | {r['peak_mb']} / {r['input_mb']} | {r['host_cpu_s_per_gb']} | {r['host_syncs']} | {r['bp16_zstd_ratio']} | "
             f"{r['bp16_zstd_cpu_s_per_gb']} |"
         )
     args.out.with_suffix(".md").write_text("\n".join(md) + "\n")

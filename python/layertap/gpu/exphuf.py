@@ -16,10 +16,14 @@ scatter of bits) that a GPU does well; nvCOMP's standard streams (zstd, gzip) de
 but need records cut into many chunks to run fast, and its fast ANS stream is its own format
 (benches/RESULTS.md, 2026-12-02).
 
-Per tensor the encoder does one device-to-host copy of the symbol counts (64 KiB, a
-synchronisation) between counting and packing: the code lengths are built on the host from
-them, as the CPU encoders do. The packed streams stay on the device until the caller copies the
-block out.
+Per pass the encoder waits for the device twice, each time asleep on a blocking event: for the
+symbol counts (64 KiB a tensor), whose code lengths are built on the host as the CPU encoders
+build them, and for the streams' bit lengths, which set the output's layout. Nothing else reads
+back from the device (but for a tensor whose coded block comes out larger than its bytes, rare,
+whose streams a boolean mask drops): no boolean mask (its count), no ``bincount`` (its min and
+max), no ``.item()``, each of which would wait with the thread spinning for as long as the GPU, shared
+with the model, takes (``benches/gpu/bench_gpu_exphuf.py`` counts them: ``host_syncs``). The
+packed streams stay on the device until the caller copies the block out.
 """
 
 from __future__ import annotations
@@ -199,13 +203,11 @@ def _encode(tensors: list[torch.Tensor], dtype: str, contiguous: bool):
     seg = torch.cumsum(marks, 0)
     del marks
     rec = seg // STREAMS
-    local = idx - _to_device(base, device)[rec]
-    in_sample = local % _to_device(step, device)[rec] == 0
-    del local
-    exps = torch.bincount((rec * 256 + ((top & 0xFF) >> exp_shift))[in_sample], minlength=len(plans) * 256).reshape(
-        -1, 256
-    )
-    del in_sample
+    # The sample's elements by their places, known on the host (a boolean mask would read its
+    # count back: a synchronisation).
+    sample = _to_device(np.concatenate([np.arange(b, b + n, s) for b, n, s in zip(base, ns, step)]), device)
+    exps = _counts(rec[sample] * 256 + ((top[sample] & 0xFF) >> exp_shift), len(plans) * 256).reshape(-1, 256)
+    del sample
     mode = 255 - exps.flip(1).argmax(1)  # the last of tied counts, as the Rust encoder
     tt = torch.arange(SYMBOLS, device=device)
     ctx_of_top = (tt[None] >> 8) * 8 | (torch.clamp(((tt[None] & 0xFF) >> exp_shift) - mode[:, None], -4, 3) & 7)
@@ -222,7 +224,7 @@ def _encode(tensors: list[torch.Tensor], dtype: str, contiguous: bool):
     del rec, ctx, sym
 
     # First copy to the host: the counts of each tensor's contexts, for its code lengths.
-    hist, modes = _to_host(torch.bincount(cell, minlength=len(plans) * MAX_CONTEXTS * SYMBOLS).to(torch.int32), mode)
+    hist, modes = _to_host(_counts(cell, len(plans) * MAX_CONTEXTS * SYMBOLS).to(torch.int32), mode)
     hist, modes = hist.numpy(), modes.numpy()
     lengths = code_lengths(hist.reshape(-1, SYMBOLS)).reshape(len(plans), MAX_CONTEXTS, SYMBOLS)
     codes = reversed_codes_of(lengths.reshape(-1, SYMBOLS))
@@ -339,6 +341,16 @@ def _assemble(tensors, heads, body_len, body_at, packed, contiguous):
     head_bytes = np.frombuffer(b"".join(heads), dtype=np.uint8)
     buf[_to_device(where, device)] = _to_device(head_bytes.copy(), device)
     return buf, sizes
+
+
+def _counts(index: torch.Tensor, n: int) -> torch.Tensor:
+    """``torch.bincount(index, minlength=n)`` for indices known to lie in ``[0, n)``, without
+    reading anything back: CUDA's bincount copies the indices' min and max to the host to size
+    its output, and each such copy waits for the stream with the thread spinning (CUDA's default
+    for a process with fewer contexts than cores), for as long as the GPU, shared with the
+    model, takes to get there."""
+    out = torch.zeros(n, dtype=torch.int64, device=index.device)
+    return out.scatter_add_(0, index, torch.ones(1, dtype=torch.int64, device=index.device).expand(index.shape))
 
 
 def _to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
