@@ -21,9 +21,9 @@ symbol counts (64 KiB a tensor), whose code lengths are built on the host as the
 build them, and for the streams' bit lengths, which set the output's layout. Nothing else reads
 back from the device (but for a tensor whose coded block comes out larger than its bytes, rare,
 whose streams a boolean mask drops): no boolean mask (its count), no ``bincount`` (its min and
-max), no ``.item()``, each of which would wait with the thread spinning for as long as the GPU, shared
-with the model, takes (``benches/gpu/bench_gpu_exphuf.py`` counts them: ``host_syncs``). The
-packed streams stay on the device until the caller copies the block out.
+max), no ``.item()``, each of which would wait with the thread spinning for as long as the GPU,
+shared with the model, takes (``benches/gpu/bench_gpu_exphuf.py`` counts them: ``host_syncs``).
+The packed streams stay on the device until the caller copies the block out.
 """
 
 from __future__ import annotations
@@ -203,9 +203,16 @@ def _encode(tensors: list[torch.Tensor], dtype: str, contiguous: bool):
     seg = torch.cumsum(marks, 0)
     del marks
     rec = seg // STREAMS
-    # The sample's elements by their places, known on the host (a boolean mask would read its
-    # count back: a synchronisation).
-    sample = _to_device(np.concatenate([np.arange(b, b + n, s) for b, n, s in zip(base, ns, step)]), device)
+    # The sample's elements by their places: how many each tensor has is known on the host, so
+    # nothing is read back (a boolean mask would read its count back, a synchronisation).
+    per = -(-ns // step)
+    first = np.concatenate([[0], np.cumsum(per)[:-1]])
+    of = torch.repeat_interleave(
+        torch.arange(len(plans), device=device), _to_device(per, device), output_size=int(per.sum())
+    )
+    k = torch.arange(int(per.sum()), device=device)
+    sample = _to_device(base, device)[of] + (k - _to_device(first, device)[of]) * _to_device(step, device)[of]
+    del of, k
     exps = _counts(rec[sample] * 256 + ((top[sample] & 0xFF) >> exp_shift), len(plans) * 256).reshape(-1, 256)
     del sample
     mode = 255 - exps.flip(1).argmax(1)  # the last of tied counts, as the Rust encoder
