@@ -18,6 +18,11 @@ logger = logging.getLogger("layertap.mooncake")
 CONNECT_TIMEOUT = 3.0
 #: Mooncake's status for a key that is not in the store (``ErrorCode::OBJECT_NOT_FOUND``).
 OBJECT_NOT_FOUND = -704
+#: Mooncake's status for a call that did not reach the master (``ErrorCode::RPC_FAIL``); also
+#: what a call returns here while the master is known gone.
+RPC_FAIL = -900
+#: Seconds a call waits for the master's port once a call has failed (``StoreClient``).
+PROBE_TIMEOUT = 0.5
 
 _clients: dict[tuple, StoreClient] = {}
 _lock = threading.Lock()
@@ -44,7 +49,14 @@ def check_master(address: StoreAddress, timeout: float = CONNECT_TIMEOUT) -> Non
 
 
 class StoreClient:
-    """A set-up ``MooncakeDistributedStore``. Thread-safe (Mooncake's client is)."""
+    """A set-up ``MooncakeDistributedStore``. Thread-safe (Mooncake's client is).
+
+    While its master is down, Mooncake's client spends about 4 s on every put, upsert and get
+    (it reconnects each time): a connector shutting down then outlives vLLM's 5 s grace for its
+    workers and is killed before it reports. So once a call has failed, each later call first
+    checks that the master's port accepts a connection (refused at once on a host that is up,
+    ``PROBE_TIMEOUT`` at most) and fails at once, with ``RPC_FAIL`` or None, while it does not;
+    a call that succeeds ends the checks."""
 
     def __init__(self, address: StoreAddress):
         _quiet_mooncake_logs()
@@ -72,6 +84,9 @@ class StoreClient:
                 f"{address}: Mooncake client set-up failed (status {status}) with master {address.master}, "
                 f"metadata {address.metadata!r}, protocol {address.protocol}: check the master and these options"
             )
+        self._failing = False
+        """Whether the last put, upsert or existence check failed (then the next one checks
+        the master's port first)."""
         self._pinned = ReplicateConfig()
         # The small objects that list the records are never evicted: without them a reader
         # cannot find the records that are still there.
@@ -80,20 +95,43 @@ class StoreClient:
     def put(self, name: str, data, pinned: bool = False) -> int:
         """Puts a new object; 0 or Mooncake's negative status. An existing object is left as it
         is (Mooncake ignores the put: see ``exists``)."""
-        return self.store.put(name, data, self._pinned) if pinned else self.store.put(name, data)
+        if self._master_gone():
+            return RPC_FAIL
+        status = self.store.put(name, data, self._pinned) if pinned else self.store.put(name, data)
+        self._failing = status != 0
+        return status
 
     def upsert(self, name: str, data) -> int:
-        return self.store.upsert(name, data, self._pinned)
+        if self._master_gone():
+            return RPC_FAIL
+        status = self.store.upsert(name, data, self._pinned)
+        self._failing = status != 0
+        return status
 
     def get(self, name: str) -> bytes | None:
         """The object's bytes; None if the store does not have it (or cannot reach it)."""
-        data = self.store.get(name)
+        if self._master_gone():
+            return None
+        data = self.store.get(name)  # (empty both for a missing object and a failed call)
         return data if data else None
 
     def exists(self, name: str) -> bool | None:
         """Whether the object is there; None when the store cannot say."""
+        if self._master_gone():
+            return None
         r = self.store.is_exist(name)
+        self._failing = r < 0
         return None if r < 0 else bool(r)
+
+    def _master_gone(self) -> bool:
+        """After a failed call: whether the master's port refuses connections (see the class)."""
+        if not self._failing:
+            return False
+        try:
+            check_master(self.address, PROBE_TIMEOUT)
+        except StoreUnavailableError:
+            return True
+        return False
 
     def healthy(self) -> bool:
         return self.store.health_check() == 0
@@ -120,4 +158,4 @@ def connect(address: StoreAddress) -> StoreClient:
         return client
 
 
-__all__ = ["OBJECT_NOT_FOUND", "StoreClient", "check_master", "connect"]
+__all__ = ["OBJECT_NOT_FOUND", "RPC_FAIL", "StoreClient", "check_master", "connect"]
