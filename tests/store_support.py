@@ -10,6 +10,9 @@ import subprocess
 import sys
 import time
 
+import layertap
+from layertap._spec.format import align8, frame_header_len
+
 BIN = os.path.dirname(sys.executable)
 
 
@@ -30,6 +33,20 @@ def _wait_port(port: int, proc: subprocess.Popen, what: str, log: str, timeout: 
         except OSError:
             time.sleep(0.05)
     raise RuntimeError(f"{what} did not listen on {port} within {timeout} s; see {log}")
+
+
+def shard_frames(directory) -> dict[str, bytes]:
+    """Every record's frame, as its shard in ``directory`` holds it, by key: what a store's
+    copy of the records must equal byte for byte."""
+    out = {}
+    with layertap.open(str(directory)) as ds:
+        for s in ds.backends:
+            with open(s.path, "rb") as f:
+                data = f.read()
+            for e in s.entries:
+                n = frame_header_len(len(e.key.encode())) + align8(e.stored_len)
+                out[e.key] = data[e.frame_offset : e.frame_offset + n]
+    return out
 
 
 class LoopbackStore:

@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+from store_support import shard_frames
 
 import layertap
 from layertap.errors import CorruptRecordError, RecordMissingError
@@ -82,24 +83,10 @@ def test_records_through_the_store(store, tmp_path):
     r = _cli("pull", address, str(out))
     assert r.returncode == 0 and "60 records" in r.stdout, r.stdout + r.stderr
     assert _cli("verify", str(out)).returncode == 0
-    assert _frames(out) == _frames(spool)
+    assert shard_frames(out) == shard_frames(spool)
     # pulling again adds nothing
     r = _cli("pull", address, str(out))
     assert r.returncode == 0 and "60 already there" in r.stdout, r.stdout
-
-
-def _frames(directory) -> dict[str, bytes]:
-    out = {}
-    with layertap.open(str(directory)) as ds:
-        for s in ds.backends:
-            with open(s.path, "rb") as f:
-                data = f.read()
-            for e in s.entries:
-                from layertap._spec.format import align8, frame_header_len
-
-                n = frame_header_len(len(e.key.encode())) + align8(e.stored_len)
-                out[e.key] = data[e.frame_offset : e.frame_offset + n]
-    return out
 
 
 def test_missing_and_foreign_records_are_never_read(store, tmp_path):
@@ -114,7 +101,7 @@ def test_missing_and_foreign_records_are_never_read(store, tmp_path):
     # another record under a key of the index: a different frame than the index says
     other = tmp_path / "other"
     _write(other, "w1", 5, seed=7)
-    frame = _frames(other)["w1-r3"]
+    frame = shard_frames(other)["w1-r3"]
     assert client.store.remove(record_name(a.prefix, "w1-r3"), True) == 0
     assert client.put(record_name(a.prefix, "w1-r3"), frame) == 0
     with layertap.open(address) as ds:

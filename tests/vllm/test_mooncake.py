@@ -14,11 +14,10 @@ import time
 import pytest
 import torch
 from generate_support import TINY_ENGINE_ARGS, id_rows, write_jsonl
-from store_support import LoopbackStore
+from store_support import LoopbackStore, shard_frames
 from test_serve import Server, free_port, one_value, prompt_ids
 
 import layertap
-from layertap._spec.format import align8, frame_header_len
 from layertap.reader import Record
 from vllm_support import (
     VLLM_WARNINGS,
@@ -50,19 +49,6 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def _frames(directory) -> dict[str, bytes]:
-    """Every record's frame, as its shard holds it, by key."""
-    out = {}
-    with layertap.open(str(directory)) as ds:
-        for s in ds.backends:
-            with open(s.path, "rb") as f:
-                data = f.read()
-            for e in s.entries:
-                n = frame_header_len(len(e.key.encode())) + align8(e.stored_len)
-                out[e.key] = data[e.frame_offset : e.frame_offset + n]
-    return out
-
-
 def test_generate_into_the_store_then_pull(store, tiny_model, tmp_path):
     data = write_jsonl(tmp_path / "rows.jsonl", id_rows(300, 3, 24))
     args = {"max_len": 64, "progress": "none", "engine_args": {**TINY_ENGINE_ARGS, "dtype": "float32"}}
@@ -78,8 +64,8 @@ def test_generate_into_the_store_then_pull(store, tiny_model, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert _cli("verify", address).returncode == 0
     # the same frames, byte for byte, as the run wrote to disk
-    frames = _frames(pulled)
-    assert len(frames) == 300 and frames == _frames(disk)
+    frames = shard_frames(pulled)
+    assert len(frames) == 300 and frames == shard_frames(disk)
     with layertap.open(address) as ds, layertap.open(str(pulled)) as back:
         assert ds.keys() == back.keys()
         assert torch.equal(ds["7"].hidden_states, back["7"].hidden_states)
