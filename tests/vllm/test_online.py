@@ -3,6 +3,7 @@ written yet, finds records in live and in complete shards, and reports failures 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -12,7 +13,7 @@ import torch
 import layertap
 from layertap.errors import InvalidInputError, LayertapError
 from layertap.vllm import RecordLocation, fetch
-from layertap.vllm.online import error_marker_path
+from layertap.vllm.online import error_marker_path, leave_error_marker
 
 
 def tensors(i: int, tokens: int = 5) -> dict:
@@ -77,7 +78,26 @@ def test_fetch_reports_a_failed_writer(tmp_path):
 
         def fail():
             time.sleep(0.3)
+            leave_error_marker(str(tmp_path), "w", "WriterIOError: No space left on device")
+
+        thread = threading.Thread(target=fail)
+        thread.start()
+        with pytest.raises(LayertapError, match="writer w failed and writes no more: WriterIOError: No space"):
+            fetch(location(tmp_path, "never"), timeout=30)
+        thread.join()
+    assert "w.error" in os.listdir(tmp_path)
+    assert not [name for name in os.listdir(tmp_path) if name.endswith(".partial")]
+
+
+def test_fetch_waits_for_an_error_file_still_being_written(tmp_path):
+    """An error file seen between its creation and its write (one written in place, by hand or
+    by an older worker) is not reported as a failure without a reason: fetch waits for the
+    text. CI once saw "failed and writes no more: " with nothing after it."""
+    with layertap.PyShardWriter(tmp_path, writer_id="w"):
+
+        def fail():
             with open(error_marker_path(str(tmp_path), "w"), "w") as f:
+                time.sleep(0.5)
                 f.write("WriterIOError: No space left on device\n")
 
         thread = threading.Thread(target=fail)

@@ -31,6 +31,17 @@ def error_marker_path(dataset: str, writer_id: str) -> str:
     return os.path.join(dataset, f"{writer_id}.error")
 
 
+def leave_error_marker(dataset: str, writer_id: str, text: str) -> None:
+    """Leaves ``text`` in the writer's error file for ``fetch`` calls waiting on it. Written to a
+    temporary name and renamed, so a waiting ``fetch`` never reads it half written (an empty
+    file seen between open and write once reported a failure with no reason)."""
+    marker = error_marker_path(dataset, writer_id)
+    partial = f"{marker}.{os.getpid()}.partial"
+    with open(partial, "w") as f:
+        f.write(text.rstrip("\n") + "\n")
+    os.replace(partial, marker)
+
+
 @dataclass(frozen=True)
 class RecordLocation:
     """Where the connector writes a request's record."""
@@ -107,9 +118,9 @@ def fetch(
     make = tensor_maker("auto")
     with DatasetTail(loc.dataset, writer_id=loc.writer_id) as tail:
         while True:
-            if os.path.exists(marker):
-                with open(marker) as f:
-                    raise LayertapError(f"writer {loc.writer_id} failed and writes no more: {f.read().strip()}")
+            reason = _read_marker(marker)
+            if reason:
+                raise LayertapError(f"writer {loc.writer_id} failed and writes no more: {reason}")
             record = tail.find(loc.key, make)
             if record is not None:
                 if durable:
@@ -123,6 +134,16 @@ def fetch(
             tail.wait(remaining, also=os.path.basename(marker))
 
 
+def _read_marker(marker: str) -> str:
+    """The failure a writer's error file holds; "" while there is none, or while one written
+    in place (not through ``leave_error_marker``) is still empty: its write wakes the wait."""
+    try:
+        with open(marker) as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return ""
+
+
 def _fsync(path: str) -> None:
     """Flushes a shard to stable storage (what its writer wrote so far): fsync works on a
     read-only descriptor, so a client can make a record durable without the server's help."""
@@ -133,4 +154,4 @@ def _fsync(path: str) -> None:
         os.close(fd)
 
 
-__all__ = ["RecordLocation", "error_marker_path", "fetch", "record_location"]
+__all__ = ["RecordLocation", "error_marker_path", "fetch", "leave_error_marker", "record_location"]

@@ -35,7 +35,7 @@ from layertap.vllm.errors import ConnectorError
 from layertap.vllm.gather import HiddenStatesCache
 from layertap.vllm.gpu_compress import GpuCompressor, region_slack
 from layertap.vllm.metadata import StepSaves
-from layertap.vllm.online import error_marker_path
+from layertap.vllm.online import leave_error_marker
 from layertap.vllm.pool import HostPool, Region, align_up
 from layertap.vllm.sinks import open_sink
 from layertap.vllm.stats import ConnectorStats
@@ -324,8 +324,7 @@ class HiddenStatesSaver:
         except LayertapError as err:
             self.failed = err
             try:
-                with open(error_marker_path(self.dataset, self.writer_id), "w") as f:
-                    f.write(f"{type(err).__name__}: {err}\n")
+                leave_error_marker(self.dataset, self.writer_id, f"{type(err).__name__}: {err}")
             except OSError:
                 pass
             raise ConnectorError(f"layertap connector: the shard writer failed: {err}") from err
