@@ -296,19 +296,57 @@ class DatasetTail:
         self.close()
 
 
-class Follow:
-    """The records of a dataset as they are written (``layertap.follow``): an iterator, and a
-    context manager that releases the files. ``skipped`` counts the corrupt records left out
-    with ``errors="skip"``, ``problems`` lists them."""
+class _Following:
+    """What both followers share: the iterator over ``_run``, the idle timeout, the count of
+    records skipped with ``errors="skip"``, and closing. ``_run`` yields the records."""
 
-    def __init__(self, tail: DatasetTail, timeout: float | None, make, skip: bool):
-        self._tail = tail
+    def __init__(self, timeout: float | None, make, skip: bool):
         self._timeout = timeout
         self._make = make
         self._skip = skip
         self.skipped = 0
         self.problems: list[Problem] = []
         self._records = self._run()
+
+    def _run(self) -> Iterator[Record]:
+        raise NotImplementedError
+
+    def _skip_or_raise(self, err: CorruptRecordError, problem: Problem) -> None:
+        """Counts a damaged record with ``errors="skip"``, else raises its error."""
+        if not self._skip:
+            raise err
+        self.skipped += 1
+        self.problems.append(problem)
+
+    def _time_left(self, idle_since: float) -> float | None:
+        """Seconds until the idle timeout ends the iteration (None: no timeout)."""
+        return None if self._timeout is None else self._timeout - (time.monotonic() - idle_since)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Record:
+        return next(self._records)
+
+    def close(self) -> None:
+        """Stops following and releases what it holds (idempotent)."""
+        self._records.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Follow(_Following):
+    """The records of a dataset as they are written (``layertap.follow``): an iterator, and a
+    context manager that releases the files. ``skipped`` counts the corrupt records left out
+    with ``errors="skip"``, ``problems`` lists them."""
+
+    def __init__(self, tail: DatasetTail, timeout: float | None, make, skip: bool):
+        self._tail = tail
+        super().__init__(timeout, make, skip)
 
     def _run(self) -> Iterator[Record]:
         idle_since = time.monotonic()
@@ -321,19 +359,15 @@ class Follow:
                     except NotYet:
                         break
                     except CorruptRecordError as err:
-                        if not self._skip:
-                            raise
                         e = shard.entries[shard.consumed]
-                        self.skipped += 1
-                        self.problems.append(
-                            Problem(
-                                shard.path,
-                                e.frame_offset,
-                                e.key or None,
-                                ProblemKind.CORRUPT_RECORD,
-                                problem_message(err, shard.path),
-                            )
+                        problem = Problem(
+                            shard.path,
+                            e.frame_offset,
+                            e.key or None,
+                            ProblemKind.CORRUPT_RECORD,
+                            problem_message(err, shard.path),
                         )
+                        self._skip_or_raise(err, problem)
                         shard.consumed += 1
                         continue
                     shard.consumed += 1
@@ -341,33 +375,21 @@ class Follow:
                     idle_since = time.monotonic()
                 if shard.done and shard.consumed == len(shard.entries):
                     shard.close()
-            left = None if self._timeout is None else self._timeout - (time.monotonic() - idle_since)
+            left = self._time_left(idle_since)
             if left is not None and left <= 0:
                 return
             self._tail.wait(left)
 
-    def __iter__(self) -> Follow:
-        return self
-
-    def __next__(self) -> Record:
-        return next(self._records)
-
     def close(self) -> None:
         """Stops following and releases the files (idempotent)."""
-        self._records.close()
+        super().close()
         self._tail.close()
-
-    def __enter__(self) -> Follow:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"Follow({self._tail.directory!r}, skipped {self.skipped})"
 
 
-class StoreFollow:
+class StoreFollow(_Following):
     """``follow`` of a dataset in Mooncake Store (docs/MOONCAKE.md): the store tells no one when
     objects appear, so the writers' heads and index chunks are looked at again every
     ``STORE_POLL`` seconds; records are read and checked as ``layertap.open`` reads them. A
@@ -378,12 +400,7 @@ class StoreFollow:
 
     def __init__(self, path: str, timeout: float | None, make, skip: bool):
         self._path = path
-        self._timeout = timeout
-        self._make = make
-        self._skip = skip
-        self.skipped = 0
-        self.problems: list[Problem] = []
-        self._records = self._run()
+        super().__init__(timeout, make, skip)
 
     def _run(self) -> Iterator[Record]:
         from layertap.mooncake.backend import open_address
@@ -400,37 +417,22 @@ class StoreFollow:
                     try:
                         metadata, tensors = shard.read(i)
                     except CorruptRecordError as err:
-                        if not self._skip:
-                            raise
                         kind = (
                             ProblemKind.MISSING_RECORD
                             if isinstance(err, RecordMissingError)
                             else ProblemKind.CORRUPT_RECORD
                         )
-                        self.skipped += 1
-                        self.problems.append(Problem(shard.path, i, e.key, kind, problem_message(err, shard.path)))
+                        self._skip_or_raise(err, Problem(shard.path, i, e.key, kind, problem_message(err, shard.path)))
                         continue
                     yield Record.from_parts(e, shard.path, metadata, tensors, self._make)
                     idle_since = time.monotonic()
-            left = None if self._timeout is None else self._timeout - (time.monotonic() - idle_since)
+            left = self._time_left(idle_since)
             if left is not None and left <= 0:
                 return
             time.sleep(self.STORE_POLL if left is None else min(self.STORE_POLL, left))
 
-    def __iter__(self) -> StoreFollow:
-        return self
-
-    def __next__(self) -> Record:
-        return next(self._records)
-
-    def close(self) -> None:
-        self._records.close()
-
-    def __enter__(self) -> StoreFollow:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __repr__(self) -> str:
+        return f"StoreFollow({self._path!r}, skipped {self.skipped})"
 
 
 def follow(
@@ -441,7 +443,7 @@ def follow(
     errors: str = "raise",
     backend: str = "auto",
     tensors: str = "auto",
-) -> Follow:
+) -> Follow | StoreFollow:
     """The records of the dataset directory ``path``, each once, as soon as it is written and
     checked: records already there first, then new ones as writers add them (shards in
     file-name order, records in file order). For a trainer that consumes a dataset while it is
