@@ -113,6 +113,15 @@ def test_missing_and_foreign_records_are_never_read(store, tmp_path):
         kinds = sorted((p.key, p.kind) for p in report.problems)
         assert kinds == [("w1-r2", "missing_record"), ("w1-r3", "corrupt_record")]
         assert report.records_ok == 3
+    # follow skips both with errors="skip", and by default stops at the first
+    with layertap.follow(address, timeout=0, errors="skip") as records:
+        assert [r.key for r in records] == ["w1-r0", "w1-r1", "w1-r4"]
+    assert records.skipped == 2
+    assert [(p.key, p.kind) for p in records.problems] == [("w1-r2", "missing_record"), ("w1-r3", "corrupt_record")]
+    with layertap.follow(address, timeout=0) as records:
+        assert next(records).key == "w1-r0" and next(records).key == "w1-r1"
+        with pytest.raises(RecordMissingError, match="not in the store"):
+            next(records)
     r = _cli("pull", address, str(tmp_path / "pulled"))
     assert r.returncode == 1 and "3 records" in r.stdout and "1 missing, 1 corrupt" in r.stdout, r.stdout
     assert _cli("verify", str(tmp_path / "pulled")).returncode == 0
