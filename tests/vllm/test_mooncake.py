@@ -14,8 +14,8 @@ import time
 import pytest
 import torch
 from generate_support import TINY_ENGINE_ARGS, id_rows, write_jsonl
-from store_support import LoopbackStore, shard_frames
-from test_serve import Server, free_port, one_value, prompt_ids
+from serve_support import one_value, prompt_ids, start_server
+from store_support import LoopbackStore, free_port, shard_frames
 
 import layertap
 from layertap.reader import Record
@@ -105,42 +105,8 @@ def test_served_engine_through_the_store(store, tiny_model, reference, tmp_path)
     connector = connector_config(
         spool, stats_path=str(stats), writer_id="serve-mc", mooncake=address, mooncake_keep_shards=True
     )
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        tiny_model,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--dtype",
-        "float32",
-        "--enforce-eager",
-        "--max-model-len",
-        "256",
-        "--block-size",
-        "32",
-        "--kv-cache-memory-bytes",
-        str(64 << 20),
-        "--seed",
-        "0",
-        "--shutdown-timeout",
-        "30",
-        "--speculative-config",
-        json.dumps(speculative_config()),
-        "--kv-transfer-config",
-        json.dumps(connector),
-    ]
-    log_path = tmp_path / "server.log"
-    with open(log_path, "wb") as log:
-        env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "python")}  # this tree's layertap
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, env=env)
-    server = Server(proc, port, log_path, tiny_model)
+    server = start_server(tiny_model, connector, speculative_config(), tmp_path, max_model_len=256)
     try:
-        server.wait_ready()
         prompts = [prompt_ids(17, 1), prompt_ids(33, 2)]
         for i, prompt in enumerate(prompts):
             resp = server.complete(prompt, 2, {"sample_id": f"mc-{i}"})

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import warnings
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_serve import Server, free_port
+from serve_support import start_server
 
 from layertap.speculators import register
 from layertap.vllm import fetch
@@ -99,41 +96,8 @@ def spec_server(tiny_model, tmp_path_factory):
         ["--hidden-states-path", str(work / "hs"), "--layertap-options", json.dumps({"writer_id": "spec"})]
     )
     kv_config = LayertapBackend.build_kv_transfer_config(launch)
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        tiny_model,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--dtype",
-        "float32",
-        "--enforce-eager",
-        "--max-model-len",
-        "512",
-        "--block-size",
-        "32",
-        "--kv-cache-memory-bytes",
-        str(64 << 20),
-        "--seed",
-        "0",
-        "--shutdown-timeout",
-        "30",
-        "--speculative-config",
-        json.dumps(speculative_config(LAYERS)),
-        "--kv-transfer-config",
-        json.dumps(kv_config),
-    ]
-    log_path = work / "server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ), cwd=work)
-    srv = Server(proc, port, log_path, tiny_model)
+    srv = start_server(tiny_model, kv_config, speculative_config(LAYERS), work)
     try:
-        srv.wait_ready()
         srv.out = work / "hs"
         yield srv
     finally:
