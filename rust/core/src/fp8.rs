@@ -60,11 +60,18 @@ pub const E4M3_MAX: f32 = 448.0;
 /// clamps); NaN maps to e4m3's NaN. Layout: sign, 4 exponent bits (bias 7), 3 mantissa bits;
 /// below 2^-6 the values are subnormal, multiples of 2^-9.
 pub fn e4m3_from_f32(x: f32) -> u8 {
+    if x.is_nan() {
+        return ((x.to_bits() >> 24) & 0x80) as u8 | 0x7f;
+    }
+    e4m3_finite(x)
+}
+
+/// `e4m3_from_f32` for a value known not to be NaN (no branch at all: the quantizing loop
+/// calls it on every element).
+#[inline(always)]
+fn e4m3_finite(x: f32) -> u8 {
     let sign = ((x.to_bits() >> 24) & 0x80) as u8;
     let a = x.abs();
-    if a.is_nan() {
-        return sign | 0x7f;
-    }
     // Both roundings, then a select: the branch between them would be mispredicted on about
     // every other value of real activations.
     // Below 2^-6: k * 2^-9 with k = 0..=8 (k = 8 is the smallest normal, whose code is 8 too);
@@ -74,22 +81,6 @@ pub fn e4m3_from_f32(x: f32) -> u8 {
     let subnormal = (a * 512.0 + ROUND).to_bits() & 0xf;
     // Otherwise the f32 exponent and top 3 mantissa bits, rebiased (127 -> 7), plus one where
     // the 20 bits dropped round up (ties to even); a mantissa carry moves into the exponent.
-    let bits = a.to_bits();
-    let rest = bits & 0xf_ffff;
-    let truncated = (bits >> 20).wrapping_sub(120 << 3);
-    let up = u32::from(rest > 0x8_0000) | (u32::from(rest == 0x8_0000) & truncated & 1);
-    let normal = truncated.wrapping_add(up);
-    let code = if a < 1.0 / 64.0 { subnormal } else { normal };
-    sign | code as u8
-}
-
-/// `e4m3_from_f32` for a value known not to be NaN (no branch at all).
-#[inline(always)]
-fn e4m3_finite(x: f32) -> u8 {
-    let sign = ((x.to_bits() >> 24) & 0x80) as u8;
-    let a = x.abs();
-    const ROUND: f32 = 8_388_608.0;
-    let subnormal = (a * 512.0 + ROUND).to_bits() & 0xf;
     let bits = a.to_bits();
     let rest = bits & 0xf_ffff;
     let truncated = (bits >> 20).wrapping_sub(120 << 3);
@@ -410,6 +401,20 @@ mod tests {
         }
     }
 
+    /// The e4m3 byte nearest to `v` by search over every finite value (ties to the even code;
+    /// zero keeps the sign of `v`): the reference the arithmetic rounding is checked against.
+    fn nearest_by_search(v: f32) -> u8 {
+        let sign = if v.is_sign_negative() { 0x80 } else { 0 };
+        let mut best = (f32::INFINITY, 0u8);
+        for code in 0..0x7fu8 {
+            let distance = (v.abs() - e4m3_to_f32(code)).abs();
+            if distance < best.0 || (distance == best.0 && code % 2 == 0) {
+                best = (distance, code);
+            }
+        }
+        sign | best.1
+    }
+
     #[test]
     fn the_branch_free_paths_agree_with_the_plain_ones() {
         for b in 0..=255u8 {
@@ -428,7 +433,13 @@ mod tests {
             x ^= x << 5;
             let v =
                 (f32::from_bits(x & 0x3fff_ffff | (x & 0x8000_0000)) % 448.0).clamp(-448.0, 448.0);
-            assert_eq!(e4m3_finite(v), e4m3_from_f32(v), "{v}");
+            assert_eq!(e4m3_finite(v), nearest_by_search(v), "{v}");
+        }
+        // every tie (the midpoint between two neighbours) goes to the even code
+        for code in 0..0x7eu8 {
+            let mid = (e4m3_to_f32(code) + e4m3_to_f32(code + 1)) / 2.0;
+            assert_eq!(e4m3_finite(mid), nearest_by_search(mid), "{mid}");
+            assert_eq!(e4m3_finite(mid) % 2, 0, "{mid}");
         }
     }
 
