@@ -9,6 +9,7 @@ resynchronises. The file is read through ``pread(offset, n)``, so the cursor own
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 
 from layertap._spec.format import (
@@ -22,6 +23,20 @@ from layertap._spec.format import (
 )
 
 Pread = Callable[[int, int], bytes]
+
+
+def pread_fully(fd: int, offset: int, n: int) -> bytes:
+    """``n`` bytes of file ``fd`` from ``offset``, fewer only where the file ends first:
+    ``os.pread`` may return less than asked (a signal, a large read) before the end."""
+    parts = []
+    while n > 0:
+        chunk = os.pread(fd, n, offset)
+        if not chunk:
+            break
+        parts.append(chunk)
+        offset += len(chunk)
+        n -= len(chunk)
+    return b"".join(parts)
 
 
 class ShardCursor:

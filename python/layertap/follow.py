@@ -24,7 +24,7 @@ from typing import Any
 
 from layertap._checks import one_of
 from layertap._choices import ERROR_MODES
-from layertap._cursor import ShardCursor
+from layertap._cursor import ShardCursor, pread_fully
 from layertap._inotify import DirectoryWatch
 from layertap._spec.format import (
     CODECS,
@@ -208,15 +208,7 @@ class ShardTail:
         )
 
     def _pread(self, offset: int, n: int) -> bytes:
-        parts = []
-        while n > 0:
-            chunk = os.pread(self._fd, n, offset)
-            if not chunk:
-                break
-            parts.append(chunk)
-            offset += len(chunk)
-            n -= len(chunk)
-        return b"".join(parts)
+        return pread_fully(self._fd, offset, n)
 
     def close(self) -> None:
         """Releases the file and the backend; entries found stay."""

@@ -17,6 +17,7 @@ import os
 import threading
 import time
 
+from layertap._cursor import pread_fully
 from layertap._spec.format import CODECS, FormatProblem, crc32c, decode_frame_header
 from layertap._spec.lock import is_locked
 from layertap.follow import DatasetTail, ShardTail
@@ -26,18 +27,6 @@ from layertap.mooncake.layout import StoreEntry
 from layertap.mooncake.publisher import INDEX_INTERVAL, StorePublisher
 
 logger = logging.getLogger("vllm.layertap")
-
-
-def read_frame(fd: int, offset: int, frame_len: int) -> bytes:
-    parts, n = [], frame_len
-    while n > 0:
-        chunk = os.pread(fd, n, offset)
-        if not chunk:
-            break
-        parts.append(chunk)
-        offset += len(chunk)
-        n -= len(chunk)
-    return b"".join(parts)
 
 
 class Forwarder:
@@ -104,7 +93,7 @@ class Forwarder:
         if fd is None:
             fd = self._fds[shard.path] = os.open(shard.path, os.O_RDONLY | os.O_CLOEXEC)
         entry = StoreEntry(e.key, e.stored_len, e.raw_len, e.num_tokens, CODECS.index(e.codec), e.payload_crc)
-        frame = read_frame(fd, e.frame_offset, entry.frame_len)
+        frame = pread_fully(fd, e.frame_offset, entry.frame_len)
         try:
             h = decode_frame_header(frame, len(frame))
             start = h.header_len
