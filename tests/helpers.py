@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -282,3 +283,42 @@ def a_busy_python_thread():
         stop.set()
         sys.setswitchinterval(old)
         thread.join()
+
+
+def loops_while(fn) -> tuple[int, float]:
+    """Runs ``fn`` while another Python thread counts; returns the count and fn's duration.
+
+    The count grows only while ``fn`` lets the GIL go: the counter starts when ``fn`` is called
+    and the switch interval is 1 s, so a native call that holds the GIL (under a second) leaves
+    the count at 0. (With the default 5 ms interval the counter ran ~5 ms right after any call,
+    tens of thousands of loops, and a call that kept the GIL looked as if it had released it.)
+    A call that does release it takes up to a second longer: getting the GIL back waits for
+    the counter's interval."""
+    count = 0
+    go = threading.Event()
+    stop = threading.Event()
+
+    def counter():
+        nonlocal count
+        go.wait()
+        while not stop.is_set():
+            count += 1
+
+    old = sys.getswitchinterval()
+    th = threading.Thread(target=counter)
+    th.start()
+    sys.setswitchinterval(1.0)
+    try:
+        go.set()  # the counter now waits for the GIL, which this thread keeps until fn lets it go
+        before = count
+        start = time.perf_counter()
+        try:
+            fn()
+        finally:
+            elapsed = time.perf_counter() - start
+            during = count - before
+    finally:
+        stop.set()
+        sys.setswitchinterval(old)
+        th.join()
+    return during, elapsed

@@ -7,14 +7,13 @@ from __future__ import annotations
 import gc
 import os
 import threading
-import time
 import weakref
 
 import pytest
 import torch
 
 import layertap
-from helpers import make_tensors, writer_class
+from helpers import loops_while, make_tensors, writer_class
 from layertap.errors import InvalidInputError, WriterClosedError
 
 
@@ -108,45 +107,18 @@ def test_codec_none_ignores_level_and_env_overrides_io(tmp_path, monkeypatch):
 # The GIL
 
 
-def _count_while(fn) -> tuple[int, float]:
-    """Runs ``fn`` while another Python thread counts; returns the count and fn's duration."""
-    count = 0
-    running = threading.Event()
-    stop = threading.Event()
-
-    def counter():
-        nonlocal count
-        running.set()
-        while not stop.is_set():
-            count += 1
-
-    th = threading.Thread(target=counter)
-    th.start()
-    running.wait()
-    before = count
-    start = time.perf_counter()
-    try:
-        fn()
-    finally:
-        elapsed = time.perf_counter() - start
-        during = count - before
-        stop.set()
-        th.join()
-    return during, elapsed
-
-
 def test_gil_is_released_during_flush_and_blocked_submit(tmp_path):
     big = {"x": torch.randn(1 << 21).to(torch.bfloat16)}  # 4 MiB
     with Writer(tmp_path, codec="bp16-zstd", level=9, threads=1, max_inflight_bytes=1 << 30) as w:
         for i in range(6):
             w.submit(f"a{i}", big)
-        during, elapsed = _count_while(w.flush)
+        during, elapsed = loops_while(w.flush)
         assert elapsed > 0.05, "flush too short to tell"
         assert during > 10_000, f"another thread ran only {during} loops during a {elapsed:.2f} s flush"
 
     with Writer(tmp_path / "b", codec="bp16-zstd", level=9, threads=1, max_inflight_bytes=1) as w:
         w.submit("first", big)
-        during, elapsed = _count_while(lambda: w.submit("second", big))  # waits for "first"
+        during, elapsed = loops_while(lambda: w.submit("second", big))  # waits for "first"
         assert elapsed > 0.05 and w.stats["blocked_seconds"] > 0
         assert during > 10_000, f"another thread ran only {during} loops during a {elapsed:.2f} s wait"
 

@@ -12,13 +12,13 @@ torch call of the gather releases the GIL too.
 
 from __future__ import annotations
 
-import threading
+import gc
 import time
 
 import numpy as np
 
 import layertap
-from helpers import a_busy_python_thread
+from helpers import a_busy_python_thread, loops_while
 
 
 def record(i: int) -> tuple:
@@ -31,28 +31,37 @@ def test_submit_and_submit_many_keep_the_gil_when_the_budget_has_room(tmp_path):
         w.flush()
         # Batches of 2,000 small records: long enough inside the writer (milliseconds) for the
         # spinning thread to take a released GIL, which it then keeps until the switch interval.
-        batches = [[record(10_000 * i + j) for j in range(2000)] for i in range(1, 4)]
-        with a_busy_python_thread():
-            t0 = time.perf_counter()
-            for batch in batches:
-                w.submit_many(batch)
-            w.submit(*record(9))
-            elapsed = time.perf_counter() - t0
-    # 4 calls: well under a second unless one released the GIL (then about 1 s each).
-    assert elapsed < 0.9, f"4 submissions took {elapsed:.2f} s: a submission released the GIL"
+        # A call that released the GIL takes a second, every time; a slow machine (a descheduled
+        # thread) can make one call slow once: the best of three tries is what counts.
+        tries = []
+        for attempt in range(3):
+            batches = [[record(10_000 * (3 * attempt + i) + j) for j in range(2000)] for i in range(1, 4)]
+            calls = [lambda b=b: w.submit_many(b) for b in batches]
+            calls.append(lambda a=attempt: w.submit(*record(a + 1)))
+            gc.disable()  # a collection in the timed block is not the writer's doing
+            try:
+                with a_busy_python_thread():
+                    took = []
+                    for call in calls:
+                        t0 = time.perf_counter()
+                        call()
+                        took.append(time.perf_counter() - t0)
+            finally:
+                gc.enable()
+            tries.append(max(took))
+            if tries[-1] < 0.9:
+                break
+    assert min(tries) < 0.9, f"the slowest of 4 submissions took {tries} s in each try: a submission released the GIL"
     with layertap.open(tmp_path) as ds:
-        assert len(ds) == 6002 and ds.verify().ok
+        assert len(ds) == 1 + 6001 * len(tries) and ds.verify().ok
 
 
 def test_submit_releases_the_gil_while_it_waits_for_budget(tmp_path):
     """The other side: a submission that must wait for room lets other Python threads run."""
-    ran = threading.Event()
     with layertap.ShardWriter(tmp_path, codec="none", max_inflight_bytes=1) as w:
         big = [
-            (f"b{j}", {"hidden_states": (np.zeros(1 << 20, dtype=np.uint16), "BF16", [1, 1 << 20])}) for j in range(4)
+            (f"b{j}", {"hidden_states": (np.zeros(1 << 20, dtype=np.uint16), "BF16", [1, 1 << 20])}) for j in range(2)
         ]
-        other = threading.Thread(target=ran.set)
-        other.start()  # runs once the main thread releases the GIL
-        w.submit_many(big)  # each record after the first waits for the one before
-        other.join()
-    assert ran.is_set()
+        # each record after the first waits for the one before
+        during, elapsed = loops_while(lambda: w.submit_many(big))
+    assert during > 10_000, f"another thread ran only {during} loops during a {elapsed:.2f} s wait"

@@ -14,7 +14,6 @@ import layertap
 from helpers import writer_class
 from layertap.vllm import counters as counters_module
 from layertap.vllm.counters import (
-    REPORT_INTERVAL,
     SchedulerCounters,
     WorkerCounters,
     copy_payload,
@@ -37,8 +36,13 @@ def step_saves(ended: float, *requests: tuple[str, list[int], int]):
 
 
 @pytest.mark.parametrize("kind", ["rust", "python"])
-def test_worker_reports_equal_the_records_written(tmp_path, kind):
+def test_worker_reports_equal_the_records_written(tmp_path, kind, monkeypatch):
     from layertap.vllm.transfer import HiddenStatesSaver
+
+    # Longer than the default, so that the checks that nothing is reported yet cannot be
+    # outrun by a slow machine (a GC pause, a descheduled thread) between two reports.
+    interval = 1.5
+    monkeypatch.setattr(counters_module, "REPORT_INTERVAL", interval)
 
     kv = torch.randn(BLOCKS, BLOCK, LAYERS, HIDDEN).to(torch.bfloat16)
     stats = ConnectorStats()
@@ -83,7 +87,7 @@ def test_worker_reports_equal_the_records_written(tmp_path, kind):
     assert counters.report(pool, writer) is None
     counters.step(1e-4)
     assert counters.report(pool, writer) is None
-    time.sleep(REPORT_INTERVAL)
+    time.sleep(interval)
     second = counters.report(pool, writer)
     assert second["observations"] == {"engine_thread_seconds": [1e-4]} and "counters" not in second
     # A refused record counts as failed, reported at once when the writer is caught up.
@@ -107,11 +111,11 @@ def test_scheduler_steps_the_engine_while_records_are_being_written(monkeypatch,
 
     # A writer that makes no progress for STALL_LIMIT seconds: the engine stops stepping for it,
     # and starts again when a record is written.
-    monkeypatch.setattr(counters_module, "STALL_LIMIT", 0.05)
+    monkeypatch.setattr(counters_module, "STALL_LIMIT", 0.5)
     counters.accepted()
     counters.accepted()
     assert counters.writing()
-    time.sleep(0.1)
+    time.sleep(0.6)
     with caplog.at_level("WARNING", logger="vllm.layertap"):
         assert not counters.writing()
     assert "2 records not reported written" in caplog.text
