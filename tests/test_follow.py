@@ -82,7 +82,7 @@ for i in range(1000):
     try:
         assert proc.stdout.readline().strip() == "0"  # the first record is written
         got = []
-        with layertap.follow(tmp_path, timeout=2) as records:
+        with layertap.follow(tmp_path, timeout=5) as records:
             for rec in records:
                 got.append(rec.key)
                 if len(got) == 20:

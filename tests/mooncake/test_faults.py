@@ -71,7 +71,9 @@ def test_calls_fail_at_once_while_the_master_is_gone(tmp_path):
         assert client.put("gone/c", b"z") == RPC_FAIL
         assert client.upsert("gone/head", b"h") == RPC_FAIL
         assert client.exists("gone/a") is None and client.get("gone/a") is None
-        assert time.monotonic() - t0 < 1.0, "each call waited for the master that is gone"
+        # about 4 s a call without the check, milliseconds with it; the bound leaves room for a
+        # loaded machine
+        assert time.monotonic() - t0 < 3.0, "each call waited for the master that is gone"
         # A record written now fails, and the close, which publishes the index and the head,
         # returns at once too.
         writer.submit("k", {"x": np.zeros(4, np.float32)})
@@ -81,7 +83,7 @@ def test_calls_fail_at_once_while_the_master_is_gone(tmp_path):
         took = time.monotonic() - t0
         assert forwarder.error is None and forwarder.stats["records_put"] == 0
         assert forwarder.stats["records_failed"] == 1
-        assert took < 2.0, f"the forwarder took {took:.1f} s to close"
+        assert took < 3.5, f"the forwarder took {took:.1f} s to close"
     finally:
         if writer is not None:
             writer.close()

@@ -122,6 +122,9 @@ def start_server(
         "PYTHONPATH": os.path.join(ROOT, "python"),  # this tree's layertap
         # vLLM's periodic log line (with the connector's figures) every second instead of every 10 s.
         "VLLM_LOG_STATS_INTERVAL": "1",
+        # vLLM kills its workers 5 s into their shutdown whatever --shutdown-timeout says
+        # (docs/CONNECTOR.md, "Server"); a loaded CI machine can need longer to close a writer.
+        "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": "60",
     }
     log_path = work / "server.log"
     with open(log_path, "wb") as log:

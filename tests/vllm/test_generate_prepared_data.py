@@ -64,6 +64,7 @@ def prepare_data(model: str, rows_file: str, output) -> str:
     return str(output)
 
 
+@pytest.mark.timeout(600)  # speculators' prepare-data, then two runs of generate, each importing vLLM
 def test_generate_on_speculators_prepared_data(tiny_model, tmp_path, capsys):
     rows = id_rows(7, 3, 24, seed=5, loss_mask=True)
     output = prepare_data(tiny_model, write_jsonl(tmp_path / "rows.jsonl", rows), tmp_path / "output")

@@ -99,6 +99,7 @@ def _fetch_elsewhere(params: dict, path) -> Record:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # a store, a server start (up to 240 s), requests, a clean stop
 def test_served_engine_through_the_store(store, tiny_model, reference, tmp_path):
     spool, stats = tmp_path / "spool", tmp_path / "stats.json"
     address = store.address("serve")

@@ -26,7 +26,8 @@ from vllm_support import (
     speculative_config,
 )
 
-pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
+# The first test also pays for starting the server (the module fixture, up to 240 s).
+pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,13 @@ with warnings.catch_warnings():
 from layertap.export import export  # noqa: E402
 from layertap.speculators.backend import LayertapBackend, LayertapTransfer  # noqa: E402
 
-pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+# A test that starts the module's server also pays for that (up to 240 s).
+pytestmark = [
+    pytest.mark.vllm,
+    *VLLM_WARNINGS,
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.timeout(600),
+]
 
 #: The tiny model has 4 layers; speculators' and EAGLE-3's [2, N//2, N-3, N] would repeat layer 2.
 LAYERS = [1, 2, 3, 4]

@@ -62,7 +62,14 @@ fn open_gate(gate: &Arc<(Mutex<bool>, Condvar)>) {
 fn check_blocks(w: &ShardWriter, second: RecordInput, gate: &Arc<(Mutex<bool>, Condvar)>) {
     std::thread::scope(|s| {
         let (tx, rx) = std::sync::mpsc::channel();
-        s.spawn(move || tx.send(w.submit(second)).unwrap());
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        s.spawn(move || {
+            started_tx.send(()).unwrap();
+            tx.send(w.submit(second)).unwrap()
+        });
+        // The 300 ms start once the thread runs: a thread scheduled late (a loaded machine)
+        // would otherwise wait less than the bound below.
+        started_rx.recv().unwrap();
         assert!(
             rx.recv_timeout(Duration::from_millis(300)).is_err(),
             "submit must wait for the budget"
@@ -76,7 +83,7 @@ fn check_blocks(w: &ShardWriter, second: RecordInput, gate: &Arc<(Mutex<bool>, C
         assert_eq!(seq, 1);
     });
     assert!(
-        w.stats().unwrap().blocked_seconds >= 0.25,
+        w.stats().unwrap().blocked_seconds >= 0.2,
         "{:?}",
         w.stats().unwrap()
     );
