@@ -65,7 +65,7 @@ fn check_blocks(w: &ShardWriter, second: RecordInput, gate: &Arc<(Mutex<bool>, C
         let (started_tx, started_rx) = std::sync::mpsc::channel();
         s.spawn(move || {
             started_tx.send(()).unwrap();
-            tx.send(w.submit(second)).unwrap()
+            tx.send(w.submit(second)).unwrap();
         });
         // The 300 ms start once the thread runs: a thread scheduled late (a loaded machine)
         // would otherwise wait less than the bound below.
