@@ -85,8 +85,27 @@ def start_server(
     model: str, kv_transfer_config: dict, speculative_config: dict, work: Path, max_model_len: int = 512
 ) -> Server:
     """Starts ``vllm serve`` on a free loopback port, its log in ``work/server.log``, and waits
-    until it answers ``/health`` (stopping it if it never does)."""
-    port = free_port()
+    until it answers ``/health`` (stopping it if it never does). The port is free when chosen
+    and bound by vLLM a minute later; should another process (the other test worker's engine)
+    take it meanwhile, the server is started again on another."""
+    for attempt in range(3):
+        server = _start_on(free_port(), model, kv_transfer_config, speculative_config, work, max_model_len)
+        try:
+            server.wait_ready()
+            return server
+        except AssertionError:
+            server.stop()
+            if attempt == 2 or "address already in use" not in server.log_tail().lower():
+                raise
+        except BaseException:
+            server.stop()
+            raise
+    raise AssertionError("unreachable")
+
+
+def _start_on(
+    port: int, model: str, kv_transfer_config: dict, speculative_config: dict, work: Path, max_model_len: int
+) -> Server:
     cmd = [
         sys.executable,
         "-m",
@@ -129,13 +148,7 @@ def start_server(
     log_path = work / "server.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work)
-    server = Server(proc, port, log_path, model)
-    try:
-        server.wait_ready()
-    except BaseException:
-        server.stop()
-        raise
-    return server
+    return Server(proc, port, log_path, model)
 
 
 def prompt_ids(n: int, start: int) -> list[int]:
