@@ -131,6 +131,14 @@ class ShardWriter:
         return self._native.writer_id
 
     @property
+    def encoder_thread_ids(self) -> list[int]:
+        """The OS thread ids of this writer's compression threads (Linux; empty elsewhere),
+        waiting up to 2 s for threads still starting: for a caller that changes their
+        scheduling (``layertap.vllm.threads.lower_encoder_priority``), which a search by
+        thread name would do for every writer of the process at once."""
+        return self._native.encoder_thread_ids
+
+    @property
     def path(self) -> str:
         """The dataset directory."""
         return self._native.path

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
-import time
+from collections.abc import Iterable
 
 #: At most this many compression threads by default.
 MAX_DEFAULT_WRITER_THREADS = 16
@@ -42,41 +42,14 @@ def default_writer_threads() -> int:
 ENCODER_NICE = 5
 
 
-#: How long ``lower_encoder_priority`` waits for a new writer's threads to start and take their names.
-ENCODER_START_WAIT = 2.0
-
-
-def _encoder_threads() -> list[int]:
-    """Thread ids of this process's compression threads (``layertap-zstd-N``)."""
-    out = []
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        return out
-    for tid in tasks:
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                if f.read().startswith("layertap-zstd-"):
-                    out.append(int(tid))
-        except (OSError, ValueError):
-            continue
-    return out
-
-
-def lower_encoder_priority(nice: int = ENCODER_NICE, expected: int = 0) -> int:
-    """Raises the ``nice`` value of this process's compression threads (``layertap-zstd-N``) by
-    ``nice``; returns how many were changed (0 where Linux's per-thread priorities or
-    ``/proc`` are not there). A writer's threads name themselves once they run, which may be a
-    moment after the writer is opened: with ``expected``, waits up to ``ENCODER_START_WAIT``
-    seconds until that many are there. Best effort: a thread that cannot be changed keeps its
-    priority."""
-    deadline = time.monotonic() + ENCODER_START_WAIT
-    tids = _encoder_threads()
-    while len(tids) < expected and time.monotonic() < deadline and os.path.isdir("/proc/self/task"):
-        time.sleep(0.002)
-        tids = _encoder_threads()
+def lower_encoder_priority(thread_ids: Iterable[int], nice: int = ENCODER_NICE) -> int:
+    """Raises the ``nice`` value of the threads ``thread_ids`` (a writer's compression threads,
+    ``ShardWriter.encoder_thread_ids``) by ``nice``; returns how many were changed (0 where
+    Linux's per-thread priorities are not there). The writer gives its own threads' ids, not
+    every ``layertap-zstd-N`` thread of the process: a second writer's threads would be lowered
+    again. Best effort: a thread that cannot be changed keeps its priority."""
     changed = 0
-    for tid in tids:
+    for tid in thread_ids:
         try:
             current = os.getpriority(os.PRIO_PROCESS, tid)
             os.setpriority(os.PRIO_PROCESS, tid, min(19, current + nice))

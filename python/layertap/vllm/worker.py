@@ -42,11 +42,11 @@ def _engine_steps_on() -> bool:
     return bool(envs.VLLM_ENABLE_V1_MULTIPROCESSING)
 
 
-def _encoder_count(writer: RecordSink) -> int:
-    """The writer's compression threads (0 for a writer without them, the Python one)."""
+def _encoder_thread_ids(writer: RecordSink) -> list[int]:
+    """The OS ids of the writer's compression threads (none for the Python writer)."""
     from layertap.writer import ShardWriter
 
-    return int(writer.stats.get("threads", 0)) if isinstance(writer, ShardWriter) else 0
+    return writer.encoder_thread_ids if isinstance(writer, ShardWriter) else []
 
 
 def open_writer(options: ConnectorOptions, facts: EngineFacts, pool_bytes: int, dtype: str | None = None) -> RecordSink:
@@ -170,7 +170,7 @@ class WorkerSide:
             self.forwarder = start_forwarder(store, self.options, facts, writer)
             self.counters.store = self.forwarder.stats
         # The compression threads take the CPUs vLLM leaves idle, not the engine thread's.
-        self.stats.encoder_threads_lowered = lower_encoder_priority(expected=_encoder_count(writer))
+        self.stats.encoder_threads_lowered = lower_encoder_priority(_encoder_thread_ids(writer))
         self.saver = HiddenStatesSaver(
             cache,
             writer,

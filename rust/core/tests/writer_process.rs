@@ -7,6 +7,7 @@ use layertap_core::writer::{IoMode, ShardWriter, WriterConfig};
 use layertap_core::{Codec, Error};
 use std::os::fd::AsRawFd;
 use std::path::Path;
+use std::time::Duration;
 use writer_support::*;
 
 const CHILD_ENV: &str = "LAYERTAP_TEST_EFBIG_DIR";
@@ -169,6 +170,7 @@ fn forked_child_cannot_use_the_writer() {
             && refused(w.poll().map(|_| ()))
             && refused(w.flush())
             && refused(w.stats().map(|_| ()))
+            && refused(w.encoder_thread_ids(Duration::ZERO).map(|_| ()))
             && refused(w.close());
         // SAFETY: ends the child at once, leaving the parent's writer alone.
         unsafe { libc::_exit(if ok { 0 } else { 1 }) };
@@ -187,6 +189,43 @@ fn forked_child_cannot_use_the_writer() {
         .map(|r| r.key)
         .collect();
     assert_eq!(keys, ["before", "after"]);
+}
+
+/// Each writer gives the ids of its own compression threads, and only those: the vLLM worker
+/// changes their priority through them, and a second writer in the process must not have its
+/// threads changed twice.
+#[cfg(target_os = "linux")]
+#[test]
+fn each_writer_gives_its_own_compression_threads() {
+    let comm = |tid: i64| std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).unwrap();
+    let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let open = |dir: &Path, threads| {
+        let cfg = WriterConfig {
+            threads: Some(threads),
+            ..WriterConfig::default()
+        };
+        ShardWriter::open(dir, cfg).unwrap()
+    };
+    let (a, b) = (open(a_dir.path(), 2), open(b_dir.path(), 3));
+    let wait = Duration::from_secs(20);
+    let (a_ids, b_ids) = (
+        a.encoder_thread_ids(wait).unwrap(),
+        b.encoder_thread_ids(wait).unwrap(),
+    );
+    assert_eq!((a_ids.len(), b_ids.len()), (2, 3));
+    assert!(
+        a_ids.iter().all(|id| !b_ids.contains(id)),
+        "{a_ids:?} {b_ids:?}"
+    );
+    for id in a_ids.iter().chain(&b_ids) {
+        assert!(
+            comm(*id).starts_with("layertap-zstd-"),
+            "{id}: {}",
+            comm(*id)
+        );
+    }
+    a.close().unwrap();
+    b.close().unwrap();
 }
 
 fn try_lock(path: &Path) -> bool {

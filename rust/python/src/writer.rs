@@ -16,6 +16,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// How long `encoder_thread_ids` waits for a new writer's threads to start: they start within
+/// microseconds, but a loaded machine may run them late.
+const ENCODER_START_WAIT: Duration = Duration::from_secs(2);
+
 fn invalid(msg: impl Into<String>) -> PyErr {
     to_py(Error::invalid(msg))
 }
@@ -301,6 +305,14 @@ impl NativeShardWriter {
     #[getter]
     fn backend(&self) -> &'static str {
         self.writer.backend().name()
+    }
+
+    /// The OS thread ids of the compression threads (Linux; empty elsewhere), waiting for
+    /// threads still starting (up to `ENCODER_START_WAIT`), with the GIL released.
+    #[getter]
+    fn encoder_thread_ids(&self, py: Python<'_>) -> PyResult<Vec<i64>> {
+        py.detach(|| self.writer.encoder_thread_ids(ENCODER_START_WAIT))
+            .py_err()
     }
 
     /// The writer id in the names of this writer's shards.

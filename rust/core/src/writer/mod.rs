@@ -41,6 +41,7 @@ mod out_pool;
 mod shard;
 mod state;
 mod sync;
+mod thread_ids;
 
 pub use config::{random_writer_id, Backend, Durability, IoMode, WriterConfig, IO_ENV_VAR};
 pub use input::{PreparedBatch, RecordBuffer, RecordInput, TensorInput};
@@ -59,6 +60,8 @@ use std::mem::ManuallyDrop;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
+use thread_ids::ThreadIds;
 
 /// Writes records into the shards of one dataset directory. See the module docs.
 ///
@@ -74,6 +77,8 @@ struct Inner {
     backend: Backend,
     /// Compression threads started.
     encoders: usize,
+    /// Their OS ids, given by each as it starts.
+    encoder_ids: Arc<ThreadIds>,
     /// What the compression threads quantize first (`WriterConfig::lossy`).
     lossy: Option<crate::fp8::Lossy>,
     /// The records' codec (`WriterConfig::codec`): tensors given encoded must be in it.
@@ -159,12 +164,14 @@ impl ShardWriter {
         )?);
         // The workers' output buffers, recycled once written (`out_pool.rs`).
         let out_pool = out_pool::OutPool::for_writer(cfg.thread_count(), cfg.max_inflight_bytes);
+        let encoder_ids = Arc::new(ThreadIds::default());
         for n in 0..cfg.thread_count() {
             let (rx, tx) = (jobs_rx.clone(), io_tx.clone());
             let (codec, level) = (cfg.codec, cfg.level);
             let name = format!("layertap-zstd-{n}");
-            let (timing, pool) = (shared.clone(), out_pool.clone());
+            let (timing, pool, ids) = (shared.clone(), out_pool.clone(), encoder_ids.clone());
             threads.push(spawn(&dir, name, shared.clone(), move || {
+                ids.register_current();
                 encode::run_worker(codec, level, rx, tx, &timing, &pool);
             })?);
         }
@@ -174,6 +181,7 @@ impl ShardWriter {
                 writer_id,
                 backend,
                 encoders: cfg.thread_count(),
+                encoder_ids,
                 lossy: cfg.lossy,
                 codec: cfg.codec,
                 pid: std::process::id(),
@@ -291,7 +299,7 @@ impl ShardWriter {
     /// Like [`ShardWriter::poll`], but first waits until at least one record is written, unless
     /// none is in flight or the writer failed, for at most `timeout` (`None`: no limit). Lets a
     /// caller whose buffers are all in flight wait for the first one back instead of spinning.
-    pub fn poll_wait(&self, timeout: Option<std::time::Duration>) -> Result<Vec<Completion>> {
+    pub fn poll_wait(&self, timeout: Option<Duration>) -> Result<Vec<Completion>> {
         self.live()?.shared.wait_for_completion(timeout);
         self.poll()
     }
@@ -371,6 +379,14 @@ impl ShardWriter {
     /// The I/O backend in use.
     pub fn backend(&self) -> Backend {
         self.inner.backend
+    }
+
+    /// The OS thread ids of this writer's compression threads (Linux; empty elsewhere), for a
+    /// caller that changes their scheduling: threads still starting are waited for, up to
+    /// `wait`. In a forked child (where the threads do not exist) an error.
+    pub fn encoder_thread_ids(&self, wait: Duration) -> Result<Vec<i64>> {
+        let inner = self.live()?;
+        Ok(inner.encoder_ids.wait_for(inner.encoders, wait))
     }
 
     /// The writer id in the names of this writer's shards.
