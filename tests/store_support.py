@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -22,11 +23,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class _Exited(RuntimeError):
+    """A process of the store exited while starting: most often a port another process took
+    between ``free_port`` and its bind; a start on other ports can succeed."""
+
+
+@contextlib.contextmanager
+def unreachable_port():
+    """A loopback port where nothing listens, and nothing can while the block runs: bound and
+    not listening, so a connection is refused (a port that ``free_port`` found free could be
+    taken by another process before the test connects)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]
+
+
 def _wait_port(port: int, proc: subprocess.Popen, what: str, log: str, timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode}; see {log}")
+            raise _Exited(f"{what} exited with {proc.returncode}; see {log}")
         try:
             socket.create_connection(("127.0.0.1", port), 0.2).close()
             return
@@ -52,13 +68,26 @@ def shard_frames(directory) -> dict[str, bytes]:
 class LoopbackStore:
     """A master and a store node of ``segment`` bytes; ``address(prefix)`` names a dataset."""
 
+    #: Starts tried when a process exits while starting (``_Exited``).
+    STARTS = 3
+
     def __init__(self, workdir: str, segment: str = "256MB"):
         self.workdir = workdir
+        for attempt in range(self.STARTS):
+            self.procs: list[subprocess.Popen] = []
+            self.logs = []
+            try:
+                self._start(segment)
+                return
+            except _Exited:
+                self.stop()
+                if attempt == self.STARTS - 1:
+                    raise
+
+    def _start(self, segment: str) -> None:
         self.port = free_port()
-        self.procs: list[subprocess.Popen] = []
-        self.logs = []
         env = {**os.environ, "GLOG_minloglevel": "2"}
-        log = os.path.join(workdir, "mooncake_master.log")
+        log = os.path.join(self.workdir, "mooncake_master.log")
         self.master = subprocess.Popen(
             [
                 os.path.join(BIN, "mooncake_master"),
@@ -74,7 +103,7 @@ class LoopbackStore:
         self.procs.append(self.master)
         _wait_port(self.port, self.master, "mooncake_master", log)
         node_port = free_port()
-        log = os.path.join(workdir, "mooncake_client.log")
+        log = os.path.join(self.workdir, "mooncake_client.log")
         self.node = subprocess.Popen(
             [
                 os.path.join(BIN, "mooncake_client"),

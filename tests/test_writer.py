@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import layertap
-from helpers import loops_while, make_tensors, writer_class
+from helpers import BUSY_WRITER, busy_record, loops_while, make_tensors, writer_class
 from layertap.errors import InvalidInputError, WriterClosedError
 
 
@@ -116,10 +116,12 @@ def test_gil_is_released_during_flush_and_blocked_submit(tmp_path):
         assert elapsed > 0.05, "flush too short to tell"
         assert during > 10_000, f"another thread ran only {during} loops during a {elapsed:.2f} s flush"
 
-    with Writer(tmp_path / "b", codec="bp16-zstd", level=9, threads=1, max_inflight_bytes=1) as w:
-        w.submit("first", big)
+    # "first" keeps the writer busy for about a second (a few milliseconds of wait left the
+    # counting thread no time to be scheduled on a loaded machine).
+    with Writer(tmp_path / "b", max_inflight_bytes=1, **BUSY_WRITER) as w:
+        w.submit("first", busy_record())
         during, elapsed = loops_while(lambda: w.submit("second", big))  # waits for "first"
-        assert elapsed > 0.05 and w.stats["blocked_seconds"] > 0
+        assert w.stats["blocked_seconds"] > 0
         assert during > 10_000, f"another thread ran only {during} loops during a {elapsed:.2f} s wait"
 
 

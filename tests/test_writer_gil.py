@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 import layertap
-from helpers import a_busy_python_thread, loops_while
+from helpers import BUSY_WRITER, a_busy_python_thread, busy_record, loops_while
 
 
 def record(i: int) -> tuple:
@@ -58,10 +58,9 @@ def test_submit_and_submit_many_keep_the_gil_when_the_budget_has_room(tmp_path):
 
 def test_submit_releases_the_gil_while_it_waits_for_budget(tmp_path):
     """The other side: a submission that must wait for room lets other Python threads run."""
-    with layertap.ShardWriter(tmp_path, codec="none", max_inflight_bytes=1) as w:
-        big = [
-            (f"b{j}", {"hidden_states": (np.zeros(1 << 20, dtype=np.uint16), "BF16", [1, 1 << 20])}) for j in range(2)
-        ]
-        # each record after the first waits for the one before
-        during, elapsed = loops_while(lambda: w.submit_many(big))
+    with layertap.ShardWriter(tmp_path, max_inflight_bytes=1, **BUSY_WRITER) as w:
+        # the second record waits for the first, which keeps the writer busy for about a second
+        # (two records of codec none were written in milliseconds: too short a window for the
+        # counting thread to be scheduled on a loaded machine)
+        during, elapsed = loops_while(lambda: w.submit_many([("busy", busy_record()), record(1)]))
     assert during > 10_000, f"another thread ran only {during} loops during a {elapsed:.2f} s wait"

@@ -144,7 +144,7 @@ def test_key_already_there_is_refused(store, tmp_path):
 
 
 def test_bad_addresses_and_unreachable_master(tmp_path):
-    from store_support import free_port
+    from store_support import unreachable_port
 
     from layertap.errors import InvalidInputError, StoreUnavailableError
 
@@ -156,10 +156,10 @@ def test_bad_addresses_and_unreachable_master(tmp_path):
     ]:
         with pytest.raises(InvalidInputError, match=words):
             parse_address(bad)
-    port = free_port()
-    with pytest.raises(StoreUnavailableError, match=f"cannot reach the Mooncake master at 127.0.0.1:{port}"):
-        layertap.open(f"mooncake://127.0.0.1:{port}/x")
-    r = _cli("verify", f"mooncake://127.0.0.1:{port}/x")
+    with unreachable_port() as port:
+        with pytest.raises(StoreUnavailableError, match=f"cannot reach the Mooncake master at 127.0.0.1:{port}"):
+            layertap.open(f"mooncake://127.0.0.1:{port}/x")
+        r = _cli("verify", f"mooncake://127.0.0.1:{port}/x")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "mooncake_master" in r.stderr, r.stderr
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from generate_support import TINY_ENGINE_ARGS, id_rows, write_jsonl
 from serve_support import one_value, prompt_ids, start_server
-from store_support import LoopbackStore, free_port, shard_frames
+from store_support import LoopbackStore, shard_frames, unreachable_port
 
 import layertap
 from layertap.reader import Record
@@ -73,9 +73,9 @@ def test_generate_into_the_store_then_pull(store, tiny_model, tmp_path):
 
 def test_unreachable_master_is_one_line_before_the_engine_starts(tiny_model, tmp_path):
     data = write_jsonl(tmp_path / "rows.jsonl", id_rows(3, 3, 5))
-    port = free_port()
     t0 = time.monotonic()
-    r = _cli("generate", tiny_model, "--data", data, "--out", f"mooncake://127.0.0.1:{port}/x")
+    with unreachable_port() as port:
+        r = _cli("generate", tiny_model, "--data", data, "--out", f"mooncake://127.0.0.1:{port}/x")
     assert r.returncode == 2 and time.monotonic() - t0 < 30
     assert r.stderr.strip().count("\n") == 0, r.stderr
     assert f"cannot reach the Mooncake master at 127.0.0.1:{port}" in r.stderr and "mooncake_master" in r.stderr

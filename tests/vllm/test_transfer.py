@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import layertap
-from helpers import writer_class
+from helpers import BUSY_WRITER, busy_record, writer_class
 from layertap.vllm.engine import EngineFacts
 from layertap.vllm.gather import HiddenStatesCache
 from layertap.vllm.pool import HostPool
@@ -192,11 +192,10 @@ def test_the_native_sink_never_writes_into_a_region_the_writer_reads(tmp_path):
     from layertap.errors import InvalidInputError
     from layertap.vllm.sinks import NativeSink
 
-    # One compression thread, busy for about a second with an incompressible record at zstd 19
-    # before the sink's record: the region stays leased while the test asks to write into it
-    # (CI once saw a region given back between a check of the lease and the refused call).
-    writer = writer_class("rust")(str(tmp_path), codec="zstd", level=19, threads=1)
-    writer.submit("busy", {"x": torch.frombuffer(bytearray(os.urandom(4 << 20)), dtype=torch.uint8)})
+    # A busy record before the sink's: the region stays leased while the test asks to write
+    # into it (CI once saw a region given back between a check of the lease and the refused call).
+    writer = writer_class("rust")(str(tmp_path), **BUSY_WRITER)
+    writer.submit("busy", busy_record())
     kv = torch.zeros(BLOCKS, BLOCK, LAYERS, HIDDEN, dtype=torch.bfloat16)
     cache = HiddenStatesCache(kv, LAYERS, HIDDEN, BLOCK)
     pool = HostPool(1 << 16, pin=False)

@@ -82,8 +82,9 @@ fn check_blocks(w: &ShardWriter, second: RecordInput, gate: &Arc<(Mutex<bool>, C
             .unwrap();
         assert_eq!(seq, 1);
     });
+    // Not the whole 300 ms: the submitting thread may start waiting late on a loaded machine.
     assert!(
-        w.stats().unwrap().blocked_seconds >= 0.2,
+        w.stats().unwrap().blocked_seconds >= 0.05,
         "{:?}",
         w.stats().unwrap()
     );

@@ -247,7 +247,8 @@ impl RegionSink {
     }
 
     /// The regions the writer no longer reads, since the last call, and the number of records
-    /// `writer` (the one `submit` was given) wrote meanwhile. With a `timeout` other than zero
+    /// `writer` (the one `submit` was given) wrote meanwhile; the regions of the records counted
+    /// are among those returned (by this call or an earlier one). With a `timeout` other than zero
     /// (`None`: no limit), first waits until a region comes back, unless none is leased.
     pub fn reap(&self, writer: &ShardWriter, timeout: Option<Duration>) -> Result<(Vec<u64>, u64)> {
         let mut written = 0u64;
@@ -264,8 +265,12 @@ impl RegionSink {
                 }
             }
         }
-        let released = self.leases.take_released();
+        // Polled before the regions are taken, never after: the writer drops a record's slices
+        // before it reports the record, so every region of a record counted here is in
+        // `released`. (Polled after, a record could be counted written while its region came
+        // back only at the next call: a caller that waits for both saw its pool still in use.)
         written += writer.poll()?.len() as u64;
+        let released = self.leases.take_released();
         Ok((released, written))
     }
 

@@ -132,11 +132,57 @@ fn records_read_back_with_the_schema_names() {
     assert_eq!(m["sample"], "7");
 }
 
+/// A record whose bytes the writer's compression threads cannot read until [`Gate::open`]: the
+/// writer writes in submission order, so every record submitted after it stays in the writer
+/// (and its region leased) until then, however soon the test asks.
+#[derive(Clone, Default)]
+struct Gate(Arc<(parking_lot::Mutex<bool>, parking_lot::Condvar)>);
+
+struct Gated(Gate);
+
+impl crate::writer::RecordBuffer for Gated {
+    fn bytes(&self) -> &[u8] {
+        // Only the compression threads wait: `submit` reads the length on the caller's thread.
+        let on_worker = std::thread::current()
+            .name()
+            .is_some_and(|n| n.starts_with("layertap-zstd"));
+        let (open, cv) = &*(self.0).0;
+        let mut open = open.lock();
+        while on_worker && !*open {
+            cv.wait(&mut open);
+        }
+        &[0u8; 8]
+    }
+}
+
+impl Gate {
+    fn record(&self) -> crate::writer::RecordInput {
+        let spec = crate::blob::TensorSpec {
+            name: "x".into(),
+            dtype: Dtype::U8,
+            shape: vec![8],
+        };
+        crate::writer::RecordInput {
+            key: "gate".into(),
+            tensors: vec![crate::writer::TensorInput::new(spec, Gated(self.clone()))],
+            metadata: BTreeMap::new(),
+            num_tokens: 0,
+        }
+    }
+
+    fn open(&self) {
+        *(self.0).0.lock() = true;
+        (self.0).1.notify_all();
+    }
+}
+
 #[test]
 fn a_leased_region_is_not_written_until_reaped() {
     let dir = tempfile::tempdir().unwrap();
     let w = writer(dir.path());
     let s = sink();
+    let gate = Gate::default();
+    w.submit(gate.record()).unwrap();
     fill_two(&s).unwrap();
     s.submit(
         &mut &w,
@@ -161,6 +207,8 @@ fn a_leased_region_is_not_written_until_reaped() {
         err.contains("submit: region: bytes 1500..1516 overlap"),
         "{err}"
     );
+    assert_eq!(s.live_regions(), 1);
+    gate.open();
     w.flush().unwrap();
     assert_eq!(s.reap(&w, None).unwrap().0, [1]);
     fill_two(&s).unwrap();
