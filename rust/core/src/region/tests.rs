@@ -136,7 +136,7 @@ fn records_read_back_with_the_schema_names() {
 /// writer writes in submission order, so every record submitted after it stays in the writer
 /// (and its region leased) until then, however soon the test asks.
 #[derive(Clone, Default)]
-struct Gate(Arc<(parking_lot::Mutex<bool>, parking_lot::Condvar)>);
+struct Gate(Arc<(Mutex<bool>, parking_lot::Condvar)>);
 
 struct Gated(Gate);
 
