@@ -72,6 +72,8 @@ def generate(
                 layers=layers,
                 max_tokens=max_tokens,
                 include_output_tokens=include_output_tokens,
+                window=window,
+                reduction=reduction,
                 max_len=max_len,
                 limit=limit,
                 engine_args=engine_args,

@@ -74,6 +74,10 @@ class PartsState:
     set_aside: list[str] = field(default_factory=list)
     duplicates: int = 0
     """Records of rows that another record (in this part or another) has already."""
+    next_run: int = 0
+    """The first run number no part has used: engine ``i`` of this run writes as
+    ``gen-{next_run + i}``, so that no two writers of the dataset share an id (a dataset in
+    Mooncake Store lists its records by writer id, whatever part they were spooled in)."""
     lock_fd: int | None = None
 
     def release(self) -> None:
@@ -122,21 +126,23 @@ def prepare_parts(c: Checked, engines: int) -> PartsState:
             state.done[rows] = True
             state.recovered += part.recovered
             state.set_aside += part.set_aside
+            state.next_run = max(state.next_run, part.run)
     except BaseException:
         state.release()
         raise
     return state
 
 
-def _engine_options(c: Checked, part: str) -> dict:
-    """The options an engine is run with: the caller's, writing into its part, drawing nothing."""
-    return {**c.options, "out": part, "progress": "none"}
+def _engine_options(c: Checked, part: str, run: int) -> dict:
+    """The options an engine is run with: the caller's, writing into its part as run ``run``
+    (``PartsState.next_run``), drawing nothing."""
+    return {**c.options, "out": part, "progress": "none", "first_run": run}
 
 
-def _in_this_process(c: Checked, part: str, rows: np.ndarray) -> dict[int, tuple[str, object]]:
+def _in_this_process(c: Checked, part: str, rows: np.ndarray, run: int) -> dict[int, tuple[str, object]]:
     """One engine, in this process (a run of one engine over a dataset of parts), drawing its
     own progress; bad input raises GenerateError as in a single run."""
-    checked = dataclasses.replace(c, out_dir=part, options={**c.options, "out": part})
+    checked = dataclasses.replace(c, out_dir=part, options={**c.options, "out": part, "first_run": run})
     return {0: ("summary", run_one(checked, assigned_mask(rows, c.rows.num_rows)))}
 
 
@@ -167,7 +173,7 @@ def _generate(c: Checked, engines: int, ray_address: str | None, t0: float) -> S
         for i in range(min(engines, len(todo))):
             jobs.append((i, os.path.join(c.out_dir, f"{PART_PREFIX}{i}"), todo[i::engines]))
         t_load = time.monotonic()
-        specs = [(i, _engine_options(c, p), a) for i, p, a in jobs]
+        specs = [(i, _engine_options(c, p, state.next_run + i), a) for i, p, a in jobs]
         if not jobs:
             results = {}
         elif ray_address is not None:
@@ -175,7 +181,7 @@ def _generate(c: Checked, engines: int, ray_address: str | None, t0: float) -> S
         elif local is not None:
             results = _follow(local_events(specs, local), len(todo), c)
         else:
-            results = _in_this_process(c, jobs[0][1], jobs[0][2])
+            results = _in_this_process(c, jobs[0][1], jobs[0][2], state.next_run)
     finally:
         state.release()
     return _merge(c, state, jobs, results, engines, ray_address, t0, t_load)

@@ -143,17 +143,18 @@ def make_output_directory(path: str) -> None:
         raise GenerateError(f"{path}: the output directory is not writable")
 
 
-def prepare_output(path: str, model: str, layer_ids: list[int], lock: bool = True) -> OutputState:
+def prepare_output(path: str, model: str, layer_ids: list[int], lock: bool = True, first_run: int = 0) -> OutputState:
     """Locks ``path`` (created if missing), completes what killed runs left, and reads which rows
     are done. Raises GenerateError when the directory cannot be resumed by this run. ``lock=False``:
     the caller holds the directory's lock already (a parallel run reading its own directory's
-    shards as one of its parts)."""
+    shards as one of its parts). ``first_run``: the lowest run number this run may take (an
+    engine of a parallel run takes one that no part has used)."""
     path = os.path.abspath(path)
     make_output_directory(path)
     state = OutputState(path, run=0, _lock_fd=lock_directory(path) if lock else None)
     try:
         _complete_shards(state, model, layer_ids)
-        state.run = _run_number(os.listdir(path))
+        state.run = max(first_run, _run_number(os.listdir(path)))
         ds = _open_dataset(path)
         if ds is not None:
             with ds:

@@ -332,7 +332,7 @@ def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callab
     t0 = c.started
     rows, info, layer_ids, model, out_dir = c.rows, c.info, c.layer_ids, o["model"], c.out_dir
     connector = dict(c.connector)
-    state = prepare_output(out_dir, model, layer_ids)
+    state = prepare_output(out_dir, model, layer_ids, first_run=o.get("first_run", 0))
     try:
         vllm_log.start(out_dir)  # the directory exists and is this run's now
         done = np.zeros(rows.num_rows, dtype=bool)
