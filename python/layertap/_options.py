@@ -10,6 +10,7 @@ each naming the option. The Rust binding takes the checked values as they are
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -61,8 +62,19 @@ def _shard_metadata(metadata: object) -> dict[str, str]:
         raise
     except InvalidInputError as e:
         raise OptionError("metadata", str(e).removeprefix("metadata ")) from None
-    if sum(len(k.encode()) + len(v.encode()) + 8 for k, v in metadata.items()) > MAX_META_LEN // 2:
-        raise OptionError("metadata", "is too large: shard metadata is limited to 1 MiB")
+    # Measured as both writers store it in the shard header (compact JSON, non-ASCII as UTF-8),
+    # escapes included: a raw estimate let through metadata ('"', '\\' and control characters
+    # grow 2 to 6 times) whose header readers then refused. Half of what readers accept is the
+    # metadata's; the other half is left to the writers' own entries. The Rust core checks the
+    # same bound the same way (`writer::MAX_SHARD_METADATA_JSON`).
+    limit = MAX_META_LEN // 2
+    json_len = len(json.dumps(metadata, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+    if json_len > limit:
+        raise OptionError(
+            "metadata",
+            f"is too large: {json_len} bytes as JSON (escapes included), more than {limit}; "
+            "store large values in records instead",
+        )
     return metadata
 
 

@@ -6,8 +6,9 @@ mod writer_support;
 use layertap_core::blob::TensorSpec;
 use layertap_core::writer::{
     Durability, IoMode, RecordInput, ShardWriter, TensorInput, WriterConfig,
+    MAX_SHARD_METADATA_JSON,
 };
-use layertap_core::{Codec, Dtype};
+use layertap_core::{Codec, Dtype, Error};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use writer_support::*;
@@ -158,6 +159,55 @@ fn shard_header_metadata() {
             "user"
         ]
     );
+}
+
+/// Shard metadata is measured as the header stores it, escapes included (`\u0001` is 6 bytes
+/// there): measured raw, 200,000 control characters passed, every record was reported written,
+/// and no reader or `recover` could open the shard (a header over 1 MiB).
+#[test]
+fn shard_metadata_is_measured_as_the_header_stores_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = |name: &str, value: String| {
+        let cfg = WriterConfig {
+            writer_id: Some("m".into()),
+            shard_metadata: BTreeMap::from([("m".to_string(), value)]),
+            ..Default::default()
+        };
+        ShardWriter::open(dir.path().join(name), cfg)
+    };
+    let refused = |name: &str, value: String, json_len: usize| {
+        let err = open(name, value).err().expect("refused");
+        assert!(
+            matches!(
+                err,
+                Error::InvalidOption {
+                    option: "metadata",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let want = format!("metadata is too large: {json_len} bytes as JSON");
+        assert!(err.to_string().contains(&want), "{err}");
+        assert!(!dir.path().join(name).exists(), "nothing written");
+    };
+    // `{"m":"` and `"}`: 8 bytes around the value.
+    refused("controls", "\x01".repeat(200_000), 8 + 6 * 200_000);
+    // Every kind of escape (`\"`, `\\`, `\u0001`, `\n`) and a 2-byte character: 14 bytes a unit,
+    // padded to exactly the limit, which opens; one byte more does not.
+    let unit = "\"\\\x01\né";
+    let units = (MAX_SHARD_METADATA_JSON - 8) / 14;
+    let at_limit = unit.repeat(units) + &"x".repeat(MAX_SHARD_METADATA_JSON - 8 - 14 * units);
+    refused("over", at_limit.clone() + "x", MAX_SHARD_METADATA_JSON + 1);
+    let w = open("at", at_limit.clone()).unwrap();
+    w.submit(record("a", 2, 8, 1)).unwrap();
+    w.close().unwrap();
+    let path = dir.path().join("at/m-000000.lts");
+    let reader = layertap_core::reader::ShardReader::open(&path).unwrap();
+    assert!(reader.is_complete() && reader.len() == 1);
+    let shard = read_shard(&path);
+    assert_eq!(shard.meta["user"]["m"], at_limit.as_str());
+    assert_eq!(shard.records.len(), 1);
 }
 
 #[test]

@@ -201,15 +201,17 @@ impl WriterConfig {
                 ));
             }
         }
-        let meta_len: usize = self
-            .shard_metadata
-            .iter()
-            .map(|(k, v)| k.len() + v.len() + 8)
-            .sum();
-        if meta_len > crate::format::MAX_META_LEN / 2 {
+        // Measured as written, escapes included: `"` and `\` take 2 bytes there and other
+        // control characters 6, so a raw estimate let through metadata whose header readers
+        // refuse (every record reported written, no shard readable).
+        let meta_len = shard_metadata_json_len(&self.shard_metadata);
+        if meta_len > MAX_SHARD_METADATA_JSON {
             return Err(Error::option(
                 "metadata",
-                format!("is too large: {meta_len} bytes, for a shard header of at most 1 MiB"),
+                format!(
+                    "is too large: {meta_len} bytes as JSON (escapes included), more than \
+                     {MAX_SHARD_METADATA_JSON}; store large values in records instead"
+                ),
             ));
         }
         Ok(())
@@ -224,6 +226,30 @@ impl WriterConfig {
                 .min(4)
         })
     }
+}
+
+/// Bytes the shard metadata may take as JSON: half of what readers accept of a shard header's
+/// JSON (`format::MAX_META_LEN`), the other half left to the writer's own entries (a writer id
+/// of at most 64 characters, numbers, the version: under 300 bytes). Python's
+/// `layertap._options` checks the same bound the same way.
+pub const MAX_SHARD_METADATA_JSON: usize = crate::format::MAX_META_LEN / 2;
+
+/// Bytes of `metadata` in the shard header as `shard.rs` writes it: serde_json's compact text,
+/// counted without building it.
+fn shard_metadata_json_len(metadata: &BTreeMap<String, String>) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    serde_json::to_writer(&mut count, metadata).expect("a map of strings serializes");
+    count.0
 }
 
 /// A fresh, valid writer id: `<hostname>-<pid>-<6 hex digits>`, the host name reduced to the

@@ -43,7 +43,10 @@ mod state;
 mod sync;
 mod thread_ids;
 
-pub use config::{random_writer_id, Backend, Durability, IoMode, WriterConfig, IO_ENV_VAR};
+pub use config::{
+    random_writer_id, Backend, Durability, IoMode, WriterConfig, IO_ENV_VAR,
+    MAX_SHARD_METADATA_JSON,
+};
 pub use input::{PreparedBatch, RecordBuffer, RecordInput, TensorInput};
 pub use state::{Completion, Stats};
 
