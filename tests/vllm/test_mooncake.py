@@ -71,6 +71,65 @@ def test_generate_into_the_store_then_pull(store, tiny_model, tmp_path):
         assert torch.equal(ds["7"].hidden_states, back["7"].hidden_states)
 
 
+def test_a_run_whose_puts_failed_keeps_its_spool_and_a_rerun_puts_them(store, tiny_model, tmp_path, monkeypatch):
+    """The master is killed while a run (with a capture window) puts its records: the run is not
+    complete, says so, and keeps its temporary spool (the only full copy); a rerun with that spool
+    as --also-dir into a store that came back (a new master) generates nothing and puts every
+    record, windowed as asked."""
+    import tempfile
+    import threading
+
+    data = write_jsonl(tmp_path / "rows.jsonl", id_rows(300, 3, 24))
+    args = {"max_len": 64, "progress": "none", "engine_args": {**TINY_ENGINE_ARGS, "dtype": "float32"}}
+    spools = tmp_path / "tmp"
+    spools.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spools))  # where the run's temporary spool goes
+    stop = threading.Event()
+
+    def kill_master_once_records_are_spooled():
+        while not stop.is_set():
+            shards = [f for d in spools.iterdir() for f in d.glob("*.lts")]
+            if any(f.stat().st_size > 64 << 10 for f in shards):
+                store.kill_master()
+                return
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_master_once_records_are_spooled)
+    killer.start()
+    try:
+        with pytest_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}):
+            summary = layertap.generate(tiny_model, data, store.address("gen/cut"), window=[1, None], **args)
+    finally:
+        stop.set()
+        killer.join()
+    assert store.master.poll() is not None, "the run ended before the master was killed"
+    assert summary["rows_written"] == 300 and not summary["complete"]
+    # None: the store could not be reached to tell what it lacks
+    assert summary["store_missing"] in (None, 300)
+    spool = summary["also_dir"]
+    assert spool and os.path.dirname(spool) == str(spools)
+    with layertap.open(spool) as ds:
+        assert len(ds) == 300
+    from layertap.generate.summary import summary_text
+
+    assert f"the spool {spool} holds them and is kept" in summary_text(summary)
+
+    (tmp_path / "again").mkdir()
+    again = LoopbackStore(str(tmp_path / "again"))
+    try:
+        address = again.address("gen/cut")
+        with pytest_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}):
+            s = layertap.generate(tiny_model, data, address, also_dir=spool, window=[1, None], **args)
+        assert s["complete"] and s["rows_written"] == 0 and s["rows_done_before"] == 300 and s["store_missing"] == 0
+        with layertap.open(address) as ds, layertap.open(spool) as local:
+            assert ds.keys() == local.keys() and len(ds) == 300 and ds.verify().ok
+            rec, row = ds["7"], local["7"]
+            assert rec.metadata["window_start"] == "1" and rec.num_tokens == row.num_tokens
+            assert torch.equal(rec.hidden_states, row.hidden_states)
+    finally:
+        again.stop()
+
+
 def test_unreachable_master_is_one_line_before_the_engine_starts(tiny_model, tmp_path):
     data = write_jsonl(tmp_path / "rows.jsonl", id_rows(3, 3, 5))
     t0 = time.monotonic()

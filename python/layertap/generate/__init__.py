@@ -26,7 +26,7 @@ from layertap._choices import DEFAULT_CAPTURE
 from layertap.generate.errors import GenerateError
 from layertap.generate.parallel import generate_parallel, wants_parallel
 from layertap.generate.run import check_options, run_one
-from layertap.generate.store import is_store_address, store_output
+from layertap.generate.store import is_store_address, settle_store_run, store_output
 from layertap.generate.summary import Summary
 
 
@@ -62,13 +62,16 @@ def generate(
 
     ``out`` may be a dataset in Mooncake Store, ``mooncake://MASTER_HOST:PORT/PREFIX``
     (docs/MOONCAKE.md): the run writes shards into ``also_dir`` (kept; resumable) or a temporary
-    directory, and each record is put into the store as soon as it is written."""
+    directory, and each record is put into the store as soon as it is written. The run is
+    complete only once the store lists every record of the spool; a spool whose records the
+    store lacks is kept (``also_dir`` in the summary) and a rerun with it as ``also_dir`` puts
+    them."""
     if is_store_address(os.fspath(out)):
         with store_output(os.fspath(out), also_dir, connector_args) as (spool, args):
             summary = generate(
                 model,
                 data,
-                spool,
+                spool.path,
                 layers=layers,
                 max_tokens=max_tokens,
                 include_output_tokens=include_output_tokens,
@@ -85,7 +88,7 @@ def generate(
                 ray_address=ray_address,
                 capture=capture,
             )
-        return {**summary, "out": os.fspath(out), "also_dir": spool if also_dir is not None else None}
+            return settle_store_run(summary, os.fspath(out), spool)
     if also_dir is not None:
         raise GenerateError("--also-dir goes with --out mooncake://...: a run to a directory writes there")
     options = {

@@ -2,21 +2,50 @@
 spool directory, as any run (resumable, read back for the summary), with the connector's
 ``mooncake`` option, so that each record is also put into Mooncake Store as soon as it is
 written. The spool is ``--also-dir`` when given (kept: the dataset on disk too), else a
-temporary directory removed after the run."""
+temporary directory removed after the run.
+
+After the run the store's listing is compared with the spool: a record whose put failed (the
+master gone, the store full) makes the run incomplete, and the spool is then kept whatever
+``--also-dir`` said, so that the dataset is never only partly in memory and nowhere else. A rerun
+with ``--also-dir`` set to the kept spool first puts the spool's records that the store lacks
+(``put_missing``), then generates what is left."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 
-from layertap.errors import InvalidInputError, StoreUnavailableError
+from layertap._cursor import pread_fully
+from layertap._spec.format import CODECS, FormatProblem, crc32c
+from layertap.errors import FormatError, InvalidInputError, StoreUnavailableError
 from layertap.generate.errors import GenerateError
+from layertap.generate.summary import Summary
 from layertap.mooncake.address import is_store_address, parse_address
-from layertap.mooncake.client import check_master
+from layertap.mooncake.backend import check_frame
+from layertap.mooncake.client import check_master, connect
+from layertap.mooncake.layout import StoreEntry, decode_head, head_name
+from layertap.mooncake.publisher import StorePublisher
+from layertap.reader import open as open_dataset
+
+logger = logging.getLogger("layertap")
+
+#: A spool shard's writer id: its name without ``-{n:06}.lts``.
+_SHARD_NAME = re.compile(r"^(.+)-\d{6}\.lts$")
+
+
+@dataclass
+class Spool:
+    """Where a run into the store writes its shards; ``keep``: left on disk after the run."""
+
+    path: str
+    keep: bool
 
 
 def _connector_args(given, address: str) -> dict:
@@ -33,9 +62,10 @@ def _connector_args(given, address: str) -> dict:
 
 
 @contextlib.contextmanager
-def store_output(out: str, also_dir: str | os.PathLike | None, connector_args) -> Iterator[tuple[str, dict]]:
-    """``(spool directory, connector arguments)`` for a run into the store ``out``; checks the
-    address and that the master answers first (one line, before anything starts)."""
+def store_output(out: str, also_dir: str | os.PathLike | None, connector_args) -> Iterator[tuple[Spool, dict]]:
+    """``(spool, connector arguments)`` for a run into the store ``out``; checks the address and
+    that the master answers first (one line, before anything starts). A temporary spool is
+    removed afterwards unless the caller set its ``keep``."""
     try:
         address = parse_address(out)
         check_master(address)
@@ -43,13 +73,99 @@ def store_output(out: str, also_dir: str | os.PathLike | None, connector_args) -
         raise GenerateError(str(e)) from None
     args = _connector_args(connector_args, out)
     if also_dir is not None:
-        yield os.path.abspath(os.fspath(also_dir)), args
+        yield Spool(os.path.abspath(os.fspath(also_dir)), keep=True), args
         return
-    spool = tempfile.mkdtemp(prefix="layertap-spool-")
+    spool = Spool(tempfile.mkdtemp(prefix="layertap-spool-"), keep=False)
     try:
         yield spool, args
     finally:
-        shutil.rmtree(spool, ignore_errors=True)
+        if not spool.keep:
+            shutil.rmtree(spool.path, ignore_errors=True)
 
 
-__all__ = ["is_store_address", "store_output"]
+def _spool_keys(spool: str) -> set[str]:
+    if not any(n.endswith(".lts") for n in os.listdir(spool)):
+        return set()
+    with open_dataset(spool) as ds:
+        return set(ds.keys())
+
+
+def _store_keys(out: str) -> set[str]:
+    try:
+        with open_dataset(out) as ds:
+            return set(ds.keys())
+    except FormatError:
+        return set()  # no writer has registered: nothing is listed
+
+
+def records_not_in_store(out: str, spool: str) -> set[str] | None:
+    """Keys of the spool's records that the store ``out`` does not list; None when the store
+    cannot be reached to tell."""
+    try:
+        return _spool_keys(spool) - _store_keys(out)
+    except StoreUnavailableError:
+        return None
+
+
+def put_missing(out: str, spool: str, keys: set[str]) -> int:
+    """Puts the spool's records ``keys`` into the store, each under the writer that wrote it
+    (its index and head go on from where that writer's left off); returns how many went in. A
+    record whose object is there but not listed (its index chunk failed) stays missing."""
+    address = parse_address(out)
+    client = connect(address)
+    put = 0
+    with open_dataset(spool) as ds:
+        for backend in ds.backends:
+            todo = [(i, e) for i, e in enumerate(backend.entries) if e.key in keys]
+            name = _SHARD_NAME.match(os.path.basename(backend.path))
+            if not todo or name is None:
+                continue
+            writer_id = name.group(1)
+            old = client.get(head_name(address.prefix, writer_id))
+            meta = decode_head(old).meta if old is not None else {k: backend.meta.get(k) for k in ("writer", "user")}
+            publisher = StorePublisher(client, address, writer_id, meta)
+            fd = os.open(backend.path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                for _, e in todo:
+                    entry = StoreEntry(
+                        e.key, e.stored_len, e.raw_len, e.num_tokens, CODECS.index(e.codec), e.payload_crc
+                    )
+                    frame = pread_fully(fd, e.frame_offset, entry.frame_len)
+                    try:
+                        _, payload = check_frame(frame, e.key, entry, backend.path)
+                        if crc32c(payload) != e.payload_crc:
+                            raise FormatProblem("payload checksum mismatch")
+                    except FormatProblem as problem:
+                        logger.error("layertap generate: record %r of %s not put: %s", e.key, backend.path, problem)
+                        continue
+                    put += publisher.publish(entry, frame)
+            finally:
+                os.close(fd)
+                publisher.close()
+    return put
+
+
+def settle_store_run(summary: Summary, out: str, spool: Spool) -> Summary:
+    """The summary of a run into the store ``out``: what the store lacks of the spool is put
+    (a rerun over a kept spool, a master that came back), then counted in ``store_missing``
+    (None: the store could not be reached to tell); the run is complete only with none missing,
+    and a spool holding records the store lacks is kept."""
+    missing = records_not_in_store(out, spool.path)
+    if missing:
+        try:
+            put_missing(out, spool.path, missing)
+        except StoreUnavailableError:
+            pass  # counted as missing below
+        missing = records_not_in_store(out, spool.path)
+    if missing != set():
+        spool.keep = True
+    return {
+        **summary,
+        "out": out,
+        "also_dir": spool.path if spool.keep else None,
+        "store_missing": None if missing is None else len(missing),
+        "complete": summary["complete"] and missing == set(),
+    }
+
+
+__all__ = ["Spool", "is_store_address", "put_missing", "records_not_in_store", "settle_store_run", "store_output"]

@@ -108,6 +108,12 @@ class Summary(_SummaryFields, total=False):
     parts: list[str]
     engines: list[EngineEntry]
     engine_errors: list[str]
+    also_dir: str | None
+    """A run into Mooncake Store: the spool kept on disk (``--also-dir``, or a temporary one
+    kept because the store lacks some of its records), None when removed."""
+    store_missing: int | None
+    """A run into Mooncake Store: the spool's records the store does not list (their puts
+    failed); None when the store could not be reached to tell."""
 
 
 def has_records(s: Summary) -> bool:
@@ -177,6 +183,17 @@ def summary_text(s: Summary) -> str:
         lines.append(
             f"ERROR: {s['rows_missing']:,} rows the connector took have no record in --out "
             f"(first: {s['missing_rows'][:10]}); run again to write them"
+        )
+    if "store_missing" in s and s["store_missing"] != 0:
+        told = (
+            f"{s['store_missing']:,} records of the run are not in the store (their puts failed: the master was "
+            "gone or the store full)"
+            if s["store_missing"] is not None
+            else "the store could not be reached to check that it lists every record"
+        )
+        lines.append(
+            f"ERROR: {told}; the spool {s['also_dir']} holds them and is kept: run again with --also-dir "
+            f"{s['also_dir']} to put them, or use it as the dataset"
         )
     for error in s.get("engine_errors", []):
         lines.append(f"ERROR: {error}; run again to resume")
