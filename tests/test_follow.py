@@ -15,7 +15,9 @@ import torch
 
 import layertap
 from helpers import cut_footer, flip_bit, make_tensors, payload_offset, shard_files, subprocess_env, write_records
+from layertap._tensors import tensor_maker
 from layertap.errors import CorruptRecordError, InvalidInputError
+from layertap.follow import DatasetTail, Follow
 
 
 @pytest.fixture(params=["rust", "python"])
@@ -61,6 +63,40 @@ def test_records_already_there_then_new_ones_across_shards(tmp_path, writer_kind
         assert rec.token_ids.tolist() == _expected(i, tokens=8)["token_ids"].tolist() and rec.num_tokens == 8
     assert records.skipped == 0
     assert 5 <= waited < 60  # it waited for the idle timeout, then stopped
+
+
+def test_a_follower_keeps_only_the_shards_it_still_reads(tmp_path, writer_kind):
+    """A trainer follows a generating run for days: the shards whose records it has all had are
+    dropped (their names kept, so they are not read again), and every record still comes once."""
+    tail = DatasetTail(tmp_path)
+    held: list[int] = []
+    with _writer(writer_kind, tmp_path, writer_id="w", codec="none", shard_size=1500, durability="none") as w:
+
+        def produce():
+            for i in range(120):
+                w.submit(f"k{i}", _expected(i))
+                w.flush()
+
+        producer = threading.Thread(target=produce)
+        with Follow(tail, 3, tensor_maker("auto"), False) as records:
+            producer.start()
+            got = []
+            for rec in records:
+                got.append(rec.key)
+                held.append(len(tail.shards()))
+                if len(got) == 120:
+                    break
+            producer.join()
+            # the last shard is complete once the writer is closed; one more look drops it
+            w.close()
+            assert list(records) == []
+            after = tail.shards()
+    assert got == [f"k{i}" for i in range(120)]
+    assert len(shard_files(tmp_path)) >= 30  # many shards, each read once
+    assert after == []
+    # while records came, only the shards not yet read to their end were held (at most a few,
+    # where without forgetting it was every shard so far)
+    assert held[-1] <= 3, held
 
 
 def test_a_writer_in_another_process_killed_midway(tmp_path):

@@ -225,7 +225,12 @@ class ShardTail:
 class DatasetTail:
     """The shards of a dataset directory (of one writer, if ``writer_id`` is given) as they
     appear, each a ``ShardTail``; ``wait`` blocks until one of them changes. Close it (or use
-    it as a context manager) to release the files."""
+    it as a context manager) to release the files.
+
+    A shard whose records were all handed out is dropped (``forget``): a tail that runs as long
+    as a served engine (the Mooncake forwarder's) or a trainer's ``follow`` would otherwise keep
+    every shard's entries, about 300 bytes a record. Only its name stays, while its file is
+    there, so that it is not picked up again."""
 
     def __init__(self, directory: str | os.PathLike, *, writer_id: str | None = None, backend: str = "auto"):
         self.directory = os.fspath(directory)
@@ -236,6 +241,7 @@ class DatasetTail:
         # Watch first, then look: a change between the two is still seen.
         self._watch = DirectoryWatch(self.directory)
         self._shards: dict[str, ShardTail] = {}
+        self._forgotten: set[str] = set()  # names of shards dropped by ``forget`` whose files are there
         self._newest: dict[str, int] = {}  # writer id -> highest shard index seen
 
     def concerns(self, name: str) -> bool:
@@ -244,16 +250,31 @@ class DatasetTail:
         return parsed is not None and (self.writer_id is None or parsed[0] == self.writer_id)
 
     def shards(self) -> list[ShardTail]:
-        """Every shard found so far, new ones included, in file-name order."""
+        """Every shard found so far and not forgotten, new ones included, in file-name order."""
+        still_there: set[str] = set()
         with os.scandir(self.directory) as it:
             for entry in it:
+                if entry.name in self._forgotten:
+                    still_there.add(entry.name)
+                    continue
                 if entry.name in self._shards or not self.concerns(entry.name):
                     continue
                 writer_id, index = _writer_and_index(entry.name)
                 self._shards[entry.name] = ShardTail(entry.path, writer_id, index, self._backend_class)
                 self._watch.watch_file(entry.path)
                 self._newest[writer_id] = max(index, self._newest.get(writer_id, -1))
+        # A name whose file is gone (the forwarder removes what it forwarded) is not kept: a
+        # file that appears under it later is a new shard.
+        self._forgotten = still_there
         return [self._shards[name] for name in sorted(self._shards, key=os.fsencode)]
+
+    def forget(self, shard: ShardTail) -> None:
+        """Drops ``shard`` (its records all handed out, nothing more to find: ``done``) and
+        releases its file; ``shards`` does not list it again."""
+        shard.close()
+        name = os.path.basename(shard.path)
+        if self._shards.pop(name, None) is not None:
+            self._forgotten.add(name)
 
     def refresh(self, shard: ShardTail) -> None:
         shard.refresh(superseded=shard.index < self._newest[shard.writer_id])
@@ -366,7 +387,7 @@ class Follow(_Following):
                     yield record
                     idle_since = time.monotonic()
                 if shard.done and shard.consumed == len(shard.entries):
-                    shard.close()
+                    self._tail.forget(shard)
             left = self._time_left(idle_since)
             if left is not None and left <= 0:
                 return

@@ -89,6 +89,21 @@ def test_records_through_the_store(store, tmp_path):
     assert r.returncode == 0 and "60 already there" in r.stdout, r.stdout
 
 
+def test_the_forwarder_keeps_no_finished_shard(store, tmp_path):
+    """A served engine forwards for weeks: the shards it has forwarded and removed are not held
+    (their entries were about 300 bytes a record), and every record goes into the store once."""
+    address = store.address("t/bounded")
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    f = Forwarder(parse_address(address), str(spool), "wb", {}, keep_shards=False)
+    want = _write(spool, "wb", 150, shard_size=4 << 10)  # while the forwarder runs
+    f.close(timeout=60)
+    assert f.error is None and f.stats["records_put"] == 150 and f.stats["spool_shards_removed"] >= 30
+    assert f._tail.shards() == []
+    with layertap.open(address) as ds:
+        assert ds.keys() == list(want)
+
+
 def test_missing_and_foreign_records_are_never_read(store, tmp_path):
     address = store.address("t/missing")
     spool = tmp_path / "spool"

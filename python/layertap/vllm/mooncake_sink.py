@@ -72,8 +72,6 @@ class Forwarder:
 
     def _forward_new(self) -> None:
         for shard in self._tail.shards():
-            if shard.done and shard.consumed == len(shard.entries):
-                continue
             self._tail.refresh(shard)
             while shard.consumed < len(shard.entries):
                 got = self._frame(shard, shard.consumed)
@@ -108,7 +106,7 @@ class Forwarder:
         return entry, frame
 
     def _finished(self, shard: ShardTail) -> None:
-        shard.close()
+        self._tail.forget(shard)  # a served engine forwards for weeks: keep no finished shard
         fd = self._fds.pop(shard.path, None)
         if fd is not None:
             os.close(fd)
