@@ -56,7 +56,11 @@ def gather(cache: HiddenStatesCache, saves: Any, index: torch.Tensor, out: torch
     seg = seg_host.to(rows.device, non_blocking=True)
     acc = torch.zeros((len(lengths), *rows.shape[1:]), dtype=torch.float32, device=rows.device)
     acc.index_add_(0, seg, rows.float())
-    lengths_t = torch.from_numpy(lengths).to(rows.device, torch.float32)
+    # Converted on the host and copied without blocking, as the segment ids: a blocking copy (as
+    # `.to(device, float32)` was) makes the engine thread wait for the copy stream, which waits
+    # for the step's forward pass.
+    lengths_host = torch.from_numpy(lengths.astype(np.float32))
+    lengths_t = lengths_host.to(rows.device, non_blocking=True)
     result = (acc / lengths_t[:, None, None]).to(cache.dtype)
     out.copy_(result, non_blocking=cache.is_cuda)
-    return (taken_t, rows, seg_host, seg, acc, lengths_t, result)
+    return (taken_t, rows, seg_host, seg, acc, lengths_host, lengths_t, result)
