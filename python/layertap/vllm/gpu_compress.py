@@ -189,7 +189,7 @@ class GpuCompressor:
                 return
             try:
                 if self.failed is None:
-                    self._results.put((job.batch, self._encode_and_submit(job)))
+                    self._encode_and_submit(job)
             except BaseException as err:  # kept for the engine thread, which stops the engine
                 self.failed = err
             finally:
@@ -198,7 +198,7 @@ class GpuCompressor:
                     self._queued -= 1
                     self._idle.notify_all()
 
-    def _encode_and_submit(self, job: _Job) -> list[tuple[int, str]]:
+    def _encode_and_submit(self, job: _Job) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()
         batch = job.batch
         saves, region = batch.saves, batch.region
@@ -232,12 +232,15 @@ class GpuCompressor:
         records = self._records.records(region, batch.ids_offset, saves, hidden=spans)
         with self._lock:
             failures = self._records.hand_over(region, records)
+            # Posted under the lock that `reap` polls the writer under: a record `reap` counts
+            # written has its batch's result posted already, so the engine thread accounts the
+            # batch (`_take_results` after the reap) before it counts its records written.
+            self._results.put((batch, failures))
         self.batches += 1
         self.bytes_in += job.staged.numel() * job.staged.element_size()
         self.bytes_out += at - region.offset
         self.seconds += time.perf_counter() - t0
         self.host_cpu_seconds += time.thread_time() - c0
-        return failures
 
     def summary(self) -> dict[str, float | int]:
         return {

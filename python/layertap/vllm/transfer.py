@@ -139,8 +139,7 @@ class HiddenStatesSaver:
         when regions are leased (a step the engine takes only for the writer)."""
         while self._inflight and self._inflight[0].event.query():
             self._submit(self._inflight.popleft())
-        self._take_results()
-        self._reap(timeout=wait)
+        self._reap(timeout=wait)  # takes the compressor's results too
         if self._pending:
             self._launch_pending()
         if not self._copied:
@@ -211,7 +210,6 @@ class HiddenStatesSaver:
             batch.event.synchronize()
             self._submit(batch)
         self._reap(timeout=None)
-        self._take_results()
 
     # -- gather and submit --------------------------------------------------------------------
 
@@ -308,6 +306,9 @@ class HiddenStatesSaver:
         released, written = self._writer_call(self.sink.reap, timeout)
         if not timeout:  # a wait for the writer is not the hook's work
             self.stats.hook_parts["reap"] += time.perf_counter() - t0
+        # The compressor's batches handed to the writer by now, those of the records just
+        # counted among them: accounted (counters.submitted) before they count as written.
+        self._take_results()
         self.stats.records_written += written
         if written and self.counters is not None:
             self.counters.written(written)
