@@ -40,7 +40,13 @@ from layertap._spec.lock import is_locked
 from layertap._spec.record import decode_record
 from layertap._tensors import tensor_maker
 from layertap._types import IndexEntry, Problem, ProblemKind
-from layertap.errors import CorruptRecordError, FormatError, InvalidInputError, RecordMissingError
+from layertap.errors import (
+    CorruptRecordError,
+    FormatError,
+    InvalidInputError,
+    RecordMissingError,
+    StoreUnavailableError,
+)
 from layertap.reader import Record, backend_class, problem_message
 
 
@@ -407,42 +413,64 @@ class StoreFollow(_Following):
     objects appear, so the writers' heads and index chunks are looked at again every
     ``STORE_POLL`` seconds; records are read and checked as ``layertap.open`` reads them. A
     record the index lists and the store does not hold raises ``RecordMissingError`` (a
-    ``CorruptRecordError``: ``errors="skip"`` counts it)."""
+    ``CorruptRecordError``: ``errors="skip"`` counts it).
+
+    A writer's records are counted by their position in its index, so each look lists them up
+    to its first index chunk that cannot be read, and a look during which the store cannot be
+    read ends there and is made again at the next poll: a record is handed out once, in order,
+    whatever failed meanwhile. A store that stays unreadable for ``STORE_GRACE`` seconds (or at
+    the end of the idle timeout) raises ``StoreUnavailableError``."""
 
     STORE_POLL = 0.2
+    STORE_GRACE = 10.0
 
     def __init__(self, path: str, timeout: float | None, make, skip: bool):
         self._path = path
         super().__init__(timeout, make, skip)
 
     def _run(self) -> Iterator[Record]:
-        from layertap.mooncake.backend import open_address
-
         consumed: dict[str, int] = {}  # writer path -> records handed out (or skipped)
         idle_since = time.monotonic()
+        failing_since: float | None = None
         while True:
-            _, shards, _ = open_address(self._path)
-            for shard in shards:
-                while consumed.get(shard.path, 0) < len(shard.entries):
-                    i = consumed.get(shard.path, 0)
-                    consumed[shard.path] = i + 1
-                    e = shard.entries[i]
-                    try:
-                        metadata, tensors = shard.read(i)
-                    except CorruptRecordError as err:
-                        kind = (
-                            ProblemKind.MISSING_RECORD
-                            if isinstance(err, RecordMissingError)
-                            else ProblemKind.CORRUPT_RECORD
-                        )
-                        self._skip_or_raise(err, Problem(shard.path, i, e.key, kind, problem_message(err, shard.path)))
-                        continue
-                    yield Record.from_parts(e, shard.path, metadata, tensors, self._make)
+            try:
+                for record in self._look(consumed):
+                    yield record
                     idle_since = time.monotonic()
+                failing_since = None
+            except StoreUnavailableError:
+                now = time.monotonic()
+                failing_since = now if failing_since is None else failing_since
+                left = self._time_left(idle_since)
+                # Ending quietly at the idle timeout would read as "no more records".
+                if now - failing_since >= self.STORE_GRACE or (left is not None and left <= 0):
+                    raise
             left = self._time_left(idle_since)
             if left is not None and left <= 0:
                 return
             time.sleep(self.STORE_POLL if left is None else min(self.STORE_POLL, left))
+
+    def _look(self, consumed: dict[str, int]) -> Iterator[Record]:
+        """The records listed since the last look."""
+        from layertap.mooncake.backend import open_address
+
+        _, shards, _ = open_address(self._path, until_gap=True)
+        for shard in shards:
+            while (i := consumed.get(shard.path, 0)) < len(shard.entries):
+                e = shard.entries[i]
+                try:
+                    metadata, tensors = shard.read(i)  # StoreUnavailableError: read again next look
+                except CorruptRecordError as err:
+                    consumed[shard.path] = i + 1
+                    kind = (
+                        ProblemKind.MISSING_RECORD
+                        if isinstance(err, RecordMissingError)
+                        else ProblemKind.CORRUPT_RECORD
+                    )
+                    self._skip_or_raise(err, Problem(shard.path, i, e.key, kind, problem_message(err, shard.path)))
+                    continue
+                consumed[shard.path] = i + 1
+                yield Record.from_parts(e, shard.path, metadata, tensors, self._make)
 
     def __repr__(self) -> str:
         return f"StoreFollow({self._path!r}, skipped {self.skipped})"

@@ -1,19 +1,26 @@
 """Faults of the store: what a store smaller than the data evicted (or refused) is reported as
 missing, never read as another record, and what is there reads back equal; a master gone costs
-one slow call, not one per call."""
+one slow call, not one per call; a read that fails is never taken for an object that is not
+there."""
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 
 import numpy as np
 import pytest
-from store_support import LoopbackStore
+from store_support import LoopbackStore, shard_frames
 
 import layertap
-from layertap.errors import RecordMissingError
+from layertap._spec.format import CODECS
+from layertap.errors import RecordMissingError, StoreUnavailableError
 from layertap.mooncake.address import parse_address
 from layertap.mooncake.client import RPC_FAIL, connect
+from layertap.mooncake.layout import StoreEntry, chunk_name
+from layertap.mooncake.publisher import StorePublisher
 from layertap.vllm.mooncake_sink import Forwarder
 
 
@@ -70,7 +77,9 @@ def test_calls_fail_at_once_while_the_master_is_gone(tmp_path):
         t0 = time.monotonic()
         assert client.put("gone/c", b"z") == RPC_FAIL
         assert client.upsert("gone/head", b"h") == RPC_FAIL
-        assert client.exists("gone/a") is None and client.get("gone/a") is None
+        assert client.exists("gone/a") is None
+        with pytest.raises(StoreUnavailableError, match="does not answer"):
+            client.get("gone/a")
         # about 4 s a call without the check, milliseconds with it; the bound leaves room for a
         # loaded machine
         assert time.monotonic() - t0 < 3.0, "each call waited for the master that is gone"
@@ -87,4 +96,86 @@ def test_calls_fail_at_once_while_the_master_is_gone(tmp_path):
     finally:
         if writer is not None:
             writer.close()
+        store.stop()
+
+
+def _spool_records(directory, writer_id: str, n: int) -> list[tuple[StoreEntry, bytes]]:
+    """n records written by the Rust writer, as ``(index entry, frame)`` for a publisher."""
+    with layertap.ShardWriter(directory, writer_id=writer_id, codec="none") as w:
+        for i in range(n):
+            w.submit(f"{writer_id}-{i}", {"x": np.full(64, i, np.float32)})
+    frames = shard_frames(directory)
+    with layertap.open(str(directory)) as ds:
+        entries = [e for s in ds.backends for e in s.entries]
+    return [
+        (StoreEntry(e.key, e.stored_len, e.raw_len, e.num_tokens, CODECS.index(e.codec), e.payload_crc), frames[e.key])
+        for e in entries
+    ]
+
+
+def test_a_read_that_outlives_its_lease_is_read_again(store):
+    """The store node holding an object answers late (here: stopped for 0.3 s, longer than the
+    test master's 50 ms lease): Mooncake's get fails with LEASE_EXPIRED and returns what it
+    returns for an object that is not there. The object is read again, not reported missing."""
+    a = parse_address(store.address("t/lease"))
+    client = connect(a)
+    assert client.put("t/lease/x", b"x" * 5000) == 0
+    os.kill(store.node.pid, signal.SIGSTOP)
+    resume = threading.Timer(0.3, os.kill, (store.node.pid, signal.SIGCONT))
+    resume.start()
+    try:
+        assert client.get("t/lease/x") == b"x" * 5000
+    finally:
+        resume.join()
+    assert client.get("t/lease/absent") is None
+
+
+def test_follow_hands_out_each_record_once_when_an_index_chunk_is_unreadable_for_a_while(store, tmp_path):
+    """A follower counts a writer's records by their position in its index: a look that cannot
+    read chunk 1 lists the records up to it, not chunk 2's in its place (which the next look,
+    with chunk 1 back, would hand out again while chunk 1's were never)."""
+    address = store.address("t/gap")
+    a = parse_address(address)
+    client = connect(a)
+    records = _spool_records(tmp_path / "spool", "wg", 9)
+    publisher = StorePublisher(client, a, "wg", {})
+    for chunk in range(3):
+        for entry, frame in records[3 * chunk : 3 * chunk + 3]:
+            assert publisher.publish(entry, frame)
+        publisher.flush_index()
+    publisher.close()
+    name = chunk_name(a.prefix, "wg", 1)
+    chunk1 = client.get(name)
+    assert client.store.remove(name, True) == 0
+    put_back = threading.Timer(1.0, client.put, (name, chunk1), {"pinned": True})
+    put_back.start()
+    try:
+        with layertap.follow(address, timeout=3) as followed:
+            keys = [r.key for r in followed]
+    finally:
+        put_back.join()
+    assert keys == [e.key for e, _ in records]
+
+
+def test_a_store_that_cannot_be_read_is_unavailable_not_empty_or_missing(tmp_path):
+    """Reads that fail (the master gone) raise StoreUnavailableError: a record is not reported
+    missing, a dataset not reported absent ("no dataset there"), a follower does not end as if
+    no more records came."""
+    store = LoopbackStore(str(tmp_path))
+    try:
+        address = store.address("t/down")
+        a = parse_address(address)
+        publisher = StorePublisher(connect(a), a, "wd", {})
+        for entry, frame in _spool_records(tmp_path / "spool", "wd", 2):
+            publisher.publish(entry, frame)
+        publisher.close()
+        with layertap.open(address) as ds:
+            store.kill_master()
+            with pytest.raises(StoreUnavailableError, match="does not answer"):
+                ds["wd-0"]
+        with pytest.raises(StoreUnavailableError):
+            layertap.open(address)  # not FormatError: no dataset there
+        with pytest.raises(StoreUnavailableError), layertap.follow(address, timeout=0) as followed:
+            list(followed)
+    finally:
         store.stop()

@@ -7,7 +7,9 @@ format's code and its payload decoded and checked (CRC32C, length, metadata key)
 decoding the readers share (``_spec.record``). An object that is not there (evicted, lost with
 its node, never put) raises ``RecordMissingError``; one whose frame differs from what the index
 says (another writer's record under the same key) raises ``CorruptRecordError``: neither is ever
-read as the record.
+read as the record. A read that fails (the master or a node does not answer) raises
+``StoreUnavailableError``: a record the store could not be asked for is not reported missing, nor
+a dataset whose writer list could not be read absent.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def check_frame(obj, key: str, want: StoreEntry | None, where: str) -> tuple[Sto
 
 def read_object(client: StoreClient, address: StoreAddress, key: str, want: StoreEntry | None, path: str, offset: int):
     """``(metadata, tensors)`` of the record ``key`` read from the store (``want``: what the
-    index says of it); raises RecordMissingError or CorruptRecordError."""
+    index says of it); raises RecordMissingError, CorruptRecordError or StoreUnavailableError."""
     obj = client.get(record_name(address.prefix, key))
     quoted = json.dumps(key, ensure_ascii=False)
     if obj is None:
@@ -151,8 +153,13 @@ def writer_ids(client: StoreClient, address: StoreAddress) -> list[str]:
         slot += 1
 
 
-def open_writer_shard(client: StoreClient, address: StoreAddress, writer_id: str) -> StoreShard | Problem:
-    """The writer's records as its index lists them; a Problem when its head is missing."""
+def open_writer_shard(
+    client: StoreClient, address: StoreAddress, writer_id: str, until_gap: bool = False
+) -> StoreShard | Problem:
+    """The writer's records as its index lists them; a Problem when its head is missing. An
+    index chunk that is not there is a problem, and the records of the chunks after it are
+    listed; with ``until_gap`` (``follow``, which counts a writer's records by position and
+    looks again later) the records end before it, so that they are the same at every look."""
     path = writer_path(address, writer_id)
     data = client.get(head_name(address.prefix, writer_id))
     if data is None:
@@ -171,11 +178,15 @@ def open_writer_shard(client: StoreClient, address: StoreAddress, writer_id: str
                     path, None, None, "bad_index", f"index chunk {c} is not in the store: its records cannot be listed"
                 )
             )
+            if until_gap:
+                break
             continue
         try:
             entries += decode_chunk(chunk, writer_id, c)
         except LayoutProblem as p:
             problems.append(Problem(path, None, None, "bad_index", str(p)))
+            if until_gap:
+                break
     if head.failed:
         problems.append(
             Problem(
@@ -189,13 +200,16 @@ def open_writer_shard(client: StoreClient, address: StoreAddress, writer_id: str
     return StoreShard(client, address, head, entries, problems)
 
 
-def open_store(address: StoreAddress, client: StoreClient) -> tuple[list[StoreShard], list[Problem]]:
-    """Every writer of the dataset as a shard backend, and the writers that cannot be read.
-    Raises FormatError when no writer has published under the prefix."""
+def open_store(
+    address: StoreAddress, client: StoreClient, until_gap: bool = False
+) -> tuple[list[StoreShard], list[Problem]]:
+    """Every writer of the dataset as a shard backend, and the writers that cannot be read
+    (``until_gap``: see ``open_writer_shard``). Raises FormatError when no writer has published
+    under the prefix, StoreUnavailableError when the store cannot be read."""
     shards: list[StoreShard] = []
     problems: list[Problem] = []
     for w in writer_ids(client, address):
-        s = open_writer_shard(client, address, w)
+        s = open_writer_shard(client, address, w, until_gap)
         (problems if isinstance(s, Problem) else shards).append(s)
     if not shards and not problems:
         raise FormatError(
@@ -207,12 +221,12 @@ def open_store(address: StoreAddress, client: StoreClient) -> tuple[list[StoreSh
 __all__ = ["StoreShard", "check_frame", "open_store", "open_writer_shard", "read_object", "writer_ids", "writer_path"]
 
 
-def open_address(text: str) -> tuple[StoreAddress, list[StoreShard], list[Problem]]:
+def open_address(text: str, until_gap: bool = False) -> tuple[StoreAddress, list[StoreShard], list[Problem]]:
     """The address, writers and unreadable writers of the dataset ``text`` names
     (``mooncake://...``); connects this process's client first."""
     from layertap.mooncake.address import parse_address
     from layertap.mooncake.client import connect
 
     address = parse_address(text)
-    shards, problems = open_store(address, connect(address))
+    shards, problems = open_store(address, connect(address), until_gap)
     return address, shards, problems

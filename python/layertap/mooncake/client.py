@@ -23,6 +23,10 @@ OBJECT_NOT_FOUND = -704
 RPC_FAIL = -900
 #: Seconds a call waits for the master's port once a call has failed (``StoreClient``).
 PROBE_TIMEOUT = 0.5
+#: Reads of an object that exists before ``get`` gives up: a read that outlives the lease the
+#: master granted for it (the node holding it slow to answer) fails with LEASE_EXPIRED, and the
+#: next read, under a new lease, succeeds.
+GET_TRIES = 3
 
 _clients: dict[tuple, StoreClient] = {}
 _lock = threading.Lock()
@@ -55,8 +59,8 @@ class StoreClient:
     (it reconnects each time): a connector shutting down then outlives vLLM's 5 s grace for its
     workers and is killed before it reports. So once a call has failed, each later call first
     checks that the master's port accepts a connection (refused at once on a host that is up,
-    ``PROBE_TIMEOUT`` at most) and fails at once, with ``RPC_FAIL`` or None, while it does not;
-    a call that succeeds ends the checks."""
+    ``PROBE_TIMEOUT`` at most) and fails at once (``RPC_FAIL``, None, or StoreUnavailableError
+    from ``get``) while it does not; a call that succeeds ends the checks."""
 
     def __init__(self, address: StoreAddress):
         _quiet_mooncake_logs()
@@ -85,8 +89,7 @@ class StoreClient:
                 f"metadata {address.metadata!r}, protocol {address.protocol}: check the master and these options"
             )
         self._failing = False
-        """Whether the last put, upsert or existence check failed (then the next one checks
-        the master's port first)."""
+        """Whether the last call failed (then the next one checks the master's port first)."""
         self._pinned = ReplicateConfig()
         # The small objects that list the records are never evicted: without them a reader
         # cannot find the records that are still there.
@@ -109,11 +112,29 @@ class StoreClient:
         return status
 
     def get(self, name: str) -> bytes | None:
-        """The object's bytes; None if the store does not have it (or cannot reach it)."""
-        if self._master_gone():
-            return None
-        data = self.store.get(name)  # (empty both for a missing object and a failed call)
-        return data if data else None
+        """The object's bytes; None if the store has no such object. Raises
+        StoreUnavailableError when the store cannot say: a read that failed is never taken for
+        an object that is not there (a follower would skip records, a reader report them
+        missing)."""
+        for _ in range(GET_TRIES):
+            if self._master_gone():
+                break
+            data = self.store.get(name)
+            if data:  # layertap puts no empty object
+                self._failing = False
+                return data
+            # Mooncake's get returns empty bytes for an object that is not there and for a call
+            # that failed alike: whether the object exists tells them apart.
+            there = self.store.is_exist(name)
+            self._failing = there < 0
+            if there == 0:
+                return None
+            if there < 0:
+                break
+        raise StoreUnavailableError(
+            f"{self.address}: cannot read {name!r}: the Mooncake master at {self.address.master} or the store node "
+            "holding it does not answer; check that they run, then try again"
+        )
 
     def exists(self, name: str) -> bool | None:
         """Whether the object is there; None when the store cannot say."""
@@ -158,4 +179,4 @@ def connect(address: StoreAddress) -> StoreClient:
         return client
 
 
-__all__ = ["OBJECT_NOT_FOUND", "RPC_FAIL", "StoreClient", "check_master", "connect"]
+__all__ = ["GET_TRIES", "OBJECT_NOT_FOUND", "RPC_FAIL", "StoreClient", "check_master", "connect"]
