@@ -21,6 +21,7 @@ from layertap.mooncake.address import parse_address
 from layertap.mooncake.client import RPC_FAIL, connect
 from layertap.mooncake.layout import StoreEntry, chunk_name
 from layertap.mooncake.publisher import StorePublisher
+from layertap.vllm import fetch
 from layertap.vllm.mooncake_sink import Forwarder
 
 
@@ -160,7 +161,7 @@ def test_follow_hands_out_each_record_once_when_an_index_chunk_is_unreadable_for
 def test_a_store_that_cannot_be_read_is_unavailable_not_empty_or_missing(tmp_path):
     """Reads that fail (the master gone) raise StoreUnavailableError: a record is not reported
     missing, a dataset not reported absent ("no dataset there"), a follower does not end as if
-    no more records came."""
+    no more records came, a fetch does not wait for a record it cannot look for."""
     store = LoopbackStore(str(tmp_path))
     try:
         address = store.address("t/down")
@@ -169,10 +170,17 @@ def test_a_store_that_cannot_be_read_is_unavailable_not_empty_or_missing(tmp_pat
         for entry, frame in _spool_records(tmp_path / "spool", "wd", 2):
             publisher.publish(entry, frame)
         publisher.close()
+        location = {"layertap": {"dataset": str(tmp_path), "writer_id": "wd", "key": "wd-0", "store": address}}
+        assert fetch(location, timeout=10)["x"][0] == 0
         with layertap.open(address) as ds:
             store.kill_master()
             with pytest.raises(StoreUnavailableError, match="does not answer"):
                 ds["wd-0"]
+        # a served request's record, looked for in a store that does not answer: not a wait
+        # until the timeout (or for ever)
+        location["layertap"]["key"] = "wd-7"
+        with pytest.raises(StoreUnavailableError, match="cannot look for record 'wd-7'"):
+            fetch(location, timeout=20)
         with pytest.raises(StoreUnavailableError):
             layertap.open(address)  # not FormatError: no dataset there
         with pytest.raises(StoreUnavailableError), layertap.follow(address, timeout=0) as followed:

@@ -158,6 +158,30 @@ def test_key_already_there_is_refused(store, tmp_path):
         assert ds.verify().ok
 
 
+def test_fetch_never_returns_another_requests_record_as_its_own(store, tmp_path):
+    """Two data-parallel ranks (writers) given one sample_id: the key is put once, so the second
+    rank's record is refused; fetching its response finds the first rank's record under the key,
+    and says so instead of returning it as this response's."""
+    from layertap._tensors import tensor_maker
+    from layertap.errors import DuplicateKeyError
+    from layertap.vllm.mooncake_sink import fetch_from_store
+
+    address = store.address("t/ranks")
+    for rank, request in ((0, "req-a"), (1, "req-b")):
+        spool = tmp_path / f"dp{rank}"
+        with layertap.ShardWriter(spool, writer_id=f"dp{rank}") as w:
+            w.submit("s1", {"x": np.full(4, rank, np.float32)}, {"request_id": request, "num_tokens": "4"})
+        f = _forward(address, spool, f"dp{rank}")
+    assert f.stats["duplicates_refused"] == 1
+    make = tensor_maker("numpy")
+    record = fetch_from_store(address, "dp0", "s1", 10, make, request_id="req-a", num_tokens=4)
+    assert record["x"][0] == 0 and record.metadata["request_id"] == "req-a"
+    with pytest.raises(DuplicateKeyError, match="key 's1' is another request's \\(request 'req-a'"):
+        fetch_from_store(address, "dp1", "s1", 10, make, request_id="req-b", num_tokens=4)
+    with pytest.raises(DuplicateKeyError, match="not 5 tokens"):
+        fetch_from_store(address, "dp0", "s1", 10, make, num_tokens=5)
+
+
 def test_bad_addresses_and_unreachable_master(tmp_path):
     from store_support import unreachable_port
 

@@ -163,9 +163,26 @@ FETCH_FIRST_POLL = 0.005
 FETCH_MAX_POLL = 0.1
 
 
-def fetch_from_store(store: str, writer_id: str, key: str, timeout: float | None, make):
+def fetch_from_store(
+    store: str,
+    writer_id: str,
+    key: str,
+    timeout: float | None,
+    make,
+    *,
+    request_id: str | None = None,
+    num_tokens: int | None = None,
+):
     """The record ``key`` once the forwarder has put it into the store ``store`` (an address),
-    read and checked by the readers' code; raises TimeoutError past ``timeout`` seconds."""
+    read and checked by the readers' code; raises TimeoutError past ``timeout`` seconds, and
+    StoreUnavailableError when the store cannot be asked.
+
+    ``request_id`` and ``num_tokens`` (the response's): what the record must say of itself. A
+    key is put once: if the store held it already (another data-parallel rank's record, an
+    earlier run's with the same ``sample_id``), the forwarder refused this request's record, and
+    the one under the key is another request's; that raises DuplicateKeyError instead of
+    returning it as this response's."""
+    from layertap.errors import DuplicateKeyError, StoreUnavailableError
     from layertap.mooncake.address import parse_address
     from layertap.mooncake.backend import read_object, writer_path
     from layertap.mooncake.layout import record_name
@@ -176,12 +193,27 @@ def fetch_from_store(store: str, writer_id: str, key: str, timeout: float | None
     name = record_name(address.prefix, key)
     deadline = None if timeout is None else time.monotonic() + timeout
     pause = FETCH_FIRST_POLL
-    while not client.exists(name):
+    while not (there := client.exists(name)):
+        if there is None:
+            raise StoreUnavailableError(
+                f"{address}: cannot look for record {key!r}: the Mooncake master at {address.master} does not "
+                "answer; check that it runs, then fetch again"
+            )
         if deadline is not None and time.monotonic() >= deadline:
             raise TimeoutError(f"record {key!r} of writer {writer_id} did not appear in {address} within {timeout} s")
         time.sleep(pause)
         pause = min(FETCH_MAX_POLL, pause * 2)
     path = writer_path(address, writer_id)
     metadata, tensors = read_object(client, address, key, None, path, 0)
+    tokens = int(metadata.get("num_tokens", "0"))
+    theirs = metadata.get("request_id")
+    if (request_id is not None and theirs != request_id) or (num_tokens is not None and tokens != num_tokens):
+        ours = [f"request {request_id!r}"] if request_id is not None else []
+        ours += [f"{num_tokens} tokens"] if num_tokens is not None else []
+        raise DuplicateKeyError(
+            f"{address}: the record under key {key!r} is another request's (request {theirs!r}, {tokens} tokens, not "
+            f"{', '.join(ours)}): the key was put before and this request's record was refused; give each request "
+            "its own sample_id, or write under a new prefix"
+        )
     tensors_made = {name: make(buf, dtype, shape) for name, dtype, shape, buf in tensors}
-    return Record(key, tensors_made, metadata, path, 0, int(metadata.get("num_tokens", "0")))
+    return Record(key, tensors_made, metadata, path, 0, tokens)
