@@ -22,7 +22,7 @@ from layertap.mooncake.client import RPC_FAIL, connect
 from layertap.mooncake.layout import StoreEntry, chunk_name
 from layertap.mooncake.publisher import StorePublisher
 from layertap.vllm import fetch
-from layertap.vllm.mooncake_sink import Forwarder
+from layertap.vllm.mooncake_sink import CLOSE_TIMEOUT, Forwarder
 
 
 @pytest.fixture
@@ -186,4 +186,48 @@ def test_a_store_that_cannot_be_read_is_unavailable_not_empty_or_missing(tmp_pat
         with pytest.raises(StoreUnavailableError), layertap.follow(address, timeout=0) as followed:
             list(followed)
     finally:
+        store.stop()
+
+
+def test_a_forwarder_that_stopped_says_so_in_its_statistics(store, tmp_path):
+    """The connector's statistics carry the forwarder's (under ``mooncake``): a thread that died
+    on an error is seen there, not only in a log line."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    forwarder = Forwarder(parse_address(store.address("t/dies")), str(spool), "wx", {}, keep_shards=True)
+    assert forwarder.stats["state"] == "forwarding"
+    spool.rmdir()  # the spool gone from under it
+    forwarder.close(timeout=30)
+    assert forwarder.stats["state"] == "failed"
+    assert forwarder.stats["error"].startswith("FileNotFoundError"), forwarder.stats
+
+
+def test_close_waits_a_bounded_time_for_a_store_that_does_not_answer(tmp_path):
+    """A master that does not answer (stopped: its port still takes connections, so each call
+    waits for Mooncake's 30 s RPC timeout): the worker's close of its forwarder returns within
+    ``CLOSE_TIMEOUT``, inside vLLM's 5 s grace for its workers, and says the forwarding was cut
+    short; the forwarder goes on, and puts the record once the master answers again."""
+    store = LoopbackStore(str(tmp_path))
+    resume = None
+    try:
+        spool = tmp_path / "spool"
+        writer = layertap.ShardWriter(spool, writer_id="slow", codec="none")
+        forwarder = Forwarder(parse_address(store.address("t/slow")), str(spool), "slow", {}, keep_shards=True)
+        os.kill(store.master.pid, signal.SIGSTOP)
+        resume = threading.Timer(8.0, os.kill, (store.master.pid, signal.SIGCONT))
+        resume.start()
+        writer.submit("k", {"x": np.zeros(4, np.float32)})
+        writer.close()
+        t0 = time.monotonic()
+        forwarder.close()
+        took = time.monotonic() - t0
+        assert took < CLOSE_TIMEOUT + 1.5, f"close took {took:.1f} s"
+        assert forwarder.stats["state"] == "closing"
+        resume.join()
+        forwarder.close(timeout=60)
+        assert forwarder.stats["state"] == "closed" and forwarder.stats["records_put"] == 1, forwarder.stats
+    finally:
+        if resume is not None:
+            resume.join()
+            os.kill(store.master.pid, signal.SIGCONT)
         store.stop()

@@ -28,10 +28,22 @@ from layertap.mooncake.publisher import INDEX_INTERVAL, StorePublisher
 
 logger = logging.getLogger("vllm.layertap")
 
+#: Seconds ``Forwarder.close`` waits for the forwarder by default. vLLM gives a worker 5 s to
+#: shut down (``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS``), then kills it: the writer's close, this
+#: wait and the report of the statistics must fit in them, or nothing is reported. A forwarder
+#: still at work then (a backlog, a store that answers slowly) leaves what it did not put in the
+#: spool, and its statistics say so.
+CLOSE_TIMEOUT = 3.0
+
 
 class Forwarder:
     """Puts the records of writer ``writer_id``'s shards in ``directory`` into the store, on a
-    thread of its own, until ``close`` (after the writer's close: every record is in a shard)."""
+    thread of its own, until ``close`` (after the writer's close: every record is in a shard).
+
+    ``stats["state"]`` says where it is: ``"forwarding"``; ``"closed"`` once it has put what
+    the spool held and closed the writer in the store; ``"failed"`` if the thread stopped on an
+    error (``stats["error"]`` names it; nothing is forwarded after it); ``"closing"`` if it was
+    still at work when ``close`` stopped waiting."""
 
     def __init__(self, address: StoreAddress, directory: str, writer_id: str, meta: dict, keep_shards: bool):
         self.address = address
@@ -40,7 +52,7 @@ class Forwarder:
         self.keep_shards = keep_shards
         self.publisher = StorePublisher(connect(address), address, writer_id, meta)
         self.stats = self.publisher.stats
-        self.stats.update(records_unreadable_in_spool=0, spool_shards_removed=0)
+        self.stats.update(records_unreadable_in_spool=0, spool_shards_removed=0, state="forwarding")
         self._fds: dict[str, int] = {}
         self._closing = threading.Event()
         self._tail = DatasetTail(directory, writer_id=writer_id)
@@ -61,9 +73,13 @@ class Forwarder:
                     break
                 self._tail.wait(INDEX_INTERVAL / 2)
             self.publisher.close()
+            self.stats["state"] = "closed"
         except BaseException as e:
             self.error = e
-            logger.exception("layertap mooncake: the forwarder stopped")
+            # The connector's statistics carry these: a forwarder that stopped is seen there,
+            # not only in one log line among the engine's.
+            self.stats.update(state="failed", error=f"{type(e).__name__}: {e}")
+            logger.exception("layertap mooncake: the forwarder stopped; records are no longer put into the store")
         finally:
             self._tail.close()
             for fd in self._fds.values():
@@ -119,16 +135,27 @@ class Forwarder:
 
     # -- the owner --------------------------------------------------------------------------------
 
-    def close(self, timeout: float | None = None) -> None:
+    def close(self, timeout: float | None = CLOSE_TIMEOUT) -> None:
         """Forwards what the (closed) writer left in the spool, publishes the index and marks
-        the writer closed in the store. ``timeout``: seconds to wait for it."""
+        the writer closed in the store. ``timeout``: seconds to wait for it (None: until it is
+        done); past it the thread goes on while the process lives, and ``stats["state"]`` is
+        ``"closing"``."""
         self._closing.set()
         t0 = time.monotonic()
         self._thread.join(timeout)
         self.stats["close_seconds"] = time.monotonic() - t0
+        if self._thread.is_alive() and self.stats["state"] == "forwarding":  # (not "closed" just now)
+            self.stats["state"] = "closing"
+            logger.warning(
+                "layertap mooncake: the forwarder did not finish within %.1f s (a backlog, or %s answers slowly); "
+                "the records it has not put stay in the spool %s",
+                timeout,
+                self.address,
+                self.directory,
+            )
 
 
-__all__ = ["Forwarder"]
+__all__ = ["CLOSE_TIMEOUT", "Forwarder"]
 
 
 # -- the connector's use ---------------------------------------------------------------------------
