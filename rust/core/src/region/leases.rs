@@ -44,6 +44,7 @@ impl Leases {
         Lease {
             id,
             start,
+            end,
             leases: self.clone(),
         }
     }
@@ -73,7 +74,15 @@ impl Leases {
 pub(crate) struct Lease {
     id: u64,
     start: usize,
+    end: usize,
     leases: Arc<Leases>,
+}
+
+impl Lease {
+    /// The leased bytes of the pool, `[start, end)`.
+    pub(crate) fn range(&self) -> std::ops::Range<usize> {
+        self.start..self.end
+    }
 }
 
 impl Drop for Lease {

@@ -136,9 +136,7 @@ impl RegionSink {
         num_tokens: &[u64],
         mut request: impl FnMut(usize, &mut [i64], &mut Vec<u64>) -> std::result::Result<(), E>,
     ) -> std::result::Result<u64, E> {
-        let total: u64 = num_tokens.iter().sum();
-        let total_len =
-            usize::try_from(total).map_err(|_| Error::invalid("fill: too many tokens"))?;
+        let total_len = token_starts("fill", num_tokens.iter().copied())?.1;
         let width = self.layout.width();
         let ids_len = total_len
             .checked_mul(8)
@@ -185,9 +183,9 @@ impl RegionSink {
             }
             self.layout
                 .write_request(&blocks, &mut index[at * width..(at + n) * width]);
-            at += n;
+            at += n; // at most `total_len`: the sum was checked
         }
-        Ok(total)
+        Ok(total_len as u64)
     }
 
     /// Hands the records of region `region` (pool bytes `[start, start + nbytes)`) to the
@@ -207,9 +205,9 @@ impl RegionSink {
         ids_offset: usize,
         requests: &[Request],
     ) -> Result<Vec<(usize, String)>> {
-        let total: u64 = requests.iter().map(|r| r.num_tokens).sum();
-        let total =
-            usize::try_from(total).map_err(|_| Error::invalid("submit: too many tokens"))?;
+        // Checked: a sum that wrapped (`[u64::MAX, 1]` adds up to 0 in a release build) let
+        // every range check pass and put record 1 before the region.
+        let (starts, total) = token_starts("submit", requests.iter().map(|r| r.num_tokens))?;
         let lease = {
             let _writing = self.writing.lock();
             let end = self.check_range("submit: region", start, nbytes, 1)?;
@@ -234,12 +232,6 @@ impl RegionSink {
             hidden_offset,
             ids_offset,
         };
-        let mut starts = Vec::with_capacity(requests.len());
-        let mut at = 0usize;
-        for r in requests {
-            starts.push(at);
-            at += r.num_tokens as usize;
-        }
         // The records hold the lease now; the region comes back with the last of them.
         submit::all_or_each(writer, requests.len(), |i| {
             self.shape.record(&slices, starts[i], &requests[i])
@@ -278,6 +270,23 @@ impl RegionSink {
     pub fn live_regions(&self) -> usize {
         self.leases.live()
     }
+}
+
+/// Where each record starts (in tokens from the first) and the total, or `InvalidInput` if the
+/// total does not fit a `usize` (nor then the pool).
+fn token_starts(what: &str, mut counts: impl Iterator<Item = u64>) -> Result<(Vec<usize>, usize)> {
+    let mut starts = Vec::with_capacity(counts.size_hint().0);
+    let total = counts.try_fold(0usize, |at, n| {
+        starts.push(at);
+        usize::try_from(n).ok().and_then(|n| at.checked_add(n))
+    });
+    let total = total.ok_or_else(|| {
+        Error::invalid(format!(
+            "{what}: the token counts add up to more than {}; pass each record's real count",
+            usize::MAX
+        ))
+    })?;
+    Ok((starts, total))
 }
 
 #[cfg(test)]

@@ -32,11 +32,38 @@ impl Pool {
 
 /// One tensor of a record: bytes `[start, start + len)` of the pool, inside a live lease.
 pub(crate) struct PoolSlice {
-    pub(crate) pool: Arc<Pool>,
+    pool: Arc<Pool>,
     /// Held, not read: the range stays leased while the slice lives.
-    pub(crate) _lease: Arc<Lease>,
-    pub(crate) start: usize,
-    pub(crate) len: usize,
+    _lease: Arc<Lease>,
+    start: usize,
+    len: usize,
+}
+
+impl PoolSlice {
+    /// Bytes `[start, start + len)` of `pool`, which must lie within `lease` and the pool.
+    ///
+    /// # Panics
+    /// If they do not: `RegionSink::submit` checked every record's range before, so this is a
+    /// bug, and reading outside the lease (or the pool) would read memory the writer may not.
+    /// Checked here, always (two comparisons a tensor), so that `bytes` is sound whatever the
+    /// arithmetic that made the range.
+    pub(crate) fn new(pool: Arc<Pool>, lease: Arc<Lease>, start: usize, len: usize) -> PoolSlice {
+        let leased = lease.range();
+        let inside = start
+            .checked_add(len)
+            .is_some_and(|end| leased.start <= start && end <= leased.end && end <= pool.len);
+        assert!(
+            inside,
+            "a record slice {start}+{len} outside its region {leased:?} (pool of {} bytes)",
+            pool.len
+        );
+        PoolSlice {
+            pool,
+            _lease: lease,
+            start,
+            len,
+        }
+    }
 }
 
 impl RecordBuffer for PoolSlice {
@@ -44,9 +71,9 @@ impl RecordBuffer for PoolSlice {
         if self.len == 0 {
             return &[];
         }
-        // SAFETY: `RegionSink::submit` checked that the range lies within the pool, whose
-        // memory its owner keeps alive and in place while `self.pool` lives (which `self`
-        // keeps). The range is inside a live lease (`self._lease`), and `fill`/`submit` refuse
+        // SAFETY: `PoolSlice::new` checked that the range lies within the pool, whose memory
+        // its owner keeps alive and in place while `self.pool` lives (which `self` keeps), and
+        // within a live lease (`self._lease`, held by `self`); `fill`/`submit` refuse
         // to write or lease any range overlapping a live lease, so nothing writes these bytes
         // through the sink while the slice lives (the pool's other writer, the connector's
         // gathers, goes to regions it has not submitted or got back from `reap`: the contract

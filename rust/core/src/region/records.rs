@@ -57,7 +57,8 @@ pub(crate) struct RegionSlices<'a> {
 }
 
 impl RecordShape {
-    /// The record of `req`, tokens `[at, at + num_tokens)` of the region.
+    /// The record of `req`, tokens `[at, at + num_tokens)` of the region (which `submit` checked
+    /// lie within it; `PoolSlice::new` holds that).
     pub fn record(&self, region: &RegionSlices<'_>, at: usize, req: &Request) -> RecordInput {
         let n = req.num_tokens;
         let len = n as usize;
@@ -68,11 +69,8 @@ impl RecordShape {
             record::NUM_PROMPT_TOKENS.into(),
             req.num_prompt_tokens.to_string(),
         );
-        let slice = |start: usize, len: usize| PoolSlice {
-            pool: region.pool.clone(),
-            _lease: region.lease.clone(),
-            start,
-            len,
+        let slice = |start: usize, len: usize| {
+            PoolSlice::new(region.pool.clone(), region.lease.clone(), start, len)
         };
         let mut shape = Vec::with_capacity(1 + self.row_shape.len());
         shape.push(n);

@@ -262,3 +262,34 @@ fn a_refused_record_costs_only_itself() {
         (vec![3], 2)
     );
 }
+
+/// Token counts whose sum overflows (`[u64::MAX, 1]` added up to 0 in a release build: every
+/// range check passed, the batch was refused for record 0's sake, and the retry of record 1
+/// read the 16 bytes before the region), or whose bytes do (`2^60` tokens of 16 bytes), are
+/// refused before anything is leased or built.
+#[test]
+fn token_counts_that_overflow_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = writer(dir.path());
+    let s = sink();
+    let none = |_: usize, _: &mut [i64], _: &mut Vec<u64>| Ok::<(), Error>(());
+    let overflows = |e: Error| {
+        let text = e.to_string();
+        assert!(matches!(e, Error::InvalidInput(_)), "{text}");
+        assert!(text.contains("token counts add up to more than"), "{text}");
+    };
+    for counts in [[u64::MAX, 1], [1, u64::MAX]] {
+        overflows(s.fill(0, 1024, &counts, none).unwrap_err());
+        let reqs = [request("a", counts[0]), request("b", counts[1])];
+        overflows(s.submit(&mut &w, 1, 16, 1024, 16, 528, &reqs).unwrap_err());
+    }
+    let err = s
+        .submit(&mut &w, 2, 0, 1024, 0, 512, &[request("a", 1 << 60)])
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidInput(m) if m.contains("outside the region")),
+        "{err}"
+    );
+    assert_eq!(s.live_regions(), 0);
+    assert_eq!(w.stats().unwrap().records_submitted, 0, "no record built");
+}
