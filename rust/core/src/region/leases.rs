@@ -37,16 +37,23 @@ impl Leases {
         self.state.lock().overlaps(start, end)
     }
 
-    /// Leases `[start, end)` as region `id` until the returned lease (and every clone) drops.
-    /// The caller checked that it overlaps no live lease.
-    pub(crate) fn lease(self: &Arc<Self>, id: u64, start: usize, end: usize) -> Lease {
-        self.state.lock().live.insert(start, end);
-        Lease {
+    /// Leases `[start, end)` as region `id` until the returned lease (and every clone) drops;
+    /// `None` if the range is empty or overlaps a live lease. Checked here, under the lock that
+    /// guards the map, so that live leases never overlap and each has a key of its own: an
+    /// empty range `[s, s)` passed the overlap test and replaced the live lease starting at
+    /// `s`, whose range then counted as free once the empty one dropped.
+    pub(crate) fn lease(self: &Arc<Self>, id: u64, start: usize, end: usize) -> Option<Lease> {
+        let mut s = self.state.lock();
+        if start >= end || s.overlaps(start, end) {
+            return None;
+        }
+        s.live.insert(start, end);
+        Some(Lease {
             id,
             start,
             end,
             leases: self.clone(),
-        }
+        })
     }
 
     /// The regions given back since the last call.
@@ -88,7 +95,10 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         let mut s = self.leases.state.lock();
-        s.live.remove(&self.start);
+        // Only its own entry (`lease` keeps one per start; this guards that rule).
+        if s.live.get(&self.start) == Some(&self.end) {
+            s.live.remove(&self.start);
+        }
         s.released.push(self.id);
         drop(s);
         self.leases.returned.notify_all();
@@ -103,7 +113,7 @@ mod tests {
     #[test]
     fn overlap_is_half_open() {
         let leases = Arc::new(Leases::default());
-        let lease = leases.lease(7, 100, 200);
+        let lease = leases.lease(7, 100, 200).unwrap();
         assert!(!leases.overlaps(0, 100));
         assert!(!leases.overlaps(200, 300));
         assert!(leases.overlaps(199, 300));
@@ -116,11 +126,26 @@ mod tests {
         assert!(leases.take_released().is_empty());
     }
 
+    /// An empty or overlapping lease is refused and leaves the live one as it was.
+    #[test]
+    fn an_empty_or_overlapping_lease_is_refused() {
+        let leases = Arc::new(Leases::default());
+        let live = leases.lease(1, 0, 4096).unwrap();
+        assert!(leases.lease(2, 0, 0).is_none());
+        assert!(leases.lease(3, 4096, 4096).is_none());
+        assert!(leases.lease(4, 100, 200).is_none());
+        assert!(leases.overlaps(0, 1) && leases.live() == 1);
+        assert!(leases.take_released().is_empty());
+        drop(live);
+        assert_eq!(leases.take_released(), [1]);
+        assert!(leases.lease(5, 0, 0).is_none());
+    }
+
     #[test]
     fn waiting_ends_when_a_region_comes_back() {
         let leases = Arc::new(Leases::default());
         assert!(leases.wait_returned(Instant::now() + Duration::from_secs(60)));
-        let lease = leases.lease(1, 0, 8);
+        let lease = leases.lease(1, 0, 8).unwrap();
         assert!(!leases.wait_returned(Instant::now() + Duration::from_millis(10)));
         let t = std::thread::spawn(move || drop(lease));
         assert!(leases.wait_returned(Instant::now() + Duration::from_secs(60)));

@@ -208,6 +208,13 @@ impl RegionSink {
         // Checked: a sum that wrapped (`[u64::MAX, 1]` adds up to 0 in a release build) let
         // every range check pass and put record 1 before the region.
         let (starts, total) = token_starts("submit", requests.iter().map(|r| r.num_tokens))?;
+        if nbytes == 0 {
+            // An empty lease would share its key with a live lease at the same start.
+            return Err(Error::invalid(format!(
+                "submit: region {region} is empty (nbytes 0); submit a region that holds its \
+                 records' bytes"
+            )));
+        }
         let lease = {
             let _writing = self.writing.lock();
             let end = self.check_range("submit: region", start, nbytes, 1)?;
@@ -224,7 +231,12 @@ impl RegionSink {
                     "submit: the hidden states or token ids are outside the region",
                 ));
             }
-            Arc::new(self.leases.lease(region, start, end))
+            let lease = self.leases.lease(region, start, end).ok_or_else(|| {
+                Error::invalid(format!(
+                    "submit: region: bytes {start}..{end} overlap a region the writer still reads"
+                ))
+            })?;
+            Arc::new(lease)
         };
         let slices = RegionSlices {
             pool: &self.pool,

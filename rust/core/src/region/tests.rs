@@ -142,37 +142,62 @@ struct Gated(Gate);
 
 impl crate::writer::RecordBuffer for Gated {
     fn bytes(&self) -> &[u8] {
-        // Only the compression threads wait: `submit` reads the length on the caller's thread.
-        let on_worker = std::thread::current()
-            .name()
-            .is_some_and(|n| n.starts_with("layertap-zstd"));
-        let (open, cv) = &*(self.0).0;
-        let mut open = open.lock();
-        while on_worker && !*open {
-            cv.wait(&mut open);
-        }
+        self.0.wait_on_worker();
         &[0u8; 8]
     }
 }
 
 impl Gate {
-    fn record(&self) -> crate::writer::RecordInput {
-        let spec = crate::blob::TensorSpec {
-            name: "x".into(),
-            dtype: Dtype::U8,
-            shape: vec![8],
-        };
-        crate::writer::RecordInput {
-            key: "gate".into(),
-            tensors: vec![crate::writer::TensorInput::new(spec, Gated(self.clone()))],
-            metadata: BTreeMap::new(),
-            num_tokens: 0,
+    /// On a compression thread, waits until the gate opens and returns true. Only the
+    /// compression threads wait: `submit` reads the length on the caller's thread.
+    fn wait_on_worker(&self) -> bool {
+        let on_worker = std::thread::current()
+            .name()
+            .is_some_and(|n| n.starts_with("layertap-zstd"));
+        let (open, cv) = &*self.0;
+        let mut open = open.lock();
+        while on_worker && !*open {
+            cv.wait(&mut open);
         }
+        on_worker
+    }
+
+    fn record(&self) -> crate::writer::RecordInput {
+        record_of("gate", Gated(self.clone()))
     }
 
     fn open(&self) {
         *(self.0).0.lock() = true;
         (self.0).1.notify_all();
+    }
+
+    /// Opens the gate when dropped: declared after the writer, it opens before the writer's
+    /// `close` waits for the gated record, so a test that fails early fails instead of hanging.
+    fn opens_on_drop(&self) -> OpensOnDrop {
+        OpensOnDrop(self.clone())
+    }
+}
+
+struct OpensOnDrop(Gate);
+
+impl Drop for OpensOnDrop {
+    fn drop(&mut self) {
+        self.0.open();
+    }
+}
+
+/// A record of one 8-byte tensor `x` under `key`.
+fn record_of(key: &str, data: impl crate::writer::RecordBuffer) -> crate::writer::RecordInput {
+    let spec = crate::blob::TensorSpec {
+        name: "x".into(),
+        dtype: Dtype::U8,
+        shape: vec![8],
+    };
+    crate::writer::RecordInput {
+        key: key.into(),
+        tensors: vec![crate::writer::TensorInput::new(spec, data)],
+        metadata: BTreeMap::new(),
+        num_tokens: 0,
     }
 }
 
@@ -182,6 +207,7 @@ fn a_leased_region_is_not_written_until_reaped() {
     let w = writer(dir.path());
     let s = sink();
     let gate = Gate::default();
+    let _opens = gate.opens_on_drop();
     w.submit(gate.record()).unwrap();
     fill_two(&s).unwrap();
     s.submit(
@@ -292,4 +318,42 @@ fn token_counts_that_overflow_are_refused() {
     );
     assert_eq!(s.live_regions(), 0);
     assert_eq!(w.stats().unwrap().records_submitted, 0, "no record built");
+}
+
+/// An empty region is refused: its lease `[0, 0)` passed the overlap test, replaced the live
+/// lease of the region at 0 and, dropped, removed it, so `fill` then wrote bytes the writer
+/// was reading.
+#[test]
+fn an_empty_region_is_refused_and_leaves_a_live_lease_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = writer(dir.path());
+    let s = sink();
+    let gate = Gate::default();
+    let _opens = gate.opens_on_drop();
+    w.submit(gate.record()).unwrap();
+    fill_two(&s).unwrap();
+    s.submit(
+        &mut &w,
+        1,
+        0,
+        POOL,
+        0,
+        1024,
+        &[request("a", 3), request("b", 2)],
+    )
+    .unwrap();
+    let err = s.submit(&mut &w, 2, 0, 0, 0, 0, &[]).unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidInput(m) if m.contains("region 2 is empty")),
+        "{err}"
+    );
+    assert_eq!(s.live_regions(), 1);
+    let err = fill_two(&s).unwrap_err().to_string();
+    assert!(
+        err.contains("overlap a region the writer still reads"),
+        "{err}"
+    );
+    gate.open();
+    w.flush().unwrap();
+    assert_eq!(s.reap(&w, None).unwrap(), (vec![1], 3));
 }
