@@ -253,7 +253,14 @@ impl RegionSink {
     /// The regions the writer no longer reads, since the last call, and the number of records
     /// `writer` (the one `submit` was given) wrote meanwhile; the regions of the records counted
     /// are among those returned (by this call or an earlier one). With a `timeout` other than zero
-    /// (`None`: no limit), first waits until a region comes back, unless none is leased.
+    /// (`None`: no limit), first waits until a region comes back, unless none is leased, or the
+    /// writer fails.
+    ///
+    /// The writer's error is returned only by a call that counted no record; one that did
+    /// returns its count and leaves the error pending in the writer, for the next call (which,
+    /// the writer having stopped, soon counts none). Returning the error there dropped records
+    /// already drained from the writer: they were never counted, and the connector's counts of
+    /// records written came out short.
     pub fn reap(&self, writer: &ShardWriter, timeout: Option<Duration>) -> Result<(Vec<u64>, u64)> {
         let mut written = 0u64;
         if timeout != Some(Duration::ZERO) {
@@ -263,8 +270,8 @@ impl RegionSink {
                 let returned = self
                     .leases
                     .wait_returned(deadline.map_or(slice, |d| d.min(slice)));
-                written += writer.poll()?.len() as u64;
-                if returned || deadline.is_some_and(|d| Instant::now() >= d) {
+                written += writer.poll_keeping_error()?.len() as u64;
+                if returned || writer.failed() || deadline.is_some_and(|d| Instant::now() >= d) {
                     break;
                 }
             }
@@ -273,7 +280,12 @@ impl RegionSink {
         // before it reports the record, so every region of a record counted here is in
         // `released`. (Polled after, a record could be counted written while its region came
         // back only at the next call: a caller that waits for both saw its pool still in use.)
-        written += writer.poll()?.len() as u64;
+        written += writer.poll_keeping_error()?.len() as u64;
+        if written == 0 {
+            // The writer's error, if any (a poll that returns it drains nothing); else what was
+            // written since the line above.
+            written += writer.poll()?.len() as u64;
+        }
         let released = self.leases.take_released();
         Ok((released, written))
     }

@@ -147,6 +147,19 @@ impl crate::writer::RecordBuffer for Gated {
     }
 }
 
+/// A gated buffer whose compression thread panics once the gate opens: the encoder turns the
+/// panic into an error that fails the writer.
+struct GatedFailure(Gate);
+
+impl crate::writer::RecordBuffer for GatedFailure {
+    fn bytes(&self) -> &[u8] {
+        if self.0.wait_on_worker() {
+            panic!("a record that fails the writer (test)");
+        }
+        &[0u8; 8]
+    }
+}
+
 impl Gate {
     /// On a compression thread, waits until the gate opens and returns true. Only the
     /// compression threads wait: `submit` reads the length on the caller's thread.
@@ -164,6 +177,11 @@ impl Gate {
 
     fn record(&self) -> crate::writer::RecordInput {
         record_of("gate", Gated(self.clone()))
+    }
+
+    /// A record that fails the writer once the gate opens.
+    fn failing_record(&self) -> crate::writer::RecordInput {
+        record_of("failing", GatedFailure(self.clone()))
     }
 
     fn open(&self) {
@@ -356,4 +374,36 @@ fn an_empty_region_is_refused_and_leaves_a_live_lease_alone() {
     gate.open();
     w.flush().unwrap();
     assert_eq!(s.reap(&w, None).unwrap(), (vec![1], 3));
+}
+
+/// Records counted by one `reap` are returned with it when the writer fails during its wait:
+/// the error used to be returned instead, and the records already drained from the writer
+/// were never counted. The error comes with the next call.
+#[test]
+fn a_failure_during_reap_keeps_what_it_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = writer(dir.path());
+    let s = sink();
+    w.submit(record_of("a", vec![0u8; 8])).unwrap();
+    w.flush().unwrap(); // "a" is written, its completion queued
+    let gate = Gate::default();
+    let _opens = gate.opens_on_drop();
+    w.submit(gate.failing_record()).unwrap();
+    // A range leased all along and no region given back, so that `reap` waits, polling, until
+    // the writer fails.
+    let _held = s.leases.lease(9, 2048, 3072).unwrap();
+    let reaped = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while w.queued_completions() > 0 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            gate.open(); // `reap` drained "a": now the writer fails
+        });
+        s.reap(&w, Some(Duration::from_secs(60)))
+    });
+    assert_eq!(reaped.unwrap(), (vec![], 1));
+    assert!(w.failed());
+    let err = s.reap(&w, Some(Duration::ZERO)).unwrap_err();
+    assert!(err.to_string().contains("encoder panicked"), "{err}");
 }

@@ -299,6 +299,25 @@ impl ShardWriter {
         Ok(inner.shared.drain_completions())
     }
 
+    /// Like [`ShardWriter::poll`], but leaves a pending error of the writer's threads for a
+    /// later call: for a caller that counts what it drains and returns the error only when it
+    /// counted nothing (the region sink's `reap`), so that no count is lost to the error.
+    pub(crate) fn poll_keeping_error(&self) -> Result<Vec<Completion>> {
+        Ok(self.live()?.shared.drain_completions())
+    }
+
+    /// Whether the writer's threads failed (whether or not a call returned the error yet); in
+    /// a forked child, where the writer is unusable, true without taking its lock.
+    pub(crate) fn failed(&self) -> bool {
+        self.live().map_or(true, |inner| inner.shared.failed())
+    }
+
+    /// Completions queued and not yet polled: tests that must act once a caller drained them.
+    #[cfg(test)]
+    pub(crate) fn queued_completions(&self) -> usize {
+        self.inner.shared.queued_completions()
+    }
+
     /// Like [`ShardWriter::poll`], but first waits until at least one record is written, unless
     /// none is in flight or the writer failed, for at most `timeout` (`None`: no limit). Lets a
     /// caller whose buffers are all in flight wait for the first one back instead of spinning.

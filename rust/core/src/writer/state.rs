@@ -249,6 +249,12 @@ impl Shared {
         self.state.lock().completions.drain(..).collect()
     }
 
+    /// Completions queued and not yet taken.
+    #[cfg(test)]
+    pub fn queued_completions(&self) -> usize {
+        self.state.lock().completions.len()
+    }
+
     /// Whether the first `n` records (sequence numbers below `n`) are written.
     pub fn all_written_upto(&self, n: u64) -> bool {
         self.state.lock().records_written >= n
