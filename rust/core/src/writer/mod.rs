@@ -342,10 +342,24 @@ impl ShardWriter {
         };
         inner.shared.check()?;
         let (ack, acked) = crossbeam_channel::bounded(1);
-        if to_io.send(ToIo::Flush { upto, ack }).is_ok() {
-            let _ = acked.recv();
-        }
+        // The I/O thread answers every flush it takes: once the records up to `upto` are
+        // written and, with a durability policy, the sync thread has done every fsync sent
+        // before the answer; or at once after a failure, which `check` then returns. A flush
+        // never answered (the send refused, the answer dropped) found the I/O thread gone: a
+        // `close` that raced this call stopped it (the final fsync then runs on the sync
+        // thread, which that `close` joins, not this call), or a thread died and dropped the
+        // answer before its failure was recorded. Whether the records are durable is then
+        // unknown here, so that is `Closed`, never Ok: it used to be Ok once they were written.
+        let answered = to_io.send(ToIo::Flush { upto, ack }).is_ok() && acked.recv().is_ok();
         inner.shared.check()?;
+        if !answered {
+            let why = if inner.submit.lock().closed {
+                "the writer was closed while flush waited; close reports whether it completed"
+            } else {
+                "the writer's I/O thread stopped before it completed the flush"
+            };
+            return Err(Error::Closed(Some(why.into())));
+        }
         if !inner.shared.all_written_upto(upto) {
             return Err(Error::Closed(Some(
                 "the writer's I/O thread stopped".into(),
@@ -477,6 +491,47 @@ fn spawn(
 mod tests {
     use super::*;
     use std::time::{Duration, Instant};
+
+    /// A flush the I/O thread never answers is not a success. Here the thread has stopped, as
+    /// it does when a `close` racing the flush reaches it first; the flush used to return Ok
+    /// because the records were written, before the close's final fsync was done.
+    #[test]
+    fn a_flush_the_io_thread_never_answers_is_closed() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = ShardWriter::open(dir.path(), WriterConfig::default()).unwrap();
+        let spec = crate::blob::TensorSpec {
+            name: "x".into(),
+            dtype: crate::dtype::Dtype::U8,
+            shape: vec![8],
+        };
+        w.submit(RecordInput {
+            key: "a".into(),
+            tensors: vec![TensorInput::new(spec, vec![0u8; 8])],
+            metadata: std::collections::BTreeMap::new(),
+            num_tokens: 0,
+        })
+        .unwrap();
+        // What a racing `close` does to the I/O thread, without marking the writer closed.
+        let to_io = w.inner.submit.lock().to_io.clone().unwrap();
+        let (ack, acked) = crossbeam_channel::bounded(1);
+        to_io.send(ToIo::Close { upto: 1, ack }).unwrap();
+        acked.recv().unwrap();
+        let io = {
+            let mut threads = w.inner.threads.lock();
+            let at = threads
+                .iter()
+                .position(|t| t.thread().name() == Some("layertap-io"))
+                .unwrap();
+            threads.remove(at)
+        };
+        io.join().unwrap();
+        assert!(w.inner.shared.all_written_upto(1), "the record is written");
+        match w.flush() {
+            Err(Error::Closed(Some(why))) => assert!(why.contains("I/O thread stopped"), "{why}"),
+            other => panic!("want Closed, got {other:?}"),
+        }
+        w.close().unwrap();
+    }
 
     /// A forked child inherits the writer's state lock as it was at the fork, and no thread of
     /// the child will ever release it: `stats` must refuse before taking it (it used to take
