@@ -237,7 +237,9 @@ def test_record_location_reports_the_server_error():
     with pytest.raises(InvalidInputError, match="not valid"):
         record_location({"layertap": {"dataset": "/d", "writer_id": "../x", "key": "k"}})
     loc = record_location({"layertap": {"dataset": "/d", "writer_id": "w", "key": "k", "num_tokens": 3}})
-    assert (loc.dataset, loc.writer_id, loc.key, loc.num_tokens) == ("/d", "w", "k", 3)
+    assert (loc.dataset, loc.writer_id, loc.key, loc.num_tokens, loc.request_id) == ("/d", "w", "k", 3, None)
+    loc = record_location({"layertap": {"dataset": "/d", "writer_id": "w", "key": "k", "request_id": "k-1"}})
+    assert loc.request_id == "k-1"
 
 
 # -- real engines --------------------------------------------------------------------------------

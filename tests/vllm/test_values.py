@@ -106,7 +106,7 @@ def test_one_request(engine, reference, tiny_model):
     assert loc["key"].startswith(f"{out.request_id}-")
     assert loc["num_tokens"] == 20
     record = fetch(out.kv_transfer_params, timeout=FETCH_TIMEOUT)
-    assert record.key == loc["key"] == record.metadata["request_id"]
+    assert record.key == loc["key"] == record.metadata["request_id"] == loc["request_id"]
     assert record.metadata["model"] == tiny_model
     assert record.metadata["num_prompt_tokens"] == "20"
     assert_hidden_states_match(record, reference, list(out.prompt_token_ids))

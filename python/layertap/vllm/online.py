@@ -55,6 +55,9 @@ class RecordLocation:
     store: str | None = None
     """With the connector's ``mooncake`` option: the dataset in Mooncake Store, where ``fetch``
     reads the record (docs/MOONCAKE.md)."""
+    request_id: str | None = None
+    """vLLM's id of the request, which its record's metadata holds: a key is put into the store
+    once, so ``fetch`` from the store checks that the record under it is this request's."""
 
 
 def record_location(kv_transfer_params: Mapping[str, Any] | None) -> RecordLocation:
@@ -89,7 +92,15 @@ def record_location(kv_transfer_params: Mapping[str, Any] | None) -> RecordLocat
     store = entry.get("store")
     if store is not None and not (isinstance(store, str) and store.startswith("mooncake://")):
         raise InvalidInputError(f"store {store!r} is not a Mooncake address")
-    return RecordLocation(dataset, writer_id, key, num_tokens if isinstance(num_tokens, int) else None, store)
+    request_id = entry.get("request_id")
+    return RecordLocation(
+        dataset,
+        writer_id,
+        key,
+        num_tokens if isinstance(num_tokens, int) else None,
+        store,
+        request_id if isinstance(request_id, str) else None,
+    )
 
 
 def fetch(
@@ -112,7 +123,15 @@ def fetch(
     if loc.store is not None:
         from layertap.vllm.mooncake_sink import fetch_from_store
 
-        return fetch_from_store(loc.store, loc.writer_id, loc.key, timeout, tensor_maker("auto"))
+        return fetch_from_store(
+            loc.store,
+            loc.writer_id,
+            loc.key,
+            timeout,
+            tensor_maker("auto"),
+            request_id=loc.request_id,
+            num_tokens=loc.num_tokens,
+        )
     deadline = None if timeout is None else time.monotonic() + timeout
     marker = error_marker_path(loc.dataset, loc.writer_id)
     make = tensor_maker("auto")

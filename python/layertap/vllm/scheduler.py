@@ -181,6 +181,7 @@ class SchedulerSide:
         location = self._location.copy()
         location["key"] = key
         location["num_tokens"] = num_tokens
+        location["request_id"] = req_id  # fetch checks that the record it reads is this request's
         return True, {PARAMS_KEY: location}
 
     def _check_params(self, request: Any, params: Any) -> tuple:
