@@ -57,9 +57,11 @@ def test_a_step_is_handed_over_as_parallel_lists(tmp_path):
     side = scheduler(tmp_path)
     a = finished("a-1", 20)
     keep, params = side.request_finished(a, ([3, 4],))
-    assert keep and params == {"layertap": {"dataset": str(tmp_path), "writer_id": "w", "key": "a-1", "num_tokens": 20}}
+    location = {"dataset": str(tmp_path), "writer_id": "w", "key": "a-1", "num_tokens": 20, "request_id": "a-1"}
+    assert keep and params == {"layertap": location}
     b = finished("b-1", 5, {"sample_id": "s", "include_output_tokens": True, "record_metadata": {"x": "y"}}, outputs=3)
-    assert side.request_finished(b, ([7],))[0]
+    keep, params = side.request_finished(b, ([7],))
+    assert keep and (params["layertap"]["key"], params["layertap"]["request_id"]) == ("s", "b-1")
     assert side.has_pending_block_frees()
     saves = side.build_connector_meta().saves
     assert saves.keys == ["a-1", "s"] and saves.req_ids == ["a-1", "b-1"]
