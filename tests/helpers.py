@@ -285,17 +285,18 @@ def a_busy_python_thread():
         thread.join()
 
 
-#: Writer options under which ``busy_record`` keeps the one compression thread busy for about a
-#: second: zstd 19 on 4 MiB of random bytes (1.3 s on the CI machine, 2.7 s for 8 MiB). A test
-#: that submits it first holds every later record in the writer (records are written in
-#: submission order) while it checks what happens meanwhile: far longer than any scheduling
-#: delay of a loaded machine, where a record written in a few milliseconds left no window.
+#: Writer options under which ``busy_record`` keeps the one compression thread busy for seconds:
+#: zstd 19 on 16 MiB of random bytes (0.9 s for 4 MiB on this machine). A test that submits it
+#: first holds every later record in the writer (records are written in submission order) while
+#: it checks what happens meanwhile: longer than the scheduling delays of a loaded CI machine,
+#: where a record written in milliseconds left no window (and CI once saw a 4 MiB one written
+#: before the test's next call).
 BUSY_WRITER = {"codec": "zstd", "level": 19, "threads": 1}
 
 
 def busy_record() -> dict[str, torch.Tensor]:
-    """A record's tensors that take ``BUSY_WRITER``'s thread about a second to compress."""
-    return {"x": torch.frombuffer(bytearray(os.urandom(4 << 20)), dtype=torch.uint8)}
+    """A record's tensors that take ``BUSY_WRITER``'s thread seconds to compress."""
+    return {"x": torch.frombuffer(bytearray(os.urandom(16 << 20)), dtype=torch.uint8)}
 
 
 def loops_while(fn) -> tuple[int, float]:
