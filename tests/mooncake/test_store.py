@@ -249,3 +249,29 @@ def test_speculators_backend_reads_from_the_store(store, tmp_path):
     assert sample["token_ids"].tolist() == [0, 1, 2, 3] and float(sample["hidden_states"][0, 0, 0]) == 2.0
     assert transfer.get_cached(5) is None
     transfer.close()
+
+
+def test_a_spool_of_parts_is_put_into_the_store_under_each_writer(store, tmp_path):
+    """``generate --out mooncake://``'s settling step over a parallel run's spool (a dataset of
+    parts, one writer each), of which the store holds one writer's records and lacks the other's
+    (its puts failed): it puts what is missing under the writer that wrote it, the store then
+    lists every record, byte for byte the spool's, and the run is complete."""
+    from layertap.generate.store import Spool, records_not_in_store, settle_store_run
+    from layertap.parts import write_manifest
+
+    spool = tmp_path / "spool"
+    for i in range(2):
+        _write(spool / f"engine-{i}", f"gen-{i}", 15, seed=i)
+    write_manifest(spool, [str(spool / "engine-0"), str(spool / "engine-1")])
+    address = store.address("settle")
+    _forward(address, spool / "engine-0", "gen-0")  # gen-1's records never reached the store
+    assert records_not_in_store(address, str(spool)) == {f"gen-1-r{i}" for i in range(15)}
+
+    settled = settle_store_run({"complete": True}, address, Spool(str(spool), keep=False))
+    assert settled["complete"] and settled["store_missing"] == 0 and settled["also_dir"] is None
+    with layertap.open(address) as ds:
+        assert sorted(ds.keys()) == sorted(f"gen-{w}-r{i}" for w in range(2) for i in range(15))
+        assert sorted(s.meta["writer_id"] for s in ds.shards) == ["gen-0", "gen-1"] and ds.verify().ok
+    pulled = tmp_path / "pulled"
+    assert _cli("pull", address, str(pulled)).returncode == 0
+    assert shard_frames(pulled) == {**shard_frames(spool / "engine-0"), **shard_frames(spool / "engine-1")}

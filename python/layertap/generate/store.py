@@ -7,8 +7,8 @@ temporary directory removed after the run.
 After the run the store's listing is compared with the spool: a record whose put failed (the
 master gone, the store full) makes the run incomplete, and the spool is then kept whatever
 ``--also-dir`` said, so that the dataset is never only partly in memory and nowhere else. A rerun
-with ``--also-dir`` set to the kept spool first puts the spool's records that the store lacks
-(``put_missing``), then generates what is left."""
+with ``--also-dir`` set to the kept spool generates what is left, then puts the spool's records
+that the store lacks (``put_missing``)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from layertap.mooncake.backend import check_frame
 from layertap.mooncake.client import check_master, connect
 from layertap.mooncake.layout import StoreEntry, decode_head, head_name
 from layertap.mooncake.publisher import StorePublisher
+from layertap.parts import MANIFEST_NAME
 from layertap.reader import open as open_dataset
 
 logger = logging.getLogger("layertap")
@@ -84,7 +85,9 @@ def store_output(out: str, also_dir: str | os.PathLike | None, connector_args) -
 
 
 def _spool_keys(spool: str) -> set[str]:
-    if not any(n.endswith(".lts") for n in os.listdir(spool)):
+    """The spool's keys (a parallel run's spool is a dataset of parts, its shards in them)."""
+    names = os.listdir(spool)
+    if MANIFEST_NAME not in names and not any(n.endswith(".lts") for n in names):
         return set()
     with open_dataset(spool) as ds:
         return set(ds.keys())
