@@ -219,25 +219,32 @@ fn record_of(key: &str, data: impl crate::writer::RecordBuffer) -> crate::writer
     }
 }
 
+/// Region 1, pool bytes `[start, start + nbytes)`, submitted (hidden states at `hidden_offset`,
+/// `fill_two`'s requests) behind a gated record: leased until the gate opens. Bind both, after
+/// the writer, so that the gate opens before the writer's `close` waits for it.
+fn leased_behind_a_gate(
+    w: &ShardWriter,
+    s: &RegionSink,
+    start: usize,
+    nbytes: usize,
+    hidden_offset: usize,
+) -> (Gate, OpensOnDrop) {
+    let gate = Gate::default();
+    let opens = gate.opens_on_drop();
+    w.submit(gate.record()).unwrap();
+    fill_two(s).unwrap();
+    let reqs = [request("a", 3), request("b", 2)];
+    s.submit(&mut &*w, 1, start, nbytes, hidden_offset, 1024, &reqs)
+        .unwrap();
+    (gate, opens)
+}
+
 #[test]
 fn a_leased_region_is_not_written_until_reaped() {
     let dir = tempfile::tempdir().unwrap();
     let w = writer(dir.path());
     let s = sink();
-    let gate = Gate::default();
-    let _opens = gate.opens_on_drop();
-    w.submit(gate.record()).unwrap();
-    fill_two(&s).unwrap();
-    s.submit(
-        &mut &w,
-        1,
-        1024,
-        1024,
-        1024,
-        1024,
-        &[request("a", 3), request("b", 2)],
-    )
-    .unwrap();
+    let (gate, _opens) = leased_behind_a_gate(&w, &s, 1024, 1024, 1024);
     let err = fill_two(&s).unwrap_err().to_string();
     assert!(
         err.contains("overlap a region the writer still reads"),
@@ -346,20 +353,7 @@ fn an_empty_region_is_refused_and_leaves_a_live_lease_alone() {
     let dir = tempfile::tempdir().unwrap();
     let w = writer(dir.path());
     let s = sink();
-    let gate = Gate::default();
-    let _opens = gate.opens_on_drop();
-    w.submit(gate.record()).unwrap();
-    fill_two(&s).unwrap();
-    s.submit(
-        &mut &w,
-        1,
-        0,
-        POOL,
-        0,
-        1024,
-        &[request("a", 3), request("b", 2)],
-    )
-    .unwrap();
+    let (gate, _opens) = leased_behind_a_gate(&w, &s, 0, POOL, 0);
     let err = s.submit(&mut &w, 2, 0, 0, 0, 0, &[]).unwrap_err();
     assert!(
         matches!(&err, Error::InvalidInput(m) if m.contains("region 2 is empty")),
