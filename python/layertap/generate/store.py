@@ -22,15 +22,14 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from layertap._cursor import pread_fully
-from layertap._spec.format import CODECS, FormatProblem, crc32c
+from layertap._spec.format import FormatProblem
 from layertap.errors import FormatError, InvalidInputError, StoreUnavailableError
 from layertap.generate.errors import GenerateError
 from layertap.generate.summary import Summary
 from layertap.mooncake.address import is_store_address, parse_address
-from layertap.mooncake.backend import check_frame
+from layertap.mooncake.backend import local_frame
 from layertap.mooncake.client import check_master, connect
-from layertap.mooncake.layout import StoreEntry, decode_head, head_name
+from layertap.mooncake.layout import decode_head, head_name
 from layertap.mooncake.publisher import StorePublisher
 from layertap.parts import MANIFEST_NAME
 from layertap.reader import open as open_dataset
@@ -119,7 +118,7 @@ def put_missing(out: str, spool: str, keys: set[str]) -> int:
     put = 0
     with open_dataset(spool) as ds:
         for backend in ds.backends:
-            todo = [(i, e) for i, e in enumerate(backend.entries) if e.key in keys]
+            todo = [e for e in backend.entries if e.key in keys]
             name = _SHARD_NAME.match(os.path.basename(backend.path))
             if not todo or name is None:
                 continue
@@ -129,15 +128,9 @@ def put_missing(out: str, spool: str, keys: set[str]) -> int:
             publisher = StorePublisher(client, address, writer_id, meta)
             fd = os.open(backend.path, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                for _, e in todo:
-                    entry = StoreEntry(
-                        e.key, e.stored_len, e.raw_len, e.num_tokens, CODECS.index(e.codec), e.payload_crc
-                    )
-                    frame = pread_fully(fd, e.frame_offset, entry.frame_len)
+                for e in todo:
                     try:
-                        _, payload = check_frame(frame, e.key, entry, backend.path)
-                        if crc32c(payload) != e.payload_crc:
-                            raise FormatProblem("payload checksum mismatch")
+                        entry, frame = local_frame(fd, e, backend.path)
                     except FormatProblem as problem:
                         logger.error("layertap generate: record %r of %s not put: %s", e.key, backend.path, problem)
                         continue

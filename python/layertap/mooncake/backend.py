@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 
+from layertap._cursor import pread_fully
 from layertap._spec.format import CODECS, FormatProblem, crc32c, decode_frame_header
 from layertap._spec.record import decode_record
 from layertap._types import IndexEntry, Problem
@@ -58,6 +59,26 @@ def check_frame(obj, key: str, want: StoreEntry | None, where: str) -> tuple[Sto
         )
     start = h.header_len
     return got, memoryview(obj)[start : start + h.stored_len]
+
+
+def check_intact_frame(obj, key: str, want: StoreEntry, where: str) -> None:
+    """``check_frame``, and the stored payload against the CRC that ``want`` (the index's
+    entry) gives: ``obj`` is exactly the frame of the record ``want`` describes. Raises
+    FormatProblem."""
+    _, payload = check_frame(obj, key, want, where)
+    if crc32c(payload) != want.payload_crc:
+        raise FormatProblem("payload checksum mismatch")
+
+
+def local_frame(fd: int, e: IndexEntry, where: str) -> tuple[StoreEntry, bytes]:
+    """The frame of record ``e`` (an index entry of the shard file ``fd``, at ``where``) as the
+    store holds it, and its store entry: what the forwarder and ``generate``'s settling step put.
+    Raises FormatProblem when the bytes there are not that record intact (being written, or
+    damaged)."""
+    entry = StoreEntry(e.key, e.stored_len, e.raw_len, e.num_tokens, CODECS.index(e.codec), e.payload_crc)
+    frame = pread_fully(fd, e.frame_offset, entry.frame_len)
+    check_intact_frame(frame, e.key, entry, where)
+    return entry, frame
 
 
 def read_object(client: StoreClient, address: StoreAddress, key: str, want: StoreEntry | None, path: str, offset: int):
@@ -123,9 +144,7 @@ class StoreShard:
         if obj is None:
             raise RecordMissingError(f"{self.path}: record {e.key!r} is not in the store", self.path, i, e.key)
         try:
-            _, payload = check_frame(obj, e.key, e, self.path)
-            if crc32c(payload) != e.payload_crc:
-                raise FormatProblem("payload checksum mismatch")
+            check_intact_frame(obj, e.key, e, self.path)
         except FormatProblem as problem:
             raise CorruptRecordError(
                 f"{self.path}: corrupt record at offset {i} (key {e.key!r}): {problem}", self.path, i, e.key
@@ -218,7 +237,17 @@ def open_store(
     return shards, problems
 
 
-__all__ = ["StoreShard", "check_frame", "open_store", "open_writer_shard", "read_object", "writer_ids", "writer_path"]
+__all__ = [
+    "StoreShard",
+    "check_frame",
+    "check_intact_frame",
+    "local_frame",
+    "open_store",
+    "open_writer_shard",
+    "read_object",
+    "writer_ids",
+    "writer_path",
+]
 
 
 def open_address(text: str, until_gap: bool = False) -> tuple[StoreAddress, list[StoreShard], list[Problem]]:

@@ -17,13 +17,12 @@ import os
 import threading
 import time
 
-from layertap._cursor import pread_fully
-from layertap._spec.format import CODECS, FormatProblem, crc32c, decode_frame_header
+from layertap._spec.format import FormatProblem
 from layertap._spec.lock import is_locked
 from layertap.follow import DatasetTail, ShardTail
 from layertap.mooncake.address import StoreAddress
+from layertap.mooncake.backend import local_frame
 from layertap.mooncake.client import connect
-from layertap.mooncake.layout import StoreEntry
 from layertap.mooncake.publisher import INDEX_INTERVAL, StorePublisher
 
 logger = logging.getLogger("vllm.layertap")
@@ -106,20 +105,14 @@ class Forwarder:
         fd = self._fds.get(shard.path)
         if fd is None:
             fd = self._fds[shard.path] = os.open(shard.path, os.O_RDONLY | os.O_CLOEXEC)
-        entry = StoreEntry(e.key, e.stored_len, e.raw_len, e.num_tokens, CODECS.index(e.codec), e.payload_crc)
-        frame = pread_fully(fd, e.frame_offset, entry.frame_len)
         try:
-            h = decode_frame_header(frame, len(frame))
-            start = h.header_len
-            if h.key != e.key or crc32c(memoryview(frame)[start : start + h.stored_len]) != h.payload_crc:
-                raise FormatProblem("payload checksum mismatch")
+            return local_frame(fd, e, shard.path)
         except FormatProblem:
             if is_locked(shard.path):
                 return None  # writes may land out of order; the writer is still on it
             self.stats["records_unreadable_in_spool"] += 1
             logger.error("layertap mooncake: record %r of %s is damaged in the spool; not put", e.key, shard.path)
             return False
-        return entry, frame
 
     def _finished(self, shard: ShardTail) -> None:
         self._tail.forget(shard)  # a served engine forwards for weeks: keep no finished shard
