@@ -40,10 +40,11 @@ def problem_json(p: Problem) -> dict:
     return p._asdict()
 
 
-def open_dataset(paths: list[str], backend: str):
-    """The dataset that one path, or several (parts of one dataset), name."""
+def open_dataset(paths: list[str], backend: str, tensors: str = "auto"):
+    """The dataset that one path, or several (parts of one dataset), name; its records hold
+    ``tensors`` (``layertap.open``'s)."""
     try:
-        return layertap_open(paths[0] if len(paths) == 1 else paths, backend=backend)
+        return layertap_open(paths[0] if len(paths) == 1 else paths, backend=backend, tensors=tensors)
     except FileNotFoundError as e:
         raise UsageError(f"{e.filename}: no such file or directory{_listed_in(e)}") from None
     except (LayertapError, OSError, ImportError) as e:

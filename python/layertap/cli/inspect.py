@@ -1,17 +1,27 @@
-"""``layertap inspect PATH...``: a dataset's or shard's summary, as a table or ``--json``."""
+"""``layertap inspect PATH...``: a dataset's or shard's summary, as a table or ``--json``; with
+``--stats`` (or ``--html FILE``, ``--strict``) also what every record holds
+(``layertap.dataset_stats``), in the terminal, the JSON object and an HTML page."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import sys
 from typing import Any
 
 from layertap._spec.dtypes import TORCH_NAMES
 from layertap._spec.record import HIDDEN_STATES, LAYER_IDS
 from layertap._text import human_bytes, plural
-from layertap.cli.common import PATHS_HELP, add_backend_argument, open_dataset, problem_json
+from layertap.cli.common import PATHS_HELP, UsageError, add_backend_argument, open_dataset, problem_json
+from layertap.cli.stats_html import write_stats_html
+from layertap.cli.stats_text import stats_text
+from layertap.dataset_stats import dataset_stats
 from layertap.errors import LayertapError
+
+#: ``--stats`` shows a progress bar on a terminal past this many records.
+STATS_PROGRESS_MIN_RECORDS = 10_000
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -19,6 +29,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="summarise a dataset or shard")
     p.add_argument("paths", nargs="+", metavar="PATH", help=PATHS_HELP)
     p.add_argument("--json", action="store_true", help="print a JSON object")
+    p.add_argument(
+        "--stats",
+        action="store_true",
+        help="read every record once: tokens per record, loss-mask coverage, each layer's RMS, NaN and Inf "
+        "counts, and warnings for layers all zero, constant, NaN or Inf (docs/TRAINING.md)",
+    )
+    p.add_argument("--html", metavar="FILE", help="with --stats: also write the stats and histograms as an HTML page")
+    p.add_argument("--strict", action="store_true", help="with --stats: exit 1 when there is a warning")
     add_backend_argument(p)
     p.set_defaults(func=cmd_inspect)
 
@@ -268,13 +286,28 @@ def inspect_table(summary: dict) -> str:
 
 
 def cmd_inspect(args) -> int:
-    with open_dataset(args.paths, args.backend) as ds:
+    stats = args.stats or args.html is not None or args.strict
+    if args.html is not None and os.path.isdir(args.html):
+        raise UsageError(f"--html must name a file to write, not the directory {args.html}")
+    with open_dataset(args.paths, args.backend, tensors="numpy") as ds:
         summary = inspect_summary(ds)
+        if stats:
+            progress = len(ds) >= STATS_PROGRESS_MIN_RECORDS and sys.stderr.isatty()
+            summary["stats"] = dataset_stats(ds, progress=progress).to_json()
+    if args.html is not None:
+        try:
+            write_stats_html(args.html, summary["stats"], f"layertap inspect --stats: {summary['path']}")
+        except OSError as e:
+            raise UsageError(f"--html {args.html}: cannot write it: {e.strerror or e}") from None
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
         print(inspect_table(summary))
-    return 0
+        if stats:
+            print(stats_text(summary["stats"]))
+            if args.html is not None:
+                print(f"\nhistograms: {args.html}")
+    return 1 if args.strict and summary["stats"]["warnings"] else 0
 
 
 __all__ = ["TABLE_WIDTH", "add_parser", "cmd_inspect", "inspect_summary", "inspect_table"]
