@@ -74,6 +74,8 @@ GOOD = {"output_dir": "hs"}
         ({**GOOD, "capture": "in-model", "layer_ids": [True]}, "layer_ids", "must be a non-empty list"),
         ({**GOOD, "capture": "in-model", "layer_ids": "2,3"}, "layer_ids", "must be a non-empty list"),
         ({**GOOD, "capture": "in-model", "layer_ids": [3, -1]}, "layer_ids", "[-1] are negative"),
+        ({**GOOD, "save": "some"}, "save", "must be one of 'all', 'requested', not 'some'"),
+        ({**GOOD, "save": True}, "save", "must be one of 'all', 'requested', not True"),
         ({**GOOD, "compress_on": "cuda"}, "compress_on", "must be one of 'host', 'gpu', not 'cuda'"),
         ({**GOOD, "compress_on": "gpu", "writer": "python"}, "compress_on", '"gpu" needs writer="rust"'),
         ({**GOOD, "compress_on": "gpu", "codec": "bp16-zstd"}, "codec", "'bp16-zstd' with compress_on=\"gpu\""),
@@ -111,11 +113,13 @@ def test_every_option_parses(tmp_path):
             "shard_metadata": {"run": "7"},
             "capture": "in-model",
             "layer_ids": [4, 0, 2],
+            "save": "requested",
         }
     )
     assert options.output_dir == str(tmp_path) and options.writer == "python" and options.pool_bytes == 1 << 24
-    assert options.capture == "in-model" and options.layer_ids == (4, 0, 2)
+    assert options.capture == "in-model" and options.layer_ids == (4, 0, 2) and options.save == "requested"
     assert parse_options(GOOD).capture == "method" and parse_options(GOOD).layer_ids is None
+    assert parse_options(GOOD).save == "all" and parse_options({**GOOD, "save": None}).save == "all"
     assert options.writer_options == WriterOptions(
         codec="zstd",
         level=5,
@@ -232,7 +236,11 @@ def test_record_location_reports_the_server_error():
         record_location({"layertap": {"error": "sample_id: bad", "reason": "invalid_request"}})
     with pytest.raises(LayertapError, match="only 3 of 9 tokens"):
         record_location({"layertap": {"error": "only 3 of 9 tokens are in the KV cache", "reason": "not_saved"}})
-    with pytest.raises(InvalidInputError, match="no kv_transfer_params"):
+    with pytest.raises(LayertapError, match='did not save .*: the request\'s kv_transfer_params say "save": false'):
+        record_location(
+            {"layertap": {"error": 'the request\'s kv_transfer_params say "save": false', "reason": "not_requested"}}
+        )
+    with pytest.raises(InvalidInputError, match='no kv_transfer_params: .*send "save": true or a "sample_id"'):
         record_location(None)
     with pytest.raises(InvalidInputError, match="not valid"):
         record_location({"layertap": {"dataset": "/d", "writer_id": "../x", "key": "k"}})

@@ -22,7 +22,7 @@ from layertap.vllm.counters import (
 )
 from layertap.vllm.gather import HiddenStatesCache
 from layertap.vllm.pool import HostPool
-from layertap.vllm.stats import ConnectorStats
+from layertap.vllm.stats import ConnectorStats, describe
 from vllm_support import VLLM_WARNINGS
 
 pytestmark = VLLM_WARNINGS
@@ -153,3 +153,28 @@ def test_payloads_merge_as_vllm_aggregates_them():
     assert line["records_written"] == 3 and line["ratio"] == 2.0 and line["not_saved_invalid_request"] == 1
     assert line["pool_used_MiB"] == round(5 / 2**20, 2) and line["engine_thread_max_us"] == 300.0
     assert line["record_delay_p50_ms"] == 500.0
+
+
+def test_requests_not_saved_reach_the_worker_statistics():
+    """The scheduler half's counts of requests not saved since the start go to the worker half
+    (the step's metadata) only when they changed; the worker's statistics and shutdown line
+    report them (test_serve.py and test_request_extras.py through real engines)."""
+    counters = SchedulerCounters()
+    assert counters.not_saved_totals() is None
+    counters.not_saved("not_requested")
+    counters.not_saved("not_requested")
+    counters.not_saved("invalid_request")
+    assert counters.not_saved_totals() == {"not_requested": 2, "invalid_request": 1}
+    assert counters.not_saved_totals() is None
+    assert counters.not_saved_totals(always=True) == {"not_requested": 2, "invalid_request": 1}
+    counters.report()  # the metrics' increments are taken apart from the totals
+    counters.not_saved("not_requested")
+    assert counters.not_saved_totals() == {"not_requested": 3, "invalid_request": 1}
+
+    stats = ConnectorStats()
+    stats.take_not_saved(None)  # unchanged: nothing to take
+    assert stats.summary()["requests_not_saved"] == {}
+    stats.take_not_saved({"not_requested": 3, "invalid_request": 1})
+    summary = stats.summary()
+    assert summary["requests_not_saved"] == {"not_requested": 3, "invalid_request": 1}
+    assert "; 4 requests not saved (invalid_request 1, not_requested 3)" in describe(summary)

@@ -100,3 +100,56 @@ def test_a_bad_key_memory_is_refused(tmp_path, value):
 
     with pytest.raises(ConfigError, match="key_memory"):
         scheduler(tmp_path, key_memory=value)
+
+
+def test_save_requested_saves_only_the_requests_that_ask(tmp_path):
+    """``save="requested"`` (a shared endpoint): a request that sends nothing is not saved and
+    gets nothing back; one that sends kv_transfer_params without asking is told how to ask; one
+    with ``"save": true`` or a ``sample_id`` (every row ``layertap generate`` submits) is saved.
+    Each one not saved is counted ``not_requested``, for /metrics and the worker's statistics."""
+    from vllm.v1.request import RequestStatus
+
+    side = scheduler(tmp_path, save="requested")
+    assert side.request_finished(finished("plain-1", 8), ([1],)) == (False, None)
+    keep, params = side.request_finished(finished("outputs-1", 8, {"include_output_tokens": True}, outputs=2), ([2],))
+    assert not keep and params["layertap"]["reason"] == "not_requested"
+    assert '"save": true or a "sample_id"' in params["layertap"]["error"]
+    keep, params = side.request_finished(finished("no-1", 8, {"save": False, "sample_id": "no"}), ([3],))
+    assert not keep and params["layertap"] == {
+        "error": 'the request\'s kv_transfer_params say "save": false',
+        "reason": "not_requested",
+    }
+    ignored = finished("long-1", 8)
+    ignored.status = RequestStatus.FINISHED_IGNORED  # not asked: not_requested, not a warning
+    assert side.request_finished(ignored, ([4],)) == (False, None)
+    keep, params = side.request_finished(finished("flag-1", 8, {"save": True}), ([5],))
+    assert keep and params["layertap"]["key"] == "flag-1"
+    generate_row = {"sample_id": "7", "record_metadata": {"row": "7"}}  # what generate sends
+    keep, params = side.request_finished(finished("row-7", 8, generate_row), ([6],))
+    assert keep and params["layertap"]["key"] == "7"
+    keep, params = side.request_finished(finished("bad-1", 8, {"save": "yes"}), ([7],))
+    assert not keep and params["layertap"] == {
+        "error": "save must be true or false, got 'yes'",
+        "reason": "invalid_request",
+    }
+
+    metadata = side.build_connector_meta()
+    assert metadata.saves.keys == ["flag-1", "7"]
+    assert metadata.not_saved == {"not_requested": 4, "invalid_request": 1}  # for the worker's statistics
+    assert side.build_connector_meta().not_saved is None  # unchanged since
+    assert side.counters.report() == {"not_saved": {"not_requested": 4, "invalid_request": 1}}
+
+
+def test_save_all_is_the_default_and_a_request_may_decline(tmp_path):
+    """The default (``save="all"``) saves a request that sends nothing, as before the option;
+    a request's own ``"save": false`` declines, and a flag that is not a bool is refused."""
+    side = scheduler(tmp_path)
+    assert side.options.save == "all"
+    keep, params = side.request_finished(finished("plain-1", 8), ([1],))
+    assert keep and params["layertap"]["key"] == "plain-1"
+    keep, params = side.request_finished(finished("no-1", 8, {"save": False}), ([2],))
+    assert not keep and params["layertap"]["reason"] == "not_requested"
+    keep, params = side.request_finished(finished("bad-1", 8, {"save": 1}), ([3],))
+    assert not keep and "save must be true or false, got 1" in params["layertap"]["error"]
+    assert side.build_connector_meta().saves.keys == ["plain-1"]
+    assert side.counters.report() == {"not_saved": {"not_requested": 1, "invalid_request": 1}}

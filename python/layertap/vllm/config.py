@@ -56,6 +56,13 @@ def default_pool_bytes(largest_request: int, full_step: int, max_num_seqs: int =
 #: writer only checksums, frames and writes (``gpu_compress.py``; docs/CONNECTOR.md,
 #: "Compression on the GPU"); it needs the Rust writer and codec ``exp-huf``.
 COMPRESS_ON = ("host", "gpu")
+#: Values of the ``save`` option: which finished requests are saved. ``"all"`` (the default, as
+#: before the option existed: ``LLM.generate`` and clients that send nothing get records):
+#: every completed request, but one whose ``kv_transfer_params`` say ``"save": false``.
+#: ``"requested"``: only requests that ask, with ``"save": true`` or a ``sample_id`` (what
+#: ``layertap generate`` sends with every row), so that a shared endpoint writes nothing for
+#: clients that never opted in; the others are counted as not saved (``not_requested``).
+SAVE = ("all", "requested")
 
 
 class ConfigError(InvalidInputError):
@@ -128,6 +135,8 @@ class ConnectorOptions:
     docs/MOONCAKE.md); ``output_dir`` is then the spool they are written to first."""
     mooncake_keep_shards: bool = False
     """With ``mooncake``: keep the spool's shards once forwarded."""
+    save: str = "all"
+    """One of ``SAVE``: which finished requests are saved."""
 
     @property
     def writer_id(self) -> str | None:
@@ -174,6 +183,10 @@ def _capture(value: Any) -> str:
 
 def _compress_on(value: Any) -> str:
     return one_of("compress_on", value, COMPRESS_ON, ConfigError)
+
+
+def _save(value: Any) -> str:
+    return one_of("save", value, SAVE, ConfigError)
 
 
 def _gpu_compression_problem(extra_config: Mapping[str, Any], values: dict) -> ConfigError | None:
@@ -254,6 +267,7 @@ _CONNECTOR_PARSERS = {
     "compress_on": lambda v: "host" if v is None else _compress_on(v),
     "mooncake": lambda v: None if v is None else _store_address(v),
     "mooncake_keep_shards": lambda v: False if v is None else _bool("mooncake_keep_shards", v),
+    "save": lambda v: "all" if v is None else _save(v),
 }
 
 #: Every option ``kv_connector_extra_config`` may hold.

@@ -17,6 +17,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
+from layertap.vllm import registry
 from layertap.vllm.config import parse_options
 from layertap.vllm.metadata import LayertapMetadata
 from layertap.vllm.metrics import LayertapConnectorStats, LayertapPromMetrics, stats_from_payload
@@ -55,6 +56,9 @@ class LayertapConnector(KVConnectorBase_V1, SupportsHMA):
 
     def shutdown(self) -> None:
         if self._worker is not None:
+            # An in-process engine stops stepping before the scheduler half hands over the
+            # counts of its last step; its statistics take them from the registry.
+            self._worker.stats.take_not_saved(registry.not_saved_totals(self._worker.facts.engine_id))
             self._worker.shutdown()
 
     # -- metrics (docs/CONNECTOR.md, "Metrics") -----------------------------------------------
@@ -162,6 +166,8 @@ class LayertapConnector(KVConnectorBase_V1, SupportsHMA):
         if self._worker is None:
             return None, None
         metadata = self._connector_metadata if isinstance(self._connector_metadata, LayertapMetadata) else None
+        if metadata is not None and metadata.not_saved is not None:
+            self._worker.stats.take_not_saved(metadata.not_saved)
         return self._worker.get_finished(metadata), None
 
     def layertap_stats(self) -> dict | None:

@@ -200,6 +200,10 @@ class SchedulerCounters:
 
     def __init__(self) -> None:
         self._not_saved: dict[str, int] = {}
+        """Requests not saved since the last report, by reason."""
+        self._not_saved_totals: dict[str, int] = {}
+        """Since the start, for the worker's statistics (``not_saved_totals``)."""
+        self._totals_changed = False
         self._accepted = 0
         self._done = 0
         """Records the worker reported written or failed."""
@@ -208,6 +212,18 @@ class SchedulerCounters:
 
     def not_saved(self, reason: str) -> None:
         self._not_saved[reason] = self._not_saved.get(reason, 0) + 1
+        self._not_saved_totals[reason] = self._not_saved_totals.get(reason, 0) + 1
+        self._totals_changed = True
+
+    def not_saved_totals(self, always: bool = False) -> dict[str, int] | None:
+        """The requests not saved since the start, by reason, when they changed since the last
+        call (or ``always``), else None: a copy for the worker half's statistics."""
+        if always:
+            return dict(self._not_saved_totals)
+        if not self._totals_changed:
+            return None
+        self._totals_changed = False
+        return dict(self._not_saved_totals)
 
     def accepted(self) -> None:
         """A request's record was planned (the worker will write it or count it failed)."""

@@ -115,3 +115,6 @@ class LayertapMetadata(KVConnectorMetadata):
     """Seconds the worker may wait for its writer this step: set when the engine steps only
     because records are still being written (``SchedulerCounters``), so that those steps do
     not spin."""
+    not_saved: dict[str, int] | None = None
+    """The requests the scheduler half did not save since the start, by reason, when that
+    changed since the last step (None: unchanged): the worker's statistics report them."""

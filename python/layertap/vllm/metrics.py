@@ -58,7 +58,10 @@ COUNTERS: dict[str, tuple[str, str]] = {
     ),
 }
 #: Requests whose hidden states were not saved, labelled by ``reason``.
-NOT_SAVED = ("layertap_requests_not_saved", "Finished requests not saved, by reason (invalid_request, not_saved).")
+NOT_SAVED = (
+    "layertap_requests_not_saved",
+    "Finished requests not saved, by reason (not_requested, invalid_request, not_saved).",
+)
 #: Payload gauge -> (Prometheus name, help).
 GAUGES: dict[str, tuple[str, str]] = {
     "pool_used_bytes": ("layertap_pool_used_bytes", "Bytes of the host pool holding records not yet written."),

@@ -67,7 +67,9 @@ def record_location(kv_transfer_params: Mapping[str, Any] | None) -> RecordLocat
     if kv_transfer_params is None:
         raise InvalidInputError(
             "the response has no kv_transfer_params: the server does not run the layertap connector, "
-            "or the request did not finish normally (aborted requests are not saved)"
+            "the request did not finish normally (aborted requests are not saved), or the connector "
+            'saves only requests that ask (its option save is "requested"): send "save": true or a '
+            '"sample_id" in the request\'s kv_transfer_params'
         )
     if not isinstance(kv_transfer_params, Mapping):
         raise InvalidInputError(f"kv_transfer_params must be a mapping, got {type(kv_transfer_params).__name__}")

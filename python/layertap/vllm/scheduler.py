@@ -22,7 +22,16 @@ from layertap.vllm.online import PARAMS_KEY
 logger = logging.getLogger("vllm.layertap")  # under vLLM's logging configuration
 
 #: Request kv_transfer_params the connector reads.
-REQUEST_KEYS = ("sample_id", "include_output_tokens", "record_metadata", "loss_mask", *capture_window.WINDOW_KEYS)
+REQUEST_KEYS = (
+    "save",
+    "sample_id",
+    "include_output_tokens",
+    "record_metadata",
+    "loss_mask",
+    *capture_window.WINDOW_KEYS,
+)
+#: The reason counted for a request not saved because it did not ask (the ``save`` option).
+NOT_REQUESTED = "not_requested"
 #: Finish states whose hidden states are saved: the request ran to its end. Aborted, ignored
 #: (prompt too long) and failed requests are not.
 _SAVED_STATES = frozenset(("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED", "FINISHED_REPETITION"))
@@ -73,15 +82,19 @@ class SchedulerSide:
         if options.mooncake is not None:
             self._location["store"] = options.mooncake.split("?", 1)[0]  # fetch reads it from there
         self.counters = SchedulerCounters()
+        self._requested_only = options.save == "requested"
         registry.register_scheduler(facts.engine_id, self)
 
     # -- every step ---------------------------------------------------------------------------
 
     def build_connector_meta(self, scheduler_output: Any = None) -> LayertapMetadata:
         saves = self.take_unsent()
+        # The worker's statistics hold the requests not saved; vLLM steps the engine once more
+        # after a request finishes (to tell the workers), so the last ones reach it too.
+        not_saved = self.counters.not_saved_totals()
         if saves:
-            return LayertapMetadata(saves)
-        metadata = LayertapMetadata()
+            return LayertapMetadata(saves, not_saved=not_saved)
+        metadata = LayertapMetadata(not_saved=not_saved)
         if getattr(scheduler_output, "total_num_scheduled_tokens", 1) == 0 and self.counters.writing():
             metadata.drain_wait = DRAIN_WAIT  # a step taken only for the writer (has_pending_push_work)
         return metadata
@@ -106,17 +119,22 @@ class SchedulerSide:
     def request_finished(self, request: Any, block_ids: tuple[list[int], ...]) -> tuple[bool, dict | None]:
         """Plans the save of a finished request. Returns (keep its blocks, kv_transfer_params)."""
         status = request.status
-        if status not in _SAVED_STATUSES and getattr(status, "name", status) not in _SAVED_STATES:
-            # An aborted request has no response to carry an answer; others (a prompt longer
-            # than the model, an error) say why nothing was saved.
-            status = getattr(status, "name", status)
-            if status == "FINISHED_ABORTED":
-                return False, None
-            return self._refuse(
-                request.request_id, "not_saved", f"the request finished as {status}; only completed requests are saved"
-            )
+        completed = status in _SAVED_STATUSES or getattr(status, "name", status) in _SAVED_STATES
+        if not completed and getattr(status, "name", status) == "FINISHED_ABORTED":
+            return False, None  # no response carries an answer, and nothing is counted
         req_id = request.request_id
         params = request.kv_transfer_params
+        if self._requested_only or (type(params) is dict and "save" in params):
+            unwanted = self._unwanted(req_id, params)
+            if unwanted is not None:
+                return unwanted
+        if not completed:
+            # Others (a prompt longer than the model, an error) say why nothing was saved.
+            return self._refuse(
+                req_id,
+                "not_saved",
+                f"the request finished as {getattr(status, 'name', status)}; only completed requests are saved",
+            )
         extras = window_spec = None
         if params:
             checked = self._check_params(request, params)
@@ -183,6 +201,34 @@ class SchedulerSide:
         location["num_tokens"] = num_tokens
         location["request_id"] = req_id  # fetch checks that the record it reads is this request's
         return True, {PARAMS_KEY: location}
+
+    def _unwanted(self, req_id: str, params: Any) -> tuple[bool, dict | None] | None:
+        """The answer for a request that is not to be saved by the ``save`` option and its own
+        ``save`` flag (counted ``not_requested``), a refusal for a flag that is not a bool, or
+        None: it is saved (if it can be). Quiet: on a shared endpoint most requests may not ask."""
+        if not params:  # asks nothing (vLLM's server passes no empty kv_transfer_params on)
+            if not self._requested_only:
+                return None
+            self.counters.not_saved(NOT_REQUESTED)
+            return False, None  # a client that sent nothing gets nothing back
+        if not isinstance(params, dict):
+            return None  # refused as a bad kv_transfer_params (_check_params)
+        save = params.get("save")
+        if save is None:
+            if not self._requested_only or params.get("sample_id") is not None:
+                return None
+            why = (
+                'this server saves only requests that ask: send "save": true or a "sample_id" in '
+                'kv_transfer_params (the connector\'s option save is "requested")'
+            )
+        elif type(save) is not bool:
+            return self._refuse(req_id, "invalid_request", f"save must be true or false, got {save!r}")
+        elif save:
+            return None
+        else:
+            why = 'the request\'s kv_transfer_params say "save": false'
+        self.counters.not_saved(NOT_REQUESTED)
+        return False, {PARAMS_KEY: {"error": why, "reason": NOT_REQUESTED}}
 
     def _check_params(self, request: Any, params: Any) -> tuple:
         """``(key, include_output_tokens, extras or None, window request or None)`` from a

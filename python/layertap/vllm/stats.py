@@ -88,6 +88,14 @@ class ConnectorStats:
         """Compression threads whose priority the worker lowered (``lower_encoder_priority``)."""
         self.saved_at_shutdown = 0
         """Finished requests that an in-process engine had not handed over before shutdown."""
+        self.requests_not_saved: dict[str, int] = {}
+        """Finished requests the scheduler half did not save, by reason (``not_requested``,
+        ``invalid_request``, ``not_saved``), as it last told this half (``take_not_saved``)."""
+
+    def take_not_saved(self, totals: dict[str, int] | None) -> None:
+        """The scheduler half's counts of requests not saved since the start (None: unchanged)."""
+        if totals is not None:
+            self.requests_not_saved = dict(totals)
 
     def summary(self, *, pool: Any = None, writer: Any = None, extra: dict | None = None) -> dict:
         """Everything as a JSON-able dict; ``pool`` and ``writer`` add their own figures."""
@@ -105,6 +113,7 @@ class ConnectorStats:
             "pool_stall_seconds": self.pool_stall_seconds,
             "pool_deferrals": self.pool_deferrals,
             "saved_at_shutdown": self.saved_at_shutdown,
+            "requests_not_saved": dict(self.requests_not_saved),
             "encoder_threads_lowered": self.encoder_threads_lowered,
         }
         if pool is not None:
@@ -149,6 +158,10 @@ def describe(summary: dict) -> str:
             f"; writer {writer.get('backend')}: ratio {writer.get('ratio', 0):.2f}, "
             f"blocked {writer.get('blocked_seconds', 0):.3f} s"
         )
+    not_saved = summary.get("requests_not_saved")
+    if not_saved:
+        reasons = ", ".join(f"{reason} {count}" for reason, count in sorted(not_saved.items()))
+        text += f"; {sum(not_saved.values())} requests not saved ({reasons})"
     if summary["records_failed"]:
         text += f"; {summary['records_failed']} records FAILED"
     return text
