@@ -154,6 +154,99 @@ def test_render_rows(tokenizer):
     assert text.render("the water")[0] == tokenizer("the water")["input_ids"]
 
 
+CHATS = [
+    [{"role": "user", "content": "the water"}, {"role": "assistant", "content": "is hot"}],
+    [
+        {"role": "system", "content": "you are a dog"},
+        {"role": "user", "content": "who are you"},
+        {"role": "assistant", "content": "a good dog"},
+        {"role": "user", "content": "what do you eat"},
+        {"role": "assistant", "content": "food and more food"},
+    ],
+    # Ends with the user: the generation prompt is appended, and only the earlier answer is masked.
+    [
+        {"role": "user", "content": "the sun"},
+        {"role": "assistant", "content": "is hot"},
+        {"role": "user", "content": "and the moon"},
+    ],
+    [{"role": "user", "content": "only a question"}],
+]
+
+
+@pytest.fixture(scope="module")
+def marked_tokenizer(tokenizer):
+    """The tiny tokenizer with a chat template that marks the assistant's turns."""
+    import copy
+
+    from layertap._tiny_model import CHAT_TEMPLATE_WITH_GENERATION
+
+    marked = copy.deepcopy(tokenizer)
+    marked.chat_template = CHAT_TEMPLATE_WITH_GENERATION
+    return marked
+
+
+def test_assistant_loss_mask_is_transformers(tokenizer, marked_tokenizer):
+    r = Renderer(marked_tokenizer, "messages", vocab_size=len(tokenizer), max_len=100)
+    assert (
+        r.mask_from == "assistant" and r.stores_mask
+    )  # the default (auto): the template has the markers, the data no mask
+    plain = Renderer(tokenizer, "messages", vocab_size=len(tokenizer), max_len=100)
+    assert plain.mask_from == "data" and not plain.stores_mask  # no markers: a row's loss_mask, if any
+    for chat in CHATS:
+        want = marked_tokenizer.apply_chat_template(
+            chat,
+            add_generation_prompt=chat[-1]["role"] != "assistant",
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=True,
+        )
+        ids, mask = r.render(chat)
+        assert (ids, mask) == (want["input_ids"], want["assistant_masks"])
+        assert ids == plain.render(chat)[0]  # the same tokens as without a mask
+    ids, mask = r.render(CHATS[0])
+    tokens = marked_tokenizer.convert_ids_to_tokens(ids)
+    assert [t for t, m in zip(tokens, mask) if m] == ["is", "hot", "<|end|>"]
+    assert sum(r.render(CHATS[1])[1]) == 4 + 5  # both answers, each with its <|end|>
+    assert sum(r.render(CHATS[3])[1]) == 0  # no answer: nothing to train on, stored as such
+    # A row's own loss_mask is not used when the mask comes from the template.
+    assert r.render(CHATS[0], loss_mask=[1] * 8)[1] == mask
+
+
+def test_where_the_loss_mask_comes_from(tokenizer, marked_tokenizer):
+    n = len(tokenizer)
+    chat = CHATS[0]
+    assert Renderer(marked_tokenizer, "messages", n, 100, "none").render(chat, [1] * 8)[1] is None
+    assert Renderer(tokenizer, "messages", n, 100, "none").render(chat, [1] * 8)[1] is None
+    data = Renderer(marked_tokenizer, "messages", n, 100, "auto", data_has_mask=True)
+    assert data.mask_from == "data" and data.render(chat, [0] * 7 + [1])[1] == [0] * 7 + [1]
+    assert Renderer(marked_tokenizer, "messages", n, 100, "assistant").mask_from == "assistant"
+    assert data.stores_mask
+    # One vector per row: no assistant mask unless asked for (refused below); other columns: the rows'.
+    for column, reduction in [("messages", "mean"), ("prompt", None)]:
+        r = Renderer(marked_tokenizer, column, n, 100, "auto", reduction=reduction)
+        assert r.mask_from == "data" and not r.stores_mask
+
+
+def test_loss_mask_refusals(tokenizer, marked_tokenizer):
+    n = len(tokenizer)
+    for args, why in [
+        (
+            (tokenizer, "messages", n, 100, "assistant"),
+            "--loss-mask assistant needs a chat template that marks the assistant's turns with "
+            "{% generation %} ... {% endgeneration %}, and the model's has no such markers: "
+            "use a template with them, or give the mask in a loss_mask column",
+        ),
+        ((marked_tokenizer, "input_ids", n, 100, "assistant"), "the data has 'input_ids', not 'messages'"),
+        ((marked_tokenizer, "messages", n, 100, "assistant", True), "and the data's loss_mask column: drop one"),
+        ((marked_tokenizer, "messages", n, 100, "assistant", False, "last"), "drop --loss-mask assistant or the"),
+        ((marked_tokenizer, "messages", n, 100, "auto", True, "last"), "drop it or the reduction"),
+        ((marked_tokenizer, "messages", n, 100, "yes"), "--loss-mask must be one of 'auto', 'assistant', 'none'"),
+    ]:
+        with pytest.raises(GenerateError) as e:
+            Renderer(*args)
+        assert why in str(e.value) and "\n" not in str(e.value)
+
+
 def test_layers():
     assert default_layers(32) == [2, 16, 29, 32]
     assert default_layers(4) == [1, 2, 4]  # 2, 4//2, 4-3, 4: distinct ones

@@ -56,6 +56,15 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
     "{% if add_generation_prompt %}<|assistant|> {% endif %}"
 )
+#: The same rendering, with the assistant's turns marked by ``{% generation %}`` for transformers'
+#: ``return_assistant_tokens_mask`` (and ``layertap generate --loss-mask``). Each marked span ends
+#: on a token: transformers maps its last character to a token, and a space maps to none.
+CHAT_TEMPLATE_WITH_GENERATION = (
+    "{% for m in messages %}{% if m['role'] == 'assistant' %}"
+    "<|assistant|> {% generation %}{{ m['content'] }} <|end|>{% endgeneration %} "
+    "{% else %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|> {% endif %}"
+)
 
 
 def build_tiny_llama(

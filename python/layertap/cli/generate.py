@@ -15,6 +15,7 @@ from layertap._choices import CAPTURE_MODES, DEFAULT_CAPTURE
 from layertap.generate import GenerateError, generate, vllm_log
 from layertap.generate.errors import EngineStartError
 from layertap.generate.progress import PROGRESS_MODES
+from layertap.generate.render import LOSS_MASK_MODES
 from layertap.generate.summary import every_row_bad, most_common_reason, summary_text
 
 
@@ -88,6 +89,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="longest prompt in tokens; longer rows are skipped and listed "
         "(default: the model's context minus --max-tokens)",
     )
+    p.add_argument(
+        "--loss-mask",
+        choices=LOSS_MASK_MODES,
+        default="auto",
+        help="the loss mask stored with each record: auto (the data's loss_mask column, else for chats the "
+        "assistant's turns when the chat template marks them with {%% generation %%}), assistant (those turns; "
+        "refused without the markers), none (default: %(default)s; docs/GENERATE.md, 'Loss masks')",
+    )
     p.add_argument("--limit", type=int, metavar="N", help="use only the first N rows")
     p.add_argument(
         "--engine-args", metavar="JSON", help="other vLLM LLM() arguments, e.g. '{\"tensor_parallel_size\": 2}'"
@@ -159,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
             ray_address=args.ray_address,
             capture=args.capture,
             also_dir=args.also_dir,
+            loss_mask=args.loss_mask,
         )
     except GenerateError as e:
         print(f"layertap generate: {e}", file=sys.stderr)

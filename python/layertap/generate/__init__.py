@@ -51,6 +51,7 @@ def generate(
     ray_address: str | None = None,
     capture: str = DEFAULT_CAPTURE,
     also_dir: str | os.PathLike | None = None,
+    loss_mask: str = "auto",
 ) -> Summary:
     """Writes the hidden states of every row of ``data`` into ``out`` and returns the summary
     (a ``layertap.generate.summary.Summary``; docs/GENERATE.md lists its fields). Raises GenerateError, before the engine starts, for bad
@@ -65,7 +66,12 @@ def generate(
     directory, and each record is put into the store as soon as it is written. The run is
     complete only once the store lists every record of the spool; a spool whose records the
     store lacks is kept (``also_dir`` in the summary) and a rerun with it as ``also_dir`` puts
-    them."""
+    them.
+
+    ``loss_mask`` (``--loss-mask``): ``"auto"`` stores the data's ``loss_mask`` column when it has
+    one, else, for chats whose template has ``{% generation %}`` markers, the assistant mask
+    (transformers' ``return_assistant_tokens_mask``); ``"assistant"`` that mask (refused without
+    the markers); ``"none"`` no mask."""
     if is_store_address(os.fspath(out)):
         with store_output(os.fspath(out), also_dir, connector_args) as (spool, args):
             summary = generate(
@@ -87,6 +93,7 @@ def generate(
                 data_parallel_size=data_parallel_size,
                 ray_address=ray_address,
                 capture=capture,
+                loss_mask=loss_mask,
             )
             return settle_store_run(summary, os.fspath(out), spool)
     if also_dir is not None:
@@ -108,6 +115,7 @@ def generate(
         "progress": progress,
         "progress_interval": progress_interval,
         "capture": capture,
+        "loss_mask": loss_mask,
     }
     if wants_parallel(options["out"], data_parallel_size, ray_address):
         return generate_parallel(options, data_parallel_size, ray_address)

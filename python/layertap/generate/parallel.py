@@ -261,7 +261,7 @@ def _merge(
         "data": os.path.abspath(c.options["data"]),
         "data_format": c.rows.format,
         "column": c.rows.column,
-        "loss_mask": c.rows.has_loss_mask,
+        "loss_mask": c.renderer.stores_mask,
         "model": c.options["model"],
         "model_revision": c.info.revision,
         "layer_ids": c.layer_ids,

@@ -43,7 +43,7 @@ from layertap.generate.engine import (
 from layertap.generate.errors import EngineStartError, GenerateError
 from layertap.generate.model import config_num_layers, load_model_info, parse_layers, read_config
 from layertap.generate.progress import PROGRESS_MODES, Progress, ShardFollower, Totals
-from layertap.generate.render import BadRowError, Renderer
+from layertap.generate.render import BadRowError, Renderer, check_loss_mask
 from layertap.generate.resume import SOURCE, OutputState, prepare_output, recover_shard
 from layertap.generate.summary import Summary, is_complete
 from layertap.reader import open as open_dataset
@@ -287,18 +287,22 @@ def check_options(options: dict) -> Checked:
     if early is not None:
         _check_layers(o, engine_args, list(config.get("architectures") or []), early)  # type: ignore[union-attr]
     rows = open_rows(o["data"], limit)
-    if o.get("reduction") and rows.has_loss_mask:
-        raise GenerateError(
-            f"--reduction {o['reduction']} stores one vector per row, which a loss_mask cannot mask; "
-            "the data has a loss_mask column: drop it or the reduction"
-        )
+    check_loss_mask(o.get("loss_mask", "auto"), rows.column, rows.has_loss_mask, o.get("reduction"))
     # From here on, vLLM and transformers are imported.
     check_engine_args(engine_args)
     sampling = sampling_kwargs(json_object("--sampling-args", o["sampling_args"], GenerateError), o["max_tokens"])
     info = load_model_info(o["model"], engine_args, need_tokenizer=rows.column != "input_ids")
     layer_ids, capture = _check_layers(o, engine_args, info.architectures, info.num_layers)
     max_len, model_len = _max_lengths(max_len, o["max_tokens"], engine_args, info.max_positions)
-    renderer = Renderer(info.tokenizer, rows.column, info.vocab_size, max_len)
+    renderer = Renderer(
+        info.tokenizer,
+        rows.column,
+        info.vocab_size,
+        max_len,
+        o.get("loss_mask", "auto"),
+        rows.has_loss_mask,
+        o.get("reduction"),
+    )
     out_dir = os.path.abspath(os.fspath(o["out"]))
     connector = check_connector_args(json_object("--connector-args", o["connector_args"], GenerateError), out_dir)
     if progress == "auto":
@@ -387,7 +391,7 @@ def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callab
         "data": os.path.abspath(o["data"]),
         "data_format": rows.format,
         "column": rows.column,
-        "loss_mask": rows.has_loss_mask,
+        "loss_mask": c.renderer.stores_mask,
         "model": model,
         "model_revision": info.revision,
         "layer_ids": layer_ids,
