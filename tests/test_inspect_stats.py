@@ -213,3 +213,22 @@ def test_stats_without_torch(flagged):
     proc = run_python(code, str(flagged))
     assert proc.returncode == 1, proc.stderr
     assert "layer 2: NaN in 1 record (2 values; key k2)" in proc.stdout
+
+
+def test_verify_warns_of_broken_layers_and_still_passes(flagged, clean):
+    """verify: the values' findings are warnings (issue 36), the exit status stays 0."""
+    proc = run_cli("verify", flagged)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith(f"OK: {flagged}: 6 records ok, 0 bad, 0 problems")
+    assert lines[1] == (
+        "WARNING: 5 findings in the records' values (not a failure; `layertap inspect --stats` shows the numbers):"
+    )
+    assert lines[2:] == [f"  {w}" for w in WARNINGS]
+    doc = json.loads(run_cli("verify", "--json", flagged).stdout)
+    assert doc["ok"] is True and doc["warnings"] == WARNINGS
+    skipped = run_cli("verify", "--no-values", flagged)
+    assert skipped.returncode == 0 and skipped.stdout.splitlines() == lines[:1]
+    good = run_cli("verify", clean)
+    assert good.returncode == 0 and len(good.stdout.splitlines()) == 1 and "WARNING" not in good.stdout
+    assert json.loads(run_cli("verify", "--json", clean).stdout)["warnings"] == []

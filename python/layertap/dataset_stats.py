@@ -300,6 +300,12 @@ class DatasetStats:
                 f"{plural(len(self.corrupt), 'corrupt record')} left out "
                 f"(keys {', '.join(p.key or '?' for p in self.corrupt[:KEYS_SHOWN])}; `layertap verify` lists them)"
             )
+        return out + self.value_warnings()
+
+    def value_warnings(self) -> list[str]:
+        """The warnings about what the records hold (``warnings`` less the corrupt records,
+        which ``layertap verify`` reports as problems of its own)."""
+        out = []
         if self.no_hidden_states.count:
             out.append(
                 f"{plural(self.no_hidden_states.count, 'record')} without {HIDDEN_STATES} [tokens, layers, hidden] "

@@ -1,4 +1,7 @@
-"""``layertap verify PATH...``: every record checked; exit status 1 if anything is wrong."""
+"""``layertap verify PATH...``: every record checked; exit status 1 if anything is wrong. Then
+every record's values are looked at once more (``layertap.dataset_stats``): a layer all zero,
+constant, NaN or Inf is a warning, not a failure (issue 36), so that hidden states a broken
+engine wrote as zeros do not pass unseen."""
 
 from __future__ import annotations
 
@@ -8,6 +11,8 @@ import sys
 
 from layertap._text import plural, problem_line
 from layertap.cli.common import PATHS_HELP, add_backend_argument, open_dataset, problem_json
+from layertap.dataset_stats import dataset_stats
+from layertap.errors import LayertapError
 
 #: verify shows a progress bar on a terminal past this many records (or with --progress).
 PROGRESS_MIN_RECORDS = 10_000
@@ -26,15 +31,30 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON report")
     p.add_argument("--quiet", "-q", action="store_true", help="print only the problems (on stderr)")
     p.add_argument("--progress", action="store_true", help="always show a progress bar")
+    p.add_argument(
+        "--no-values",
+        action="store_true",
+        help="skip the second pass that warns of layers all zero, constant, NaN or Inf (it reads every record again)",
+    )
     add_backend_argument(p)
     p.set_defaults(func=cmd_verify)
 
 
+def _value_warnings(ds, progress: bool) -> list[str]:
+    """The warnings of the values pass; one saying it could not finish where reading failed
+    (the check before it has said what is wrong with the records)."""
+    try:
+        return dataset_stats(ds, progress=progress).value_warnings()
+    except LayertapError as e:
+        return [f"the records' values were not all looked at: {e}"]
+
+
 def cmd_verify(args) -> int:
-    with open_dataset(args.paths, args.backend) as ds:
+    with open_dataset(args.paths, args.backend, tensors="numpy") as ds:
         large = len(ds) >= PROGRESS_MIN_RECORDS or sum(s.raw_bytes for s in ds.shards) >= PROGRESS_MIN_BYTES
         progress = args.progress or (large and sys.stderr.isatty() and not args.quiet)
         report = ds.verify(progress=progress, allow_duplicates=args.allow_duplicates)
+        warnings = None if args.no_values else _value_warnings(ds, progress)
         shards = len(ds.backends)
         name, parts = ds.path, len(ds.parts)
     for p in report.problems:
@@ -55,6 +75,7 @@ def cmd_verify(args) -> int:
                     "problems": [problem_json(p) for p in report.problems],
                     "duplicate_keys": len(report.duplicates),
                     "notes": [problem_json(p) for p in report.notes],
+                    "warnings": warnings,
                 },
                 indent=2,
             )
@@ -72,6 +93,12 @@ def cmd_verify(args) -> int:
             f"shard{'s' if shards != 1 else ''}{where}{allowed}"
             + (f"; {plural(lost, 'damaged part')} lost in an earlier recovery" if lost else "")
         )
+        if warnings:
+            print(
+                f"WARNING: {plural(len(warnings), 'finding')} in the records' values (not a failure; "
+                "`layertap inspect --stats` shows the numbers):"
+            )
+            print("\n".join(f"  {w}" for w in warnings))
     return 0 if report.ok else 1
 
 
