@@ -18,6 +18,7 @@ import numpy as np
 
 from layertap._checks import one_of
 from layertap._choices import TENSOR_KINDS
+from layertap._install import INSTALL_DOC
 from layertap._options import check_str_map
 from layertap._spec.dtypes import ITEMSIZE, NUMPY_DTYPES, TORCH_NAMES, numpy_dtype
 from layertap._spec.record import TOKEN_IDS
@@ -241,7 +242,9 @@ def tensor_maker(tensors: str = "auto"):
         return to_torch if _torch_available() else to_numpy
     if tensors == "torch":
         if not _torch_available():
-            raise ImportError("tensors='torch' needs torch (pip install 'layertap[torch]'); or use tensors='numpy'")
+            raise ImportError(
+                f"tensors='torch' needs torch (the build for this machine: {INSTALL_DOC}); or use tensors='numpy'"
+            )
         return to_torch
     return to_numpy
 

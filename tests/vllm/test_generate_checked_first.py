@@ -22,6 +22,7 @@ import pytest
 from generate_support import TINY_ENGINE_ARGS, id_rows, write_jsonl
 
 import layertap
+from layertap._install import INSTALL_VLLM
 from layertap._tiny_families import build_tiny_model
 from layertap._tiny_model import save_random_model, write_tokenizer
 from layertap.generate.errors import GenerateError
@@ -97,7 +98,7 @@ def phi(tmp_path_factory) -> str:
 
 def test_without_vllm(tiny_model, ids, tmp_path):
     assert_refused_early(
-        "layertap generate needs vLLM, which is not installed here: pip install 'layertap[vllm]'",
+        f"layertap generate needs vLLM, which is not installed here: {INSTALL_VLLM}",
         tiny_model,
         ids,
         tmp_path / "out",

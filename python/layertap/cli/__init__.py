@@ -1,14 +1,15 @@
 """The ``layertap`` command: ``generate`` a dataset with vLLM, ``inspect``, ``verify`` and ``recover``
-datasets and shards, ``export`` them to a drafter trainer's files, ``pull`` one out of Mooncake Store.
+datasets and shards, ``export`` them to a drafter trainer's files, ``pull`` one out of Mooncake Store,
+and ``doctor``: what this environment holds and what is wrong between its parts.
 
-One module per subcommand (``generate``, ``inspect``, ``verify``, ``recover``, ``export``, ``pull``), each
-with ``add_parser(subparsers)``, which adds its arguments and the function that runs it; ``common``
-holds what they share. Here: the top-level parser and ``main``.
+One module per subcommand (``generate``, ``inspect``, ``verify``, ``recover``, ``export``, ``pull``,
+``doctor``), each with ``add_parser(subparsers)``, which adds its arguments and the function that
+runs it; ``common`` holds what they share. Here: the top-level parser and ``main``.
 
 Exit status: 0 all good; 1 problems found (corrupt records, torn tails, a shard that could not
-be recovered); 2 the command could not run (missing path, not a shard, bad arguments); 141 the
-reader of its output went away (``layertap inspect --json DIR | head``), quietly, as for any Unix
-tool ended by SIGPIPE.
+be recovered, a problem ``doctor`` found); 2 the command could not run (missing path, not a
+shard, bad arguments); 141 the reader of its output went away (``layertap inspect --json DIR |
+head``), quietly, as for any Unix tool ended by SIGPIPE.
 """
 
 from __future__ import annotations
@@ -17,12 +18,11 @@ import argparse
 import os
 import sys
 
-from layertap._version import __version__
-from layertap.cli import export, generate, inspect, pull, recover, verify
+from layertap.cli import doctor, export, generate, inspect, pull, recover, verify
 from layertap.cli.common import UsageError
 
 #: The subcommands, in the order ``layertap --help`` lists them: first the one that makes a dataset.
-SUBCOMMANDS = (generate, inspect, verify, recover, export, pull)
+SUBCOMMANDS = (generate, inspect, verify, recover, export, pull, doctor)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,7 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Generate hidden-states datasets with vLLM, inspect, verify and recover them, and export them "
         "for the drafter trainers speculators and SpecForge.",
     )
-    parser.add_argument("--version", action="version", version=f"layertap {__version__}")
+    parser.add_argument(
+        "--version",
+        action=doctor.VersionAction,
+        help="show layertap's version and those of its extension, Python, torch, vLLM and transformers, and exit",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for command in SUBCOMMANDS:
         command.add_parser(sub)

@@ -12,6 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from layertap._install import pip_install_keeping_torch
 from layertap._spec.record import HIDDEN_STATES
 from layertap._version import __version__
 from layertap.errors import InvalidInputError, LayertapError
@@ -219,8 +220,9 @@ def export(
         import safetensors  # noqa: F401 - asked here to fail before any work, with one line
         import torch  # noqa: F401
     except ImportError as e:
+        missing = e.name if e.name in ("torch", "safetensors") else "torch safetensors"
         raise ImportError(
-            f"layertap export needs torch and safetensors ({e}): pip install 'layertap[trainers]'"
+            f"layertap export needs torch and safetensors ({e}): {pip_install_keeping_torch(missing)}"
         ) from None
     if prenorm and to != "modelopt":
         raise InvalidInputError("--prenorm is for --to modelopt")

@@ -10,11 +10,10 @@ from typing import Any
 
 from layertap._checks import one_of
 from layertap._choices import CAPTURE_MODES
+from layertap._install import INSTALL_VLLM
 from layertap.generate import vllm_source
 from layertap.generate.errors import GenerateError
 from layertap.vllm.models import ENV_VAR, FAMILIES, IN_MODEL_FAMILIES, architectures_from_env
-
-INSTALL_VLLM = "pip install 'layertap[vllm]'"
 
 
 def require_vllm() -> None:

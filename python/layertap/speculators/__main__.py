@@ -18,6 +18,8 @@ import os
 import runpy
 import sys
 
+from layertap._install import pip_install_keeping_torch
+
 USAGE = """usage: python -m layertap.speculators COMMAND [ARGS...]   (speculators' command line)
        python -m layertap.speculators SCRIPT.py [ARGS...]  (a speculators script)
 
@@ -36,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
         register()
     except ImportError as e:
         print(
-            f"layertap.speculators: speculators' hs_connectors is not installed ({e}); pip install speculators",
+            f"layertap.speculators: speculators' hs_connectors is not installed ({e}); "
+            f"{pip_install_keeping_torch('speculators')}",
             file=sys.stderr,
         )
         return 2
