@@ -152,6 +152,7 @@ def test_html_page_has_the_histograms_and_warnings(flagged, tmp_path):
     # lengths, loss-mask coverage, and one chart of RMS per record for each of the 3 layers
     assert text.count("<svg ") == 5
     assert 'class="warn"' in text and "WARNING: 5 findings to look at before training" in text
+    assert "<th>layer</th>" in text and text.count('<tr class="flag">') == 3  # each layer has a finding
     for w in WARNINGS:
         assert f"<li>{w}</li>" in text
     # The length chart's bars, with their counts: seven bars, six records.
