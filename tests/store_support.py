@@ -38,6 +38,17 @@ def unreachable_port():
         yield s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def silent_port():
+    """A loopback port that accepts connections and never answers: listening, never accepting
+    (the kernel completes each connection into the backlog), as a hung service or another
+    protocol's server waiting for more would."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        yield s.getsockname()[1]
+
+
 def _wait_port(port: int, proc: subprocess.Popen, what: str, log: str, timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -86,14 +97,15 @@ class LoopbackStore:
 
     def _start(self, segment: str) -> None:
         self.port = free_port()
-        env = {**os.environ, "GLOG_minloglevel": "2"}
+        self.metrics_port = free_port()  # the master's HTTP port (metrics): no master's RPC port
+        env = dict(os.environ)
         log = os.path.join(self.workdir, "mooncake_master.log")
         self.master = subprocess.Popen(
             [
                 os.path.join(BIN, "mooncake_master"),
                 "-rpc_address=127.0.0.1",
                 f"-rpc_port={self.port}",
-                f"-metrics_port={free_port()}",
+                f"-metrics_port={self.metrics_port}",
                 "-default_kv_lease_ttl=50",
             ],
             stdout=self._log(log),
@@ -102,6 +114,7 @@ class LoopbackStore:
         )
         self.procs.append(self.master)
         _wait_port(self.port, self.master, "mooncake_master", log)
+        _wait_port(self.metrics_port, self.master, "mooncake_master's metrics port", log)
         node_port = free_port()
         log = os.path.join(self.workdir, "mooncake_client.log")
         self.node = subprocess.Popen(

@@ -4,15 +4,16 @@ shards, read back by ``layertap.open`` (CRC checked), verified, inspected, pulle
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from store_support import shard_frames
+from store_support import shard_frames, silent_port
 
 import layertap
-from layertap.errors import CorruptRecordError, RecordMissingError
+from layertap.errors import CorruptRecordError, InvalidInputError, RecordMissingError
 from layertap.mooncake.address import parse_address
 from layertap.mooncake.client import connect
 from layertap.mooncake.layout import record_name
@@ -21,8 +22,9 @@ from layertap.vllm.mooncake_sink import Forwarder
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "python")}
+def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "python"), **(env or {})}
+    env.pop("MC_LOG_DIR", None)  # set in this process by its own client: each command chooses its own
     return subprocess.run(
         [sys.executable, "-m", "layertap", *args], capture_output=True, text=True, env=env, timeout=120
     )
@@ -200,6 +202,72 @@ def test_bad_addresses_and_unreachable_master(tmp_path):
             layertap.open(f"mooncake://127.0.0.1:{port}/x")
         r = _cli("verify", f"mooncake://127.0.0.1:{port}/x")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "mooncake_master" in r.stderr, r.stderr
+
+
+#: A line of Mooncake's own log (glog's format), or glog's note before its set-up.
+GLOG_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\]|Logging before InitGoogleLogging", re.M)
+
+
+def test_malformed_addresses_are_refused_in_one_line(tmp_path):
+    """Nothing in an address is normalised: a trailing or doubled '/' would name another prefix
+    than the one written (a whole run went into it), an option without a value is not a default.
+    Every command that takes an address refuses it in one line, exit status 2, before it looks
+    for a master (none runs here) or writes anything."""
+    for bad, words in [
+        ("mooncake://127.0.0.1:1/runs/hs/", "no leading or trailing '/'"),
+        ("mooncake://127.0.0.1:1//hs", "no leading or trailing '/'"),
+        ("mooncake://127.0.0.1:1/runs//hs", "joined by single '/'"),
+        ("mooncake://127.0.0.1:1/hs?segment", "option 'segment' has no value"),
+        ("mooncake://127.0.0.1:1/hs?local=", "option 'local' has no value"),
+        ("mooncake://127.0.0.1:0/hs", "HOST:PORT"),
+    ]:
+        with pytest.raises(InvalidInputError, match=re.escape(words)):
+            layertap.open(bad)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"input_ids": [5, 6, 7]}\n')
+    trailing = "mooncake://127.0.0.1:1/runs/hs/"
+    for args in (
+        ["inspect", trailing],
+        ["verify", trailing],
+        ["pull", trailing, str(tmp_path / "pulled")],
+        ["generate", str(tmp_path / "no-model"), "--data", str(rows), "--out", trailing],
+        # a typo of the scheme is no directory to write into
+        ["generate", str(tmp_path / "no-model"), "--data", str(rows), "--out", "mooncake:/127.0.0.1:1/hs"],
+    ):
+        r = _cli(*args)
+        words = "no leading or trailing '/'" if trailing in args else "is not a Mooncake address"
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and words in r.stderr, (args, r.stderr)
+    assert sorted(os.listdir(tmp_path)) == ["rows.jsonl"]  # no directory made, by pull or generate
+
+
+def test_a_port_that_is_not_a_master_is_one_line(store):
+    """A port that takes connections but is no master (the master's own metrics port, which
+    speaks HTTP; a service that never answers): Mooncake's client would retry its set-up for
+    minutes, logging each try. The command ends with one line saying so, after the 3 s connect
+    and 3 s handshake bounds (the process ending with that line is the bound)."""
+    with silent_port() as port:
+        for address in (f"mooncake://127.0.0.1:{store.metrics_port}/x", f"mooncake://127.0.0.1:{port}/x"):
+            r = _cli("inspect", address)
+            assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+            assert "is not a Mooncake master" in r.stderr and "-rpc_port" in r.stderr, r.stderr
+
+
+def test_mooncake_logs_into_a_file_unless_asked(store, tmp_path):
+    """Mooncake's client logs ~17 lines each time a process sets it up: they go to files of its
+    own (LAYERTAP_MOONCAKE_LOG, a directory), not into a command's output; with
+    LAYERTAP_MOONCAKE_LOG=stderr they are shown."""
+    address = store.address("t/logs")
+    spool = tmp_path / "spool"
+    _write(spool, "wl", 3)
+    _forward(address, spool, "wl")
+    logs = tmp_path / "mooncake-logs"
+    for args in (["inspect", address], ["verify", address], ["pull", address, str(tmp_path / "pulled")]):
+        r = _cli(*args, env={"LAYERTAP_MOONCAKE_LOG": str(logs)})
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert not GLOG_LINE.search(r.stdout + r.stderr), r.stdout + r.stderr
+    assert GLOG_LINE.search((logs / "mooncake-transfer-engine.INFO").read_text())
+    r = _cli("inspect", address, env={"LAYERTAP_MOONCAKE_LOG": "stderr"})
+    assert r.returncode == 0 and GLOG_LINE.search(r.stderr), r.stderr
 
 
 def test_follow_records_as_they_arrive(store, tmp_path):

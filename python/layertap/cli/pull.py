@@ -11,7 +11,7 @@ from layertap._options import WriterOptions
 from layertap._text import plural, problem_line
 from layertap.cli.common import UsageError
 from layertap.errors import LayertapError
-from layertap.mooncake.address import is_store_address
+from layertap.mooncake.address import parse_address
 from layertap.mooncake.backend import open_address
 from layertap.reader import open as layertap_open
 from layertap.reader import shard_paths
@@ -40,12 +40,13 @@ def cmd_pull(args) -> int:
     # (every other command) never loads.
     from layertap.mooncake.pull import pull
 
-    if not is_store_address(args.address):
-        raise UsageError(f"{args.address!r} is not a Mooncake address: mooncake://MASTER_HOST:PORT/PREFIX")
     try:
+        # The address and the store first: a malformed address or a master that does not answer
+        # leaves no directory behind.
+        parse_address(args.address)
+        address, shards, problems = open_address(args.address)
         os.makedirs(args.out, exist_ok=True)
         have = _keys_there(args.out)
-        address, shards, problems = open_address(args.address)
         report = pull(shards, args.out, have, address.dataset, args.shard_size)
     except (LayertapError, OSError) as e:
         raise UsageError(str(e)) from None

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from layertap.errors import InvalidInputError
 
 SCHEME = "mooncake://"
+_SCHEME_NAME = "mooncake:"
 #: A dataset prefix: path segments of ``[A-Za-z0-9._-]``, joined by ``/``.
 _PREFIX = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
 MAX_PREFIX_LEN = 200
@@ -78,38 +79,47 @@ class StoreAddress:
 
 
 def is_store_address(path: object) -> bool:
-    return isinstance(path, str) and path.startswith(SCHEME)
+    """Whether ``path`` is meant as a store address: anything that starts with ``mooncake:``
+    (a ``mooncake:/host...`` typo is then refused by ``parse_address`` rather than taken for a
+    directory to write into)."""
+    return isinstance(path, str) and path[: len(_SCHEME_NAME)].lower() == _SCHEME_NAME
 
 
 def parse_address(text: str) -> StoreAddress:
     """Parses ``mooncake://HOST:PORT/PREFIX[?option=value&...]``; raises InvalidInputError with
-    one line naming what is wrong."""
-    if not is_store_address(text):
+    one line naming what is wrong. Nothing is normalised: an address that does not read exactly
+    so (a trailing or doubled ``/``, an option without a value) is refused, since taking it for
+    another would put a dataset under a prefix the user did not name."""
+    if not isinstance(text, str) or not text.startswith(SCHEME):
         raise InvalidInputError(f"{text!r} is not a Mooncake address: mooncake://MASTER_HOST:PORT/PREFIX")
     url = urllib.parse.urlsplit(text)
-    if url.username or url.password or url.fragment:
+    if url.username or url.password or url.fragment or "#" in text:
         raise InvalidInputError(f"{text}: a Mooncake address has no user, password or #fragment")
     try:
         host, port = url.hostname, url.port
     except ValueError as e:
         raise InvalidInputError(f"{text}: bad master port ({e})") from None
-    if not host or port is None:
+    if not host or port is None or port == 0:
         raise InvalidInputError(
             f"{text}: name the master as HOST:PORT (its -rpc_port), e.g. mooncake://10.0.0.5:50051/hs"
         )
-    prefix = url.path.strip("/")
+    prefix = url.path[1:]  # the path starts with the one "/" after HOST:PORT
     if not prefix or len(prefix) > MAX_PREFIX_LEN or not _PREFIX.fullmatch(prefix):
         raise InvalidInputError(
             f"{text}: the dataset prefix {prefix!r} must be 1 to {MAX_PREFIX_LEN} characters of "
-            "[A-Za-z0-9._-] segments joined by '/', e.g. mooncake://HOST:PORT/runs/llama-hs"
+            "[A-Za-z0-9._-] segments joined by single '/', with no leading or trailing '/', "
+            "e.g. mooncake://HOST:PORT/runs/llama-hs"
         )
     values: dict = {}
-    for name, value in urllib.parse.parse_qsl(url.query, keep_blank_values=True, strict_parsing=False):
+    for field in url.query.split("&") if url.query else ():
+        name, eq, value = field.partition("=")
         if name not in OPTIONS:
             raise InvalidInputError(f"{text}: unknown option {name!r}; the options are {', '.join(OPTIONS)}")
+        if not eq or not value:
+            raise InvalidInputError(f"{text}: option {name!r} has no value (write {name}=VALUE, or leave it out)")
         if name in values:
             raise InvalidInputError(f"{text}: option {name!r} is given twice")
-        values[name] = value
+        values[name] = urllib.parse.unquote(value)
     if "protocol" in values and values["protocol"] not in PROTOCOLS:
         raise InvalidInputError(f"{text}: protocol must be one of {', '.join(PROTOCOLS)}, not {values['protocol']!r}")
     for name in ("segment", "buffer"):

@@ -1,21 +1,25 @@
-"""One Mooncake Store client per process and address: ``connect`` checks that the master answers
-(in about a second, where Mooncake's own set-up retries for 90 s) and sets the client up;
-``StoreClient`` turns Mooncake's status codes into what layertap reports."""
+"""One Mooncake Store client per process and address: ``connect`` checks that a master answers
+at the address (``check_master``: within ``CONNECT_TIMEOUT + HANDSHAKE_TIMEOUT`` seconds, where
+Mooncake's own set-up retries 20 times, for minutes) and sets the client up, its log going to a
+file (``logs``); ``StoreClient`` turns Mooncake's status codes into what layertap reports."""
 
 from __future__ import annotations
 
 import logging
-import os
 import socket
+import struct
 import threading
 
 from layertap.errors import StoreUnavailableError
+from layertap.mooncake import logs
 from layertap.mooncake.address import StoreAddress
 
 logger = logging.getLogger("layertap.mooncake")
 
-#: Seconds ``connect`` waits for the master's port to accept a connection.
+#: Seconds ``check_master`` waits for the master's port to accept a connection.
 CONNECT_TIMEOUT = 3.0
+#: Seconds ``check_master`` then waits for the answer to its request: a master answers at once.
+HANDSHAKE_TIMEOUT = 3.0
 #: Mooncake's status for a key that is not in the store (``ErrorCode::OBJECT_NOT_FOUND``).
 OBJECT_NOT_FOUND = -704
 #: Mooncake's status for a call that did not reach the master (``ErrorCode::RPC_FAIL``); also
@@ -27,29 +31,57 @@ PROBE_TIMEOUT = 0.5
 #: master granted for it (the node holding it slow to answer) fails with LEASE_EXPIRED, and the
 #: next read, under a new lease, succeeds.
 GET_TRIES = 3
+#: Names ``exist_many`` asks the master about in one call.
+EXIST_BATCH = 1000
 
 _clients: dict[tuple, StoreClient] = {}
 _lock = threading.Lock()
 
 
-def _quiet_mooncake_logs() -> None:
-    # Mooncake logs through glog to stderr, every transfer error at ERROR: layertap reports
-    # failures itself (counted, one line per cause), so only fatal lines are left. A user who
-    # wants them sets GLOG_minloglevel.
-    os.environ.setdefault("GLOG_minloglevel", "3")
+#: A request of Mooncake's RPC protocol (yalantinglibs' coro_rpc: magic 21, version 0, struct_pack,
+#: a request; sequence number 1, function id 0, no body): ``req_header``, 20 bytes, little-endian.
+#: No master function has id 0, so a master answers "function not registered", a response whose
+#: first byte is the same magic; a port that is no master (its metrics or HTTP port, another
+#: service) answers otherwise, closes, or waits for more.
+_RPC_PROBE = struct.pack("<BBBBIIII", 21, 0, 0, 0, 1, 0, 0, 0)
+_RPC_MAGIC = 21
 
 
-def check_master(address: StoreAddress, timeout: float = CONNECT_TIMEOUT) -> None:
-    """Raises StoreUnavailableError, one line saying what to do, unless the master's RPC port
-    accepts a TCP connection within ``timeout`` seconds."""
+def _connect(address: StoreAddress, timeout: float) -> socket.socket:
+    """A connection to the master's port; raises StoreUnavailableError unless the port accepts
+    one within ``timeout`` seconds."""
     try:
-        socket.create_connection((address.host, address.port), timeout).close()
+        return socket.create_connection((address.host, address.port), timeout)
     except OSError as e:
         reason = e.strerror or type(e).__name__
         raise StoreUnavailableError(
             f"{address}: cannot reach the Mooncake master at {address.master} ({reason}): start mooncake_master "
             f"-rpc_port={address.port} there, or fix the address"
         ) from None
+
+
+def check_master(address: StoreAddress, timeout: float = CONNECT_TIMEOUT) -> None:
+    """Raises StoreUnavailableError, one line saying what to do, unless a Mooncake master
+    answers at the address: its port accepts a connection within ``timeout`` seconds and
+    answers an RPC request within ``HANDSHAKE_TIMEOUT``. (Mooncake's client, set up against a
+    port that is no master, retries for minutes, logging each try.)"""
+    sock = _connect(address, timeout)
+    with sock:
+        try:
+            sock.settimeout(HANDSHAKE_TIMEOUT)
+            sock.sendall(_RPC_PROBE)
+            reply = sock.recv(64)
+            answer = "closed the connection" if not reply else f"answered {reply[:16]!r}"
+        except TimeoutError:
+            reply, answer = b"", f"did not answer within {HANDSHAKE_TIMEOUT:g} s"
+        except OSError as e:
+            reply, answer = b"", e.strerror or type(e).__name__
+    if not reply or reply[0] != _RPC_MAGIC:
+        raise StoreUnavailableError(
+            f"{address}: {address.master} is not a Mooncake master (or one that hangs): it accepts connections but "
+            f"{answer} when sent a Mooncake RPC request; give the master's -rpc_port (default 50051), not its "
+            "metrics or HTTP port"
+        )
 
 
 class StoreClient:
@@ -63,7 +95,8 @@ class StoreClient:
     from ``get``) while it does not; a call that succeeds ends the checks."""
 
     def __init__(self, address: StoreAddress):
-        _quiet_mooncake_logs()
+        check_master(address)
+        log_dir = logs.prepare()  # before Mooncake reads its environment
         try:
             from mooncake.store import MooncakeDistributedStore, ReplicateConfig
         except ImportError as e:
@@ -71,22 +104,24 @@ class StoreClient:
                 f"Mooncake is not installed ({e}): pip install mooncake-transfer-engine-non-cuda (CPU) or "
                 "mooncake-transfer-engine (CUDA); it needs Debian's libibverbs1 and librdmacm1"
             ) from None
-        check_master(address)
+        quiet = log_dir is not None and logs.quiet_stderr()
         self.address = address
         self.store = MooncakeDistributedStore()
-        status = self.store.setup(
-            address.local_host(),
-            address.metadata,
-            address.segment,
-            address.buffer,
-            address.protocol,
-            address.device,
-            address.master,
-        )
+        with logs.setup_output(log_dir, quiet):
+            status = self.store.setup(
+                address.local_host(),
+                address.metadata,
+                address.segment,
+                address.buffer,
+                address.protocol,
+                address.device,
+                address.master,
+            )
         if status != 0:
             raise StoreUnavailableError(
                 f"{address}: Mooncake client set-up failed (status {status}) with master {address.master}, "
-                f"metadata {address.metadata!r}, protocol {address.protocol}: check the master and these options"
+                f"metadata {address.metadata!r}, protocol {address.protocol}: check the master and these options "
+                f"({logs.where()})"
             )
         self._failing = False
         """Whether the last call failed (then the next one checks the master's port first)."""
@@ -144,12 +179,26 @@ class StoreClient:
         self._failing = r < 0
         return None if r < 0 else bool(r)
 
+    def exist_many(self, names: list[str]) -> list[bool] | None:
+        """Whether each object is there (asked ``EXIST_BATCH`` names a call); None when the
+        store cannot say."""
+        out: list[bool] = []
+        for i in range(0, len(names), EXIST_BATCH):
+            if self._master_gone():
+                return None
+            got = self.store.batch_is_exist(names[i : i + EXIST_BATCH])
+            self._failing = any(r < 0 for r in got)
+            if self._failing:
+                return None
+            out += [r == 1 for r in got]
+        return out
+
     def _master_gone(self) -> bool:
         """After a failed call: whether the master's port refuses connections (see the class)."""
         if not self._failing:
             return False
         try:
-            check_master(self.address, PROBE_TIMEOUT)
+            _connect(self.address, PROBE_TIMEOUT).close()
         except StoreUnavailableError:
             return True
         return False
@@ -179,4 +228,4 @@ def connect(address: StoreAddress) -> StoreClient:
         return client
 
 
-__all__ = ["GET_TRIES", "OBJECT_NOT_FOUND", "RPC_FAIL", "StoreClient", "check_master", "connect"]
+__all__ = ["GET_TRIES", "HANDSHAKE_TIMEOUT", "OBJECT_NOT_FOUND", "RPC_FAIL", "StoreClient", "check_master", "connect"]
