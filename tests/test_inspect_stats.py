@@ -165,6 +165,12 @@ def test_html_at_a_directory_is_refused(flagged, tmp_path):
     proc = run_cli("inspect", flagged, "--html", tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip().endswith(f"--html must name a file to write, not the directory {tmp_path}")
+    nowhere = run_cli("inspect", flagged, "--html", tmp_path / "no" / "stats.html")
+    assert nowhere.returncode == 2
+    assert (
+        nowhere.stderr.strip()
+        == f"layertap inspect: --html {tmp_path / 'no' / 'stats.html'}: its directory does not exist"
+    )
 
 
 def test_lossy_windowed_and_corrupt_records(tmp_path):
@@ -233,3 +239,15 @@ def test_verify_warns_of_broken_layers_and_still_passes(flagged, clean):
     good = run_cli("verify", clean)
     assert good.returncode == 0 and len(good.stdout.splitlines()) == 1 and "WARNING" not in good.stdout
     assert json.loads(run_cli("verify", "--json", clean).stdout)["warnings"] == []
+
+
+def test_verify_does_not_warn_of_records_that_are_not_hidden_states(tmp_path):
+    """The format holds any tensors: verify warns of hidden states' values only, inspect --stats
+    says that a record has none."""
+    with writer_class("rust")(tmp_path / "d", writer_id="w", durability="none") as w:
+        w.submit("x", {"embedding": torch.zeros(4, 8)})
+        w.flush()
+    proc = run_cli("verify", tmp_path / "d")
+    assert proc.returncode == 0 and proc.stdout.count("\n") == 1, proc.stdout
+    s = _stats(tmp_path / "d")
+    assert s["warnings"] == ["1 record without hidden_states [tokens, layers, hidden] (key x)"]

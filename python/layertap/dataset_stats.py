@@ -300,17 +300,19 @@ class DatasetStats:
                 f"{plural(len(self.corrupt), 'corrupt record')} left out "
                 f"(keys {', '.join(p.key or '?' for p in self.corrupt[:KEYS_SHOWN])}; `layertap verify` lists them)"
             )
-        return out + self.value_warnings()
-
-    def value_warnings(self) -> list[str]:
-        """The warnings about what the records hold (``warnings`` less the corrupt records,
-        which ``layertap verify`` reports as problems of its own)."""
-        out = []
         if self.no_hidden_states.count:
             out.append(
                 f"{plural(self.no_hidden_states.count, 'record')} without {HIDDEN_STATES} [tokens, layers, hidden] "
                 f"({self.no_hidden_states.named()})"
             )
+        return out + self.value_warnings()
+
+    def value_warnings(self) -> list[str]:
+        """The warnings about the values of records of hidden states: ``warnings`` less the
+        corrupt records (which ``layertap verify`` reports as problems of its own) and the
+        records without ``hidden_states`` (the format holds any tensors; verify does not warn of
+        a dataset that is not the connector's)."""
+        out = []
         if self.no_tokens.count:
             out.append(f"{plural(self.no_tokens.count, 'record')} with no token ({self.no_tokens.named()})")
         if self.mask_all_zero.count:

@@ -289,6 +289,9 @@ def cmd_inspect(args) -> int:
     stats = args.stats or args.html is not None or args.strict
     if args.html is not None and os.path.isdir(args.html):
         raise UsageError(f"--html must name a file to write, not the directory {args.html}")
+    if args.html is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.html))):
+        # Said before every record is read, not after.
+        raise UsageError(f"--html {args.html}: its directory does not exist")
     with open_dataset(args.paths, args.backend, tensors="numpy") as ds:
         summary = inspect_summary(ds)
         if stats:
