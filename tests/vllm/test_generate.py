@@ -10,6 +10,7 @@ import json
 import os
 import pty
 import re
+import shutil
 import struct
 import termios
 
@@ -18,6 +19,7 @@ import torch
 from generate_support import TINY_ENGINE_ARGS, Child, chat_rows, generate_cmd, id_rows, write_jsonl
 
 import layertap
+from helpers import flip_bit, payload_offset
 from layertap._text import human_bytes
 from vllm_support import VLLM_WARNINGS, assert_hidden_states_match, pytest_env
 
@@ -120,6 +122,53 @@ def test_bad_rows_are_skipped_and_listed(chat_run):
     assert reasons[201].startswith("not JSON")
     assert reasons[202] == "no 'messages'"
     assert reasons[203].startswith("messages must be a non-empty list")
+
+
+def test_a_rerun_writes_again_a_record_that_fails_its_checksum(chat_run, tiny_model, tmp_path):
+    """Issue 34, item 4: one flipped byte in a record's payload; the same command run again
+    counts that record as missing, takes it out of its shard's index and writes its row again,
+    so that both readers return the new record and verify passes (noting what the repair left
+    unindexed). A copy of chat_run's dataset: one more engine start, for one row."""
+    _, done, _ = chat_run
+    out = tmp_path / "out"
+    shutil.copytree(done, out)
+    shard = sorted(out.glob("*.lts"))[0]
+    at, length, key = payload_offset(shard, 7)
+    with layertap.open(shard) as ds:
+        before = {k: ds[k].tensors for k in ds.keys()[:3] if k != key}
+        want = ds[key].hidden_states
+    flip_bit(shard, at + length // 2)
+    with layertap.open(out) as ds:
+        assert [p.key for p in ds.verify().problems] == [key]
+    child = Child(
+        generate_cmd(
+            tiny_model,
+            str(done.parent / "chat.jsonl"),
+            str(out),
+            "--json",
+            "--max-len",
+            "128",
+            engine_args={"dtype": "float32"},
+        ),
+        multiprocessing=False,
+    )
+    assert child.finish(timeout=300) == 0, child.stderr
+    summary = json.loads(child.stdout)
+    assert summary["rows_written"] == 1 and summary["rows_done_before"] == 199 and summary["complete"], summary
+    assert [(d["row"], d["shard"]) for d in summary["damaged_records"]] == [(int(key), str(shard))]
+    assert "payload checksum mismatch" in summary["damaged_records"][0]["reason"]
+    for backend in ("rust", "python"):
+        with layertap.open(out, backend=backend) as ds:
+            report = ds.verify()
+            assert report.ok and report.records_ok == 200 and not report.duplicates, report.problems
+            assert report.lost_in_recovery == 1  # the damaged frame, still in the file, unindexed
+            assert sorted(ds.keys(), key=int) == [str(i) for i in range(200)]
+            assert ds[key].shard != str(shard) and ds[key].metadata["row"] == key
+            torch.testing.assert_close(ds[key].hidden_states, want)  # the row written again, as before
+            for k, tensors in before.items():  # the shard's other records are kept as they were
+                assert ds[k].shard == str(shard)
+                for name, t in tensors.items():
+                    torch.testing.assert_close(ds[k].tensors[name], t, rtol=0, atol=0)
 
 
 def test_loss_mask_and_output_tokens(tiny_model, reference, tmp_path):

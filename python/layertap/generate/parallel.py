@@ -40,6 +40,7 @@ from layertap.generate.errors import GenerateError
 from layertap.generate.local import device_slices, local_events
 from layertap.generate.progress import EngineTotals, Progress
 from layertap.generate.ray_engines import connect, default_engines, disconnect, ray_events
+from layertap.generate.repair import damaged_entries
 from layertap.generate.resume import SOURCE, lock_directory, make_output_directory, prepare_output
 from layertap.generate.run import Checked, assigned_mask, check_options, run_one
 from layertap.generate.summary import EngineEntry, Summary, is_complete
@@ -72,6 +73,8 @@ class PartsState:
     """bool per row: a record of the row is in some part."""
     recovered: list[str] = field(default_factory=list)
     set_aside: list[str] = field(default_factory=list)
+    damaged: list[dict] = field(default_factory=list)
+    """The parts' records that failed their check, taken out of their shards' indexes (the summary's entries)."""
     duplicates: int = 0
     """Records of rows that another record (in this part or another) has already."""
     next_run: int = 0
@@ -126,6 +129,7 @@ def prepare_parts(c: Checked, engines: int) -> PartsState:
             state.done[rows] = True
             state.recovered += part.recovered
             state.set_aside += part.set_aside
+            state.damaged += damaged_entries(part.damaged)
             state.next_run = max(state.next_run, part.run)
     except BaseException:
         state.release()
@@ -294,6 +298,7 @@ def _merge(
         "shards": total("shards"),
         "shards_recovered": state.recovered + [p for s in ok for p in s["shards_recovered"]],
         "files_set_aside": state.set_aside + [p for s in ok for p in s["files_set_aside"]],
+        "damaged_records": state.damaged + [d for s in ok for d in s["damaged_records"]],
         "tokens_per_second": round(total("tokens") / gen, 1) if gen > 0 else 0.0,
         "seconds": {
             "load": round(t_load - t0, 3),

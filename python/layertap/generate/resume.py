@@ -11,8 +11,10 @@ is in a shard. Before a run:
    a file of an earlier run that died before its shard header was complete holds no record and is
    removed (a torn empty shard: ``recover`` removes it) or set aside as ``NAME.torn`` (bytes
    that do not begin a header);
-3. every shard must come from ``layertap generate`` with the same model and layers; the keys of
-   their records are the rows done.
+3. every shard must come from ``layertap generate`` with the same model and layers;
+4. every record is checked as ``layertap verify`` checks it, and a shard holding one that fails
+   is re-indexed without it (``repair``), so that its row is written again;
+5. the keys of the records are the rows done.
 
 Each run writes with a fresh writer id ``gen-{run}`` (one more than any run before it), so it
 never appends to another run's shard.
@@ -30,8 +32,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from layertap._spec.record import LAYER_IDS
+from layertap._types import Problem
 from layertap.errors import FormatError, ShardLockedError
 from layertap.generate.errors import GenerateError
+from layertap.generate.repair import damaged_records, reindex_without_damaged, remove_stale_copies
 from layertap.reader import open as open_dataset
 from layertap.recover import recover
 
@@ -55,6 +59,9 @@ class OutputState:
     """Shards of killed runs completed by this run."""
     set_aside: list[str] = field(default_factory=list)
     """Files of killed runs without a complete header (no records), removed or renamed."""
+    damaged: list[Problem] = field(default_factory=list)
+    """Records that failed their check (a byte changed on the disk), taken out of their shards'
+    indexes so that this run writes their rows again (``repair``)."""
     duplicates: int = 0
     """Records whose row already had one (should never happen; counted, not hidden)."""
     dtype: str | None = None
@@ -153,6 +160,7 @@ def prepare_output(path: str, model: str, layer_ids: list[int], lock: bool = Tru
     make_output_directory(path)
     state = OutputState(path, run=0, _lock_fd=lock_directory(path) if lock else None)
     try:
+        remove_stale_copies(path)
         _complete_shards(state, model, layer_ids)
         state.run = max(first_run, _run_number(os.listdir(path)))
         ds = _open_dataset(path)
@@ -161,6 +169,11 @@ def prepare_output(path: str, model: str, layer_ids: list[int], lock: bool = Tru
                 for info in ds.shards:
                     _check_meta(info, model, layer_ids)
                     state.dtype = state.dtype or info.meta.get("user", {}).get("dtype")
+                state.damaged = damaged_records(ds)
+            for shard in dict.fromkeys(p.shard for p in state.damaged):
+                reindex_without_damaged(shard)  # every reader of it closed above
+            with _open_dataset(path) as ds:
+                _check_repaired(ds, state.damaged)
                 rows = np.fromiter((_row_of(e.key, path) for b in ds.backends for e in b.entries), dtype=np.int64)
                 state.done = np.unique(rows)
                 state.duplicates = len(rows) - len(state.done)
@@ -168,6 +181,18 @@ def prepare_output(path: str, model: str, layer_ids: list[int], lock: bool = Tru
         state.release()
         raise
     return state
+
+
+def _check_repaired(ds, damaged: list[Problem]) -> None:
+    """A damaged record whose payload still matches its checksum was written damaged (its
+    shard's re-indexing keeps it): writing its row again would not replace it."""
+    indexed = {(b.path, e.frame_offset) for b in ds.backends for e in b.entries}
+    for p in damaged:
+        if (p.shard, p.offset) in indexed:
+            raise GenerateError(
+                f"{p.message}; the record matches its checksum, so it was written so and cannot be taken out of "
+                f"its shard's index: move {p.shard} out of --out to write its rows again"
+            )
 
 
 def _complete_shards(state: OutputState, model: str, layer_ids: list[int]) -> None:

@@ -40,10 +40,11 @@ from layertap.generate.engine import (
     sampling_kwargs,
     shutdown,
 )
-from layertap.generate.errors import EngineStartError, GenerateError
+from layertap.generate.errors import EngineStartError, GenerateError, GenerateInterrupted
 from layertap.generate.model import config_num_layers, load_model_info, parse_layers, read_config
 from layertap.generate.progress import PROGRESS_MODES, Progress, ShardFollower, Totals
 from layertap.generate.render import BadRowError, Renderer, check_loss_mask
+from layertap.generate.repair import damaged_entries
 from layertap.generate.resume import SOURCE, OutputState, prepare_output, recover_shard
 from layertap.generate.summary import Summary, is_complete
 from layertap.reader import open as open_dataset
@@ -421,6 +422,7 @@ def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callab
         "shards": written["shards"],
         "shards_recovered": state.recovered,
         "files_set_aside": state.set_aside,
+        "damaged_records": damaged_entries(state.damaged),
         "tokens_per_second": round(outcome.tokens / gen_seconds, 1) if gen_seconds > 0 else 0.0,
         "seconds": {
             "load": round(t_load - t0, 3),

@@ -20,6 +20,15 @@ class BadRowEntry(TypedDict):
     reason: str
 
 
+class DamagedRecordEntry(TypedDict):
+    """A record found damaged (it fails its check) in ``--out`` when the run began: taken out of
+    its shard's index, so that the run writes its row again (docs/GENERATE.md, "Resume")."""
+
+    row: int
+    shard: str
+    reason: str
+
+
 class Seconds(TypedDict):
     """Where a run's time went (a run of many engines: the slowest engine's, per phase)."""
 
@@ -90,6 +99,7 @@ class _SummaryFields(TypedDict):
     shards: int
     shards_recovered: list[str]
     files_set_aside: list[str]
+    damaged_records: list[DamagedRecordEntry]
     tokens_per_second: float
     seconds: Seconds
 
@@ -174,6 +184,13 @@ def summary_text(s: Summary) -> str:
         lines.append(
             f"completed {len(s['shards_recovered'])} shard(s) left open by an earlier run; "
             f"set aside {len(s['files_set_aside'])} file(s) without a complete header"
+        )
+    damaged = s["damaged_records"]
+    if damaged:
+        first = damaged[0]
+        lines.append(
+            f"{len(damaged):,} record(s) of --out failed their check and were taken out of their shards' "
+            f"indexes, to be written again (first: row {first['row']}: {first['reason']})"
         )
     for row in s["bad_rows"][:LISTED_BAD_ROWS]:
         lines.append(f"bad row {row['row']}: {row['reason']}")

@@ -1,0 +1,123 @@
+"""Records of an output directory that fail their check, taken out of their shards' indexes so
+that a rerun writes their rows again (docs/GENERATE.md, "Resume, exactly once").
+
+A row is done when a record keyed by its index is in a shard; a record whose bytes were damaged
+after it was written (a flipped bit on the disk) must not count, or the rerun would call the
+dataset complete while ``layertap verify`` fails on it. Writing the row again is not enough
+either: a key's record is its first one in dataset order (docs/FORMAT.md, "Datasets"), so the
+damaged record would still be the one readers return. So each shard holding such a record is
+re-indexed as ``layertap recover`` indexes an open shard (docs/FORMAT.md, "Recovery"): its bytes
+up to its index are copied to a file beside it (not a shard name), that copy is recovered (every
+record whose payload matches its checksum indexed, the damaged ones left in the file unindexed
+and counted in the trailer's ``lost_in_recovery``), and the copy is renamed over the shard. A
+reader that has the old shard open keeps reading the old file; a run killed at any moment leaves
+either the old shard (the next run repairs it) or the new one, and at most a copy that is no
+shard (``.NAME.repair``), which the next run removes.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+from layertap._spec.format import TRAILER_LEN, decode_trailer
+from layertap._types import Problem, ProblemKind
+from layertap.errors import FormatError, RecordMissingError
+from layertap.generate.errors import GenerateError
+from layertap.reader import problem_message
+from layertap.recover import recover
+
+#: The copy of a shard being repaired: a dot file without ``.lts``, so no reader takes it for a shard.
+_COPY = ".{}.repair"
+
+
+def damaged_records(ds) -> list[Problem]:
+    """Every record of ``ds`` that fails the check ``layertap verify`` makes (frame header against
+    the index, checksum, decoding, key), shards checked in parallel (the Rust reader checks
+    without the GIL)."""
+    backends = [b for b in ds.backends if b.entries]
+    if not backends:
+        return []
+    with ThreadPoolExecutor(max_workers=min(len(backends), os.cpu_count() or 1)) as pool:
+        return [p for found in pool.map(_damaged_in, backends) for p in found]
+
+
+def _damaged_in(shard) -> list[Problem]:
+    out = []
+    for i, e in enumerate(shard.entries):
+        try:
+            shard.check(i)
+        except FormatError as err:
+            kind = ProblemKind.MISSING_RECORD if isinstance(err, RecordMissingError) else ProblemKind.CORRUPT_RECORD
+            out.append(Problem(shard.path, e.frame_offset, e.key, kind, problem_message(err, shard.path)))
+    return out
+
+
+def remove_stale_copies(path: str) -> None:
+    """Removes the copies a repair killed before its rename left (they hold no record of the dataset)."""
+    for name in os.listdir(path):
+        if name.startswith(".") and name.endswith(".lts.repair"):
+            os.unlink(os.path.join(path, name))
+
+
+def reindex_without_damaged(shard: str) -> None:
+    """Replaces the complete shard ``shard`` with a copy of it whose index leaves out the records
+    that fail their checksum (see the module's comment). The caller holds the directory's lock
+    and has closed every reader of the shard it opened."""
+    directory, name = os.path.split(shard)
+    copy = os.path.join(directory, _COPY.format(name))
+    try:
+        with open(shard, "rb") as src:
+            src.seek(-TRAILER_LEN, os.SEEK_END)
+            trailer = decode_trailer(src.read(TRAILER_LEN))
+            if trailer is None:
+                raise GenerateError(f"{shard}: cannot repair this shard: its trailer is not valid")
+            with open(copy, "wb") as dst:
+                _copy_prefix(src.fileno(), dst.fileno(), trailer.index_offset)
+        recover(copy)  # indexes the records that match their checksums, and fsyncs
+        os.replace(copy, shard)
+        _fsync_dir(directory)
+    except (OSError, FormatError) as e:
+        raise GenerateError(f"{shard}: cannot repair this shard: {getattr(e, 'strerror', None) or e}") from None
+    finally:
+        if os.path.exists(copy):
+            os.unlink(copy)
+
+
+def _copy_prefix(src: int, dst: int, length: int) -> None:
+    """Copies bytes ``[0, length)`` of ``src`` to ``dst``: by ``copy_file_range`` (no copy through
+    this process; a reflink where the file system has them), else by reads and writes."""
+    done = 0
+    try:
+        while done < length:
+            n = os.copy_file_range(src, dst, length - done, done, done)
+            if n == 0:
+                raise OSError(errno.EIO, "the shard ended while it was copied")
+            done += n
+        return
+    except OSError as e:
+        if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+            raise
+    while done < length:
+        chunk = os.pread(src, min(length - done, 1 << 24), done)
+        if not chunk:
+            raise OSError(errno.EIO, "the shard ended while it was copied")
+        done += os.pwrite(dst, chunk, done)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def damaged_entries(problems: list[Problem]) -> list[dict]:
+    """The summary's ``damaged_records``: each record taken out of its shard's index, by row."""
+    return [
+        {"row": int(p.key) if p.key.isdigit() else p.key, "shard": p.shard, "reason": p.message}
+        for p in problems
+        if p.key is not None
+    ]
