@@ -40,7 +40,7 @@ from layertap.generate.engine import (
     sampling_kwargs,
     shutdown,
 )
-from layertap.generate.errors import EngineStartError, GenerateError, GenerateInterrupted
+from layertap.generate.errors import EngineStartError, GenerateError
 from layertap.generate.model import config_num_layers, load_model_info, parse_layers, read_config
 from layertap.generate.progress import PROGRESS_MODES, Progress, ShardFollower, Totals
 from layertap.generate.render import BadRowError, Renderer, check_loss_mask
