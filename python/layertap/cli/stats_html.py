@@ -37,12 +37,13 @@ def _svg(hist: dict, kind: str, color: str) -> str:
     top = max(counts) or 1
     n = len(counts)
     inner_w, inner_h = _W - 2 * _PAD, _H - 2 * _PAD
-    bw = inner_w / n
+    bw = inner_w / n if n > 1 else inner_w / 8  # one bar (all values equal): narrow, in the middle
+    left = _PAD + (inner_w - bw * n) / 2
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H}" role="img">']
     parts.append(f'<line x1="{_PAD}" y1="{_H - _PAD}" x2="{_W - _PAD}" y2="{_H - _PAD}" stroke="#888"/>')
     for i, c in enumerate(counts):
         h = inner_h * c / top
-        x, y = _PAD + i * bw, _H - _PAD - h
+        x, y = left + i * bw, _H - _PAD - h
         lo, hi = edges[i], edges[i + 1]
         tip = f"{fmt(lo)} to {fmt(hi - 1 if kind == 'integer' else hi)}: {c:,}"
         parts.append(
@@ -53,8 +54,11 @@ def _svg(hist: dict, kind: str, color: str) -> str:
             parts.append(f'<text x="{x + bw / 2:.1f}" y="{y - 3:.1f}" text-anchor="middle">{c:,}</text>')
     last = edges[-1] - 1 if kind == "integer" else edges[-1]  # integer bars are [edge, next edge)
     y = _H - _PAD + 14
+    if n == 1:
+        parts.append(f'<text x="{_W / 2:.1f}" y="{y}" text-anchor="middle">{fmt(edges[0])}</text></svg>')
+        return "".join(parts)
     parts.append(f'<text x="{_PAD}" y="{y}">{fmt(edges[0])}</text>')
-    if n > 1 and n % 2 == 0:
+    if n % 2 == 0:
         parts.append(f'<text x="{_W / 2:.1f}" y="{y}" text-anchor="middle">{fmt(edges[n // 2])}</text>')
     parts.append(f'<text x="{_W - _PAD}" y="{y}" text-anchor="end">{fmt(last)}</text>')
     parts.append("</svg>")
