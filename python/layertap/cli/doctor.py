@@ -441,4 +441,13 @@ class VersionAction(argparse.Action):
         parser.exit()
 
 
-__all__ = ["PINNED", "SUPPORTED_VLLM", "VersionAction", "add_parser", "constraints", "examine", "version_line"]
+__all__ = [
+    "PINNED",
+    "SUPPORTED_VLLM",
+    "VersionAction",
+    "add_parser",
+    "constraints",
+    "diagnose",
+    "examine",
+    "version_line",
+]
