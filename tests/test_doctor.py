@@ -345,3 +345,25 @@ def test_the_speculators_entry_point_without_speculators_says_how_to_install_it_
         "layertap doctor --constraints > constraints.txt && pip install -c constraints.txt speculators "
         "(keeps your torch and vLLM; docs/INSTALL.md)\n"
     ), proc.stderr
+
+
+def test_generates_optional_packages_are_asked_for_with_the_constraints(monkeypatch):
+    """--ray without Ray and Parquet data without pyarrow: the same constrained install (Ray's
+    and pyarrow's own requirements could move what vLLM pinned as well)."""
+    from layertap.generate import data, ray_engines
+    from layertap.generate.errors import GenerateError
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if it were not installed
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    with pytest.raises(GenerateError) as ray_error:
+        ray_engines._ray()
+    with pytest.raises(GenerateError) as parquet_error:
+        data._optional_import("pyarrow.parquet", "Parquet files")
+    assert str(ray_error.value).endswith(
+        "layertap doctor --constraints > constraints.txt && pip install -c constraints.txt ray "
+        "(keeps your torch and vLLM; docs/INSTALL.md)"
+    )
+    assert str(parquet_error.value).startswith("reading Parquet files needs the 'pyarrow' package")
+    assert str(parquet_error.value).endswith(
+        "pip install -c constraints.txt pyarrow (keeps your torch and vLLM; docs/INSTALL.md)"
+    )

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from layertap._install import pip_install_keeping_torch
 from layertap.generate.errors import GenerateError
 
 #: The prompt columns, in the order one is chosen when the data has several.
@@ -44,7 +45,9 @@ def _optional_import(module: str, what: str):
         return __import__(module, fromlist=["_"])
     except ImportError as e:
         package = module.split(".")[0]
-        raise GenerateError(f"reading {what} needs the '{package}' package ({e}); pip install it") from None
+        raise GenerateError(
+            f"reading {what} needs the '{package}' package ({e}): {pip_install_keeping_torch(package)}"
+        ) from None
 
 
 class RowSource:

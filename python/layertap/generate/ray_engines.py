@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from layertap._install import pip_install_keeping_torch
 from layertap.generate import vllm_log
 from layertap.generate.errors import GenerateError
 from layertap.generate.run import run_engine
@@ -34,7 +35,7 @@ def _ray():
     try:
         import ray  # here: an optional dependency (pip install ray), needed by --ray only
     except ImportError as e:
-        raise GenerateError(f"--ray needs the 'ray' package ({e}); pip install ray") from None
+        raise GenerateError(f"--ray needs the 'ray' package ({e}): {pip_install_keeping_torch('ray')}") from None
     return ray
 
 
