@@ -10,7 +10,14 @@ import torch
 
 import layertap
 from layertap.vllm.extras import CONNECTOR_METADATA, loss_mask_array, record_metadata_problem
-from vllm_support import VLLM_WARNINGS, assert_hidden_states_match, engine_args, running_llm, shutdown
+from vllm_support import (
+    VLLM_WARNINGS,
+    assert_hidden_states_match,
+    engine_args,
+    read_stats,
+    running_llm,
+    shutdown,
+)
 
 pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
 
@@ -50,7 +57,8 @@ def test_extras_through_the_engine(tiny_model, reference, tmp_path):
     from vllm import SamplingParams
 
     out = tmp_path / "hs"
-    args = engine_args(tiny_model, out, connector={"writer": "rust"})
+    stats = tmp_path / "stats.json"
+    args = engine_args(tiny_model, out, connector={"writer": "rust", "stats_path": str(stats)})
     good = {
         "a": ({"sample_id": "a", "record_metadata": {"row": "0", "note": "é"}, "loss_mask": [0] * 4 + [1] * 6}, 10),
         "b": ({"sample_id": "b", "loss_mask": [True] * 3 + [False] * 5, "include_output_tokens": True}, 8),
@@ -62,7 +70,9 @@ def test_extras_through_the_engine(tiny_model, reference, tmp_path):
         "f": ({"sample_id": "f", "record_metadata": {"model": "x"}}, 4, "may not set 'model'"),
         "g": ({"sample_id": "g", "record_metadata": "row=3"}, 4, "must be an object"),
     }
-    requests = [(k, p, n) for k, (p, n) in good.items()] + [(k, p, n) for k, (p, n, _) in bad.items()]
+    declined = {"h": ({"sample_id": "h", "save": False, "record_metadata": {"row": "7"}}, 4)}  # not_requested
+    requests = [(k, p, n) for k, (p, n) in {**good, **declined}.items()]
+    requests += [(k, p, n) for k, (p, n, _) in bad.items()]
     with running_llm(False, **args) as llm:
         outputs = llm.generate(
             [{"prompt_token_ids": prompt_ids(n, start=i)} for i, (_, _, n) in enumerate(requests)],
@@ -76,6 +86,9 @@ def test_extras_through_the_engine(tiny_model, reference, tmp_path):
     answers = {k: o.kv_transfer_params["layertap"] for (k, _, _), o in zip(requests, outputs)}
     for key, (_, _, why) in bad.items():
         assert answers[key]["reason"] == "invalid_request" and why in answers[key]["error"], answers[key]
+    assert answers["h"]["reason"] == "not_requested"
+    # An engine in this process: the counts of its last step reach the statistics at shutdown.
+    assert read_stats(stats)["requests_not_saved"] == {"invalid_request": 4, "not_requested": 1}
     with layertap.open(out) as ds:
         assert sorted(ds.keys()) == ["a", "b", "c"] and ds.verify().ok
         a, b, c = ds["a"], ds["b"], ds["c"]

@@ -3,6 +3,10 @@ JSON, requests sent over HTTP with ``kv_transfer_params`` in the body, the recor
 online API (``layertap.vllm.fetch``) as soon as each response is back, and the connector's
 metrics scraped from ``/metrics`` and checked against the dataset.
 
+The server runs as a shared endpoint should: with the connector's ``save="requested"``, so only
+requests that ask (``"save": true`` or a ``sample_id``) are saved, and the others are counted.
+The default (``"all"``) is the offline tests' (test_values.py and the others send nothing).
+
 The server's command line is ``serve_support.start_server``'s.
 """
 
@@ -15,7 +19,7 @@ import torch
 from serve_support import one_value, prompt_ids, start_server
 
 import layertap
-from layertap.errors import InvalidInputError
+from layertap.errors import InvalidInputError, LayertapError
 from layertap.vllm import fetch
 from vllm_support import (
     STORED_LAYERS,
@@ -35,7 +39,7 @@ def server(tiny_model, tmp_path_factory):
     work = tmp_path_factory.mktemp("serve")
     out = work / "hs"
     stats = work / "stats.json"
-    connector = connector_config(out, writer="python", stats_path=str(stats), writer_id="serve-test")
+    connector = connector_config(out, writer="python", stats_path=str(stats), writer_id="serve-test", save="requested")
     srv = start_server(tiny_model, connector, speculative_config(), work)
     try:
         srv.out, srv.stats = out, stats
@@ -46,7 +50,7 @@ def server(tiny_model, tmp_path_factory):
 
 def test_http_requests_and_online_fetch(server, reference):
     prompts = {"plain": prompt_ids(25, 1), "with-outputs": prompt_ids(40, 2)}
-    plain = server.complete(prompts["plain"], 3)
+    plain = server.complete(prompts["plain"], 3, {"save": True})  # keyed by vLLM's request id
     loc = plain["kv_transfer_params"]["layertap"]
     assert loc["dataset"] == str(server.out) and loc["writer_id"] == "serve-test"
     record = fetch(plain["kv_transfer_params"], timeout=60)
@@ -60,6 +64,21 @@ def test_http_requests_and_online_fetch(server, reference):
     assert_hidden_states_match(record, reference, prompts["with-outputs"] + generated)
 
 
+def test_a_request_that_does_not_ask_is_not_saved(server):
+    """``save="requested"``: a client that sends no kv_transfer_params is served as by any vLLM
+    and gets none back; one that sends some without asking is told how to ask. Neither is
+    written (test_metrics_match_the_dataset counts the records, and these two as not_requested)."""
+    resp = server.complete(prompt_ids(20, 5), 2)
+    assert resp["choices"][0]["text"] is not None and resp.get("kv_transfer_params") is None
+    with pytest.raises(InvalidInputError, match='connector saves only requests that ask .*"save": true'):
+        fetch(resp.get("kv_transfer_params"), timeout=5)
+    resp = server.complete(prompt_ids(20, 6), 2, {"include_output_tokens": True})
+    entry = resp["kv_transfer_params"]["layertap"]
+    assert entry["reason"] == "not_requested" and '"save": true or a "sample_id"' in entry["error"]
+    with pytest.raises(LayertapError, match="did not save this request's hidden states: this server saves only"):
+        fetch(resp["kv_transfer_params"], timeout=5)
+
+
 def test_sample_id_with_path_characters_is_refused_clearly(server):
     resp = server.complete(prompt_ids(8, 3), 2, {"sample_id": "../../etc/passwd"})
     # The generation itself is served; the connector says why it saved nothing.
@@ -71,7 +90,7 @@ def test_sample_id_with_path_characters_is_refused_clearly(server):
         fetch(resp["kv_transfer_params"], timeout=5)
     assert not any(p.name != "serve-test-000000.lts" for p in server.out.iterdir())
 
-    resp = server.complete(prompt_ids(8, 3), 2, {"include_output_tokens": "yes"})
+    resp = server.complete(prompt_ids(8, 3), 2, {"save": True, "include_output_tokens": "yes"})
     with pytest.raises(InvalidInputError, match="include_output_tokens must be true or false"):
         fetch(resp["kv_transfer_params"], timeout=5)
 
@@ -106,6 +125,7 @@ def test_metrics_match_the_dataset(server):
     assert one_value(samples, "layertap_written_stored_bytes_total") == sum(s.stored_bytes for s in shards)
     assert one_value(samples, "layertap_records_failed_total") == 0
     assert one_value(samples, "layertap_requests_not_saved_total", reason="invalid_request") == 2
+    assert one_value(samples, "layertap_requests_not_saved_total", reason="not_requested") == 2
     assert one_value(samples, "layertap_pool_stalls_total") == 0
     assert one_value(samples, "layertap_pool_used_bytes") == 0
     assert one_value(samples, "layertap_writer_queue_records") == 0
@@ -119,7 +139,8 @@ def test_metrics_match_the_dataset(server):
     assert steps >= 5 and one_value(samples, "layertap_engine_thread_seconds_bucket", le="+Inf") == steps
     # vLLM's periodic log line (every second here) carries the connector's figures.
     deadline = time.monotonic() + 30
-    while "KV Transfer metrics: records_written=" not in server.log_path.read_text(errors="replace"):
+    wanted = ("KV Transfer metrics: records_written=", "not_saved_not_requested=")
+    while not all(text in server.log_path.read_text(errors="replace") for text in wanted):
         assert time.monotonic() < deadline, server.log_tail()
         time.sleep(0.5)
 
@@ -151,3 +172,5 @@ def test_shutdown_closes_the_writer(server):
         assert all(s.complete for s in ds.shards) and ds.verify().ok
     stats = read_stats(server.stats)
     assert stats["records_written"] == 7 and stats["pool"]["in_use_bytes"] == 0
+    # The scheduler half's counts, handed to the worker (another process here) step by step.
+    assert stats["requests_not_saved"] == {"invalid_request": 2, "not_requested": 2}
