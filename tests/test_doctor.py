@@ -367,3 +367,21 @@ def test_generates_optional_packages_are_asked_for_with_the_constraints(monkeypa
     assert str(parquet_error.value).endswith(
         "pip install -c constraints.txt pyarrow (keeps your torch and vLLM; docs/INSTALL.md)"
     )
+
+
+def test_a_torch_that_does_not_import_is_a_problem(tmp_path):
+    """A torch whose libraries do not load (a CUDA build without its libraries, say): shadowed
+    here by a package of that name that raises what such an import raises."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(
+        'raise OSError("libcudnn.so.9: cannot open shared object file: No such file or directory")\n'
+    )
+    proc = doctor(pythonpath=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    torch = metadata.version("torch")
+    assert re.search(rf"^torch +{re.escape(torch)}: does not import$", proc.stdout, re.M), proc.stdout
+    problems = [line for line in proc.stdout.splitlines() if line.startswith("problem: ")]
+    assert problems == [
+        f"problem: torch {torch} does not import (OSError: libcudnn.so.9: cannot open shared object file: "
+        "No such file or directory); fix: reinstall the torch your vLLM requires (docs/INSTALL.md)"
+    ], proc.stdout

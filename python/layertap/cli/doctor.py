@@ -158,12 +158,15 @@ def vllm_facts() -> dict[str, Any] | None:
 def _requirements(dist: str, names: tuple[str, ...]) -> list[str]:
     """``dist``'s requirements on ``names`` that apply on this machine (markers evaluated)."""
     try:
-        from packaging.requirements import Requirement
+        from packaging.requirements import InvalidRequirement, Requirement
     except ImportError:  # vLLM and transformers depend on packaging; without it, nothing is checked
         return []
     found = []
     for text in metadata.distribution(dist).requires or []:
-        requirement = Requirement(text)
+        try:
+            requirement = Requirement(text)
+        except InvalidRequirement:  # a line this packaging cannot read is not one to judge by
+            continue
         if requirement.name.lower() not in names:
             continue
         if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
@@ -182,9 +185,14 @@ def probe(companions: list[str]) -> dict[str, Any]:
             text=True,
             timeout=PROBE_TIMEOUT,
         )
+    except subprocess.TimeoutExpired:
+        return {"torch": {"error": f"importing it took more than {PROBE_TIMEOUT} s"}}
+    try:
         return json.loads(proc.stdout.strip().splitlines()[-1])
-    except (subprocess.TimeoutExpired, ValueError, IndexError) as e:
-        return {"torch": {"error": f"could not be imported in a child process: {e}"}}
+    except (ValueError, IndexError):
+        # The child died importing (a crash in a compiled extension): its last words say how.
+        said = proc.stderr.strip().splitlines()
+        return {"torch": {"error": said[-1] if said else f"its import ended the process (status {proc.returncode})"}}
 
 
 def examine() -> dict[str, Any]:
