@@ -336,3 +336,26 @@ def loops_while(fn) -> tuple[int, float]:
         sys.setswitchinterval(old)
         th.join()
     return during, elapsed
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(path, size: str):
+    """A tmpfs of ``size`` (``"600k"``, ``"2m"``) mounted on ``path`` (created), unmounted at
+    the end: a small disk that fills up (the tests run as root). Skips, saying why, where
+    mounting is refused; a skipped test has checked nothing."""
+    os.makedirs(path, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", os.fspath(path)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"NOT RUN: mounting a {size} tmpfs was refused (root needed): {done.stderr.strip()}")
+    try:
+        yield os.fspath(path)
+    finally:
+        subprocess.run(["umount", "-l", os.fspath(path)], check=False)
+
+
+def free_bytes(path) -> int:
+    """What an unprivileged writer can still write on the file system holding ``path``."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize

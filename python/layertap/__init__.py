@@ -31,6 +31,7 @@ from layertap._version import __version__ as __version__
 from layertap.errors import (
     CodecError,
     CorruptRecordError,
+    DiskFullError,
     DuplicateKeyError,
     FormatError,
     InvalidInputError,
@@ -96,4 +97,5 @@ __all__ = [
     "ShardLockedError",
     "WriterClosedError",
     "WriterIOError",
+    "DiskFullError",
 ]

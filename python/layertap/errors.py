@@ -112,6 +112,34 @@ class WriterIOError(LayertapError, OSError):
         OSError.__init__(self, errno, message, filename)
 
 
+class DiskFullError(WriterIOError):
+    """The file system holding the dataset is full (``ENOSPC``, or ``EDQUOT`` over a quota).
+
+    ``directory`` is the dataset directory, ``free_bytes`` what is free there once the writer
+    cut off the record that did not fit and completed its shard (None if it could not tell),
+    ``filename`` the file being written. The message is one line naming both; every record
+    reported written before the error is intact and readable."""
+
+    def __init__(
+        self,
+        errno: int | None,
+        message: str,
+        filename: str | None = None,
+        directory: str | None = None,
+        free_bytes: int | None = None,
+    ):
+        super().__init__(errno, message, filename)
+        self.message = message
+        self.directory = directory
+        self.free_bytes = free_bytes
+
+    def __str__(self) -> str:  # the message already names the directory and the file
+        return self.message
+
+    def __reduce__(self):  # pickles with every detail (vLLM sends errors between processes)
+        return type(self), (self.errno, self.message, self.filename, self.directory, self.free_bytes)
+
+
 __all__ = [
     "LayertapError",
     "InvalidInputError",
@@ -126,4 +154,5 @@ __all__ = [
     "ShardLockedError",
     "WriterClosedError",
     "WriterIOError",
+    "DiskFullError",
 ]

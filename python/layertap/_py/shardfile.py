@@ -12,15 +12,30 @@ import fcntl
 import os
 
 from layertap._spec.format import RawEntry, encode_file_header, encode_footer
-from layertap.errors import WriterIOError
+from layertap._text import human_bytes
+from layertap.errors import DiskFullError, WriterIOError
 
 # Linux caps the buffers of one writev at IOV_MAX.
 _IOV_MAX = 1024
 
 
 def io_error(e: OSError, path: str, op: str) -> WriterIOError:
-    """A WriterIOError for ``op`` failing on ``path``."""
+    """A WriterIOError for ``op`` failing on ``path``; a DiskFullError, as the Rust core's, when
+    the file system is full."""
     reason = e.strerror or str(e)
+    if e.errno in (_errno.ENOSPC, _errno.EDQUOT):
+        directory = path if os.path.isdir(path) else os.path.dirname(path) or "."
+        try:
+            st = os.statvfs(directory)
+            free: int | None = st.f_bavail * st.f_frsize
+        except OSError:
+            free = None
+        text = human_bytes(free) if free is not None else "an unknown amount"
+        message = (
+            f"{directory}: disk full, {text} free ({op} of {os.path.basename(path) or path} failed: {reason}); "
+            "the records written before it are intact"
+        )
+        return DiskFullError(e.errno, message, path, directory, free)
     return WriterIOError(e.errno, f"{path}: {op} failed: {reason}", path)
 
 

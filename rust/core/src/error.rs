@@ -76,6 +76,29 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// The file system holding the dataset has no room left (`ENOSPC`; `EDQUOT`, a quota, too).
+    /// Records reported written before it are intact and the shard is cut back to them (and
+    /// completed where its index still fits): Python's `DiskFullError`, a `WriterIOError`.
+    #[error(
+        "{dir}: disk full, {} free ({op} of {} failed: {source}); the records written before it are intact",
+        free_text(*free_bytes),
+        file_name(path)
+    )]
+    DiskFull {
+        /// The directory on the full file system (the dataset directory).
+        dir: PathBuf,
+        /// The file being written (or the directory, when that was what failed).
+        path: PathBuf,
+        /// What was being done (`"write"`, `"create"`...).
+        op: &'static str,
+        /// The bytes an unprivileged writer could still use there, as `statvfs` said right
+        /// after the failure (`None` if it could not tell).
+        free_bytes: Option<u64>,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+
     /// Another process holds the shard's lock (its writer is alive).
     #[error("{path}: locked by another process (a live writer?); refusing to modify it")]
     Locked {
@@ -98,13 +121,29 @@ pub enum Error {
 }
 
 impl Error {
-    /// Shorthand for an [`Error::Io`] from an `io::Error`.
+    /// Shorthand for an [`Error::Io`] from an `io::Error`; an [`Error::DiskFull`] when the
+    /// error says the file system is full, with the free space of the directory holding `path`.
     pub fn io(path: impl Into<PathBuf>, op: &'static str, source: std::io::Error) -> Self {
-        Error::Io {
-            path: path.into(),
-            op,
-            source,
+        let path = path.into();
+        if matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) {
+            let dir = if path.is_dir() {
+                path.clone()
+            } else {
+                match path.parent() {
+                    Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                    _ => PathBuf::from("."),
+                }
+            };
+            let free_bytes = free_bytes(&dir);
+            return Error::DiskFull {
+                dir,
+                path,
+                op,
+                free_bytes,
+                source,
+            };
         }
+        Error::Io { path, op, source }
     }
 
     /// Shorthand for [`Error::NotAShard`].
@@ -131,10 +170,51 @@ impl Error {
     /// The `errno` of an I/O error, if this is one.
     pub fn raw_os_error(&self) -> Option<i32> {
         match self {
-            Error::Io { source, .. } => source.raw_os_error(),
+            Error::Io { source, .. } | Error::DiskFull { source, .. } => source.raw_os_error(),
             _ => None,
         }
     }
+}
+
+/// The bytes an unprivileged process can still write on the file system holding `dir`
+/// (`statvfs`: available blocks times the fragment size), or `None` if it cannot tell.
+#[allow(trivial_numeric_casts)] // u64 already on 64-bit Linux, not on every target
+pub fn free_bytes(dir: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `statvfs` is a plain C struct of integers, for which all zeroes is a valid value.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `statvfs` reads the NUL-terminated path, which `c` keeps alive for the call, and
+    // writes only into `st`, ours.
+    if unsafe { libc::statvfs(c.as_ptr(), &raw mut st) } != 0 {
+        return None;
+    }
+    Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+}
+
+/// Bytes as Python's `layertap._text.human_bytes` writes them (`"352.0 KiB"`).
+fn free_text(bytes: Option<u64>) -> String {
+    let Some(n) = bytes else {
+        return "an unknown amount".into();
+    };
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut value = n as f64;
+    for unit in ["KiB", "MiB", "GiB", "TiB"] {
+        value /= 1024.0;
+        if value < 1024.0 {
+            return format!("{value:.1} {unit}");
+        }
+    }
+    format!("{:.1} PiB", value / 1024.0)
+}
+
+fn file_name(path: &std::path::Path) -> String {
+    path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
 }
 
 /// The crate's result type.

@@ -41,6 +41,19 @@ fn build(py: Python<'_>, e: Error) -> PyResult<PyErr> {
             msg,
             path.display().to_string(),
         ))?,
+        Error::DiskFull {
+            dir,
+            path,
+            free_bytes,
+            source,
+            ..
+        } => class(py, "DiskFullError")?.call1((
+            source.raw_os_error(),
+            msg,
+            path.display().to_string(),
+            dir.display().to_string(),
+            *free_bytes,
+        ))?,
         Error::Locked { path } => {
             class(py, "ShardLockedError")?.call1((msg, path.display().to_string()))?
         }

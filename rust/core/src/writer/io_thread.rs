@@ -382,16 +382,24 @@ impl IoLoop {
     /// whose bytes are now all in the file; fails at a failed write.
     fn retire(&mut self) -> Result<()> {
         while let Some(Issued {
-            outcome: Some((_, result)),
+            outcome: Some((op, result)),
             ..
         }) = self.issued.front()
         {
             if let Err(e) = result {
-                // Left at the front, so nothing after it is ever retired.
+                // Left at the front, so nothing after it is ever retired. The bytes before
+                // `op.offset` are in the file (a full disk takes part of a write, then refuses
+                // the rest): the records wholly among them are reported, not lost with the
+                // batch (a batch is up to `batch_bytes`, 8 MiB by default).
                 let e = match e.raw_os_error() {
                     Some(code) => io::Error::from_raw_os_error(code),
                     None => io::Error::new(e.kind(), e.to_string()),
                 };
+                let reached = op.offset;
+                if let Some(shard) = self.shard.as_mut() {
+                    shard.file_end = shard.file_end.max(reached);
+                }
+                self.report_written();
                 return Err(self.io_err("write", e));
             }
             let issued = self.issued.pop_front().expect("checked");
@@ -543,6 +551,23 @@ impl IoLoop {
             .send(job)
     }
 
+    /// After a failure, writes the index of the records reported so far into `shard` (cut
+    /// back to them already), best effort: the error that stopped the writer is what the
+    /// caller sees. With a durability policy the shard is `fsync`ed here, as its last records
+    /// were reported before their `fsync`.
+    fn complete_after_failure(&self, shard: OpenShard) {
+        let written_end = shard.written_end;
+        let mut shard = shard;
+        shard.unreported.clear();
+        shard.alloc_end = written_end;
+        if let Ok(complete) = shard.finish() {
+            if self.syncer.is_some() {
+                let _ = complete.sync_all();
+            }
+            self.shared.shard_closed();
+        }
+    }
+
     fn io_err(&self, op: &'static str, e: io::Error) -> Error {
         let path = self
             .shard
@@ -583,6 +608,21 @@ impl IoLoop {
                 .iter()
                 .map(|p| p.header.raw_len)
                 .sum::<u64>();
+            if matches!(e, Some(Error::DiskFull { .. })) {
+                // Cutting the partial frame off gave back its space: the index fits there more
+                // often than not, and a complete shard needs no `recover` (which would need
+                // that space too). If it does not fit, the shard stays cut to whole frames.
+                self.complete_after_failure(shard);
+            }
+        }
+        let mut e = e;
+        if let Some(Error::DiskFull {
+            dir, free_bytes, ..
+        }) = e.as_mut()
+        {
+            // What is free now, as `df` shows it: the part of the record that did not fit is
+            // cut off and the index written (the moment of the failure always said ~0).
+            *free_bytes = crate::error::free_bytes(dir).or(*free_bytes);
         }
         // Finished writes are freed; any still in the kernel stay with the engine.
         self.issued.clear();
