@@ -294,3 +294,35 @@ def test_closed_pipe_ends_quietly(dataset, args):
         os.close(write_end)
     assert proc.stderr == ""
     assert proc.returncode == 141
+
+
+def _window_examples() -> list[str]:
+    """Every ``--window`` value docs/GENERATE.md and ``layertap generate --help`` show (``P``, the
+    prompts' length, as 100), and the forms of a Python slice."""
+    import re
+    from pathlib import Path
+
+    from layertap.cli import build_parser
+
+    docs = (Path(__file__).parent.parent / "docs" / "GENERATE.md").read_text()
+    row = next(line for line in docs.splitlines() if line.startswith("| `--window START:END`"))
+    sub = build_parser()._subparsers._group_actions[0].choices["generate"]
+    help_text = " ".join(sub.format_help().split())
+    shown = re.findall(r"--window (\S+?)`", docs) + re.findall(r"`(-?\d*:-?\d*)`", row)
+    shown += re.findall(r"(?:e\.g\.|or) (-?\d*:-?\d*)", help_text)
+    assert "-64:" in shown and "-255:" in shown and "P:" in shown and "-64:-1" in shown, shown
+    return sorted({w.replace("P", "100") for w in shown} | {"-64:-1", ":-1", "-1:", "10:-5", "-5:10"})
+
+
+@pytest.mark.parametrize("window", _window_examples())
+@pytest.mark.parametrize("form", ["separate", "joined"])
+def test_generate_parses_every_documented_window(window, form):
+    """Issue 34, item 7: ``--window -64:`` failed with 'expected one argument' (argparse took the
+    value for an option); only ``--window=-64:`` worked."""
+    from layertap.cli import build_parser
+
+    given = ["--window", window] if form == "separate" else [f"--window={window}"]
+    args = build_parser().parse_args(["generate", "MODEL", "--data", "d.jsonl", *given, "--out", "hs/", "--json"])
+    assert (args.window, args.out, args.json) == (window, "hs/", True)
+    args = build_parser().parse_args(["generate", "MODEL", "--data", "d.jsonl", "--out", "hs/", "--win", window])
+    assert args.window == window

@@ -129,6 +129,48 @@ def test_bad_input_before_any_import(tiny_model, ids, tmp_path):
     assert not out.exists()
 
 
+def test_an_out_that_cannot_be_the_dataset_is_refused_first(tiny_model, ids, tmp_path):
+    """Issue 34, item 8: --out at a file failed after vLLM's import (10 s), and a directory of
+    other files was written into silently. Both are refused first, and nothing is changed; an
+    earlier run's directory, or --allow-other-files, goes on to the next check (here: layer ids
+    out of range, the first check after --out's)."""
+    a_file = tmp_path / "hs"
+    a_file.write_text("not a directory")
+    assert_refused_early(f"--out {a_file} is a file, not a directory", tiny_model, ids, a_file)
+    assert a_file.read_text() == "not a directory"
+    home = tmp_path / "home"
+    home.mkdir()
+    for name in ("notes.txt", ".bashrc", "chats.jsonl", "old.lts.bak"):
+        (home / name).write_text("mine")
+    assert_refused_early(
+        f"--out {home} holds files that are not a layertap dataset's (.bashrc, chats.jsonl, notes.txt and 1 more): "
+        "give an empty or new directory, or pass --allow-other-files",
+        tiny_model,
+        ids,
+        home,
+    )
+    assert sorted(p.name for p in home.iterdir()) == [".bashrc", "chats.jsonl", "notes.txt", "old.lts.bak"]
+    later = "layer ids [5, 9] are out of range"
+    assert_refused_early(later, tiny_model, ids, home, "--allow-other-files", "--layers", "2,5,9")
+    earlier = tmp_path / "earlier"  # what a run leaves (a killed one too), as docs/GENERATE.md lists it
+    (earlier / "engine-0").mkdir(parents=True)
+    for name in (".layertap-generate.lock", "vllm.log", "layertap-dataset.json", "gen-0-000000.lts.torn"):
+        (earlier / name).write_text("")
+    assert_refused_early(later, tiny_model, ids, earlier, "--layers", "2,5,9")
+
+
+def test_a_window_that_holds_no_token_is_refused_first(tiny_model, ids, tmp_path):
+    """Issue 34, item 7: such a window was refused only once the engine had started (40 s), and
+    left an empty shard behind; the documented negative forms did not parse."""
+    out = tmp_path / "out"
+    for window in ("10:5", "5:5", "-5:-10", ":0", "-64:0"):
+        assert_refused_early(f"--window {window} holds no token of any row", tiny_model, ids, out, "--window", window)
+    assert not out.exists()
+    later = "layer ids [5, 9] are out of range"  # the window parsed and passed; the next check refused
+    for window in ("-64:", "-64:-1", "100:", ":-1", "0:64", "10:-5"):
+        assert_refused_early(later, tiny_model, ids, out, "--window", window, "--layers", "2,5,9")
+
+
 def test_architecture_without_the_interface(ids, tmp_path):
     """StableLM: vLLM's class has no EAGLE-3 interface and layertap's plugin none for it."""
     stablelm = tiny(tmp_path / "stablelm", "StableLmForCausalLM", "StableLmConfig")

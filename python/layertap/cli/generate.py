@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import traceback
 
@@ -40,8 +41,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--out",
         required=True,
         metavar="DIR",
-        help="dataset directory (created; resumed when it exists), or a dataset in Mooncake Store: "
+        help="dataset directory (created; resumed when it holds an earlier run's dataset; a directory holding "
+        "other files is refused unless --allow-other-files), or a dataset in Mooncake Store: "
         "mooncake://MASTER_HOST:PORT/PREFIX (docs/MOONCAKE.md)",
+    )
+    p.add_argument(
+        "--allow-other-files",
+        action="store_true",
+        help="write into --out (or --also-dir) although it holds files that are not a layertap dataset's "
+        "(they are left as they are; readers ignore them)",
     )
     p.add_argument(
         "--also-dir",
@@ -75,8 +83,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--window",
         metavar="START:END",
         help="record only positions [START, END) of each row's recorded tokens (either may be empty; "
-        "negative counts from the end), e.g. 100: or -64: (docs/CONNECTOR.md, 'Windows and reductions')",
+        "negative counts from the end), e.g. 100: or -64: or -64:-1 (docs/CONNECTOR.md, 'Windows and reductions')",
     )
+    # argparse takes a value that begins with '-' and is not a number (-64:) for an option, so
+    # `--window -64:` failed with "expected one argument": such a value is joined to its option.
+    p.parse_known_args = _windows_joined(p.parse_known_args)  # type: ignore[method-assign]
     p.add_argument(
         "--reduction",
         choices=("last", "mean"),
@@ -168,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
             ray_address=args.ray_address,
             capture=args.capture,
             also_dir=args.also_dir,
+            allow_other_files=args.allow_other_files,
             loss_mask=args.loss_mask,
         )
     except GenerateError as e:
@@ -202,6 +214,34 @@ def run(args: argparse.Namespace) -> int:
 
 def _and_log(path: str | None) -> str:
     return f", and vLLM's log in {path}" if path else ""
+
+
+#: What ``--window`` takes: ``START:END``, either side empty or an integer (negative from the end).
+_WINDOW_VALUE = re.compile(r"^-?\d*:-?\d*$")
+
+
+def _windows_joined(parse_known_args):
+    """``parse_known_args`` taking ``--window -64:`` as ``--window=-64:`` (and so any prefix of
+    ``--window`` that argparse takes for it), before ``--`` only."""
+
+    def parse(args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        joined: list[str] = []
+        i = 0
+        while i < len(args):
+            arg = args[i]
+            if arg == "--":
+                joined += args[i:]
+                break
+            if len(arg) > 3 and "--window".startswith(arg) and i + 1 < len(args) and _WINDOW_VALUE.match(args[i + 1]):
+                joined.append(f"{arg}={args[i + 1]}")
+                i += 2
+                continue
+            joined.append(arg)
+            i += 1
+        return parse_known_args(joined, namespace)
+
+    return parse
 
 
 def _see(path: str | None) -> str:

@@ -25,6 +25,7 @@ import types
 from layertap._choices import DEFAULT_CAPTURE
 from layertap.generate.errors import GenerateError
 from layertap.generate.parallel import generate_parallel, wants_parallel
+from layertap.generate.resume import check_output_directory
 from layertap.generate.run import check_options, run_one
 from layertap.generate.store import is_store_address, settle_store_run, store_output
 from layertap.generate.summary import Summary
@@ -52,6 +53,7 @@ def generate(
     capture: str = DEFAULT_CAPTURE,
     also_dir: str | os.PathLike | None = None,
     loss_mask: str = "auto",
+    allow_other_files: bool = False,
 ) -> Summary:
     """Writes the hidden states of every row of ``data`` into ``out`` and returns the summary
     (a ``layertap.generate.summary.Summary``; docs/GENERATE.md lists its fields). Raises GenerateError, before the engine starts, for bad
@@ -71,7 +73,15 @@ def generate(
     ``loss_mask`` (``--loss-mask``): ``"auto"`` stores the data's ``loss_mask`` column when it has
     one, else, for chats whose template has ``{% generation %}`` markers, the assistant mask
     (transformers' ``return_assistant_tokens_mask``); ``"assistant"`` that mask (refused without
-    the markers); ``"none"`` no mask."""
+    the markers); ``"none"`` no mask.
+
+    ``out`` must not be a file, nor a directory that holds files no layertap dataset holds
+    unless ``allow_other_files`` (``--allow-other-files``): GenerateError, before anything else."""
+    # Before anything is imported or written: an --out that cannot be a dataset directory.
+    if not is_store_address(os.fspath(out)):
+        check_output_directory(os.fspath(out), "--out", allow_other_files)
+    elif also_dir is not None:
+        check_output_directory(os.fspath(also_dir), "--also-dir", allow_other_files)
     if is_store_address(os.fspath(out)):
         with store_output(os.fspath(out), also_dir, connector_args) as (spool, args):
             summary = generate(
@@ -94,6 +104,7 @@ def generate(
                 ray_address=ray_address,
                 capture=capture,
                 loss_mask=loss_mask,
+                allow_other_files=True,  # the spool: --also-dir, checked above, or a new directory
             )
             return settle_store_run(summary, os.fspath(out), spool)
     if also_dir is not None:

@@ -36,6 +36,8 @@ from layertap._types import Problem
 from layertap.errors import FormatError, ShardLockedError
 from layertap.generate.errors import GenerateError
 from layertap.generate.repair import damaged_records, reindex_without_damaged, remove_stale_copies
+from layertap.generate.vllm_log import LOG_NAME
+from layertap.parts import MANIFEST_NAME
 from layertap.reader import open as open_dataset
 from layertap.recover import recover
 
@@ -137,6 +139,49 @@ def _check_meta(info, model: str, layer_ids: list[int]) -> None:
         theirs = None
     if theirs != sorted(layer_ids):
         raise GenerateError(f"--out holds {name} with layers {theirs}, not {sorted(layer_ids)}; use another --out")
+
+
+#: What a dataset directory of ``layertap generate`` holds besides its shards (docs/GENERATE.md,
+#: "The dataset"): the lock, vLLM's log, a manifest of parts and the parts' directories
+#: (``parallel.PART_PREFIX``), files set aside by an earlier run.
+_DATASET_NAMES = (LOCK_NAME, LOG_NAME, MANIFEST_NAME)
+_DATASET_PATTERN = re.compile(
+    r"^(.+\.lts(\.torn)?"  # shards, and files of killed runs set aside
+    r"|\..*\.lts.*"  # shards being created or repaired under a temporary name (writers, repair)
+    rf"|{re.escape(MANIFEST_NAME)}\.tmp-\d+)$"  # a manifest being replaced
+)
+_PART_DIRECTORY = re.compile(r"^engine-\d+$")
+
+
+def check_output_directory(path: str, option: str = "--out", allow_other_files: bool = False) -> None:
+    """Refuses, before anything is imported or written, an output directory that is a file, or
+    one that holds files no layertap dataset holds (another program's, or a mistyped path)
+    unless ``allow_other_files``. A missing or empty directory, or an earlier run's, is fine."""
+    if not os.path.lexists(path):
+        return
+    if not os.path.isdir(path):
+        raise GenerateError(
+            f"{option} {path} is a file, not a directory: give the dataset's directory (created if missing)"
+        )
+    if allow_other_files:
+        return
+    try:
+        names = os.listdir(path)
+    except OSError as e:
+        raise GenerateError(f"{option} {path}: cannot read the directory: {e.strerror or e}") from None
+    other = sorted(n for n in names if not _is_dataset_entry(path, n))
+    if other:
+        shown = ", ".join(other[:3]) + (f" and {len(other) - 3} more" if len(other) > 3 else "")
+        raise GenerateError(
+            f"{option} {path} holds files that are not a layertap dataset's ({shown}): give an empty or new "
+            "directory, or pass --allow-other-files to write the dataset beside them"
+        )
+
+
+def _is_dataset_entry(path: str, name: str) -> bool:
+    if name in _DATASET_NAMES or _DATASET_PATTERN.match(name):
+        return True
+    return bool(_PART_DIRECTORY.match(name)) and os.path.isdir(os.path.join(path, name))
 
 
 def make_output_directory(path: str) -> None:

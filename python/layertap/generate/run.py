@@ -76,7 +76,21 @@ def check_window(window: Any, reduction: Any) -> list | None:
     _, problem = check_window_request({"window": window, "reduction": reduction})
     if problem:
         raise GenerateError(f"--{problem}")
+    if window is not None and _holds_no_token(*window):
+        start, end = ("" if b is None else b for b in window)
+        raise GenerateError(
+            f"--window {start}:{end} holds no token of any row (as a Python slice, END must come after START): "
+            "e.g. 0:64 for the first 64 positions, -64: for the last 64"
+        )
     return window
+
+
+def _holds_no_token(start: int | None, end: int | None) -> bool:
+    """Whether the slice ``[start:end]`` is empty whatever the sequence's length: it ends at 0,
+    or both bounds count from the same end and the end is not past the start."""
+    if end == 0:
+        return True
+    return start is not None and end is not None and (start < 0) == (end < 0) and end <= start
 
 
 def record_params(options: dict) -> dict:
