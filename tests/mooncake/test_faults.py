@@ -61,6 +61,49 @@ def test_a_store_smaller_than_the_data(small_store, tmp_path):
                 assert np.array_equal(ds[key]["x"], want[key])
 
 
+def test_a_run_whose_records_were_evicted_is_not_complete(small_store, tmp_path):
+    """generate's settling step after a run into a store smaller than its records: every put
+    may have succeeded and every record be listed while the later ones evicted the first. The
+    store is asked for each listed record's object: those gone count as missing
+    (``store_evicted`` of them), the run is not complete, and its spool is kept."""
+    from layertap.generate.store import Spool, settle_store_run
+
+    address = small_store.address("evicted")
+    spool = tmp_path / "spool"
+    rng = np.random.default_rng(5)
+    with layertap.ShardWriter(spool, writer_id="big", codec="none", shard_size=4 << 20) as w:
+        for i in range(40):  # 40 MiB into a 16 MiB store
+            w.submit(f"k{i}", {"x": rng.standard_normal(1 << 18).astype(np.float32)})
+    f = Forwarder(parse_address(address), str(spool), "big", {}, keep_shards=True)
+    f.close(timeout=120)
+    assert f.error is None and f.stats["records_put"] > 0
+    settled = settle_store_run({"complete": True}, address, Spool(str(spool), keep=False))
+    with layertap.open(address) as ds:
+        held = ds.verify().records_ok  # listed, there, intact
+    assert settled["store_missing"] == 40 - held and not settled["complete"]
+    assert settled["store_evicted"] > 0 and settled["store_refused"] == 0
+    assert settled["also_dir"] == str(spool)
+
+
+def test_a_run_whose_puts_were_refused_is_not_complete(store, tmp_path):
+    """A second run into a prefix that holds a first run's records under the same keys: its puts
+    are refused (a key is put once), so the store lists the keys but holds the first run's
+    records, not this run's: counted in ``store_refused``, the run not complete."""
+    from layertap.generate.store import Spool, settle_store_run
+
+    address = store.address("t/refused")
+    for run, value in (("first", 0.0), ("second", 1.0)):
+        with layertap.ShardWriter(tmp_path / run, writer_id=run, codec="none") as w:
+            for i in range(5 if run == "first" else 7):
+                w.submit(f"k{i}", {"x": np.full(64, value, np.float32)})
+        f = Forwarder(parse_address(address), str(tmp_path / run), run, {}, keep_shards=True)
+        f.close(timeout=60)
+    assert f.stats["duplicates_refused"] == 5 and f.stats["records_put"] == 2
+    settled = settle_store_run({"complete": True}, address, Spool(str(tmp_path / "second"), keep=False))
+    assert not settled["complete"] and settled["store_refused"] == 5 and settled["store_missing"] == 0
+    assert settled["also_dir"] == str(tmp_path / "second")
+
+
 def test_calls_fail_at_once_while_the_master_is_gone(tmp_path):
     """Mooncake's client spends about 4 s on each call to a master that is gone; once one call
     has failed, the next ones fail at once (a connector's shutdown, which puts its index and

@@ -130,6 +130,41 @@ def test_a_run_whose_puts_failed_keeps_its_spool_and_a_rerun_puts_them(store, ti
         again.stop()
 
 
+def test_a_store_too_small_for_the_run_is_counted_and_fails_the_command(tiny_model, tmp_path, capfd, monkeypatch):
+    """The command into a store too small for the run (records of ~75 KiB each, 20 MiB of them,
+    into 16 MiB): the later puts evict the first records, or fail. The summary counts every
+    record the store no longer holds once the run is over (``store_missing``, the evicted among
+    them in ``store_evicted``), the exit status is 1, the spool is kept, and nothing of
+    Mooncake's own log is in the command's output."""
+    import re
+
+    from layertap.cli import main as layertap_cli
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    (tmp_path / "store").mkdir()
+    small = LoopbackStore(str(tmp_path / "store"), segment="16MB")
+    try:
+        address = small.address("gen/small")
+        data = write_jsonl(tmp_path / "rows.jsonl", id_rows(300, 40, 60))
+        engine_args = json.dumps({**TINY_ENGINE_ARGS, "dtype": "float32"})
+        args = ["generate", tiny_model, "--data", data, "--out", address, "--max-len", "64", "--json"]
+        args += ["--progress", "none", "--engine-args", engine_args, "--connector-args", '{"codec": "none"}']
+        status = layertap_cli(args)
+        out, err = capfd.readouterr()
+        summary = json.loads(out)
+        with layertap.open(address) as ds:
+            held = ds.verify().records_ok
+    finally:
+        small.stop()
+    assert status == 1 and not summary["complete"], err[-3000:]
+    assert summary["rows_written"] == 300 and summary["store_missing"] == 300 - held > 0
+    assert summary["store_evicted"] > 0 and summary["store_refused"] == 0
+    with layertap.open(summary["also_dir"]) as spool:
+        assert len(spool) == 300  # the only full copy, kept
+    glog = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\]|Logging before InitGoogleLogging", re.M)
+    assert not glog.search(out + err), err[-3000:]
+
+
 def test_unreachable_master_is_one_line_before_the_engine_starts(tiny_model, tmp_path):
     data = write_jsonl(tmp_path / "rows.jsonl", id_rows(3, 3, 5))
     t0 = time.monotonic()

@@ -4,11 +4,13 @@ spool directory, as any run (resumable, read back for the summary), with the con
 written. The spool is ``--also-dir`` when given (kept: the dataset on disk too), else a
 temporary directory removed after the run.
 
-After the run the store's listing is compared with the spool: a record whose put failed (the
-master gone, the store full) makes the run incomplete, and the spool is then kept whatever
+After the run the store is compared with the spool (``check_store``): a record whose put failed
+(the master gone, the store full), whose put was refused (the store held another record under its
+key), or whose object is gone although listed (evicted by the records put after it, in a store
+too small for the dataset) makes the run incomplete, and the spool is then kept whatever
 ``--also-dir`` said, so that the dataset is never only partly in memory and nowhere else. A rerun
 with ``--also-dir`` set to the kept spool generates what is left, then puts the spool's records
-that the store lacks (``put_missing``)."""
+that the store does not list (``put_missing``)."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from layertap.generate.summary import Summary
 from layertap.mooncake.address import is_store_address, parse_address
 from layertap.mooncake.backend import local_frame
 from layertap.mooncake.client import check_master, connect
-from layertap.mooncake.layout import decode_head, head_name
+from layertap.mooncake.layout import decode_head, head_name, record_name
 from layertap.mooncake.publisher import StorePublisher
 from layertap.parts import MANIFEST_NAME
 from layertap.reader import open as open_dataset
@@ -83,28 +85,85 @@ def store_output(out: str, also_dir: str | os.PathLike | None, connector_args) -
             shutil.rmtree(spool.path, ignore_errors=True)
 
 
-def _spool_keys(spool: str) -> set[str]:
-    """The spool's keys (a parallel run's spool is a dataset of parts, its shards in them)."""
+def _record(e) -> tuple:
+    """What tells one record from another under the same key: its frame header's fields."""
+    return (e.stored_len, e.raw_len, e.num_tokens, e.codec, e.payload_crc)
+
+
+def _entries(dataset: str) -> dict[str, tuple]:
+    """The dataset's records by key (the first of a key, as the readers take it)."""
+    out: dict[str, tuple] = {}
+    with open_dataset(dataset) as ds:
+        for backend in ds.backends:
+            for e in backend.entries:
+                out.setdefault(e.key, _record(e))
+    return out
+
+
+def _spool_entries(spool: str) -> dict[str, tuple]:
+    """The spool's records (a parallel run's spool is a dataset of parts, its shards in them)."""
     names = os.listdir(spool)
     if MANIFEST_NAME not in names and not any(n.endswith(".lts") for n in names):
-        return set()
-    with open_dataset(spool) as ds:
-        return set(ds.keys())
+        return {}
+    return _entries(spool)
 
 
-def _store_keys(out: str) -> set[str]:
+def _store_entries(out: str) -> dict[str, tuple]:
     try:
-        with open_dataset(out) as ds:
-            return set(ds.keys())
+        return _entries(out)
     except FormatError:
-        return set()  # no writer has registered: nothing is listed
+        return {}  # no writer has registered: nothing is listed
+
+
+@dataclass
+class StoreCheck:
+    """What the store holds of a spool's records, looked at once the run is over."""
+
+    not_listed: set[str]
+    """No writer lists them: their puts failed (the master gone, the store full)."""
+    refused: set[str]
+    """Listed, but as another record: the store had one under the key first (another run's, or
+    another writer's), so this run's put was refused."""
+    evicted: set[str]
+    """Listed as this run's, but the object is no longer in the store: evicted (a store too
+    small for the dataset) or lost with its node, after its put succeeded."""
+
+    @property
+    def missing(self) -> set[str]:
+        """The spool's records the store does not hold."""
+        return self.not_listed | self.evicted
+
+    @property
+    def all_there(self) -> bool:
+        return not (self.not_listed or self.refused or self.evicted)
+
+
+def check_store(out: str, spool: str) -> StoreCheck | None:
+    """What the store ``out`` holds of the spool's records; None when the store cannot be
+    reached to tell. Each listed record's object is asked for: a run whose puts all succeeded
+    may have had its first records evicted by its last."""
+    try:
+        local = _spool_entries(spool)
+        listed = _store_entries(out)
+        address = parse_address(out)
+        mine = [k for k, e in local.items() if listed.get(k) == e]
+        there = connect(address).exist_many([record_name(address.prefix, k) for k in mine]) if mine else []
+    except StoreUnavailableError:
+        return None
+    if there is None:
+        return None
+    return StoreCheck(
+        not_listed={k for k in local if k not in listed},
+        refused={k for k, e in local.items() if k in listed and listed[k] != e},
+        evicted={k for k, ok in zip(mine, there, strict=True) if not ok},
+    )
 
 
 def records_not_in_store(out: str, spool: str) -> set[str] | None:
     """Keys of the spool's records that the store ``out`` does not list; None when the store
     cannot be reached to tell."""
     try:
-        return _spool_keys(spool) - _store_keys(out)
+        return set(_spool_entries(spool)) - set(_store_entries(out))
     except StoreUnavailableError:
         return None
 
@@ -142,26 +201,39 @@ def put_missing(out: str, spool: str, keys: set[str]) -> int:
 
 
 def settle_store_run(summary: Summary, out: str, spool: Spool) -> Summary:
-    """The summary of a run into the store ``out``: what the store lacks of the spool is put
-    (a rerun over a kept spool, a master that came back), then counted in ``store_missing``
-    (None: the store could not be reached to tell); the run is complete only with none missing,
-    and a spool holding records the store lacks is kept."""
-    missing = records_not_in_store(out, spool.path)
-    if missing:
+    """The summary of a run into the store ``out``: what the store does not list of the spool
+    is put (a rerun over a kept spool, a master that came back), then what it lacks is counted:
+    ``store_missing`` (not listed, or listed and gone: ``store_evicted`` of them) and
+    ``store_refused`` (another record under the key); None: the store could not be reached to
+    tell. The run is complete only when the store holds every record of the spool, and a spool
+    holding records the store lacks is kept."""
+    check = check_store(out, spool.path)
+    if check is not None and check.not_listed:
         try:
-            put_missing(out, spool.path, missing)
+            put_missing(out, spool.path, check.not_listed)
         except StoreUnavailableError:
             pass  # counted as missing below
-        missing = records_not_in_store(out, spool.path)
-    if missing != set():
+        check = check_store(out, spool.path)
+    if check is None or not check.all_there:
         spool.keep = True
     return {
         **summary,
         "out": out,
         "also_dir": spool.path if spool.keep else None,
-        "store_missing": None if missing is None else len(missing),
-        "complete": summary["complete"] and missing == set(),
+        "store_missing": None if check is None else len(check.missing),
+        "store_evicted": None if check is None else len(check.evicted),
+        "store_refused": None if check is None else len(check.refused),
+        "complete": summary["complete"] and check is not None and check.all_there,
     }
 
 
-__all__ = ["Spool", "is_store_address", "put_missing", "records_not_in_store", "settle_store_run", "store_output"]
+__all__ = [
+    "Spool",
+    "StoreCheck",
+    "check_store",
+    "is_store_address",
+    "put_missing",
+    "records_not_in_store",
+    "settle_store_run",
+    "store_output",
+]

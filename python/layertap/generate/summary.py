@@ -122,8 +122,15 @@ class Summary(_SummaryFields, total=False):
     """A run into Mooncake Store: the spool kept on disk (``--also-dir``, or a temporary one
     kept because the store lacks some of its records), None when removed."""
     store_missing: int | None
-    """A run into Mooncake Store: the spool's records the store does not list (their puts
-    failed); None when the store could not be reached to tell."""
+    """A run into Mooncake Store: the spool's records the store does not hold once the run is
+    over (their puts failed, or they were evicted since: ``store_evicted``); None when the store
+    could not be reached to tell."""
+    store_evicted: int | None
+    """A run into Mooncake Store: the records of ``store_missing`` that the store listed but no
+    longer held (evicted by later puts: a store too small for the dataset)."""
+    store_refused: int | None
+    """A run into Mooncake Store: the spool's records whose put was refused, the store holding
+    another record under their key."""
 
 
 def has_records(s: Summary) -> bool:
@@ -167,6 +174,39 @@ def _writer(s: Summary) -> str:
     return f"writer {s['writer_id']}" if s["writer_id"] else "no engine started (nothing to write)"
 
 
+def _store_lines(s: Summary) -> list[str]:
+    """A run into Mooncake Store: what the store lacks of the run's records, and where they are."""
+    missing, evicted, refused = s.get("store_missing", 0), s.get("store_evicted") or 0, s.get("store_refused") or 0
+    if missing == 0 and not refused:
+        return []
+    if missing is None:
+        told = ["the store could not be reached to check that it holds every record"]
+    else:
+        told = [
+            f"{n:,} records {what}"
+            for n, what in (
+                (
+                    missing - evicted,
+                    "of the run are not in the store (their puts failed: the master was gone or the store full)",
+                ),
+                (
+                    evicted,
+                    "were evicted from the store after their puts (it is too small for the dataset: give its "
+                    "nodes more memory, or pull the records out as they are written)",
+                ),
+                (
+                    refused,
+                    "were refused: the store held another record under their key (another run's: use a new prefix)",
+                ),
+            )
+            if n
+        ]
+    return [
+        f"ERROR: {'; '.join(told)}; the spool {s['also_dir']} holds them and is kept: use it as the dataset, or "
+        f"run again with --also-dir {s['also_dir']} to put those never listed"
+    ]
+
+
 def summary_text(s: Summary) -> str:
     secs = s["seconds"]
     ratio = f"{s['ratio']:.2f}x" if s["ratio"] else "-"
@@ -201,17 +241,7 @@ def summary_text(s: Summary) -> str:
             f"ERROR: {s['rows_missing']:,} rows the connector took have no record in --out "
             f"(first: {s['missing_rows'][:10]}); run again to write them"
         )
-    if "store_missing" in s and s["store_missing"] != 0:
-        told = (
-            f"{s['store_missing']:,} records of the run are not in the store (their puts failed: the master was "
-            "gone or the store full)"
-            if s["store_missing"] is not None
-            else "the store could not be reached to check that it lists every record"
-        )
-        lines.append(
-            f"ERROR: {told}; the spool {s['also_dir']} holds them and is kept: run again with --also-dir "
-            f"{s['also_dir']} to put them, or use it as the dataset"
-        )
+    lines += _store_lines(s)  # a run into Mooncake Store (generate/store.py)
     for error in s.get("engine_errors", []):
         lines.append(f"ERROR: {error}; run again to resume")
     if s["duplicate_records"]:

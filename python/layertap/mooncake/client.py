@@ -96,27 +96,27 @@ class StoreClient:
 
     def __init__(self, address: StoreAddress):
         check_master(address)
-        log_dir = logs.prepare()  # before Mooncake reads its environment
-        try:
-            from mooncake.store import MooncakeDistributedStore, ReplicateConfig
-        except ImportError as e:
-            raise StoreUnavailableError(
-                f"Mooncake is not installed ({e}): pip install mooncake-transfer-engine-non-cuda (CPU) or "
-                "mooncake-transfer-engine (CUDA); it needs Debian's libibverbs1 and librdmacm1"
-            ) from None
-        quiet = log_dir is not None and logs.quiet_stderr()
-        self.address = address
-        self.store = MooncakeDistributedStore()
-        with logs.setup_output(log_dir, quiet):
-            status = self.store.setup(
-                address.local_host(),
-                address.metadata,
-                address.segment,
-                address.buffer,
-                address.protocol,
-                address.device,
-                address.master,
-            )
+        with logs.into_files() as log_dir:
+            try:
+                from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+            except ImportError as e:
+                raise StoreUnavailableError(
+                    f"Mooncake is not installed ({e}): pip install mooncake-transfer-engine-non-cuda (CPU) or "
+                    "mooncake-transfer-engine (CUDA); it needs Debian's libibverbs1 and librdmacm1"
+                ) from None
+            quiet = log_dir is not None and logs.quiet_stderr()
+            self.address = address
+            self.store = MooncakeDistributedStore()
+            with logs.setup_output(log_dir, quiet):
+                status = self.store.setup(
+                    address.local_host(),
+                    address.metadata,
+                    address.segment,
+                    address.buffer,
+                    address.protocol,
+                    address.device,
+                    address.master,
+                )
         if status != 0:
             raise StoreUnavailableError(
                 f"{address}: Mooncake client set-up failed (status {status}) with master {address.master}, "
