@@ -35,7 +35,9 @@ PROGRESS = re.compile(r"^generate: ([\d,]+)/([\d,]+) rows")
 
 @pytest.fixture(scope="module")
 def reference(tiny_model, tmp_path_factory):
-    """The data, and one engine's dataset of it (engine in this process)."""
+    """The data, and one engine's dataset of it (engine in this process). Its connector saves
+    only requests that ask (``save="requested"``, docs/CONNECTOR.md): generate names every row's
+    record, so every row is saved all the same."""
     tmp = tmp_path_factory.mktemp("gen-parallel")
     data = write_jsonl(tmp / "ids.jsonl", id_rows(ROWS, 5, 40, seed=11, loss_mask=True))
     with pytest_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}):
@@ -45,6 +47,7 @@ def reference(tiny_model, tmp_path_factory):
             tmp / "one",
             progress="none",
             engine_args={**TINY_ENGINE_ARGS, **FLOAT32},
+            connector_args={"save": "requested"},
         )
     assert summary["complete"] and summary["rows_written"] == ROWS
     return data, tmp / "one"
