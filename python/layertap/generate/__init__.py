@@ -10,7 +10,7 @@ engines' processes on this machine, ``worker`` being one, or Ray tasks), ``run``
 every input checked, then the engine over the rows not done); and what a run is made of: ``data``
 (reading rows), ``render`` (rows to token ids), ``model`` (the model's facts and layer ids),
 ``capture`` (what vLLM can record of the model, checked before it is imported; ``vllm_source``
-reads vLLM's model classes from its source), ``resume`` (what the output directory holds),
+reads vLLM's model classes from its source), ``resume`` (what the output directory holds; ``repair``, its damaged records),
 ``engine`` (the vLLM loop), ``progress``, ``summary``, ``vllm_log`` (where vLLM's log goes). The
 command line is ``layertap.cli.generate``. vLLM and transformers are imported only when a run
 starts, after the checks that need neither.
@@ -57,7 +57,8 @@ def generate(
 ) -> Summary:
     """Writes the hidden states of every row of ``data`` into ``out`` and returns the summary
     (a ``layertap.generate.summary.Summary``; docs/GENERATE.md lists its fields). Raises GenerateError, before the engine starts, for bad
-    input. Rerunning with the same ``out`` resumes: rows whose records exist are skipped.
+    input. Rerunning with the same ``out`` resumes: rows whose records exist (and pass their
+    checks) are skipped.
 
     ``data_parallel_size`` runs that many engines, each writing a part of ``out`` (docs/SCALE.md);
     ``ray_address`` runs them on a Ray cluster. An ``out`` that holds such parts is resumed as a
