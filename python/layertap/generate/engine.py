@@ -35,6 +35,20 @@ RESERVED_ENGINE_ARGS = ("model", "speculative_config", "kv_transfer_config")
 RESERVED_CONNECTOR_ARGS = ("output_dir", "writer_id", "shard_metadata", "capture", "layer_ids")
 #: Requests kept in the engine per ``max_num_seqs``.
 WINDOW_PER_SEQ = 2
+#: A CPU engine's KV cache, when the user sizes none: room for this many sequences of
+#: ``max_model_len`` tokens (a CPU computes a few sequences at a time; rows are mostly shorter)...
+CPU_KV_SEQUENCES = 32
+#: ... within this share of the memory available (vLLM's own default, 92% of the machine's
+#: memory, fails its check or is killed by the kernel wherever anything else runs), ...
+CPU_KV_SHARE = 0.25
+#: ... and at least this many sequences of ``max_model_len`` by our estimate of a token's bytes
+#: (vLLM refuses a cache without room for one; its blocks and the hidden states' group take more
+#: than the estimate), if that fits in this share of it.
+CPU_KV_MIN_SEQUENCES = 2
+CPU_KV_MAX_SHARE = 0.9
+#: ``LLM`` arguments and variables with which a user sizes a CPU engine's KV cache themselves.
+KV_CACHE_ARGS = ("kv_cache_memory_bytes", "gpu_memory_utilization")
+KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 
 
 def parse_engine_args(engine_args: Any) -> dict:
@@ -84,6 +98,56 @@ def sampling_kwargs(sampling_args: dict, max_tokens: int) -> dict:
     except Exception as e:  # TypeError for unknown names, ValueError/VLLMValidationError for values
         raise GenerateError(f"--sampling-args: {e}") from None
     return kwargs
+
+
+def cpu_kv_cache_default(engine_args: dict, info: Any, num_layer_ids: int, model_len: int) -> dict | None:
+    """On a CPU engine whose KV cache the user did not size (``KV_CACHE_ARGS``, ``KV_CACHE_ENV``):
+    sets ``engine_args["kv_cache_memory_bytes"]`` from what the machine has free (docs/GENERATE.md,
+    "On a CPU") and returns what was chosen and why; None where nothing was set. Raises
+    GenerateError when one sequence of ``model_len`` tokens cannot fit."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu() or any(k in engine_args for k in KV_CACHE_ARGS):
+        return None
+    if os.environ.get(KV_CACHE_ENV, "").strip():
+        return None
+    from layertap._text import human_bytes
+
+    width = 4 if str(engine_args.get("dtype", "")).replace("torch.", "") in ("float32", "float") else 2
+    kv_width = 1 if str(engine_args.get("kv_cache_dtype", "auto")).startswith("fp8") else width
+    per_token = info.kv_elements_per_token * kv_width + num_layer_ids * info.hidden_size * width
+    if per_token <= 0:
+        return None  # a configuration of other names: vLLM's own sizing
+    available = _cpu_available_memory()
+    least = CPU_KV_MIN_SEQUENCES * per_token * model_len
+    if least > CPU_KV_MAX_SHARE * available:
+        raise GenerateError(
+            f"a CPU engine's KV cache for sequences of {model_len:,} tokens (--max-len plus --max-tokens) needs "
+            f"about {human_bytes(least)}, and this machine has {human_bytes(available)} free: pass a smaller "
+            "--max-len, or size it yourself (kv_cache_memory_bytes in --engine-args)"
+        )
+    chosen = max(least, min(CPU_KV_SEQUENCES * per_token * model_len, int(CPU_KV_SHARE * available)))
+    chosen = -(-chosen // (1 << 20)) << 20  # whole MiB
+    engine_args["kv_cache_memory_bytes"] = chosen
+    return {
+        "kv_cache_memory_bytes": chosen,
+        "reason": f"a CPU engine: room for about {chosen // (per_token * model_len):,} sequences of "
+        f"{model_len:,} tokens, within a quarter of the {human_bytes(available)} free; set kv_cache_memory_bytes "
+        "in --engine-args to choose",
+    }
+
+
+def _cpu_available_memory() -> int:
+    """The memory vLLM's CPU worker will see as available (its NUMA node's, within a cgroup's
+    limit), as it computes it."""
+    try:
+        from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_memory_node_info
+
+        return int(get_memory_node_info(get_allowed_cpu_list()[0].numa_node).available_memory)
+    except Exception:  # another vLLM's layout: the machine's
+        import psutil
+
+        return int(psutil.virtual_memory().available)
 
 
 @contextlib.contextmanager
@@ -153,17 +217,21 @@ def run_rows(
     sampling: dict,
     record_params: dict,
     on_progress: Callable[..., None],
+    outcome: Outcome | None = None,
 ) -> Outcome:
     """Feeds ``items`` (``(row, token ids, loss mask or None)`` or ``BadRow``) to the engine and
     waits for every request to finish. ``record_params``: the connector's request parameters
     every row's request adds (``include_output_tokens``, ``window``, ``reduction``: see
-    ``run.record_params``). ``on_progress(rows=, tokens=, bad=)`` after each step."""
+    ``run.record_params``). ``on_progress(rows=, tokens=, bad=)`` after each step. ``outcome``
+    (a new one if None) is filled in as requests finish, so that a caller interrupted meanwhile
+    knows what the rows so far came to."""
     from vllm import SamplingParams
 
     engine = llm.llm_engine
     base = SamplingParams(**{**_model_defaults(engine), **sampling})
     window = WINDOW_PER_SEQ * int(engine.vllm_config.scheduler_config.max_num_seqs)
-    outcome = Outcome(saved=np.zeros(num_rows, dtype=bool))
+    if outcome is None:
+        outcome = Outcome(saved=np.zeros(num_rows, dtype=bool))
     inflight: dict[str, int] = {}
     exhausted = False
     while True:
@@ -203,13 +271,13 @@ def run_rows(
             answer = (out.kv_transfer_params or {}).get("layertap", {})
             if "key" in answer:
                 outcome.saved[row] = True
+                outcome.saved_count += 1
+                outcome.tokens += answer["num_tokens"]
                 rows += 1
                 tokens += answer["num_tokens"]
             else:
                 outcome.bad.append((row, f"not saved by the connector: {answer.get('error', 'no answer')}"))
                 bad += 1
-        outcome.saved_count += rows
-        outcome.tokens += tokens
         on_progress(rows=rows, tokens=tokens, bad=bad)
 
 

@@ -1,5 +1,5 @@
-"""The errors ``layertap generate`` stops with: bad input (before its engine starts), and an
-engine that did not start."""
+"""The errors ``layertap generate`` stops with: bad input (before its engine starts), an
+engine that did not start, and an interrupt."""
 
 from __future__ import annotations
 
@@ -13,6 +13,23 @@ class GenerateError(InvalidInputError):
 
 
 class EngineStartError(RuntimeError):
-    """vLLM's engine did not start (its own error is the ``__cause__``). This run wrote
-    nothing; whether the same command can succeed depends on that cause (memory another process
-    held, or a setting vLLM refuses), so the command says to fix it rather than to resume."""
+    """vLLM's engine did not start: the message is vLLM's own error, one line (read from the
+    run's log, ``log``, when what ``LLM(...)`` raised only says that a process of vLLM's
+    failed; that exception is the ``__cause__``). This run wrote nothing; whether the same
+    command can succeed depends on that cause (memory another process held, or a setting vLLM
+    refuses), so the command says to fix it rather than to resume."""
+
+    def __init__(self, message: str, log: str | None = None) -> None:
+        super().__init__(message)
+        self.log = log
+        """vLLM's log of the run (None when it logs elsewhere: ``--verbose``, the user's settings)."""
+
+
+class GenerateInterrupted(KeyboardInterrupt):
+    """The run was interrupted (SIGINT, Ctrl-C) while its engine ran: the engine was stopped and
+    what it wrote read back; ``summary`` says what is there (``complete`` false). A
+    ``KeyboardInterrupt``, so that a caller that does not look for it stops as on any other."""
+
+    def __init__(self, summary: dict) -> None:
+        super().__init__("interrupted")
+        self.summary = summary

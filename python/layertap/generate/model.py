@@ -36,6 +36,11 @@ class ModelInfo:
     tokenizer: Any
     architectures: list[str] = field(default_factory=list)
     """The configuration's ``architectures`` (vLLM picks its model class by them)."""
+    hidden_size: int = 0
+    kv_elements_per_token: int = 0
+    """Keys and values a token holds in the KV cache, over all layers (0: unknown)."""
+    dtype: str = ""
+    """The configuration's dtype (``torch_dtype``), as written there ("" when it gives none)."""
 
 
 def _first_line(e: BaseException) -> str:
@@ -121,7 +126,24 @@ def load_model_info(model: str, engine_args: dict, need_tokenizer: bool = True) 
         max_positions=getattr(text, "max_position_embeddings", None),
         tokenizer=tokenizer,
         architectures=list(getattr(config, "architectures", None) or []),
+        hidden_size=int(getattr(text, "hidden_size", 0) or 0),
+        kv_elements_per_token=_kv_elements_per_token(text, num_layers),
+        dtype=str(getattr(text, "dtype", None) or getattr(text, "torch_dtype", None) or "").removeprefix("torch."),
     )
+
+
+def _kv_elements_per_token(text: Any, num_layers: int) -> int:
+    """Keys and values per token over all layers, from a (text) configuration: layers x 2 x KV
+    heads x head size; 0 when it does not say (an architecture of other names)."""
+    heads = getattr(text, "num_attention_heads", None)
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None)
+    hidden = getattr(text, "hidden_size", None)
+    if not head_dim and heads and hidden:
+        head_dim = hidden // heads
+    if not (isinstance(kv_heads, int) and isinstance(head_dim, int)):
+        return 0
+    return num_layers * 2 * kv_heads * head_dim
 
 
 def default_layers(num_layers: int) -> list[int]:

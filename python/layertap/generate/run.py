@@ -33,6 +33,7 @@ from layertap.generate.engine import (
     Outcome,
     check_connector_args,
     check_engine_args,
+    cpu_kv_cache_default,
     in_model_plugin,
     llm_kwargs,
     parse_engine_args,
@@ -40,7 +41,7 @@ from layertap.generate.engine import (
     sampling_kwargs,
     shutdown,
 )
-from layertap.generate.errors import EngineStartError, GenerateError
+from layertap.generate.errors import EngineStartError, GenerateError, GenerateInterrupted
 from layertap.generate.model import config_num_layers, load_model_info, parse_layers, read_config
 from layertap.generate.progress import PROGRESS_MODES, Progress, ShardFollower, Totals
 from layertap.generate.render import BadRowError, Renderer, check_loss_mask
@@ -55,6 +56,8 @@ from layertap.vllm.window import check as check_window_request
 DRAIN_STALL_SECONDS = 120.0
 #: What the engine is given to close its writer once everything is in files.
 SHUTDOWN_SECONDS = 60.0
+#: How long the run waits, after the engine stopped, for the last lines its processes print.
+OUTPUT_SECONDS = 5.0
 
 
 def check_window(window: Any, reduction: Any) -> list | None:
@@ -203,6 +206,15 @@ def _read_back(state: OutputState, num_rows: int) -> dict:
     return out
 
 
+class _Interrupted(Exception):
+    """The run was interrupted while its engine ran; the engine is stopped. ``outcome``: what
+    the rows run so far came to."""
+
+    def __init__(self, outcome: Outcome, t_engine: float, t_gen: float) -> None:
+        super().__init__("interrupted")
+        self.outcome, self.t_engine, self.t_gen = outcome, t_engine, t_gen
+
+
 def _run_engine(
     llm_args: dict,
     items: Iterator,
@@ -216,20 +228,56 @@ def _run_engine(
     report: Callable | None = None,
 ) -> tuple[Outcome, float, float]:
     """Starts the engine, runs the rows, stops it once its records are in files. Returns the
-    outcome and when the engine was ready and when the last request finished."""
+    outcome and when the engine was ready and when the last request finished. Raises
+    EngineStartError naming vLLM's error when the engine does not start, and _Interrupted once
+    the engine is stopped after an interrupt (vLLM's processes silenced from its start on)."""
     from vllm import LLM  # here: importing vLLM takes 10-20 s of CPU, and the checks come first
 
+    output = vllm_log.EngineOutput() if vllm_log.current() else None
+    outcome = Outcome(saved=np.zeros(num_rows, dtype=bool))
+    t_engine = t_gen = time.monotonic()
+    llm = None
     try:
-        llm = LLM(**llm_args)
-    except Exception as e:  # vLLM raises what its parts raise: ValueError, RuntimeError, OOM...
-        first = str(e).strip().splitlines()
-        raise EngineStartError(f"{type(e).__name__}: {first[0] if first else ''}".rstrip(": ")) from e
-    t_engine = time.monotonic()
+        with output.spawning() if output else contextlib.nullcontext():
+            try:
+                llm = LLM(**llm_args)
+            except Exception as e:  # vLLM raises what its parts raise: ValueError, RuntimeError, OOM...
+                raise EngineStartError(vllm_log.start_error(e), vllm_log.current()) from e
+        t_engine = t_gen = time.monotonic()
+        outcome, t_gen = _run_rows(
+            llm, items, todo, state, sampling, record_params, progress, interval, report, outcome
+        )
+    except KeyboardInterrupt:
+        vllm_log.silence()  # what vLLM's processes say as they stop is noise now: into the log
+        t_gen = time.monotonic()
+        if llm is not None:
+            shutdown(llm, SHUTDOWN_SECONDS)
+        raise _Interrupted(outcome, t_engine, t_gen) from None
+    finally:
+        if output is not None:
+            output.close(OUTPUT_SECONDS)
+    return outcome, t_engine, t_gen
+
+
+def _run_rows(
+    llm: Any,
+    items: Iterator,
+    todo: int,
+    state: OutputState,
+    sampling: dict,
+    record_params: dict,
+    progress: str,
+    interval: float,
+    report: Callable | None,
+    outcome: Outcome,
+) -> tuple[Outcome, float]:
+    """The rows through the started engine, with progress; then waits for their records to be
+    in files and stops the engine. Returns the outcome and when the last request finished."""
     follower = ShardFollower(state.path, state.writer_id)
     bar = Progress(todo, follower, progress, interval)
     totals = Totals(bar, follower, report)
     try:
-        outcome = run_rows(llm, items, num_rows, sampling, record_params, totals.update)
+        run_rows(llm, items, len(outcome.saved), sampling, record_params, totals.update, outcome)
         t_gen = time.monotonic()
         if _in_process(llm):
             # This engine hands the last finished requests to the connector as it stops.
@@ -246,7 +294,7 @@ def _run_engine(
         bar.close()
         totals.send(phase="done")
         follower.close()
-    return outcome, t_engine, t_gen
+    return outcome, t_gen
 
 
 @dataclass
@@ -270,6 +318,8 @@ class Checked:
     started: float
     """When the checks began (``time.monotonic()``): the run's time counts them, since they import
     vLLM and transformers (most of the time of a run with nothing left to do)."""
+    engine_defaults: dict | None = None
+    """``LLM`` arguments the run chose for the user's engine (``cpu_kv_cache_default``), and why."""
 
 
 def _check_layers(o: dict, engine_args: dict, architectures: list, num_layers: int) -> tuple[list[int], str]:
@@ -309,6 +359,7 @@ def check_options(options: dict) -> Checked:
     info = load_model_info(o["model"], engine_args, need_tokenizer=rows.column != "input_ids")
     layer_ids, capture = _check_layers(o, engine_args, info.architectures, info.num_layers)
     max_len, model_len = _max_lengths(max_len, o["max_tokens"], engine_args, info.max_positions)
+    engine_defaults = cpu_kv_cache_default(engine_args, info, len(layer_ids), model_len)
     renderer = Renderer(
         info.tokenizer,
         rows.column,
@@ -340,6 +391,7 @@ def check_options(options: dict) -> Checked:
         out_dir,
         capture,
         started,
+        engine_defaults,
     )
 
 
@@ -376,21 +428,32 @@ def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callab
             report({"writer_id": state.writer_id, "phase": "engine_start"})
         bad_first, items = _until_usable(_rendered(rows, skip, c.renderer)) if todo else ([], None)
         engine_started = items is not None
+        interrupted = False
         if engine_started:
+            if c.engine_defaults is not None:  # in vLLM's log, before its own lines on the engine
+                vllm_log.note(
+                    f"kv_cache_memory_bytes={c.engine_defaults['kv_cache_memory_bytes']} ({c.engine_defaults['reason']})"
+                )
             plugin = in_model_plugin(info.architectures) if c.capture == "in-model" else contextlib.nullcontext()
             with plugin:
-                outcome, t_engine, t_gen = _run_engine(
-                    llm_kwargs(model, layer_ids, {**c.engine_args, "max_model_len": c.model_len}, connector, c.capture),
-                    items,
-                    rows.num_rows,
-                    todo,
-                    state,
-                    c.sampling,
-                    record_params(o),
-                    c.progress,
-                    o["progress_interval"],
-                    report,
-                )
+                try:
+                    outcome, t_engine, t_gen = _run_engine(
+                        llm_kwargs(
+                            model, layer_ids, {**c.engine_args, "max_model_len": c.model_len}, connector, c.capture
+                        ),
+                        items,
+                        rows.num_rows,
+                        todo,
+                        state,
+                        c.sampling,
+                        record_params(o),
+                        c.progress,
+                        o["progress_interval"],
+                        report,
+                    )
+                except _Interrupted as stopped:  # the engine is stopped: read back what it wrote
+                    outcome, t_engine, t_gen = stopped.outcome, stopped.t_engine, stopped.t_gen
+                    interrupted = True
         else:  # nothing left to do, or no row to do is usable: no engine
             outcome = Outcome(saved=np.zeros(rows.num_rows, dtype=bool), bad=[(b.index, b.reason) for b in bad_first])
             t_engine = t_gen = t_load
@@ -449,8 +512,13 @@ def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callab
     }
     if assigned is not None:
         summary["rows_assigned"] = todo
+    if c.engine_defaults is not None and engine_started:
+        summary["engine_defaults"] = c.engine_defaults
     accounted = summary["rows_done_before"] + summary["rows_written"] + summary["rows_bad"]
     summary["complete"] = is_complete(summary, accounted + rows.num_rows - done_before - todo)
+    if interrupted:
+        summary["interrupted"] = True
+        raise GenerateInterrupted(summary)
     return summary
 
 

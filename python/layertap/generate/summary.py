@@ -109,6 +109,11 @@ class Summary(_SummaryFields, total=False):
     those of some. ``complete`` is always there once the summary is returned."""
 
     complete: bool
+    interrupted: bool
+    """The run was interrupted (Ctrl-C): its engine stopped, this is what it wrote until then."""
+    engine_defaults: dict
+    """``LLM`` arguments the run chose for its engine, with ``reason``: on a CPU, the KV cache's
+    size (``kv_cache_memory_bytes``) when the user gave none."""
     capture: str
     """One engine's run: the capture mode (``layertap._choices.CAPTURE_MODES``)."""
     rows_assigned: int
@@ -220,6 +225,11 @@ def summary_text(s: Summary) -> str:
         f"generation {secs['generate']:.1f} s at {s['tokens_per_second']:,.0f} tok/s, last records written "
         f"{secs['drain']:.1f} s, shutdown {secs['shutdown']:.1f} s)",
     ]
+    if s.get("engine_defaults"):  # what the run chose for the engine (on a CPU: its KV cache)
+        chosen = s["engine_defaults"]
+        lines.append(
+            f"engine: kv_cache_memory_bytes {human_bytes(chosen['kv_cache_memory_bytes'])}, {chosen['reason']}"
+        )
     if s["shards_recovered"] or s["files_set_aside"]:
         lines.append(
             f"completed {len(s['shards_recovered'])} shard(s) left open by an earlier run; "

@@ -11,15 +11,27 @@ vLLM configures logging in every process it starts (engine core, workers) from
 The checks import vLLM before the output directory exists (bad input must leave nothing behind),
 so the handler keeps what is logged until ``start`` names the directory; the processes that vLLM
 starts afterwards find the file in ``PATH_ENV``.
+
+When the engine does not start, ``root_cause`` reads this run's part of the log for vLLM's own
+error (the processes' messages about it, "Engine core initialization failed", name none). The
+stderr of the processes vLLM starts passes through ``EngineOutput``, which keeps their
+tracebacks in the log and, once the run is interrupted (``silence``), everything they print.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
+import re
+import signal
+import sys
 import threading
+import time
+import traceback
 from collections import deque
+from collections.abc import Iterator
 
 LOG_NAME = "vllm.log"
 #: The log file of this run, for the processes vLLM starts (they inherit the environment).
@@ -73,6 +85,18 @@ def start(directory: str) -> str | None:
     return path
 
 
+def note(message: str) -> None:
+    """A line of layertap's own in the run's log file (none when vLLM logs elsewhere)."""
+    if _LOG.path is not None:
+        when = time.strftime("%Y-%m-%d %H:%M:%S")
+        _LOG.write(f"MainProcess pid={os.getpid()} INFO {when} [layertap.generate] {message}\n")
+
+
+def current() -> str | None:
+    """The log file this process writes (``start``), or None."""
+    return _LOG.path
+
+
 def log_file(directory: str) -> str | None:
     """The log file of a run writing into ``directory``, if there is one."""
     path = os.path.join(directory, LOG_NAME)
@@ -88,6 +112,11 @@ class _RunLog:
         self._lock = threading.Lock()
         self._file = None
         self._pending: deque[str] = deque(maxlen=PENDING_LINES)
+        self.path: str | None = None
+        self.run_offset = 0
+        """Where this run's lines begin in the file (a rerun appends to the earlier runs')."""
+        self.quiet = False
+        """Set once the run is interrupted: nothing more of vLLM's on stderr (``silence``)."""
         atexit.register(self.close)
 
     def open(self, path: str) -> None:
@@ -97,6 +126,7 @@ class _RunLog:
                     return
                 self._file.close()
             self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the process's life
+            self.path, self.run_offset = path, self._file.tell()
             self._file.writelines(self._pending)
             self._file.flush()
             self._pending.clear()
@@ -121,6 +151,34 @@ class _RunLog:
 _LOG = _RunLog()
 
 
+def silence() -> None:
+    """From now on vLLM's processes say nothing on stderr (the run was interrupted: their errors
+    and tracebacks as they stop are its consequences): what they print goes to the log file."""
+    _LOG.quiet = True
+
+
+class ErrorsToStderr(logging.StreamHandler):
+    """vLLM's errors on stderr, one line each (a traceback goes to the log file only), and none
+    once the run is interrupted (``silence``)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not _LOG.quiet:
+            super().emit(record)
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None}))
+        return text.rstrip("\n")
+
+
+def write_traceback() -> bool:
+    """Writes the exception being handled, with its traceback, into the run's log file; False
+    (nothing written) when vLLM logs elsewhere."""
+    if _LOG.path is None:
+        return False
+    _LOG.write("".join(traceback.format_exc()))
+    return True
+
+
 class RunLogHandler(logging.Handler):
     """Writes records into the run's log file (see ``start``); built by vLLM from
     ``vllm_logging.json``. The processes that use it also log Python's warnings there (the
@@ -137,4 +195,195 @@ class RunLogHandler(logging.Handler):
             self.handleError(record)
 
 
-__all__ = ["CONFIG", "LOG_NAME", "PATH_ENV", "RunLogHandler", "configure", "in_use", "localize", "log_file", "start"]
+#: A line of the log file (``vllm_logging.json``'s format): process, pid, level, time, logger.
+LOG_LINE = re.compile(r"^(?P<process>\S+) pid=\d+ (?P<level>[A-Z]+) \S+ \S+ \[[^\]]*\] (?P<message>.*)$")
+#: The engine core's line for a worker process that ended, by a signal when the code is negative.
+_WORKER_DIED = re.compile(r"Worker proc (?P<worker>\S+) died unexpectedly \(exit code: (?P<code>-?\d+)\)")
+#: vLLM's messages that only pass on an error raised elsewhere, or say that a process stops
+#: because of one: the root cause is another line.
+_CONSEQUENCES = (
+    "Engine core initialization failed",
+    "EngineCore failed to start",
+    "WorkerProc hit an exception",
+    "WorkerProc failed to start",
+    "Worker failed with error",
+    "RuntimeError: cancelled",
+)
+#: Lines that begin a traceback, or the next one of a chain (a process's name: multiprocessing's
+#: line before the traceback of a process that failed).
+_TRACEBACK_START = re.compile(
+    r"^(Traceback \(most recent call last\):|Process \S+:$|The above exception |During handling of the above)"
+)
+#: A worker's error as the engine core passes it on (``RuntimeError: Worker failed with error 'X', ...``).
+_PASSED_ON = re.compile(r"Worker failed with error '(?P<error>.*)', please check")
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def root_cause(text: str) -> str | None:
+    """vLLM's own error in ``text`` (a run's log): the first exception of a traceback that is not
+    a wrapper of another, else a worker killed by a signal (SIGKILL: the kernel's out-of-memory
+    killer, as a rule), else the first error line that is not a consequence; None if none."""
+    in_traceback = False
+    first_error = passed_on = None
+    for line in text.splitlines():
+        if line.startswith("Traceback (most recent call last):"):
+            in_traceback = True
+            continue
+        if in_traceback:
+            if not line.strip() or line[0].isspace():
+                continue
+            in_traceback = False  # the exception's own line ends the traceback
+            m = _PASSED_ON.search(line)
+            passed_on = passed_on or (m and m["error"])
+            if not any(c in line for c in _CONSEQUENCES):
+                return line.strip()
+            continue
+        m = LOG_LINE.match(line)
+        if m is None or m["level"] not in ("ERROR", "CRITICAL"):
+            continue
+        died = _WORKER_DIED.search(m["message"])
+        if died is not None:
+            code = int(died["code"])
+            if code < 0:
+                oom = ": most likely the kernel's out-of-memory killer (see dmesg)" if -code == signal.SIGKILL else ""
+                return f"vLLM's worker process {died['worker']} was killed by {_signal_name(-code)}{oom}"
+            continue  # it ended after an error of its own
+        if first_error is None and not any(c in m["message"] for c in _CONSEQUENCES):
+            first_error = m["message"].strip()
+    return first_error or passed_on
+
+
+def this_run() -> str:
+    """What this run wrote into its log file so far ("" without one)."""
+    if _LOG.path is None:
+        return ""
+    try:
+        with open(_LOG.path, encoding="utf-8", errors="replace") as f:
+            f.seek(_LOG.run_offset)
+            return f.read()
+    except OSError:
+        return ""
+
+
+def start_error(e: BaseException) -> str:
+    """One line naming why vLLM's engine did not start: ``e`` (what ``LLM(...)`` raised), or,
+    when it is only vLLM's report that a process of its own failed ("Engine core
+    initialization failed... See root cause above"), vLLM's error in this run's log."""
+    chain = []
+    while e is not None and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    for exc in reversed(chain):  # the innermost first: the others wrap it
+        line = _first_line(exc)
+        if not any(c in line for c in _CONSEQUENCES):
+            return line
+    return root_cause(this_run()) or _first_line(chain[0])
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+#: What ``EngineOutput.close`` writes after the output of the stopped processes.
+_DRAINED = b"\0layertap: engine output drained\n"
+
+
+class EngineOutput:
+    """The stderr of the processes vLLM starts (engine core, workers): a pipe this process
+    reads, since they write to it directly (tracebacks of a process that ends on an error, a
+    signal's, warnings). Each line goes on to stderr, except tracebacks, which go into the log
+    file, and, once the run is interrupted (``silence``), everything, which goes into the log
+    file too (lines of vLLM's log are in the file already). Used only while the command logs
+    into the run's file."""
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe()
+        self._stderr = os.dup(2)
+        self._drained = threading.Event()
+        self._thread = threading.Thread(target=self._relay, name="layertap-engine-output", daemon=True)
+        self._thread.start()
+
+    @contextlib.contextmanager
+    def spawning(self) -> Iterator[None]:
+        """While vLLM starts its processes (``LLM(...)``), fd 2 is the pipe, which they inherit;
+        after it, this process's own stderr again."""
+        sys.stderr.flush()
+        os.dup2(self._write, 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(self._stderr, 2)
+
+    def close(self, timeout: float) -> None:
+        """Once vLLM's processes are stopped: waits up to ``timeout`` s until what they printed
+        has been passed on. Not until the pipe ends: processes that outlive the engine hold it
+        too (multiprocessing's resource tracker, started with the engine's processes, lives as
+        long as this one). A marker written after their output tells when it is all read."""
+        os.write(self._write, _DRAINED)
+        self._drained.wait(timeout)
+        os.close(self._write)
+
+    def _relay(self) -> None:
+        with open(self._read, "rb", buffering=0) as pipe:
+            in_traceback = False
+            pending = b""
+            while chunk := pipe.read(65536):
+                *lines, pending = (pending + chunk).split(b"\n")
+                for raw in lines:
+                    marked = raw.endswith(_DRAINED[:-1])
+                    raw = raw.removesuffix(_DRAINED[:-1])  # after a line left unfinished, if any
+                    if raw:
+                        in_traceback = self._line(raw.decode(errors="replace"), in_traceback)
+                    if marked:
+                        self._drained.set()
+            if pending:
+                self._line(pending.decode(errors="replace"), in_traceback)
+        self._drained.set()
+
+    def _line(self, line: str, in_traceback: bool) -> bool:
+        """Passes ``line`` on; returns whether a traceback goes on after it."""
+        if not line.strip():  # kept in the log, where it may separate a chain's tracebacks
+            _LOG.write("\n")
+            return in_traceback
+        if _TRACEBACK_START.match(line) or (in_traceback and line[0].isspace()):
+            _LOG.write(line + "\n")
+            return True
+        if in_traceback:  # the exception's own line
+            _LOG.write(line + "\n")
+            return False
+        if _LOG.quiet:
+            if not LOG_LINE.match(line):
+                _LOG.write(line + "\n")
+        else:
+            os.write(self._stderr, (line + "\n").encode())
+        return False
+
+
+__all__ = [
+    "CONFIG",
+    "LOG_NAME",
+    "PATH_ENV",
+    "EngineOutput",
+    "ErrorsToStderr",
+    "RunLogHandler",
+    "configure",
+    "current",
+    "in_use",
+    "localize",
+    "log_file",
+    "note",
+    "root_cause",
+    "silence",
+    "start",
+    "start_error",
+    "this_run",
+    "write_traceback",
+]

@@ -1,0 +1,87 @@
+"""``layertap generate``'s engine starting and stopping, as the command shows them (issue 34):
+an engine that does not start is one line naming vLLM's own error (not its "Engine core
+initialization failed"), and the log; the documented command, with no engine arguments, works on
+a CPU (the run sizes the KV cache from the memory there is, and says so); Ctrl-C stops the run
+with the interrupted line and the summary, none of the engine's tracebacks, exit status 130, and
+the same command resumes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+
+import pytest
+from generate_support import Child, generate_cmd, id_rows, write_jsonl
+
+import layertap
+from vllm_support import VLLM_WARNINGS
+
+pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
+
+PROGRESS = re.compile(r"^generate: ([\d,]+)/([\d,]+) rows")
+
+
+def documented(model: str, data: str, out: str, *extra: str) -> list[str]:
+    """``layertap generate MODEL --data DATA --out DIR``, as README and GENERATE.md show it."""
+    return [sys.executable, "-m", "layertap", "generate", model, "--data", data, "--out", out, *extra]
+
+
+def not_progress(lines: list[str]) -> list[str]:
+    return [line for line in lines if not line.startswith("generate: ")]
+
+
+def test_an_engine_that_does_not_start_is_one_line_naming_vllms_error(tiny_model, tmp_path):
+    """A KV cache larger than the machine: vLLM's worker refuses it in its memory check, the
+    engine core reports only that it failed; the line printed names the check's error and the log,
+    and none of the processes' tracebacks reach stderr (they are in the log)."""
+    data = write_jsonl(tmp_path / "ids.jsonl", id_rows(4, 3, 8))
+    out = tmp_path / "out"
+    child = Child(
+        generate_cmd(tiny_model, data, str(out), engine_args={"kv_cache_memory_bytes": 1 << 50}), multiprocessing=True
+    )
+    assert child.finish(timeout=300) == 1, child.stderr
+    line = next(line for line in child.lines if line.startswith("layertap generate: "))
+    assert line.startswith("layertap generate: vLLM's engine did not start: ValueError: Available memory on node 0 "), (
+        child.stderr
+    )
+    assert "less than requested memory for kv" in line and f"vLLM log: {out / 'vllm.log'}" in line, line
+    assert "Traceback" not in child.stderr and "Engine core initialization failed" not in child.stderr, child.stderr
+    log = (out / "vllm.log").read_text()
+    assert "Engine core initialization failed" in log and "Traceback" in log  # where they went
+    assert child.stdout == b""
+
+
+@pytest.mark.timeout(900)
+def test_ctrl_c_then_the_documented_command_resumes(tiny_model, tmp_path):
+    """The documented command, no engine arguments (on a CPU, vLLM's own default takes 92% of
+    the machine's memory for the KV cache, which fails its check or gets it killed), in vLLM's
+    default process layout. SIGINT to its process group (what Ctrl-C in a terminal does) once
+    records are being written: exit 130, the interrupted line and the summary, and nothing of
+    the engine's processes' stopping on stderr. The same command then finishes the dataset."""
+    rows = id_rows(700, 100, 200, seed=11)
+    data = write_jsonl(tmp_path / "ids.jsonl", rows)
+    out = tmp_path / "out"
+    child = Child(documented(tiny_model, data, str(out), "--progress-interval", "0.2"), multiprocessing=True)
+    line = child.wait_for(lambda s: (m := PROGRESS.match(s)) and m[1] != "0" and " 0 B written" not in s, 600)
+    assert line is not None, f"no record written before the run ended:\n{child.stderr[-3000:]}"
+    os.killpg(child.proc.pid, signal.SIGINT)
+    assert child.finish(timeout=300) == 130, child.stderr
+    said = not_progress(child.lines)
+    assert said == ["layertap generate: interrupted; run the same command again to resume"], child.stderr
+    summary = child.stdout.decode()
+    assert "rows written this run" in summary and "dataset incomplete: " in summary, summary
+    assert re.search(r"engine: kv_cache_memory_bytes [\d.]+ MiB, a CPU engine: room for about \d+ sequences", summary)
+    assert "Traceback" in (out / "vllm.log").read_text()  # the engine's processes', as they stopped
+
+    again = Child(documented(tiny_model, data, str(out), "--json"), multiprocessing=True)
+    assert again.finish(timeout=600) == 0, again.stderr[-3000:]
+    final = json.loads(again.stdout)
+    assert final["complete"] and final["rows_done_before"] > 0, final
+    assert final["rows_done_before"] + final["rows_written"] == len(rows) and final["duplicate_records"] == 0
+    assert final["engine_defaults"]["kv_cache_memory_bytes"] > 0
+    assert not_progress(again.lines) == [], again.stderr
+    with layertap.open(out) as ds:
+        assert sorted(ds.keys(), key=int) == [str(i) for i in range(len(rows))] and ds.verify().ok
