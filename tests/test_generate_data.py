@@ -8,6 +8,7 @@ import fcntl
 import json
 import os
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -229,6 +230,11 @@ def test_where_the_loss_mask_comes_from(tokenizer, marked_tokenizer):
 
 def test_loss_mask_refusals(tokenizer, marked_tokenizer):
     n = len(tokenizer)
+    template = marked_tokenizer.chat_template
+    # What a tokenizer without offsets looks like to the renderer (transformers maps the markers
+    # to tokens through a fast tokenizer's offsets).
+    slow = types.SimpleNamespace(chat_template=template, get_chat_template=lambda: template, is_fast=False)
+    assert Renderer(slow, "messages", n, 100).mask_from == "data"  # auto: no assistant mask from it
     for args, why in [
         (
             (tokenizer, "messages", n, 100, "assistant"),
@@ -241,6 +247,7 @@ def test_loss_mask_refusals(tokenizer, marked_tokenizer):
         ((marked_tokenizer, "messages", n, 100, "assistant", False, "last"), "drop --loss-mask assistant or the"),
         ((marked_tokenizer, "messages", n, 100, "auto", True, "last"), "drop it or the reduction"),
         ((marked_tokenizer, "messages", n, 100, "yes"), "--loss-mask must be one of 'auto', 'assistant', 'none'"),
+        ((slow, "messages", n, 100, "assistant"), "--loss-mask assistant needs a fast tokenizer"),
     ]:
         with pytest.raises(GenerateError) as e:
             Renderer(*args)
