@@ -173,7 +173,8 @@ def test_data_without_a_usable_row(capsys, tiny_model, tmp_path):
 
 def test_engine_that_does_not_start(capsys, tiny_model, data, tmp_path, monkeypatch):
     """A setting vLLM refuses only while its engine starts (a KV cache too small for one
-    request): the traceback, then one line that says to fix the cause, not to resume."""
+    request): one line naming vLLM's error and its log, which says to fix the cause, not to
+    resume; the traceback is in the log."""
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     engine_args = {**TINY_ENGINE_ARGS, "kv_cache_memory_bytes": 4096}
     status, err = run(capsys, tiny_model, data["ids"], tmp_path / "out", engine_args=engine_args)
@@ -181,8 +182,7 @@ def test_engine_that_does_not_start(capsys, tiny_model, data, tmp_path, monkeypa
     assert status == 1, err[-2000:]
     assert last.startswith("layertap generate: vLLM's engine did not start: "), last
     log = tmp_path / "out" / "vllm.log"  # vLLM's log: in the directory, named in the line
-    assert last.endswith(
-        f"this run wrote nothing: fix the cause (the traceback above, and vLLM's log in {log}), then run the command again"
-    ), last
-    assert "Traceback" in err and "resume" not in last
-    assert "No available memory for the cache blocks" in err and " INFO " in log.read_text()
+    assert last.endswith(f"this run wrote nothing: fix the cause (vLLM log: {log}), then run the command again"), last
+    assert "Traceback" not in err and "resume" not in last
+    assert "ValueError: No available memory for the cache blocks" in last
+    assert " INFO " in log.read_text() and "Traceback" in log.read_text()
