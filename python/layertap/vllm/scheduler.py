@@ -124,7 +124,7 @@ class SchedulerSide:
             return False, None  # no response carries an answer, and nothing is counted
         req_id = request.request_id
         params = request.kv_transfer_params
-        if self._requested_only or (type(params) is dict and "save" in params):
+        if self._requested_only or (isinstance(params, dict) and "save" in params):
             unwanted = self._unwanted(req_id, params)
             if unwanted is not None:
                 return unwanted
