@@ -132,3 +132,28 @@ def test_a_parallel_runs_progress_ends_with_the_engines_summaries(capsys):
     last = _final(capsys.readouterr().err)
     assert last.startswith("generate: 8/8 rows (100%), 80 tokens, "), last
     assert "60.0 KiB written, ratio 2.00x" in last, last
+
+
+def test_progress_counts_records_in_files_not_rows_the_engine_finished(tmp_path):
+    """Rows count once their record is in a file (issue 34: a full disk showed "50/50 rows
+    (100%)" with 4 records written); bad rows count as done; the writer's error file, once
+    there, is what ``check`` raises."""
+    from layertap.generate.progress import WriterFailedError
+    from layertap.vllm.online import leave_error_marker
+
+    stream = io.StringIO()
+    follower = ShardFollower(str(tmp_path), "gen-0")
+    bar = Progress(5, follower, "lines", interval=0.0, stream=stream)
+    bar.update(rows=4, tokens=12, bad=1)  # the engine finished four rows; none is in a file yet
+    assert _final(stream.getvalue()).startswith("generate: 1/5 rows (20%), 12 tokens, "), stream.getvalue()
+    with layertap.PyShardWriter(tmp_path, writer_id="gen-0", codec="none") as w:
+        for i in range(2):
+            w.submit(str(i), make_tensors(i))
+    follower.check()  # no error file: nothing raised
+    leave_error_marker(str(tmp_path), "gen-0", "DiskFullError: /d: disk full, 8.0 KiB free (write of x failed)")
+    with pytest.raises(WriterFailedError) as info:
+        follower.check()
+    assert info.value.disk_full and str(info.value).startswith("/d: disk full, 8.0 KiB free (write of x failed); ")
+    bar.close()
+    assert _final(stream.getvalue()).startswith("generate: 3/5 rows (60%), 12 tokens, "), stream.getvalue()
+    follower.close()

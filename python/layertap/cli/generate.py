@@ -15,7 +15,7 @@ import traceback
 from layertap._choices import CAPTURE_MODES, DEFAULT_CAPTURE
 from layertap.generate import GenerateError, generate, vllm_log
 from layertap.generate.errors import EngineStartError
-from layertap.generate.progress import PROGRESS_MODES
+from layertap.generate.progress import PROGRESS_MODES, WriterFailedError
 from layertap.generate.render import LOSS_MASK_MODES
 from layertap.generate.summary import every_row_bad, most_common_reason, summary_text
 
@@ -199,6 +199,9 @@ def run(args: argparse.Namespace) -> int:
             f"({f'vLLM log: {e.log}' if e.log else 'the traceback above'}), then run the command again",
             file=sys.stderr,
         )
+        return 1
+    except WriterFailedError as e:  # a full disk: one line naming the directory and the space left
+        print(f"layertap generate: {e}", file=sys.stderr)
         return 1
     except Exception as e:  # the engine failed while running: the traceback, then one line saying what to do
         traceback.print_exc()

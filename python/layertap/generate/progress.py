@@ -1,8 +1,12 @@
 """What a run shows while it works: a progress bar on a terminal (rows, tokens/s, bytes written,
 compression ratio, ETA), a plain line every ``interval`` seconds otherwise, or nothing.
 
-Bytes written and the ratio are read from the run's shards as they grow (``ShardFollower``), not
-estimated: the writer may run in the engine's process, and what counts is what is in the files.
+Rows count once their record is in a file (or once they are found bad), and bytes written and
+the ratio are read from the run's shards as they grow (``ShardFollower``), not estimated: the
+writer may run in the engine's process, and what counts is what is in the files (a full disk
+once showed "50/50 rows (100%)" with 4 records written). The follower also notices the writer's
+failure (the error file the connector leaves, ``vllm/online.py``), which ``WriterFailedError``
+carries to the command.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from layertap._spec.format import (
     SHARD_SUFFIX,
 )
 from layertap._text import human_bytes
+from layertap.errors import LayertapError
+from layertap.vllm.online import error_marker_path
 
 PROGRESS_MODES = ("auto", "bar", "lines", "none")
 
@@ -47,6 +53,26 @@ class _GrowingShard:
             self.finished = True
 
 
+class WriterFailedError(LayertapError, RuntimeError):
+    """The engine's shard writer failed while the run wrote (a full disk, an I/O error): the
+    message is one line, the writer's own (``DiskFullError``'s names the directory and the space
+    left) and what to do. The records written before the failure are intact; ``disk_full``
+    says whether the file system was full."""
+
+    def __init__(self, text: str) -> None:
+        kind, _, message = text.partition(": ")
+        self.disk_full = kind == "DiskFullError"
+        self.text = text
+        if self.disk_full:
+            line = f"{message}; free space there (or write to another --out), then run the same command again to resume"
+        else:
+            line = f"the shard writer failed: {text}; run the same command again to resume"
+        super().__init__(line)
+
+    def __reduce__(self):  # an engine's process of a parallel run sends it to the orchestrator
+        return type(self), (self.text,)
+
+
 class ShardFollower:
     """Counts the records that the run's writer (``writer_id``) has put in ``directory`` so far.
 
@@ -57,6 +83,9 @@ class ShardFollower:
         self.directory = directory
         self.prefix = writer_id + "-"
         self._shards: dict[str, _GrowingShard] = {}
+        self._marker = error_marker_path(directory, writer_id)
+        self.failure: str | None = None
+        """The writer's error (``"DiskFullError: ..."``), once its error file is there."""
         self.records = 0
         self.raw_bytes = 0
         self.stored_bytes = 0
@@ -67,6 +96,22 @@ class ShardFollower:
         self.stored_bytes += frame.stored_len
 
     def poll(self) -> None:
+        if self.failure is None and os.path.exists(self._marker):
+            try:
+                with open(self._marker, encoding="utf-8", errors="replace") as f:
+                    text = f.read().strip()
+            except OSError:
+                text = ""  # gone again: nothing to report
+            self.failure = text.splitlines()[0] if text else None
+        self._poll_shards()
+
+    def check(self) -> None:
+        """Raises ``WriterFailedError`` if the writer's error file is there."""
+        self.poll()
+        if self.failure is not None:
+            raise WriterFailedError(self.failure)
+
+    def _poll_shards(self) -> None:
         # The directory is listed only while no shard of this writer is open: a writer completes
         # a shard (its index) before it starts the next, so none can be new before that. A
         # thousand engines on one file system then list their directories once per shard, not
@@ -162,24 +207,32 @@ class Progress:
                 smoothing=0.1,
             )
 
+    @property
+    def done(self) -> int:
+        """Rows done: those whose record is in a file (as the follower last read them), and the
+        bad ones. Not the rows the engine finished: their records may still be in the writer,
+        and never reach a file if the writer fails."""
+        return self.follower.records + self.bad
+
     def update(self, rows: int = 0, tokens: int = 0, bad: int = 0) -> None:
-        """Counts rows finished (recorded or bad) and their tokens; shows them now and then."""
+        """Counts rows the engine finished (recorded or bad) and their tokens; shows the rows
+        done (``done``) now and then."""
         self.rows += rows + bad
         self.bad += bad
         self.tokens += tokens
         now = time.monotonic()
         if rows or bad:
             self._last_row = now
-        if now - self._last_poll >= min(1.0, self.interval):
+        polled = now - self._last_poll >= min(1.0, self.interval)
+        if polled:
             self._last_poll = now
             self.follower.poll()
-            if self._bar is not None:
-                # Drawn now unless a row moves the bar below: the new bytes would wait for the
-                # next row, which a long prefill step delays.
-                self._bar.set_postfix_str(self._stats(now), refresh=not (rows or bad))
         if self._bar is not None:
-            if rows or bad:
-                self._bar.update(rows + bad)
+            if polled:
+                self._bar.set_postfix_str(self._stats(now), refresh=False)
+            if polled or bad:
+                self._bar.n = self.done
+                self._bar.refresh()
         elif self.mode == "lines" and now - self._last_line >= self.interval:
             self._last_line = now
             self.line(now)
@@ -194,12 +247,13 @@ class Progress:
     def line(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         elapsed = now - self.start
-        pct = f" ({100 * self.rows / self.total:.0f}%)" if self.total else ""
+        done = self.done
+        pct = f" ({100 * done / self.total:.0f}%)" if self.total else ""
         eta = ""
-        if 0 < self.rows < self.total:
-            eta = f", ETA {_duration(elapsed * (self.total - self.rows) / self.rows)}"
+        if 0 < done < self.total:
+            eta = f", ETA {_duration(elapsed * (self.total - done) / done)}"
         print(
-            f"generate: {self.rows:,}/{self.total:,} rows{pct}, {self.tokens:,} tokens, "
+            f"generate: {done:,}/{self.total:,} rows{pct}, {self.tokens:,} tokens, "
             f"{self._stats(now)}, {_duration(elapsed)} elapsed{eta}",
             file=self.stream,
             flush=True,
@@ -210,7 +264,9 @@ class Progress:
         the files, after the last row."""
         self.follower.poll()
         if self._bar is not None:
-            self._bar.set_postfix_str(self._stats(time.monotonic()), refresh=True)
+            self._bar.set_postfix_str(self._stats(time.monotonic()), refresh=False)
+            self._bar.n = self.done
+            self._bar.refresh()
 
     def close(self) -> None:
         """Shows the final figures, once (later calls do nothing): the bytes the shards hold now,
@@ -222,6 +278,7 @@ class Progress:
         self.follower.poll()
         if self._bar is not None:
             self._bar.set_postfix_str(self._stats(self._last_row), refresh=False)
+            self._bar.n = self.done
             # tqdm shows elapsed = now - start_t and the rate over it: end both at the last row.
             # (As its unpause() does, last_print_t moves too: it draws at close only when it
             # drew after start_t.)

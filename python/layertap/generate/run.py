@@ -43,7 +43,7 @@ from layertap.generate.engine import (
 )
 from layertap.generate.errors import EngineStartError, GenerateError, GenerateInterrupted
 from layertap.generate.model import config_num_layers, load_model_info, parse_layers, read_config
-from layertap.generate.progress import PROGRESS_MODES, Progress, ShardFollower, Totals
+from layertap.generate.progress import PROGRESS_MODES, Progress, ShardFollower, Totals, WriterFailedError
 from layertap.generate.render import BadRowError, Renderer, check_loss_mask
 from layertap.generate.repair import damaged_entries
 from layertap.generate.resume import SOURCE, OutputState, prepare_output, recover_shard
@@ -165,11 +165,25 @@ def _in_process(llm: Any) -> bool:
     return "Inproc" in type(llm.llm_engine.engine_core).__name__
 
 
-def _drain(follower: ShardFollower, expected: int, on_record: Callable[[], None]) -> None:
-    """Waits until the run's shards hold ``expected`` records, or none arrived for a while;
-    ``on_record()`` whenever more are there."""
+def _engine_alive(llm: Any) -> bool:
+    """Whether vLLM's engine core (in its own process) has not died: a writer that failed on a
+    full disk takes it down, perhaps without room left for its error file."""
+    return not getattr(getattr(llm.llm_engine.engine_core, "resources", None), "engine_dead", False)
+
+
+def _drain(
+    follower: ShardFollower, expected: int, on_record: Callable[[], None], alive: Callable[[], bool] = lambda: True
+) -> None:
+    """Waits until the run's shards hold ``expected`` records, or none arrived for a while, or
+    the writer failed (``follower.failure``) or the engine died (``alive()``); ``on_record()``
+    whenever more are there."""
     last, seen = time.monotonic(), follower.records
-    while follower.records < expected and time.monotonic() - last < DRAIN_STALL_SECONDS:
+    while (
+        follower.records < expected
+        and follower.failure is None
+        and alive()
+        and time.monotonic() - last < DRAIN_STALL_SECONDS
+    ):
         time.sleep(0.05)
         follower.poll()
         if follower.records != seen:
@@ -253,6 +267,11 @@ def _run_engine(
         if llm is not None:
             shutdown(llm, SHUTDOWN_SECONDS)
         raise _Interrupted(outcome, t_engine, t_gen) from None
+    except WriterFailedError:
+        vllm_log.silence()  # vLLM's tracebacks of the failure say it again: into the log
+        if llm is not None:
+            shutdown(llm, SHUTDOWN_SECONDS)
+        raise
     finally:
         if output is not None:
             output.close(OUTPUT_SECONDS)
@@ -282,14 +301,21 @@ def _run_rows(
         if _in_process(llm):
             # This engine hands the last finished requests to the connector as it stops.
             shutdown(llm, SHUTDOWN_SECONDS)
+            follower.check()
             bar.close()
         else:
-            _drain(follower, outcome.saved_count, bar.show_written)
+            _drain(follower, outcome.saved_count, bar.show_written, lambda: _engine_alive(llm))
+            follower.check()  # the writer failed: stop now (it used to wait DRAIN_STALL_SECONDS)
             outcome.drain_seconds = time.monotonic() - t_gen
             # Every record is in a file: the bar ends with its final figures, before the engine
             # stops (seconds, in which vLLM may log).
             bar.close()
             shutdown(llm, SHUTDOWN_SECONDS)
+    except WriterFailedError:
+        raise
+    except Exception:
+        follower.check()  # a failed writer stops the engine: say that, not what vLLM made of it
+        raise
     finally:
         bar.close()
         totals.send(phase="done")

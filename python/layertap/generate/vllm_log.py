@@ -112,6 +112,8 @@ class _RunLog:
         self._lock = threading.Lock()
         self._file = None
         self._pending: deque[str] = deque(maxlen=PENDING_LINES)
+        self._full = False
+        """A write into the file failed (a full disk): lines are dropped from then on."""
         self.path: str | None = None
         self.run_offset = 0
         """Where this run's lines begin in the file (a rerun appends to the earlier runs')."""
@@ -134,7 +136,10 @@ class _RunLog:
     def close(self) -> None:
         with self._lock:
             if self._file is not None:
-                self._file.close()
+                try:
+                    self._file.close()
+                except OSError:  # what a full disk did not take (see ``write``)
+                    pass
                 self._file = None
 
     def write(self, text: str) -> None:
@@ -144,8 +149,15 @@ class _RunLog:
             if self._file is None:
                 self._pending.append(text)
                 return
-            self._file.write(text)
-            self._file.flush()  # each line as it comes: a process that dies loses nothing
+            if self._full:
+                return
+            try:
+                self._file.write(text)
+                self._file.flush()  # each line as it comes: a process that dies loses nothing
+            except OSError:
+                # The run's directory is on a full disk (the writer says so, in one line): the
+                # log is what gives way, without a traceback per line on stderr.
+                self._full = True
 
 
 _LOG = _RunLog()
