@@ -24,7 +24,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "python"), **(env or {})}
-    env.pop("MC_LOG_DIR", None)  # set in this process by its own client: each command chooses its own
     return subprocess.run(
         [sys.executable, "-m", "layertap", *args], capture_output=True, text=True, env=env, timeout=120
     )
@@ -268,6 +267,30 @@ def test_mooncake_logs_into_a_file_unless_asked(store, tmp_path):
     assert GLOG_LINE.search((logs / "mooncake-transfer-engine.INFO").read_text())
     r = _cli("inspect", address, env={"LAYERTAP_MOONCAKE_LOG": "stderr"})
     assert r.returncode == 0 and GLOG_LINE.search(r.stderr), r.stderr
+
+
+SETUP_WITHOUT_GLOG_FLAG = """
+import sys
+from layertap.mooncake import logs
+logs.quiet_stderr = lambda: False  # as where the glog library or its flag is not found
+from layertap.mooncake.address import parse_address
+from layertap.mooncake.client import connect
+print(connect(parse_address(sys.argv[1])).exists("t/none"))
+"""
+
+
+def test_mooncake_set_up_into_a_file_where_glog_cannot_be_told(store, tmp_path):
+    """Where glog's copy of ERROR lines to stderr cannot be turned off in its library, the
+    client's set-up runs with fd 2 redirected into a file of the log directory, and restored:
+    the process's own stderr works after."""
+    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "python"), "LAYERTAP_MOONCAKE_LOG": str(tmp_path)}
+    code = SETUP_WITHOUT_GLOG_FLAG + "print('after', file=sys.stderr)\n"
+    r = subprocess.run(
+        [sys.executable, "-c", code, store.address("t")], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert r.returncode == 0 and r.stdout == "False\n" and r.stderr == "after\n", r.stderr
+    setup_logs = list(tmp_path.glob("mooncake-setup.*.log"))
+    assert len(setup_logs) == 1 and GLOG_LINE.search(setup_logs[0].read_text())
 
 
 def test_follow_records_as_they_arrive(store, tmp_path):
