@@ -239,14 +239,20 @@ def test_malformed_addresses_are_refused_in_one_line(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["rows.jsonl"]  # no directory made, by pull or generate
 
 
-def test_a_port_that_is_not_a_master_is_one_line(store):
+def test_a_port_that_is_not_a_master_is_one_line(store, tmp_path):
     """A port that takes connections but is no master (the master's own metrics port, which
     speaks HTTP; a service that never answers): Mooncake's client would retry its set-up for
-    minutes, logging each try. The command ends with one line saying so, after the 3 s connect
-    and 3 s handshake bounds (the process ending with that line is the bound)."""
+    minutes, logging each try. The command (inspect; generate, before any engine) ends with one
+    line saying so, after the 3 s connect and 3 s handshake bounds (the process ending with that
+    line is the bound)."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"input_ids": [5, 6, 7]}\n')
     with silent_port() as port:
-        for address in (f"mooncake://127.0.0.1:{store.metrics_port}/x", f"mooncake://127.0.0.1:{port}/x"):
-            r = _cli("inspect", address)
+        for command in (
+            ["inspect", f"mooncake://127.0.0.1:{store.metrics_port}/x"],
+            ["generate", str(tmp_path / "no-model"), "--data", str(rows), "--out", f"mooncake://127.0.0.1:{port}/x"],
+        ):
+            r = _cli(*command)
             assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
             assert "is not a Mooncake master" in r.stderr and "-rpc_port" in r.stderr, r.stderr
 
