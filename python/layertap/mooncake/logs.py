@@ -12,9 +12,8 @@ its flag cannot be found, the client's set-up (the ~17 lines) runs with fd 2 red
 file of the directory (``setup_output``).
 
 ``LAYERTAP_MOONCAKE_LOG`` chooses: unset, the files go to ``default_dir()``; a directory, they go
-there; ``stderr``, Mooncake logs as it does by itself. Unset, a ``MC_LOG_DIR`` already set (by the
-user, or inherited from the layertap process that started this one) is kept.
-"""
+there; ``stderr``, Mooncake logs as it does by itself. Unset, a ``MC_LOG_DIR`` the user set is
+used. ``MC_LOG_DIR`` is set only while the client is set up (``into_files``)."""
 
 from __future__ import annotations
 
@@ -47,21 +46,41 @@ def log_dir() -> str | None:
     return chosen or os.environ.get(MC_LOG_DIR) or default_dir()
 
 
-def prepare() -> str | None:
-    """Before Mooncake is imported: makes the log directory and points ``MC_LOG_DIR`` at it
-    (Mooncake reads it when its client is set up). Returns the directory, or None when Mooncake
-    logs to stderr (asked for, or a directory that cannot be made: a log is no reason to fail)."""
-    d = log_dir()
+#: The directory this process's Mooncake logs into (None: stderr, or no client set up yet).
+_dir: str | None = None
+
+
+def _usable(d: str | None) -> str | None:
     if d is None:
         return None
     try:
         os.makedirs(d, exist_ok=True)
     except OSError:
         return None
-    if not os.access(d, os.W_OK):
-        return None
-    os.environ[MC_LOG_DIR] = d
-    return d
+    return d if os.access(d, os.W_OK) else None
+
+
+@contextlib.contextmanager
+def into_files() -> Iterator[str | None]:
+    """Around ``import mooncake.store`` and the client's set-up, when Mooncake reads its
+    environment: ``MC_LOG_DIR`` names the log directory, made if need be (yielded; None when
+    Mooncake logs to stderr: asked for, or a directory that cannot be made, a log being no
+    reason to fail). The variable is restored after: a ``mooncake_client`` started with it set
+    aborts (glog set up twice), and this process may start one."""
+    global _dir
+    d = _usable(log_dir())
+    old = os.environ.get(MC_LOG_DIR)
+    if d is not None:
+        os.environ[MC_LOG_DIR] = d
+        _dir = d
+    try:
+        yield d
+    finally:
+        if d is not None:
+            if old is None:
+                os.environ.pop(MC_LOG_DIR, None)
+            else:
+                os.environ[MC_LOG_DIR] = old
 
 
 def _loaded_glog() -> str | None:
@@ -118,10 +137,9 @@ def setup_output(directory: str | None, quiet: bool) -> Iterator[None]:
 
 def where() -> str:
     """Where to read Mooncake's log, for a message."""
-    d = os.environ.get(MC_LOG_DIR)
-    if os.environ.get(ENV) == "stderr" or not d:
+    if _dir is None:
         return "Mooncake's log above"
-    return f"Mooncake's log in {d}/mooncake-transfer-engine.INFO ({ENV}=stderr shows it)"
+    return f"Mooncake's log in {_dir}/mooncake-transfer-engine.INFO ({ENV}=stderr shows it)"
 
 
-__all__ = ["ENV", "default_dir", "log_dir", "prepare", "quiet_stderr", "setup_output", "where"]
+__all__ = ["ENV", "default_dir", "into_files", "log_dir", "quiet_stderr", "setup_output", "where"]
