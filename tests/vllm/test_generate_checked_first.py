@@ -138,6 +138,10 @@ def test_an_out_that_cannot_be_the_dataset_is_refused_first(tiny_model, ids, tmp
     a_file.write_text("not a directory")
     assert_refused_early(f"--out {a_file} is a file, not a directory", tiny_model, ids, a_file)
     assert a_file.read_text() == "not a directory"
+    store = "mooncake://127.0.0.1:1/hs"  # no master there: the spool is refused before the store is asked
+    assert_refused_early(
+        f"--also-dir {a_file} is a file, not a directory", tiny_model, ids, store, "--also-dir", a_file
+    )
     home = tmp_path / "home"
     home.mkdir()
     for name in ("notes.txt", ".bashrc", "chats.jsonl", "old.lts.bak"):
