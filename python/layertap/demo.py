@@ -65,16 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     model = build_tiny_llama(os.path.join(out, f"tiny-llama-{args.dtype}"), dtype=args.dtype)
     rows = len(DATA.read_text().splitlines())
     print(f"model: random 4-layer Llama ({args.dtype}) in {model}\ndata: {rows} chats in {DATA}\n", flush=True)
-    engine_args = json.dumps(
-        {
-            "dtype": args.dtype,
-            "enforce_eager": True,
-            "max_model_len": 512,
-            "block_size": 32,
-            "kv_cache_memory_bytes": 64 << 20,
-            "use_tqdm_on_load": False,
-        }
-    )
+    # The KV cache is sized by generate on a CPU (docs/GENERATE.md, "On a CPU"); enforce_eager
+    # skips torch.compile's ~40 s at start-up there.
+    engine_args = json.dumps({"dtype": args.dtype, "enforce_eager": True})
     generate = ["generate", model, "--data", str(DATA), "--out", dataset, "--engine-args", engine_args]
     steps = [
         (f"$ layertap generate MODEL --data chat.jsonl --out {dataset} --limit 10", [*generate, "--limit", "10"]),

@@ -73,7 +73,9 @@ def test_ctrl_c_then_the_documented_command_resumes(tiny_model, tmp_path):
     assert said == ["layertap generate: interrupted; run the same command again to resume"], child.stderr
     summary = child.stdout.decode()
     assert "rows written this run" in summary and "dataset incomplete: " in summary, summary
-    assert re.search(r"engine: kv_cache_memory_bytes [\d.]+ MiB, a CPU engine: room for about \d+ sequences", summary)
+    assert re.search(
+        r"engine: kv_cache_memory_bytes [\d.]+ MiB \(chosen for a CPU engine: room for about \d+ sequences", summary
+    )
     assert "Traceback" in (out / "vllm.log").read_text()  # the engine's processes', as they stopped
 
     again = Child(documented(tiny_model, data, str(out), "--json"), multiprocessing=True)
@@ -85,3 +87,17 @@ def test_ctrl_c_then_the_documented_command_resumes(tiny_model, tmp_path):
     assert not_progress(again.lines) == [], again.stderr
     with layertap.open(out) as ds:
         assert sorted(ds.keys(), key=int) == [str(i) for i in range(len(rows))] and ds.verify().ok
+
+
+def test_a_context_no_cpu_cache_can_hold_is_refused_before_the_engine(tiny_model, tmp_path):
+    """On a CPU, without a KV cache size of the user's: a --max-len for which two sequences need
+    more than 90% of the memory free is refused, naming --max-len, before any engine starts."""
+    import psutil
+
+    from layertap.generate import GenerateError
+
+    data = write_jsonl(tmp_path / "ids.jsonl", id_rows(2, 3, 8))
+    too_long = psutil.virtual_memory().total // 1024  # 1 KiB a token at least: twice that is twice the memory
+    with pytest.raises(GenerateError, match=r"KV cache for sequences of [\d,]+ tokens .* pass a smaller --max-len"):
+        layertap.generate(tiny_model, data, tmp_path / "out", max_len=too_long, progress="none")
+    assert not (tmp_path / "out").exists()

@@ -131,9 +131,9 @@ def cpu_kv_cache_default(engine_args: dict, info: Any, num_layer_ids: int, model
     engine_args["kv_cache_memory_bytes"] = chosen
     return {
         "kv_cache_memory_bytes": chosen,
-        "reason": f"a CPU engine: room for about {chosen // (per_token * model_len):,} sequences of "
-        f"{model_len:,} tokens, within a quarter of the {human_bytes(available)} free; set kv_cache_memory_bytes "
-        "in --engine-args to choose",
+        "reason": f"chosen for a CPU engine: room for about {chosen // (per_token * model_len):,} sequences of "
+        f"{model_len:,} tokens within a quarter of the {human_bytes(available)} free; set it in --engine-args "
+        "to choose",
     }
 
 

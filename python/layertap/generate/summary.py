@@ -228,7 +228,7 @@ def summary_text(s: Summary) -> str:
     if s.get("engine_defaults"):  # what the run chose for the engine (on a CPU: its KV cache)
         chosen = s["engine_defaults"]
         lines.append(
-            f"engine: kv_cache_memory_bytes {human_bytes(chosen['kv_cache_memory_bytes'])}, {chosen['reason']}"
+            f"engine: kv_cache_memory_bytes {human_bytes(chosen['kv_cache_memory_bytes'])} ({chosen['reason']})"
         )
     if s["shards_recovered"] or s["files_set_aside"]:
         lines.append(
