@@ -1,6 +1,6 @@
 """``layertap generate`` into a directory on a full disk (issue 34 item 3), a real 600 KB tmpfs:
 the run stops once the engine's writer fails, with one line naming the directory and the space
-left, exit 1; its progress counted the records written, not the rows the engine finished; the
+left (and no line of vLLM's), exit 1; its progress counted the records written, not the rows the engine finished; the
 records written before the failure read back whole. It used to wait DRAIN_STALL_SECONDS (120 s)
 for records that could never come, then print a summary saying to run again."""
 
@@ -30,8 +30,9 @@ def test_generate_stops_at_a_full_disk_with_one_line(tiny_model, tmp_path):
         assert child.finish(timeout=120) == 1, child.stderr
         assert line is not None, child.stderr
         assert child.stdout == b"", child.stdout  # no summary: the run did not go on to one
-        mine = [text for text in child.lines if text.startswith("layertap generate: ")]
-        assert mine == [line], child.stderr
+        # Besides the progress lines, that line alone: not vLLM's errors as its engine stops.
+        others = [text for text in child.lines if not text.startswith("generate: ")]
+        assert others == [line], child.stderr
         assert line.startswith(f"layertap generate: {out}: disk full, "), line
         free = re.search(r"disk full, (.+?) free \(write of gen-0-000000\.lts failed: ", line)
         assert free, line

@@ -49,6 +49,7 @@ from layertap.generate.repair import damaged_entries
 from layertap.generate.resume import SOURCE, OutputState, prepare_output, recover_shard
 from layertap.generate.summary import Summary, is_complete
 from layertap.reader import open as open_dataset
+from layertap.vllm.online import error_marker_path
 from layertap.vllm.window import check as check_window_request
 
 #: How long to wait for the writer of an engine in its own process to put the last records in
@@ -432,6 +433,7 @@ def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callab
     state = prepare_output(out_dir, model, layer_ids, first_run=o.get("first_run", 0))
     try:
         vllm_log.start(out_dir)  # the directory exists and is this run's now
+        vllm_log.watch_writer(error_marker_path(out_dir, state.writer_id))
         done = np.zeros(rows.num_rows, dtype=bool)
         done[state.done[state.done < rows.num_rows]] = True
         done_before = int(done.sum())

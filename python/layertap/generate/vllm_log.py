@@ -169,12 +169,29 @@ def silence() -> None:
     _LOG.quiet = True
 
 
+#: The error file the run's writer leaves if it fails (``vllm/online.py``), for the processes vLLM
+#: starts (``watch_writer``).
+WRITER_ERROR_ENV = "LAYERTAP_WRITER_ERROR_FILE"
+
+
+def watch_writer(error_file: str) -> None:
+    """vLLM's errors stay off stderr, in this process and those vLLM starts from now on, once
+    ``error_file`` exists: the run's writer failed (a full disk), and what vLLM logs then (its
+    engine stopping) follows from it, which the command says in one line."""
+    os.environ[WRITER_ERROR_ENV] = error_file
+
+
+def _writer_failed() -> bool:
+    path = os.environ.get(WRITER_ERROR_ENV)
+    return bool(path) and os.path.exists(path)  # type: ignore[arg-type]
+
+
 class ErrorsToStderr(logging.StreamHandler):
     """vLLM's errors on stderr, one line each (a traceback goes to the log file only), and none
-    once the run is interrupted (``silence``)."""
+    once the run is interrupted (``silence``) or its writer failed (``watch_writer``)."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        if not _LOG.quiet:
+        if not _LOG.quiet and not _writer_failed():
             super().emit(record)
 
     def format(self, record: logging.LogRecord) -> str:
@@ -395,6 +412,7 @@ __all__ = [
     "root_cause",
     "silence",
     "start",
+    "watch_writer",
     "start_error",
     "this_run",
     "write_traceback",
