@@ -61,7 +61,7 @@ def test_ctrl_c_then_the_documented_command_resumes(tiny_model, tmp_path):
     default process layout. SIGINT to its process group (what Ctrl-C in a terminal does) once
     records are being written: exit 130, the interrupted line and the summary, and nothing of
     the engine's processes' stopping on stderr. The same command then finishes the dataset."""
-    rows = id_rows(700, 100, 200, seed=11)
+    rows = id_rows(1500, 100, 200, seed=11)  # seconds of generation: the interrupt lands while it writes
     data = write_jsonl(tmp_path / "ids.jsonl", rows)
     out = tmp_path / "out"
     child = Child(documented(tiny_model, data, str(out), "--progress-interval", "0.2"), multiprocessing=True)
