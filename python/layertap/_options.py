@@ -18,8 +18,8 @@ from typing import Any
 
 from layertap._checks import choices_text, flag, is_int, one_of, positive_int
 from layertap._choices import DURABILITY_MODES, IO_MODES, LOSSY_MODES, MAX_THREADS
-from layertap._spec.codecs import MAX_LEVEL, MIN_LEVEL
 from layertap._spec.format import CODECS, MAX_META_LEN, WRITER_ID_RULE, writer_id_problem
+from layertap._spec.levels import MAX_LEVEL, MIN_LEVEL
 from layertap.errors import InvalidInputError, OptionError
 
 _U64 = 1 << 64

@@ -4,8 +4,9 @@ while it is written"), and ``DatasetTail``, what it and ``layertap.vllm.fetch`` 
 A shard that is complete when it is first seen is read by the readers' shard backend (its index,
 memory-mapped by the Rust one). A shard that is still being written is read incrementally: each
 look reads the frame headers written since the previous look (``_spec.format``), so a look costs
-what was written since, not the size of the shard, and a record is decoded and checked with the
-same code as the Python reader's (``_spec.record``) once it is wanted. A record whose frame is
+what was written since, not the size of the shard, and a record's payload is read and then
+decoded and checked by the core (``_decoder``: the Rust core's decoder, the GIL released) once it
+is wanted. A record whose frame is
 there but whose payload does not match its checksum yet, in a shard a live writer holds (writes
 may land out of order), is waited for. Once a writer has left a shard for good (its lock is free
 and a newer shard of the same writer exists, or the shard ended with an index), damage that the
@@ -25,6 +26,7 @@ from typing import Any
 from layertap._checks import one_of
 from layertap._choices import ERROR_MODES
 from layertap._cursor import ShardCursor, pread_fully
+from layertap._decoder import RecordDecoder, record_decoder
 from layertap._inotify import DirectoryWatch
 from layertap._spec.format import (
     CODECS,
@@ -37,7 +39,6 @@ from layertap._spec.format import (
     frame_header_len,
 )
 from layertap._spec.lock import is_locked
-from layertap._spec.record import decode_record
 from layertap._tensors import tensor_maker
 from layertap._types import IndexEntry, Problem, ProblemKind
 from layertap.errors import (
@@ -69,7 +70,7 @@ class ShardTail:
     """What has been found so far of one shard: ``entries`` (records in file order), and how
     to read each. ``refresh`` finds what was written since the last call."""
 
-    def __init__(self, path: str, writer_id: str, index: int, backend: type):
+    def __init__(self, path: str, writer_id: str, index: int, backend: type, decode: RecordDecoder | None = None):
         self.path = path
         self.writer_id = writer_id
         self.index = index
@@ -79,6 +80,7 @@ class ShardTail:
         self.consumed = 0
         """Records ``follow`` has handed out (or skipped)."""
         self._backend_class = backend
+        self._decode = decode or record_decoder()
         self._backend: Any = None
         self._from_backend: list[int | None] = []  # per entry: its position in the backend, or None (a frame)
         self._corrupt: dict[int, str] = {}  # entry -> why the backend found it corrupt
@@ -190,14 +192,20 @@ class ShardTail:
             got = os.preadv(fd, [stored], offset) if e.stored_len else 0
             try:
                 if got != e.stored_len:
-                    raise FormatProblem("payload is cut off by the end of the file")
-                metadata, tensors = decode_record(
-                    stored, key=e.key, codec=CODECS.index(e.codec), raw_len=e.raw_len, payload_crc=e.payload_crc
+                    raise self._corrupt_error(e, "payload is cut off by the end of the file")
+                metadata, tensors = self._decode(
+                    stored,
+                    key=e.key,
+                    codec=CODECS.index(e.codec),
+                    raw_len=e.raw_len,
+                    payload_crc=e.payload_crc,
+                    path=self.path,
+                    offset=e.frame_offset,
                 )
-            except FormatProblem as problem:
+            except CorruptRecordError:
                 if is_locked(self.path):
                     raise NotYet from None
-                raise self._corrupt_error(e, str(problem)) from None
+                raise
         finally:
             if fd != self._fd:
                 os.close(fd)
@@ -242,6 +250,7 @@ class DatasetTail:
         self.directory = os.fspath(directory)
         self.writer_id = writer_id
         self._backend_class = backend_class(backend)
+        self._decode = record_decoder(backend)
         if not os.path.isdir(self.directory) and os.path.exists(self.directory):
             raise InvalidInputError(f"{self.directory}: not a directory; follow reads a dataset directory")
         # Watch first, then look: a change between the two is still seen.
@@ -266,7 +275,7 @@ class DatasetTail:
                 if entry.name in self._shards or not self.concerns(entry.name):
                     continue
                 writer_id, index = _writer_and_index(entry.name)
-                self._shards[entry.name] = ShardTail(entry.path, writer_id, index, self._backend_class)
+                self._shards[entry.name] = ShardTail(entry.path, writer_id, index, self._backend_class, self._decode)
                 self._watch.watch_file(entry.path)
                 self._newest[writer_id] = max(index, self._newest.get(writer_id, -1))
         # A name whose file is gone (the forwarder removes what it forwarded) is not kept: a
@@ -424,8 +433,9 @@ class StoreFollow(_Following):
     STORE_POLL = 0.2
     STORE_GRACE = 10.0
 
-    def __init__(self, path: str, timeout: float | None, make, skip: bool):
+    def __init__(self, path: str, timeout: float | None, make, skip: bool, backend: str = "auto"):
         self._path = path
+        self._backend = backend
         super().__init__(timeout, make, skip)
 
     def _run(self) -> Iterator[Record]:
@@ -454,7 +464,7 @@ class StoreFollow(_Following):
         """The records listed since the last look."""
         from layertap.mooncake.backend import open_address
 
-        _, shards, _ = open_address(self._path, until_gap=True)
+        _, shards, _ = open_address(self._path, until_gap=True, backend=self._backend)
         for shard in shards:
             while (i := consumed.get(shard.path, 0)) < len(shard.entries):
                 e = shard.entries[i]
@@ -503,7 +513,8 @@ def follow(
     if isinstance(path, str) and path.startswith("mooncake://"):
         if writer_id is not None:
             raise InvalidInputError("writer_id is for a dataset directory; a store dataset is followed whole")
-        return StoreFollow(path, timeout, make, errors == "skip")
+        record_decoder(backend)  # a bad value fails before the store is asked
+        return StoreFollow(path, timeout, make, errors == "skip", backend)
     return Follow(DatasetTail(path, writer_id=writer_id, backend=backend), timeout, make, errors == "skip")
 
 

@@ -506,7 +506,7 @@ def open(path: str | os.PathLike | list | tuple, backend: str = "auto", *, tenso
     if isinstance(path, str) and path.startswith("mooncake://"):
         from layertap.mooncake.backend import open_address
 
-        address, store_shards, problems = open_address(path)
+        address, store_shards, problems = open_address(path, backend=backend)
         return Dataset(address.dataset, store_shards, problems, tensors=tensors)
     parts = resolve(path)
     single = len(parts.paths) == 1 and parts.manifest is None

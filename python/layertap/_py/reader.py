@@ -12,6 +12,7 @@ import os
 import stat
 
 from layertap._py import scan
+from layertap._py.decode import decode_record
 from layertap._spec.format import (
     CODECS,
     FILE_HEADER_FIXED_LEN,
@@ -23,7 +24,6 @@ from layertap._spec.format import (
     is_torn_empty,
 )
 from layertap._spec.lock import is_locked
-from layertap._spec.record import decode_record
 from layertap._types import IndexEntry, Problem, ProblemKind
 from layertap.errors import CorruptRecordError, FormatError, LayertapError
 

@@ -8,10 +8,12 @@ import from here; nothing here imports either of them. The Rust twin is ``rust/c
 ``format``, ``names``, ``codec``, ``blob`` and ``dtype`` modules).
 
 - ``format``: byte layout of file headers, frames, indexes and trailers; names and limits;
-- ``codecs``: zstd levels and payload decoding (``none``, ``zstd``, ``bp16-zstd``);
+- ``levels``: the zstd levels writers accept;
+- ``codecs``, ``exphuf``: payload decoding (``none``, ``zstd``, ``bp16-zstd``, ``exp-huf``), the
+  Python reference's (``_py`` and ``layertap._decoder``'s python backend import it; production
+  reads decode in the Rust core);
 - ``blob``: the safetensors blob a record payload decodes to;
-- ``record``: the hidden-states record's tensor and metadata names (docs/RECORD.md), and a stored
-  payload checked and decoded into metadata and tensor bytes;
+- ``record``: the hidden-states record's tensor and metadata names (docs/RECORD.md);
 - ``dtypes``: element sizes, torch and numpy names of the safetensors dtypes;
 - ``lock``: whether a live writer holds a shard.
 """

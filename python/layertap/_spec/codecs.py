@@ -1,7 +1,8 @@
 """Payload codecs (docs/FORMAT.md, "Codecs"): ``none``, ``zstd``, ``bp16-zstd`` and ``exp-huf``
-(its decoder in ``layertap._spec.exphuf``): the names
-and levels writers accept, the byte-plane transform, and decoding. Encoding is the writers'
-(``layertap._py.encode`` for the Python one).
+(its decoder in ``layertap._spec.exphuf``): the byte-plane transform and the Python reference's
+decoding, which production reads never import (they decode in the Rust core through
+``layertap._decoder``; the zstd levels writers accept are in ``levels``). Encoding is the
+writers' (``layertap._py.encode`` for the Python one).
 """
 
 from __future__ import annotations
@@ -15,13 +16,12 @@ from layertap._spec import exphuf
 from layertap._spec.blob import TensorInfo, parse_header
 from layertap._spec.dtypes import TWO_BYTE
 from layertap._spec.format import CODEC_BP16_ZSTD, CODEC_EXP_HUF, CODEC_NONE, CODEC_ZSTD, FormatProblem
+from layertap._spec.levels import MAX_LEVEL, MIN_LEVEL
 from layertap.errors import InvalidInputError
 
 #: zstd cannot expand data by more than this (about 32 000 to 1 at best); a larger raw_len is
 #: corrupt. The Rust reader uses the same bound.
 ZSTD_MAX_RATIO = 32 << 10
-#: zstd levels accepted (the library's own range; negative levels are zstd's fast modes).
-MIN_LEVEL, MAX_LEVEL = -(1 << 17), zstandard.MAX_COMPRESSION_LEVEL
 
 
 def check_level(level: object) -> int:

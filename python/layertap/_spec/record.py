@@ -1,14 +1,9 @@
 """The hidden-states record (docs/RECORD.md): the names of its tensors and metadata members, the
-one place in Python that spells them (the Rust twin is ``rust/core/src/record.rs``); and a
-record's stored payload checked and decoded (docs/FORMAT.md, "Reading", step 4), the one decoding
-both the pure-Python shard reader and ``layertap.follow`` use."""
+one place in Python that spells them (the Rust twin is ``rust/core/src/record.rs``). Decoding a
+record's stored payload is the core's: ``layertap._decoder`` (the Rust core, or the Python
+reference's ``_py/decode.py``)."""
 
 from __future__ import annotations
-
-from typing import NamedTuple
-
-from layertap._spec.codecs import decode
-from layertap._spec.format import FormatProblem, crc32c
 
 #: The hidden states of the saved layers: ``[tokens, layers, hidden]`` in the engine's dtype, or
 #: ``F8_E4M3`` beside ``hidden_states_scale`` in a lossy record (docs/FP8.md).
@@ -53,24 +48,3 @@ CONNECTOR_METADATA = (
     WINDOW_END,
     REDUCTION,
 )
-
-
-class DecodedRecord(NamedTuple):
-    metadata: dict[str, str]
-    tensors: list[tuple[str, str, tuple[int, ...], memoryview]]
-    """``(name, dtype, shape, bytes)`` of each tensor, in the order of their data."""
-
-
-def decode_record(stored, *, key: str, codec: int, raw_len: int, payload_crc: int | None) -> DecodedRecord:
-    """Checks the stored payload of the record ``key`` against its checksum (unless
-    ``payload_crc`` is None: not asked), decodes it and parses its safetensors header. Raises
-    FormatProblem saying what is wrong."""
-    if payload_crc is not None:
-        crc = crc32c(stored)
-        if crc != payload_crc:
-            raise FormatProblem(f"payload checksum mismatch (frame says {payload_crc:#010x}, payload has {crc:#010x})")
-    raw, metadata, tensors = decode(codec, stored, raw_len)
-    if metadata.get("key") != key:
-        raise FormatProblem(f"__metadata__ key {metadata.get('key')!r} differs from the frame key")
-    view = raw if isinstance(raw, memoryview) else memoryview(raw).cast("B")
-    return DecodedRecord(metadata, [(t.name, t.dtype, t.shape, view[t.begin : t.end]) for t in tensors])

@@ -3,9 +3,9 @@ one *shard backend* (``StoreShard``, the protocol of ``layertap.reader``), so ``
 ``Dataset`` (lookups, iteration, ``verify``, ``inspect``) works on it as on shards on disk.
 
 A record's object is its frame, byte for byte as in a shard: its header is checked by the
-format's code and its payload decoded and checked (CRC32C, length, metadata key) by the one
-decoding the readers share (``_spec.record``). An object that is not there (evicted, lost with
-its node, never put) raises ``RecordMissingError``; one whose frame differs from what the index
+format's code and its payload decoded and checked (CRC32C, length, metadata key) by the core
+(``layertap._decoder``: the Rust core's decoder, as ``follow`` uses). An object that is not there
+(evicted, lost with its node, never put) raises ``RecordMissingError``; one whose frame differs from what the index
 says (another writer's record under the same key) raises ``CorruptRecordError``: neither is ever
 read as the record. A read that fails (the master or a node does not answer) raises
 ``StoreUnavailableError``: a record the store could not be asked for is not reported missing, nor
@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 
 from layertap._cursor import pread_fully
+from layertap._decoder import RecordDecoder, record_decoder
 from layertap._spec.format import CODECS, FormatProblem, crc32c, decode_frame_header
-from layertap._spec.record import decode_record
 from layertap._types import IndexEntry, Problem
 from layertap.errors import CorruptRecordError, FormatError, RecordMissingError
 from layertap.mooncake.address import StoreAddress
@@ -81,9 +81,18 @@ def local_frame(fd: int, e: IndexEntry, where: str) -> tuple[StoreEntry, bytes]:
     return entry, frame
 
 
-def read_object(client: StoreClient, address: StoreAddress, key: str, want: StoreEntry | None, path: str, offset: int):
+def read_object(
+    client: StoreClient,
+    address: StoreAddress,
+    key: str,
+    want: StoreEntry | None,
+    path: str,
+    offset: int,
+    decode: RecordDecoder | None = None,
+):
     """``(metadata, tensors)`` of the record ``key`` read from the store (``want``: what the
-    index says of it); raises RecordMissingError, CorruptRecordError or StoreUnavailableError."""
+    index says of it), decoded by ``decode`` (``layertap._decoder``; None: the Rust core's where
+    it is built); raises RecordMissingError, CorruptRecordError or StoreUnavailableError."""
     obj = client.get(record_name(address.prefix, key))
     quoted = json.dumps(key, ensure_ascii=False)
     if obj is None:
@@ -95,14 +104,20 @@ def read_object(client: StoreClient, address: StoreAddress, key: str, want: Stor
         )
     try:
         entry, payload = check_frame(obj, key, want, path)
-        metadata, tensors = decode_record(
-            payload, key=key, codec=entry.codec, raw_len=entry.raw_len, payload_crc=entry.payload_crc
-        )
     except FormatProblem as problem:
         raise CorruptRecordError(
             f"{path}: corrupt record at offset {offset} (key {quoted}): {problem}", path, offset, key
         ) from None
-    return metadata, tensors
+    decode = decode or record_decoder()
+    return decode(
+        payload,
+        key=key,
+        codec=entry.codec,
+        raw_len=entry.raw_len,
+        payload_crc=entry.payload_crc,
+        path=path,
+        offset=offset,
+    )
 
 
 class StoreShard:
@@ -113,9 +128,16 @@ class StoreShard:
     torn_tail_bytes = 0
 
     def __init__(
-        self, client: StoreClient, address: StoreAddress, head: Head, entries: list[StoreEntry], problems: list[Problem]
+        self,
+        client: StoreClient,
+        address: StoreAddress,
+        head: Head,
+        entries: list[StoreEntry],
+        problems: list[Problem],
+        decode: RecordDecoder | None = None,
     ):
         self.client = client
+        self._decode = decode or record_decoder()
         self.address = address
         self.head = head
         self.path = writer_path(address, head.writer_id)
@@ -132,7 +154,7 @@ class StoreShard:
 
     def read(self, i: int, verify: bool = True):
         e = self._store_entries[i]
-        return read_object(self.client, self.address, e.key, e, self.path, i)
+        return read_object(self.client, self.address, e.key, e, self.path, i, self._decode)
 
     def check(self, i: int) -> None:
         self.read(i)
@@ -173,7 +195,11 @@ def writer_ids(client: StoreClient, address: StoreAddress) -> list[str]:
 
 
 def open_writer_shard(
-    client: StoreClient, address: StoreAddress, writer_id: str, until_gap: bool = False
+    client: StoreClient,
+    address: StoreAddress,
+    writer_id: str,
+    until_gap: bool = False,
+    decode: RecordDecoder | None = None,
 ) -> StoreShard | Problem:
     """The writer's records as its index lists them; a Problem when its head is missing. An
     index chunk that is not there is a problem, and the records of the chunks after it are
@@ -216,19 +242,21 @@ def open_writer_shard(
                 f"the writer could not put {head.failed} records into the store (its log names them)",
             )
         )
-    return StoreShard(client, address, head, entries, problems)
+    return StoreShard(client, address, head, entries, problems, decode)
 
 
 def open_store(
-    address: StoreAddress, client: StoreClient, until_gap: bool = False
+    address: StoreAddress, client: StoreClient, until_gap: bool = False, backend: str = "auto"
 ) -> tuple[list[StoreShard], list[Problem]]:
     """Every writer of the dataset as a shard backend, and the writers that cannot be read
-    (``until_gap``: see ``open_writer_shard``). Raises FormatError when no writer has published
+    (``until_gap``: see ``open_writer_shard``; ``backend``: the record decoder's, as for
+    ``layertap.open``). Raises FormatError when no writer has published
     under the prefix, StoreUnavailableError when the store cannot be read."""
+    decode = record_decoder(backend)
     shards: list[StoreShard] = []
     problems: list[Problem] = []
     for w in writer_ids(client, address):
-        s = open_writer_shard(client, address, w, until_gap)
+        s = open_writer_shard(client, address, w, until_gap, decode)
         (problems if isinstance(s, Problem) else shards).append(s)
     if not shards and not problems:
         raise FormatError(
@@ -250,12 +278,15 @@ __all__ = [
 ]
 
 
-def open_address(text: str, until_gap: bool = False) -> tuple[StoreAddress, list[StoreShard], list[Problem]]:
+def open_address(
+    text: str, until_gap: bool = False, backend: str = "auto"
+) -> tuple[StoreAddress, list[StoreShard], list[Problem]]:
     """The address, writers and unreadable writers of the dataset ``text`` names
-    (``mooncake://...``); connects this process's client first."""
+    (``mooncake://...``), records decoded by ``backend``'s decoder; connects this process's
+    client first."""
     from layertap.mooncake.address import parse_address
     from layertap.mooncake.client import connect
 
     address = parse_address(text)
-    shards, problems = open_store(address, connect(address), until_gap)
+    shards, problems = open_store(address, connect(address), until_gap, backend)
     return address, shards, problems

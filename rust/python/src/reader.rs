@@ -1,12 +1,15 @@
-//! Bindings of the core reader and of recovery: `NativeShardReader`, `recover`,
-//! `is_being_written`. The GIL is released around everything that touches shard bytes (scanning,
+//! Bindings of the core reader and of recovery: `NativeShardReader`, `decode_record` (one record
+//! from its stored payload), `recover`, `is_being_written`. The GIL is released around everything that touches shard bytes (scanning,
 //! checksums, decompression) and around system calls.
 
+use crate::buffers_in::{drain_graveyard, PyRecordBuffer};
 use crate::buffers_out::TensorBuffer;
 use crate::errors::{to_py, IntoPyResult};
-use layertap_core::reader::{Problem, ShardReader};
-use layertap_core::Error;
-use pyo3::exceptions::{PyIndexError, PyOSError, PyValueError};
+use layertap_core::blob::BlobHeader;
+use layertap_core::reader::{decode_payload, PayloadInfo, Problem, RecordBytes, ShardReader};
+use layertap_core::writer::RecordBuffer;
+use layertap_core::{Codec, Error};
+use pyo3::exceptions::{PyIndexError, PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use std::path::PathBuf;
@@ -178,24 +181,7 @@ impl NativeShardReader {
         let r = self.reader()?;
         let at = Self::position(&r, i)?;
         let record = py.detach(|| r.read(at, verify)).py_err()?;
-        let metadata = PyDict::new(py);
-        for (k, v) in &record.header.metadata {
-            metadata.set_item(k, v)?;
-        }
-        let bytes = Arc::new(record.bytes);
-        let tensors = PyList::empty(py);
-        for t in &record.header.tensors {
-            let buffer = TensorBuffer::new(bytes.clone(), t.range.start, t.range.len())
-                .ok_or_else(|| PyValueError::new_err("tensor range outside its record"))?;
-            let shape = PyTuple::new(py, &t.spec.shape)?;
-            tensors.append((
-                t.spec.name.as_str(),
-                t.spec.dtype.name(),
-                shape,
-                Py::new(py, buffer)?,
-            ))?;
-        }
-        PyTuple::new(py, [metadata.into_any(), tensors.into_any()])
+        record_tuple(py, &record.header, record.bytes)
     }
 
     /// Checks record `i` fully (frame header against the index, checksum, decoding, key).
@@ -224,6 +210,74 @@ impl NativeShardReader {
             if self.closed() { ", closed" } else { "" }
         )
     }
+}
+
+/// `(metadata, [(name, dtype, shape, buffer)])` of a decoded record, as Python sees it: the
+/// tensors in the order of their data, each buffer a view of the one blob.
+fn record_tuple<'py>(
+    py: Python<'py>,
+    header: &BlobHeader,
+    bytes: RecordBytes,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let metadata = PyDict::new(py);
+    for (k, v) in &header.metadata {
+        metadata.set_item(k, v)?;
+    }
+    let bytes = Arc::new(bytes);
+    let tensors = PyList::empty(py);
+    for t in &header.tensors {
+        let buffer = TensorBuffer::new(bytes.clone(), t.range.start, t.range.len())
+            .ok_or_else(|| PyValueError::new_err("tensor range outside its record"))?;
+        let shape = PyTuple::new(py, &t.spec.shape)?;
+        tensors.append((
+            t.spec.name.as_str(),
+            t.spec.dtype.name(),
+            shape,
+            Py::new(py, buffer)?,
+        ))?;
+    }
+    PyTuple::new(py, [metadata.into_any(), tensors.into_any()])
+}
+
+/// Decodes one record from its stored payload (`stored`: any C-contiguous buffer, the bytes
+/// after its frame header as a shard or a store object holds them), with the GIL released:
+/// checked against `payload_crc` (unless None), decoded by codec id `codec` to `raw_len` bytes,
+/// its key checked. Returns what `NativeShardReader.read` does; raises `CorruptRecordError`
+/// naming `path`, `offset` and `key` when the payload is not that record intact.
+#[pyfunction]
+#[pyo3(signature = (stored, *, key, codec, raw_len, payload_crc, path, offset))]
+#[allow(clippy::too_many_arguments)]
+fn decode_record<'py>(
+    py: Python<'py>,
+    stored: &Bound<'py, PyAny>,
+    key: String,
+    codec: u8,
+    raw_len: u64,
+    payload_crc: Option<u32>,
+    path: PathBuf,
+    offset: u64,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let codec = Codec::from_id(codec).map_err(to_py)?;
+    let buffer = PyRecordBuffer::get(stored).map_err(PyTypeError::new_err)?;
+    let info = PayloadInfo {
+        key: &key,
+        codec,
+        raw_len,
+        payload_crc,
+    };
+    // The buffer moves into the closure (it is Send, not Sync) and is dropped there: its release
+    // waits in the graveyard for the GIL, drained just after.
+    let decoded = py.detach(move || decode_payload(buffer.bytes(), &info));
+    drain_graveyard(py);
+    let (blob, header) = decoded.map_err(|reason| {
+        to_py(Error::CorruptRecord {
+            path,
+            offset,
+            key: Some(key.clone()),
+            reason,
+        })
+    })?;
+    record_tuple(py, &header, RecordBytes::from_vec(blob))
 }
 
 /// Completes a shard whose writer died (see `layertap_core::recover::recover`). Returns a dict
@@ -262,6 +316,7 @@ fn is_being_written(py: Python<'_>, path: PathBuf) -> PyResult<bool> {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeShardReader>()?;
     m.add_class::<TensorBuffer>()?;
+    m.add_function(wrap_pyfunction!(decode_record, m)?)?;
     m.add_function(wrap_pyfunction!(recover, m)?)?;
     m.add_function(wrap_pyfunction!(is_being_written, m)?)?;
     Ok(())

@@ -8,6 +8,7 @@
 
 mod footer;
 mod lock;
+mod payload;
 mod problem;
 mod record;
 mod scan;
@@ -15,6 +16,7 @@ mod torn;
 
 pub use lock::is_being_written;
 pub(crate) use lock::lock_exclusive_now;
+pub use payload::{decode_payload, PayloadInfo};
 pub use problem::Problem;
 pub use record::{Record, RecordBytes, MAP_MIN_BYTES};
 pub use torn::{is_torn_empty, TORN_EMPTY_REASON};
@@ -22,17 +24,11 @@ pub use torn::{is_torn_empty, TORN_EMPTY_REASON};
 use crate::blob::{self, BlobHeader};
 use crate::codec::{self, Codec};
 use crate::error::{Error, Result};
-use crate::format::{crc32c, FileHeader, FrameHeader, IndexEntry};
+use crate::format::{FileHeader, FrameHeader, IndexEntry};
 use footer::Footer;
 use std::borrow::Cow;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-
-/// How far zstd can expand its input: a block of at most 128 KiB takes at least 4 bytes stored
-/// (a 3-byte block header and one byte of an RLE block). A record whose `raw_len` is larger than
-/// this many times its `stored_len` cannot be genuine, and is rejected before anything is
-/// allocated for it.
-const ZSTD_MAX_RATIO: u64 = 32 << 10;
 
 /// A memory-mapped shard, open for reading.
 pub struct ShardReader {
@@ -296,51 +292,26 @@ impl ShardReader {
     }
 
     fn check_crc(&self, e: &IndexEntry, stored: &[u8]) -> Result<()> {
-        let crc = crc32c(stored);
-        if crc != e.payload_crc {
-            return Err(self.corrupt(
-                e,
-                format!(
-                    "payload checksum mismatch (frame says {:#010x}, payload has {crc:#010x})",
-                    e.payload_crc
-                ),
-            ));
-        }
-        Ok(())
+        payload::check_crc(stored, e.payload_crc).map_err(|reason| self.corrupt(e, reason))
     }
 
     /// Decodes a compressed payload; returns the blob and its header, parsed once by the codec
     /// and checked to name the record's key.
     fn decode(&self, e: &IndexEntry, stored: &[u8]) -> Result<(Vec<u8>, BlobHeader)> {
-        if e.raw_len > e.stored_len.saturating_mul(ZSTD_MAX_RATIO) {
-            return Err(self.corrupt(
-                e,
-                format!(
-                    "raw length {} is more than {} stored bytes can decode to",
-                    e.raw_len, e.stored_len
-                ),
-            ));
-        }
-        let decoded =
-            codec::decode(e.codec, stored, e.raw_len).map_err(|reason| self.corrupt(e, reason))?;
-        let header = self.check_key(e, decoded.header)?;
-        Ok((decoded.blob, header))
+        let info = PayloadInfo {
+            key: &e.key,
+            codec: e.codec,
+            raw_len: e.raw_len,
+            payload_crc: None,
+        };
+        payload::decode_compressed(stored, &info).map_err(|reason| self.corrupt(e, reason))
     }
 
     /// Parses the header of a record's blob stored as is (codec `none`) and checks it.
     fn parse_blob(&self, e: &IndexEntry, raw: &[u8]) -> Result<BlobHeader> {
         codec::check_raw_len(raw.len(), e.raw_len).map_err(|reason| self.corrupt(e, reason))?;
         let header = blob::parse_header(raw).map_err(|reason| self.corrupt(e, reason))?;
-        self.check_key(e, header)
-    }
-
-    /// Checks that a blob's `__metadata__["key"]` is the record's.
-    fn check_key(&self, e: &IndexEntry, header: BlobHeader) -> Result<BlobHeader> {
-        match header.metadata.get("key") {
-            Some(k) if *k == e.key => Ok(header),
-            Some(k) => Err(self.corrupt(e, format!("the payload's __metadata__ names key {k:?}"))),
-            None => Err(self.corrupt(e, "the payload's __metadata__ has no key")),
-        }
+        payload::check_key(&e.key, header).map_err(|reason| self.corrupt(e, reason))
     }
 
     /// The decoded payload (a safetensors blob) of record `i`: for codec `none` a slice of the

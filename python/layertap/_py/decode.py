@@ -1,0 +1,53 @@
+"""The Python reference's decoding of one record from its stored payload (docs/FORMAT.md,
+"Reading", step 4): what ``PyShardReader`` reads through, and what ``layertap.follow`` and the
+Mooncake backend use when asked for ``backend="python"`` (or the extension is not built). The
+production path decodes through the Rust core (``layertap._native.decode_record``, chosen by
+``layertap._decoder``) and never imports this module."""
+
+from __future__ import annotations
+
+import json
+from typing import NamedTuple
+
+from layertap._spec.codecs import decode
+from layertap._spec.format import FormatProblem, crc32c
+from layertap.errors import CorruptRecordError
+
+
+class DecodedRecord(NamedTuple):
+    metadata: dict[str, str]
+    tensors: list[tuple[str, str, tuple[int, ...], memoryview]]
+    """``(name, dtype, shape, bytes)`` of each tensor, in the order of their data."""
+
+
+def decode_record(stored, *, key: str, codec: int, raw_len: int, payload_crc: int | None) -> DecodedRecord:
+    """Checks the stored payload of the record ``key`` against its checksum (unless
+    ``payload_crc`` is None: not asked), decodes it and parses its safetensors header. Raises
+    FormatProblem saying what is wrong."""
+    if payload_crc is not None:
+        crc = crc32c(stored)
+        if crc != payload_crc:
+            raise FormatProblem(f"payload checksum mismatch (frame says {payload_crc:#010x}, payload has {crc:#010x})")
+    raw, metadata, tensors = decode(codec, stored, raw_len)
+    if metadata.get("key") != key:
+        raise FormatProblem(f"__metadata__ key {metadata.get('key')!r} differs from the frame key")
+    view = raw if isinstance(raw, memoryview) else memoryview(raw).cast("B")
+    return DecodedRecord(metadata, [(t.name, t.dtype, t.shape, view[t.begin : t.end]) for t in tensors])
+
+
+def decode_stored(
+    stored, *, key: str, codec: int, raw_len: int, payload_crc: int | None, path: str, offset: int
+) -> DecodedRecord:
+    """``decode_record``, with what is wrong raised as the Rust core's
+    ``layertap._native.decode_record`` raises it: CorruptRecordError naming ``path``, ``offset``
+    and ``key``, in the readers' words."""
+    try:
+        return decode_record(stored, key=key, codec=codec, raw_len=raw_len, payload_crc=payload_crc)
+    except FormatProblem as problem:
+        quoted = json.dumps(key, ensure_ascii=False)
+        raise CorruptRecordError(
+            f"{path}: corrupt record at offset {offset} (key {quoted}): {problem}", path, offset, key
+        ) from None
+
+
+__all__ = ["DecodedRecord", "decode_record", "decode_stored"]

@@ -1,0 +1,85 @@
+//! One record decoded from its stored payload alone, as a frame holds it (docs/FORMAT.md,
+//! "Reading", step 4): what readers that find a record's bytes elsewhere than in a mapped shard
+//! use (a shard still being written, read by `layertap.follow`; an object of Mooncake Store).
+//! [`ShardReader`](super::ShardReader) decodes through the same checks.
+
+use crate::blob::BlobHeader;
+use crate::codec::{self, Codec};
+use crate::format::crc32c;
+
+/// How far zstd can expand its input: a block of at most 128 KiB takes at least 4 bytes stored
+/// (a 3-byte block header and one byte of an RLE block). A record whose `raw_len` is larger than
+/// this many times its `stored_len` cannot be genuine, and is rejected before anything is
+/// allocated for it.
+pub(crate) const ZSTD_MAX_RATIO: u64 = 32 << 10;
+
+/// What a frame says of its payload.
+#[derive(Debug, Clone, Copy)]
+pub struct PayloadInfo<'a> {
+    /// The record key, which the blob's `__metadata__` must name.
+    pub key: &'a str,
+    /// How the payload is stored.
+    pub codec: Codec,
+    /// The decoded blob's length.
+    pub raw_len: u64,
+    /// The stored payload's CRC-32C, or `None` not to check it.
+    pub payload_crc: Option<u32>,
+}
+
+/// `Err(reason)` when `stored` does not match the checksum `want`.
+pub(crate) fn check_crc(stored: &[u8], want: u32) -> Result<(), String> {
+    let crc = crc32c(stored);
+    if crc != want {
+        return Err(format!(
+            "payload checksum mismatch (frame says {want:#010x}, payload has {crc:#010x})"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that a blob's `__metadata__["key"]` is `key`.
+pub(crate) fn check_key(key: &str, header: BlobHeader) -> Result<BlobHeader, String> {
+    match header.metadata.get("key") {
+        Some(k) if k == key => Ok(header),
+        Some(k) => Err(format!("the payload's __metadata__ names key {k:?}")),
+        None => Err("the payload's __metadata__ has no key".to_string()),
+    }
+}
+
+/// Decodes a compressed payload (any codec but `none`, which [`decode_payload`] copies):
+/// the blob and its header, checked to name the record's key.
+pub(crate) fn decode_compressed(
+    stored: &[u8],
+    info: &PayloadInfo<'_>,
+) -> Result<(Vec<u8>, BlobHeader), String> {
+    if info.raw_len > (stored.len() as u64).saturating_mul(ZSTD_MAX_RATIO) {
+        return Err(format!(
+            "raw length {} is more than {} stored bytes can decode to",
+            info.raw_len,
+            stored.len()
+        ));
+    }
+    let decoded = codec::decode(info.codec, stored, info.raw_len)?;
+    Ok((decoded.blob, check_key(info.key, decoded.header)?))
+}
+
+/// The record whose stored payload is `stored`: checked against its checksum (unless
+/// `info.payload_crc` is `None`), decoded, its blob's header parsed and its key checked. Returns
+/// the blob (a copy for codec `none`) and its header; `Err(reason)` says what is wrong, for the
+/// caller to report with where the record lies.
+pub fn decode_payload(
+    stored: &[u8],
+    info: &PayloadInfo<'_>,
+) -> Result<(Vec<u8>, BlobHeader), String> {
+    if let Some(want) = info.payload_crc {
+        check_crc(stored, want)?;
+    }
+    match info.codec {
+        Codec::None => {
+            codec::check_raw_len(stored.len(), info.raw_len)?;
+            let header = crate::blob::parse_header(stored)?;
+            Ok((stored.to_vec(), check_key(info.key, header)?))
+        }
+        _ => decode_compressed(stored, info),
+    }
+}

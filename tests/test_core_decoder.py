@@ -1,0 +1,104 @@
+"""The record decoder of the read paths that find a record's bytes outside a shard backend
+(``layertap._decoder``): ``follow`` and ``layertap.vllm.fetch`` on a live shard decode through the
+Rust core, never importing the Python reference's decoding, and both backends decode alike: the
+shared vectors and a live shard of every codec (and of fp8 records)."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import numpy as np
+import pytest
+from decoder_support import CASES, RECORDS, REFERENCE_DECODER, as_plain, live_shards, read_in_child, write_case
+
+import layertap
+from layertap._decoder import record_decoder
+from layertap._rust_reader import RustShardReader
+from layertap._spec.format import CODECS, frame_header_len
+from layertap._spec.lock import is_locked
+from layertap.errors import CorruptRecordError, FormatError
+
+VECTORS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vectors")
+
+
+def test_live_reads_never_import_the_reference_decoder(tmp_path):
+    with live_shards(tmp_path) as writer_ids:
+        assert all(is_locked(p) for p in glob.glob(str(tmp_path / "*.lts")))
+        keys = [(w, f"{w}-r{i}") for w in writer_ids for i in range(RECORDS)]
+        got = read_in_child(tmp_path, keys)
+    want = sorted(k for _, k in keys)
+    assert {path: sorted(k) for path, k in got["read"].items()} == {"follow": want, "open": want, "fetch": want}
+    imported = [m for m in got["modules"] if m in REFERENCE_DECODER or m.startswith("layertap._py")]
+    assert imported == []
+
+
+def _decode_both(stored: bytes, **frame) -> dict:
+    out = {}
+    for backend in ("rust", "python"):
+        try:
+            metadata, tensors = record_decoder(backend)(stored, **frame)
+            out[backend] = (metadata, [(n, d, tuple(s), bytes(memoryview(b).cast("B"))) for n, d, s, b in tensors])
+        except CorruptRecordError as e:
+            out[backend] = ("corrupt", e.path, e.offset, e.key)
+    return out
+
+
+def test_both_backends_decode_the_shared_vectors_alike():
+    decoded = corrupt = 0
+    for path in sorted(glob.glob(os.path.join(VECTORS, "*.lts"))):
+        try:
+            reader = RustShardReader(path)
+        except FormatError:
+            continue
+        with open(path, "rb") as f:
+            for e in reader.entries:
+                f.seek(e.frame_offset + frame_header_len(len(e.key.encode("utf-8"))))
+                stored = f.read(e.stored_len)
+                got = _decode_both(
+                    stored,
+                    key=e.key,
+                    codec=CODECS.index(e.codec),
+                    raw_len=e.raw_len,
+                    payload_crc=e.payload_crc,
+                    path=path,
+                    offset=e.frame_offset,
+                )
+                assert got["rust"] == got["python"], (path, e.key)
+                corrupt += got["rust"][0] == "corrupt"
+                decoded += got["rust"][0] != "corrupt"
+        reader.close()
+    assert decoded >= 20 and corrupt >= 1, (decoded, corrupt)
+
+
+def test_a_payload_cut_short_is_corrupt_in_both():
+    with open(os.path.join(VECTORS, "exp-huf.lts"), "rb") as f:
+        data = f.read()
+    reader = RustShardReader(os.path.join(VECTORS, "exp-huf.lts"))
+    e = reader.entries[-1]
+    start = e.frame_offset + frame_header_len(len(e.key.encode("utf-8")))
+    stored = data[start : start + e.stored_len - 7]
+    frame = dict(key=e.key, codec=CODECS.index(e.codec), raw_len=e.raw_len, path="p", offset=e.frame_offset)
+    got = _decode_both(stored, payload_crc=None, **frame)
+    assert got["rust"] == got["python"] == ("corrupt", "p", e.frame_offset, e.key)
+
+
+@pytest.mark.parametrize("codec,lossy", CASES)
+def test_both_backends_follow_a_live_shard_alike(tmp_path, codec, lossy):
+    w = write_case(tmp_path, codec, lossy)
+    try:
+        (shard,) = glob.glob(str(tmp_path / "*.lts"))
+        assert is_locked(shard)
+        got = {
+            b: [as_plain(r) for r in layertap.follow(tmp_path, timeout=0, backend=b, tensors="numpy")]
+            for b in ("rust", "python")
+        }
+        with layertap.open(str(tmp_path), backend="rust", tensors="numpy") as ds:
+            opened = [as_plain(r) for r in ds]
+    finally:
+        w.close()
+    assert len(got["rust"]) == RECORDS
+    assert got["rust"] == got["python"] == opened
+    if lossy:
+        assert got["rust"][0][2][0][1] == "float8_e4m3fn"
+    assert not np.all(np.frombuffer(got["rust"][0][2][0][3], np.uint8) == 0)
