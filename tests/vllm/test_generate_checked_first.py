@@ -158,7 +158,13 @@ def test_an_out_that_cannot_be_the_dataset_is_refused_first(tiny_model, ids, tmp
     assert_refused_early(later, tiny_model, ids, home, "--allow-other-files", "--layers", "2,5,9")
     earlier = tmp_path / "earlier"  # what a run leaves (a killed one too), as docs/GENERATE.md lists it
     (earlier / "engine-0").mkdir(parents=True)
-    for name in (".layertap-generate.lock", "vllm.log", "layertap-dataset.json", "gen-0-000000.lts.torn"):
+    for name in (
+        ".layertap-generate.lock",
+        "vllm.log",
+        "layertap-dataset.json",
+        "gen-0-000000.lts.torn",
+        "gen-0.error",
+    ):
         (earlier / name).write_text("")
     assert_refused_early(later, tiny_model, ids, earlier, "--layers", "2,5,9")
 

@@ -1,7 +1,8 @@
 """``layertap generate`` into a directory on a full disk (issue 34 item 3), a real 600 KB tmpfs:
 the run stops once the engine's writer fails, with one line naming the directory and the space
 left (and no line of vLLM's), exit 1; its progress counted the records written, not the rows the engine finished; the
-records written before the failure read back whole. It used to wait DRAIN_STALL_SECONDS (120 s)
+records written before the failure read back whole, and the same command resumes after them once
+there is room. It used to wait DRAIN_STALL_SECONDS (120 s)
 for records that could never come, then print a summary saying to run again."""
 
 from __future__ import annotations
@@ -48,3 +49,10 @@ def test_generate_stops_at_a_full_disk_with_one_line(tiny_model, tmp_path):
         verified = subprocess.run([sys.executable, "-m", "layertap", "verify", out], capture_output=True, text=True)
         assert verified.returncode == 0, verified.stdout + verified.stderr
         assert os.path.exists(os.path.join(out, "gen-0.error"))
+        # With room, the same command resumes after them (the error file left is the run's).
+        subprocess.run(["mount", "-o", "remount,size=8m", out], check=True)
+        again = Child(generate_cmd(tiny_model, data, out, "--progress", "none"), multiprocessing=True)
+        assert again.finish(timeout=600) == 0, again.stderr
+        assert "dataset complete: 50 of 50 usable rows" in again.stdout.decode(), again.stdout
+        with layertap.open(out) as ds:
+            assert sorted(map(int, ds.keys())) == list(range(50))

@@ -143,11 +143,13 @@ def _check_meta(info, model: str, layer_ids: list[int]) -> None:
 
 #: What a dataset directory of ``layertap generate`` holds besides its shards (docs/GENERATE.md,
 #: "The dataset"): the lock, vLLM's log, a manifest of parts and the parts' directories
-#: (``parallel.PART_PREFIX``), files set aside by an earlier run.
+#: (``parallel.PART_PREFIX``), files set aside by an earlier run, the error file a writer that
+#: failed left (``vllm/online.py``: a full disk, after which the run says to run it again).
 _DATASET_NAMES = (LOCK_NAME, LOG_NAME, MANIFEST_NAME)
 _DATASET_PATTERN = re.compile(
     r"^(.+\.lts(\.torn)?"  # shards, and files of killed runs set aside
     r"|\..*\.lts.*"  # shards being created or repaired under a temporary name (writers, repair)
+    r"|.+\.error(\.\d+\.partial)?"  # a failed writer's error file (and one being written)
     rf"|{re.escape(MANIFEST_NAME)}\.tmp-\d+)$"  # a manifest being replaced
 )
 _PART_DIRECTORY = re.compile(r"^engine-\d+$")
