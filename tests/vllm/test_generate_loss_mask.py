@@ -7,7 +7,6 @@ starts."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 
 import pytest
@@ -17,20 +16,7 @@ import layertap
 from layertap.cli import main as layertap_cli
 from vllm_support import VLLM_WARNINGS
 
-pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
-
-
-@pytest.fixture(autouse=True)
-def in_process_engine(monkeypatch):
-    """The engine in this process (3 s of start-up instead of 12); the variables the command sets
-    for vLLM's logging stay out of other tests."""
-    saved = dict(os.environ)
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    for var in ("VLLM_LOGGING_LEVEL", "VLLM_LOGGING_STREAM"):
-        monkeypatch.delenv(var, raising=False)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
+pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS, pytest.mark.usefixtures("in_process_command")]
 
 
 @pytest.fixture(scope="module")

@@ -27,26 +27,18 @@ import layertap
 from layertap.cli import main as layertap_cli
 from vllm_support import VLLM_WARNINGS
 
-pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+pytestmark = [
+    pytest.mark.vllm,
+    *VLLM_WARNINGS,
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.usefixtures("in_process_command"),
+]
 
 #: The tiny model has 4 layers; speculators' default [2, N//2, N-3] + N would repeat layer 2.
 LAYERS = "1,2,3,4"
 #: What TRAINING.md's commands name, replaced by the tiny model and a free port here.
 DOC_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 DOC_PORT = "8000"
-
-
-@pytest.fixture(autouse=True)
-def in_process_engine(monkeypatch):
-    """The engine in this process (3 s of start-up instead of 12); the variables the command sets
-    for vLLM's logging stay out of other tests."""
-    saved = dict(os.environ)
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    for var in ("VLLM_LOGGING_LEVEL", "VLLM_LOGGING_STREAM"):
-        monkeypatch.delenv(var, raising=False)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
 
 
 def doc_commands(step: str) -> list[str]:
