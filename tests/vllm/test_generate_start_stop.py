@@ -101,3 +101,23 @@ def test_a_context_no_cpu_cache_can_hold_is_refused_before_the_engine(tiny_model
     with pytest.raises(GenerateError, match=r"KV cache for sequences of [\d,]+ tokens .* pass a smaller --max-len"):
         layertap.generate(tiny_model, data, tmp_path / "out", max_len=too_long, progress="none")
     assert not (tmp_path / "out").exists()
+
+
+def test_engines_started_on_one_machine_share_its_default_kv_cache(monkeypatch):
+    """--data-parallel-size N on a CPU: the orchestrator sizes the KV cache once for engines
+    that all start here, so each gets its share of the free memory, not a quarter of all of it
+    (N of them would then take N quarters)."""
+    from types import SimpleNamespace
+
+    from layertap.generate import engine
+
+    monkeypatch.delenv(engine.KV_CACHE_ENV, raising=False)
+    monkeypatch.setattr(engine, "_cpu_available_memory", lambda: 64 << 30)
+    # 22,528 bytes a token: 32 sequences of 32,768 tokens want more than a quarter of 64 GiB.
+    info = SimpleNamespace(kv_elements_per_token=8192, hidden_size=1024)
+    alone, shared = {}, {}
+    engine.cpu_kv_cache_default(alone, info, 3, 32768)
+    chosen = engine.cpu_kv_cache_default(shared, info, 3, 32768, engines_here=4)
+    assert alone["kv_cache_memory_bytes"] == 16 << 30
+    assert shared["kv_cache_memory_bytes"] == 4 << 30
+    assert "for each of 4 engines" in chosen["reason"]

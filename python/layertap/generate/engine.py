@@ -100,11 +100,14 @@ def sampling_kwargs(sampling_args: dict, max_tokens: int) -> dict:
     return kwargs
 
 
-def cpu_kv_cache_default(engine_args: dict, info: Any, num_layer_ids: int, model_len: int) -> dict | None:
+def cpu_kv_cache_default(
+    engine_args: dict, info: Any, num_layer_ids: int, model_len: int, engines_here: int = 1
+) -> dict | None:
     """On a CPU engine whose KV cache the user did not size (``KV_CACHE_ARGS``, ``KV_CACHE_ENV``):
     sets ``engine_args["kv_cache_memory_bytes"]`` from what the machine has free (docs/GENERATE.md,
-    "On a CPU") and returns what was chosen and why; None where nothing was set. Raises
-    GenerateError when one sequence of ``model_len`` tokens cannot fit."""
+    "On a CPU"), split between the ``engines_here`` engines that start on this machine with
+    these arguments, and returns what was chosen and why; None where nothing was set. Raises
+    GenerateError when the sequences an engine needs at least cannot fit."""
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu() or any(k in engine_args for k in KV_CACHE_ARGS):
@@ -118,12 +121,13 @@ def cpu_kv_cache_default(engine_args: dict, info: Any, num_layer_ids: int, model
     per_token = info.kv_elements_per_token * kv_width + num_layer_ids * info.hidden_size * width
     if per_token <= 0:
         return None  # a configuration of other names: vLLM's own sizing
-    available = _cpu_available_memory()
+    available = _cpu_available_memory() // max(1, engines_here)
     least = CPU_KV_MIN_SEQUENCES * per_token * model_len
     if least > CPU_KV_MAX_SHARE * available:
         raise GenerateError(
             f"a CPU engine's KV cache for sequences of {model_len:,} tokens (--max-len plus --max-tokens) needs "
-            f"about {human_bytes(least)}, and this machine has {human_bytes(available)} free: pass a smaller "
+            f"about {human_bytes(least)}, and this machine has {human_bytes(available)} free"
+            f"{f' for each of {engines_here} engines' if engines_here > 1 else ''}: pass a smaller "
             "--max-len, or size it yourself (kv_cache_memory_bytes in --engine-args)"
         )
     chosen = max(least, min(CPU_KV_SEQUENCES * per_token * model_len, int(CPU_KV_SHARE * available)))
@@ -132,7 +136,8 @@ def cpu_kv_cache_default(engine_args: dict, info: Any, num_layer_ids: int, model
     return {
         "kv_cache_memory_bytes": chosen,
         "reason": f"chosen for a CPU engine: room for about {chosen // (per_token * model_len):,} sequences of "
-        f"{model_len:,} tokens within a quarter of the {human_bytes(available)} free; set it in --engine-args "
+        f"{model_len:,} tokens within a quarter of the {human_bytes(available)} free"
+        f"{f' for each of {engines_here} engines' if engines_here > 1 else ''}; set it in --engine-args "
         "to choose",
     }
 

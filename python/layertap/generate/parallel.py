@@ -154,8 +154,9 @@ def generate_parallel(options: dict, data_parallel_size: int | None, ray_address
     """A run of ``data_parallel_size`` engines (here or on the Ray cluster at ``ray_address``)
     writing parts of ``options["out"]``; returns the merged summary."""
     t0 = time.monotonic()
-    c = check_options(options)
     engines = optional_positive_int("--data-parallel-size", data_parallel_size, GenerateError)
+    # The engines started here share this machine's memory (a CPU engine's KV cache by default).
+    c = check_options({**options, "engines_here": 1 if ray_address is not None else engines or 1})
     if ray_address is not None:
         connect(ray_address)
         try:

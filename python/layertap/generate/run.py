@@ -386,7 +386,7 @@ def check_options(options: dict) -> Checked:
     info = load_model_info(o["model"], engine_args, need_tokenizer=rows.column != "input_ids")
     layer_ids, capture = _check_layers(o, engine_args, info.architectures, info.num_layers)
     max_len, model_len = _max_lengths(max_len, o["max_tokens"], engine_args, info.max_positions)
-    engine_defaults = cpu_kv_cache_default(engine_args, info, len(layer_ids), model_len)
+    engine_defaults = cpu_kv_cache_default(engine_args, info, len(layer_ids), model_len, o.get("engines_here", 1))
     renderer = Renderer(
         info.tokenizer,
         rows.column,
