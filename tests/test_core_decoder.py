@@ -33,15 +33,22 @@ def test_live_reads_never_import_the_reference_decoder(tmp_path):
     assert imported == []
 
 
+def _outcome(call) -> tuple:
+    try:
+        metadata, tensors = call()
+    except CorruptRecordError as e:
+        return ("corrupt", e.path, e.offset, e.key)
+    return (metadata, [(n, d, tuple(s), bytes(memoryview(b).cast("B"))) for n, d, s, b in tensors])
+
+
 def _decode_both(stored: bytes, **frame) -> dict:
-    out = {}
-    for backend in ("rust", "python"):
-        try:
-            metadata, tensors = record_decoder(backend)(stored, **frame)
-            out[backend] = (metadata, [(n, d, tuple(s), bytes(memoryview(b).cast("B"))) for n, d, s, b in tensors])
-        except CorruptRecordError as e:
-            out[backend] = ("corrupt", e.path, e.offset, e.key)
-    return out
+    """Each backend's ``decode`` of the payload bytes ``stored``."""
+    return {b: _outcome(lambda b=b: record_decoder(b).decode(stored, **frame)) for b in ("rust", "python")}
+
+
+def _read_both(path: str, payload_offset: int, **frame) -> dict:
+    """Each backend's ``read`` of the payload at ``payload_offset`` of the file ``path``."""
+    return {b: _outcome(lambda b=b: record_decoder(b).read(path, payload_offset, **frame)) for b in ("rust", "python")}
 
 
 def test_both_backends_decode_the_shared_vectors_alike():
@@ -53,18 +60,14 @@ def test_both_backends_decode_the_shared_vectors_alike():
             continue
         with open(path, "rb") as f:
             for e in reader.entries:
-                f.seek(e.frame_offset + frame_header_len(len(e.key.encode("utf-8"))))
+                at = e.frame_offset + frame_header_len(len(e.key.encode("utf-8")))
+                f.seek(at)
                 stored = f.read(e.stored_len)
-                got = _decode_both(
-                    stored,
-                    key=e.key,
-                    codec=CODECS.index(e.codec),
-                    raw_len=e.raw_len,
-                    payload_crc=e.payload_crc,
-                    path=path,
-                    offset=e.frame_offset,
-                )
+                frame = dict(key=e.key, codec=CODECS.index(e.codec), raw_len=e.raw_len, payload_crc=e.payload_crc)
+                got = _decode_both(stored, path=path, offset=e.frame_offset, **frame)
                 assert got["rust"] == got["python"], (path, e.key)
+                read = _read_both(path, at, stored_len=e.stored_len, offset=e.frame_offset, **frame)
+                assert read["rust"] == read["python"] == got["rust"], (path, e.key)
                 corrupt += got["rust"][0] == "corrupt"
                 decoded += got["rust"][0] != "corrupt"
         reader.close()
@@ -78,9 +81,12 @@ def test_a_payload_cut_short_is_corrupt_in_both():
     e = reader.entries[-1]
     start = e.frame_offset + frame_header_len(len(e.key.encode("utf-8")))
     stored = data[start : start + e.stored_len - 7]
-    frame = dict(key=e.key, codec=CODECS.index(e.codec), raw_len=e.raw_len, path="p", offset=e.frame_offset)
-    got = _decode_both(stored, payload_crc=None, **frame)
+    frame = dict(key=e.key, codec=CODECS.index(e.codec), raw_len=e.raw_len, offset=e.frame_offset)
+    got = _decode_both(stored, payload_crc=None, path="p", **frame)
     assert got["rust"] == got["python"] == ("corrupt", "p", e.frame_offset, e.key)
+    # a payload the file ends before (a frame whose payload is being written)
+    read = _read_both(reader.path, start, stored_len=len(data) - start + 1, payload_crc=None, **frame)
+    assert read["rust"] == read["python"] == ("corrupt", reader.path, e.frame_offset, e.key)
 
 
 @pytest.mark.parametrize("codec,lossy", CASES)

@@ -1,42 +1,53 @@
 """The decoder of one record from its stored payload, for the readers that find a record's bytes
 outside a shard backend: ``layertap.follow`` (a shard still being written) and the Mooncake
 backend (a store object). ``record_decoder(backend)`` is the Rust core's
-(``layertap._native.decode_record``: the GIL released while it checks and decodes), or, asked
-for ``backend="python"`` or without the extension, the Python reference's
-(``layertap._py.decode.decode_stored``), imported only then.
+(``layertap._native.decode_record`` and ``read_record``: the GIL released while they read, check
+and decode), or, asked for ``backend="python"`` or without the extension, the Python
+reference's (``layertap._py.decode``), imported only then.
 
-Both take ``(stored, *, key, codec, raw_len, payload_crc, path, offset)`` (``codec``: the wire
-id; ``payload_crc`` None: not checked), return ``(metadata, [(name, dtype, shape, buffer)])`` as
-a shard backend's ``read`` does, and raise CorruptRecordError naming ``path``, ``offset`` and
-``key`` when the payload is not that record intact."""
+``decode(stored, *, key, codec, raw_len, payload_crc, path, offset)`` decodes the payload bytes
+``stored`` (a store object's); ``read(path, payload_offset, *, key, codec, raw_len, stored_len,
+payload_crc, offset, fd=None)`` reads them from a shard file first (through ``fd`` if given) (codec ``none`` records mapped, not
+copied, by the core, as ``layertap.open`` reads them). ``codec`` is the wire id, ``payload_crc``
+None is not checked, ``offset`` is the frame's. Both return ``(metadata, [(name, dtype, shape,
+buffer)])`` as a shard backend's ``read`` does, and raise CorruptRecordError naming ``path``,
+``offset`` and ``key`` when the payload is not that record intact (or is cut off by the end of
+the file)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 from layertap._backends import resolve_backend
 
-RecordDecoder = Callable[..., tuple]
+
+class RecordDecoder(NamedTuple):
+    decode: Callable[..., tuple]
+    read: Callable[..., tuple]
 
 
 def _rust() -> RecordDecoder:
     import numpy as np
 
-    from layertap._native import decode_record
+    from layertap._native import decode_record, read_record
 
-    def decode(stored, **frame) -> tuple:
+    def arrays(record: tuple) -> tuple:
         # Each tensor's buffer as the Rust shard backend gives it: a writable uint8 numpy array
         # over the record's own memory.
-        metadata, tensors = decode_record(stored, **frame)
+        metadata, tensors = record
         return metadata, [(name, dtype, shape, np.asarray(buf)) for name, dtype, shape, buf in tensors]
 
-    return decode
+    return RecordDecoder(
+        decode=lambda stored, **frame: arrays(decode_record(stored, **frame)),
+        read=lambda path, payload_offset, **frame: arrays(read_record(path, payload_offset, **frame)),
+    )
 
 
 def _python() -> RecordDecoder:
-    from layertap._py.decode import decode_stored
+    from layertap._py.decode import decode_stored, read_stored
 
-    return decode_stored
+    return RecordDecoder(decode=decode_stored, read=read_stored)
 
 
 def record_decoder(backend: str = "auto") -> RecordDecoder:

@@ -17,6 +17,7 @@ Waiting uses inotify on the directory (``_inotify``); nothing polls.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -185,30 +186,22 @@ class ShardTail:
                 self._backend = self._backend_class(self.path)
             metadata, tensors = self._backend.read(at)
             return Record.from_parts(e, self.path, metadata, tensors, make)
-        fd = self._fd if self._fd >= 0 else os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            offset = e.frame_offset + frame_header_len(len(e.key.encode("utf-8")))
-            stored = bytearray(e.stored_len)
-            got = os.preadv(fd, [stored], offset) if e.stored_len else 0
-            try:
-                if got != e.stored_len:
-                    raise self._corrupt_error(e, "payload is cut off by the end of the file")
-                metadata, tensors = self._decode(
-                    stored,
-                    key=e.key,
-                    codec=CODECS.index(e.codec),
-                    raw_len=e.raw_len,
-                    payload_crc=e.payload_crc,
-                    path=self.path,
-                    offset=e.frame_offset,
-                )
-            except CorruptRecordError:
-                if is_locked(self.path):
-                    raise NotYet from None
-                raise
-        finally:
-            if fd != self._fd:
-                os.close(fd)
+            metadata, tensors = self._decode.read(
+                self.path,
+                e.frame_offset + frame_header_len(len(e.key.encode("utf-8"))),
+                key=e.key,
+                codec=CODECS.index(e.codec),
+                raw_len=e.raw_len,
+                stored_len=e.stored_len,
+                payload_crc=e.payload_crc,
+                offset=e.frame_offset,
+                fd=self._fd if self._fd >= 0 else None,
+            )
+        except CorruptRecordError:
+            if is_locked(self.path):
+                raise NotYet from None
+            raise
         return Record.from_parts(e, self.path, metadata, tensors, make)
 
     def _corrupt_error(self, e: IndexEntry, reason: str) -> CorruptRecordError:
@@ -253,8 +246,15 @@ class DatasetTail:
         self._decode = record_decoder(backend)
         if not os.path.isdir(self.directory) and os.path.exists(self.directory):
             raise InvalidInputError(f"{self.directory}: not a directory; follow reads a dataset directory")
-        # Watch first, then look: a change between the two is still seen.
-        self._watch = DirectoryWatch(self.directory)
+        if not os.path.isdir(self.directory):
+            raise FileNotFoundError(
+                errno.ENOENT, "cannot watch the dataset directory: No such file or directory", self.directory
+            )
+        # The watch is made at the first wait, not here: a look that finds what it wants (a
+        # fetch of a record already written) never pays for one (closing an inotify descriptor
+        # costs milliseconds). ``wait`` then returns at once, so that the caller looks again
+        # with the watch in place: a change between its last look and the watch is still seen.
+        self._watch: DirectoryWatch | None = None
         self._shards: dict[str, ShardTail] = {}
         self._forgotten: set[str] = set()  # names of shards dropped by ``forget`` whose files are there
         self._newest: dict[str, int] = {}  # writer id -> highest shard index seen
@@ -276,7 +276,8 @@ class DatasetTail:
                     continue
                 writer_id, index = _writer_and_index(entry.name)
                 self._shards[entry.name] = ShardTail(entry.path, writer_id, index, self._backend_class, self._decode)
-                self._watch.watch_file(entry.path)
+                if self._watch is not None:
+                    self._watch.watch_file(entry.path)
                 self._newest[writer_id] = max(index, self._newest.get(writer_id, -1))
         # A name whose file is gone (the forwarder removes what it forwarded) is not kept: a
         # file that appears under it later is a new shard.
@@ -309,11 +310,18 @@ class DatasetTail:
 
     def wait(self, timeout: float | None, also: str | None = None) -> None:
         """Blocks until one of the shards (or the file ``also``) changed, or for ``timeout``
-        seconds."""
+        seconds; at once the first time (see ``__init__``)."""
+        if self._watch is None:
+            self._watch = DirectoryWatch(self.directory)
+            for shard in self._shards.values():
+                self._watch.watch_file(shard.path)
+            return
         self._watch.wait(timeout, lambda name: name == also or self.concerns(name))
 
     def close(self) -> None:
-        self._watch.close()
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
         for shard in self._shards.values():
             shard.close()
 

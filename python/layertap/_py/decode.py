@@ -7,6 +7,7 @@ production path decodes through the Rust core (``layertap._native.decode_record`
 from __future__ import annotations
 
 import json
+import os
 from typing import NamedTuple
 
 from layertap._spec.codecs import decode
@@ -50,4 +51,38 @@ def decode_stored(
         ) from None
 
 
-__all__ = ["DecodedRecord", "decode_record", "decode_stored"]
+def read_stored(
+    path: str,
+    payload_offset: int,
+    *,
+    key: str,
+    codec: int,
+    raw_len: int,
+    stored_len: int,
+    payload_crc: int | None,
+    offset: int,
+    fd: int | None = None,
+) -> DecodedRecord:
+    """``decode_stored`` of the ``stored_len`` payload bytes at ``payload_offset`` of the file
+    ``path`` (read through ``fd`` when given), as ``layertap._native.read_record`` reads them."""
+    own = os.open(path, os.O_RDONLY | os.O_CLOEXEC) if fd is None else fd
+    try:
+        stored = bytearray(stored_len)
+        got = os.preadv(own, [stored], payload_offset) if stored_len else 0
+    finally:
+        if own != fd:
+            os.close(own)
+    if got != stored_len:
+        quoted = json.dumps(key, ensure_ascii=False)
+        raise CorruptRecordError(
+            f"{path}: corrupt record at offset {offset} (key {quoted}): payload is cut off by the end of the file",
+            path,
+            offset,
+            key,
+        )
+    return decode_stored(
+        stored, key=key, codec=codec, raw_len=raw_len, payload_crc=payload_crc, path=path, offset=offset
+    )
+
+
+__all__ = ["DecodedRecord", "decode_record", "decode_stored", "read_stored"]

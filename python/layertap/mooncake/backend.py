@@ -109,7 +109,7 @@ def read_object(
             f"{path}: corrupt record at offset {offset} (key {quoted}): {problem}", path, offset, key
         ) from None
     decode = decode or record_decoder()
-    return decode(
+    return decode.decode(
         payload,
         key=key,
         codec=entry.codec,

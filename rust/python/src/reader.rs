@@ -6,7 +6,9 @@ use crate::buffers_in::{drain_graveyard, PyRecordBuffer};
 use crate::buffers_out::TensorBuffer;
 use crate::errors::{to_py, IntoPyResult};
 use layertap_core::blob::BlobHeader;
-use layertap_core::reader::{decode_payload, PayloadInfo, Problem, RecordBytes, ShardReader};
+use layertap_core::reader::{
+    decode_payload, read_payload, PayloadInfo, Problem, RecordBytes, ShardReader,
+};
 use layertap_core::writer::RecordBuffer;
 use layertap_core::{Codec, Error};
 use pyo3::exceptions::{PyIndexError, PyOSError, PyTypeError, PyValueError};
@@ -280,6 +282,66 @@ fn decode_record<'py>(
     record_tuple(py, &header, RecordBytes::from_vec(blob))
 }
 
+/// Reads and decodes the record whose stored payload (`stored_len` bytes) lies at
+/// `payload_offset` of the file at `path` (a shard still being written, whose frame the caller
+/// found), with the GIL released and the checks of `decode_record`: codec `none` records of at
+/// least 64 KiB are privately mapped, not copied, as `NativeShardReader.read` maps them. Raises
+/// `CorruptRecordError` naming `path`, `offset` (the frame's) and `key`, also when the file ends
+/// before the payload does; `OSError` when the file cannot be opened. With `fd` (a descriptor of
+/// the file the caller holds open, borrowed for the call) the file is read through it, so that a
+/// shard removed meanwhile is still read as the caller opened it.
+#[pyfunction]
+#[pyo3(signature = (path, payload_offset, *, key, codec, raw_len, stored_len, payload_crc, offset, fd = None))]
+#[allow(clippy::too_many_arguments)]
+fn read_record<'py>(
+    py: Python<'py>,
+    path: PathBuf,
+    payload_offset: u64,
+    key: String,
+    codec: u8,
+    raw_len: u64,
+    stored_len: u64,
+    payload_crc: Option<u32>,
+    offset: u64,
+    fd: Option<i32>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    use std::os::fd::FromRawFd;
+    let codec = Codec::from_id(codec).map_err(to_py)?;
+    let info = PayloadInfo {
+        key: &key,
+        codec,
+        raw_len,
+        payload_crc,
+    };
+    let read = py.detach(|| {
+        let file = match fd {
+            // SAFETY: the caller holds `fd` open for the call; ManuallyDrop never closes it.
+            Some(fd) => std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) }),
+            None => std::mem::ManuallyDrop::new(std::fs::File::open(&path).map_err(|source| {
+                Error::Io {
+                    op: "open",
+                    path: path.clone(),
+                    source,
+                }
+            })?),
+        };
+        let read = read_payload(&file, payload_offset, stored_len, &info);
+        if fd.is_none() {
+            drop(std::mem::ManuallyDrop::into_inner(file));
+        }
+        Ok::<_, Error>(read)
+    });
+    let (bytes, header) = read.map_err(open_err)?.map_err(|reason| {
+        to_py(Error::CorruptRecord {
+            path: path.clone(),
+            offset,
+            key: Some(key.clone()),
+            reason,
+        })
+    })?;
+    record_tuple(py, &header, bytes)
+}
+
 /// Completes a shard whose writer died (see `layertap_core::recover::recover`). Returns a dict
 /// with `path`, `was_complete`, `records`, `truncated_bytes`, `removed` and `problems` (tuples
 /// `(kind, offset, key, message)`). Raises `ShardLockedError` if a writer holds the shard.
@@ -317,6 +379,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeShardReader>()?;
     m.add_class::<TensorBuffer>()?;
     m.add_function(wrap_pyfunction!(decode_record, m)?)?;
+    m.add_function(wrap_pyfunction!(read_record, m)?)?;
     m.add_function(wrap_pyfunction!(recover, m)?)?;
     m.add_function(wrap_pyfunction!(is_being_written, m)?)?;
     Ok(())

@@ -16,7 +16,7 @@ mod torn;
 
 pub use lock::is_being_written;
 pub(crate) use lock::lock_exclusive_now;
-pub use payload::{decode_payload, PayloadInfo};
+pub use payload::{decode_payload, read_payload, PayloadInfo};
 pub use problem::Problem;
 pub use record::{Record, RecordBytes, MAP_MIN_BYTES};
 pub use torn::{is_torn_empty, TORN_EMPTY_REASON};

@@ -3,6 +3,7 @@
 //! use (a shard still being written, read by `layertap.follow`; an object of Mooncake Store).
 //! [`ShardReader`](super::ShardReader) decodes through the same checks.
 
+use super::record::{RecordBytes, MAP_MIN_BYTES};
 use crate::blob::BlobHeader;
 use crate::codec::{self, Codec};
 use crate::format::crc32c;
@@ -81,5 +82,59 @@ pub fn decode_payload(
             Ok((stored.to_vec(), check_key(info.key, header)?))
         }
         _ => decode_compressed(stored, info),
+    }
+}
+
+/// The record whose stored payload lies at `payload_offset` of `file` (`stored_len` bytes), read
+/// as [`ShardReader::read`](super::ShardReader::read) reads it, with the checks of
+/// [`decode_payload`]: for a shard still being written (`layertap.follow`), whose frames a
+/// caller found without a [`ShardReader`](super::ShardReader). Codec `none` records of at least
+/// [`MAP_MIN_BYTES`] get a private copy-on-write mapping of their own (no copy); compressed ones
+/// are decoded from a read-only mapping of the payload. `Err(reason)` when the file ends before
+/// the payload does, or as [`decode_payload`].
+pub fn read_payload(
+    file: &std::fs::File,
+    payload_offset: u64,
+    stored_len: u64,
+    info: &PayloadInfo<'_>,
+) -> Result<(RecordBytes, BlobHeader), String> {
+    let file_len = file
+        .metadata()
+        .map_err(|e| format!("cannot read the file's length: {e}"))?
+        .len();
+    if payload_offset.saturating_add(stored_len) > file_len {
+        return Err("payload is cut off by the end of the file".to_string());
+    }
+    let len = usize::try_from(stored_len).map_err(|_| "stored length too large".to_string())?;
+    if stored_len < MAP_MIN_BYTES {
+        let mut stored = vec![0u8; len];
+        std::os::unix::fs::FileExt::read_exact_at(file, &mut stored, payload_offset)
+            .map_err(|e| format!("cannot read the payload: {e}"))?;
+        let (blob, header) = decode_payload(&stored, info)?;
+        return Ok((RecordBytes::from_vec(blob), header));
+    }
+    // SAFETY: the range lies inside the file (checked above); shards are append-only, so the
+    // bytes under the mapping do not change (see `ShardReader::from_file` on files changing
+    // under a mapping). The private mapping is copy-on-write: writes never reach the file.
+    let map = unsafe {
+        memmap2::MmapOptions::new()
+            .offset(payload_offset)
+            .len(len)
+            .map_copy(file)
+    }
+    .map_err(|e| format!("cannot map the payload: {e}"))?;
+    if let Some(want) = info.payload_crc {
+        check_crc(&map, want)?;
+    }
+    match info.codec {
+        Codec::None => {
+            codec::check_raw_len(map.len(), info.raw_len)?;
+            let header = check_key(info.key, crate::blob::parse_header(&map)?)?;
+            Ok((RecordBytes::from_mapping(map), header))
+        }
+        _ => {
+            let (blob, header) = decode_compressed(&map, info)?;
+            Ok((RecordBytes::from_vec(blob), header))
+        }
     }
 }
