@@ -173,31 +173,3 @@ def test_the_start_error_reads_this_runs_part_of_the_log(tmp_path):
     assert (
         vllm_log.root_cause(EARLIER_RUN + KILLED_BY_THE_KERNEL) == "OSError: an earlier run's error"
     )  # hence the offset
-
-
-def test_the_engines_output_relay_ends_once_drained_though_a_process_outlives_the_engine(tmp_path):
-    """A process the engine started that outlives it (multiprocessing's resource tracker) keeps
-    the pipe open: the relay still ends at the marker and closes its descriptors, so that each
-    ``layertap.generate`` in one Python process leaves no thread and no descriptor behind. The
-    lines printed before the marker are passed on."""
-    code = """
-import json, os, subprocess, sys
-from layertap.generate import vllm_log
-vllm_log.start(sys.argv[1])
-fds = lambda: sorted(os.listdir("/proc/self/fd"))
-before = fds()
-output = vllm_log.EngineOutput()
-with output.spawning():
-    said = subprocess.run([sys.executable, "-c", "import sys; print('a line of the engine', file=sys.stderr)"])
-    lingering = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], stdin=subprocess.DEVNULL)
-output.close(60)
-output._thread.join(60)
-result = {"relay_alive": output._thread.is_alive(), "fds_left": sorted(set(fds()) - set(before))}
-lingering.kill()
-lingering.wait()
-print(json.dumps(result))
-"""
-    proc = run_python(code, str(tmp_path))
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == {"relay_alive": False, "fds_left": []}
-    assert "a line of the engine" in proc.stderr

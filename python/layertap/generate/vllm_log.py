@@ -355,19 +355,12 @@ class EngineOutput:
         """Once vLLM's processes are stopped: waits up to ``timeout`` s until what they printed
         has been passed on. Not until the pipe ends: processes that outlive the engine hold it
         too (multiprocessing's resource tracker, started with the engine's processes, lives as
-        long as this one). A marker written after their output tells when it is all read; the
-        relay then ends and closes its descriptors, so that each run of ``layertap.generate`` in
-        one Python process leaves no thread or descriptor behind."""
+        long as this one). A marker written after their output tells when it is all read."""
         os.write(self._write, _DRAINED)
-        drained = self._drained.wait(timeout)
+        self._drained.wait(timeout)
         os.close(self._write)
-        if drained:
-            self._thread.join()
-            os.close(self._stderr)
 
     def _relay(self) -> None:
-        """Passes the pipe's lines on until the marker (what a process that outlives the engine
-        writes after it would meet a closed pipe: nothing of the run's is lost) or the pipe's end."""
         with open(self._read, "rb", buffering=0) as pipe:
             in_traceback = False
             pending = b""
@@ -380,7 +373,6 @@ class EngineOutput:
                         in_traceback = self._line(raw.decode(errors="replace"), in_traceback)
                     if marked:
                         self._drained.set()
-                        return
             if pending:
                 self._line(pending.decode(errors="replace"), in_traceback)
         self._drained.set()
