@@ -221,3 +221,175 @@ fn encode_stream<const W: usize>(
     }
     out.extend_from_slice(&buf[..pos]);
 }
+
+/// The encoder's streams written the plainest way (bytes pushed one at a time), kept to show
+/// that the encoder writes the same bytes.
+#[cfg(test)]
+mod reference {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn count<const W: usize>(
+        seg: &[u8],
+        stride: usize,
+        ctx_off: &[u16; SYMBOLS],
+        hist: &mut [u32],
+    ) {
+        let n = seg.len() / W;
+        let free = if stride == 0 { n } else { stride.min(n) };
+        for x in seg[..free * W].chunks_exact(W) {
+            hist[top::<W>(x)] += 1;
+        }
+        if free < n {
+            for (x, p) in seg[stride * W..].chunks_exact(W).zip(seg.chunks_exact(W)) {
+                hist[ctx_off[top::<W>(p)] as usize + top::<W>(x)] += 1;
+            }
+        }
+    }
+
+    fn encode_stream<const W: usize>(
+        seg: &[u8],
+        stride: usize,
+        ctx_off: &[u16; SYMBOLS],
+        table: &[u32],
+        out: &mut Vec<u8>,
+    ) {
+        let r = raw_bits::<W>();
+        let raw_mask = (1u32 << r) - 1;
+        let (mut acc, mut nbits) = (0u64, 0u32);
+        let mut put = |x: &[u8], e: u32| {
+            let len = e >> 16;
+            acc |= ((e & 0xFFFF) as u64 | ((value::<W>(x) & raw_mask) as u64) << len) << nbits;
+            nbits += len + r;
+            while nbits >= 8 {
+                out.push(acc as u8);
+                acc >>= 8;
+                nbits -= 8;
+            }
+        };
+        let n = seg.len() / W;
+        let free = if stride == 0 { n } else { stride.min(n) };
+        for x in seg[..free * W].chunks_exact(W) {
+            put(x, table[top::<W>(x)]);
+        }
+        if free < n {
+            for (x, p) in seg[stride * W..].chunks_exact(W).zip(seg.chunks_exact(W)) {
+                put(x, table[ctx_off[top::<W>(p)] as usize + top::<W>(x)]);
+            }
+        }
+        if nbits > 0 {
+            out.push(acc as u8);
+        }
+    }
+
+    fn encode_reference<const W: usize>(data: &[u8], plan: &Plan, streams: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        let n = data.len() / W;
+        if n >= MIN_CODED {
+            let stride = if plan.stride < n { plan.stride } else { 0 };
+            let ctx_of_top = contexts::<W>(data, plan.exp_shift);
+            let ctx_off: [u16; SYMBOLS] =
+                std::array::from_fn(|t| ctx_of_top[t] as u16 * SYMBOLS as u16);
+            let mut hist = vec![0u32; ENC_LEN];
+            for k in 0..streams {
+                let seg = segment(n, streams, k);
+                count::<W>(
+                    &data[seg.start * W..seg.end * W],
+                    stride,
+                    &ctx_off,
+                    &mut hist,
+                );
+            }
+            let mut lengths = vec![[0u8; SYMBOLS]; MAX_CONTEXTS];
+            let mut table = vec![0u32; ENC_LEN];
+            for (c, l) in lengths.iter_mut().enumerate() {
+                let counts: [u32; SYMBOLS] =
+                    std::array::from_fn(|s| hist[c * SYMBOLS + top_of_symbol(s)]);
+                *l = huffman::code_lengths(&counts);
+                let codes = huffman::reversed_codes(l);
+                for t in 0..SYMBOLS {
+                    let s = symbol_of_top(t);
+                    table[c * SYMBOLS + t] = codes[s] as u32 | (l[s] as u32) << 16;
+                }
+            }
+            write_head(stride, streams, &ctx_of_top, &lengths, &mut out);
+            let lens_at = out.len() - 8 * streams;
+            for k in 0..streams {
+                let seg = segment(n, streams, k);
+                let start = out.len();
+                encode_stream::<W>(
+                    &data[seg.start * W..seg.end * W],
+                    stride,
+                    &ctx_off,
+                    &table,
+                    &mut out,
+                );
+                let len = (out.len() - start) as u64;
+                out[lens_at + 8 * k..lens_at + 8 * k + 8].copy_from_slice(&len.to_le_bytes());
+            }
+            if out.len() < data.len() + 1 {
+                return out;
+            }
+            out.clear();
+        }
+        out.push(MODE_RAW);
+        out.extend_from_slice(data);
+        out
+    }
+
+    /// Elements of a few exponents around `centre` (`spread` of them; 0: any bits), random
+    /// signs and low bits, as `W`-byte elements.
+    fn elements<const W: usize>(n: usize, centre: u32, spread: u32, seed: u64) -> Vec<u8> {
+        let mut s = seed | 1;
+        let mut out = Vec::with_capacity(n * W);
+        for i in 0..n {
+            s ^= s >> 12;
+            s ^= s << 25;
+            s ^= s >> 27;
+            let r = s.wrapping_mul(0x2545_F491_4F6C_DD1D);
+            let f = if spread == 0 {
+                r as u32
+            } else {
+                let exp = centre + ((r >> 40) as u32 % spread) + (i % 7) as u32;
+                ((r >> 63) as u32) << 31 | (exp & 0xFF) << 23 | (r as u32 & 0x7F_FFFF)
+            };
+            if W == 2 {
+                out.extend_from_slice(&((f >> 16) as u16).to_le_bytes());
+            } else {
+                out.extend_from_slice(&f.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        #[test]
+        fn same_bytes_as_the_reference(
+            n in 0usize..5000,
+            stride in 0usize..700,
+            streams_at in 0usize..4,
+            wide in any::<bool>(),
+            centre in 0u32..250,
+            spread in 0u32..12,
+            exp_shift in 0u32..4,
+            seed in any::<u64>(),
+        ) {
+            let streams = [1, 2, 4, 8][streams_at];
+            let plan = Plan { stride, exp_shift };
+            let (got, want) = if wide {
+                let data = elements::<4>(n, centre, spread, seed);
+                let mut got = Vec::new();
+                encode_with_streams::<4>(&data, &plan, streams, &mut got);
+                (got, encode_reference::<4>(&data, &plan, streams))
+            } else {
+                let data = elements::<2>(n, centre, spread, seed);
+                let mut got = Vec::new();
+                encode_with_streams::<2>(&data, &plan, streams, &mut got);
+                (got, encode_reference::<2>(&data, &plan, streams))
+            };
+            prop_assert_eq!(got, want);
+        }
+    }
+}
