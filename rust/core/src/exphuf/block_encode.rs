@@ -165,15 +165,13 @@ fn encode_coded<const W: usize>(data: &[u8], plan: &Plan, streams: usize, out: &
     }
 }
 
-/// Bytes staged before they are appended to the output.
-const STAGE: usize = 4096;
-
 /// Appends the stream of a segment's elements to `out`.
 ///
 /// Bits are written least significant first: the whole 64-bit accumulator is stored at every
-/// step into a small staging buffer, the position advances by the full bytes, and the buffer is
-/// appended to `out` when it fills. The state lives in local variables, which the compiler
-/// keeps in registers.
+/// step straight into `out`'s spare capacity (reserved for the longest stream, plus the 8 bytes
+/// the last store may reach), the position advances by the full bytes, and the length is set
+/// once at the end. The state lives in local variables, which the compiler keeps in registers;
+/// with no staging buffer there is no copy and no test of its fill per element.
 fn encode_stream<const W: usize>(
     seg: &[u8],
     stride: usize,
@@ -184,24 +182,28 @@ fn encode_stream<const W: usize>(
     let table: &[u32; ENC_LEN] = table.try_into().expect("encoder table size");
     let r = raw_bits::<W>();
     let raw_mask = (1u32 << r) - 1;
-    let mut buf = [0u8; STAGE + 16];
+    let n = seg.len() / W;
+    let most = (n * max_bits::<W>() as usize).div_ceil(8);
+    out.reserve(most + 8);
+    let dst = out.spare_capacity_mut().as_mut_ptr().cast::<u8>();
     let (mut pos, mut acc, mut nbits) = (0usize, 0u64, 0u32);
     let mut put = |x: &[u8], e: u32| {
         let len = e >> 16;
         acc |= ((e & 0xFFFF) as u64 | ((value::<W>(x) & raw_mask) as u64) << len) << nbits;
         nbits += len + r;
-        buf[pos..pos + 8].copy_from_slice(&acc.to_le_bytes());
+        // SAFETY: the elements put so far took at most `max_bits` each, so `pos <= most` and
+        // the 8 bytes lie inside the `most + 8` bytes of spare capacity reserved above.
+        unsafe {
+            dst.add(pos)
+                .cast::<[u8; 8]>()
+                .write_unaligned(acc.to_le_bytes())
+        };
         let whole = nbits >> 3;
         pos += whole as usize;
         // At most 7 + 34 bits were held, so `whole` <= 5 and the shift is in range.
         acc >>= 8 * whole;
         nbits &= 7;
-        if pos >= STAGE {
-            out.extend_from_slice(&buf[..pos]);
-            pos = 0;
-        }
     };
-    let n = seg.len() / W;
     let free = if stride == 0 { n } else { stride.min(n) };
     for x in seg[..free * W].chunks_exact(W) {
         put(x, table[top::<W>(x)]);
@@ -214,12 +216,13 @@ fn encode_stream<const W: usize>(
             );
         }
     }
-    // The last byte, padded with zero bits.
-    if nbits > 0 {
-        buf[pos] = acc as u8;
-        pos += 1;
-    }
-    out.extend_from_slice(&buf[..pos]);
+    // The last byte, padded with zero bits (the last store wrote it already).
+    let len = pos + (nbits > 0) as usize;
+    assert!(len <= most);
+    // SAFETY: every byte below `len` was written by the 8-byte stores above (each store starts
+    // at the position before it advanced, by at most 5 bytes, and the last covers the padded
+    // byte), and `len` is within the reserved capacity.
+    unsafe { out.set_len(out.len() + len) };
 }
 
 /// The encoder's streams written the plainest way (bytes pushed one at a time), kept to show
