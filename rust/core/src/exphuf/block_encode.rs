@@ -196,8 +196,8 @@ fn encode_stream<const W: usize>(
         unsafe {
             dst.add(pos)
                 .cast::<[u8; 8]>()
-                .write_unaligned(acc.to_le_bytes())
-        };
+                .write_unaligned(acc.to_le_bytes());
+        }
         let whole = nbits >> 3;
         pos += whole as usize;
         // At most 7 + 34 bits were held, so `whole` <= 5 and the shift is in range.
