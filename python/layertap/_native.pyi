@@ -150,6 +150,28 @@ class NativeShardReader:
 
 def recover(path: str | os.PathLike[str]) -> dict[str, Any]: ...
 def is_being_written(path: str | os.PathLike[str]) -> bool: ...
+def decode_record(
+    stored: Any,
+    *,
+    key: str,
+    codec: int,
+    raw_len: int,
+    payload_crc: int | None,
+    path: str | os.PathLike[str],
+    offset: int,
+) -> tuple[dict[str, str], list[tuple[str, str, tuple[int, ...], TensorBuffer]]]: ...
+def read_record(
+    path: str | os.PathLike[str],
+    payload_offset: int,
+    *,
+    key: str,
+    codec: int,
+    raw_len: int,
+    stored_len: int,
+    payload_crc: int | None,
+    offset: int,
+    fd: int | None = None,
+) -> tuple[dict[str, str], list[tuple[str, str, tuple[int, ...], TensorBuffer]]]: ...
 def exphuf_code_lengths(counts: bytes) -> bytes: ...
 def exphuf_reversed_codes(lengths: bytes) -> bytes: ...
 def exphuf_coded_heads(
