@@ -157,7 +157,9 @@ def test_a_store_too_small_for_the_run_is_counted_and_fails_the_command(tiny_mod
     finally:
         small.stop()
     assert status == 1 and not summary["complete"], err[-3000:]
-    assert summary["rows_written"] == 300 and summary["store_missing"] == 300 - held > 0
+    # Mooncake may go on evicting after the run (to bring its use under its watermark): what the
+    # store holds when this test reads it can only be less than when the summary was made.
+    assert summary["rows_written"] == 300 and 0 < summary["store_missing"] <= 300 - held
     assert summary["store_evicted"] > 0 and summary["store_refused"] == 0
     with layertap.open(summary["also_dir"]) as spool:
         assert len(spool) == 300  # the only full copy, kept
