@@ -8,7 +8,7 @@ import html
 import os
 
 from layertap._text import plural
-from layertap.cli.stats_text import number
+from layertap.cli.stats_text import layer_cells, number
 
 _W, _H, _PAD = 420, 150, 28
 
@@ -80,19 +80,8 @@ def _layer_table(layers: list[dict]) -> str:
             or layer["constant"]["count"]
             or layer["zero_rows"]
         )
-        cells = [
-            layer["layer"],
-            number(layer["rms"]),
-            number(layer["min"]),
-            number(layer["max"]),
-            number(layer["nan"]),
-            number(layer["inf"]),
-            number(layer["all_zero"]["count"]),
-            number(layer["constant"]["count"]),
-            number(layer["zero_rows"]),
-        ]
         cls = ' class="flag"' if flagged else ""
-        rows.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+        rows.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(c)}</td>" for c in layer_cells(layer)) + "</tr>")
     return "<table>" + "".join(rows) + "</table>"
 
 

@@ -48,6 +48,13 @@ def bars(hist: dict, kind: str = "float", indent: str = "  ") -> list[str]:
     return out
 
 
+def layer_cells(layer: dict) -> list[str]:
+    """A layer's row of the table, as the terminal and the page show it: its id, RMS, min, max,
+    NaN and Inf counts, records all zero and constant, and token rows all zero."""
+    counts = (layer["nan"], layer["inf"], layer["all_zero"]["count"], layer["constant"]["count"], layer["zero_rows"])
+    return [str(layer["layer"]), *(number(layer[k]) for k in ("rms", "min", "max")), *(number(c) for c in counts)]
+
+
 def sparkline(hist: dict) -> str:
     """The histogram in one line: one character per bar, ``·`` for an empty one."""
     counts = hist["counts"]
@@ -101,20 +108,7 @@ def stats_text(stats: dict) -> str:
             spread = (
                 f"{number(hist['edges'][0])} {sparkline(hist)} {number(hist['edges'][-1])}" if hist["edges"] else ""
             )
-            rows.append(
-                [
-                    str(layer["layer"]),
-                    number(layer["rms"]),
-                    number(layer["min"]),
-                    number(layer["max"]),
-                    number(layer["nan"]),
-                    number(layer["inf"]),
-                    number(layer["all_zero"]["count"]),
-                    number(layer["constant"]["count"]),
-                    number(layer["zero_rows"]),
-                    spread,
-                ]
-            )
+            rows.append([*layer_cells(layer), spread])
         out += ["", *_columns(rows)]
         out.append("(all zero, constant: records; zero rows: tokens whose row is all zero in the other records)")
     warnings = stats["warnings"]
