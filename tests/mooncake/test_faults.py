@@ -80,7 +80,9 @@ def test_a_run_whose_records_were_evicted_is_not_complete(small_store, tmp_path)
     settled = settle_store_run({"complete": True}, address, Spool(str(spool), keep=False))
     with layertap.open(address) as ds:
         held = ds.verify().records_ok  # listed, there, intact
-    assert settled["store_missing"] == 40 - held and not settled["complete"]
+    # Mooncake may go on evicting after the last put (to bring its use under its watermark): what
+    # the store holds when it is read here can only be less than when the run was settled.
+    assert 0 < settled["store_missing"] <= 40 - held and not settled["complete"]
     assert settled["store_evicted"] > 0 and settled["store_refused"] == 0
     assert settled["also_dir"] == str(spool)
 
