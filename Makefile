@@ -44,7 +44,7 @@ $(VENV)/.demo-installed: requirements-demo.txt
 	$(PIP_UNINSTALL_GPU)
 	touch $@
 
-$(VENV)/.installed: $(VENV)/.demo-installed requirements-dev.txt requirements-specforge.txt requirements-modelopt.txt requirements-torchvision.txt
+$(VENV)/.installed: $(VENV)/.demo-installed requirements-dev.txt requirements-specforge.txt requirements-modelopt.txt requirements-torchvision.txt requirements-triton.txt
 	$(PIP_INSTALL) -r requirements-dev.txt || { echo "pip could not install requirements-dev.txt. $$LAYERTAP_TORCH_HINT" >&2; exit 1; }
 	@# SpecForge pins torch 2.11 and sglang: its wheel alone, in a folder of its own, for the
 	@# test of its loader (tests/trainers/test_specforge.py puts it on PYTHONPATH).
@@ -55,6 +55,9 @@ $(VENV)/.installed: $(VENV)/.demo-installed requirements-dev.txt requirements-sp
 	@# torchvision's Python part for the vision-language test's engine process only
 	@# (tests/vllm/test_vision_language.py; requirements-torchvision.txt says why not into the venv).
 	$(PIP_INSTALL) --no-deps --upgrade --target $(VENV)/torchvision -r requirements-torchvision.txt
+	@# Triton for the GPU kernels' tests in its interpreter, in child processes only
+	@# (requirements-triton.txt says why not into the venv).
+	$(PIP_INSTALL) --no-deps --upgrade --target $(VENV)/triton -r requirements-triton.txt
 	$(PIP_UNINSTALL_GPU)
 	touch $@
 
