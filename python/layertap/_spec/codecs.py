@@ -16,18 +16,10 @@ from layertap._spec import exphuf
 from layertap._spec.blob import TensorInfo, parse_header
 from layertap._spec.dtypes import TWO_BYTE
 from layertap._spec.format import CODEC_BP16_ZSTD, CODEC_EXP_HUF, CODEC_NONE, CODEC_ZSTD, FormatProblem
-from layertap._spec.levels import MAX_LEVEL, MIN_LEVEL
-from layertap.errors import InvalidInputError
 
 #: zstd cannot expand data by more than this (about 32 000 to 1 at best); a larger raw_len is
 #: corrupt. The Rust reader uses the same bound.
 ZSTD_MAX_RATIO = 32 << 10
-
-
-def check_level(level: object) -> int:
-    if not isinstance(level, int) or isinstance(level, bool) or not MIN_LEVEL <= level <= MAX_LEVEL:
-        raise InvalidInputError(f"zstd level {level!r} is out of range {MIN_LEVEL}..={MAX_LEVEL}")
-    return level
 
 
 def split_planes(src, out: np.ndarray) -> None:
@@ -126,7 +118,9 @@ ZSTD_MAX_WINDOW = 1 << 27
 def zstd_window_size(frame) -> int:
     """The window size the header of ``frame`` (a whole zstd frame, ``zstd_frame_len`` checked)
     asks for (RFC 8878, 3.1.1.1.2): its window descriptor's, or for a single-segment frame its
-    content size."""
+    content size. Not ``zstandard.get_frame_parameters``: libzstd refuses a header whose window
+    log is over 31 without saying the size, and both readers name the size the header asks for
+    (the shared vectors' ``wide-window`` case, tests/test_py_format.py)."""
     fhd = frame[4]
     if not fhd & 0x20:
         wd = frame[5]
