@@ -19,6 +19,7 @@ import json
 import os
 from dataclasses import dataclass
 
+from layertap._files import write_atomic
 from layertap._spec.format import SHARD_SUFFIX
 from layertap.errors import FormatError, InvalidInputError
 
@@ -93,20 +94,8 @@ def write_manifest(directory: str | os.PathLike, parts: list[str], **extra) -> s
     if len(set(stored)) != len(stored):
         raise InvalidInputError(f"a manifest lists each part once: {stored}")
     path = os.path.join(directory, MANIFEST_NAME)
-    tmp = f"{path}.tmp-{os.getpid()}"
     body = json.dumps({"layertap_dataset": MANIFEST_VERSION, "parts": stored, **extra}, indent=1) + "\n"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        os.write(fd, body.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(dfd)  # the rename itself survives a crash
-    finally:
-        os.close(dfd)
+    write_atomic(path, body, durable=True)
     return path
 
 

@@ -5,8 +5,8 @@ in any browser and can be mailed or attached to an issue."""
 from __future__ import annotations
 
 import html
-import os
 
+from layertap._files import write_atomic
 from layertap._text import plural
 from layertap.cli.stats_text import layer_cells, number
 
@@ -139,10 +139,7 @@ def stats_html(stats: dict, title: str) -> str:
 
 def write_stats_html(path: str, stats: dict, title: str) -> None:
     """Writes the page to ``path`` (through a temporary file beside it, renamed when whole)."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(stats_html(stats, title))
-    os.replace(tmp, path)
+    write_atomic(path, stats_html(stats, title))
 
 
 __all__ = ["stats_html", "write_stats_html"]

@@ -15,6 +15,7 @@ import os
 import threading
 from typing import Any
 
+from layertap._files import fsync_dir
 from layertap.errors import InvalidInputError
 
 TMP_SUFFIX = ".layertap-tmp"
@@ -104,14 +105,6 @@ def gzipped(data: bytes, name: str, level: int) -> bytes:
     with gzip.GzipFile(filename=name, mode="wb", compresslevel=level, fileobj=buf, mtime=0) as f:
         f.write(data)
     return buf.getvalue()
-
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _dataset_paths(source: str) -> tuple[str, ...]:

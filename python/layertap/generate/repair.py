@@ -21,6 +21,7 @@ import errno
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+from layertap._files import fsync_dir
 from layertap._spec.format import TRAILER_LEN, decode_trailer
 from layertap._types import Problem, ProblemKind
 from layertap.errors import FormatError, RecordMissingError
@@ -77,7 +78,7 @@ def reindex_without_damaged(shard: str) -> None:
                 _copy_prefix(src.fileno(), dst.fileno(), trailer.index_offset)
         recover(copy)  # indexes the records that match their checksums, and fsyncs
         os.replace(copy, shard)
-        _fsync_dir(directory)
+        fsync_dir(directory)
     except (OSError, FormatError) as e:
         raise GenerateError(f"{shard}: cannot repair this shard: {getattr(e, 'strerror', None) or e}") from None
     finally:
@@ -104,14 +105,6 @@ def _copy_prefix(src: int, dst: int, length: int) -> None:
         if not chunk:
             raise OSError(errno.EIO, "the shard ended while it was copied")
         done += os.pwrite(dst, chunk, done)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def damaged_entries(problems: list[Problem]) -> list[dict]:

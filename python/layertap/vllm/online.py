@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from layertap._files import write_atomic
 from layertap._spec.format import key_problem, writer_id_problem
 from layertap._tensors import tensor_maker
 from layertap.errors import InvalidInputError, LayertapError
@@ -35,11 +36,7 @@ def leave_error_marker(dataset: str, writer_id: str, text: str) -> None:
     """Leaves ``text`` in the writer's error file for ``fetch`` calls waiting on it. Written to a
     temporary name and renamed, so a waiting ``fetch`` never reads it half written (an empty
     file seen between open and write once reported a failure with no reason)."""
-    marker = error_marker_path(dataset, writer_id)
-    partial = f"{marker}.{os.getpid()}.partial"
-    with open(partial, "w") as f:
-        f.write(text.rstrip("\n") + "\n")
-    os.replace(partial, marker)
+    write_atomic(error_marker_path(dataset, writer_id), text.rstrip("\n") + "\n")
 
 
 @dataclass(frozen=True)

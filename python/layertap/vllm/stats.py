@@ -11,6 +11,8 @@ import time
 from array import array
 from typing import Any
 
+from layertap._files import write_atomic
+
 #: Hook timings kept exactly up to this many steps; past it, a uniform sample of this size.
 MAX_SAMPLES = 1 << 20
 
@@ -134,11 +136,7 @@ class ConnectorStats:
 def write_json(path: str, summary: dict) -> None:
     """Writes ``summary`` to ``path`` (parent directories created), atomically."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(summary, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
 
 
 def describe(summary: dict) -> str:
