@@ -1,0 +1,492 @@
+"""The decoder of codec ``exp-huf`` (docs/FORMAT.md, "Codec 3") as a Triton kernel, for trainers
+(issue 32, goal 3): records' stored payloads are copied to the GPU as they are (1.5x fewer bytes
+than the raw tensors) and decoded there into tensors bit for bit equal to what the writer took.
+
+``decode_records(payloads)`` takes a batch of payloads (host buffers, or uint8 tensors already on
+the device) and returns, per record, its tensors (name -> tensor on the device).
+
+Where the parallelism is. Each stream of a block is one sequential chain: an element's code
+length says where the next one starts, and its context comes from the element ``d`` back (the
+previous row), which the same stream decoded. So the kernel decodes many streams in lockstep,
+one stream per lane (a program holds ``LANES`` lanes, each lane a thread): lane ``k`` loops over
+its segment's elements, and the lanes of a program run for as many steps as their longest
+segment (lanes are sorted by length, so lanes of similar length share a program). The writers
+use 4 streams a tensor, so a batch gives 4 lanes a coded tensor: 64 records of one
+``[tokens, layers, hidden]`` tensor are 256 lanes, a 2048-token record 4. The device's speed is
+then lanes x elements a lane decodes per second, and one lane's step is a chain of dependent
+loads (the stream's next 64-bit words, then the table entry: ~2 memory latencies), not
+bandwidth: the format, not the kernel, bounds it (see benches/gpu/bench_gpu_exphuf_decode.py).
+
+Per step a lane: loads the two 64-bit words holding its next bits (the device copy is padded so
+that the word after a stream's last one is inside the buffer) and shifts them to 64 valid bits
+(at most 11 code + 23 raw bits are used); takes its context's table (``2^11`` int32 entries:
+``top9 << 4 | code length``, 0 where no code starts) from the element ``d`` back, read back from
+the output it wrote (``.cg``: from L2, the same thread's earlier store, never a stale L1 line);
+looks the entry up, rebuilds ``x = top9 << raw_bits | raw`` and stores it. It checks what the
+Rust decoder checks, per lane, into a status word: a pattern that is no code, a code that runs
+past the stream's end (so no load ever leaves the buffer), and at the end the stream's length
+(``ceil(bits / 8)`` bytes) and its zero padding. One small read of the statuses after the kernel
+turns any of them into a CorruptRecordError naming the record, tensor and stream.
+
+The host parses each block's head (mode, contexts, streams, stride, context map, code-length
+tables, stream lengths, checked as ``layertap._spec.exphuf.decode_block`` checks them) and
+builds every context's decode table of the batch at once in numpy (canonical codes as in
+RFC 1951, bit-reversed because streams are read least significant bit first), then uploads the
+tables, a 512-entry map per block from an element's top 9 bits to the table of the context it
+gives, and the lanes' descriptors, in one copy each. Raw blocks (mode 0) and tensors of other
+dtypes are copied as they are.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from layertap._spec import json_text
+from layertap._spec.blob import parse_header
+from layertap._spec.dtypes import TORCH_NAMES
+from layertap._spec.exphuf import (
+    CODED,
+    MAX_CODE_LEN,
+    MAX_CONTEXTS,
+    MODE_CODED,
+    MODE_RAW,
+    STREAM_COUNTS,
+    SYMBOLS,
+    segment,
+    symbol_of_top,
+    top_of_symbol,
+)
+from layertap._spec.format import FormatProblem, align8
+from layertap.errors import CorruptRecordError, InvalidInputError
+
+TABLE_LEN = 1 << MAX_CODE_LEN
+_FIXED = struct.Struct("<BBHI")
+#: The longest block head: mode, fixed fields, context map, 16 full code-length tables, 8
+#: stream lengths. A device payload's head is read back in one copy of at most this.
+_MAX_HEAD = 1 + _FIXED.size + SYMBOLS // 2 + MAX_CONTEXTS * (4 + SYMBOLS // 2) + 8 * 8
+#: Bytes after the last payload in the device copy: the word after a stream's last word.
+_PAD = 16
+#: Lane statuses the kernel writes (0: decoded and checked).
+_PROBLEMS = {
+    1: "holds a bit pattern that is no code",
+    2: "runs past its end",
+    3: "holds more bytes than its elements take",
+    4: "has padding bits that are not zero",
+}
+#: Lanes (streams) of one program; one lane a thread.
+LANES = 32
+_REV11 = np.array([int(f"{x:011b}"[::-1], 2) for x in range(TABLE_LEN)], dtype=np.int64)
+
+
+@dataclass
+class _Batch:
+    """What the host parsed of a batch: the lanes of each element width, the decode tables,
+    the plain copies, and where each record's tensors come from."""
+
+    lengths: list[np.ndarray] = field(default_factory=list)  # per coded block: [C, 512] uint8
+    ctx_of_top: list[np.ndarray] = field(default_factory=list)  # per coded block: [512] context
+    # per width: lists of lane fields; elements of the width's output buffer so far
+    lanes: dict[int, list[tuple]] = field(default_factory=lambda: {2: [], 4: []})
+    elements: dict[int, int] = field(default_factory=lambda: {2: 0, 4: 0})
+    plain: list[tuple[int, int, int]] = field(default_factory=list)  # (src byte, nbytes, out byte)
+    plain_bytes: int = 0
+    # per record: (name, dtype, shape, ("coded", width, start) | ("plain", out byte))
+    records: list[list[tuple]] = field(default_factory=list)
+
+
+class _Source:
+    """A payload's bytes for the parser: a host buffer, or a device tensor whose heads are read
+    back in a few small copies."""
+
+    def __init__(self, payload):
+        if isinstance(payload, torch.Tensor):
+            if payload.dtype != torch.uint8 or payload.dim() != 1:
+                raise InvalidInputError(
+                    f"payload must be a 1-D uint8 tensor or a bytes-like object, not a {payload.dtype} tensor of shape {tuple(payload.shape)}"
+                )
+            self.tensor, self.host = payload, None
+            self.length = payload.numel()
+        else:
+            self.tensor, self.host = None, memoryview(payload).cast("B")
+            self.length = len(self.host)
+
+    def read(self, a: int, b: int) -> memoryview:
+        b = min(b, self.length)
+        if self.host is not None:
+            return self.host[a:b]
+        return memoryview(self.tensor[a:b].cpu().numpy().tobytes())
+
+
+def _lengths(head: memoryview, at: int) -> tuple[np.ndarray, int]:
+    if at + 4 > len(head):
+        raise FormatProblem("block is cut off")
+    first, count = struct.unpack_from("<HH", head, at)
+    if first + count > SYMBOLS:
+        raise FormatProblem(f"code lengths of symbols {first}..{first + count} are out of range")
+    nbytes = (count + 1) // 2
+    if at + 4 + nbytes > len(head):
+        raise FormatProblem("block is cut off")
+    packed = np.frombuffer(head, np.uint8, nbytes, at + 4)
+    nibbles = np.stack([packed & 15, packed >> 4], 1).reshape(-1)
+    if count % 2 and nibbles[-1]:
+        raise FormatProblem("code lengths' padding nibble is not zero")
+    lengths = np.zeros(SYMBOLS, np.uint8)
+    lengths[first : first + count] = nibbles[:count]
+    if lengths.max(initial=0) > MAX_CODE_LEN:
+        raise FormatProblem(f"code length {lengths.max()} is over {MAX_CODE_LEN}")
+    nz = lengths[lengths > 0].astype(np.int64)
+    if int((1 << (MAX_CODE_LEN - nz)).sum()) > TABLE_LEN:
+        raise FormatProblem("code lengths are over-subscribed (not a prefix code)")
+    return lengths, at + 4 + nbytes
+
+
+def _parse_block(src: _Source, at: int, base: int, n: int, width: int, batch: _Batch, out) -> int:
+    """Parses the block at ``at`` (payload offset; ``base``: the payload's offset in the device
+    copy) of ``n`` elements and adds its lanes or plain copy to ``batch``; ``out`` receives where
+    the tensor's data will be. Returns where the block ends."""
+    if at >= src.length:
+        raise FormatProblem("block is cut off")
+    head = src.read(at, at + _MAX_HEAD)
+    mode = head[0]
+    if mode == MODE_RAW:
+        if at + 1 + n * width > src.length:
+            raise FormatProblem("raw block is cut off")
+        out.append(("plain", _add_plain(batch, base + at + 1, n * width)))
+        return at + 1 + n * width
+    if mode != MODE_CODED:
+        raise FormatProblem(f"block mode {mode} is unknown")
+    if 1 + _FIXED.size + SYMBOLS // 2 > len(head):
+        raise FormatProblem("block is cut off")
+    contexts, streams, reserved, stride = _FIXED.unpack_from(head, 1)
+    if not 1 <= contexts <= MAX_CONTEXTS:
+        raise FormatProblem(f"block has {contexts} contexts (1 to 16 allowed)")
+    if streams not in STREAM_COUNTS:
+        raise FormatProblem(f"block has {streams} streams (1, 2, 4 or 8 allowed)")
+    if reserved:
+        raise FormatProblem("block's reserved bytes are not zero")
+    p = 1 + _FIXED.size
+    packed = np.frombuffer(head, np.uint8, SYMBOLS // 2, p)
+    cmap = np.stack([packed & 15, packed >> 4], 1).reshape(-1)
+    if cmap.max() >= contexts:
+        raise FormatProblem(f"context map names context {cmap.max()} of {contexts}")
+    p += SYMBOLS // 2
+    tables = []
+    for c in range(contexts):
+        try:
+            lengths, p = _lengths(head, p)
+        except FormatProblem as e:
+            raise FormatProblem(f"context {c}: {e}") from None
+        tables.append(lengths)
+    if p + 8 * streams > len(head):
+        raise FormatProblem("block is cut off")
+    sizes = struct.unpack_from(f"<{streams}Q", head, p)
+    stream_at = at + p + 8 * streams
+    if sum(sizes) > src.length - stream_at:
+        raise FormatProblem("a stream runs past the payload")
+    block = len(batch.lengths)
+    batch.lengths.append(np.stack(tables))
+    batch.ctx_of_top.append(cmap[symbol_of_top(np.arange(SYMBOLS))].astype(np.int64))
+    start = batch.elements[width]
+    for k, size in enumerate(sizes):
+        seg = segment(n, streams, k)
+        bit = 8 * (base + stream_at)
+        batch.lanes[width].append((bit, bit + 8 * size, start + seg.start, len(seg), stride, block, k))
+        stream_at += size
+    batch.elements[width] += n
+    out.append(("coded", width, start))
+    return stream_at
+
+
+def _add_plain(batch: _Batch, src_byte: int, nbytes: int) -> int:
+    out = batch.plain_bytes
+    batch.plain.append((src_byte, nbytes, out))
+    batch.plain_bytes += align8(nbytes)
+    return out
+
+
+def _raw_len(head: memoryview) -> int:
+    """The raw blob's length as the header's data offsets give it (checked by parse_header)."""
+    n = int.from_bytes(head[:8], "little")
+    try:
+        doc = json_text.parse(head[8 : 8 + n])
+    except ValueError as e:
+        raise FormatProblem(f"safetensors header: {e}") from None
+    if not isinstance(doc, dict):
+        raise FormatProblem("safetensors header is not a JSON object")
+    ends = [v["data_offsets"][1] for k, v in doc.items() if k != "__metadata__" and isinstance(v, dict) and isinstance(v.get("data_offsets"), list) and len(v["data_offsets"]) == 2 and isinstance(v["data_offsets"][1], int)]  # fmt: skip
+    return 8 + n + max(ends, default=0)
+
+
+class _HeadOnly:
+    """A blob as ``parse_header`` reads it: its header bytes, and the length the data would
+    give it (the data itself is still coded)."""
+
+    def __init__(self, head: memoryview, length: int):
+        self.head, self.length = head, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, item):
+        return self.head[item]
+
+
+def _parse_record(src: _Source, base: int, batch: _Batch) -> None:
+    if src.length < 8:
+        raise FormatProblem("payload shorter than a safetensors header")
+    head_len = 8 + int.from_bytes(src.read(0, 8), "little")
+    if head_len > src.length:
+        raise FormatProblem(f"safetensors header length {head_len - 8} does not fit the payload")
+    head = src.read(0, head_len)
+    raw_len = _raw_len(head)
+    if raw_len > 2 * src.length:
+        raise FormatProblem(f"raw length {raw_len} is more than {src.length} stored bytes can decode to")
+    _, tensors, _ = parse_header(_HeadOnly(head, raw_len))
+    at, out = head_len, []
+    for t in tensors:
+        size = t.end - t.begin
+        try:
+            if t.dtype in CODED:
+                width = CODED[t.dtype][0]
+                at = _parse_block(src, at, base, size // width, width, batch, out)
+            else:
+                if at + size > src.length:
+                    raise FormatProblem("payload is cut off")
+                out.append(("plain", _add_plain(batch, base + at, size)))
+                at += size
+        except FormatProblem as e:
+            raise FormatProblem(f"tensor {t.name!r}: {e}") from None
+    if at != src.length:
+        raise FormatProblem(f"{src.length - at} bytes after the last tensor's block")
+    batch.records.append([(t.name, t.dtype, t.shape, where) for t, where in zip(tensors, out)])
+
+
+def decode_tables(lengths: np.ndarray) -> np.ndarray:
+    """The decode table of each row of ``lengths`` (``[T, 512]`` code lengths, checked): ``[T,
+    2048]`` int32 entries; entry ``x`` of a table decodes a stream whose next 11 bits (least
+    significant first) are ``x``: ``top9 << 4 | code length``, or 0 where no code starts."""
+    ln = lengths.astype(np.int64)
+    t_count = ln.shape[0]
+    onehot = ln[:, :, None] == np.arange(MAX_CODE_LEN + 1)
+    bl_count = onehot.sum(1)
+    bl_count[:, 0] = 0
+    next_code = np.zeros((t_count, MAX_CODE_LEN + 1), np.int64)
+    code = np.zeros(t_count, np.int64)
+    for k in range(1, MAX_CODE_LEN + 1):
+        code = (code + bl_count[:, k - 1]) << 1
+        next_code[:, k] = code
+    # A symbol's code: its length's first code plus the symbols of that length before it.
+    rank = np.take_along_axis(np.cumsum(onehot, 1) - onehot, ln[:, :, None], 2)[:, :, 0]
+    codes = np.take_along_axis(next_code, ln, 1) + rank
+    tv, sv = np.nonzero(ln)
+    lv = ln[tv, sv]
+    rv = _REV11[codes[tv, sv]] >> (MAX_CODE_LEN - lv)
+    reps = TABLE_LEN >> lv
+    firsts = np.repeat(np.cumsum(reps) - reps, reps)
+    k = np.arange(int(reps.sum())) - firsts
+    index = np.repeat(tv * TABLE_LEN + rv, reps) + (k << np.repeat(lv, reps))
+    table = np.zeros(t_count * TABLE_LEN, np.int32)
+    table[index] = np.repeat(top_of_symbol(sv) << 4 | lv, reps)
+    return table.reshape(t_count, TABLE_LEN)
+
+
+def _upload(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    t = torch.from_numpy(array)
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def _device_copy(payloads, sources, device) -> tuple[torch.Tensor, list[int]]:
+    """The payloads back to back in one uint8 buffer on ``device`` (each at a multiple of 8),
+    ``_PAD`` bytes after the last; and where each starts."""
+    bases, at = [], 0
+    for s in sources:
+        bases.append(at)
+        at = align8(at + s.length)
+    total = at + _PAD
+    if all(s.host is not None for s in sources):
+        host = np.zeros(total, np.uint8)
+        for s, b in zip(sources, bases):
+            host[b : b + s.length] = np.frombuffer(s.host, np.uint8)
+        return _upload(host, device), bases
+    buf = torch.zeros(total, dtype=torch.uint8, device=device)
+    for p, s, b in zip(payloads, sources, bases):
+        buf[b : b + s.length].copy_(
+            p if isinstance(p, torch.Tensor) else torch.frombuffer(bytearray(s.host), dtype=torch.uint8)
+        )
+    return buf, bases
+
+
+def decode_records(payloads, device=None) -> list[dict[str, torch.Tensor]]:
+    """Decodes exp-huf record payloads (each a bytes-like object, or a 1-D uint8 tensor; the
+    ``stored`` bytes of a codec-3 record: safetensors header then blocks) on ``device`` (the
+    tensors' device, else CUDA where there is one, else the CPU, through Triton's interpreter).
+    Returns, per payload, its tensors by name, on the device, bit for bit the writer's; tensors
+    of one batch share the batch's output buffers. Raises CorruptRecordError naming the record,
+    tensor and stream where a payload is not a valid exp-huf payload."""
+    payloads = list(payloads)
+    if device is None:
+        on = [p.device for p in payloads if isinstance(p, torch.Tensor)]
+        device = on[0] if on else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    sources = [_Source(p) for p in payloads]
+    src_buf, bases = _device_copy(payloads, sources, device)
+    batch = _Batch()
+    for r, (s, b) in enumerate(zip(sources, bases)):
+        try:
+            _parse_record(s, b, batch)
+        except FormatProblem as e:
+            raise CorruptRecordError(f"record {r} of the batch is not a valid exp-huf payload: {e}") from None
+    outs = _run(batch, src_buf, device)
+    plain = torch.empty(batch.plain_bytes, dtype=torch.uint8, device=device)
+    for src_byte, nbytes, out_byte in batch.plain:
+        plain[out_byte : out_byte + nbytes].copy_(src_buf[src_byte : src_byte + nbytes])
+    records = []
+    for rec in batch.records:
+        tensors = {}
+        for name, dtype, shape, where in rec:
+            tdtype = getattr(torch, TORCH_NAMES[dtype])
+            n = int(np.prod(shape, dtype=np.int64))
+            if where[0] == "coded":
+                flat = outs[where[1]][where[2] : where[2] + n]
+            else:
+                flat = plain[where[1] : where[1] + n * torch.empty(0, dtype=tdtype).element_size()]
+            tensors[name] = flat.view(tdtype).reshape(shape)
+        records.append(tensors)
+    return records
+
+
+def _run(batch: _Batch, src_buf: torch.Tensor, device) -> dict[int, torch.Tensor]:
+    """Launches the kernel for each element width's lanes; returns the output buffers (int16,
+    int32). Raises CorruptRecordError when a lane reports a problem."""
+    outs = {2: torch.empty(batch.elements[2], dtype=torch.int16, device=device),
+            4: torch.empty(batch.elements[4], dtype=torch.int32, device=device)}  # fmt: skip
+    if not batch.lengths:
+        return outs
+    counts = [len(t) for t in batch.lengths]
+    table_first = np.concatenate([[0], np.cumsum(counts)[:-1]]) * TABLE_LEN
+    tables = decode_tables(np.concatenate(batch.lengths))
+    # Per block, top 9 bits -> the offset of its context's table in ``tables``.
+    table_of_top = (np.stack(batch.ctx_of_top) * TABLE_LEN + table_first[:, None]).astype(np.int32)
+    consts = _upload(np.concatenate([tables.reshape(-1), table_of_top.reshape(-1)]), device)
+    tables_d, table_of_top_d = consts[: tables.size], consts[tables.size :]
+    problems = []
+    for width, lanes in batch.lanes.items():
+        if not lanes:
+            continue
+        order = sorted(range(len(lanes)), key=lambda i: -lanes[i][3])
+        arr = np.array([lanes[i] for i in order], dtype=np.int64)
+        desc = np.stack(
+            [arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3], arr[:, 4], arr[:, 5] * SYMBOLS, table_first[arr[:, 5]]]
+        )
+        desc_d = _upload(np.ascontiguousarray(desc), device)
+        status = _launch(src_buf, tables_d, table_of_top_d, outs[width], desc_d, width)
+        bad = torch.nonzero(status[0]).reshape(-1)
+        if bad.numel():
+            at = status[:, bad].cpu().numpy()
+            for lane, code, j in zip(bad.tolist(), at[0], at[1]):
+                problems.append((width, lanes[order[lane]], int(code), int(j)))
+    if problems:
+        raise CorruptRecordError(
+            _describe(batch, problems[0])
+            + (f" ({len(problems) - 1} more streams are bad)" if len(problems) > 1 else "")
+        )
+    return outs
+
+
+def _describe(batch: _Batch, problem) -> str:
+    width, (_, _, start, _, _, _, k), code, j = problem
+    where = "a tensor"
+    for r, rec in enumerate(batch.records):
+        for name, _, shape, w in rec:
+            if w[0] == "coded" and w[2] <= start < w[2] + int(np.prod(shape, dtype=np.int64)) and w[1] == width:
+                where = f"record {r} of the batch, tensor {name!r}"
+    at = f"after its {j} elements" if code >= 3 else f"at element {j} of its segment"
+    return f"{where} is corrupt: its exp-huf stream {k} {_PROBLEMS.get(code, f'fails check {code}')} ({at})"
+
+
+@triton.jit
+def _decode_kernel(
+    words_ptr,  # the payloads as int64 words
+    tables_ptr,  # int32 decode tables, 2048 entries each
+    table_of_top_ptr,  # int32, per block 512: top 9 bits -> its context's table offset
+    out_ptr,  # int16 or int32 elements
+    desc_ptr,  # int64 [7, lanes]: bit, end bit, out start, count, stride, map offset, table 0
+    status_ptr,  # int32 [2, lanes]: problem (0 none), element where it was met
+    lanes,
+    RAW_BITS: tl.constexpr,
+    ELEMENT_MASK: tl.constexpr,
+    LANES: tl.constexpr,
+):
+    lane = tl.program_id(0) * LANES + tl.arange(0, LANES)
+    live = lane < lanes
+    bit = tl.load(desc_ptr + lane, mask=live, other=0)
+    end = tl.load(desc_ptr + lanes + lane, mask=live, other=0)
+    out0 = tl.load(desc_ptr + 2 * lanes + lane, mask=live, other=0)
+    count = tl.load(desc_ptr + 3 * lanes + lane, mask=live, other=0)
+    stride = tl.load(desc_ptr + 4 * lanes + lane, mask=live, other=0)
+    map0 = tl.load(desc_ptr + 5 * lanes + lane, mask=live, other=0)
+    table0 = tl.load(desc_ptr + 6 * lanes + lane, mask=live, other=0)
+    status = tl.zeros([LANES], dtype=tl.int32)
+    where = tl.zeros([LANES], dtype=tl.int64)
+    raw_mask = (1 << RAW_BITS) - 1
+    steps = tl.max(count, axis=0)
+    for j in range(0, steps):
+        active = (j < count) & (status == 0)
+        # The context: the table the element d back (same segment) picks, else context 0.
+        has_prev = active & (stride > 0) & (j >= stride)
+        prev = tl.load(out_ptr + out0 + j - stride, mask=has_prev, other=0, cache_modifier=".cg")
+        top_prev = (prev.to(tl.int64) & ELEMENT_MASK) >> RAW_BITS
+        table = tl.load(table_of_top_ptr + map0 + top_prev, mask=has_prev, other=0).to(tl.int64)
+        table = tl.where(has_prev, table, table0)
+        # The stream's next 64 bits: two words, funnel-shifted (a shift by 64 is avoided).
+        w = bit >> 6
+        s = (bit & 63).to(tl.uint64)
+        lo = tl.load(words_ptr + w, mask=active, other=0).to(tl.uint64, bitcast=True)
+        hi = tl.load(words_ptr + w + 1, mask=active, other=0).to(tl.uint64, bitcast=True)
+        word = ((lo >> s) | ((hi << 1) << (63 - s))).to(tl.int64, bitcast=True)
+        entry = tl.load(tables_ptr + table + (word & 2047), mask=active, other=0).to(tl.int64)
+        length = entry & 15
+        nbit = bit + length + RAW_BITS
+        no_code = active & (length == 0)
+        past_end = active & (length > 0) & (nbit > end)
+        ok = active & (length > 0) & (nbit <= end)
+        x = ((entry >> 4) << RAW_BITS) | ((word >> length) & raw_mask)
+        tl.store(out_ptr + out0 + j, x.to(out_ptr.dtype.element_ty), mask=ok)
+        status = tl.where(no_code, 1, tl.where(past_end, 2, status))
+        where = tl.where(no_code | past_end, j, where)
+        bit = tl.where(ok, nbit, bit)
+    # The stream takes exactly ceil(bits / 8) bytes, and the bits after its last element are 0.
+    done = live & (status == 0)
+    too_long = done & (((bit + 7) >> 3) != (end >> 3))
+    tail = done & ~too_long & ((bit & 7) != 0)
+    last = tl.load(words_ptr + (bit >> 6), mask=tail, other=0).to(tl.uint64, bitcast=True)
+    padding = (last >> (bit & 63).to(tl.uint64)).to(tl.int64, bitcast=True) & ((1 << (8 - (bit & 7))) - 1)
+    bad_padding = tail & (padding != 0)
+    status = tl.where(too_long, 3, tl.where(bad_padding, 4, status))
+    where = tl.where(too_long | bad_padding, count, where)
+    tl.store(status_ptr + lane, status, mask=live)
+    tl.store(status_ptr + lanes + lane, where.to(tl.int32), mask=live)
+
+
+def _launch(src_buf, tables, table_of_top, out, desc, width) -> torch.Tensor:
+    """Runs the kernel over the lanes ``desc`` describes; returns their statuses ``[2, lanes]``."""
+    lanes = desc.shape[1]
+    status = torch.empty((2, lanes), dtype=torch.int32, device=out.device)
+    raw_bits = 8 * width - 9
+    _decode_kernel[(triton.cdiv(lanes, LANES),)](
+        src_buf.view(torch.int64), tables, table_of_top, out, desc, status, lanes,
+        RAW_BITS=raw_bits, ELEMENT_MASK=(1 << (8 * width)) - 1, LANES=LANES,
+        num_warps=max(1, LANES // 32), num_stages=1,
+    )  # fmt: skip
+    return status
+
+
+__all__ = ["LANES", "decode_records", "decode_tables"]

@@ -1,0 +1,66 @@
+"""The Triton decoder of exp-huf (layertap.gpu.exphuf_decode) in Triton's interpreter on the CPU:
+records the Rust encoder wrote decode to tensors bit for bit equal to the originals (bf16, f16,
+f32, raw blocks, other dtypes, special values), and damaged payloads raise a CorruptRecordError
+naming what is wrong. tests/triton_kernels/check_exphuf_decoder.py does the work in a subprocess
+(triton lives outside the virtualenv, ``.venv/triton``, so that vLLM's CPU build in this process
+never sees it): once for every case, its decoding cases in one batch as a trainer's would be
+(the interpreter's time is the longest segment's, not the batch's), and each test reads its
+case's line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TRITON = ROOT / ".venv" / "triton"
+SCRIPT = ROOT / "tests" / "triton_kernels" / "check_exphuf_decoder.py"
+
+CASES = [
+    "BF16-16x3x256",
+    "BF16-33x2x100",
+    "BF16-1000",
+    "F16-25x4x64",
+    "F32-40x50",
+    "BF16-2x3000",
+    "one-symbol",
+    "special-values",
+    "incompressible",
+    "short",
+    "multi-tensor",
+    "damaged-stream-lengths",
+    "damaged-stream-garbage",
+    "damaged-stream-padding",
+    "damaged-trailing-byte",
+    "damaged-cut-off",
+]
+
+
+def run_check(*args: str) -> subprocess.CompletedProcess:
+    assert (TRITON / "triton").is_dir(), f"{TRITON} has no triton: install it with `make` (requirements-triton.txt)"
+    env = {**os.environ, "PYTHONPATH": f"{TRITON}{os.pathsep}{ROOT / 'python'}", "TRITON_INTERPRET": "1"}
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.fixture(scope="module")
+def checked() -> subprocess.CompletedProcess:
+    return run_check(*CASES)
+
+
+def test_the_script_lists_the_cases_tested_here():
+    got = run_check()
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert got.stdout.split() == CASES
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_triton_decoder_gives_the_original_tensors_or_refuses_a_damaged_payload(checked, case):
+    lines = checked.stdout.splitlines()
+    mine = [ln for ln in lines if ln == f"ok {case}" or ln.startswith((f"ok {case}: ", f"FAIL {case}: "))]
+    assert mine and mine[0].startswith("ok "), checked.stdout + checked.stderr

@@ -1,0 +1,172 @@
+"""Checks of the Triton decoder of exp-huf (layertap.gpu.exphuf_decode) in Triton's interpreter,
+on the CPU: records the Rust encoder wrote (``_native.exphuf_encode``) decode to tensors bit for
+bit equal to the originals, and damaged payloads raise CorruptRecordError (which the Rust
+decoder also refuses) rather than crash or read outside the buffer. Not collected by pytest:
+vLLM's CPU build must never see triton, so tests/test_triton_exphuf_decoder.py runs this script
+in a subprocess with ``PYTHONPATH=.venv/triton:python TRITON_INTERPRET=1``.
+
+    PYTHONPATH=.venv/triton:python TRITON_INTERPRET=1 python tests/triton_kernels/check_exphuf_decoder.py CASE...
+
+With no CASE it lists the cases. The records of the decoding cases named go to the decoder in
+one batch, as a trainer's would (the interpreter's time is the longest segment's elements, a few
+milliseconds each, not the batch's size); each damaged payload goes alone. Prints ``ok CASE``
+per case that passes, ``FAIL CASE: why`` per one that does not, and exits 1 if any failed.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+TESTS = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(TESTS))
+
+from test_gpu_exphuf import activations_like  # noqa: E402
+
+from layertap import _native  # noqa: E402
+from layertap._spec.blob import build_header  # noqa: E402
+from layertap.errors import CorruptRecordError  # noqa: E402
+from layertap.gpu.exphuf_decode import decode_records  # noqa: E402
+
+NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.int64: "I64"}
+
+
+def payload(tensors: dict[str, torch.Tensor]) -> tuple[bytes, bytes]:
+    """A record holding ``tensors`` (the blob, and its exp-huf payload by the Rust encoder)."""
+    header = build_header([(n, NAMES[t.dtype], tuple(t.shape)) for n, t in tensors.items()], {"key": "k"})
+    raw = header + b"".join(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() for t in tensors.values())
+    return raw, _native.exphuf_encode(raw)
+
+
+def special_values(dtype) -> torch.Tensor:
+    values = [float("inf"), float("-inf"), float("nan"), -0.0, 0.0, 1e-40, -1e-39, 3.0, -2.5e-3]
+    return torch.tensor(values * 30, dtype=torch.float32).to(dtype).reshape(-1, len(values))
+
+
+def _incompressible() -> torch.Tensor:
+    g = torch.Generator().manual_seed(7)
+    return torch.randint(-(2**15), 2**15, (4096,), dtype=torch.int16, generator=g).view(torch.bfloat16)
+
+
+#: Decoding cases: name -> the record's tensors. The shapes are the encoder's cases, the first
+#: cut to 16 tokens (its 64 take the interpreter a minute).
+RECORDS = {
+    "BF16-16x3x256": lambda: {"h": activations_like((16, 3, 256), torch.bfloat16)},  # contexts a layer back
+    "BF16-33x2x100": lambda: {"h": activations_like((33, 2, 100), torch.bfloat16, seed=1)},  # unequal segments
+    "BF16-1000": lambda: {"h": activations_like((1000,), torch.bfloat16, seed=2)},  # no context
+    "F16-25x4x64": lambda: {"h": activations_like((25, 4, 64), torch.float16, seed=3)},
+    "F32-40x50": lambda: {"h": activations_like((40, 50), torch.float32, seed=4)},
+    "BF16-2x3000": lambda: {"h": activations_like((2, 3000), torch.bfloat16, seed=5)},  # stride > segment
+    "one-symbol": lambda: {"h": torch.full((300,), 1.5, dtype=torch.bfloat16)},
+    "special-values": lambda: {
+        "b": special_values(torch.bfloat16),
+        "f": special_values(torch.float32),
+        "h": special_values(torch.float16),
+    },
+    "incompressible": lambda: {"h": _incompressible()},  # a raw block (mode 0)
+    "short": lambda: {"h": activations_like((7, 9), torch.bfloat16, seed=6)},  # under 64 elements: raw
+    "multi-tensor": lambda: {
+        "hidden_states": activations_like((12, 2, 48), torch.bfloat16, seed=8),
+        "token_ids": torch.arange(1000, 1012, dtype=torch.int64),
+        "scores": activations_like((12, 5), torch.float32, seed=9),
+        "empty": torch.zeros((0, 4), dtype=torch.bfloat16),
+    },
+}
+
+
+def _streams(stored: bytes, header_len: int) -> tuple[int, list[int]]:
+    """Where the stream lengths of a payload's first (coded) block are, and the lengths."""
+    at = header_len + 1 + 8 + 256
+    contexts, streams = stored[header_len + 1], stored[header_len + 2]
+    for _ in range(contexts):
+        count = int.from_bytes(stored[at + 2 : at + 4], "little")
+        at += 4 + (count + 1) // 2
+    return at, [int.from_bytes(stored[at + 8 * k : at + 8 * k + 8], "little") for k in range(streams)]
+
+
+def _damaged() -> dict:
+    """Damaged payloads: name -> (payload, a word the error must hold)."""
+    _, stored = payload({"h": activations_like((8, 2, 64), torch.bfloat16, seed=10)})
+    head_len = 8 + int.from_bytes(stored[:8], "little")
+    at, sizes = _streams(stored, head_len)
+    first = at + 8 * len(sizes)
+    out = {}
+    moved = bytearray(stored)  # stream 0 one byte longer, stream 1 one shorter
+    moved[at : at + 16] = (sizes[0] + 1).to_bytes(8, "little") + (sizes[1] - 1).to_bytes(8, "little")
+    out["stream-lengths"] = (bytes(moved), "stream 0 holds more bytes")
+    ones = bytearray(stored)  # stream 1 all ones: garbage codes, then a wrong length
+    ones[first + sizes[0] : first + sizes[0] + sizes[1]] = b"\xff" * sizes[1]
+    out["stream-garbage"] = (bytes(ones), "stream 1")
+    end0 = first + sizes[0] - 1
+    if stored[end0] < 0x80:  # stream 0's padding: its last byte's top bit
+        padded = bytearray(stored)
+        padded[end0] |= 0x80
+        out["stream-padding"] = (bytes(padded), "padding")
+    out["trailing-byte"] = (stored + b"\0", "after the last tensor")
+    out["cut-off"] = (stored[:-40], "runs past the payload")
+    return out
+
+
+def check_decoding(names: list[str]) -> list[str]:
+    records = {n: RECORDS[n]() for n in names}
+    payloads = {n: payload(ts)[1] for n, ts in records.items()}
+    t0 = time.perf_counter()
+    decoded = decode_records(list(payloads.values()), device="cpu")
+    print(f"decoded {len(names)} records in one batch in {time.perf_counter() - t0:.1f} s", flush=True)
+    failed = []
+    for (name, tensors), got in zip(records.items(), decoded):
+        why = None
+        if sorted(got) != sorted(tensors):
+            why = f"tensors {sorted(got)} instead of {sorted(tensors)}"
+        for t_name, want in tensors.items():
+            t = got.get(t_name)
+            if why is None and (t.dtype != want.dtype or t.shape != want.shape):
+                why = f"{t_name}: {t.dtype} {tuple(t.shape)} instead of {want.dtype} {tuple(want.shape)}"
+            if why is None and not torch.equal(t.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8)):
+                diff = (t.reshape(-1).view(torch.uint8) != want.reshape(-1).view(torch.uint8)).nonzero()[0].item()
+                why = f"{t_name}: bytes differ first at byte {diff}"
+        print(f"ok {name}" if why is None else f"FAIL {name}: {why}", flush=True)
+        if why is not None:
+            failed.append(name)
+    return failed
+
+
+def check_damaged(name: str, stored: bytes, word: str) -> bool:
+    try:
+        _native.decode_record(stored, key="k", codec=3, raw_len=2 * len(stored), payload_crc=None, path="x", offset=0)
+    except CorruptRecordError:
+        pass
+    else:
+        print(f"FAIL {name}: the Rust decoder accepts it: not a damaged payload", flush=True)
+        return False
+    try:
+        decode_records([stored], device="cpu")
+    except CorruptRecordError as e:
+        if word not in str(e):
+            print(f"FAIL {name}: {word!r} not in the error: {e}", flush=True)
+            return False
+        print(f"ok {name}: {e}", flush=True)
+        return True
+    print(f"FAIL {name}: decoded without an error", flush=True)
+    return False
+
+
+def main(names: list[str]) -> int:
+    damaged = {f"damaged-{n}": v for n, v in _damaged().items()}
+    if not names:
+        print("\n".join([*RECORDS, *damaged]))
+        return 0
+    unknown = [n for n in names if n not in RECORDS and n not in damaged]
+    if unknown:
+        print(f"unknown cases {unknown}: run with no argument for the list", flush=True)
+        return 2
+    failed = check_decoding([n for n in names if n in RECORDS]) if any(n in RECORDS for n in names) else []
+    failed += [n for n in names if n in damaged and not check_damaged(n, *damaged[n])]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
