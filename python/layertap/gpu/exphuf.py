@@ -24,10 +24,18 @@ whose streams a boolean mask drops): no boolean mask (its count), no ``bincount`
 max), no ``.item()``, each of which would wait with the thread spinning for as long as the GPU,
 shared with the model, takes (``benches/gpu/bench_gpu_exphuf.py`` counts them: ``host_syncs``).
 The packed streams stay on the device until the caller copies the block out.
+
+The host part (the plans, the tables, the heads, raw or coded, the layout) is one; the device
+work has two implementations, chosen by ``impl``: ``"triton"``, four Triton kernels
+(``layertap.gpu.exphuf_triton``), the default where Triton imports and the tensors are on CUDA
+(or under Triton's interpreter, ``TRITON_INTERPRET=1``); ``"torch"``, about 90 torch operations
+(``_TorchPass``), everywhere else. Both give the same bytes (tests/test_triton_exphuf_encoder.py).
 """
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -140,33 +148,77 @@ class _Plan:
     mode: int
 
 
-def encode_block(t: torch.Tensor, dtype: str) -> Block:
+def encode_block(t: torch.Tensor, dtype: str, impl: str | None = None) -> Block:
     """The exp-huf block of tensor ``t`` (a contiguous tensor whose element size is that of
-    ``dtype``, one of ``BF16``, ``F16``, ``F32``; the shape sets the stride), on ``t``'s device."""
-    return encode_blocks([t], dtype)[0]
+    ``dtype``, one of ``BF16``, ``F16``, ``F32``; the shape sets the stride), on ``t``'s device.
+    ``impl``: who does the device work, ``"triton"`` or ``"torch"`` (``default_impl``)."""
+    return encode_blocks([t], dtype, impl)[0]
 
 
-def encode_blocks(tensors: list[torch.Tensor], dtype: str) -> list[Block]:
+def encode_blocks(tensors: list[torch.Tensor], dtype: str, impl: str | None = None) -> list[Block]:
     """The exp-huf blocks of several tensors of one dtype, on their (common) device, in one pass:
     the same kernels whatever the count, two small copies to the host (the symbol counts, then
     the streams' bit lengths). The bodies are views of one buffer."""
-    return _encode(tensors, dtype, contiguous=False)
+    return _encode(tensors, dtype, contiguous=False, impl=impl)
 
 
-def encode_contiguous(tensors: list[torch.Tensor], dtype: str) -> tuple[torch.Tensor, list[int]]:
+def encode_contiguous(
+    tensors: list[torch.Tensor], dtype: str, impl: str | None = None
+) -> tuple[torch.Tensor, list[int]]:
     """The exp-huf blocks of several tensors of one dtype, back to back in one uint8 tensor on
     their device (heads included), and each block's length: what the connector copies to the
     host in one copy (``compress_on="gpu"``). The same bytes as ``encode_blocks``."""
-    return _encode(tensors, dtype, contiguous=True)
+    return _encode(tensors, dtype, contiguous=True, impl=impl)
 
 
-def _encode(tensors: list[torch.Tensor], dtype: str, contiguous: bool):
+IMPLS = ("triton", "torch")
+
+
+def default_impl(device: torch.device) -> str:
+    """``"triton"`` where Triton imports and the tensors are on CUDA (or on the CPU under Triton's
+    interpreter, ``TRITON_INTERPRET=1``: the tests); ``"torch"`` otherwise (vLLM's CPU build has
+    no Triton)."""
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return "torch"
+    return "triton" if _triton_imports() else "torch"
+
+
+@functools.cache
+def _triton_imports() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@dataclass
+class _Layout:
+    """Where the coded tensors' elements lie in the flat array the device pass reads (the coded
+    tensors back to back), as host arrays."""
+
+    ns: np.ndarray
+    """Elements of each coded tensor."""
+    base: np.ndarray
+    """Each tensor's first element."""
+    seg_start: np.ndarray
+    """Each segment's first element: STREAMS segments a tensor, in order."""
+    seg_stride: np.ndarray
+    """Each segment's stride (its tensor's; 0: no context)."""
+    step: np.ndarray
+    """The sample that picks each tensor's contexts: every ``step``-th element."""
+    total: int
+
+
+def _encode(tensors: list[torch.Tensor], dtype: str, contiguous: bool, impl: str | None):
     width, exp_shift = CODED[dtype]
     for t in tensors:
         if t.element_size() != width:
             raise InvalidInputError(
                 f"a {dtype} block needs {width}-byte elements, not {t.element_size()}-byte {t.dtype}"
             )
+    if impl is not None and impl not in IMPLS:
+        raise InvalidInputError(f"impl {impl!r} is not one of {', '.join(IMPLS)}")
     tensors = [t.contiguous() for t in tensors]
     coded = [(i, t) for i, t in enumerate(tensors) if t.numel() >= MIN_CODED]
     heads: list[bytes] = [bytes([MODE_RAW])] * len(tensors)
@@ -175,83 +227,34 @@ def _encode(tensors: list[torch.Tensor], dtype: str, contiguous: bool):
     if not coded:
         return _assemble(tensors, heads, body_len, {}, None, contiguous)
     device = coded[0][1].device
-    raw_bits = 8 * width - 9
+    impl = impl or default_impl(device)
+    if impl == "triton" and not _triton_imports():
+        raise InvalidInputError('impl="triton" needs the triton package, which does not import here; use impl="torch"')
     plans = []
     for _, t in coded:
         n, shape = t.numel(), tuple(t.shape)
         plans.append(_Plan(n=n, stride=shape[-1] if len(shape) >= 2 and shape[-1] < n else 0, mode=0))
     ns = np.array([p.n for p in plans], dtype=np.int64)
-    base = np.concatenate([[0], np.cumsum(ns)[:-1]])
-    total = int(ns.sum())
-    # Segments: STREAMS per tensor, in order; their starts, global and sorted.
-    seg_start = np.array([b + k * n // STREAMS for b, n in zip(base, ns) for k in range(STREAMS)], dtype=np.int64)
-    seg_stride = np.repeat([p.stride for p in plans], STREAMS)
-    # Elements of the sample that picks each tensor's contexts: every max(n // 4096, 1)-th.
-    step = np.maximum(ns // 4096, 1)
-
-    # The intermediates are int64 per element (about 8 live at the peak, 64 bytes an element):
-    # each is dropped as soon as it is used, which is what bounds the encoder's memory.
-    x = _as_unsigned(torch.cat([t.reshape(-1) for _, t in coded]), width)
-    top = x >> raw_bits
-    idx = torch.arange(total, device=device)
-    seg_start_t = _to_device(seg_start, device)
-    # Each element's segment and tensor, as running counts of the segment starts passed (a
-    # tensor of at least MIN_CODED elements has STREAMS non-empty segments, in order): a
-    # cumulative sum, where repeat_interleave or a search cost several times more on the GPU.
-    marks = torch.zeros(total, dtype=torch.int64, device=device)
-    marks[seg_start_t[1:]] = 1
-    seg = torch.cumsum(marks, 0)
-    del marks
-    rec = seg // STREAMS
-    # The sample's elements by their places: how many each tensor has is known on the host, so
-    # nothing is read back (a boolean mask would read its count back, a synchronisation).
-    per = -(-ns // step)
-    first = np.concatenate([[0], np.cumsum(per)[:-1]])
-    of = torch.repeat_interleave(
-        torch.arange(len(plans), device=device), _to_device(per, device), output_size=int(per.sum())
+    base = np.concatenate([[0], np.cumsum(ns)[:-1]]).astype(np.int64)
+    layout = _Layout(
+        ns=ns,
+        base=base,
+        seg_start=np.array([b + k * n // STREAMS for b, n in zip(base, ns) for k in range(STREAMS)], dtype=np.int64),
+        seg_stride=np.repeat(np.array([p.stride for p in plans], dtype=np.int64), STREAMS),
+        step=np.maximum(ns // 4096, 1),
+        total=int(ns.sum()),
     )
-    k = torch.arange(int(per.sum()), device=device)
-    sample = _to_device(base, device)[of] + (k - _to_device(first, device)[of]) * _to_device(step, device)[of]
-    del of, k
-    exps = _counts(rec[sample] * 256 + ((top[sample] & 0xFF) >> exp_shift), len(plans) * 256).reshape(-1, 256)
-    del sample
-    mode = 255 - exps.flip(1).argmax(1)  # the last of tied counts, as the Rust encoder
-    tt = torch.arange(SYMBOLS, device=device)
-    ctx_of_top = (tt[None] >> 8) * 8 | (torch.clamp(((tt[None] & 0xFF) >> exp_shift) - mode[:, None], -4, 3) & 7)
-    # Each element's context: that of the element `stride` before it in its segment, if any.
-    stride_of = _to_device(seg_stride, device)[seg]
-    has_ctx = (stride_of > 0) & (idx - seg_start_t[seg] >= stride_of)
-    prev = torch.where(has_ctx, idx - stride_of, idx)
-    del idx, stride_of
-    ctx = torch.where(has_ctx, ctx_of_top.reshape(-1)[rec * SYMBOLS + top[prev]], 0)
-    del has_ctx, prev
-    sym = ((top & 0xFF) << 1) | (top >> 8)
-    del top
-    cell = (rec * MAX_CONTEXTS + ctx) * SYMBOLS + sym
-    del rec, ctx, sym
+    x = torch.cat([t.reshape(-1) for _, t in coded])
+    work = (_TritonPass if impl == "triton" else _TorchPass)(x, layout, width, exp_shift, device)
+    del x
 
     # First copy to the host: the counts of each tensor's contexts, for its code lengths.
-    hist, modes = _to_host(_counts(cell, len(plans) * MAX_CONTEXTS * SYMBOLS).to(torch.int32), mode)
+    hist, modes = _to_host(*work.counts())
     hist, modes = hist.numpy(), modes.numpy()
     lengths = code_lengths(hist.reshape(-1, SYMBOLS)).reshape(len(plans), MAX_CONTEXTS, SYMBOLS)
     codes = reversed_codes_of(lengths.reshape(-1, SYMBOLS))
-    # The tables go to the device as they are (uint8 lengths, 11-bit codes as int16: a sixth of
-    # the bytes of int64) and are widened there.
-    len_of_cell = _to_device(lengths.reshape(-1), device).to(torch.int64)
-    length = len_of_cell[cell]
-    code_of_cell = _to_device(codes.reshape(-1).view(np.int16), device).to(torch.int64)
-    values = code_of_cell[cell] | (x & ((1 << raw_bits) - 1)) << length
-    del cell, x
-    nbits = length + raw_bits
-    del length
     # Second copy: each stream's bit length, which sets the layout of the output.
-    # (A stream's bits are a difference of running sums: an index_add_ into a few segments
-    # serialises on its atomics.)
-    ends = torch.cumsum(nbits, 0)
-    ends0 = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), ends])
-    seg_end_t = torch.cat([seg_start_t[1:], _to_device(np.array([total], dtype=np.int64), device)])
-    before = ends0[seg_start_t]
-    (seg_bits,) = _to_host(ends0[seg_end_t] - before)
+    (seg_bits,) = _to_host(work.stream_bits(lengths, codes))
     seg_bytes = (seg_bits.numpy() + 7) // 8
 
     # Each coded tensor's head, and whether its block is coded at all (not if raw is smaller).
@@ -271,7 +274,9 @@ def _encode(tensors: list[torch.Tensor], dtype: str, contiguous: bool):
     else:
         block_at = np.zeros(len(tensors), dtype=np.int64)
         end = 0
-    seg_base = np.zeros(len(seg_start), dtype=np.int64)
+    # Each stream's first byte in the output; -1 for the streams of a tensor stored raw after
+    # all, which are not written.
+    seg_base = np.full(len(layout.seg_start), -1, dtype=np.int64)
     body_at: dict[int, int] = {}
     for i, _ in coded:
         if i in coded_ok:
@@ -279,19 +284,177 @@ def _encode(tensors: list[torch.Tensor], dtype: str, contiguous: bool):
             if not contiguous:
                 end += body_len[i]
     for j, (i, _) in enumerate(coded):
-        if i in body_at:  # (the streams of a tensor stored raw are dropped below)
+        if i in body_at:
             lens = seg_bytes[j * STREAMS : (j + 1) * STREAMS]
             seg_base[j * STREAMS : (j + 1) * STREAMS] = body_at[i] + np.concatenate([[0], np.cumsum(lens)[:-1]])
-    offset = ends - nbits - before[seg] + 8 * _to_device(seg_base, device)[seg]
-    del ends, ends0
-    if len(body_at) < len(coded):
-        # Tensors stored raw after all: their streams are not written (the packing needs the
-        # streams in the order of the output).
-        keep = _to_device(np.array([i in body_at for i, _ in coded]), device)[seg // STREAMS]
-        values, offset, nbits = values[keep], offset[keep], nbits[keep]
-    del seg
-    packed = _pack(values, offset, nbits, 8 * end, raw_bits + 1)
+    packed = work.pack(seg_base, end)
     return _assemble(tensors, heads, body_len, body_at, packed, contiguous)
+
+
+class _TorchPass:
+    """The device work in torch operations (about 90 a pass): what runs without Triton."""
+
+    def __init__(self, x: torch.Tensor, layout: _Layout, width: int, exp_shift: int, device: torch.device):
+        self.layout, self.width, self.exp_shift, self.device = layout, width, exp_shift, device
+        self.raw_bits = 8 * width - 9
+        self.x = _as_unsigned(x, width)
+
+    def counts(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The counts (int32) of each (tensor, context, symbol) cell, and each tensor's mode."""
+        layout, device, exp_shift = self.layout, self.device, self.exp_shift
+        ns, base, step, total = layout.ns, layout.base, layout.step, layout.total
+        count = len(ns)
+        # The intermediates are int64 per element (about 8 live at the peak, 64 bytes an
+        # element): each is dropped as soon as it is used, which is what bounds the encoder's
+        # memory.
+        top = self.x >> self.raw_bits
+        idx = torch.arange(total, device=device)
+        seg_start_t = _to_device(layout.seg_start, device)
+        # Each element's segment and tensor, as running counts of the segment starts passed (a
+        # tensor of at least MIN_CODED elements has STREAMS non-empty segments, in order): a
+        # cumulative sum, where repeat_interleave or a search cost several times more on the GPU.
+        marks = torch.zeros(total, dtype=torch.int64, device=device)
+        marks[seg_start_t[1:]] = 1
+        seg = torch.cumsum(marks, 0)
+        del marks
+        rec = seg // STREAMS
+        # The sample's elements by their places: how many each tensor has is known on the host,
+        # so nothing is read back (a boolean mask would read its count back, a synchronisation).
+        per = -(-ns // step)
+        first = np.concatenate([[0], np.cumsum(per)[:-1]])
+        of = torch.repeat_interleave(
+            torch.arange(count, device=device), _to_device(per, device), output_size=int(per.sum())
+        )
+        k = torch.arange(int(per.sum()), device=device)
+        sample = _to_device(base, device)[of] + (k - _to_device(first, device)[of]) * _to_device(step, device)[of]
+        del of, k
+        exps = _counts(rec[sample] * 256 + ((top[sample] & 0xFF) >> exp_shift), count * 256).reshape(-1, 256)
+        del sample
+        mode = 255 - exps.flip(1).argmax(1)  # the last of tied counts, as the Rust encoder
+        tt = torch.arange(SYMBOLS, device=device)
+        ctx_of_top = (tt[None] >> 8) * 8 | (torch.clamp(((tt[None] & 0xFF) >> exp_shift) - mode[:, None], -4, 3) & 7)
+        # Each element's context: that of the element `stride` before it in its segment, if any.
+        stride_of = _to_device(layout.seg_stride, device)[seg]
+        has_ctx = (stride_of > 0) & (idx - seg_start_t[seg] >= stride_of)
+        prev = torch.where(has_ctx, idx - stride_of, idx)
+        del idx, stride_of
+        ctx = torch.where(has_ctx, ctx_of_top.reshape(-1)[rec * SYMBOLS + top[prev]], 0)
+        del has_ctx, prev
+        sym = ((top & 0xFF) << 1) | (top >> 8)
+        del top
+        self.cell = (rec * MAX_CONTEXTS + ctx) * SYMBOLS + sym
+        self.seg, self.seg_start_t = seg, seg_start_t
+        del rec, ctx, sym
+        return _counts(self.cell, count * MAX_CONTEXTS * SYMBOLS).to(torch.int32), mode
+
+    def stream_bits(self, lengths: np.ndarray, codes: np.ndarray) -> torch.Tensor:
+        """Each stream's length in bits (int64, on the device), from the code tables."""
+        device, raw_bits, cell = self.device, self.raw_bits, self.cell
+        # The tables go to the device as they are (uint8 lengths, 11-bit codes as int16: a sixth
+        # of the bytes of int64) and are widened there.
+        len_of_cell = _to_device(lengths.reshape(-1), device).to(torch.int64)
+        length = len_of_cell[cell]
+        code_of_cell = _to_device(codes.reshape(-1).view(np.int16), device).to(torch.int64)
+        self.values = code_of_cell[cell] | (self.x & ((1 << raw_bits) - 1)) << length
+        del self.cell, self.x
+        self.nbits = length + raw_bits
+        del length
+        # (A stream's bits are a difference of running sums: an index_add_ into a few segments
+        # serialises on its atomics.)
+        self.ends = torch.cumsum(self.nbits, 0)
+        ends0 = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), self.ends])
+        seg_end_t = torch.cat([self.seg_start_t[1:], _to_device(np.array([self.layout.total], dtype=np.int64), device)])
+        self.before = ends0[self.seg_start_t]
+        return ends0[seg_end_t] - self.before
+
+    def pack(self, seg_base: np.ndarray, end: int) -> torch.Tensor:
+        """The output's first ``end`` bytes: each stream at ``seg_base`` (its first byte; -1: not
+        written), 0 elsewhere."""
+        seg, values, nbits = self.seg, self.values, self.nbits
+        offset = self.ends - nbits - self.before[seg] + 8 * _to_device(seg_base, self.device)[seg]
+        del self.ends
+        if (seg_base < 0).any():
+            # Tensors stored raw after all: their streams are not written (the packing needs the
+            # streams in the order of the output).
+            keep = _to_device(seg_base >= 0, self.device)[seg]
+            values, offset, nbits = values[keep], offset[keep], nbits[keep]
+        del self.seg, self.values, self.nbits
+        return _pack(values, offset, nbits, 8 * end, self.raw_bits + 1)
+
+
+class _TritonPass:
+    """The device work in four Triton kernels (``layertap.gpu.exphuf_triton`` says which and
+    why)."""
+
+    def __init__(self, x: torch.Tensor, layout: _Layout, width: int, exp_shift: int, device: torch.device):
+        from layertap.gpu import exphuf_triton as kernels
+
+        self.k, self.layout, self.width, self.exp_shift, self.device = kernels, layout, width, exp_shift, device
+        self.raw_bits = 8 * width - 9
+        self.x = x.view(torch.int16 if width == 2 else torch.int32)
+        self.blocks = kernels.Blocks(layout.seg_start, layout.total, kernels.BLOCK, lambda a: _to_device(a, device))
+        self.seg_start_t = _to_device(layout.seg_start, device)
+        self.seg_stride_t = _to_device(layout.seg_stride, device)
+
+    def counts(self) -> tuple[torch.Tensor, torch.Tensor]:
+        k, layout, count = self.k, self.layout, len(self.layout.ns)
+        mode, self.ctx = k.sample_contexts(
+            self.x,
+            _to_device(layout.base, self.device),
+            _to_device(layout.ns, self.device),
+            _to_device(layout.step.astype(np.int64), self.device),
+            count,
+            self.width,
+            self.raw_bits,
+            self.exp_shift,
+        )
+        counts = k.count_symbols(
+            self.x,
+            self.ctx,
+            self.blocks,
+            self.seg_start_t,
+            self.seg_stride_t,
+            count,
+            self.width,
+            self.raw_bits,
+            k.BLOCK,
+        )
+        return counts, mode
+
+    def stream_bits(self, lengths: np.ndarray, codes: np.ndarray) -> torch.Tensor:
+        self.lengths_t = _to_device(np.ascontiguousarray(lengths).reshape(-1), self.device)
+        self.codes_t = _to_device(np.ascontiguousarray(codes).reshape(-1).view(np.int16), self.device)
+        self.before = self.k.block_bits(
+            self.x,
+            self.ctx,
+            self.blocks,
+            self.seg_start_t,
+            self.seg_stride_t,
+            self.lengths_t,
+            self.width,
+            self.raw_bits,
+            self.k.BLOCK,
+        )
+        first = _to_device(self.blocks.first, self.device)
+        last = _to_device(self.blocks.last, self.device)
+        return self.before[last] - self.before[first]
+
+    def pack(self, seg_base: np.ndarray, end: int) -> torch.Tensor:
+        return self.k.pack(
+            self.x,
+            self.ctx,
+            self.blocks,
+            self.seg_start_t,
+            self.seg_stride_t,
+            self.lengths_t,
+            self.codes_t,
+            self.before,
+            _to_device(seg_base, self.device),
+            end,
+            self.width,
+            self.raw_bits,
+            self.k.BLOCK,
+        )
 
 
 def _coded_heads(dtype, exp_shift, plans, modes, lengths, seg_bytes) -> list[bytes]:

@@ -1,0 +1,178 @@
+"""Checks of the Triton encoder of exp-huf (``impl="triton"``, layertap.gpu.exphuf_triton) in
+Triton's interpreter, on the CPU: each case's blocks equal the Rust encoder's (and a batch's
+buffer equals the torch operations' one). Not collected by pytest: vLLM's CPU build must never
+see triton, so tests/test_triton_exphuf_encoder.py runs this script in a subprocess with
+``PYTHONPATH=.venv/triton:python TRITON_INTERPRET=1``.
+
+    PYTHONPATH=.venv/triton:python TRITON_INTERPRET=1 python tests/triton_kernels/check_exphuf_encoder.py CASE...
+
+With no CASE it lists the cases; ``all`` runs every one (one start of torch and triton, the
+test's way: the interpreter's start costs seconds). Each case runs with the default blocks and, where it is small,
+with blocks of 128 elements (the interpreter takes milliseconds a program): either way several
+blocks to a segment, a segment's last block short. Prints ``ok CASE ...``, ``SKIP CASE: ...``
+or ``FAIL CASE: ...`` (and the traceback) for each, and exits 1 if any failed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+TESTS = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(TESTS))
+
+from test_gpu_exphuf import CASES, NAMES, activations_like, reference  # noqa: E402
+
+from layertap._spec import exphuf as spec  # noqa: E402
+from layertap.gpu import exphuf, exphuf_triton  # noqa: E402
+
+ACTIVATIONS = TESTS.parent / ".devbundle" / "acts" / "activations-2k.safetensors"
+
+
+def case_name(shape, dtype) -> str:
+    return f"{NAMES[dtype]}-{'x'.join(map(str, shape))}"
+
+
+def edge_cases() -> dict:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "short": lambda: [torch.zeros(63, dtype=torch.bfloat16)],
+        "one-symbol": lambda: [torch.full((300,), 1.5, dtype=torch.bfloat16)],
+        "incompressible": lambda: [
+            torch.randint(-(2**15), 2**15, (4096,), dtype=torch.int16, generator=g).view(torch.bfloat16)
+        ],
+        "special-values": lambda: [
+            torch.tensor([float("inf"), float("-inf"), float("nan"), -0.0, 0.0, 1e-40] * 20, dtype=torch.float32)
+        ],
+        "tied-mode": lambda: [tied_mode()],
+        "long-codes-f32": lambda: [long_codes_f32()],
+        "batch": lambda: [
+            activations_like((40, 3, 96), torch.bfloat16, seed=3),
+            torch.zeros(10, dtype=torch.bfloat16),
+            activations_like((7, 1000), torch.bfloat16, seed=4),
+            torch.randint(-(2**15), 2**15, (2048,), dtype=torch.int16, generator=g).view(torch.bfloat16),
+            activations_like((3000,), torch.bfloat16, seed=5) * 1e-30,
+        ],
+    }
+
+
+def tied_mode() -> torch.Tensor:
+    """bf16 [64, 32] whose sample holds two exponents equally often: the mode is the last of
+    the tied (the Rust encoder's), and it sets the contexts of a coded block."""
+    g = torch.Generator().manual_seed(1)
+    exps = torch.where(torch.arange(64 * 32) % 2 == 0, 127, 129)
+    mantissa = torch.randint(0, 128, (64 * 32,), generator=g)
+    return ((exps << 7) | mantissa).to(torch.int16).view(torch.bfloat16).reshape(64, 32)
+
+
+def long_codes_f32() -> torch.Tensor:
+    """f32 whose rare exponents get 11-bit codes: a value of 11 + 23 bits that starts at bit 31
+    of a word spans three words."""
+    g = torch.Generator().manual_seed(2)
+    n = 16384
+    exps = torch.where(torch.rand(n, generator=g) < 0.5, 127, torch.randint(1, 255, (n,), generator=g))
+    sign = torch.randint(0, 2, (n,), generator=g)
+    mantissa = torch.randint(0, 1 << 23, (n,), generator=g)
+    return ((sign << 31) | (exps << 23) | mantissa).to(torch.int64).to(torch.int32).view(torch.float32)
+
+
+def cases() -> dict:
+    out = {case_name(s, d): (lambda s=s, d=d: [activations_like(s, d)]) for s, d in CASES}
+    out.update(edge_cases())
+    out["real"] = real_activations
+    return out
+
+
+def real_activations() -> list[torch.Tensor]:
+    """Two records of 32 tokens of all-MiniLM-L6-v2's bf16 hidden states ([32, 7, 384])."""
+    from safetensors.torch import load_file
+
+    if not ACTIVATIONS.exists():
+        raise CaseSkipped(f"SKIP real: {ACTIVATIONS} is missing (the dev bundle's activations)")
+    acts = load_file(str(ACTIVATIONS))["bf16"]
+    return [acts[32 * k : 32 * (k + 1)].contiguous() for k in range(2)]
+
+
+class CaseFailed(Exception):
+    """A case whose bytes differ."""
+
+
+class CaseSkipped(Exception):
+    """A case whose input is missing here."""
+
+
+def check(name: str, tensors: list[torch.Tensor]) -> None:
+    dtype = NAMES[tensors[0].dtype]
+    want = [reference(t) for t in tensors]
+    small = sum(t.numel() for t in tensors) <= 16384
+    for block in (128, exphuf_triton.BLOCK) if small else (exphuf_triton.BLOCK,):
+        exphuf_triton_block = exphuf_triton.BLOCK
+        exphuf_triton.BLOCK = block
+        try:
+            t0 = time.perf_counter()
+            blocks = exphuf.encode_blocks(tensors, dtype, impl="triton")
+            buf, sizes = exphuf.encode_contiguous(tensors, dtype, impl="triton")
+            took = time.perf_counter() - t0
+        finally:
+            exphuf_triton.BLOCK = exphuf_triton_block
+        got = [b.to_bytes() for b in blocks]
+        for k, (g, w) in enumerate(zip(got, want)):
+            if g != w:
+                at = next((j for j, (a, b) in enumerate(zip(g, w)) if a != b), min(len(g), len(w)))
+                raise CaseFailed(
+                    f"FAIL {name} (blocks of {block}): tensor {k} {tuple(tensors[k].shape)}: "
+                    f"{len(g)} bytes against the Rust encoder's {len(w)}, first difference at byte {at}"
+                )
+        if sizes != [len(w) for w in want] or buf.numpy().tobytes() != b"".join(want):
+            raise CaseFailed(f"FAIL {name} (blocks of {block}): encode_contiguous differs from the Rust blocks")
+        torch_buf, torch_sizes = exphuf.encode_contiguous(tensors, dtype, impl="torch")
+        if torch_sizes != sizes or torch_buf.numpy().tobytes() != buf.numpy().tobytes():
+            raise CaseFailed(f"FAIL {name} (blocks of {block}): the torch operations' buffer differs")
+        for t, g in zip(tensors, got):
+            values, end = spec.decode_block(g, 0, t.numel(), t.element_size())
+            if end != len(g) or bytes(memoryview(values)) != t.reshape(-1).view(torch.uint8).numpy().tobytes():
+                raise CaseFailed(f"FAIL {name}: the reference decoder does not give {tuple(t.shape)} back")
+        modes = [b.head[0] for b in blocks]
+        print(f"ok {name} blocks of {block}: {len(tensors)} tensors, modes {modes}, {took:.2f} s", flush=True)
+
+
+def main(argv: list[str]) -> int:
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        print("run with TRITON_INTERPRET=1 (Triton's interpreter, CPU tensors)", file=sys.stderr)
+        return 2
+    if exphuf.default_impl(torch.device("cpu")) != "triton":
+        print("triton does not import: PYTHONPATH must hold .venv/triton", file=sys.stderr)
+        return 2
+    known = cases()
+    if argv == ["all"]:
+        argv = list(known)
+    if not argv:
+        print("\n".join(known))
+        return 0
+    unknown = [name for name in argv if name not in known]
+    if unknown:
+        print(f"no case {unknown[0]!r}; the cases: {', '.join(known)}", file=sys.stderr)
+        return 2
+    failed = 0
+    for name in argv:
+        try:
+            check(name, known[name]())
+        except CaseSkipped as e:
+            print(e, flush=True)
+        except CaseFailed as e:
+            print(e, flush=True)
+            failed += 1
+        except Exception:
+            print(f"FAIL {name}: raised", flush=True)
+            traceback.print_exc(file=sys.stdout)
+            failed += 1
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
