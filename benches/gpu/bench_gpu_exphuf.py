@@ -1,5 +1,8 @@
-"""The torch encoder of exp-huf (layertap.gpu.exphuf) on the GPU (issue 21): on real bf16
-activations (all-MiniLM-L6-v2's, ``.devbundle/acts``), in records of ``--record-tokens`` tokens,
+"""The encoder of exp-huf (layertap.gpu.exphuf) on the GPU (issues 21, 32), its device work in
+Triton kernels and in torch operations side by side (``--impl``): on real bf16 activations
+(all-MiniLM-L6-v2's, ``.devbundle/acts``), in records of ``--record-tokens`` tokens, encoded
+one record a call, ``--batch`` records a call (``encode_blocks``) and ``--batch`` records a call
+into one buffer (``encode_contiguous``, the connector's call),
 
 - whether its bytes equal the Rust writer's encoder's (the CPU reference) for the first
   ``--check`` records;
@@ -10,10 +13,13 @@ activations (all-MiniLM-L6-v2's, ``.devbundle/acts``), in records of ``--record-
 - the same for bp16-zstd level 1 on one CPU thread (the Rust writer's codec, through zstandard
   here), for the "10x fewer host CPU seconds per GB" of the issue.
 
-Without CUDA it runs on the CPU (a dry run: the speeds mean nothing).
+Without CUDA it runs on the CPU (a dry run: the speeds mean nothing; Triton's kernels need
+``TRITON_INTERPRET=1`` and triton on the path there, and ``--tiny``, as the interpreter is slow):
 
     python benches/gpu/bench_gpu_exphuf.py --activations .devbundle/acts/activations-2k.safetensors \\
-        --out /tmp/layertap-results/gpu-exphuf
+        --out /tmp/layertap-results/gpu-exphuf --record-tokens 256 --records 64 --batch 64
+    PYTHONPATH=.venv/triton:python TRITON_INTERPRET=1 .venv/bin/python benches/gpu/bench_gpu_exphuf.py \\
+        --activations .devbundle/acts/activations-2k.safetensors --out /tmp/gpu-exphuf-dry --tiny
 """
 
 from __future__ import annotations
@@ -32,26 +38,38 @@ sys.path.insert(0, str(HERE))
 from bench_gpu_codecs import load_records  # noqa: E402
 
 
-def encode_all(records, batched):
-    """``batched``: False (one call a record), True (``encode_blocks``) or "contiguous"
-    (``encode_contiguous``, the connector's call: every block in one buffer)."""
+def calls(records, batch):
+    """The records cut into calls of ``batch`` records (all in one call where ``batch`` is 0)."""
+    batch = batch or len(records)
+    return [records[k : k + batch] for k in range(0, len(records), batch)]
+
+
+def encode_all(records, batched, impl, batch):
+    """``batched``: False (one call a record), True (``encode_blocks``, ``batch`` records a
+    call) or "contiguous" (``encode_contiguous``, the connector's call: every block of a call
+    in one buffer)."""
     from layertap.gpu.exphuf import Block, encode_block, encode_blocks, encode_contiguous
 
     torch.cuda.synchronize() if torch.cuda.is_available() else None
     wall0, cpu0 = time.perf_counter(), time.thread_time()
+    blocks = []
     if batched == "contiguous":
-        buf, sizes = encode_contiguous(records, "BF16")
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        blocks = [Block(b"", buf[a : a + n]) for a, n in zip(starts, sizes)]
+        for part in calls(records, batch):
+            buf, sizes = encode_contiguous(part, "BF16", impl=impl)
+            starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+            blocks += [Block(b"", buf[a : a + n]) for a, n in zip(starts, sizes)]
+    elif batched:
+        for part in calls(records, batch):
+            blocks += encode_blocks(part, "BF16", impl=impl)
     else:
-        blocks = encode_blocks(records, "BF16") if batched else [encode_block(r, "BF16") for r in records]
+        blocks = [encode_block(r, "BF16", impl=impl) for r in records]
     total = sum(len(b) for b in blocks)  # the body's size is known on the host: no extra sync
     torch.cuda.synchronize() if torch.cuda.is_available() else None
     return blocks, total, time.perf_counter() - wall0, time.thread_time() - cpu0
 
 
-def host_syncs(records, batched) -> int | None:
-    """The synchronising calls torch sees in one encode (its sync debug mode: a copy to the host
+def host_syncs(records, batched, impl, batch) -> int | None:
+    """The synchronising calls torch sees in one pass (its sync debug mode: a copy to the host
     that waits, ``.item()``, a boolean mask's count, bincount's min and max), each a wait with
     the calling thread spinning; the encoder's own waits (blocking events) are not among them.
     None without CUDA."""
@@ -59,22 +77,16 @@ def host_syncs(records, batched) -> int | None:
         return None
     import warnings
 
-    from layertap.gpu.exphuf import encode_block, encode_blocks, encode_contiguous
-
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("warn")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            if batched == "contiguous":
-                encode_contiguous(records, "BF16")
-            elif batched:
-                encode_blocks(records, "BF16")
-            else:
-                for r in records:
-                    encode_block(r, "BF16")
+            encode_all(records, batched, impl, batch)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+    # (encode_all's own torch.cuda.synchronize calls are not among the warnings: the debug mode
+    # warns of implicit synchronisations only.)
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
@@ -117,7 +129,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--records", type=int, default=16)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--check", type=int, default=2)
+    ap.add_argument(
+        "--batch", type=int, default=0, help="records a call of the batched modes (default 0: all in one call)"
+    )
+    ap.add_argument(
+        "--impl",
+        nargs="+",
+        choices=["triton", "torch"],
+        default=["triton", "torch"],
+        help="who does the device work (default both, side by side)",
+    )
+    ap.add_argument("--max-records", type=int, default=0, help="at most this many records a size (0: --records)")
+    ap.add_argument(
+        "--tiny", action="store_true", help="a dry run: 16-token records, at most 4, one pass (the interpreter)"
+    )
     args = ap.parse_args(argv)
+    if args.tiny:
+        args.record_tokens, args.records, args.reps = [16], min(args.records, 4), 1
+        args.batch = min(args.batch, 2) if args.batch else 2
+    if args.max_records:
+        args.records = min(args.records, args.max_records)
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows = []
@@ -126,14 +157,15 @@ def main(argv: list[str] | None = None) -> int:
         gb = sum(r.numel() * 2 for r in records) / 1e9
         zstd_ratio, zstd_cpu_per_gb = bp16_zstd_reference(records, gb)
         dev = [r.to(device) for r in records]
-        for batched in (False, True, "contiguous"):
+        for impl, batched in ((i, b) for i in args.impl for b in (False, True, "contiguous")):
             best = None
+            encode_all(dev[: max(args.batch, 1)], batched, impl, args.batch)  # Triton compiles its kernels
             if device == "cuda":
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
                 base = torch.cuda.memory_allocated()
             for _ in range(args.reps):
-                blocks, stored, wall, cpu = encode_all(dev, batched)
+                blocks, stored, wall, cpu = encode_all(dev, batched, impl, args.batch)
                 best = (wall, cpu) if best is None or wall < best[0] else best
             # What the encoder takes from the GPU's memory beyond its input: the connector's
             # headroom next to vLLM's KV cache.
@@ -141,7 +173,9 @@ def main(argv: list[str] | None = None) -> int:
             checked = range(min(args.check, len(records)))
             row = {
                 "device": device,
+                "impl": impl,
                 "batched": batched,
+                "batch": args.batch or len(records),
                 "record_tokens": tokens,
                 "records": len(records),
                 "record_mb": round(records[0].numel() * 2 / 1e6, 3),
@@ -152,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                 "peak_mb": None if peak is None else round(peak, 1),
                 "input_mb": round(gb * 1e3, 1),
                 "host_cpu_s_per_gb": round(best[1] / gb, 4),
-                "host_syncs": host_syncs(dev, batched),
+                "host_syncs": host_syncs(dev, batched, impl, args.batch),
                 "bp16_zstd_ratio": zstd_ratio,
                 "bp16_zstd_cpu_s_per_gb": zstd_cpu_per_gb,
             }
@@ -161,14 +195,14 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
     md = [
-        "# exp-huf in torch (layertap.gpu.exphuf) on real activations",
+        "# exp-huf on the device (layertap.gpu.exphuf: Triton kernels, torch operations) on real activations",
         "",
-        "| device | batched | tokens/record | MB/record | equal to CPU | ratio | GB/s | us/record | peak MB over input MB | host CPU s/GB | syncs a call | bp16-zstd ratio | bp16-zstd CPU s/GB |",
-        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| device | impl | batched | records a call | tokens/record | MB/record | equal to CPU | ratio | GB/s | us/record | peak MB over input MB | host CPU s/GB | syncs a call | bp16-zstd ratio | bp16-zstd CPU s/GB |",
+        "|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         md.append(
-            f"| {r['device']} | {r['batched']} | {r['record_tokens']} | {r['record_mb']} | {r['equal_to_cpu_reference']} | {r['ratio']} | "
+            f"| {r['device']} | {r['impl']} | {r['batched']} | {r['batch'] if r['batched'] else 1} | {r['record_tokens']} | {r['record_mb']} | {r['equal_to_cpu_reference']} | {r['ratio']} | "
             f"{r['gbps']} | {r['us_per_record']} | {r['peak_mb']} / {r['input_mb']} | {r['host_cpu_s_per_gb']} | {r['host_syncs']} | {r['bp16_zstd_ratio']} | "
             f"{r['bp16_zstd_cpu_s_per_gb']} |"
         )
