@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 import layertap
 from layertap._spec.format import align8, frame_header_len
@@ -77,13 +78,21 @@ def shard_frames(directory) -> dict[str, bytes]:
 
 
 class LoopbackStore:
-    """A master and a store node of ``segment`` bytes; ``address(prefix)`` names a dataset."""
+    """A master and a store node of ``segment`` bytes; ``address(prefix)`` names a dataset.
+
+    ``lease_ttl`` is the master's ``-default_kv_lease_ttl`` (milliseconds or a duration such as
+    ``1h``). Mooncake evicts in a thread of its master (every 10 ms: when its use is over its
+    high watermark, or after a put found no room), and only objects whose lease has run out: a
+    put leaves an object none, a read or an existence check grants it ``lease_ttl``. A store
+    where a test counts evictions takes a lease longer than the test, so that what a check
+    found there stays there: the eviction thread cannot take it after the check."""
 
     #: Starts tried when a process exits while starting (``_Exited``).
     STARTS = 3
 
-    def __init__(self, workdir: str, segment: str = "256MB"):
+    def __init__(self, workdir: str, segment: str = "256MB", lease_ttl: str = "50"):
         self.workdir = workdir
+        self.lease_ttl = lease_ttl
         for attempt in range(self.STARTS):
             self.procs: list[subprocess.Popen] = []
             self.logs = []
@@ -106,7 +115,7 @@ class LoopbackStore:
                 "-rpc_address=127.0.0.1",
                 f"-rpc_port={self.port}",
                 f"-metrics_port={self.metrics_port}",
-                "-default_kv_lease_ttl=50",
+                f"-default_kv_lease_ttl={self.lease_ttl}",
             ],
             stdout=self._log(log),
             stderr=subprocess.STDOUT,
@@ -137,7 +146,8 @@ class LoopbackStore:
         self._wait_segment()
 
     def _wait_segment(self) -> None:
-        """Until the node's segment is mounted (a put lands somewhere)."""
+        """Until the node's segment is mounted (a put lands somewhere); the probe is then
+        removed, so that the store holds, and its master evicts, only what the test puts."""
         from layertap.mooncake.address import parse_address
         from layertap.mooncake.client import connect
 
@@ -147,6 +157,32 @@ class LoopbackStore:
             if time.monotonic() > deadline:
                 raise RuntimeError("the store node's segment was not mounted within 15 s")
             time.sleep(0.1)
+        if client.store.remove("probe/ready") != 0:
+            raise RuntimeError("the store's probe object could not be removed")
+
+    def metric(self, name: str) -> float:
+        """One of the master's metrics (its Prometheus text on the metrics port)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        for line in text.splitlines():
+            if line.split(" ", 1)[0] == name:
+                return float(line.split()[1])
+        raise KeyError(f"mooncake_master has no metric {name}")
+
+    def evicted_keys(self) -> int:
+        """How many objects the master has evicted (its count, updated once they are gone)."""
+        return int(self.metric("master_evicted_key_count"))
+
+    def wait_evicted(self, at_least: int = 1, timeout: float = 60.0) -> int:
+        """Until the master has evicted ``at_least`` objects (its eviction thread runs apart
+        from the puts that need it: a handshake on its count, not a wait of a set length);
+        returns the count. ``timeout`` only bounds a master that never evicts."""
+        deadline = time.monotonic() + timeout
+        while (n := self.evicted_keys()) < at_least:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"mooncake_master evicted {n} objects within {timeout} s, not {at_least}")
+            time.sleep(0.01)
+        return n
 
     def address(self, prefix: str, **options: str) -> str:
         query = "&".join(f"{k}={v}" for k, v in {"local": "127.0.0.1", "buffer": "64MiB", **options}.items())
