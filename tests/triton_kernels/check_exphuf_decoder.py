@@ -27,7 +27,8 @@ sys.path.insert(0, str(TESTS))
 from test_gpu_exphuf import activations_like  # noqa: E402
 
 from layertap import _native  # noqa: E402
-from layertap._spec.blob import build_header  # noqa: E402
+from layertap._spec import exphuf as spec  # noqa: E402
+from layertap._spec.blob import build_header, parse_header  # noqa: E402
 from layertap.errors import CorruptRecordError  # noqa: E402
 from layertap.gpu.exphuf_decode import decode_records  # noqa: E402
 
@@ -43,7 +44,7 @@ def payload(tensors: dict[str, torch.Tensor]) -> tuple[bytes, bytes]:
 
 def special_values(dtype) -> torch.Tensor:
     values = [float("inf"), float("-inf"), float("nan"), -0.0, 0.0, 1e-40, -1e-39, 3.0, -2.5e-3]
-    return torch.tensor(values * 30, dtype=torch.float32).to(dtype).reshape(-1, len(values))
+    return torch.tensor(values * 300, dtype=torch.float32).to(dtype).reshape(-1, len(values))
 
 
 def _incompressible() -> torch.Tensor:
@@ -57,10 +58,15 @@ RECORDS = {
     "BF16-16x3x256": lambda: {"h": activations_like((16, 3, 256), torch.bfloat16)},  # contexts a layer back
     "BF16-33x2x100": lambda: {"h": activations_like((33, 2, 100), torch.bfloat16, seed=1)},  # unequal segments
     "BF16-1000": lambda: {"h": activations_like((1000,), torch.bfloat16, seed=2)},  # no context
-    "F16-25x4x64": lambda: {"h": activations_like((25, 4, 64), torch.float16, seed=3)},
+    "F16-40x4x64": lambda: {"h": activations_like((40, 4, 64), torch.float16, seed=3)},
     "F32-40x50": lambda: {"h": activations_like((40, 50), torch.float32, seed=4)},
     "BF16-2x3000": lambda: {"h": activations_like((2, 3000), torch.bfloat16, seed=5)},  # stride > segment
-    "one-symbol": lambda: {"h": torch.full((300,), 1.5, dtype=torch.bfloat16)},
+    # strides 1, 2 and 3: the kernel takes the next element's context from the element it just
+    # decoded, the one before, or memory
+    "BF16-3000x1": lambda: {"h": activations_like((3000, 1), torch.bfloat16, seed=11)},
+    "BF16-1500x2": lambda: {"h": activations_like((1500, 2), torch.bfloat16, seed=12)},
+    "F32-1000x3": lambda: {"h": activations_like((1000, 3), torch.float32, seed=13)},
+    "one-symbol": lambda: {"h": torch.full((1000,), 1.5, dtype=torch.bfloat16)},
     "special-values": lambda: {
         "b": special_values(torch.bfloat16),
         "f": special_values(torch.float32),
@@ -75,6 +81,25 @@ RECORDS = {
         "empty": torch.zeros((0, 4), dtype=torch.bfloat16),
     },
 }
+
+
+#: Cases whose every block is raw (mode 0); every other case has a coded block (mode 1).
+RAW_ONLY = {"incompressible", "short"}
+
+
+def block_modes(raw: bytes, stored: bytes) -> list[str]:
+    """Each tensor's block kind in ``stored``, walked with the Python reference decoder."""
+    _, tensors, data_start = parse_header(raw)
+    at, modes = data_start, []
+    for t in tensors:
+        if t.dtype in spec.CODED:
+            modes.append("coded" if stored[at] == spec.MODE_CODED else "raw")
+            width = spec.CODED[t.dtype][0]
+            _, at = spec.decode_block(stored, at, (t.end - t.begin) // width, width)
+        else:
+            modes.append("bytes")
+            at += t.end - t.begin
+    return modes
 
 
 def _streams(stored: bytes, header_len: int) -> tuple[int, list[int]]:
@@ -110,16 +135,20 @@ def _damaged() -> dict:
     return out
 
 
-def check_decoding(names: list[str]) -> list[str]:
-    records = {n: RECORDS[n]() for n in names}
-    payloads = {n: payload(ts)[1] for n, ts in records.items()}
+def check_decoding(names: list[str], **variant) -> list[str]:
+    records = {n.removesuffix(VARIANT): RECORDS[n.removesuffix(VARIANT)]() for n in names}
+    blobs = {n: payload(ts) for n, ts in records.items()}
+    payloads = {n: stored for n, (_, stored) in blobs.items()}
     t0 = time.perf_counter()
-    decoded = decode_records(list(payloads.values()), device="cpu")
-    print(f"decoded {len(names)} records in one batch in {time.perf_counter() - t0:.1f} s", flush=True)
+    decoded = decode_records(list(payloads.values()), device="cpu", **variant)
+    print(f"decoded {len(names)} records in one batch in {time.perf_counter() - t0:.1f} s {variant}", flush=True)
     failed = []
-    for (name, tensors), got in zip(records.items(), decoded):
+    for name, (_, tensors), got in zip(names, records.items(), decoded):
         why = None
-        if sorted(got) != sorted(tensors):
+        modes = block_modes(*blobs[name.removesuffix(VARIANT)])
+        if ("coded" in modes) == (name.removesuffix(VARIANT) in RAW_ONLY):
+            why = f"blocks {modes}: the case does not test what it is for"
+        if why is None and sorted(got) != sorted(tensors):
             why = f"tensors {sorted(got)} instead of {sorted(tensors)}"
         for t_name, want in tensors.items():
             t = got.get(t_name)
@@ -128,7 +157,7 @@ def check_decoding(names: list[str]) -> list[str]:
             if why is None and not torch.equal(t.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8)):
                 diff = (t.reshape(-1).view(torch.uint8) != want.reshape(-1).view(torch.uint8)).nonzero()[0].item()
                 why = f"{t_name}: bytes differ first at byte {diff}"
-        print(f"ok {name}" if why is None else f"FAIL {name}: {why}", flush=True)
+        print(f"ok {name}: blocks {' '.join(modes)}" if why is None else f"FAIL {name}: {why}", flush=True)
         if why is not None:
             failed.append(name)
     return failed
@@ -154,16 +183,27 @@ def check_damaged(name: str, stored: bytes, word: str) -> bool:
     return False
 
 
+#: The kernel's other variant (each element's context loaded in its own step, 64 lanes a
+#: program), which the benchmark compares: a case named with this suffix runs with it.
+VARIANT = "-plain-kernel"
+PLAIN = ["BF16-33x2x100", "BF16-1500x2", "F32-1000x3", "multi-tensor"]
+
+
 def main(names: list[str]) -> int:
     damaged = {f"damaged-{n}": v for n, v in _damaged().items()}
+    variant = [n + VARIANT for n in PLAIN]
     if not names:
-        print("\n".join([*RECORDS, *damaged]))
+        print("\n".join([*RECORDS, *variant, *damaged]))
         return 0
-    unknown = [n for n in names if n not in RECORDS and n not in damaged]
+    unknown = [n for n in names if n not in RECORDS and n not in damaged and n not in variant]
     if unknown:
         print(f"unknown cases {unknown}: run with no argument for the list", flush=True)
         return 2
-    failed = check_decoding([n for n in names if n in RECORDS]) if any(n in RECORDS for n in names) else []
+    failed = []
+    if any(n in RECORDS for n in names):
+        failed += check_decoding([n for n in names if n in RECORDS])
+    if any(n in variant for n in names):
+        failed += check_decoding([n for n in names if n in variant], ahead=False, lanes_per_program=64)
     failed += [n for n in names if n in damaged and not check_damaged(n, *damaged[n])]
     return 1 if failed else 0
 

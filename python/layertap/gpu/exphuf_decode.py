@@ -40,6 +40,7 @@ dtypes are copied as they are.
 from __future__ import annotations
 
 import struct
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -269,7 +270,7 @@ def _parse_record(src: _Source, base: int, batch: _Batch) -> None:
 
 def decode_tables(lengths: np.ndarray) -> np.ndarray:
     """The decode table of each row of ``lengths`` (``[T, 512]`` code lengths, checked): ``[T,
-    2048]`` int32 entries; entry ``x`` of a table decodes a stream whose next 11 bits (least
+    2048]`` int16 entries; entry ``x`` of a table decodes a stream whose next 11 bits (least
     significant first) are ``x``: ``top9 << 4 | code length``, or 0 where no code starts."""
     ln = lengths.astype(np.int64)
     t_count = ln.shape[0]
@@ -291,7 +292,7 @@ def decode_tables(lengths: np.ndarray) -> np.ndarray:
     firsts = np.repeat(np.cumsum(reps) - reps, reps)
     k = np.arange(int(reps.sum())) - firsts
     index = np.repeat(tv * TABLE_LEN + rv, reps) + (k << np.repeat(lv, reps))
-    table = np.zeros(t_count * TABLE_LEN, np.int32)
+    table = np.zeros(t_count * TABLE_LEN, np.int16)
     table[index] = np.repeat(top_of_symbol(sv) << 4 | lv, reps)
     return table.reshape(t_count, TABLE_LEN)
 
@@ -312,10 +313,15 @@ def _device_copy(payloads, sources, device) -> tuple[torch.Tensor, list[int]]:
         at = align8(at + s.length)
     total = at + _PAD
     if all(s.host is not None for s in sources):
-        host = np.zeros(total, np.uint8)
-        for s, b in zip(sources, bases):
-            host[b : b + s.length] = np.frombuffer(s.host, np.uint8)
-        return _upload(host, device), bases
+        # One staging buffer (pinned where the copy goes to a GPU: torch's host allocator keeps
+        # it for the next batch), one copy; the gaps and the end zeroed, so that what a damaged
+        # stream reads past its end is always the same.
+        host = torch.empty(total, dtype=torch.uint8, pin_memory=device.type == "cuda")
+        view = host.numpy()
+        for s, b, e in zip(sources, bases, [*bases[1:], total]):
+            view[b : b + s.length] = np.frombuffer(s.host, np.uint8)
+            view[b + s.length : e] = 0
+        return host.to(device, non_blocking=True), bases
     buf = torch.zeros(total, dtype=torch.uint8, device=device)
     for p, s, b in zip(payloads, sources, bases):
         buf[b : b + s.length].copy_(
@@ -324,18 +330,26 @@ def _device_copy(payloads, sources, device) -> tuple[torch.Tensor, list[int]]:
     return buf, bases
 
 
-def decode_records(payloads, device=None) -> list[dict[str, torch.Tensor]]:
+def decode_records(
+    payloads, device=None, *, lanes_per_program: int = LANES, ahead: bool = True, timings: dict | None = None
+) -> list[dict[str, torch.Tensor]]:
     """Decodes exp-huf record payloads (each a bytes-like object, or a 1-D uint8 tensor; the
     ``stored`` bytes of a codec-3 record: safetensors header then blocks) on ``device`` (the
     tensors' device, else CUDA where there is one, else the CPU, through Triton's interpreter).
     Returns, per payload, its tensors by name, on the device, bit for bit the writer's; tensors
     of one batch share the batch's output buffers. Raises CorruptRecordError naming the record,
-    tensor and stream where a payload is not a valid exp-huf payload."""
+    tensor and stream where a payload is not a valid exp-huf payload.
+
+    Host buffers are the fast way in: a device tensor's block heads are read back in one small
+    copy each. ``lanes_per_program`` and ``ahead`` (the next element's context loaded a step
+    early) choose the kernel's variant, for the benchmark's comparison; ``timings``, if given,
+    receives the host's parse and table time and, on CUDA, the kernels' time (seconds)."""
     payloads = list(payloads)
     if device is None:
         on = [p.device for p in payloads if isinstance(p, torch.Tensor)]
         device = on[0] if on else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(device)
+    t0 = time.perf_counter()
     sources = [_Source(p) for p in payloads]
     src_buf, bases = _device_copy(payloads, sources, device)
     batch = _Batch()
@@ -344,7 +358,10 @@ def decode_records(payloads, device=None) -> list[dict[str, torch.Tensor]]:
             _parse_record(s, b, batch)
         except FormatProblem as e:
             raise CorruptRecordError(f"record {r} of the batch is not a valid exp-huf payload: {e}") from None
-    outs = _run(batch, src_buf, device)
+    if timings is not None:
+        timings["parse_s"] = time.perf_counter() - t0
+        timings.pop("kernel_s", None)
+    outs = _run(batch, src_buf, device, (lanes_per_program, ahead), timings)
     plain = torch.empty(batch.plain_bytes, dtype=torch.uint8, device=device)
     for src_byte, nbytes, out_byte in batch.plain:
         plain[out_byte : out_byte + nbytes].copy_(src_buf[src_byte : src_byte + nbytes])
@@ -363,35 +380,51 @@ def decode_records(payloads, device=None) -> list[dict[str, torch.Tensor]]:
     return records
 
 
-def _run(batch: _Batch, src_buf: torch.Tensor, device) -> dict[int, torch.Tensor]:
+def _run(batch: _Batch, src_buf: torch.Tensor, device, tuning: tuple[int, bool], timings) -> dict[int, torch.Tensor]:
     """Launches the kernel for each element width's lanes; returns the output buffers (int16,
     int32). Raises CorruptRecordError when a lane reports a problem."""
     outs = {2: torch.empty(batch.elements[2], dtype=torch.int16, device=device),
             4: torch.empty(batch.elements[4], dtype=torch.int32, device=device)}  # fmt: skip
     if not batch.lengths:
         return outs
+    t0 = time.perf_counter()
     counts = [len(t) for t in batch.lengths]
     table_first = np.concatenate([[0], np.cumsum(counts)[:-1]]) * TABLE_LEN
     tables = decode_tables(np.concatenate(batch.lengths))
     # Per block, top 9 bits -> the offset of its context's table in ``tables``.
     table_of_top = (np.stack(batch.ctx_of_top) * TABLE_LEN + table_first[:, None]).astype(np.int32)
-    consts = _upload(np.concatenate([tables.reshape(-1), table_of_top.reshape(-1)]), device)
-    tables_d, table_of_top_d = consts[: tables.size], consts[tables.size :]
-    problems = []
+    tables_d, table_of_top_d = _upload(tables.reshape(-1), device), _upload(table_of_top.reshape(-1), device)
+    if timings is not None:
+        timings["parse_s"] += time.perf_counter() - t0
+    cuda = device.type == "cuda"
+    if cuda and timings is not None:
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+    launched = []
     for width, lanes in batch.lanes.items():
         if not lanes:
             continue
-        order = sorted(range(len(lanes)), key=lambda i: -lanes[i][3])
+        order = sorted(range(len(lanes)), key=lambda i: -lanes[i][3])  # lanes of a length together
         arr = np.array([lanes[i] for i in order], dtype=np.int64)
         desc = np.stack(
             [arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3], arr[:, 4], arr[:, 5] * SYMBOLS, table_first[arr[:, 5]]]
         )
         desc_d = _upload(np.ascontiguousarray(desc), device)
-        status = _launch(src_buf, tables_d, table_of_top_d, outs[width], desc_d, width)
-        bad = torch.nonzero(status[0]).reshape(-1)
-        if bad.numel():
+        status = _launch(src_buf, tables_d, table_of_top_d, outs[width], desc_d, width, *tuning)
+        launched.append((width, lanes, order, status))
+    if cuda and timings is not None:
+        stop.record()
+    # The one read back (a wait for the kernels): which lanes met a problem (none, almost always).
+    flags = torch.cat([status[0] for *_, status in launched]).cpu()
+    if cuda and timings is not None:
+        timings["kernel_s"] = start.elapsed_time(stop) / 1e3
+    problems, first = [], 0
+    for width, lanes, order, status in launched:
+        bad = torch.nonzero(flags[first : first + len(lanes)]).reshape(-1).tolist()
+        first += len(lanes)
+        if bad:
             at = status[:, bad].cpu().numpy()
-            for lane, code, j in zip(bad.tolist(), at[0], at[1]):
+            for lane, code, j in zip(bad, at[0], at[1]):
                 problems.append((width, lanes[order[lane]], int(code), int(j)))
     if problems:
         raise CorruptRecordError(
@@ -415,7 +448,7 @@ def _describe(batch: _Batch, problem) -> str:
 @triton.jit
 def _decode_kernel(
     words_ptr,  # the payloads as int64 words
-    tables_ptr,  # int32 decode tables, 2048 entries each
+    tables_ptr,  # int16 decode tables, 2048 entries each
     table_of_top_ptr,  # int32, per block 512: top 9 bits -> its context's table offset
     out_ptr,  # int16 or int32 elements
     desc_ptr,  # int64 [7, lanes]: bit, end bit, out start, count, stride, map offset, table 0
@@ -424,6 +457,7 @@ def _decode_kernel(
     RAW_BITS: tl.constexpr,
     ELEMENT_MASK: tl.constexpr,
     LANES: tl.constexpr,
+    AHEAD: tl.constexpr,
 ):
     lane = tl.program_id(0) * LANES + tl.arange(0, LANES)
     live = lane < lanes
@@ -438,14 +472,27 @@ def _decode_kernel(
     where = tl.zeros([LANES], dtype=tl.int64)
     raw_mask = (1 << RAW_BITS) - 1
     steps = tl.max(count, axis=0)
+    table = table0  # element 0's context: 0
+    pend = tl.zeros([LANES], dtype=tl.int64)  # AHEAD, d >= 3: the element d back of the next
+    last_x = tl.zeros([LANES], dtype=tl.int64)  # AHEAD: the element decoded a step ago
     for j in range(0, steps):
         active = (j < count) & (status == 0)
-        # The context: the table the element d back (same segment) picks, else context 0.
-        has_prev = active & (stride > 0) & (j >= stride)
-        prev = tl.load(out_ptr + out0 + j - stride, mask=has_prev, other=0, cache_modifier=".cg")
-        top_prev = (prev.to(tl.int64) & ELEMENT_MASK) >> RAW_BITS
-        table = tl.load(table_of_top_ptr + map0 + top_prev, mask=has_prev, other=0).to(tl.int64)
-        table = tl.where(has_prev, table, table0)
+        if AHEAD:
+            # The next element's table, off this element's chain: from the element d back of
+            # it (loaded a step ago) where d >= 3; and that element for the step after next.
+            has_next = active & (stride > 0) & (j + 1 >= stride) & (j + 1 < count)
+            top_pend = (pend & ELEMENT_MASK) >> RAW_BITS
+            early = tl.load(table_of_top_ptr + map0 + top_pend, mask=has_next & (stride >= 3), other=0)
+            soon = active & (stride >= 3) & (j + 2 >= stride) & (j + 2 < count)
+            pend = tl.load(out_ptr + out0 + j + 2 - stride, mask=soon, other=0, cache_modifier=".cg")
+            pend = pend.to(tl.int64)
+        else:
+            # The context: the table the element d back (same segment) picks, else context 0.
+            has_prev = active & (stride > 0) & (j >= stride)
+            prev = tl.load(out_ptr + out0 + j - stride, mask=has_prev, other=0, cache_modifier=".cg")
+            top_prev = (prev.to(tl.int64) & ELEMENT_MASK) >> RAW_BITS
+            table = tl.load(table_of_top_ptr + map0 + top_prev, mask=has_prev, other=0).to(tl.int64)
+            table = tl.where(has_prev, table, table0)
         # The stream's next 64 bits: two words, funnel-shifted (a shift by 64 is avoided).
         w = bit >> 6
         s = (bit & 63).to(tl.uint64)
@@ -463,6 +510,14 @@ def _decode_kernel(
         status = tl.where(no_code, 1, tl.where(past_end, 2, status))
         where = tl.where(no_code | past_end, j, where)
         bit = tl.where(ok, nbit, bit)
+        if AHEAD:
+            # d of 1 or 2: the element d back of the next is this one or the last one.
+            near = tl.where(stride == 1, x, last_x)
+            late = tl.load(
+                table_of_top_ptr + map0 + ((near & ELEMENT_MASK) >> RAW_BITS), mask=has_next & (stride < 3), other=0
+            )
+            table = tl.where(has_next, tl.where(stride >= 3, early, late).to(tl.int64), table0)
+            last_x = x
     # The stream takes exactly ceil(bits / 8) bytes, and the bits after its last element are 0.
     done = live & (status == 0)
     too_long = done & (((bit + 7) >> 3) != (end >> 3))
@@ -476,15 +531,15 @@ def _decode_kernel(
     tl.store(status_ptr + lanes + lane, where.to(tl.int32), mask=live)
 
 
-def _launch(src_buf, tables, table_of_top, out, desc, width) -> torch.Tensor:
+def _launch(src_buf, tables, table_of_top, out, desc, width, lanes_per_program, ahead) -> torch.Tensor:
     """Runs the kernel over the lanes ``desc`` describes; returns their statuses ``[2, lanes]``."""
     lanes = desc.shape[1]
     status = torch.empty((2, lanes), dtype=torch.int32, device=out.device)
     raw_bits = 8 * width - 9
-    _decode_kernel[(triton.cdiv(lanes, LANES),)](
+    _decode_kernel[(triton.cdiv(lanes, lanes_per_program),)](
         src_buf.view(torch.int64), tables, table_of_top, out, desc, status, lanes,
-        RAW_BITS=raw_bits, ELEMENT_MASK=(1 << (8 * width)) - 1, LANES=LANES,
-        num_warps=max(1, LANES // 32), num_stages=1,
+        RAW_BITS=raw_bits, ELEMENT_MASK=(1 << (8 * width)) - 1, LANES=lanes_per_program,
+        AHEAD=ahead, num_warps=max(1, lanes_per_program // 32), num_stages=1,
     )  # fmt: skip
     return status
 
