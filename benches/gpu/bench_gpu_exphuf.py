@@ -1,8 +1,9 @@
 """The encoder of exp-huf (layertap.gpu.exphuf) on the GPU (issues 21, 32), its device work in
 Triton kernels and in torch operations side by side (``--impl``): on real bf16 activations
 (all-MiniLM-L6-v2's, ``.devbundle/acts``), in records of ``--record-tokens`` tokens, encoded
-one record a call, ``--batch`` records a call (``encode_blocks``) and ``--batch`` records a call
-into one buffer (``encode_contiguous``, the connector's call),
+one record a call, the records of one engine step a call (``--step-tokens``: 64 x 256 tokens,
+8 x 2048; ``encode_blocks``) and the same into one buffer (``encode_contiguous``, the
+connector's call),
 
 - whether its bytes equal the Rust writer's encoder's (the CPU reference) for the first
   ``--check`` records;
@@ -17,7 +18,7 @@ Without CUDA it runs on the CPU (a dry run: the speeds mean nothing; Triton's ke
 ``TRITON_INTERPRET=1`` and triton on the path there, and ``--tiny``, as the interpreter is slow):
 
     python benches/gpu/bench_gpu_exphuf.py --activations .devbundle/acts/activations-2k.safetensors \\
-        --out /tmp/layertap-results/gpu-exphuf --record-tokens 256 --records 64 --batch 64
+        --out /tmp/layertap-results/gpu-exphuf
     PYTHONPATH=.venv/triton:python TRITON_INTERPRET=1 .venv/bin/python benches/gpu/bench_gpu_exphuf.py \\
         --activations .devbundle/acts/activations-2k.safetensors --out /tmp/gpu-exphuf-dry --tiny
 """
@@ -125,12 +126,21 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--activations", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True, help="PREFIX: writes PREFIX.json and PREFIX.md")
-    ap.add_argument("--record-tokens", type=int, nargs="+", default=[256, 1024])
-    ap.add_argument("--records", type=int, default=16)
+    ap.add_argument("--record-tokens", type=int, nargs="+", default=[256, 2048])
+    ap.add_argument("--records", type=int, default=64, help="records of each size")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--check", type=int, default=2)
     ap.add_argument(
-        "--batch", type=int, default=0, help="records a call of the batched modes (default 0: all in one call)"
+        "--batch",
+        type=int,
+        default=0,
+        help="records a call of the batched modes (default: those of one step of --step-tokens)",
+    )
+    ap.add_argument(
+        "--step-tokens",
+        type=int,
+        default=16384,
+        help="tokens of an engine step: the batched modes take this many tokens' records a call (64 x 256, 8 x 2048)",
     )
     ap.add_argument(
         "--impl",
@@ -145,27 +155,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     if args.tiny:
-        args.record_tokens, args.records, args.reps = [16], min(args.records, 4), 1
-        args.batch = min(args.batch, 2) if args.batch else 2
+        args.record_tokens, args.records, args.reps, args.step_tokens = [16], min(args.records, 4), 1, 32
     if args.max_records:
         args.records = min(args.records, args.max_records)
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows = []
     for tokens in args.record_tokens:
+        batch = args.batch or max(1, args.step_tokens // tokens)
         records = load_records(args.activations, tokens, args.records)
         gb = sum(r.numel() * 2 for r in records) / 1e9
         zstd_ratio, zstd_cpu_per_gb = bp16_zstd_reference(records, gb)
         dev = [r.to(device) for r in records]
         for impl, batched in ((i, b) for i in args.impl for b in (False, True, "contiguous")):
             best = None
-            encode_all(dev[: max(args.batch, 1)], batched, impl, args.batch)  # Triton compiles its kernels
+            encode_all(dev[:batch], batched, impl, batch)  # Triton compiles its kernels
             if device == "cuda":
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
                 base = torch.cuda.memory_allocated()
             for _ in range(args.reps):
-                blocks, stored, wall, cpu = encode_all(dev, batched, impl, args.batch)
+                blocks, stored, wall, cpu = encode_all(dev, batched, impl, batch)
                 best = (wall, cpu) if best is None or wall < best[0] else best
             # What the encoder takes from the GPU's memory beyond its input: the connector's
             # headroom next to vLLM's KV cache.
@@ -175,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                 "device": device,
                 "impl": impl,
                 "batched": batched,
-                "batch": args.batch or len(records),
+                "batch": batch if batched else 1,
                 "record_tokens": tokens,
                 "records": len(records),
                 "record_mb": round(records[0].numel() * 2 / 1e6, 3),
@@ -186,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                 "peak_mb": None if peak is None else round(peak, 1),
                 "input_mb": round(gb * 1e3, 1),
                 "host_cpu_s_per_gb": round(best[1] / gb, 4),
-                "host_syncs": host_syncs(dev, batched, impl, args.batch),
+                "host_syncs": host_syncs(dev[:batch], batched, impl, batch),
                 "bp16_zstd_ratio": zstd_ratio,
                 "bp16_zstd_cpu_s_per_gb": zstd_cpu_per_gb,
             }
@@ -202,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for r in rows:
         md.append(
-            f"| {r['device']} | {r['impl']} | {r['batched']} | {r['batch'] if r['batched'] else 1} | {r['record_tokens']} | {r['record_mb']} | {r['equal_to_cpu_reference']} | {r['ratio']} | "
+            f"| {r['device']} | {r['impl']} | {r['batched']} | {r['batch']} | {r['record_tokens']} | {r['record_mb']} | {r['equal_to_cpu_reference']} | {r['ratio']} | "
             f"{r['gbps']} | {r['us_per_record']} | {r['peak_mb']} / {r['input_mb']} | {r['host_cpu_s_per_gb']} | {r['host_syncs']} | {r['bp16_zstd_ratio']} | "
             f"{r['bp16_zstd_cpu_s_per_gb']} |"
         )

@@ -5,9 +5,10 @@ see triton, so tests/test_triton_exphuf_encoder.py runs this script in a subproc
 ``PYTHONPATH=.venv/triton:python TRITON_INTERPRET=1``.
 
     PYTHONPATH=.venv/triton:python TRITON_INTERPRET=1 python tests/triton_kernels/check_exphuf_encoder.py CASE...
+    PYTHONPATH=python python3 tests/triton_kernels/check_exphuf_encoder.py --device cuda   # on a GPU
 
-With no CASE it lists the cases; ``all`` runs every one (one start of torch and triton, the
-test's way: the interpreter's start costs seconds). Each case runs with the default blocks and, where it is small,
+``all`` runs every case (one start of torch and triton, the test's way: the interpreter's start
+costs seconds); with no CASE, every case on CUDA, the list of cases on the CPU. Each case runs with the default blocks and, where it is small,
 with blocks of 128 elements (the interpreter takes milliseconds a program): either way several
 blocks to a segment, a segment's last block short. Prints ``ok CASE ...``, ``SKIP CASE: ...``
 or ``FAIL CASE: ...`` (and the traceback) for each, and exits 1 if any failed.
@@ -15,6 +16,7 @@ or ``FAIL CASE: ...`` (and the traceback) for each, and exits 1 if any failed.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -106,9 +108,11 @@ class CaseSkipped(Exception):
     """A case whose input is missing here."""
 
 
-def check(name: str, tensors: list[torch.Tensor]) -> None:
+def check(name: str, tensors: list[torch.Tensor], device: torch.device) -> None:
+    """The case's blocks on ``device`` against the Rust encoder's of the same tensors."""
     dtype = NAMES[tensors[0].dtype]
     want = [reference(t) for t in tensors]
+    tensors = [t.to(device) for t in tensors]
     small = sum(t.numel() for t in tensors) <= 16384
     for block in (128, exphuf_triton.BLOCK) if small else (exphuf_triton.BLOCK,):
         exphuf_triton_block = exphuf_triton.BLOCK
@@ -128,40 +132,49 @@ def check(name: str, tensors: list[torch.Tensor]) -> None:
                     f"FAIL {name} (blocks of {block}): tensor {k} {tuple(tensors[k].shape)}: "
                     f"{len(g)} bytes against the Rust encoder's {len(w)}, first difference at byte {at}"
                 )
-        if sizes != [len(w) for w in want] or buf.numpy().tobytes() != b"".join(want):
+        if sizes != [len(w) for w in want] or buf.cpu().numpy().tobytes() != b"".join(want):
             raise CaseFailed(f"FAIL {name} (blocks of {block}): encode_contiguous differs from the Rust blocks")
         torch_buf, torch_sizes = exphuf.encode_contiguous(tensors, dtype, impl="torch")
-        if torch_sizes != sizes or torch_buf.numpy().tobytes() != buf.numpy().tobytes():
+        if torch_sizes != sizes or torch_buf.cpu().numpy().tobytes() != buf.cpu().numpy().tobytes():
             raise CaseFailed(f"FAIL {name} (blocks of {block}): the torch operations' buffer differs")
         for t, g in zip(tensors, got):
             values, end = spec.decode_block(g, 0, t.numel(), t.element_size())
-            if end != len(g) or bytes(memoryview(values)) != t.reshape(-1).view(torch.uint8).numpy().tobytes():
+            if end != len(g) or bytes(memoryview(values)) != t.reshape(-1).view(torch.uint8).cpu().numpy().tobytes():
                 raise CaseFailed(f"FAIL {name}: the reference decoder does not give {tuple(t.shape)} back")
         modes = [b.head[0] for b in blocks]
         print(f"ok {name} blocks of {block}: {len(tensors)} tensors, modes {modes}, {took:.2f} s", flush=True)
 
 
 def main(argv: list[str]) -> int:
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        print("run with TRITON_INTERPRET=1 (Triton's interpreter, CPU tensors)", file=sys.stderr)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("cases", nargs="*", help="case names, or all")
+    ap.add_argument("--device", default="cpu", help="cpu (the interpreter) or cuda (compiled kernels)")
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        print("on the CPU, run with TRITON_INTERPRET=1 (Triton's interpreter)", file=sys.stderr)
         return 2
-    if exphuf.default_impl(torch.device("cpu")) != "triton":
+    if device.type == "cuda" and os.environ.get("TRITON_INTERPRET") == "1":
+        print("on CUDA, run without TRITON_INTERPRET (compiled kernels)", file=sys.stderr)
+        return 2
+    if exphuf.default_impl(device) != "triton":
         print("triton does not import: PYTHONPATH must hold .venv/triton", file=sys.stderr)
         return 2
     known = cases()
-    if argv == ["all"]:
-        argv = list(known)
-    if not argv:
+    names = args.cases
+    if names == ["all"] or (not names and device.type == "cuda"):
+        names = list(known)
+    if not names:
         print("\n".join(known))
         return 0
-    unknown = [name for name in argv if name not in known]
+    unknown = [name for name in names if name not in known]
     if unknown:
         print(f"no case {unknown[0]!r}; the cases: {', '.join(known)}", file=sys.stderr)
         return 2
     failed = 0
-    for name in argv:
+    for name in names:
         try:
-            check(name, known[name]())
+            check(name, known[name](), device)
         except CaseSkipped as e:
             print(e, flush=True)
         except CaseFailed as e:
@@ -171,6 +184,7 @@ def main(argv: list[str]) -> int:
             print(f"FAIL {name}: raised", flush=True)
             traceback.print_exc(file=sys.stdout)
             failed += 1
+    print(f"{len(names) - failed} of {len(names)} cases ok on {device}" + (f", {failed} FAILED" if failed else ""))
     return 1 if failed else 0
 
 
