@@ -7,6 +7,7 @@ is not built, because a skipped test must never count as a pass.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import subprocess
 import sys
@@ -299,43 +300,64 @@ def busy_record() -> dict[str, torch.Tensor]:
     return {"x": torch.frombuffer(bytearray(os.urandom(16 << 20)), dtype=torch.uint8)}
 
 
-def loops_while(fn) -> tuple[int, float]:
-    """Runs ``fn`` while another Python thread counts; returns the count and fn's duration.
+#: The switch interval while ``python_runs_during`` watches: longer than any test, so that a
+#: thread waiting for the GIL never makes the caller give it up (CPython asks the holder to
+#: drop it once the waiter has waited this long). Only a call that lets the GIL go lets the
+#: probe run, however slow or loaded the machine.
+NEVER_FORCED = 1000.0
 
-    The count grows only while ``fn`` lets the GIL go: the counter starts when ``fn`` is called
-    and the switch interval is 1 s, so a native call that holds the GIL (under a second) leaves
-    the count at 0. (With the default 5 ms interval the counter ran ~5 ms right after any call,
-    tens of thousands of loops, and a call that kept the GIL looked as if it had released it.)
-    A call that does release it takes up to a second longer: getting the GIL back waits for
-    the counter's interval."""
+
+def python_runs_during(fn) -> int:
+    """How many times another Python thread ran while ``fn`` ran: 0 exactly when ``fn`` kept
+    the GIL throughout, and more than 0 when it let the GIL go long enough for a waiting thread
+    to take it.
+
+    A handshake rather than a rate: the probe thread is known to be running (and so waiting for
+    the GIL) before ``fn`` is called, it counts only while ``fn`` is running, and it gives the
+    GIL back after every loop (``time.sleep(0)``), so that the caller gets it back at once.
+    The switch interval is ``NEVER_FORCED`` meanwhile: the probe cannot make this thread drop
+    the GIL between bytecodes, so a held call counts 0 however long a loaded machine makes it
+    take. (With the default 5 ms a waiting thread takes the GIL after 5 ms of any call, and a
+    call that kept it looked as if it had released it.) No clock is read. Whatever ``fn`` needs
+    that lets the GIL go by itself (``os.urandom``, torch's tensor methods, a file's I/O) must be
+    made before it."""
     count = 0
-    go = threading.Event()
-    stop = threading.Event()
+    loops = 0
+    inside = False
+    stop = False
 
-    def counter():
-        nonlocal count
-        go.wait()
-        while not stop.is_set():
-            count += 1
+    def probe():
+        nonlocal count, loops
+        while not stop:
+            loops += 1
+            if inside:
+                count += 1
+            time.sleep(0)  # gives the GIL back: the caller never waits on this thread
 
     old = sys.getswitchinterval()
-    th = threading.Thread(target=counter)
-    th.start()
-    sys.setswitchinterval(1.0)
+    sys.setswitchinterval(NEVER_FORCED)
+    thread = threading.Thread(target=probe, daemon=True)
     try:
-        go.set()  # the counter now waits for the GIL, which this thread keeps until fn lets it go
-        before = count
-        start = time.perf_counter()
+        thread.start()
+        while loops == 0:  # the handshake: the probe runs, and now wants the GIL back
+            time.sleep(0)
+        # A collection during fn runs finalizers that let the GIL go (a file's close): not
+        # fn's doing. Collected now, none runs until fn has returned.
+        collecting = gc.isenabled()
+        gc.collect()
+        gc.disable()
+        inside = True  # from here to the end of fn this thread holds the GIL unless fn lets it go
         try:
             fn()
         finally:
-            elapsed = time.perf_counter() - start
-            during = count - before
+            inside = False
+            if collecting:
+                gc.enable()
+        return count
     finally:
-        stop.set()
+        stop = True
         sys.setswitchinterval(old)
-        th.join()
-    return during, elapsed
+        thread.join()
 
 
 @contextlib.contextmanager
