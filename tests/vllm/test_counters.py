@@ -12,8 +12,9 @@ from test_transfer import BLOCK, BLOCKS, HIDDEN, LAYERS, facts, saves
 
 import layertap
 from helpers import writer_class
-from layertap.vllm import counters as counters_module
 from layertap.vllm.counters import (
+    REPORT_INTERVAL,
+    STALL_LIMIT,
     SchedulerCounters,
     WorkerCounters,
     copy_payload,
@@ -28,6 +29,20 @@ from vllm_support import VLLM_WARNINGS
 pytestmark = VLLM_WARNINGS
 
 
+class HandClock:
+    """A steady clock the test moves (``advance``): the counters' intervals and limits are
+    checked at their edges, with no sleep and no dependence on how slow the machine is."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def step_saves(ended: float, *requests: tuple[str, list[int], int]):
     """A step's saves (``test_transfer.saves``) whose requests ended at ``ended``."""
     out = saves(*requests)
@@ -36,17 +51,13 @@ def step_saves(ended: float, *requests: tuple[str, list[int], int]):
 
 
 @pytest.mark.parametrize("kind", ["rust", "python"])
-def test_worker_reports_equal_the_records_written(tmp_path, kind, monkeypatch):
+def test_worker_reports_equal_the_records_written(tmp_path, kind):
     from layertap.vllm.transfer import HiddenStatesSaver
 
-    # Longer than the default, so that the checks that nothing is reported yet cannot be
-    # outrun by a slow machine (a GC pause, a descheduled thread) between two reports.
-    interval = 1.5
-    monkeypatch.setattr(counters_module, "REPORT_INTERVAL", interval)
-
+    clock = HandClock()
     kv = torch.randn(BLOCKS, BLOCK, LAYERS, HIDDEN).to(torch.bfloat16)
     stats = ConnectorStats()
-    counters = WorkerCounters(stats, "w")
+    counters = WorkerCounters(stats, "w", clock=clock)
     pool = HostPool(1 << 20, pin=False)
     writer = writer_class(kind)(str(tmp_path), codec="bp16-zstd", writer_id="w")
     cache = HiddenStatesCache(kv, LAYERS, HIDDEN, BLOCK)
@@ -87,7 +98,9 @@ def test_worker_reports_equal_the_records_written(tmp_path, kind, monkeypatch):
     assert counters.report(pool, writer) is None
     counters.step(1e-4)
     assert counters.report(pool, writer) is None
-    time.sleep(interval)
+    clock.advance(REPORT_INTERVAL * 0.99)
+    assert counters.report(pool, writer) is None
+    clock.advance(REPORT_INTERVAL * 0.02)
     second = counters.report(pool, writer)
     assert second["observations"] == {"engine_thread_seconds": [1e-4]} and "counters" not in second
     # A refused record counts as failed, reported at once when the writer is caught up.
@@ -97,8 +110,9 @@ def test_worker_reports_equal_the_records_written(tmp_path, kind, monkeypatch):
     saver.close()
 
 
-def test_scheduler_steps_the_engine_while_records_are_being_written(monkeypatch, caplog):
-    counters = SchedulerCounters()
+def test_scheduler_steps_the_engine_while_records_are_being_written(caplog):
+    clock = HandClock()
+    counters = SchedulerCounters(clock=clock)
     assert not counters.writing()
     for _ in range(3):
         counters.accepted()
@@ -109,18 +123,20 @@ def test_scheduler_steps_the_engine_while_records_are_being_written(monkeypatch,
     counters.worker_report({"counters": {"records_failed": 1}})
     assert not counters.writing()
 
-    # A writer that makes no progress for STALL_LIMIT seconds: the engine stops stepping for it,
-    # and starts again when a record is written.
-    # (2 s: a pause of the loaded test machine between two calls must not look like a stall)
-    monkeypatch.setattr(counters_module, "STALL_LIMIT", 2.0)
+    # A writer that makes no progress for more than STALL_LIMIT seconds: the engine stops
+    # stepping for it, and starts again when a record is written.
     counters.accepted()
-    counters.accepted()
+    clock.advance(STALL_LIMIT / 2)
+    counters.accepted()  # a record handed over while one is pending: the wait started before
+    clock.advance(STALL_LIMIT / 2)
     assert counters.writing()
-    time.sleep(2.1)
+    clock.advance(STALL_LIMIT / 100)
     with caplog.at_level("WARNING", logger="vllm.layertap"):
         assert not counters.writing()
     assert "2 records not reported written" in caplog.text
     counters.worker_report({"counters": {"records_written": 1}})
+    assert counters.writing()
+    clock.advance(STALL_LIMIT)  # progress restarted the wait
     assert counters.writing()
 
     counters.not_saved("invalid_request")

@@ -29,7 +29,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 logger = logging.getLogger("vllm.layertap")  # under vLLM's logging configuration
@@ -72,10 +72,14 @@ OBSERVATION_NAMES = ("engine_thread_seconds", "record_delay_seconds")
 class WorkerCounters:
     """The worker half's counting (TP rank 0): beside ``ConnectorStats``, which holds the
     cumulative counts of the shutdown summary, it keeps what only the metrics need and turns
-    both into increments per report."""
+    both into increments per report.
 
-    def __init__(self, stats: Any, writer_id: str):
+    ``clock`` (seconds, steady) times the report interval; the tests pass one they move by hand,
+    so that what they check does not depend on how long a loaded machine takes between calls."""
+
+    def __init__(self, stats: Any, writer_id: str, clock: Callable[[], float] = time.monotonic):
         self._stats = stats
+        self._clock = clock
         self._writer_id = writer_id
         self.store: dict | None = None
         """With the ``mooncake`` option: the forwarder's counts (``mooncake_sink.Forwarder.stats``)."""
@@ -144,7 +148,7 @@ class WorkerCounters:
         changed = signature != self._signature
         if not changed and not self._engine_thread:
             return None
-        now = time.monotonic()
+        now = self._clock()
         caught_up = stats.records_written == stats.records_submitted
         if now - self._last_report < REPORT_INTERVAL and not (changed and caught_up):
             return None
@@ -196,9 +200,13 @@ STORE_COUNTERS = ("records_put", "records_failed", "duplicates_refused")
 
 class SchedulerCounters:
     """The scheduler half's counting: requests refused, and whether the records it handed over
-    are written yet (from the worker's reports)."""
+    are written yet (from the worker's reports).
 
-    def __init__(self) -> None:
+    ``clock`` (seconds, steady) times the stall limit; the tests pass one they move by hand
+    rather than sleep past the limit."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self._not_saved: dict[str, int] = {}
         """Requests not saved since the last report, by reason."""
         self._not_saved_totals: dict[str, int] = {}
@@ -228,7 +236,7 @@ class SchedulerCounters:
     def accepted(self) -> None:
         """A request's record was planned (the worker will write it or count it failed)."""
         if self._accepted == self._done:
-            self._progress_at = time.monotonic()  # the wait for the writer starts now
+            self._progress_at = self._clock()  # the wait for the writer starts now
         self._accepted += 1
 
     def worker_report(self, payload: Mapping[str, Any] | None) -> None:
@@ -240,7 +248,7 @@ class SchedulerCounters:
         done = int(counters.get("records_written", 0)) + int(counters.get("records_failed", 0))
         if done:
             self._done += done
-            self._progress_at = time.monotonic()
+            self._progress_at = self._clock()
             self._stalled = False
 
     def writing(self) -> bool:
@@ -248,7 +256,7 @@ class SchedulerCounters:
         progress: then the engine keeps stepping (``has_pending_push_work``)."""
         if self._accepted <= self._done or self._stalled:
             return False
-        if time.monotonic() - self._progress_at > STALL_LIMIT:
+        if self._clock() - self._progress_at > STALL_LIMIT:
             self._stalled = True
             logger.warning(
                 "layertap: %d records not reported written for %.0f s; the engine no longer steps "
