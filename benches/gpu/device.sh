@@ -7,6 +7,7 @@
 #   bash benches/gpu/device.sh writer                  writer benchmark against dd
 #   bash benches/gpu/device.sh codecs                  nvCOMP's codecs on real activations (issue 21)
 #   bash benches/gpu/device.sh exphuf                  exp-huf in torch on the GPU (issue 21)
+#   bash benches/gpu/device.sh kernels                 issue 32's Triton kernels (encoder, decoder)
 #   bash benches/gpu/device.sh generate 1b|8b          layertap generate against the bare connector
 #   bash benches/gpu/device.sh check-inmodel [ARCH...] capture in the model against transformers,
 #                                                      CUDA graphs and eager (default: Llama, Gemma 2)
@@ -58,6 +59,19 @@ case $what in
     # exp-huf in torch on the GPU (issue 21): bytes against the Rust encoder's, ratio, GB/s, host CPU.
     python3 benches/gpu/bench_gpu_exphuf.py --activations .devbundle/acts/activations-2k.safetensors \
       --out "$results/gpu-exphuf" 2>&1 | tail -n 20 ;;
+  kernels)
+    # issue 32's Triton kernels, no vLLM: the tree's python/ first, with the carried extension
+    # (stripped, .devbundle/kern: the wheel of the commit measured is not built for a kernel call).
+    cp .devbundle/kern/_native.abi3.so python/layertap/ || exit 1
+    export PYTHONPATH=$PWD/python:$PYTHONPATH
+    python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+    for check in tests/triton_kernels/check_*.py; do
+      timeout 150 python3 "$check" --device cuda 2>&1 | tail -n 5 | sed "s|^|$(basename "$check"): |"
+    done
+    timeout 200 python3 benches/gpu/bench_gpu_exphuf.py --activations .devbundle/acts/activations-2k.safetensors \
+      --out "$results/gpu-exphuf-kernels" 2>&1 | tail -n 30
+    timeout 150 python3 benches/gpu/bench_gpu_exphuf_decode.py --activations .devbundle/acts/activations-2k.safetensors \
+      --out "$results/gpu-exphuf-decode" 2>&1 | tail -n 30 ;;
   writer)
     python3 benches/bench_writer.py --dir "$SCRATCH/writer" --total 4GiB --threads 8 \
       --activations .devbundle/acts/activations.safetensors --out "$results/writer-h200" ;;
