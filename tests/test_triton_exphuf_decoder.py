@@ -42,6 +42,7 @@ CASES = [
     "damaged-stream-lengths",
     "damaged-stream-garbage",
     "damaged-stream-padding",
+    "damaged-code-lengths",
     "damaged-trailing-byte",
     "damaged-cut-off",
 ]

@@ -6,8 +6,10 @@ vLLM's CPU build must never see triton, so tests/test_triton_exphuf_decoder.py r
 in a subprocess with ``PYTHONPATH=.venv/triton:python TRITON_INTERPRET=1``.
 
     PYTHONPATH=.venv/triton:python TRITON_INTERPRET=1 python tests/triton_kernels/check_exphuf_decoder.py CASE...
+    PYTHONPATH=python python3 tests/triton_kernels/check_exphuf_decoder.py --device cuda   # on a GPU
 
-With no CASE it lists the cases. The records of the decoding cases named go to the decoder in
+With no CASE it lists the cases (on CUDA it runs them all, with the encoder's full sizes and, where
+.devbundle/acts is, real activations). The records of the decoding cases named go to the decoder in
 one batch, as a trainer's would (the interpreter's time is the longest segment's elements, a few
 milliseconds each, not the batch's size); each damaged payload goes alone. Prints ``ok CASE``
 per case that passes, ``FAIL CASE: why`` per one that does not, and exits 1 if any failed.
@@ -15,8 +17,11 @@ per case that passes, ``FAIL CASE: why`` per one that does not, and exits 1 if a
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -32,6 +37,7 @@ from layertap._spec.blob import build_header, parse_header  # noqa: E402
 from layertap.errors import CorruptRecordError  # noqa: E402
 from layertap.gpu.exphuf_decode import decode_records  # noqa: E402
 
+ACTIVATIONS = TESTS.parent / ".devbundle" / "acts" / "activations-2k.safetensors"
 NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.int64: "I64"}
 
 
@@ -83,6 +89,12 @@ RECORDS = {
 }
 
 
+#: On a GPU only: the encoder's full sizes.
+ON_GPU = {
+    "BF16-64x3x256": lambda: {"h": activations_like((64, 3, 256), torch.bfloat16)},
+    "F16-100x4x64": lambda: {"h": activations_like((100, 4, 64), torch.float16, seed=3)},
+}
+
 #: Cases whose every block is raw (mode 0); every other case has a coded block (mode 1).
 RAW_ONLY = {"incompressible", "short"}
 
@@ -130,22 +142,33 @@ def _damaged() -> dict:
         padded = bytearray(stored)
         padded[end0] |= 0x80
         out["stream-padding"] = (bytes(padded), "padding")
+    lengths = bytearray(stored)  # context 0's code lengths all 1: not a prefix code
+    table0 = head_len + 1 + 8 + 256
+    count = int.from_bytes(stored[table0 + 2 : table0 + 4], "little")
+    lengths[table0 + 4 : table0 + 4 + count // 2] = b"\x11" * (count // 2)
+    out["code-lengths"] = (bytes(lengths), "context 0: code lengths are over-subscribed")
     out["trailing-byte"] = (stored + b"\0", "after the last tensor")
     out["cut-off"] = (stored[:-40], "runs past the payload")
     return out
 
 
-def check_decoding(names: list[str], **variant) -> list[str]:
-    records = {n.removesuffix(VARIANT): RECORDS[n.removesuffix(VARIANT)]() for n in names}
+def check_decoding(names: list[str], known: dict, device: torch.device, **variant) -> list[str]:
+    records = {n: known[n.removesuffix(VARIANT)]() for n in names}
     blobs = {n: payload(ts) for n, ts in records.items()}
-    payloads = {n: stored for n, (_, stored) in blobs.items()}
     t0 = time.perf_counter()
-    decoded = decode_records(list(payloads.values()), device="cpu", **variant)
+    try:
+        decoded = decode_records([stored for _, stored in blobs.values()], device=device, **variant)
+    except Exception:
+        for name in names:
+            print(f"FAIL {name}: the batch raised", flush=True)
+        traceback.print_exc(file=sys.stdout)
+        return names
     print(f"decoded {len(names)} records in one batch in {time.perf_counter() - t0:.1f} s {variant}", flush=True)
     failed = []
-    for name, (_, tensors), got in zip(names, records.items(), decoded):
+    for name, tensors, got in zip(names, records.values(), decoded):
+        got = {k: v.cpu() for k, v in got.items()}
         why = None
-        modes = block_modes(*blobs[name.removesuffix(VARIANT)])
+        modes = block_modes(*blobs[name])
         if ("coded" in modes) == (name.removesuffix(VARIANT) in RAW_ONLY):
             why = f"blocks {modes}: the case does not test what it is for"
         if why is None and sorted(got) != sorted(tensors):
@@ -163,7 +186,7 @@ def check_decoding(names: list[str], **variant) -> list[str]:
     return failed
 
 
-def check_damaged(name: str, stored: bytes, word: str) -> bool:
+def check_damaged(name: str, stored: bytes, word: str, device: torch.device) -> bool:
     try:
         _native.decode_record(stored, key="k", codec=3, raw_len=2 * len(stored), payload_crc=None, path="x", offset=0)
     except CorruptRecordError:
@@ -172,13 +195,17 @@ def check_damaged(name: str, stored: bytes, word: str) -> bool:
         print(f"FAIL {name}: the Rust decoder accepts it: not a damaged payload", flush=True)
         return False
     try:
-        decode_records([stored], device="cpu")
+        decode_records([stored], device=device)
     except CorruptRecordError as e:
         if word not in str(e):
             print(f"FAIL {name}: {word!r} not in the error: {e}", flush=True)
             return False
         print(f"ok {name}: {e}", flush=True)
         return True
+    except Exception:
+        print(f"FAIL {name}: raised another error", flush=True)
+        traceback.print_exc(file=sys.stdout)
+        return False
     print(f"FAIL {name}: decoded without an error", flush=True)
     return False
 
@@ -189,22 +216,54 @@ VARIANT = "-plain-kernel"
 PLAIN = ["BF16-33x2x100", "BF16-1500x2", "F32-1000x3", "multi-tensor"]
 
 
-def main(names: list[str]) -> int:
+def real_records() -> dict:
+    """On a GPU, where the benchmark's activations are: a 256-token and a 2048-token record."""
+    if not ACTIVATIONS.exists():
+        return {}
+    from safetensors.torch import load_file
+
+    acts = load_file(str(ACTIVATIONS))["bf16"]
+    return {"real-256": lambda: {"h": acts[:256].contiguous()}, "real-2048": lambda: {"h": acts[:2048].contiguous()}}
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("cases", nargs="*", help="case names, or all")
+    ap.add_argument("--device", default="cpu", help="cpu (the interpreter) or cuda (compiled kernels)")
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    if (device.type == "cpu") != (os.environ.get("TRITON_INTERPRET") == "1"):
+        print("run on the CPU with TRITON_INTERPRET=1 (Triton's interpreter), on CUDA without", file=sys.stderr)
+        return 2
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("--device cuda: torch sees no CUDA device here", file=sys.stderr)
+        return 2
+    known = dict(RECORDS)
+    if device.type == "cuda":  # sizes the interpreter would take minutes over
+        known |= {**ON_GPU, **real_records()}
     damaged = {f"damaged-{n}": v for n, v in _damaged().items()}
     variant = [n + VARIANT for n in PLAIN]
+    everything = [*known, *variant, *damaged]
+    names = args.cases
+    if names == ["all"] or (not names and device.type == "cuda"):
+        names = everything
     if not names:
-        print("\n".join([*RECORDS, *variant, *damaged]))
+        print("\n".join(everything))
         return 0
-    unknown = [n for n in names if n not in RECORDS and n not in damaged and n not in variant]
+    unknown = [n for n in names if n not in everything]
     if unknown:
         print(f"unknown cases {unknown}: run with no argument for the list", flush=True)
         return 2
     failed = []
-    if any(n in RECORDS for n in names):
-        failed += check_decoding([n for n in names if n in RECORDS])
+    if any(n in known for n in names):
+        failed += check_decoding([n for n in names if n in known], known, device)
     if any(n in variant for n in names):
-        failed += check_decoding([n for n in names if n in variant], ahead=False, lanes_per_program=64)
-    failed += [n for n in names if n in damaged and not check_damaged(n, *damaged[n])]
+        failed += check_decoding([n for n in names if n in variant], known, device, ahead=False, lanes_per_program=64)
+    failed += [n for n in names if n in damaged and not check_damaged(n, *damaged[n], device)]
+    print(
+        f"{len(names) - len(failed)} of {len(names)} cases ok on {device}"
+        + (f", FAILED: {' '.join(failed)}" if failed else "")
+    )
     return 1 if failed else 0
 
 

@@ -82,6 +82,7 @@ _PROBLEMS = {
 }
 #: Lanes (streams) of one program; one lane a thread.
 LANES = 32
+_SYMBOL_OF_TOP = symbol_of_top(np.arange(SYMBOLS))
 _REV11 = np.array([int(f"{x:011b}"[::-1], 2) for x in range(TABLE_LEN)], dtype=np.int64)
 
 
@@ -90,8 +91,13 @@ class _Batch:
     """What the host parsed of a batch: the lanes of each element width, the decode tables,
     the plain copies, and where each record's tensors come from."""
 
-    lengths: list[np.ndarray] = field(default_factory=list)  # per coded block: [C, 512] uint8
+    # per code-length table: its packed nibbles (a view of the payload), first symbol, count
+    packed: list[np.ndarray] = field(default_factory=list)
+    firsts: list[int] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    table_first: list[int] = field(default_factory=list)  # per coded block: its first table
     ctx_of_top: list[np.ndarray] = field(default_factory=list)  # per coded block: [512] context
+    where: list[str] = field(default_factory=list)  # per coded block: "record r, tensor 'name'"
     # per width: lists of lane fields; elements of the width's output buffer so far
     lanes: dict[int, list[tuple]] = field(default_factory=lambda: {2: [], 4: []})
     elements: dict[int, int] = field(default_factory=lambda: {2: 0, 4: 0})
@@ -124,7 +130,9 @@ class _Source:
         return memoryview(self.tensor[a:b].cpu().numpy().tobytes())
 
 
-def _lengths(head: memoryview, at: int) -> tuple[np.ndarray, int]:
+def _lengths(head: memoryview, at: int, batch: _Batch) -> int:
+    """Takes the code-length table at ``at`` into ``batch`` (checked with the batch's others, in
+    ``_check_lengths``); returns where it ends."""
     if at + 4 > len(head):
         raise FormatProblem("block is cut off")
     first, count = struct.unpack_from("<HH", head, at)
@@ -133,21 +141,42 @@ def _lengths(head: memoryview, at: int) -> tuple[np.ndarray, int]:
     nbytes = (count + 1) // 2
     if at + 4 + nbytes > len(head):
         raise FormatProblem("block is cut off")
-    packed = np.frombuffer(head, np.uint8, nbytes, at + 4)
+    batch.packed.append(np.frombuffer(head, np.uint8, nbytes, at + 4))
+    batch.firsts.append(first)
+    batch.counts.append(count)
+    return at + 4 + nbytes
+
+
+def _check_lengths(batch: _Batch) -> np.ndarray:
+    """Every table's code lengths, ``[T, 512]`` uint8, checked as the format says (padding
+    nibble, at most 11 bits, a prefix code); FormatProblem names the first bad table."""
+    counts = np.array(batch.counts, np.int64)
+    packed = np.concatenate(batch.packed) if batch.packed else np.zeros(0, np.uint8)
     nibbles = np.stack([packed & 15, packed >> 4], 1).reshape(-1)
-    if count % 2 and nibbles[-1]:
-        raise FormatProblem("code lengths' padding nibble is not zero")
-    lengths = np.zeros(SYMBOLS, np.uint8)
-    lengths[first : first + count] = nibbles[:count]
-    if lengths.max(initial=0) > MAX_CODE_LEN:
-        raise FormatProblem(f"code length {lengths.max()} is over {MAX_CODE_LEN}")
-    nz = lengths[lengths > 0].astype(np.int64)
-    if int((1 << (MAX_CODE_LEN - nz)).sum()) > TABLE_LEN:
-        raise FormatProblem("code lengths are over-subscribed (not a prefix code)")
-    return lengths, at + 4 + nbytes
+    # Table t's nibbles start at 2 * (its packed bytes' offset); its count of them are lengths.
+    byte_at = np.cumsum((counts + 1) // 2) - (counts + 1) // 2
+    row = np.repeat(np.arange(len(counts)), counts)
+    j = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    lengths = np.zeros((len(counts), SYMBOLS), np.uint8)
+    lengths[row, np.repeat(np.array(batch.firsts, np.int64), counts) + j] = nibbles[np.repeat(2 * byte_at, counts) + j]
+    odd = counts % 2 == 1
+    bad = [
+        (odd & (nibbles[np.minimum(2 * byte_at + counts, len(nibbles) - 1)] != 0), "code lengths' padding nibble is not zero"),
+        (lengths.max(1, initial=0) > MAX_CODE_LEN, f"a code length is over {MAX_CODE_LEN}"),
+        (
+            np.where(lengths > 0, 1 << (MAX_CODE_LEN - np.minimum(lengths, MAX_CODE_LEN).astype(np.int64)), 0).sum(1) > TABLE_LEN,
+            "code lengths are over-subscribed (not a prefix code)",
+        ),
+    ]  # fmt: skip
+    for flags, problem in bad:
+        if flags.any():
+            t = int(np.argmax(flags))
+            block = int(np.searchsorted(batch.table_first, t, side="right")) - 1
+            raise FormatProblem(f"{batch.where[block]}: context {t - batch.table_first[block]}: {problem}")
+    return lengths
 
 
-def _parse_block(src: _Source, at: int, base: int, n: int, width: int, batch: _Batch, out) -> int:
+def _parse_block(src: _Source, at: int, base: int, n: int, width: int, batch: _Batch, out, where: str) -> int:
     """Parses the block at ``at`` (payload offset; ``base``: the payload's offset in the device
     copy) of ``n`` elements and adds its lanes or plain copy to ``batch``; ``out`` receives where
     the tensor's data will be. Returns where the block ends."""
@@ -177,22 +206,22 @@ def _parse_block(src: _Source, at: int, base: int, n: int, width: int, batch: _B
     if cmap.max() >= contexts:
         raise FormatProblem(f"context map names context {cmap.max()} of {contexts}")
     p += SYMBOLS // 2
-    tables = []
+    table_first = len(batch.counts)
     for c in range(contexts):
         try:
-            lengths, p = _lengths(head, p)
+            p = _lengths(head, p, batch)
         except FormatProblem as e:
             raise FormatProblem(f"context {c}: {e}") from None
-        tables.append(lengths)
     if p + 8 * streams > len(head):
         raise FormatProblem("block is cut off")
     sizes = struct.unpack_from(f"<{streams}Q", head, p)
     stream_at = at + p + 8 * streams
     if sum(sizes) > src.length - stream_at:
         raise FormatProblem("a stream runs past the payload")
-    block = len(batch.lengths)
-    batch.lengths.append(np.stack(tables))
-    batch.ctx_of_top.append(cmap[symbol_of_top(np.arange(SYMBOLS))].astype(np.int64))
+    block = len(batch.table_first)
+    batch.table_first.append(table_first)
+    batch.ctx_of_top.append(cmap[_SYMBOL_OF_TOP].astype(np.int64))
+    batch.where.append(where)
     start = batch.elements[width]
     for k, size in enumerate(sizes):
         seg = segment(n, streams, k)
@@ -255,7 +284,16 @@ def _parse_record(src: _Source, base: int, batch: _Batch) -> None:
         try:
             if t.dtype in CODED:
                 width = CODED[t.dtype][0]
-                at = _parse_block(src, at, base, size // width, width, batch, out)
+                at = _parse_block(
+                    src,
+                    at,
+                    base,
+                    size // width,
+                    width,
+                    batch,
+                    out,
+                    f"record {len(batch.records)} of the batch, tensor {t.name!r}",
+                )
             else:
                 if at + size > src.length:
                     raise FormatProblem("payload is cut off")
@@ -268,33 +306,47 @@ def _parse_record(src: _Source, base: int, batch: _Batch) -> None:
     batch.records.append([(t.name, t.dtype, t.shape, where) for t, where in zip(tensors, out)])
 
 
-def decode_tables(lengths: np.ndarray) -> np.ndarray:
-    """The decode table of each row of ``lengths`` (``[T, 512]`` code lengths, checked): ``[T,
-    2048]`` int16 entries; entry ``x`` of a table decodes a stream whose next 11 bits (least
-    significant first) are ``x``: ``top9 << 4 | code length``, or 0 where no code starts."""
-    ln = lengths.astype(np.int64)
-    t_count = ln.shape[0]
-    onehot = ln[:, :, None] == np.arange(MAX_CODE_LEN + 1)
-    bl_count = onehot.sum(1)
-    bl_count[:, 0] = 0
-    next_code = np.zeros((t_count, MAX_CODE_LEN + 1), np.int64)
-    code = np.zeros(t_count, np.int64)
-    for k in range(1, MAX_CODE_LEN + 1):
-        code = (code + bl_count[:, k - 1]) << 1
-        next_code[:, k] = code
-    # A symbol's code: its length's first code plus the symbols of that length before it.
-    rank = np.take_along_axis(np.cumsum(onehot, 1) - onehot, ln[:, :, None], 2)[:, :, 0]
-    codes = np.take_along_axis(next_code, ln, 1) + rank
-    tv, sv = np.nonzero(ln)
-    lv = ln[tv, sv]
-    rv = _REV11[codes[tv, sv]] >> (MAX_CODE_LEN - lv)
-    reps = TABLE_LEN >> lv
-    firsts = np.repeat(np.cumsum(reps) - reps, reps)
-    k = np.arange(int(reps.sum())) - firsts
-    index = np.repeat(tv * TABLE_LEN + rv, reps) + (k << np.repeat(lv, reps))
-    table = np.zeros(t_count * TABLE_LEN, np.int16)
-    table[index] = np.repeat(top_of_symbol(sv) << 4 | lv, reps)
-    return table.reshape(t_count, TABLE_LEN)
+def decode_tables(lengths: torch.Tensor) -> torch.Tensor:
+    """The decode table of each row of ``lengths`` (``[T, 512]`` code lengths, checked, on any
+    device): ``[T, 2048]`` int16 entries; entry ``x`` of a table decodes a stream whose next 11
+    bits (least significant first) are ``x``: ``top9 << 4 | code length``, or 0 where no code
+    starts. Built where the lengths are, in torch operations over every table at once (a few
+    dozen launches, no wait): for each length L, the L bits at ``x`` read as a canonical code of
+    that length, and the symbol that code is if it is one (a prefix code: at most one L is)."""
+    t_count, device = lengths.shape[0], lengths.device
+    ln = lengths.long()
+    bl_count = torch.zeros((t_count, MAX_CODE_LEN + 1), dtype=torch.long, device=device)
+    bl_count.scatter_add_(1, ln, torch.ones_like(ln))
+    # The symbols ordered by (length, symbol): those of length L start at ``start[:, L]``.
+    order = torch.argsort(ln * SYMBOLS + torch.arange(SYMBOLS, device=device), dim=1)
+    start = torch.cumsum(bl_count, 1) - bl_count
+    entries = torch.zeros((t_count, TABLE_LEN), dtype=torch.int32, device=device)
+    rev = _reversed_prefixes(device)
+    code = torch.zeros(t_count, dtype=torch.long, device=device)
+    for length in range(1, MAX_CODE_LEN + 1):
+        code = (code + (bl_count[:, length - 1] if length > 1 else 0)) << 1  # first code (RFC 1951)
+        k = rev[length][None, :] - code[:, None]  # rank of the code among those of its length
+        valid = (k >= 0) & (k < bl_count[:, length : length + 1])
+        pos = (start[:, length : length + 1] + k).clamp(0, SYMBOLS - 1)
+        sym = torch.gather(order, 1, pos)
+        entries = torch.where(valid, ((top_of_symbol(sym) << 4) | length).to(torch.int32), entries)
+    return entries.to(torch.int16)
+
+
+_REVERSED: dict = {}
+
+
+def _reversed_prefixes(device) -> torch.Tensor:
+    """``[12, 2048]``: row L holds the first L bits of each 11-bit ``x`` (least significant
+    first) read as an L-bit code (first bit most significant)."""
+    key = str(device)
+    if key not in _REVERSED:
+        x = np.arange(TABLE_LEN)
+        rows = [np.zeros(TABLE_LEN, np.int64)] + [
+            _REV11[x & ((1 << n) - 1)] >> (MAX_CODE_LEN - n) for n in range(1, MAX_CODE_LEN + 1)
+        ]
+        _REVERSED[key] = torch.from_numpy(np.stack(rows)).to(device)
+    return _REVERSED[key]
 
 
 def _upload(array: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -385,15 +437,18 @@ def _run(batch: _Batch, src_buf: torch.Tensor, device, tuning: tuple[int, bool],
     int32). Raises CorruptRecordError when a lane reports a problem."""
     outs = {2: torch.empty(batch.elements[2], dtype=torch.int16, device=device),
             4: torch.empty(batch.elements[4], dtype=torch.int32, device=device)}  # fmt: skip
-    if not batch.lengths:
+    if not batch.table_first:
         return outs
     t0 = time.perf_counter()
-    counts = [len(t) for t in batch.lengths]
-    table_first = np.concatenate([[0], np.cumsum(counts)[:-1]]) * TABLE_LEN
-    tables = decode_tables(np.concatenate(batch.lengths))
+    try:
+        lengths = _check_lengths(batch)
+    except FormatProblem as e:
+        raise CorruptRecordError(f"not a valid exp-huf payload: {e}") from None
+    table_first = np.array(batch.table_first, np.int64) * TABLE_LEN
+    tables_d = decode_tables(_upload(lengths, device)).reshape(-1)
     # Per block, top 9 bits -> the offset of its context's table in ``tables``.
     table_of_top = (np.stack(batch.ctx_of_top) * TABLE_LEN + table_first[:, None]).astype(np.int32)
-    tables_d, table_of_top_d = _upload(tables.reshape(-1), device), _upload(table_of_top.reshape(-1), device)
+    table_of_top_d = _upload(table_of_top.reshape(-1), device)
     if timings is not None:
         timings["parse_s"] += time.perf_counter() - t0
     cuda = device.type == "cuda"
