@@ -37,32 +37,43 @@ def _expected(i: int, tokens: int = 3) -> dict:
 def test_records_already_there_then_new_ones_across_shards(tmp_path, writer_kind):
     write_records(tmp_path, 3, writer_id="old", prefix="old")  # a complete shard
     got: list[layertap.Record] = []
-    # durability "none": an fsync a flush behind the other test worker's engine writes could
-    # stall past the idle timeout and end the follow early.
+    had_one = threading.Semaphore(0)
     with _writer(writer_kind, tmp_path, writer_id="w", codec="bp16-zstd", shard_size=2000, durability="none") as w:
 
         def produce():
+            # Each record once the follower has had the one before: every new one comes while
+            # the follower waits for it, however the two threads are scheduled.
             for i in range(12):
                 w.submit(f"k{i}", _expected(i, tokens=8))
                 w.flush()
-                time.sleep(0.02)
+                if not had_one.acquire(timeout=120):  # the follower stopped: the test fails on what it got
+                    return
 
         producer = threading.Thread(target=produce)
-        t0 = time.monotonic()
-        with layertap.follow(tmp_path, timeout=5) as records:
+        # The test stops it; the idle timeout only ends a follower that missed a record (each
+        # comes milliseconds after the one before), so that it fails rather than hangs.
+        with layertap.follow(tmp_path, timeout=60) as records:
             producer.start()
             for rec in records:
                 got.append(rec)
+                if rec.key.startswith("k"):
+                    had_one.release()
+                if len(got) == 15:
+                    break
         producer.join()
-        waited = time.monotonic() - t0
-    assert [r.key for r in got] == ["old0", "old1", "old2"] + [f"k{i}" for i in range(12)]
+    keys = ["old0", "old1", "old2"] + [f"k{i}" for i in range(12)]
+    assert [r.key for r in got] == keys
     assert len(shard_files(tmp_path)) > 3  # the writer moved through several shards meanwhile
     for rec in got[3:]:
         i = int(rec.key[1:])
         assert torch.equal(rec.hidden_states, _expected(i, tokens=8)["hidden_states"])
         assert rec.token_ids.tolist() == _expected(i, tokens=8)["token_ids"].tolist() and rec.num_tokens == 8
     assert records.skipped == 0
-    assert 5 <= waited < 60  # it waited for the idle timeout, then stopped
+    # With an idle timeout, a follower stops once no new record has come for that long.
+    t0 = time.monotonic()
+    with layertap.follow(tmp_path, timeout=0.5) as records:
+        assert [r.key for r in records] == keys
+    assert time.monotonic() - t0 >= 0.5  # it waited for the idle timeout, then stopped
 
 
 def test_a_follower_keeps_only_the_shards_it_still_reads(tmp_path, writer_kind):
@@ -101,7 +112,7 @@ def test_a_follower_keeps_only_the_shards_it_still_reads(tmp_path, writer_kind):
 
 def test_a_writer_in_another_process_killed_midway(tmp_path):
     """Records come as another process writes them; after it is killed, every record it
-    finished is there, and following ends at the timeout."""
+    finished is there, to the same follower and to a new one, which then stops."""
     code = f"""
 import sys, time, torch
 sys.path.insert(0, {os.path.join(os.path.dirname(__file__))!r})
@@ -120,22 +131,31 @@ for i in range(1000):
     try:
         assert proc.stdout.readline().strip() == "0"  # the first record is written
         got = []
-        with layertap.follow(tmp_path, timeout=5) as records:
+        with layertap.follow(tmp_path, timeout=60) as records:  # the test stops it (see above)
             for rec in records:
                 got.append(rec.key)
                 if len(got) == 20:
-                    proc.send_signal(signal.SIGKILL)
-                    proc.wait()
-        written = [line.strip() for line in proc.stdout]
+                    break
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            written = [line.strip() for line in proc.stdout]
+            last = max([19] + [int(line) for line in written])  # 20 read, and those it said were flushed
+            # The same follower reads on into the dead writer's shard, up to the last record
+            # the writer said it had flushed (no wait for an idle timeout that a slow writer
+            # could reach before the kill).
+            while len(got) <= last and (rec := next(records, None)) is not None:
+                got.append(rec.key)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         proc.stdout.close()
-    # Everything the writer had flushed when it died was handed out, in order, once.
-    last = int(written[-1]) if written else 19
-    assert got[: last + 1] == [f"k{i}" for i in range(last + 1)]
-    assert got == [f"k{i}" for i in range(len(got))] and len(got) >= 20
+    # Everything the writer had flushed when it died was handed out, in order, once; a fresh
+    # follower finds those and whatever else it had written, then stops.
+    assert got == [f"k{i}" for i in range(last + 1)]
+    with layertap.follow(tmp_path, timeout=0) as records:
+        again = [r.key for r in records]
+    assert again == [f"k{i}" for i in range(len(again))] and len(again) >= last + 1
 
 
 def test_corrupt_records_raise_or_are_skipped(tmp_path):
