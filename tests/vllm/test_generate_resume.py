@@ -45,10 +45,8 @@ def kill_group(child: Child) -> None:
 
 
 @pytest.mark.timeout(900)  # five runs of the command, each importing vLLM and starting an engine
-def test_sigkill_at_random_moments_then_resume(tiny_model, tmp_path):
-    rng = random.Random()
-    seed = rng.randrange(1 << 30)
-    rng.seed(seed)
+def test_sigkill_at_random_moments_then_resume(tiny_model, tmp_path, seed):
+    rng = random.Random(seed)  # how many rows before each kill, and how long after
     rows = id_rows(ROWS, 20, 160, seed=5, loss_mask=True)
     data = write_jsonl(tmp_path / "ids.jsonl", rows)
     out = tmp_path / "out"
