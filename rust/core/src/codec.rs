@@ -381,7 +381,23 @@ fn zstd_window_size(stored: &[u8]) -> u64 {
 /// (`ZSTD_MAX_RATIO`), and is decoded into in one call, so the decoder allocates no window of the
 /// size the frame header asks for.
 fn zstd_frame(stored: &[u8], raw_len: usize) -> std::result::Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    let mut dctx = None;
+    zstd_frame_into(stored, raw_len, &mut out, &mut dctx)?;
+    Ok(out)
+}
+
+/// [`zstd_frame`] into `out` (cleared first; its capacity is kept, so a buffer reused from
+/// record to record is not allocated and faulted in again), with the decompression context
+/// `dctx` (made at the first call, then reused).
+pub(crate) fn zstd_frame_into(
+    stored: &[u8],
+    raw_len: usize,
+    out: &mut Vec<u8>,
+    dctx: &mut Option<zstd::zstd_safe::DCtx<'static>>,
+) -> std::result::Result<(), String> {
     use zstd::zstd_safe;
+    out.clear();
     if !stored.starts_with(&ZSTD_MAGIC) {
         return Err("payload is not a zstd frame".into());
     }
@@ -409,12 +425,19 @@ fn zstd_frame(stored: &[u8], raw_len: usize) -> std::result::Result<Vec<u8>, Str
             ));
         }
     }
-    let mut out = Vec::new();
     out.try_reserve_exact(raw_len)
         .map_err(|_| format!("cannot allocate {raw_len} bytes to decode the payload into"))?;
-    let mut dctx = zstd_safe::DCtx::try_create().ok_or("cannot allocate a zstd context")?;
-    match dctx.decompress(&mut out, stored) {
-        Ok(_) => Ok(out),
+    if dctx.is_none() {
+        *dctx = Some(zstd_safe::DCtx::try_create().ok_or("cannot allocate a zstd context")?);
+    }
+    let dctx = dctx.as_mut().expect("made above");
+    // `decompress` writes into the spare capacity (at least `raw_len` bytes, more when the
+    // buffer held a longer record before) and sets the length.
+    match dctx.decompress(out, stored) {
+        Ok(_) if out.len() > raw_len => Err(format!(
+            "zstd frame without a content size decodes to more than {raw_len} bytes"
+        )),
+        Ok(_) => Ok(()),
         Err(code) if declared.is_none() && is_dst_too_small(code) => Err(format!(
             "zstd frame without a content size decodes to more than {raw_len} bytes"
         )),

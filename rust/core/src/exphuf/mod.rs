@@ -227,6 +227,20 @@ pub fn encode(pieces: &[&[u8]], out: &mut Vec<u8>) -> Result<(), String> {
 
 /// Decodes a stored payload into the blob of `raw_len` bytes. `Err` says what is wrong.
 pub fn decode(stored: &[u8], raw_len: u64) -> Result<Vec<u8>, String> {
+    let (header, head_len) = parse_head(stored, raw_len)?;
+    let mut out = vec![0u8; raw_len as usize];
+    out[..head_len].copy_from_slice(&stored[..head_len]);
+    let mut at = head_len;
+    for t in &header.tensors {
+        decode_tensor(stored, &mut at, t, &mut out[t.range.clone()])?;
+    }
+    check_end(stored, at)?;
+    Ok(out)
+}
+
+/// The blob's header of a stored payload (stored as it is, before the tensors' blocks), parsed
+/// for a blob of `raw_len` bytes, and its length (where the first tensor's block starts).
+pub fn parse_head(stored: &[u8], raw_len: u64) -> Result<(blob::BlobHeader, usize), String> {
     if raw_len > MAX_RATIO * stored.len() as u64 {
         return Err(format!(
             "raw length {raw_len} is more than {} stored bytes can decode to",
@@ -244,34 +258,45 @@ pub fn decode(stored: &[u8], raw_len: u64) -> Result<Vec<u8>, String> {
         ));
     }
     let head_len = 8 + n as usize;
-    let header = blob::parse_header_of(&stored[..head_len], raw_len)?;
-    let mut out = vec![0u8; raw_len];
-    out[..head_len].copy_from_slice(&stored[..head_len]);
-    let mut at = head_len;
-    for t in &header.tensors {
-        let dst = &mut out[t.range.clone()];
-        let name = &t.spec.name;
-        match coded(t.spec.dtype) {
-            Some((2, _)) => block_decode::decode::<2>(stored, &mut at, dst),
-            Some(_) => block_decode::decode::<4>(stored, &mut at, dst),
-            None => match stored.get(at..at + dst.len()) {
-                Some(src) => {
-                    dst.copy_from_slice(src);
-                    at += dst.len();
-                    Ok(())
-                }
-                None => Err("payload is cut off".to_string()),
-            },
-        }
-        .map_err(|e| format!("tensor {name:?}: {e}"))?;
+    Ok((
+        blob::parse_header_of(&stored[..head_len], raw_len)?,
+        head_len,
+    ))
+}
+
+/// Decodes tensor `t`, whose stored form starts at `*at` of `stored`, into `dst` (its
+/// `t.range.len()` bytes; tensors come in the header's order, the first at the end of the
+/// head), and moves `*at` past it.
+pub fn decode_tensor(
+    stored: &[u8],
+    at: &mut usize,
+    t: &blob::TensorInfo,
+    dst: &mut [u8],
+) -> Result<(), String> {
+    match coded(t.spec.dtype) {
+        Some((2, _)) => block_decode::decode::<2>(stored, at, dst),
+        Some(_) => block_decode::decode::<4>(stored, at, dst),
+        None => match stored.get(*at..*at + dst.len()) {
+            Some(src) => {
+                dst.copy_from_slice(src);
+                *at += dst.len();
+                Ok(())
+            }
+            None => Err("payload is cut off".to_string()),
+        },
     }
+    .map_err(|e| format!("tensor {:?}: {e}", t.spec.name))
+}
+
+/// `Err` unless the last tensor's block ended at `at`, the payload's end.
+pub fn check_end(stored: &[u8], at: usize) -> Result<(), String> {
     if at != stored.len() {
         return Err(format!(
             "{} bytes after the last tensor's block",
             stored.len() - at
         ));
     }
-    Ok(out)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -6,17 +6,21 @@
 //! when opened (its length then) and never looks past it. Bytes a writer has not finished are
 //! reported as a torn tail, never returned.
 
+mod batch;
 mod footer;
 mod lock;
 mod payload;
+mod place;
 mod problem;
 mod record;
 mod scan;
 mod torn;
 
+pub use batch::{read_batch, BatchRead};
 pub use lock::is_being_written;
 pub(crate) use lock::lock_exclusive_now;
 pub use payload::{decode_payload, read_payload, PayloadInfo};
+pub use place::{decode_placed, Placed, Scratch};
 pub use problem::Problem;
 pub use record::{Record, RecordBytes, MAP_MIN_BYTES};
 pub use torn::{is_torn_empty, TORN_EMPTY_REASON};
@@ -384,6 +388,55 @@ impl ShardReader {
             // Out of mappings or address space: a copy still works.
         }
         RecordBytes::from_vec(stored.to_vec())
+    }
+
+    /// Reads record `i` as [`decode_placed`] decodes it: the data of its tensor `name` straight
+    /// into `dst` when it is `dst.len()` bytes long (a batch's row), the rest into a buffer of
+    /// its own. Checks as [`ShardReader::read`] does; `scratch` is the calling thread's.
+    pub fn read_placed(
+        &self,
+        i: usize,
+        verify: bool,
+        name: &str,
+        dst: &mut [u8],
+        scratch: &mut Scratch,
+    ) -> Result<Placed> {
+        let e = self.entry(i)?;
+        let stored = self.stored(e)?;
+        let info = PayloadInfo {
+            key: &e.key,
+            codec: e.codec,
+            raw_len: e.raw_len,
+            payload_crc: verify.then_some(e.payload_crc),
+        };
+        decode_placed(stored, &info, name, dst, scratch).map_err(|r| self.corrupt(e, r))
+    }
+
+    /// Asks the kernel to read record `i`'s stored bytes into the page cache in the background
+    /// (`MADV_WILLNEED`), so that a batch's later records are read from the disk while its first
+    /// ones decode. Only advice: a record out of range, or a kernel that declines, changes
+    /// nothing.
+    pub fn will_need(&self, i: usize) {
+        if let Some(e) = self.entries.get(i) {
+            let _ = self.map.advise_range(
+                memmap2::Advice::WillNeed,
+                e.payload_offset() as usize,
+                e.stored_len as usize,
+            );
+        }
+    }
+
+    /// Maps record `i`'s stored bytes into this process's page tables at once
+    /// (`MADV_POPULATE_READ`), waiting for those still on the disk, instead of one page fault
+    /// for every few pages as the decoder reads them. Only advice, as [`ShardReader::will_need`].
+    pub fn populate(&self, i: usize) {
+        if let Some(e) = self.entries.get(i) {
+            let _ = self.map.advise_range(
+                memmap2::Advice::PopulateRead,
+                e.payload_offset() as usize,
+                e.stored_len as usize,
+            );
+        }
     }
 
     /// Checks record `i` fully: the frame header at its offset decodes and agrees with its entry

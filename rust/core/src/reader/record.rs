@@ -25,7 +25,19 @@ enum Owner {
     Mapping(#[allow(dead_code)] memmap2::MmapMut),
     /// A heap buffer from `Box::into_raw`, freed in `drop`.
     Heap(NonNull<[u8]>),
+    /// A heap buffer from `Box::into_raw` (at least `len` bytes), kept for the next batch in
+    /// `drop` (see [`RecordBytes::for_batch`]).
+    Batch(NonNull<[u8]>),
 }
+
+/// Memory of batches that callers dropped, kept for the next ones (their pages stay faulted in,
+/// so a batch decoded into them costs no page faults and no zeroing by the kernel). A process
+/// forked while another thread held the lock finds it taken, and allocates instead.
+static IDLE_BATCHES: parking_lot::Mutex<Vec<Box<[u8]>>> = parking_lot::Mutex::new(Vec::new());
+
+/// At most this many dropped batches are kept: a training loop holds one batch while the next
+/// is read, so two idle ones are enough to read every batch into memory used before.
+const KEEP_IDLE_BATCHES: usize = 2;
 
 // SAFETY: RecordBytes owns its memory exclusively (a mapping or a heap buffer no one else points
 // to) and has no thread-affine state; sharing it only shares a pointer. Writing through that
@@ -46,6 +58,26 @@ impl RecordBytes {
             ptr: heap.cast::<u8>(),
             len,
             owner: Owner::Heap(heap),
+        }
+    }
+
+    /// `len` bytes for a caller to decode a batch into, and to hand out as the batch's memory:
+    /// the smallest one a dropped batch left that is large enough (holding what that batch
+    /// held), else new zeroed memory. When dropped, the memory is kept for a later batch.
+    pub fn for_batch(len: usize) -> RecordBytes {
+        let reused = IDLE_BATCHES.try_lock().and_then(|mut idle| {
+            let best = (0..idle.len())
+                .filter(|&i| idle[i].len() >= len)
+                .min_by_key(|&i| idle[i].len())?;
+            Some(idle.swap_remove(best))
+        });
+        let memory = reused.unwrap_or_else(|| vec![0u8; len].into_boxed_slice());
+        // SAFETY: Box::into_raw never returns null.
+        let heap = unsafe { NonNull::new_unchecked(Box::into_raw(memory)) };
+        RecordBytes {
+            ptr: heap.cast::<u8>(),
+            len,
+            owner: Owner::Batch(heap),
         }
     }
 
@@ -94,9 +126,26 @@ impl RecordBytes {
 
 impl Drop for RecordBytes {
     fn drop(&mut self) {
-        if let Owner::Heap(heap) = self.owner {
-            // SAFETY: `heap` came from Box::into_raw in `from_vec` and is freed only here.
-            drop(unsafe { Box::from_raw(heap.as_ptr()) });
+        match self.owner {
+            Owner::Heap(heap) => {
+                // SAFETY: `heap` came from Box::into_raw in `from_vec` and is freed only here.
+                drop(unsafe { Box::from_raw(heap.as_ptr()) });
+            }
+            Owner::Batch(heap) => {
+                // SAFETY: `heap` came from Box::into_raw in `for_batch` and is taken back only
+                // here; no pointer into it is left (whoever held this value has dropped it).
+                let memory = unsafe { Box::from_raw(heap.as_ptr()) };
+                if let Some(mut idle) = IDLE_BATCHES.try_lock() {
+                    if idle.len() < KEEP_IDLE_BATCHES {
+                        idle.push(memory);
+                    } else if let Some(smallest) = idle.iter_mut().min_by_key(|m| m.len()) {
+                        if smallest.len() < memory.len() {
+                            *smallest = memory;
+                        }
+                    }
+                }
+            }
+            Owner::Mapping(_) => {}
         }
     }
 }
@@ -130,5 +179,34 @@ impl Record {
             .as_slice()
             .get(tensor.range.clone())
             .unwrap_or(&[])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_memory_is_kept_for_the_next_batch_that_fits() {
+        // The only test that uses the idle batches (a process-wide list).
+        let a = RecordBytes::for_batch(1 << 20);
+        assert!(a.as_slice().iter().all(|&b| b == 0), "new memory is zeroed");
+        // SAFETY: `a` is the only owner of its bytes and no slice of them is in use.
+        unsafe { a.as_mut_ptr().write(42) };
+        let at = a.as_mut_ptr();
+        drop(a);
+        let bigger = RecordBytes::for_batch(2 << 20);
+        assert_ne!(bigger.as_mut_ptr(), at, "too small to be reused");
+        let b = RecordBytes::for_batch(1000);
+        assert_eq!(
+            (b.as_mut_ptr(), b.len()),
+            (at, 1000),
+            "the dropped batch's memory"
+        );
+        assert_eq!(b.as_slice()[0], 42, "as the last batch left it");
+        drop((b, bigger));
+        let mut kept: Vec<usize> = IDLE_BATCHES.lock().iter().map(|m| m.len()).collect();
+        kept.sort_unstable();
+        assert_eq!(kept, [1 << 20, 2 << 20], "both kept, at their full size");
     }
 }

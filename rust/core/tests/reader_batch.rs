@@ -1,0 +1,90 @@
+//! A batch's records read together (`reader::read_batch`, what `layertap.torch` reads batches
+//! through): on every record of the shared vectors, from all the shards at once, on one thread
+//! and on several, the placed tensor and the others hold the bytes `ShardReader::read` gives, or
+//! the record is refused with its reason.
+
+use layertap_core::reader::{read_batch, BatchRead, ShardReader};
+use layertap_core::Error;
+use std::path::PathBuf;
+
+fn vectors() -> Vec<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/vectors");
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "lts"))
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn a_batch_of_every_vector_reads_as_the_shard_reader_reads_each_record() {
+    let readers: Vec<ShardReader> = vectors()
+        .iter()
+        .filter_map(|p| ShardReader::open(p).ok())
+        .collect();
+    // Every record, with a row as long as its hidden_states (or 16 bytes, where it has none or
+    // is corrupt: nothing is placed there).
+    let mut wanted = Vec::new();
+    for r in &readers {
+        for i in 0..r.len() {
+            let want = r.read(i, true);
+            let len = want
+                .as_ref()
+                .ok()
+                .and_then(|rec| {
+                    rec.header
+                        .tensors
+                        .iter()
+                        .find(|t| t.spec.name == "hidden_states")
+                })
+                .map_or(16, |t| t.range.len());
+            wanted.push((r, i, want, len));
+        }
+    }
+    for threads in [1, 3] {
+        let mut rows: Vec<Vec<u8>> = wanted.iter().map(|w| vec![0xEE; w.3]).collect();
+        let mut batch: Vec<BatchRead<'_>> = wanted
+            .iter()
+            .zip(rows.iter_mut())
+            .map(|((r, i, _, _), row)| BatchRead {
+                reader: r,
+                index: *i,
+                dst: row,
+                result: None,
+            })
+            .collect();
+        read_batch(&mut batch, "hidden_states", true, threads);
+        let (mut placed, mut corrupt) = (0, 0);
+        for (b, (r, i, want, _)) in batch.iter().zip(&wanted) {
+            let got = b.result.as_ref().expect("every result is set");
+            match (want, got) {
+                (Ok(rec), Ok(p)) => {
+                    assert_eq!(p.header.metadata, rec.header.metadata);
+                    for (k, t) in p.header.tensors.iter().enumerate() {
+                        let whole = &rec.bytes.as_slice()[rec.header.tensors[k].range.clone()];
+                        if p.placed == Some(k) {
+                            assert_eq!(&b.dst[..], whole, "{:?} #{i}", r.path());
+                            placed += 1;
+                        } else {
+                            assert_eq!(&p.rest[t.range.clone()], whole, "{:?} #{i}", r.path());
+                        }
+                    }
+                }
+                (
+                    Err(Error::CorruptRecord { reason, .. }),
+                    Err(Error::CorruptRecord { reason: r2, .. }),
+                ) => {
+                    assert_eq!(reason, r2);
+                    corrupt += 1;
+                }
+                (w, g) => panic!("{:?} #{i}: {w:?} against {g:?}", r.path()),
+            }
+        }
+        assert!(
+            placed >= 20 && corrupt >= 1,
+            "{placed} placed, {corrupt} corrupt"
+        );
+    }
+}
