@@ -108,3 +108,69 @@ def test_both_backends_follow_a_live_shard_alike(tmp_path, codec, lossy):
     if lossy:
         assert got["rust"][0][2][0][1] == "float8_e4m3fn"
     assert not np.all(np.frombuffer(got["rust"][0][2][0][3], np.uint8) == 0)
+
+
+def _read_one(reader: RustShardReader, i: int) -> tuple:
+    return _outcome(lambda: reader.read(i))
+
+
+def test_a_batch_read_into_rows_gives_what_each_record_reads():
+    """``RustShardReader.read_batch_into`` (the core's batch read, which ``layertap.torch``
+    decodes batches through): every record of the shared vectors, from all the shards in one
+    batch, on one thread and on three: the tensor placed in its row and the others hold what
+    ``read`` gives, a corrupt record comes back as its ``CorruptRecordError``."""
+    readers = []
+    for path in sorted(glob.glob(os.path.join(VECTORS, "*.lts"))):
+        try:
+            readers.append(RustShardReader(path))
+        except FormatError:
+            continue
+    want = [(r, i, _read_one(r, i)) for r in readers for i in range(len(r))]
+
+    def row_len(outcome: tuple) -> int:
+        if outcome[0] == "corrupt":
+            return 16
+        return next((len(b) for n, _, _, b in outcome[1] if n == "hidden_states"), 16)
+
+    for threads in (1, 3):
+        rows = [np.full(row_len(w), 0xEE, np.uint8) for _, _, w in want]
+        got = RustShardReader.read_batch_into(
+            [(r, i, row) for (r, i, _), row in zip(want, rows)], "hidden_states", threads=threads
+        )
+        placed = corrupt = 0
+        for (r, i, expected), row, result in zip(want, rows, got):
+            if isinstance(result, CorruptRecordError):
+                assert expected == ("corrupt", result.path, result.offset, result.key), (r.path, i)
+                corrupt += 1
+                continue
+            metadata, tensors = result
+            filled = [(n, d, tuple(s), row.tobytes() if b is None else b.tobytes()) for n, d, s, b in tensors]
+            assert (metadata, filled) == expected, (r.path, i)
+            placed += any(b is None for *_, b in tensors)
+        assert placed >= 20 and corrupt >= 1, (placed, corrupt)
+    for r in readers:
+        r.close()
+
+
+def test_a_batch_read_refuses_rows_that_overlap():
+    reader = RustShardReader(os.path.join(VECTORS, "bp16-zstd.lts"))
+    memory = np.zeros(4096, np.uint8)
+    with pytest.raises(ValueError, match="overlap"):
+        RustShardReader.read_batch_into([(reader, 0, memory[:100]), (reader, 1, memory[50:300])], "hidden_states")
+    with pytest.raises(TypeError, match="writable"):
+        RustShardReader.read_batch_into([(reader, 0, b"read-only bytes")], "hidden_states")
+
+
+def test_batch_memory_comes_back_once_nothing_uses_it():
+    """``batch_memory``: memory a dropped batch used is handed out again, as that batch left it
+    (so a reader of batches must write every byte it hands on); one in use never is."""
+    size = (3 << 20) + 12345  # a size no other test's batch has
+    first = RustShardReader.batch_memory(size)
+    first[:4] = [1, 2, 3, 4]
+    address = first.ctypes.data
+    held = RustShardReader.batch_memory(size)
+    assert held.ctypes.data != address
+    del first
+    again = RustShardReader.batch_memory(size - 345)
+    assert again.ctypes.data == address and len(again) == size - 345
+    assert again[:4].tolist() == [1, 2, 3, 4]

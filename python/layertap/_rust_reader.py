@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from layertap._native import NativeShardReader, is_being_written
+from layertap._native import NativeShardReader, batch_memory, is_being_written, read_batch_into
 from layertap._spec import json_text
 from layertap._types import IndexEntry, Problem, ProblemKind
 from layertap.errors import FormatError
@@ -66,6 +66,35 @@ class RustShardReader:
         is checked first. Raises ``CorruptRecordError`` (``path``, ``offset``, ``key``)."""
         metadata, tensors = self._native.read(i, verify)
         return metadata, [(name, dtype, shape, np.asarray(buf)) for name, dtype, shape, buf in tensors]
+
+    @staticmethod
+    def read_batch_into(
+        reads: list[tuple[RustShardReader, int, object]], name: str, *, verify: bool = True, threads: int = 1
+    ) -> list[tuple[dict[str, str], list[tuple[str, str, tuple[int, ...], np.ndarray | None]]] | Exception]:
+        """Reads the records of a batch together: ``reads`` holds ``(reader, i, out)``, ``out`` a
+        writable C-contiguous buffer (the record's row of the batch) that record ``i``'s tensor
+        ``name`` is decoded straight into when its data is as long as ``out``; no two ``out``
+        overlap (else ``ValueError``). The records' bytes are asked of the kernel first, then
+        decoded on up to ``threads`` threads with the GIL released. Returns, in order, what
+        ``read`` returns, with that tensor's buffer None when it went to ``out``, or the
+        exception reading the record raised (``CorruptRecordError``...)."""
+        results = read_batch_into(
+            [(r._native, i, out) for r, i, out in reads], name=name, verify=verify, threads=threads
+        )
+        return [
+            r
+            if isinstance(r, Exception)
+            else (r[0], [(n, d, s, None if b is None else np.asarray(b)) for n, d, s, b in r[1]])
+            for r in results
+        ]
+
+    @staticmethod
+    def batch_memory(nbytes: int) -> np.ndarray:
+        """``nbytes`` of writable memory (a ``uint8`` array) for a batch to be read into with
+        ``read_batch_into``: memory an earlier batch used, once nothing refers to it any more
+        (so it costs no page faults), when one is large enough, else new zeroed memory. Its
+        bytes are whatever that batch left."""
+        return np.asarray(batch_memory(nbytes))
 
     def check(self, i: int) -> None:
         """Checks record ``i`` fully: its frame header agrees with the entry, its payload matches

@@ -127,6 +127,35 @@ impl PyRecordBuffer {
     }
 }
 
+impl PyRecordBuffer {
+    /// The address and length of the bytes, for callers that check buffers do not overlap.
+    pub fn span(&self) -> (usize, usize) {
+        match &self.held {
+            Some(HeldBuffer(view)) if view.len > 0 => (view.buf as usize, view.len as usize),
+            _ => (0, 0),
+        }
+    }
+
+    /// The bytes of a buffer taken with [`PyRecordBuffer::get_writable`], to write into.
+    ///
+    /// # Safety
+    /// No other slice of the same memory may be in use while the returned one is (the caller
+    /// checks that the buffers it writes at once do not overlap, see [`PyRecordBuffer::span`]),
+    /// and the buffer must have been taken writable.
+    pub unsafe fn bytes_mut(&mut self) -> &mut [u8] {
+        let Some(HeldBuffer(view)) = &self.held else {
+            return &mut [];
+        };
+        if view.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: as for `bytes`, the held export keeps the memory alive and in place, C-
+        // contiguous from the non-null `buf`; the exporter granted it writable, and the caller
+        // promises no other slice of it is in use.
+        unsafe { std::slice::from_raw_parts_mut(view.buf.cast::<u8>(), view.len as usize) }
+    }
+}
+
 impl RecordBuffer for PyRecordBuffer {
     fn bytes(&self) -> &[u8] {
         let Some(HeldBuffer(view)) = &self.held else {

@@ -7,7 +7,8 @@ use crate::buffers_out::TensorBuffer;
 use crate::errors::{to_py, IntoPyResult};
 use layertap_core::blob::BlobHeader;
 use layertap_core::reader::{
-    decode_payload, read_payload, PayloadInfo, Problem, RecordBytes, ShardReader,
+    decode_payload, read_batch, read_payload, BatchRead, PayloadInfo, Placed, Problem, RecordBytes,
+    ShardReader,
 };
 use layertap_core::writer::RecordBuffer;
 use layertap_core::{Codec, Error};
@@ -241,6 +242,102 @@ fn record_tuple<'py>(
     PyTuple::new(py, [metadata.into_any(), tensors.into_any()])
 }
 
+/// `(metadata, [(name, dtype, shape, buffer)])` of a record read with one tensor placed in the
+/// caller's memory: that tensor's buffer is None.
+fn placed_tuple<'py>(py: Python<'py>, placed: Placed) -> PyResult<Bound<'py, PyTuple>> {
+    let metadata = PyDict::new(py);
+    for (k, v) in &placed.header.metadata {
+        metadata.set_item(k, v)?;
+    }
+    let bytes = Arc::new(RecordBytes::from_vec(placed.rest));
+    let tensors = PyList::empty(py);
+    for (i, t) in placed.header.tensors.iter().enumerate() {
+        let shape = PyTuple::new(py, &t.spec.shape)?;
+        let buffer = if placed.placed == Some(i) {
+            py.None()
+        } else {
+            let b = TensorBuffer::new(bytes.clone(), t.range.start, t.range.len())
+                .ok_or_else(|| PyValueError::new_err("tensor range outside its record"))?;
+            Py::new(py, b)?.into_any()
+        };
+        tensors.append((t.spec.name.as_str(), t.spec.dtype.name(), shape, buffer))?;
+    }
+    PyTuple::new(py, [metadata.into_any(), tensors.into_any()])
+}
+
+/// Reads the records of a training batch: `reads` is a list of `(reader, i, out)`, `out` a
+/// writable C-contiguous buffer (a row of the batch) that record `i` of `reader`'s tensor
+/// `name` is decoded into when its data is as long as `out`; no two `out` may overlap. The
+/// records' bytes are asked of the kernel first, then decoded on up to `threads` threads with
+/// the GIL released. Returns, in order, what `NativeShardReader.read` does with that tensor's
+/// buffer None when it went to `out` (else the record holds no such tensor of that length, and
+/// `out` is untouched), or the exception reading the record raised (`CorruptRecordError`...).
+#[pyfunction]
+#[pyo3(signature = (reads, *, name, verify = true, threads = 1))]
+fn read_batch_into<'py>(
+    py: Python<'py>,
+    reads: Vec<(Bound<'py, NativeShardReader>, isize, Bound<'py, PyAny>)>,
+    name: String,
+    verify: bool,
+    threads: usize,
+) -> PyResult<Bound<'py, PyList>> {
+    let mut jobs = Vec::with_capacity(reads.len());
+    for (reader, i, out) in &reads {
+        let native = reader.get();
+        let r = native.reader()?;
+        let at = NativeShardReader::position(&r, *i)?;
+        let buffer = PyRecordBuffer::get_writable(out).map_err(PyTypeError::new_err)?;
+        jobs.push((r, at, buffer));
+    }
+    let mut spans: Vec<(usize, usize)> = jobs.iter().map(|j| j.2.span()).collect();
+    spans.sort_unstable();
+    if spans
+        .windows(2)
+        .any(|w| w[0].1 > 0 && w[1].1 > 0 && w[0].0 + w[0].1 > w[1].0)
+    {
+        return Err(PyValueError::new_err(
+            "the out buffers of read_batch_into overlap: give each record a row of its own",
+        ));
+    }
+    let results = py.detach(move || {
+        let mut batch: Vec<BatchRead<'_>> = jobs
+            .iter_mut()
+            .map(|(r, at, buffer)| BatchRead {
+                reader: r,
+                index: *at,
+                // SAFETY: each buffer was taken writable, and no two overlap (checked above),
+                // so each slice is the only one of its memory while the batch is read.
+                dst: unsafe { buffer.bytes_mut() },
+                result: None,
+            })
+            .collect();
+        read_batch(&mut batch, &name, verify, threads);
+        let results: Vec<_> = batch.into_iter().map(|b| b.result).collect();
+        drop(jobs); // the buffers go to the graveyard, released below with the GIL
+        results
+    });
+    drain_graveyard(py);
+    let out = PyList::empty(py);
+    for result in results {
+        match result.expect("read_batch sets every result") {
+            Ok(placed) => out.append(placed_tuple(py, placed)?)?,
+            Err(e) => out.append(to_py(e).into_value(py))?,
+        }
+    }
+    Ok(out)
+}
+
+/// `nbytes` of memory for a batch to be decoded into (`read_batch_into`'s `out` rows), as a
+/// writable buffer: what an earlier batch used, once nothing refers to it any more, when one is
+/// large enough (its bytes are what that batch left), else new zeroed memory.
+#[pyfunction]
+fn batch_memory(py: Python<'_>, nbytes: usize) -> PyResult<Py<TensorBuffer>> {
+    let bytes = Arc::new(py.detach(|| RecordBytes::for_batch(nbytes)));
+    let buffer = TensorBuffer::new(bytes, 0, nbytes)
+        .ok_or_else(|| PyValueError::new_err("batch memory shorter than asked"))?;
+    Py::new(py, buffer)
+}
+
 /// Decodes one record from its stored payload (`stored`: any C-contiguous buffer, the bytes
 /// after its frame header as a shard or a store object holds them), with the GIL released:
 /// checked against `payload_crc` (unless None), decoded by codec id `codec` to `raw_len` bytes,
@@ -380,6 +477,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<TensorBuffer>()?;
     m.add_function(wrap_pyfunction!(decode_record, m)?)?;
     m.add_function(wrap_pyfunction!(read_record, m)?)?;
+    m.add_function(wrap_pyfunction!(read_batch_into, m)?)?;
+    m.add_function(wrap_pyfunction!(batch_memory, m)?)?;
     m.add_function(wrap_pyfunction!(recover, m)?)?;
     m.add_function(wrap_pyfunction!(is_being_written, m)?)?;
     Ok(())
