@@ -144,3 +144,67 @@ def test_corrupt_records_skipped_or_raised(tmp_path):
     # Without the checksum pass, a flipped bit of an uncompressed record goes unnoticed.
     unchecked = HiddenStatesDataset(path, verify=False)
     assert unchecked[2]["key"] == "2" and torch.equal(unchecked[3]["hidden_states"], record(3)["hidden_states"])
+
+
+@pytest.mark.parametrize("codec", ["none", "zstd", "bp16-zstd", "exp-huf"])
+def test_a_batch_is_decoded_into_one_padded_tensor_that_pad_collate_takes(tmp_path, codec):
+    """``__getitems__`` (what a DataLoader asks for): the records' hidden states decoded into the
+    rows of one padded tensor, which pad_collate returns as it is; the same batch as items read
+    one by one and copied. Memory of a dropped batch is reused, so the zeros after each record
+    are written, not inherited: a batch of long records, dropped, then one of short records."""
+    path = tmp_path / "ds"
+    with layertap.ShardWriter(str(path), writer_id="gen-0", codec=codec) as w:
+        for r in range(ROWS):
+            w.submit(str(r), record(r), {"layer_ids": "[2, 8, 13]"})
+    ds = HiddenStatesDataset(path)
+    for batch in ([6, 13, 20, 5], [7, 0, 14, 21], [1, 7]):  # 8 or 9 tokens, then 3 to 4
+        one_by_one = [ds[i] for i in batch]
+        items = ds.__getitems__(batch)
+        for got, want in zip(items, one_by_one):
+            assert got.keys() == want.keys() and got["key"] == want["key"]
+            for name in ("hidden_states", "token_ids", "loss_mask"):
+                assert torch.equal(got[name], want[name]), name
+        padded = pad_collate(items)
+        assert padded["hidden_states"] is items[0]["hidden_states"]._base  # not copied
+        copied = pad_collate(one_by_one)
+        for name in ("hidden_states", "token_ids", "loss_mask", "attention_mask", "lengths"):
+            assert torch.equal(padded[name], copied[name]), name
+        del items, padded
+    loader = torch.utils.data.DataLoader(ds, batch_size=5, collate_fn=pad_collate)
+    assert [k for b in loader for k in b["keys"]] == ds.keys
+
+
+def test_a_batch_with_records_of_another_shape_or_damaged(tmp_path):
+    """Rows are shaped as the first record read: a record whose hidden states have as many
+    bytes but another shape, or other bytes, is served as it is stored (pad_collate then
+    copies); a corrupt one is skipped or raised as one by one."""
+    path = tmp_path / "ds"
+    odd = {
+        "1": torch.randn(4, 6, 8).to(torch.bfloat16),  # the bytes of [4, 3, 16] in another shape
+        "2": torch.randn(5, 3, 8).to(torch.bfloat16),  # fewer bytes a token
+    }
+    with layertap.ShardWriter(str(path), writer_id="gen-0", codec="bp16-zstd") as w:
+        for r in range(5):
+            rec = (
+                record(r)
+                if str(r) not in odd
+                else {"hidden_states": odd[str(r)], "token_ids": torch.arange(len(odd[str(r)]))}
+            )
+            w.submit(str(r), rec, {"layer_ids": "[2, 8, 13]"})
+    ds = HiddenStatesDataset(path, errors="skip")
+    ds[0]
+    items = ds.__getitems__([1, 2, 3])
+    assert torch.equal(items[0]["hidden_states"], odd["1"]) and torch.equal(items[1]["hidden_states"], odd["2"])
+    assert torch.equal(items[2]["hidden_states"], record(3)["hidden_states"])
+    with layertap.open(path) as reader:
+        entry = reader.backends[0].entries[3]
+    flip_bit(reader.shards[0].path, entry.frame_offset + entry.stored_len // 2 + 64)
+    skipping = HiddenStatesDataset(path, errors="skip")
+    skipping[0]
+    items = skipping.__getitems__([0, 3, 4])
+    assert items[1] is None and skipping.skipped == 1
+    assert pad_collate(items)["keys"] == ["0", "4"]
+    raising = HiddenStatesDataset(path)
+    raising[0]
+    with pytest.raises(CorruptRecordError):
+        raising.__getitems__([0, 3, 4])

@@ -7,11 +7,17 @@ dataset in ascending order) as a dict of tensors. It works with ``DataLoader`` w
 fork or spawn: it pickles as its arguments only, and each worker opens the shards itself (its own
 memory maps) at its first item. ``pad_collate`` and ``pack_collate`` batch records of different
 lengths, with their loss masks.
+
+A ``DataLoader`` asks for a batch's items at once (``__getitems__``): with the Rust backend the
+core reads the batch's records together (their bytes asked of the kernel first, decoded on a
+few threads with the GIL released) and decodes each record's ``hidden_states`` straight into its
+row of one padded tensor, which ``pad_collate`` then takes as it is rather than copying it.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -19,9 +25,9 @@ from typing import Any
 import torch
 
 from layertap._checks import one_of
-from layertap._choices import ERROR_MODES
+from layertap._choices import ERROR_MODES, MAX_THREADS
 from layertap._spec.record import HIDDEN_STATES, LAYER_IDS, LOSS_MASK, TOKEN_IDS
-from layertap._tensors import to_torch
+from layertap._tensors import TORCH_DTYPES, to_torch
 from layertap.errors import LayertapError, RecordNotFoundError
 from layertap.reader import open as open_dataset
 
@@ -71,6 +77,7 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
         """Corrupt records served as None in this process (``errors="skip"``)."""
         self._ds = None
         self._pid = None
+        self._row: tuple[tuple[int, ...], torch.dtype] | None = None
         self._open()
 
     # -- the shards, once per process ----------------------------------------------------------
@@ -103,7 +110,7 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
     def __getstate__(self) -> dict:
         # Only the arguments travel to a spawned worker (and default keys are found again there).
         state = self.__dict__.copy()
-        state.update(_ds=None, _pid=None, _keys=None, _where=None)
+        state.update(_ds=None, _pid=None, _keys=None, _where=None, _row=None)
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -132,8 +139,46 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
             self.skipped += 1
             return None
 
-    def _item(self, key: str, shard: str, metadata: dict, tensors: list) -> dict:
-        found = {name: to_torch(buf, dtype, shape) for name, dtype, shape, buf in tensors}
+    def __getitems__(self, indices: Sequence[int]) -> list[dict | None]:
+        """The items of a batch, as ``[self[i] for i in indices]``; what ``DataLoader`` asks
+        for. With the Rust backend the records are read together, each ``hidden_states``
+        decoded into its row of one tensor ``[B, T, L, H]`` padded with zeros after each record
+        (in a ``DataLoader`` worker, in shared memory, as the worker sends it), once the first
+        record read in this process has told the rows' shape."""
+        self._open()
+        where = [self._where[i] for i in indices]
+        if self._row is None or self.layers is not None or not all(hasattr(s, "read_batch_into") for s, _ in where):
+            return [self[i] for i in indices]
+        shape, dtype = self._row
+        lengths = [shard.entries[at].num_tokens for shard, at in where]
+        backend = type(where[0][0])
+        batch = _padded_batch(backend, (len(indices), max(lengths, default=0), *shape), dtype)
+        rows = [batch[j, :k] for j, k in enumerate(lengths)]
+        reads = [(shard, at, row.view(torch.uint8).numpy()) for (shard, at), row in zip(where, rows)]
+        results = backend.read_batch_into(
+            reads, HIDDEN_STATES, verify=self.verify, threads=_decode_threads(len(indices))
+        )
+        for j, k in enumerate(lengths):
+            batch[j, k:].zero_()
+        items: list[dict | None] = []
+        for i, (shard, _), row, result in zip(indices, where, rows, results):
+            try:
+                if isinstance(result, Exception):
+                    raise result
+                metadata, tensors = result
+                items.append(self._item(self._keys[i], shard.path, metadata, tensors, row))
+            except LayertapError:
+                if self.errors == "raise":
+                    raise
+                self.skipped += 1
+                items.append(None)
+        return items
+
+    def _item(self, key: str, shard: str, metadata: dict, tensors: list, row: torch.Tensor | None = None) -> dict:
+        found = {
+            name: to_torch(buf, dtype, shape) if buf is not None else _placed(row, dtype, shape)
+            for name, dtype, shape, buf in tensors
+        }
         hidden, token_ids = found.get(HIDDEN_STATES), found.get(TOKEN_IDS)
         if hidden is None or token_ids is None:
             raise LayertapError(f"{shard}: record {key!r} has no hidden_states or token_ids tensor")
@@ -147,6 +192,8 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
                 ) from None
             if index != list(range(len(stored))):
                 hidden = hidden[:, index]
+        elif self._row is None:  # the rows of this process's batches (see __getitems__)
+            self._row = (tuple(hidden.shape[1:]), hidden.dtype)
         mask = found.get(LOSS_MASK)
         if mask is None:
             mask = torch.ones(len(token_ids), dtype=torch.uint8)
@@ -154,6 +201,63 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
 
     def __repr__(self) -> str:
         return f"HiddenStatesDataset({self.path!r}, {len(self)} records, layers={self.layers})"
+
+
+def _decode_threads(records: int) -> int:
+    """Threads that decode a batch: one in a ``DataLoader`` worker (the workers share the
+    CPUs), else up to one a CPU this process may run on, at most one a record."""
+    if torch.utils.data.get_worker_info() is not None:
+        return 1
+    return max(1, min(records, len(os.sched_getaffinity(0)), MAX_THREADS))
+
+
+def _padded_batch(backend: Any, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised tensor for a batch's rows, marked for ``pad_collate`` to take as it
+    is. In a ``DataLoader`` worker its memory is shared memory from the start (as
+    ``default_collate`` makes its batches), so that sending the batch does not copy it there;
+    else it is memory of an earlier batch that is no longer used (``backend.batch_memory``), whose
+    pages need no faulting in."""
+    elem = torch.empty(0, dtype=dtype)
+    nbytes = math.prod(shape) * elem.element_size()
+    if torch.utils.data.get_worker_info() is not None:
+        storage = elem._typed_storage()._new_shared(math.prod(shape), device=elem.device)
+        batch = elem.new(storage).resize_(shape)
+    elif nbytes == 0:
+        batch = torch.empty(shape, dtype=dtype)
+    else:
+        # A tensor of its own over the memory (not a view of it), so that the rows' base is it.
+        memory = torch.frombuffer(backend.batch_memory(nbytes), dtype=torch.uint8)
+        batch = elem.set_(memory.untyped_storage(), 0, shape)
+    batch._layertap_padded = True
+    return batch
+
+
+def _placed(row: torch.Tensor | None, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """The tensor the core decoded into ``row``: the row itself, or, for a record whose tensor
+    has the row's length but another shape or dtype, a copy of its bytes as the record has it."""
+    assert row is not None, "a tensor was placed without a row"
+    if TORCH_DTYPES[dtype] == row.dtype and tuple(row.shape) == tuple(shape):
+        return row
+    return to_torch(row.view(torch.uint8).reshape(-1).clone().numpy(), dtype, shape)
+
+
+def _padded_base(items: list[dict], t: int) -> torch.Tensor | None:
+    """The padded tensor ``HiddenStatesDataset.__getitems__`` decoded the items' hidden states
+    into, when they are its rows in order and it holds exactly these rows of ``t`` tokens
+    (zeros after each record); else None."""
+    first = items[0][HIDDEN_STATES]
+    base = first._base
+    if base is None or not getattr(base, "_layertap_padded", False) or tuple(base.shape[:2]) != (len(items), t):
+        return None
+    for j, b in enumerate(items):
+        h = b[HIDDEN_STATES]
+        if (
+            h._base is not base
+            or h.data_ptr() != base[j].data_ptr()
+            or tuple(h.shape) != (len(b[TOKEN_IDS]), *base.shape[2:])
+        ):
+            return None
+    return base
 
 
 class EmptyBatchError(LayertapError, ValueError):
@@ -177,12 +281,16 @@ def pad_collate(batch: list[dict | None], pad_token_id: int = 0) -> dict:
     lengths = torch.tensor([len(b[TOKEN_IDS]) for b in items])
     n, t = len(items), int(lengths.max())
     first = items[0][HIDDEN_STATES]
-    hidden = first.new_zeros((n, t, *first.shape[1:]))
+    hidden = _padded_base(items, t)
+    placed = hidden is not None
+    if not placed:
+        hidden = first.new_zeros((n, t, *first.shape[1:]))
     token_ids = torch.full((n, t), pad_token_id, dtype=torch.int64)
     loss_mask = torch.zeros((n, t), dtype=torch.uint8)
     for j, b in enumerate(items):
         k = len(b[TOKEN_IDS])
-        hidden[j, :k] = b[HIDDEN_STATES]
+        if not placed:
+            hidden[j, :k] = b[HIDDEN_STATES]
         token_ids[j, :k] = b[TOKEN_IDS]
         loss_mask[j, :k] = b[LOSS_MASK]
     attention_mask = torch.arange(t)[None, :] < lengths[:, None]
