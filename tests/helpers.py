@@ -360,6 +360,21 @@ def python_runs_during(fn) -> int:
         thread.join()
 
 
+class HandClock:
+    """A clock the test moves (``advance``), for code that takes a clock (``clock=``) or reads
+    one the test replaces: intervals and limits are checked at their edges, with no sleep, and
+    nothing depends on how long a loaded machine takes between two calls."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 @contextlib.contextmanager
 def mounted_tmpfs(path, size: str):
     """A tmpfs of ``size`` (``"600k"``, ``"2m"``) mounted on ``path`` (created), unmounted at

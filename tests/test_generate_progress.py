@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import io
 import os
-import time
 import types
 
 import pytest
+import tqdm.std
 
 import layertap
-from helpers import make_tensors
+from helpers import HandClock, make_tensors
 from layertap._text import human_bytes
+from layertap.generate import progress as progress_module
 from layertap.generate.progress import EngineTotals, Progress, ShardFollower
 
 
@@ -59,22 +60,32 @@ def test_engine_totals_turn_reports_into_increments():
     assert (t.raw_bytes, t.stored_bytes, t.ratio) == (160, 80, 2.0)
 
 
+@pytest.fixture
+def clock(monkeypatch) -> HandClock:
+    """The clock of ``Progress`` (its ``time.monotonic``) and of its tqdm bar, moved by the test:
+    what the figures show does not depend on how long the machine takes between two calls."""
+    hand = HandClock()
+    monkeypatch.setattr(progress_module, "time", types.SimpleNamespace(monotonic=hand))
+    monkeypatch.setattr(tqdm.std, "time", hand)  # read by each bar as it starts
+    return hand
+
+
 def _final(text: str) -> str:
     """The last thing drawn or printed: a bar redraws its line after a carriage return."""
     return text.replace("\r", "\n").strip().splitlines()[-1]
 
 
 @pytest.mark.parametrize("mode", ["bar", "lines"])
-def test_the_last_figures_time_the_rows_not_the_drain_and_shutdown(tmp_path, mode):
+def test_the_last_figures_time_the_rows_not_the_drain_and_shutdown(tmp_path, mode, clock):
     """Rows done, then their records reach the files later and the engine takes a while to stop
-    (a second here; seconds with a real engine): the final bar or line shows every record's
-    bytes, but the time and rate up to the last row only (issue 24: the bar's time included the
-    drain and shutdown)."""
+    (100 s here; seconds with a real engine): the final bar or line shows every record's bytes,
+    but the time and rate up to the last row only (issue 24: the bar's time included the drain
+    and shutdown)."""
     stream = io.StringIO()
     follower = ShardFollower(str(tmp_path), "gen-0")
     bar = Progress(3, follower, mode, interval=10.0, stream=stream)
     bar.update(rows=3, tokens=9)
-    time.sleep(1.3)  # the records still in the writer, then the engine stopping
+    clock.advance(100)  # the records still in the writer, then the engine stopping
     with layertap.PyShardWriter(tmp_path, writer_id="gen-0", codec="none") as w:
         for i in range(3):
             w.submit(str(i), make_tensors(i))
@@ -88,18 +99,19 @@ def test_the_last_figures_time_the_rows_not_the_drain_and_shutdown(tmp_path, mod
     follower.close()
 
 
-def test_the_bar_shows_new_bytes_without_waiting_for_a_row(tmp_path):
+def test_the_bar_shows_new_bytes_without_waiting_for_a_row(tmp_path, clock):
     """A step that finishes no row (a long prefill) still shows the bytes written meanwhile: the
     bar drew them only with the next finished row (issue 24: "21.0 KiB written" shown when far
     more was stored)."""
     stream = io.StringIO()
     follower = ShardFollower(str(tmp_path), "gen-0")
-    bar = Progress(4, follower, "bar", interval=0.05, stream=stream)
+    bar = Progress(4, follower, "bar", interval=0.0625, stream=stream)
     bar.update(rows=1, tokens=3)
     with layertap.PyShardWriter(tmp_path, writer_id="gen-0", codec="none") as w:
         w.submit("0", make_tensors(0))
-    time.sleep(0.1)
+    clock.advance(0.0625)  # the interval (a power of 2: exact on a clock at 1,000 s)
     bar.update()  # an engine step without a finished row
+    assert follower.stored_bytes > 0  # the update read the shard again
     assert f"{human_bytes(follower.stored_bytes)} written" in _final(stream.getvalue())
     bar.close()
     follower.close()

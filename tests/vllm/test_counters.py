@@ -11,7 +11,7 @@ import torch
 from test_transfer import BLOCK, BLOCKS, HIDDEN, LAYERS, facts, saves
 
 import layertap
-from helpers import writer_class
+from helpers import HandClock, writer_class
 from layertap.vllm.counters import (
     REPORT_INTERVAL,
     STALL_LIMIT,
@@ -27,20 +27,6 @@ from layertap.vllm.stats import ConnectorStats, describe
 from vllm_support import VLLM_WARNINGS
 
 pytestmark = VLLM_WARNINGS
-
-
-class HandClock:
-    """A steady clock the test moves (``advance``): the counters' intervals and limits are
-    checked at their edges, with no sleep and no dependence on how slow the machine is."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def step_saves(ended: float, *requests: tuple[str, list[int], int]):
