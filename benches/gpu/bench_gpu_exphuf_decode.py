@@ -40,8 +40,15 @@ from bench_gpu_codecs import load_records  # noqa: E402
 #: (tokens a record, records a batch): the issue's 64 x 256-token batches and 2048-token records,
 #: and larger batches, for lanes enough to fill the device.
 BATCHES = [(256, 64), (256, 256), (256, 1024), (2048, 16), (2048, 64), (2048, 256)]
-#: Kernel variants: (name, lanes a program, the next element's context loaded a step early).
-VARIANTS = [("ahead-32", 32, True), ("ahead-64", 64, True), ("ahead-128", 128, True), ("plain-32", 32, False)]
+#: Kernel variants: (name, lanes a program, the next element's context loaded a step early, the
+#: stream's words kept from step to step). The first is decode_records' default.
+VARIANTS = [
+    ("ahead-buffered-32", 32, True, True),
+    ("ahead-buffered-64", 64, True, True),
+    ("ahead-buffered-128", 128, True, True),
+    ("ahead-32", 32, True, False),
+    ("plain-32", 32, False, False),
+]
 
 
 def synthetic(tokens: int, layers: int = 7, hidden: int = 384, seed: int = 0) -> torch.Tensor:
@@ -96,7 +103,7 @@ def run_batch(sources, payloads, device, variant, reps) -> dict:
     """One batch (``payloads[i]`` encodes ``sources[i % len(sources)]``) with one kernel variant."""
     from layertap.gpu.exphuf_decode import decode_records
 
-    name, lanes_per_program, ahead = variant
+    name, lanes_per_program, ahead, buffered = variant
     want = [s.to(device) for s in sources]
     raw_bytes = sum(want[i % len(want)].numel() * 2 for i in range(len(payloads)))
     best: dict = {}
@@ -105,7 +112,9 @@ def run_batch(sources, payloads, device, variant, reps) -> dict:
         timings: dict = {}
         sync(device)
         wall0, cpu0 = time.perf_counter(), time.thread_time()
-        out = decode_records(payloads, device, lanes_per_program=lanes_per_program, ahead=ahead, timings=timings)
+        out = decode_records(
+            payloads, device, lanes_per_program=lanes_per_program, ahead=ahead, buffered=buffered, timings=timings
+        )
         sync(device)
         wall, cpu = time.perf_counter() - wall0, time.thread_time() - cpu0
         if rep == 0:  # bit for bit, on the device
@@ -161,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--activations", type=Path, help="safetensors with a bf16 [tokens, layers, hidden] tensor 'bf16'")
     src.add_argument("--synthetic", action="store_true", help="activations-like random values")
     ap.add_argument("--out", type=Path, required=True, help="PREFIX: writes PREFIX.json and PREFIX.md")
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--batches", nargs="+", default=None, help="TOKENSxRECORDS, e.g. 256x64 2048x16")
     ap.add_argument("--variants", nargs="+", default=None, help=f"of {[v[0] for v in VARIANTS]}")
     ap.add_argument(

@@ -71,8 +71,8 @@ _FIXED = struct.Struct("<BBHI")
 #: The longest block head: mode, fixed fields, context map, 16 full code-length tables, 8
 #: stream lengths. A device payload's head is read back in one copy of at most this.
 _MAX_HEAD = 1 + _FIXED.size + SYMBOLS // 2 + MAX_CONTEXTS * (4 + SYMBOLS // 2) + 8 * 8
-#: Bytes after the last payload in the device copy: the word after a stream's last word.
-_PAD = 16
+#: Bytes after the last payload in the device copy: the two words after a stream's last one.
+_PAD = 24
 #: Lane statuses the kernel writes (0: decoded and checked).
 _PROBLEMS = {
     1: "holds a bit pattern that is no code",
@@ -383,7 +383,13 @@ def _device_copy(payloads, sources, device) -> tuple[torch.Tensor, list[int]]:
 
 
 def decode_records(
-    payloads, device=None, *, lanes_per_program: int = LANES, ahead: bool = True, timings: dict | None = None
+    payloads,
+    device=None,
+    *,
+    lanes_per_program: int = LANES,
+    ahead: bool = True,
+    buffered: bool = True,
+    timings: dict | None = None,
 ) -> list[dict[str, torch.Tensor]]:
     """Decodes exp-huf record payloads (each a bytes-like object, or a 1-D uint8 tensor; the
     ``stored`` bytes of a codec-3 record: safetensors header then blocks) on ``device`` (the
@@ -393,8 +399,9 @@ def decode_records(
     tensor and stream where a payload is not a valid exp-huf payload.
 
     Host buffers are the fast way in: a device tensor's block heads are read back in one small
-    copy each. ``lanes_per_program`` and ``ahead`` (the next element's context loaded a step
-    early) choose the kernel's variant, for the benchmark's comparison; ``timings``, if given,
+    copy each. ``lanes_per_program``, ``ahead`` (the next element's context loaded a step early)
+    and ``buffered`` (a stream's words kept from step to step, the next one loaded beside the
+    table entry) choose the kernel's variant, for the benchmark's comparison; ``timings``, if given,
     receives the host's parse and table time and, on CUDA, the kernels' time (seconds)."""
     payloads = list(payloads)
     if device is None:
@@ -413,7 +420,7 @@ def decode_records(
     if timings is not None:
         timings["parse_s"] = time.perf_counter() - t0
         timings.pop("kernel_s", None)
-    outs = _run(batch, src_buf, device, (lanes_per_program, ahead), timings)
+    outs = _run(batch, src_buf, device, (lanes_per_program, ahead, buffered), timings)
     plain = torch.empty(batch.plain_bytes, dtype=torch.uint8, device=device)
     for src_byte, nbytes, out_byte in batch.plain:
         plain[out_byte : out_byte + nbytes].copy_(src_buf[src_byte : src_byte + nbytes])
@@ -432,7 +439,9 @@ def decode_records(
     return records
 
 
-def _run(batch: _Batch, src_buf: torch.Tensor, device, tuning: tuple[int, bool], timings) -> dict[int, torch.Tensor]:
+def _run(
+    batch: _Batch, src_buf: torch.Tensor, device, tuning: tuple[int, bool, bool], timings
+) -> dict[int, torch.Tensor]:
     """Launches the kernel for each element width's lanes; returns the output buffers (int16,
     int32). Raises CorruptRecordError when a lane reports a problem."""
     outs = {2: torch.empty(batch.elements[2], dtype=torch.int16, device=device),
@@ -513,6 +522,7 @@ def _decode_kernel(
     ELEMENT_MASK: tl.constexpr,
     LANES: tl.constexpr,
     AHEAD: tl.constexpr,
+    BUFFERED: tl.constexpr,
 ):
     lane = tl.program_id(0) * LANES + tl.arange(0, LANES)
     live = lane < lanes
@@ -526,8 +536,11 @@ def _decode_kernel(
     status = tl.zeros([LANES], dtype=tl.int32)
     where = tl.zeros([LANES], dtype=tl.int64)
     raw_mask = (1 << RAW_BITS) - 1
-    steps = tl.max(count, axis=0)
+    steps = tl.max(count, axis=0).to(tl.int32)
     table = table0  # element 0's context: 0
+    # BUFFERED: the two words holding the next bits, kept from step to step
+    lo = tl.load(words_ptr + (bit >> 6), mask=live, other=0).to(tl.uint64, bitcast=True)
+    hi = tl.load(words_ptr + (bit >> 6) + 1, mask=live, other=0).to(tl.uint64, bitcast=True)
     pend = tl.zeros([LANES], dtype=tl.int64)  # AHEAD, d >= 3: the element d back of the next
     last_x = tl.zeros([LANES], dtype=tl.int64)  # AHEAD: the element decoded a step ago
     for j in range(0, steps):
@@ -551,8 +564,13 @@ def _decode_kernel(
         # The stream's next 64 bits: two words, funnel-shifted (a shift by 64 is avoided).
         w = bit >> 6
         s = (bit & 63).to(tl.uint64)
-        lo = tl.load(words_ptr + w, mask=active, other=0).to(tl.uint64, bitcast=True)
-        hi = tl.load(words_ptr + w + 1, mask=active, other=0).to(tl.uint64, bitcast=True)
+        if BUFFERED:
+            # The word after them, loaded beside this step's table entry rather than before
+            # it: an element takes at most 34 bits, so the next step needs it at most.
+            after = tl.load(words_ptr + w + 2, mask=active, other=0).to(tl.uint64, bitcast=True)
+        else:
+            lo = tl.load(words_ptr + w, mask=active, other=0).to(tl.uint64, bitcast=True)
+            hi = tl.load(words_ptr + w + 1, mask=active, other=0).to(tl.uint64, bitcast=True)
         word = ((lo >> s) | ((hi << 1) << (63 - s))).to(tl.int64, bitcast=True)
         entry = tl.load(tables_ptr + table + (word & 2047), mask=active, other=0).to(tl.int64)
         length = entry & 15
@@ -564,6 +582,10 @@ def _decode_kernel(
         tl.store(out_ptr + out0 + j, x.to(out_ptr.dtype.element_ty), mask=ok)
         status = tl.where(no_code, 1, tl.where(past_end, 2, status))
         where = tl.where(no_code | past_end, j, where)
+        if BUFFERED:
+            step = ok & ((nbit >> 6) != w)
+            lo = tl.where(step, hi, lo)
+            hi = tl.where(step, after, hi)
         bit = tl.where(ok, nbit, bit)
         if AHEAD:
             # d of 1 or 2: the element d back of the next is this one or the last one.
@@ -586,7 +608,7 @@ def _decode_kernel(
     tl.store(status_ptr + lanes + lane, where.to(tl.int32), mask=live)
 
 
-def _launch(src_buf, tables, table_of_top, out, desc, width, lanes_per_program, ahead) -> torch.Tensor:
+def _launch(src_buf, tables, table_of_top, out, desc, width, lanes_per_program, ahead, buffered) -> torch.Tensor:
     """Runs the kernel over the lanes ``desc`` describes; returns their statuses ``[2, lanes]``."""
     lanes = desc.shape[1]
     status = torch.empty((2, lanes), dtype=torch.int32, device=out.device)
@@ -594,7 +616,7 @@ def _launch(src_buf, tables, table_of_top, out, desc, width, lanes_per_program, 
     _decode_kernel[(triton.cdiv(lanes, lanes_per_program),)](
         src_buf.view(torch.int64), tables, table_of_top, out, desc, status, lanes,
         RAW_BITS=raw_bits, ELEMENT_MASK=(1 << (8 * width)) - 1, LANES=lanes_per_program,
-        AHEAD=ahead, num_warps=max(1, lanes_per_program // 32), num_stages=1,
+        AHEAD=ahead, BUFFERED=buffered, num_warps=max(1, lanes_per_program // 32), num_stages=1,
     )  # fmt: skip
     return status
 
