@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 
 import pytest
 import torch
 
 import layertap
 from layertap.errors import InvalidInputError, LayertapError
+from layertap.follow import DatasetTail
 from layertap.vllm import RecordLocation, fetch
+from layertap.vllm import online as online_module
 from layertap.vllm.online import error_marker_path, leave_error_marker
+
+#: How long a helper thread waits for fetch to reach the point it waits for (milliseconds
+#: normally): only so that a fetch that never gets there fails the test rather than hangs it.
+HANDSHAKE = 60
 
 
 def tensors(i: int, tokens: int = 5) -> dict:
@@ -27,28 +32,42 @@ def location(path, key: str, writer_id: str = "w") -> dict:
     return {"layertap": {"dataset": str(path), "writer_id": writer_id, "key": key}}
 
 
+@pytest.fixture
+def fetch_waits(monkeypatch) -> threading.Event:
+    """Set when a fetch goes to wait (``DatasetTail.wait``: what it looked for was not there):
+    a thread that writes what the fetch waits for does so only then, so that the fetch is known
+    to have waited, however the threads are scheduled."""
+    event = threading.Event()
+    real = DatasetTail.wait
+
+    def wait(self, *args, **kwargs):
+        event.set()
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(DatasetTail, "wait", wait)
+    return event
+
+
 @pytest.fixture(params=["python", "rust"])
 def writer_class(request):
     return layertap.PyShardWriter if request.param == "python" else layertap.ShardWriter
 
 
-def test_fetch_waits_for_a_record_written_later(tmp_path, writer_class):
+def test_fetch_waits_for_a_record_written_later(tmp_path, writer_class, fetch_waits):
     with writer_class(tmp_path, writer_id="w", codec="bp16-zstd") as w:
         w.submit("early", tensors(1))
 
         def later():
-            time.sleep(0.5)
+            fetch_waits.wait(HANDSHAKE)  # the fetch looked, did not find it, and waits
             w.submit("late", tensors(2))
 
         thread = threading.Thread(target=later)
-        t0 = time.monotonic()
         thread.start()
-        record = fetch(location(tmp_path, "late"), timeout=30)
-        waited = time.monotonic() - t0
+        record = fetch(location(tmp_path, "late"), timeout=HANDSHAKE * 2)
         thread.join()
+        assert fetch_waits.is_set()
         assert record.key == "late" and record.token_ids.tolist() == [2, 3, 4, 5, 6]
         assert torch.equal(record.hidden_states, tensors(2)["hidden_states"])
-        assert 0.4 < waited < 10
         # A record already there comes back at once, from the live shard.
         assert fetch(RecordLocation(str(tmp_path), "w", "early"), timeout=5).token_ids[0] == 1
 
@@ -73,38 +92,51 @@ def test_fetch_only_looks_at_its_writer(tmp_path):
             fetch(location(tmp_path, "k"), timeout=0.5)
 
 
-def test_fetch_reports_a_failed_writer(tmp_path):
+def test_fetch_reports_a_failed_writer(tmp_path, fetch_waits):
     with layertap.PyShardWriter(tmp_path, writer_id="w"):
 
         def fail():
-            time.sleep(0.3)
+            fetch_waits.wait(HANDSHAKE)  # the writer fails while the fetch waits
             leave_error_marker(str(tmp_path), "w", "WriterIOError: No space left on device")
 
         thread = threading.Thread(target=fail)
         thread.start()
         with pytest.raises(LayertapError, match="writer w failed and writes no more: WriterIOError: No space"):
-            fetch(location(tmp_path, "never"), timeout=30)
+            fetch(location(tmp_path, "never"), timeout=HANDSHAKE * 2)
         thread.join()
+    assert fetch_waits.is_set()
     assert "w.error" in os.listdir(tmp_path)
     assert not [name for name in os.listdir(tmp_path) if name.endswith(".partial")]
 
 
-def test_fetch_waits_for_an_error_file_still_being_written(tmp_path):
+def test_fetch_waits_for_an_error_file_still_being_written(tmp_path, monkeypatch):
     """An error file seen between its creation and its write (one written in place, by hand or
     by an older worker) is not reported as a failure without a reason: fetch waits for the
     text. CI once saw "failed and writes no more: " with nothing after it."""
+    marker = error_marker_path(str(tmp_path), "w")
+    read_empty = threading.Event()
+    real = online_module._read_marker
+
+    def read_marker(path):
+        text = real(path)
+        if not text and os.path.exists(marker):
+            read_empty.set()  # the fetch has seen the error file before its text
+        return text
+
+    monkeypatch.setattr(online_module, "_read_marker", read_marker)
     with layertap.PyShardWriter(tmp_path, writer_id="w"):
 
         def fail():
-            with open(error_marker_path(str(tmp_path), "w"), "w") as f:
-                time.sleep(0.5)
+            with open(marker, "w") as f:
+                read_empty.wait(HANDSHAKE)
                 f.write("WriterIOError: No space left on device\n")
 
         thread = threading.Thread(target=fail)
         thread.start()
         with pytest.raises(LayertapError, match="writer w failed and writes no more: WriterIOError: No space"):
-            fetch(location(tmp_path, "never"), timeout=30)
+            fetch(location(tmp_path, "never"), timeout=HANDSHAKE * 2)
         thread.join()
+    assert read_empty.is_set()
 
 
 def test_fetch_reports_what_the_server_refused(tmp_path):
