@@ -12,7 +12,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -334,8 +333,31 @@ def test_stale_temporaries_are_removed(hs_dataset, tmp_path):
 # an interrupted export continues
 
 
+#: The export command, killed (SIGKILL, the whole process) by its own write of the KILL_AT-th
+#: file: mid-export whatever the machine's speed (the test polled for the files and lost the race
+#: when the export finished first), with the other worker thread maybe halfway through a file.
+KILLED_EXPORT = """
+import os, signal, sys, threading
+from layertap.cli import main
+from layertap.export import files
+
+real, lock, written = files.write_file, threading.Lock(), []
+
+def write_file(path, data, fsync):
+    real(path, data, fsync)
+    if path.endswith(".safetensors"):
+        with lock:
+            written.append(path)
+            if len(written) == int(sys.argv[1]):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+files.write_file = write_file
+sys.exit(main(sys.argv[2:]))
+"""
+
+
 def test_sigkilled_export_continues(tmp_path):
-    count = 400
+    count, kill_at = 100, 30
     g = torch.Generator().manual_seed(1)
     with layertap.ShardWriter(str(tmp_path / "ds"), codec="zstd") as w:
         for i in range(count):
@@ -349,34 +371,13 @@ def test_sigkilled_export_continues(tmp_path):
             )
     out = tmp_path / "o"
     root = out / "hidden_states"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "layertap",
-            "export",
-            str(tmp_path / "ds"),
-            "--to",
-            "speculators",
-            str(out),
-            "--workers",
-            "2",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    argv = ["export", str(tmp_path / "ds"), "--to", "speculators", str(out), "--workers", "2"]
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_EXPORT, str(kill_at), *argv], capture_output=True, text=True, timeout=240
     )
-    deadline = time.monotonic() + 120
-    done = 0
-    while time.monotonic() < deadline and proc.poll() is None:
-        done = len([n for n in os.listdir(root) if n.endswith(".safetensors")]) if root.exists() else 0
-        if done >= 30:
-            break
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the export ended before it could be killed"
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
     done = len([n for n in os.listdir(root) if n.endswith(".safetensors")])
-    assert 30 <= done < count
+    assert kill_at <= done < count
     proc = layertap_cli("export", tmp_path / "ds", "--to", "speculators", out, "--json", check=True)
     s = json.loads(proc.stdout)
     assert s["ok"] and s["existing"] >= done and s["existing"] + s["written"] == count
