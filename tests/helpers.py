@@ -265,27 +265,6 @@ def takes_o_direct(directory) -> bool:
     return True
 
 
-@contextlib.contextmanager
-def a_busy_python_thread():
-    """A thread that always wants the GIL, and a 1 s switch interval."""
-    old = sys.getswitchinterval()
-    stop = threading.Event()
-
-    def spin():
-        while not stop.is_set():
-            pass
-
-    thread = threading.Thread(target=spin, daemon=True)
-    sys.setswitchinterval(1.0)
-    try:
-        thread.start()
-        yield
-    finally:
-        stop.set()
-        sys.setswitchinterval(old)
-        thread.join()
-
-
 #: Writer options under which ``busy_record`` keeps the one compression thread busy for seconds:
 #: zstd 19 on 16 MiB of random bytes (0.9 s for 4 MiB on this machine). A test that submits it
 #: first holds every later record in the writer (records are written in submission order) while
