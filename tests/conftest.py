@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import random
+import sys
 
 import numpy as np
 import pytest
@@ -27,3 +29,15 @@ def seed() -> int:
     value = int(os.environ.get("LAYERTAP_TEST_SEED") or 0)
     print(f"random seed {value} (LAYERTAP_TEST_SEED={value} repeats this test's choices)")
     return value
+
+
+@pytest.fixture(autouse=True)
+def _global_generators_seeded(seed):
+    """Every test starts from the same state of the global generators (``random``, numpy's
+    legacy one, torch's when torch is imported), from ``seed``: a test that draws from them
+    without a generator of its own (``torch.randn(5, 8)``) draws the same values in every run,
+    whatever ran before it, and its report shows the seed."""
+    random.seed(seed)
+    np.random.seed(seed)
+    if "torch" in sys.modules:
+        sys.modules["torch"].manual_seed(seed)
