@@ -16,14 +16,18 @@ import sys
 
 import torch
 
-from layertap.torch import HiddenStatesDataset, pack_collate
+from layertap.torch import HiddenStatesDataset, pack_collate, pad_collate
 
 
 def collate_in_worker(batch):
-    """pack_collate, after checking that this worker reads through a reader it opened itself."""
+    """pack_collate, after checking that this worker reads through a reader it opened itself;
+    with ``padded_in_shared_memory``: whether pad_collate took the batch's hidden states as the
+    dataset decoded them (its rows of one tensor), and that tensor is in shared memory."""
     info = torch.utils.data.get_worker_info()
     assert info is not None and info.dataset._pid == os.getpid()
-    return pack_collate(batch)
+    padded = pad_collate(batch)["hidden_states"]
+    taken = padded is batch[0]["hidden_states"]._base
+    return {**pack_collate(batch), "padded_in_shared_memory": taken and padded.is_shared()}
 
 
 def keys_through_loader(path, context: str) -> list[str]:
@@ -34,11 +38,15 @@ def keys_through_loader(path, context: str) -> list[str]:
     loader = torch.utils.data.DataLoader(
         ds, batch_size=5, shuffle=True, num_workers=2, multiprocessing_context=context, collate_fn=collate_in_worker
     )
-    seen = []
+    seen, shared = [], 0
     for batch in loader:
         seen += batch["keys"]
+        shared += batch["padded_in_shared_memory"]
         n = len(batch["token_ids"])
         assert batch["hidden_states"].shape == (n, 3, 16) and batch["cu_seqlens"][-1] == n
+    # Each worker learns the rows' shape from its first record (forked ones from the parent's):
+    # the later batches are decoded into shared memory, sent without a copy.
+    assert shared >= 1, shared
     return seen
 
 
