@@ -21,10 +21,10 @@ TRITON = ROOT / ".venv" / "triton"
 SCRIPT = ROOT / "tests" / "triton_kernels" / "check_exphuf_decoder.py"
 
 CASES = [
-    "BF16-16x3x256",
+    "BF16-8x3x256",
     "BF16-33x2x100",
     "BF16-1000",
-    "F16-40x4x64",
+    "F16-24x4x64",
     "F32-40x50",
     "BF16-2x3000",
     "BF16-3000x1",
@@ -39,12 +39,16 @@ CASES = [
     "BF16-1500x2-plain-kernel",
     "F32-1000x3-plain-kernel",
     "multi-tensor-plain-kernel",
+    "BF16-1000-default-lanes",
+    "F32-40x50-default-lanes",
+    "multi-tensor-default-lanes",
     "damaged-stream-lengths",
     "damaged-stream-garbage",
     "damaged-stream-padding",
     "damaged-code-lengths",
     "damaged-trailing-byte",
     "damaged-cut-off",
+    "compiles-for-sm90",
 ]
 
 

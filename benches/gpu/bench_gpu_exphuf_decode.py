@@ -43,10 +43,13 @@ BATCHES = [(256, 64), (256, 256), (256, 1024), (2048, 16), (2048, 64), (2048, 25
 #: Kernel variants: (name, lanes a program, the next element's context loaded a step early, the
 #: stream's words kept from step to step). The first is decode_records' default.
 VARIANTS = [
+    ("ahead-buffered-4", 4, True, True),
+    ("ahead-buffered-8", 8, True, True),
+    ("ahead-buffered-16", 16, True, True),
     ("ahead-buffered-32", 32, True, True),
-    ("ahead-buffered-64", 64, True, True),
     ("ahead-buffered-128", 128, True, True),
-    ("ahead-32", 32, True, False),
+    ("ahead-4", 4, True, False),
+    ("plain-4", 4, False, False),
     ("plain-32", 32, False, False),
 ]
 

@@ -35,6 +35,7 @@ from layertap import _native  # noqa: E402
 from layertap._spec import exphuf as spec  # noqa: E402
 from layertap._spec.blob import build_header, parse_header  # noqa: E402
 from layertap.errors import CorruptRecordError  # noqa: E402
+from layertap.gpu import exphuf_decode  # noqa: E402
 from layertap.gpu.exphuf_decode import decode_records  # noqa: E402
 
 ACTIVATIONS = TESTS.parent / ".devbundle" / "acts" / "activations-2k.safetensors"
@@ -53,18 +54,23 @@ def special_values(dtype) -> torch.Tensor:
     return torch.tensor(values * 300, dtype=torch.float32).to(dtype).reshape(-1, len(values))
 
 
+def _f16(shape) -> torch.Tensor:
+    g = torch.Generator().manual_seed(3)
+    return (torch.randn(shape, generator=g) * torch.logspace(-1, 0, shape[-1])).to(torch.float16)
+
+
 def _incompressible() -> torch.Tensor:
     g = torch.Generator().manual_seed(7)
     return torch.randint(-(2**15), 2**15, (4096,), dtype=torch.int16, generator=g).view(torch.bfloat16)
 
 
 #: Decoding cases: name -> the record's tensors. The shapes are the encoder's cases, the first
-#: cut to 16 tokens (its 64 take the interpreter a minute).
+#: two cut to fewer tokens (the interpreter takes a few milliseconds an element of a stream).
 RECORDS = {
-    "BF16-16x3x256": lambda: {"h": activations_like((16, 3, 256), torch.bfloat16)},  # contexts a layer back
+    "BF16-8x3x256": lambda: {"h": activations_like((8, 3, 256), torch.bfloat16)},  # contexts a layer back
     "BF16-33x2x100": lambda: {"h": activations_like((33, 2, 100), torch.bfloat16, seed=1)},  # unequal segments
     "BF16-1000": lambda: {"h": activations_like((1000,), torch.bfloat16, seed=2)},  # no context
-    "F16-40x4x64": lambda: {"h": activations_like((40, 4, 64), torch.float16, seed=3)},
+    "F16-24x4x64": lambda: {"h": _f16((24, 4, 64))},  # exponents in a narrow range: coded
     "F32-40x50": lambda: {"h": activations_like((40, 50), torch.float32, seed=4)},
     "BF16-2x3000": lambda: {"h": activations_like((2, 3000), torch.bfloat16, seed=5)},  # stride > segment
     # strides 1, 2 and 3: the kernel takes the next element's context from the element it just
@@ -153,7 +159,7 @@ def _damaged() -> dict:
 
 
 def check_decoding(names: list[str], known: dict, device: torch.device, **variant) -> list[str]:
-    records = {n: known[n.removesuffix(VARIANT)]() for n in names}
+    records = {n: known[base_case(n)]() for n in names}
     blobs = {n: payload(ts) for n, ts in records.items()}
     t0 = time.perf_counter()
     try:
@@ -169,7 +175,7 @@ def check_decoding(names: list[str], known: dict, device: torch.device, **varian
         got = {k: v.cpu() for k, v in got.items()}
         why = None
         modes = block_modes(*blobs[name])
-        if ("coded" in modes) == (name.removesuffix(VARIANT) in RAW_ONLY):
+        if ("coded" in modes) == (base_case(name) in RAW_ONLY):
             why = f"blocks {modes}: the case does not test what it is for"
         if why is None and sorted(got) != sorted(tensors):
             why = f"tensors {sorted(got)} instead of {sorted(tensors)}"
@@ -210,11 +216,71 @@ def check_damaged(name: str, stored: bytes, word: str, device: torch.device) -> 
     return False
 
 
-#: The kernel's plainest variant (each element's context and stream words loaded in its own
-#: step, 64 lanes a program), which the benchmark compares: a case named with this suffix runs
-#: with it.
-VARIANT = "-plain-kernel"
-PLAIN = ["BF16-33x2x100", "BF16-1500x2", "F32-1000x3", "multi-tensor"]
+#: Other settings of the kernel, each on a few cases (a case named with the suffix): the
+#: plainest variant (each element's context and stream words loaded in its own step, 64 lanes a
+#: program), which the benchmark compares; and the default lanes a program (4: a program a
+#: block, which the interpreter runs one after another, so the cases are small).
+VARIANTS = {
+    "-plain-kernel": (
+        ["BF16-33x2x100", "BF16-1500x2", "F32-1000x3", "multi-tensor"],
+        {"ahead": False, "buffered": False, "lanes_per_program": 64},
+    ),
+    "-default-lanes": (["BF16-1000", "F32-40x50", "multi-tensor"], {}),
+}
+
+
+def base_case(name: str) -> str:
+    for suffix in VARIANTS:
+        name = name.removesuffix(suffix)
+    return name
+
+
+def start_compiling():
+    """The kernel compiled to an H200's code (sm_90, with the ptxas triton ships) in every variant
+    the benchmark runs and for both element widths: no GPU needed, so that a GPU call cannot fail
+    on it. In a child process without the interpreter (which takes triton.language over), started
+    first so that it runs beside the decoding cases."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.Popen(
+        [sys.executable, __file__, "--compile"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def check_compiles(name: str, child) -> bool:
+    out, _ = child.communicate()
+    print(f"ok {name}: {out.strip()}" if child.returncode == 0 else f"FAIL {name}:\n{out}", flush=True)
+    return child.returncode == 0
+
+
+def compile_for_sm90() -> int:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    kernel = exphuf_decode._decode_kernel
+    kernel = kernel if isinstance(kernel, JITFunction) else JITFunction(kernel.fn)  # the interpreter's
+    pointers = {"words_ptr": "*i64", "tables_ptr": "*i16", "table_of_top_ptr": "*i32", "desc_ptr": "*i64", "status_ptr": "*i32"}  # fmt: skip
+    done = 0
+    try:
+        for lanes, ahead, buffered in [(4, True, True), (8, True, True), (16, True, True), (32, True, True), (128, True, True), (4, True, False), (4, False, False), (32, False, False)]:  # fmt: skip
+            for width in (2, 4):
+                signature = {**pointers, "out_ptr": "*i16" if width == 2 else "*i32", "lanes": "i32"}
+                constants = {"RAW_BITS": 8 * width - 9, "ELEMENT_MASK": (1 << (8 * width)) - 1, "LANES": lanes, "AHEAD": ahead, "BUFFERED": buffered}  # fmt: skip
+                signature |= dict.fromkeys(constants, "constexpr")
+                source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
+                options = {"num_warps": max(1, lanes // 32), "num_stages": 1}
+                compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+                assert compiled.asm["cubin"], "no cubin"
+                done += 1
+    except Exception:
+        print(f"after {done} variants:", flush=True)
+        traceback.print_exc(file=sys.stdout)
+        return 1
+    print(f"{done} variants compiled for sm_90", flush=True)
+    return 0
 
 
 def real_records() -> dict:
@@ -231,7 +297,10 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("cases", nargs="*", help="case names, or all")
     ap.add_argument("--device", default="cpu", help="cpu (the interpreter) or cuda (compiled kernels)")
+    ap.add_argument("--compile", action="store_true", help="only compile the kernel for sm_90 (no interpreter)")
     args = ap.parse_args(argv)
+    if args.compile:
+        return compile_for_sm90()
     device = torch.device(args.device)
     if (device.type == "cpu") != (os.environ.get("TRITON_INTERPRET") == "1"):
         print("run on the CPU with TRITON_INTERPRET=1 (Triton's interpreter), on CUDA without", file=sys.stderr)
@@ -243,8 +312,8 @@ def main(argv: list[str]) -> int:
     if device.type == "cuda":  # sizes the interpreter would take minutes over
         known |= {**ON_GPU, **real_records()}
     damaged = {f"damaged-{n}": v for n, v in _damaged().items()}
-    variant = [n + VARIANT for n in PLAIN]
-    everything = [*known, *variant, *damaged]
+    variants = {suffix: [n + suffix for n in cases] for suffix, (cases, _) in VARIANTS.items()}
+    everything = [*known, *(n for v in variants.values() for n in v), *damaged, "compiles-for-sm90"]
     names = args.cases
     if names == ["all"] or (not names and device.type == "cuda"):
         names = everything
@@ -255,14 +324,18 @@ def main(argv: list[str]) -> int:
     if unknown:
         print(f"unknown cases {unknown}: run with no argument for the list", flush=True)
         return 2
+    compiling = start_compiling() if "compiles-for-sm90" in names else None
     failed = []
     if any(n in known for n in names):
-        failed += check_decoding([n for n in names if n in known], known, device)
-    if any(n in variant for n in names):
-        failed += check_decoding(
-            [n for n in names if n in variant], known, device, ahead=False, buffered=False, lanes_per_program=64
-        )
+        # one program for the batch in the interpreter, which runs programs one after another
+        lanes = {} if device.type == "cuda" else {"lanes_per_program": 64}
+        failed += check_decoding([n for n in names if n in known], known, device, **lanes)
+    for suffix, (_, settings) in VARIANTS.items():
+        if any(n in variants[suffix] for n in names):
+            failed += check_decoding([n for n in names if n in variants[suffix]], known, device, **settings)
     failed += [n for n in names if n in damaged and not check_damaged(n, *damaged[n], device)]
+    if compiling is not None and not check_compiles("compiles-for-sm90", compiling):
+        failed.append("compiles-for-sm90")
     print(
         f"{len(names) - len(failed)} of {len(names)} cases ok on {device}"
         + (f", FAILED: {' '.join(failed)}" if failed else "")

@@ -80,8 +80,10 @@ _PROBLEMS = {
     3: "holds more bytes than its elements take",
     4: "has padding bits that are not zero",
 }
-#: Lanes (streams) of one program; one lane a thread.
-LANES = 32
+#: Lanes (streams) of one program (a warp: below 32 lanes, threads hold copies). 4, the
+#: streams of one block, spreads a batch over as many multiprocessors as it has blocks, each
+#: with the tables of one block in its L1 (16 contexts x 4 KiB at most).
+LANES = 4
 _SYMBOL_OF_TOP = symbol_of_top(np.arange(SYMBOLS))
 _REV11 = np.array([int(f"{x:011b}"[::-1], 2) for x in range(TABLE_LEN)], dtype=np.int64)
 
@@ -468,7 +470,12 @@ def _run(
     for width, lanes in batch.lanes.items():
         if not lanes:
             continue
-        order = sorted(range(len(lanes)), key=lambda i: -lanes[i][3])  # lanes of a length together
+        # Blocks by their longest segment, a block's streams together: a program's lanes run about
+        # as many steps, and share their tables.
+        longest = {}
+        for lane in lanes:
+            longest[lane[5]] = max(longest.get(lane[5], 0), lane[3])
+        order = sorted(range(len(lanes)), key=lambda i: (-longest[lanes[i][5]], lanes[i][5], lanes[i][6]))
         arr = np.array([lanes[i] for i in order], dtype=np.int64)
         desc = np.stack(
             [arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3], arr[:, 4], arr[:, 5] * SYMBOLS, table_first[arr[:, 5]]]
