@@ -218,14 +218,14 @@ def check_damaged(name: str, stored: bytes, word: str, device: torch.device) -> 
 
 #: Other settings of the kernel, each on a few cases (a case named with the suffix): the
 #: plainest variant (each element's context and stream words loaded in its own step, 64 lanes a
-#: program), which the benchmark compares; and the default lanes a program (4: a program a
-#: block, which the interpreter runs one after another, so the cases are small).
+#: program), which the benchmark compares; and the lanes a program of a GPU (4: a program a
+#: block; the interpreter runs programs one after another, so the cases are small).
 VARIANTS = {
     "-plain-kernel": (
         ["BF16-33x2x100", "BF16-1500x2", "F32-1000x3", "multi-tensor"],
         {"ahead": False, "buffered": False, "lanes_per_program": 64},
     ),
-    "-default-lanes": (["BF16-1000", "F32-40x50", "multi-tensor"], {}),
+    "-default-lanes": (["BF16-1000", "F32-40x50", "multi-tensor"], {"lanes_per_program": exphuf_decode.LANES}),
 }
 
 
@@ -327,9 +327,7 @@ def main(argv: list[str]) -> int:
     compiling = start_compiling() if "compiles-for-sm90" in names else None
     failed = []
     if any(n in known for n in names):
-        # one program for the batch in the interpreter, which runs programs one after another
-        lanes = {} if device.type == "cuda" else {"lanes_per_program": 64}
-        failed += check_decoding([n for n in names if n in known], known, device, **lanes)
+        failed += check_decoding([n for n in names if n in known], known, device)
     for suffix, (_, settings) in VARIANTS.items():
         if any(n in variants[suffix] for n in names):
             failed += check_decoding([n for n in names if n in variants[suffix]], known, device, **settings)

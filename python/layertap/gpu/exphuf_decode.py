@@ -7,34 +7,47 @@ the device) and returns, per record, its tensors (name -> tensor on the device).
 
 Where the parallelism is. Each stream of a block is one sequential chain: an element's code
 length says where the next one starts, and its context comes from the element ``d`` back (the
-previous row), which the same stream decoded. So the kernel decodes many streams in lockstep,
-one stream per lane (a program holds ``LANES`` lanes, each lane a thread): lane ``k`` loops over
-its segment's elements, and the lanes of a program run for as many steps as their longest
-segment (lanes are sorted by length, so lanes of similar length share a program). The writers
-use 4 streams a tensor, so a batch gives 4 lanes a coded tensor: 64 records of one
-``[tokens, layers, hidden]`` tensor are 256 lanes, a 2048-token record 4. The device's speed is
-then lanes x elements a lane decodes per second, and one lane's step is a chain of dependent
-loads (the stream's next 64-bit words, then the table entry: ~2 memory latencies), not
-bandwidth: the format, not the kernel, bounds it (see benches/gpu/bench_gpu_exphuf_decode.py).
+previous row), which the same stream decoded; nothing else in the format cuts a stream. So the
+kernel decodes many streams in lockstep, one stream a lane (a thread): lane ``k`` loops over its
+segment's elements, and the lanes of a program run for as many steps as their longest segment
+(a block's streams share a program, blocks ordered by their longest segment). The writers use 4
+streams a tensor, so a batch gives 4 lanes a coded tensor: 64 records of one ``[tokens, layers,
+hidden]`` tensor are 256 lanes, a 2048-token record alone 4. The device's speed is lanes x
+elements a lane decodes a second, and a lane's step is a chain of dependent work (a table load,
+then a dozen integer operations to the next bit position), not bandwidth: the format, not the
+kernel, bounds it. An estimate before measuring (benches/gpu/bench_gpu_exphuf_decode.py measures
+it): the compiled loop (sm_90) is about 110 instructions a step, so a lane takes some 150 cycles
+an element with its tables in L1 and some 350 from L2, 75-175 ns at 2 GHz; 256 lanes (64 x
+256-token records) then decode 3-7 GB/s of bf16, and the issue's 50 GB/s takes some 2,000-4,000
+lanes in flight (500-1,000 records of one tensor in a batch), or a format with more streams.
 
-Per step a lane: loads the two 64-bit words holding its next bits (the device copy is padded so
-that the word after a stream's last one is inside the buffer) and shifts them to 64 valid bits
-(at most 11 code + 23 raw bits are used); takes its context's table (``2^11`` int32 entries:
-``top9 << 4 | code length``, 0 where no code starts) from the element ``d`` back, read back from
-the output it wrote (``.cg``: from L2, the same thread's earlier store, never a stale L1 line);
-looks the entry up, rebuilds ``x = top9 << raw_bits | raw`` and stores it. It checks what the
-Rust decoder checks, per lane, into a status word: a pattern that is no code, a code that runs
-past the stream's end (so no load ever leaves the buffer), and at the end the stream's length
-(``ceil(bits / 8)`` bytes) and its zero padding. One small read of the statuses after the kernel
-turns any of them into a CorruptRecordError naming the record, tensor and stream.
+Per step a lane: shifts the two 64-bit words it holds to its next 64 bits (at most 11 code + 23
+raw bits are used) and loads the word after them (the device copy is padded so that two words
+after a stream's last one are inside the buffer) beside the table entry rather than before it;
+looks its entry up (``2^11`` int16 entries a context: ``top9 << 4 | code length``, 0 where no
+code starts), rebuilds ``x = top9 << raw_bits | raw`` and stores it. The next element's table,
+picked by the element ``d`` back of it, is loaded a step early, off the chain: from the output
+the lane wrote (``.cg``: from L2, its own earlier store, never a stale L1 line) where ``d >= 3``,
+from its registers where ``d`` is 1 or 2. It checks what the Rust decoder checks, per lane, into
+a status word: a pattern that is no code, a code that runs past the stream's end (so no load
+ever leaves the buffer), and at the end the stream's length (``ceil(bits / 8)`` bytes) and its
+zero padding. One small read of the statuses after the kernels turns any of them into a
+CorruptRecordError naming the record, tensor and stream.
+
+What Triton leaves out of reach: shared memory is not addressable from Triton (only through
+``tl.dot``'s and reductions' lowering), so the tables cannot be staged there; they are read
+through L1, and a program of 4 lanes (``LANES``: one block's streams, a warp with threads holding
+copies) keeps the tables of one block (at most 64 KiB) on a multiprocessor where 32 lanes would
+bring eight blocks' and put 64 records on 8 of the H200's 132 multiprocessors. The benchmark
+compares 4 to 128 lanes a program, and the kernel without the word buffer or the early context.
 
 The host parses each block's head (mode, contexts, streams, stride, context map, code-length
-tables, stream lengths, checked as ``layertap._spec.exphuf.decode_block`` checks them) and
-builds every context's decode table of the batch at once in numpy (canonical codes as in
-RFC 1951, bit-reversed because streams are read least significant bit first), then uploads the
-tables, a 512-entry map per block from an element's top 9 bits to the table of the context it
-gives, and the lanes' descriptors, in one copy each. Raw blocks (mode 0) and tensors of other
-dtypes are copied as they are.
+tables, stream lengths, checked as ``layertap._spec.exphuf.decode_block`` checks them), unpacks
+and checks every code-length table of the batch in one numpy pass, then uploads the lengths, a
+512-entry map per block from an element's top 9 bits to the table of the context it gives, and
+the lanes' descriptors, one copy each; the decode tables are built on the device from the
+lengths (``decode_tables``: canonical codes as in RFC 1951, read least significant bit first).
+Raw blocks (mode 0) and tensors of other dtypes are copied as they are.
 """
 
 from __future__ import annotations
@@ -388,7 +401,7 @@ def decode_records(
     payloads,
     device=None,
     *,
-    lanes_per_program: int = LANES,
+    lanes_per_program: int | None = None,
     ahead: bool = True,
     buffered: bool = True,
     timings: dict | None = None,
@@ -401,7 +414,7 @@ def decode_records(
     tensor and stream where a payload is not a valid exp-huf payload.
 
     Host buffers are the fast way in: a device tensor's block heads are read back in one small
-    copy each. ``lanes_per_program``, ``ahead`` (the next element's context loaded a step early)
+    copy each. ``lanes_per_program`` (default ``LANES`` on CUDA), ``ahead`` (the next element's context loaded a step early)
     and ``buffered`` (a stream's words kept from step to step, the next one loaded beside the
     table entry) choose the kernel's variant, for the benchmark's comparison; ``timings``, if given,
     receives the host's parse and table time and, on CUDA, the kernels' time (seconds)."""
@@ -422,6 +435,8 @@ def decode_records(
     if timings is not None:
         timings["parse_s"] = time.perf_counter() - t0
         timings.pop("kernel_s", None)
+    if lanes_per_program is None:  # the interpreter runs programs one after another: one will do
+        lanes_per_program = LANES if device.type == "cuda" else 64
     outs = _run(batch, src_buf, device, (lanes_per_program, ahead, buffered), timings)
     plain = torch.empty(batch.plain_bytes, dtype=torch.uint8, device=device)
     for src_byte, nbytes, out_byte in batch.plain:
