@@ -117,8 +117,9 @@ def _read_one(reader: RustShardReader, i: int) -> tuple:
 def test_a_batch_read_into_rows_gives_what_each_record_reads():
     """``RustShardReader.read_batch_into`` (the core's batch read, which ``layertap.torch``
     decodes batches through): every record of the shared vectors, from all the shards in one
-    batch, on one thread and on three: the tensor placed in its row and the others hold what
-    ``read`` gives, a corrupt record comes back as its ``CorruptRecordError``."""
+    batch, on one thread and on three: the tensor placed in its row (zeros after it in a longer
+    row) and the others hold what ``read`` gives, a corrupt record comes back as its
+    ``CorruptRecordError``."""
     readers = []
     for path in sorted(glob.glob(os.path.join(VECTORS, "*.lts"))):
         try:
@@ -133,7 +134,8 @@ def test_a_batch_read_into_rows_gives_what_each_record_reads():
         return next((len(b) for n, _, _, b in outcome[1] if n == "hidden_states"), 16)
 
     for threads in (1, 3):
-        rows = [np.full(row_len(w), 0xEE, np.uint8) for _, _, w in want]
+        pad = 0 if threads == 1 else 8  # rows longer than the tensor: zeros after it
+        rows = [np.full(row_len(w) + pad, 0xEE, np.uint8) for _, _, w in want]
         got = RustShardReader.read_batch_into(
             [(r, i, row) for (r, i, _), row in zip(want, rows)], "hidden_states", threads=threads
         )
@@ -144,7 +146,9 @@ def test_a_batch_read_into_rows_gives_what_each_record_reads():
                 corrupt += 1
                 continue
             metadata, tensors = result
-            filled = [(n, d, tuple(s), row.tobytes() if b is None else b.tobytes()) for n, d, s, b in tensors]
+            data = row[: len(row) - pad]
+            filled = [(n, d, tuple(s), data.tobytes() if b is None else b.tobytes()) for n, d, s, b in tensors]
+            assert not row[len(data) :].any() or all(b is not None for *_, b in tensors)
             assert (metadata, filled) == expected, (r.path, i)
             placed += any(b is None for *_, b in tensors)
         assert placed >= 20 and corrupt >= 1, (placed, corrupt)

@@ -72,9 +72,9 @@ class RustShardReader:
         reads: list[tuple[RustShardReader, int, object]], name: str, *, verify: bool = True, threads: int = 1
     ) -> list[tuple[dict[str, str], list[tuple[str, str, tuple[int, ...], np.ndarray | None]]] | Exception]:
         """Reads the records of a batch together: ``reads`` holds ``(reader, i, out)``, ``out`` a
-        writable C-contiguous buffer (the record's row of the batch) that record ``i``'s tensor
-        ``name`` is decoded straight into when its data is as long as ``out``; no two ``out``
-        overlap (else ``ValueError``). The records' bytes are asked of the kernel first, then
+        writable C-contiguous buffer (the record's padded row of the batch) that record ``i``'s
+        tensor ``name`` is decoded straight into, at its start, zeros after it, when it fits; no
+        two ``out`` overlap (else ``ValueError``). The records' bytes are asked of the kernel first, then
         decoded on up to ``threads`` threads with the GIL released. Returns, in order, what
         ``read`` returns, with that tensor's buffer None when it went to ``out``, or the
         exception reading the record raised (``CorruptRecordError``...)."""

@@ -153,13 +153,11 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
         lengths = [shard.entries[at].num_tokens for shard, at in where]
         backend = type(where[0][0])
         batch = _padded_batch(backend, (len(indices), max(lengths, default=0), *shape), dtype)
-        rows = [batch[j, :k] for j, k in enumerate(lengths)]
+        rows = list(batch)  # each record decoded at the start of its row, zeros after it
         reads = [(shard, at, row.view(torch.uint8).numpy()) for (shard, at), row in zip(where, rows)]
         results = backend.read_batch_into(
             reads, HIDDEN_STATES, verify=self.verify, threads=_decode_threads(len(indices))
         )
-        for j, k in enumerate(lengths):
-            batch[j, k:].zero_()
         items: list[dict | None] = []
         for i, (shard, _), row, result in zip(indices, where, rows, results):
             try:
@@ -233,12 +231,15 @@ def _padded_batch(backend: Any, shape: tuple[int, ...], dtype: torch.dtype) -> t
 
 
 def _placed(row: torch.Tensor | None, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
-    """The tensor the core decoded into ``row``: the row itself, or, for a record whose tensor
-    has the row's length but another shape or dtype, a copy of its bytes as the record has it."""
+    """The tensor the core decoded at the start of ``row``: that part of the row, or, for a
+    record whose tensor has another dtype or shape of a token, a copy of its bytes as the record
+    has it."""
     assert row is not None, "a tensor was placed without a row"
-    if TORCH_DTYPES[dtype] == row.dtype and tuple(row.shape) == tuple(shape):
-        return row
-    return to_torch(row.view(torch.uint8).reshape(-1).clone().numpy(), dtype, shape)
+    torch_dtype = TORCH_DTYPES[dtype]
+    if torch_dtype == row.dtype and len(shape) == row.dim() and tuple(shape[1:]) == tuple(row.shape[1:]):
+        return row[: shape[0]]
+    nbytes = math.prod(shape) * torch.empty(0, dtype=torch_dtype).element_size()
+    return to_torch(row.view(torch.uint8).reshape(-1)[:nbytes].clone().numpy(), dtype, shape)
 
 
 def _padded_base(items: list[dict], t: int) -> torch.Tensor | None:

@@ -1,7 +1,7 @@
 //! A batch's records read together (`reader::read_batch`, what `layertap.torch` reads batches
 //! through): on every record of the shared vectors, from all the shards at once, on one thread
-//! and on several, the placed tensor and the others hold the bytes `ShardReader::read` gives, or
-//! the record is refused with its reason.
+//! and on several, the placed tensor (zeros after it in a longer row) and the others hold the
+//! bytes `ShardReader::read` gives, or the record is refused with its reason.
 
 use layertap_core::reader::{read_batch, BatchRead, ShardReader};
 use layertap_core::Error;
@@ -44,7 +44,9 @@ fn a_batch_of_every_vector_reads_as_the_shard_reader_reads_each_record() {
         }
     }
     for threads in [1, 3] {
-        let mut rows: Vec<Vec<u8>> = wanted.iter().map(|w| vec![0xEE; w.3]).collect();
+        // Rows 8 bytes longer than the tensor on the second pass: zeros after it.
+        let pad = if threads == 1 { 0 } else { 8 };
+        let mut rows: Vec<Vec<u8>> = wanted.iter().map(|w| vec![0xEE; w.3 + pad]).collect();
         let mut batch: Vec<BatchRead<'_>> = wanted
             .iter()
             .zip(rows.iter_mut())
@@ -65,7 +67,9 @@ fn a_batch_of_every_vector_reads_as_the_shard_reader_reads_each_record() {
                     for (k, t) in p.header.tensors.iter().enumerate() {
                         let whole = &rec.bytes.as_slice()[rec.header.tensors[k].range.clone()];
                         if p.placed == Some(k) {
-                            assert_eq!(&b.dst[..], whole, "{:?} #{i}", r.path());
+                            let (data, zeros) = b.dst.split_at(whole.len());
+                            assert_eq!(data, whole, "{:?} #{i}", r.path());
+                            assert!(zeros.iter().all(|&z| z == 0) && zeros.len() == pad);
                             placed += 1;
                         } else {
                             assert_eq!(&p.rest[t.range.clone()], whole, "{:?} #{i}", r.path());

@@ -266,12 +266,12 @@ fn placed_tuple<'py>(py: Python<'py>, placed: Placed) -> PyResult<Bound<'py, PyT
 }
 
 /// Reads the records of a training batch: `reads` is a list of `(reader, i, out)`, `out` a
-/// writable C-contiguous buffer (a row of the batch) that record `i` of `reader`'s tensor
-/// `name` is decoded into when its data is as long as `out`; no two `out` may overlap. The
-/// records' bytes are asked of the kernel first, then decoded on up to `threads` threads with
-/// the GIL released. Returns, in order, what `NativeShardReader.read` does with that tensor's
-/// buffer None when it went to `out` (else the record holds no such tensor of that length, and
-/// `out` is untouched), or the exception reading the record raised (`CorruptRecordError`...).
+/// writable C-contiguous buffer (a padded row of the batch) that record `i` of `reader`'s tensor
+/// `name` is decoded into, at its start, zeros after it, when it fits; no two `out` may overlap.
+/// The records' bytes are asked of the kernel first, then decoded on up to `threads` threads
+/// with the GIL released. Returns, in order, what `NativeShardReader.read` does with that
+/// tensor's buffer None when it went to `out` (else the record holds no such tensor that fits,
+/// and `out` is untouched), or the exception reading the record raised (`CorruptRecordError`...).
 #[pyfunction]
 #[pyo3(signature = (reads, *, name, verify = true, threads = 1))]
 fn read_batch_into<'py>(

@@ -391,8 +391,8 @@ impl ShardReader {
     }
 
     /// Reads record `i` as [`decode_placed`] decodes it: the data of its tensor `name` straight
-    /// into `dst` when it is `dst.len()` bytes long (a batch's row), the rest into a buffer of
-    /// its own. Checks as [`ShardReader::read`] does; `scratch` is the calling thread's.
+    /// into the start of `dst` when it fits there (a padded batch's row, zeros after it), the
+    /// rest into a buffer of its own. Checks as [`ShardReader::read`] does; `scratch` is the calling thread's.
     pub fn read_placed(
         &self,
         i: usize,

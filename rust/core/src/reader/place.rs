@@ -33,14 +33,16 @@ pub struct Placed {
     /// The blob without the placed tensor's bytes (all of it when none was placed).
     pub rest: Vec<u8>,
     /// Which tensor (its position in `header.tensors`) was written into the caller's buffer:
-    /// `None` when the record has no tensor of that name, or not of the buffer's length.
+    /// `None` when the record has no tensor of that name, or one longer than the buffer.
     pub placed: Option<usize>,
 }
 
 /// Decodes the record whose stored payload is `stored` (checked against its checksum unless
 /// `info.payload_crc` is `None`, decoded, its header parsed and its key checked), writing the
-/// data of its tensor `name` into `dst` when that tensor is `dst.len()` bytes long. `Err(reason)`
-/// says what is wrong with the payload; `dst` may then hold part of the tensor.
+/// data of its tensor `name` at the start of `dst` when it fits there, and zeros over the rest of
+/// `dst` (a padded batch's row); `dst` is left as it is when the record has no such tensor, or a
+/// longer one. `Err(reason)` says what is wrong with the payload; `dst` may then hold part of
+/// the tensor.
 pub fn decode_placed(
     stored: &[u8],
     info: &PayloadInfo<'_>,
@@ -72,15 +74,13 @@ pub fn decode_placed(
     codec::check_raw_len(blob.len(), info.raw_len)?;
     let header = check_key(info.key, blob::parse_header(blob)?)?;
     let planes = info.codec == Codec::Bp16Zstd;
-    let placed = find(&header, name, dst.len());
+    let (placed, dst) = target(&header, name, dst);
     let (header, mut rest) = split(header, placed, raw_len);
     for (i, t) in header.tensors.iter().enumerate() {
-        let (from, to) = match placed {
-            Some(p) if p == i => (original(&header, i, placed, dst.len()), &mut *dst),
-            _ => (
-                original(&header, i, placed, dst.len()),
-                &mut rest[t.range.clone()],
-            ),
+        let from = original(&header, i, placed, dst.len());
+        let to = match placed {
+            Some(p) if p == i => &mut *dst,
+            _ => &mut rest[t.range.clone()],
         };
         if planes && t.spec.dtype.is_two_byte() {
             codec::join_planes(&blob[from], to);
@@ -106,7 +106,7 @@ fn exphuf_placed(
 ) -> Result<Placed, String> {
     let (header, head_len) = crate::exphuf::parse_head(stored, info.raw_len)?;
     let header = check_key(info.key, header)?;
-    let placed = find(&header, name, dst.len());
+    let (placed, dst) = target(&header, name, dst);
     let (header, mut rest) = split(header, placed, info.raw_len as usize);
     rest[..head_len].copy_from_slice(&stored[..head_len]);
     let mut at = head_len;
@@ -125,12 +125,21 @@ fn exphuf_placed(
     })
 }
 
-/// The position of tensor `name` when its data is `len` bytes long.
-fn find(header: &BlobHeader, name: &str, len: usize) -> Option<usize> {
-    header
+/// The position of tensor `name` when its data fits in `dst`, and the part of `dst` it goes
+/// to (the start), the rest of `dst` zeroed; `(None, [])` with `dst` untouched otherwise.
+fn target<'d>(header: &BlobHeader, name: &str, dst: &'d mut [u8]) -> (Option<usize>, &'d mut [u8]) {
+    let found = header
         .tensors
         .iter()
-        .position(|t| t.spec.name == name && t.range.len() == len)
+        .position(|t| t.spec.name == name && t.range.len() <= dst.len());
+    match found {
+        Some(p) => {
+            let (to, pad) = dst.split_at_mut(header.tensors[p].range.len());
+            pad.fill(0);
+            (Some(p), to)
+        }
+        None => (None, &mut []),
+    }
 }
 
 /// The header with the ranges of the tensors after the placed one moved down by its length and
@@ -243,7 +252,8 @@ mod tests {
                 let (raw, stored) = record(codec, tokens, seed);
                 let key = format!("k{seed}");
                 let want = tensors_of(&raw);
-                let mut dst = vec![0xAAu8; want["hidden_states"].len()];
+                // A row 3 tokens longer than the record: zeros after it.
+                let mut dst = vec![0xAAu8; want["hidden_states"].len() + 3 * 32];
                 let got = decode_placed(
                     &stored,
                     &info(codec, &raw, &stored, &key),
@@ -253,10 +263,12 @@ mod tests {
                 )
                 .unwrap();
                 assert_eq!(got.placed, Some(1), "{codec} {tokens}");
-                assert_eq!(dst, want["hidden_states"], "{codec} {tokens}");
+                let (data, pad) = dst.split_at(want["hidden_states"].len());
+                assert_eq!(data, want["hidden_states"], "{codec} {tokens}");
+                assert!(pad.iter().all(|&b| b == 0), "{codec} {tokens}: zeros after");
                 let full = blob::parse_header(&raw).unwrap();
                 assert_eq!(got.header.metadata, full.metadata);
-                assert_eq!(got.rest.len(), raw.len() - dst.len());
+                assert_eq!(got.rest.len(), raw.len() - data.len());
                 assert_eq!(got.rest[..full.data_start], raw[..full.data_start]);
                 for t in &got.header.tensors {
                     if t.spec.name != "hidden_states" {
@@ -268,11 +280,11 @@ mod tests {
     }
 
     #[test]
-    fn a_buffer_of_another_length_or_name_places_nothing() {
+    fn a_buffer_too_short_or_another_name_places_nothing() {
         let mut scratch = Scratch::default();
         for codec in Codec::ALL {
             let (raw, stored) = record(codec, 12, 5);
-            for (name, len) in [("hidden_states", 12 * 32 - 2), ("no_such_tensor", 12 * 32)] {
+            for (name, len) in [("hidden_states", 12 * 32 - 2), ("no_such_tensor", 13 * 32)] {
                 let mut dst = vec![7u8; len];
                 let got = decode_placed(
                     &stored,
