@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import random
 import sys
 
 import numpy as np
@@ -33,11 +32,11 @@ def seed() -> int:
 
 @pytest.fixture(autouse=True)
 def _global_generators_seeded(seed):
-    """Every test starts from the same state of the global generators (``random``, numpy's
-    legacy one, torch's when torch is imported), from ``seed``: a test that draws from them
-    without a generator of its own (``torch.randn(5, 8)``) draws the same values in every run,
-    whatever ran before it, and its report shows the seed."""
-    random.seed(seed)
+    """Every test starts from the same state of the global generators of numpy (the legacy
+    one) and torch (when imported), from ``seed``: a test that draws from them without a
+    generator of its own (``torch.randn(5, 8)``) draws the same values in every run, whatever
+    ran before it, and its report shows the seed. Not ``random``'s: what picks names or ports
+    with it would pick the same ones in every test process."""
     np.random.seed(seed)
     if "torch" in sys.modules:
         sys.modules["torch"].manual_seed(seed)
