@@ -42,6 +42,7 @@ CASES = [
     "BF16-1000-default-lanes",
     "F32-40x50-default-lanes",
     "multi-tensor-default-lanes",
+    "tensor-payloads",
     "damaged-stream-lengths",
     "damaged-stream-garbage",
     "damaged-stream-padding",

@@ -192,6 +192,29 @@ def check_decoding(names: list[str], known: dict, device: torch.device, **varian
     return failed
 
 
+def check_tensor_payloads(name: str, device: torch.device) -> bool:
+    """Payloads already on the device (uint8 tensors) beside one in host memory, in one batch."""
+    tensors = RECORDS["multi-tensor"]()
+    _, stored = payload(tensors)
+    on_device = torch.frombuffer(bytearray(stored), dtype=torch.uint8).to(device)
+    try:
+        got = decode_records([on_device, stored, on_device[:]], device=device)
+    except Exception:
+        print(f"FAIL {name}: raised", flush=True)
+        traceback.print_exc(file=sys.stdout)
+        return False
+    for rec in got:
+        for t_name, want in tensors.items():
+            t = rec[t_name].cpu()
+            if t.shape != want.shape or not torch.equal(
+                t.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8)
+            ):
+                print(f"FAIL {name}: {t_name} differs", flush=True)
+                return False
+    print(f"ok {name}: 3 records", flush=True)
+    return True
+
+
 def check_damaged(name: str, stored: bytes, word: str, device: torch.device) -> bool:
     try:
         _native.decode_record(stored, key="k", codec=3, raw_len=2 * len(stored), payload_crc=None, path="x", offset=0)
@@ -313,7 +336,7 @@ def main(argv: list[str]) -> int:
         known |= {**ON_GPU, **real_records()}
     damaged = {f"damaged-{n}": v for n, v in _damaged().items()}
     variants = {suffix: [n + suffix for n in cases] for suffix, (cases, _) in VARIANTS.items()}
-    everything = [*known, *(n for v in variants.values() for n in v), *damaged, "compiles-for-sm90"]
+    everything = [*known, *(n for v in variants.values() for n in v), "tensor-payloads", *damaged, "compiles-for-sm90"]
     names = args.cases
     if names == ["all"] or (not names and device.type == "cuda"):
         names = everything
@@ -331,6 +354,8 @@ def main(argv: list[str]) -> int:
     for suffix, (_, settings) in VARIANTS.items():
         if any(n in variants[suffix] for n in names):
             failed += check_decoding([n for n in names if n in variants[suffix]], known, device, **settings)
+    if "tensor-payloads" in names and not check_tensor_payloads("tensor-payloads", device):
+        failed.append("tensor-payloads")
     failed += [n for n in names if n in damaged and not check_damaged(n, *damaged[n], device)]
     if compiling is not None and not check_compiles("compiles-for-sm90", compiling):
         failed.append("compiles-for-sm90")
