@@ -23,7 +23,7 @@ import zstandard
 
 from layertap._py.reader import PyShardReader
 from layertap._py.recover import recover
-from layertap._py.writer import PyShardWriter
+from layertap._py.write import write_shard as write_reference_shard
 from layertap._spec.blob import build_header
 from layertap._spec.codecs import decode, split_planes
 from layertap._spec.format import (
@@ -49,15 +49,10 @@ WRITER = "layertap-python 0.1.0"
 USER_META = {"run": "test-vectors", "note": "ünïcode ✓"}
 
 
-class VectorWriter(PyShardWriter):
-    """A PyShardWriter whose shards do not depend on the clock or on randomness."""
-
-    _software = WRITER
-
-    @classmethod
-    def _shard_identity(cls, writer_id: str, index: int) -> tuple[bytes, int]:
-        seed = hashlib.sha256(f"{writer_id}/{index}".encode()).digest()
-        return seed[:16], CREATED_UNIX_MS
+def shard_identity(writer_id: str, index: int = 0) -> tuple[bytes, int]:
+    """``(shard_id, created_unix_ms)`` of the vectors' shards: not the clock's nor random."""
+    seed = hashlib.sha256(f"{writer_id}/{index}".encode()).digest()
+    return seed[:16], CREATED_UNIX_MS
 
 
 def _values(n: int, salt: int) -> np.ndarray:
@@ -110,10 +105,22 @@ def wide_record() -> tuple[str, dict, dict]:
 
 
 def write_shard(directory: str, writer_id: str, codec: str, count: int = 3, extra=()) -> str:
-    with VectorWriter(directory, codec=codec, writer_id=writer_id, level=3, durability="none", metadata=USER_META) as w:
-        for key, tensors, meta in [*records(count), *extra]:
-            w.submit(key, tensors, meta)
-    return os.path.join(directory, f"{writer_id}-000000.lts")
+    """The shard ``{writer_id}-000000.lts`` in ``directory``, of ``records(count)`` and ``extra``,
+    written by the reference writer (``layertap._py.write``)."""
+    path = os.path.join(directory, f"{writer_id}-000000.lts")
+    shard_id, created = shard_identity(writer_id)
+    write_reference_shard(
+        path,
+        [*records(count), *extra],
+        writer_id=writer_id,
+        shard_id=shard_id,
+        created_unix_ms=created,
+        software=WRITER,
+        codec=codec,
+        level=3,
+        user_meta=USER_META,
+    )
+    return path
 
 
 def _flip_payload_bit(path: str, record: int) -> None:
@@ -214,7 +221,7 @@ def hand_shard(path: str, writer_id: str, frames: list[tuple[str, int, bytes, in
     """A complete shard of ``frames`` ``(key, codec, stored payload, raw_len, num_tokens)``, laid
     out as the writers lay theirs out: what the writers never write (frames without a content
     size, payloads that do not decode to their raw_len) made by hand."""
-    shard_id, created = VectorWriter._shard_identity(writer_id, 0)
+    shard_id, created = shard_identity(writer_id, 0)
     meta = {"writer_id": writer_id, "shard_index": 0, "created_unix_ms": created, "writer": WRITER, "user": USER_META}
     out = bytearray(encode_file_header(shard_id, meta))
     entries = []
@@ -304,11 +311,10 @@ def make_zero_tokens(tmp: str, out: str) -> None:
         "token_ids": torch.zeros(0, dtype=torch.int64),
     }
     meta = {"layer_ids": "[2, 8]", "model": "tiny-test", "dtype": "bfloat16", "num_tokens": "0"}
-    with VectorWriter(tmp, codec="none", writer_id="zero-tokens", durability="none", metadata=USER_META) as w:
-        w.submit(k0, t0, m0)
-        w.submit("no-tokens", empty, meta)
-        w.submit(k1, t1, m1)
-    shutil.copyfile(os.path.join(tmp, "zero-tokens-000000.lts"), os.path.join(out, "zero-tokens.lts"))
+    three = write_shard(
+        tmp, "zero-tokens", "none", count=0, extra=[(k0, t0, m0), ("no-tokens", empty, meta), (k1, t1, m1)]
+    )
+    shutil.copyfile(three, os.path.join(out, "zero-tokens.lts"))
 
 
 def make_open_huge_frame(tmp: str, out: str) -> None:
@@ -345,7 +351,7 @@ NOT_SHARDS = {"torn-empty.lts": True, "torn-header.lts": True, "garbage.lts": Fa
 def _meta_beyond_limits() -> bytes:
     """A file header, checksum right, whose shard metadata says ``"created_unix_ms":1e400``: JSON
     to Python's json module (as inf), not within FORMAT.md's limits (a double's range)."""
-    shard_id, _ = VectorWriter._shard_identity("meta-beyond-limits", 0)
+    shard_id, _ = shard_identity("meta-beyond-limits", 0)
     meta = {"writer_id": "meta-beyond-limits", "shard_index": 0, "created_unix_ms": 12345, "writer": WRITER}
     header = bytearray(encode_file_header(shard_id, meta))
     crc_at = 32 + int.from_bytes(header[12:16], "little")
