@@ -4,8 +4,8 @@
 Records are built from real activations (``activations.py``: a trained model's hidden states,
 tiled to the chosen shape, so that codec ratios are realistic), ``[T, layers, hidden]`` bfloat16
 with token ids and a loss mask, ``T`` drawn between ``--min-tokens`` and ``--max-tokens``. They
-are written three ways: layertap shards with ``bp16-zstd`` (generate's default), layertap shards
-with codec ``none``, and safetensors files.
+are written four ways: layertap shards with ``bp16-zstd`` (generate's default), with ``exp-huf``
+(what ``compress_on="gpu"`` writes), with codec ``none``, and safetensors files.
 
 Each reader is a ``DataLoader`` over an epoch, shuffled, ``--batch`` records a batch padded by
 ``pad_collate``, ``--workers`` worker processes (and once with none, the reading alone), as a
@@ -84,12 +84,18 @@ def make_record(acts: torch.Tensor, g: torch.Generator, tokens: int, layers: int
 def write_all(args, root: Path) -> dict[str, Path]:
     acts = activations(args.activations)
     g = torch.Generator().manual_seed(0)
-    dirs = {"layertap-bp16": root / "lt-bp16", "layertap-none": root / "lt-none", "safetensors": root / "st"}
+    dirs = {
+        "layertap-bp16": root / "lt-bp16",
+        "layertap-exphuf": root / "lt-exphuf",
+        "layertap-none": root / "lt-none",
+        "safetensors": root / "st",
+    }
     for d in dirs.values():
         shutil.rmtree(d, ignore_errors=True)
     dirs["safetensors"].mkdir(parents=True)
     writers = {
         "layertap-bp16": layertap.ShardWriter(str(dirs["layertap-bp16"]), codec="bp16-zstd", writer_id="gen-0"),
+        "layertap-exphuf": layertap.ShardWriter(str(dirs["layertap-exphuf"]), codec="exp-huf", writer_id="gen-0"),
         "layertap-none": layertap.ShardWriter(str(dirs["layertap-none"]), codec="none", writer_id="gen-0"),
     }
     meta = {"layer_ids": json.dumps(list(range(args.layers)))}
@@ -194,10 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
 
+    load_before = os.getloadavg()[0]  # the machine may be shared: say how busy it was
     dirs = write_all(args, args.dir)
     sizes = {k: sum(p.stat().st_size for p in files_of(d)) for k, d in dirs.items()}
     if args.no_verify_too:  # the same shards read without the checksum pass
-        for kind in ("layertap-bp16", "layertap-none"):
+        for kind in ("layertap-bp16", "layertap-exphuf", "layertap-none"):
             dirs[f"{kind}-noverify"] = dirs[kind]
     kinds = list(dirs)
     runs = []
@@ -248,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
     result = {
         "machine": f"{platform.node()} {os.cpu_count()} CPUs, {platform.platform()}",
+        "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)],
         "date": time.strftime("%Y-%m-%d"),
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "bytes_on_disk": sizes,
@@ -261,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"{result['machine']}; {args.records} records of [{args.min_tokens}..{args.max_tokens} tokens, "
         f"{args.layers} layers, {args.hidden}] bf16 + token ids + loss mask (real activations tiled); "
-        f"batch {args.batch}, padded; {args.rounds} interleaved rounds.",
+        f"batch {args.batch}, padded; {args.rounds} interleaved rounds; load average "
+        f"{result['load_average'][0]} before, {result['load_average'][1]} after.",
         "",
         "Bytes on disk: " + ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in sizes.items()),
         "",
