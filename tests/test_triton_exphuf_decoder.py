@@ -42,6 +42,8 @@ CASES = [
     "BF16-1000-default-lanes",
     "F32-40x50-default-lanes",
     "multi-tensor-default-lanes",
+    "BF16-1500x2-pos64",
+    "F32-40x50-pos64",
     "tensor-payloads",
     "damaged-stream-lengths",
     "damaged-stream-garbage",

@@ -492,11 +492,10 @@ def _run(
             longest[lane[5]] = max(longest.get(lane[5], 0), lane[3])
         order = sorted(range(len(lanes)), key=lambda i: (-longest[lanes[i][5]], lanes[i][5], lanes[i][6]))
         arr = np.array([lanes[i] for i in order], dtype=np.int64)
-        desc = np.stack(
-            [arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3], arr[:, 4], arr[:, 5] * SYMBOLS, table_first[arr[:, 5]]]
-        )
-        desc_d = _upload(np.ascontiguousarray(desc), device)
-        status = _launch(src_buf, tables_d, table_of_top_d, outs[width], desc_d, width, *tuning)
+        desc = _descriptors(arr, table_first, width)
+        desc_d = _upload(desc, device)
+        pos64 = int(desc[2].max()) >= _POS32_LIMIT
+        status = _launch(src_buf, tables_d, table_of_top_d, outs[width], desc_d, width, pos64, *tuning)
         launched.append((width, lanes, order, status))
     if cuda and timings is not None:
         stop.record()
@@ -533,112 +532,140 @@ def _describe(batch: _Batch, problem) -> str:
 
 @triton.jit
 def _decode_kernel(
-    words_ptr,  # the payloads as int64 words
+    words_ptr,  # the payloads as words: int32 for 2-byte elements (18 bits a step), else int64
     tables_ptr,  # int16 decode tables, 2048 entries each
     table_of_top_ptr,  # int32, per block 512: top 9 bits -> its context's table offset
     out_ptr,  # int16 or int32 elements
-    desc_ptr,  # int64 [7, lanes]: bit, end bit, out start, count, stride, map offset, table 0
+    desc_ptr,  # int64 [8, lanes]: first word, bit, end bit (from the first word), out start,
+    # count, stride, map offset, table 0
     status_ptr,  # int32 [2, lanes]: problem (0 none), element where it was met
     lanes,
     RAW_BITS: tl.constexpr,
-    ELEMENT_MASK: tl.constexpr,
     LANES: tl.constexpr,
     AHEAD: tl.constexpr,
     BUFFERED: tl.constexpr,
+    POS64: tl.constexpr,  # bit positions in int64: a stream of 2^31 bits or more
 ):
+    WORD: tl.constexpr = words_ptr.dtype.element_ty.primitive_bitwidth
+    LOG_WORD: tl.constexpr = 5 if WORD == 32 else 6
+    UWORD: tl.constexpr = tl.uint32 if WORD == 32 else tl.uint64
     lane = tl.program_id(0) * LANES + tl.arange(0, LANES)
     live = lane < lanes
-    bit = tl.load(desc_ptr + lane, mask=live, other=0)
-    end = tl.load(desc_ptr + lanes + lane, mask=live, other=0)
-    out0 = tl.load(desc_ptr + 2 * lanes + lane, mask=live, other=0)
-    count = tl.load(desc_ptr + 3 * lanes + lane, mask=live, other=0)
-    stride = tl.load(desc_ptr + 4 * lanes + lane, mask=live, other=0)
-    map0 = tl.load(desc_ptr + 5 * lanes + lane, mask=live, other=0)
-    table0 = tl.load(desc_ptr + 6 * lanes + lane, mask=live, other=0)
+    # Per lane, once: its stream's first word and its output as pointers; then 32-bit counters.
+    wp = words_ptr + tl.load(desc_ptr + lane, mask=live, other=0)
+    bit = tl.load(desc_ptr + lanes + lane, mask=live, other=0)
+    end = tl.load(desc_ptr + 2 * lanes + lane, mask=live, other=0)
+    if not POS64:
+        bit = bit.to(tl.int32)
+        end = end.to(tl.int32)
+    op = out_ptr + tl.load(desc_ptr + 3 * lanes + lane, mask=live, other=0)
+    count = tl.load(desc_ptr + 4 * lanes + lane, mask=live, other=0).to(tl.int32)
+    stride = tl.load(desc_ptr + 5 * lanes + lane, mask=live, other=0).to(tl.int32)
+    map0 = tl.load(desc_ptr + 6 * lanes + lane, mask=live, other=0).to(tl.int32)
+    table0 = tl.load(desc_ptr + 7 * lanes + lane, mask=live, other=0).to(tl.int32)
     status = tl.zeros([LANES], dtype=tl.int32)
-    where = tl.zeros([LANES], dtype=tl.int64)
+    where = tl.zeros([LANES], dtype=tl.int32)
     raw_mask = (1 << RAW_BITS) - 1
-    steps = tl.max(count, axis=0).to(tl.int32)
+    steps = tl.max(count, axis=0)
     table = table0  # element 0's context: 0
+    pend = tl.zeros([LANES], dtype=tl.int32)  # AHEAD, d >= 3: the element d back of the next
+    last_x = tl.zeros([LANES], dtype=tl.int32)  # AHEAD: the element decoded a step ago
     # BUFFERED: the two words holding the next bits, kept from step to step
-    lo = tl.load(words_ptr + (bit >> 6), mask=live, other=0).to(tl.uint64, bitcast=True)
-    hi = tl.load(words_ptr + (bit >> 6) + 1, mask=live, other=0).to(tl.uint64, bitcast=True)
-    pend = tl.zeros([LANES], dtype=tl.int64)  # AHEAD, d >= 3: the element d back of the next
-    last_x = tl.zeros([LANES], dtype=tl.int64)  # AHEAD: the element decoded a step ago
+    lo = tl.load(wp + (bit >> LOG_WORD), mask=live, other=0).to(UWORD, bitcast=True)
+    hi = tl.load(wp + (bit >> LOG_WORD) + 1, mask=live, other=0).to(UWORD, bitcast=True)
     for j in range(0, steps):
         active = (j < count) & (status == 0)
         if AHEAD:
             # The next element's table, off this element's chain: from the element d back of
             # it (loaded a step ago) where d >= 3; and that element for the step after next.
             has_next = active & (stride > 0) & (j + 1 >= stride) & (j + 1 < count)
-            top_pend = (pend & ELEMENT_MASK) >> RAW_BITS
+            top_pend = (pend >> RAW_BITS) & 511  # sign-extended 16 or 32 bits: the top 9
             early = tl.load(table_of_top_ptr + map0 + top_pend, mask=has_next & (stride >= 3), other=0)
             soon = active & (stride >= 3) & (j + 2 >= stride) & (j + 2 < count)
-            pend = tl.load(out_ptr + out0 + j + 2 - stride, mask=soon, other=0, cache_modifier=".cg")
-            pend = pend.to(tl.int64)
+            pend = tl.load(op + (j + 2 - stride), mask=soon, other=0, cache_modifier=".cg").to(tl.int32)
         else:
             # The context: the table the element d back (same segment) picks, else context 0.
             has_prev = active & (stride > 0) & (j >= stride)
-            prev = tl.load(out_ptr + out0 + j - stride, mask=has_prev, other=0, cache_modifier=".cg")
-            top_prev = (prev.to(tl.int64) & ELEMENT_MASK) >> RAW_BITS
-            table = tl.load(table_of_top_ptr + map0 + top_prev, mask=has_prev, other=0).to(tl.int64)
+            prev = tl.load(op + (j - stride), mask=has_prev, other=0, cache_modifier=".cg").to(tl.int32)
+            top_prev = (prev >> RAW_BITS) & 511
+            table = tl.load(table_of_top_ptr + map0 + top_prev, mask=has_prev, other=0)
             table = tl.where(has_prev, table, table0)
-        # The stream's next 64 bits: two words, funnel-shifted (a shift by 64 is avoided).
-        w = bit >> 6
-        s = (bit & 63).to(tl.uint64)
+        # The stream's next bits: two words, funnel-shifted (a shift by the word's width is
+        # avoided); a step takes at most 18 bits of 32-bit words, 34 of 64-bit ones.
+        w = bit >> LOG_WORD
+        s = (bit & (WORD - 1)).to(UWORD)
         if BUFFERED:
             # The word after them, loaded beside this step's table entry rather than before
-            # it: an element takes at most 34 bits, so the next step needs it at most.
-            after = tl.load(words_ptr + w + 2, mask=active, other=0).to(tl.uint64, bitcast=True)
+            # it: a step moves on by one word at most, so the next step needs it at most.
+            after = tl.load(wp + w + 2, mask=active, other=0).to(UWORD, bitcast=True)
         else:
-            lo = tl.load(words_ptr + w, mask=active, other=0).to(tl.uint64, bitcast=True)
-            hi = tl.load(words_ptr + w + 1, mask=active, other=0).to(tl.uint64, bitcast=True)
-        word = ((lo >> s) | ((hi << 1) << (63 - s))).to(tl.int64, bitcast=True)
-        entry = tl.load(tables_ptr + table + (word & 2047), mask=active, other=0).to(tl.int64)
+            lo = tl.load(wp + w, mask=active, other=0).to(UWORD, bitcast=True)
+            hi = tl.load(wp + w + 1, mask=active, other=0).to(UWORD, bitcast=True)
+        word = (lo >> s) | ((hi << 1) << (WORD - 1 - s))
+        entry = tl.load(tables_ptr + table + (word & 2047).to(tl.int32), mask=active, other=0).to(tl.int32)
         length = entry & 15
         nbit = bit + length + RAW_BITS
         no_code = active & (length == 0)
         past_end = active & (length > 0) & (nbit > end)
         ok = active & (length > 0) & (nbit <= end)
-        x = ((entry >> 4) << RAW_BITS) | ((word >> length) & raw_mask)
-        tl.store(out_ptr + out0 + j, x.to(out_ptr.dtype.element_ty), mask=ok)
+        raw = ((word >> length.to(UWORD)) & raw_mask).to(tl.int32)
+        x = ((entry >> 4) << RAW_BITS) | raw
+        tl.store(op + j, x.to(out_ptr.dtype.element_ty), mask=ok)
         status = tl.where(no_code, 1, tl.where(past_end, 2, status))
         where = tl.where(no_code | past_end, j, where)
         if BUFFERED:
-            step = ok & ((nbit >> 6) != w)
+            step = ok & ((nbit >> LOG_WORD) != w)
             lo = tl.where(step, hi, lo)
             hi = tl.where(step, after, hi)
         bit = tl.where(ok, nbit, bit)
         if AHEAD:
             # d of 1 or 2: the element d back of the next is this one or the last one.
             near = tl.where(stride == 1, x, last_x)
-            late = tl.load(
-                table_of_top_ptr + map0 + ((near & ELEMENT_MASK) >> RAW_BITS), mask=has_next & (stride < 3), other=0
-            )
-            table = tl.where(has_next, tl.where(stride >= 3, early, late).to(tl.int64), table0)
+            late = tl.load(table_of_top_ptr + map0 + ((near >> RAW_BITS) & 511), mask=has_next & (stride < 3), other=0)
+            table = tl.where(has_next, tl.where(stride >= 3, early, late), table0)
             last_x = x
     # The stream takes exactly ceil(bits / 8) bytes, and the bits after its last element are 0.
     done = live & (status == 0)
     too_long = done & (((bit + 7) >> 3) != (end >> 3))
     tail = done & ~too_long & ((bit & 7) != 0)
-    last = tl.load(words_ptr + (bit >> 6), mask=tail, other=0).to(tl.uint64, bitcast=True)
-    padding = (last >> (bit & 63).to(tl.uint64)).to(tl.int64, bitcast=True) & ((1 << (8 - (bit & 7))) - 1)
+    last = tl.load(wp + (bit >> LOG_WORD), mask=tail, other=0).to(UWORD, bitcast=True)
+    padding = (last >> (bit & (WORD - 1)).to(UWORD)) & ((1 << (8 - (bit & 7))) - 1).to(UWORD)
     bad_padding = tail & (padding != 0)
     status = tl.where(too_long, 3, tl.where(bad_padding, 4, status))
     where = tl.where(too_long | bad_padding, count, where)
     tl.store(status_ptr + lane, status, mask=live)
-    tl.store(status_ptr + lanes + lane, where.to(tl.int32), mask=live)
+    tl.store(status_ptr + lanes + lane, where, mask=live)
 
 
-def _launch(src_buf, tables, table_of_top, out, desc, width, lanes_per_program, ahead, buffered) -> torch.Tensor:
-    """Runs the kernel over the lanes ``desc`` describes; returns their statuses ``[2, lanes]``."""
+#: Bit positions past this take the kernel's int64 variant (a stream of 2^31 bits, 256 MiB, or
+#: more; a bit position may run 34 past its stream's end before the check stops it).
+_POS32_LIMIT = (1 << 31) - 128
+#: The words a lane reads its stream in: 32 bits where an element takes at most 18 (11 code + 7
+#: raw), 64 where it takes up to 34 (float32's 23 raw bits).
+_WORDS = {2: torch.int32, 4: torch.int64}
+
+
+def _descriptors(arr: np.ndarray, table_first: np.ndarray, width: int) -> np.ndarray:
+    """The kernel's ``[8, lanes]`` int64 descriptors of the lanes ``arr`` (rows of bit, end bit,
+    out start, count, stride, block, stream): positions from the stream's first word."""
+    log_word = 5 if width == 2 else 6
+    first_word = arr[:, 0] >> log_word
+    base = first_word << log_word
+    fields = [first_word, arr[:, 0] - base, arr[:, 1] - base, arr[:, 2], arr[:, 3], arr[:, 4], arr[:, 5] * SYMBOLS, table_first[arr[:, 5]]]  # fmt: skip
+    return np.ascontiguousarray(np.stack(fields))
+
+
+def _launch(src_buf, tables, table_of_top, out, desc, width, pos64, lanes_per_program, ahead, buffered) -> torch.Tensor:
+    """Runs the kernel over the lanes ``desc`` describes (as ``_descriptors`` makes them);
+    returns their statuses ``[2, lanes]``."""
     lanes = desc.shape[1]
     status = torch.empty((2, lanes), dtype=torch.int32, device=out.device)
     raw_bits = 8 * width - 9
     _decode_kernel[(triton.cdiv(lanes, lanes_per_program),)](
-        src_buf.view(torch.int64), tables, table_of_top, out, desc, status, lanes,
-        RAW_BITS=raw_bits, ELEMENT_MASK=(1 << (8 * width)) - 1, LANES=lanes_per_program,
-        AHEAD=ahead, BUFFERED=buffered, num_warps=max(1, lanes_per_program // 32), num_stages=1,
+        src_buf.view(_WORDS[width]), tables, table_of_top, out, desc, status, lanes,
+        RAW_BITS=raw_bits, LANES=lanes_per_program,
+        AHEAD=ahead, BUFFERED=buffered, POS64=pos64, num_warps=max(1, lanes_per_program // 32),
+        num_stages=1,
     )  # fmt: skip
     return status
 
