@@ -16,13 +16,16 @@ hidden]`` tensor are 256 lanes, a 2048-token record alone 4. The device's speed 
 elements a lane decodes a second, and a lane's step is a chain of dependent work (a table load,
 then a dozen integer operations to the next bit position), not bandwidth: the format, not the
 kernel, bounds it. An estimate before measuring (benches/gpu/bench_gpu_exphuf_decode.py measures
-it): the compiled loop (sm_90) is about 110 instructions a step, so a lane takes some 150 cycles
-an element with its tables in L1 and some 350 from L2, 75-175 ns at 2 GHz; 256 lanes (64 x
-256-token records) then decode 3-7 GB/s of bf16, and the issue's 50 GB/s takes some 2,000-4,000
-lanes in flight (500-1,000 records of one tensor in a batch), or a format with more streams.
+it): the compiled loop (sm_90) is 87 instructions a step (65 without the word buffer and the
+early context, whose loads then stand in the chain), so a lane takes some 100-150 cycles an
+element with its tables in L1 and some 300 from L2, 50-150 ns at 2 GHz; 256 lanes (64 x
+256-token records) then decode 3-10 GB/s of bf16, and the issue's 50 GB/s takes some
+1,500-4,000 lanes in flight (400-1,000 records of one tensor in a batch), or a format with more
+streams. Positions, counters and offsets are 32-bit in the loop (int64 costs two instructions
+an operation), and 2-byte elements are read in 32-bit words.
 
-Per step a lane: shifts the two 64-bit words it holds to its next 64 bits (at most 11 code + 23
-raw bits are used) and loads the word after them (the device copy is padded so that two words
+Per step a lane: shifts the two words it holds to its next bits (at most 11 code + 23 raw bits
+are used) and loads the word after them (the device copy is padded so that two words
 after a stream's last one are inside the buffer) beside the table entry rather than before it;
 looks its entry up (``2^11`` int16 entries a context: ``top9 << 4 | code length``, 0 where no
 code starts), rebuilds ``x = top9 << raw_bits | raw`` and stores it. The next element's table,
