@@ -1,7 +1,9 @@
 """The Triton kernels of the exp-huf encoder (layertap.gpu.exphuf_triton, ``impl="triton"``) in
 Triton's interpreter on the CPU: bit for bit the Rust encoder's blocks on the cases of
 tests/test_gpu_exphuf.py, its edge cases, a mode among tied counts, f32 values spanning three
-packing words, a batch, and real activations, and the same buffer as the torch operations. The cases run in tests/triton_kernels/check_exphuf_encoder.py, in one
+packing words, a batch, and real activations, and the same buffer as the torch operations; with the code tables
+built on the device too, and those tables against the Rust core's on counts with ties and
+counts whose codes need the bisection. The cases run in tests/triton_kernels/check_exphuf_encoder.py, in one
 subprocess (torch and triton start once: seconds): triton lives outside the virtualenv
 (``.venv/triton``, installed from requirements-triton.txt) so that vLLM's CPU build in this
 process never sees it."""
@@ -34,6 +36,7 @@ CASES = [
     "long-codes-f32",
     "batch",
     "real",
+    "code-tables",
 ]
 
 

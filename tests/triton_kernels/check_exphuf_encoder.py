@@ -8,9 +8,10 @@ see triton, so tests/test_triton_exphuf_encoder.py runs this script in a subproc
     PYTHONPATH=python python3 tests/triton_kernels/check_exphuf_encoder.py --device cuda   # on a GPU
 
 ``all`` runs every case (one start of torch and triton, the test's way: the interpreter's start
-costs seconds); with no CASE, every case on CUDA, the list of cases on the CPU. Each case runs with the default blocks and, where it is small,
-with blocks of 128 elements (the interpreter takes milliseconds a program): either way several
-blocks to a segment, a segment's last block short. Prints ``ok CASE ...``, ``SKIP CASE: ...``
+costs seconds); with no CASE, every case on CUDA, the list of cases on the CPU. Each case runs with the default blocks and, where
+they would not cut a segment in several, with blocks of 128 elements (the interpreter takes
+milliseconds a program): either way several blocks to a segment, a segment's last block short;
+then, but for ``HOST_TABLES_ONLY``, with the code tables built on the device (``tables="device"``). Prints ``ok CASE ...``, ``SKIP CASE: ...``
 or ``FAIL CASE: ...`` (and the traceback) for each, and exits 1 if any failed.
 """
 
@@ -34,6 +35,12 @@ from layertap._spec import exphuf as spec  # noqa: E402
 from layertap.gpu import exphuf, exphuf_triton  # noqa: E402
 
 ACTIVATIONS = TESTS.parent / ".devbundle" / "acts" / "activations-2k.safetensors"
+
+
+#: Cases whose tables are built on the host only: the interpreter takes seconds a table built
+#: on the device, and their tables are of kinds the other cases build (per tensor, as in the
+#: other bf16 and f16 cases).
+HOST_TABLES_ONLY = {"batch", "F16-100x4x64"}
 
 
 def case_name(shape, dtype) -> str:
@@ -83,10 +90,48 @@ def long_codes_f32() -> torch.Tensor:
     return ((sign << 31) | (exps << 23) | mantissa).to(torch.int64).to(torch.int32).view(torch.float32)
 
 
+def code_tables_case(device: torch.device) -> None:
+    """The code tables built on the device (``exphuf_triton.tables``) against the Rust core's,
+    on counts the encoder's cases rarely make: equal counts (ties between leaves and merged
+    nodes), counts whose optimal code passes 11 bits (the bisection), a lone symbol, none."""
+    import numpy as np
+
+    from layertap.gpu.exphuf import code_lengths, reversed_codes_of
+
+    rng = np.random.default_rng(3)
+    rows = [np.zeros(512, np.int64), np.eye(1, 512, 7, dtype=np.int64)[0] * 5]
+    for k in range(6):  # few distinct counts: many ties
+        rows.append(rng.integers(0, 4, 512) * (rng.random(512) < 0.1) * (k + 1))
+    for _ in range(3):  # counts over 24 octaves: codes past 11 bits without the bisection
+        r = np.zeros(512, np.int64)
+        m = int(rng.integers(20, 60))
+        r[:m] = (2.0 ** rng.uniform(0, 24, m)).astype(np.int64) + 1
+        rng.shuffle(r)
+        rows.append(r)
+    r = np.zeros(512, np.int64)
+    r[100:140] = [2 ** min(i, 30) for i in range(40)]  # a chain: depth 39 at h = 0
+    rows.append(r)
+    counts = np.stack(rows).astype(np.int32)
+    want_lengths = code_lengths(counts)
+    want_codes = reversed_codes_of(want_lengths)
+    lengths, codes = exphuf_triton.tables(torch.from_numpy(counts.reshape(-1).copy()).to(device))
+    lengths = lengths.cpu().numpy().reshape(-1, 512)
+    codes = codes.cpu().numpy().reshape(-1, 512).view(np.uint16)
+    for i in range(len(rows)):
+        if not (lengths[i] == want_lengths[i]).all() or not (codes[i] == want_codes[i]).all():
+            d = np.nonzero((lengths[i] != want_lengths[i]) | (codes[i] != want_codes[i]))[0][:5]
+            raise CaseFailed(
+                f"FAIL code-tables: table {i}: symbols {d.tolist()} have lengths {lengths[i][d].tolist()} "
+                f"codes {codes[i][d].tolist()}, the Rust core's {want_lengths[i][d].tolist()} {want_codes[i][d].tolist()}"
+            )
+    print(f"ok code-tables: {len(rows)} tables, longest code {int(want_lengths.max())} bits", flush=True)
+
+
 def cases() -> dict:
     out = {case_name(s, d): (lambda s=s, d=d: [activations_like(s, d)]) for s, d in CASES}
     out.update(edge_cases())
     out["real"] = real_activations
+    out["code-tables"] = None  # (code_tables_case)
     return out
 
 
@@ -113,7 +158,8 @@ def check(name: str, tensors: list[torch.Tensor], device: torch.device) -> None:
     dtype = NAMES[tensors[0].dtype]
     want = [reference(t) for t in tensors]
     tensors = [t.to(device) for t in tensors]
-    small = sum(t.numel() for t in tensors) <= 16384
+    # Blocks of 128 elements where the default ones would not cut a segment in several.
+    small = max(t.numel() for t in tensors) <= 4 * exphuf_triton.BLOCK
     for block in (128, exphuf_triton.BLOCK) if small else (exphuf_triton.BLOCK,):
         exphuf_triton_block = exphuf_triton.BLOCK
         exphuf_triton.BLOCK = block
@@ -143,6 +189,15 @@ def check(name: str, tensors: list[torch.Tensor], device: torch.device) -> None:
                 raise CaseFailed(f"FAIL {name}: the reference decoder does not give {tuple(t.shape)} back")
         modes = [b.head[0] for b in blocks]
         print(f"ok {name} blocks of {block}: {len(tensors)} tensors, modes {modes}, {took:.2f} s", flush=True)
+    if name in HOST_TABLES_ONLY:
+        return
+    # The code tables built on the device: the same bytes.
+    t0 = time.perf_counter()
+    buf, sizes = exphuf.encode_contiguous(tensors, dtype, impl="triton", tables="device")
+    took = time.perf_counter() - t0
+    if sizes != [len(w) for w in want] or buf.cpu().numpy().tobytes() != b"".join(want):
+        raise CaseFailed(f"FAIL {name} (tables on the device): encode_contiguous differs from the Rust blocks")
+    print(f"ok {name} tables on the device: {took:.2f} s", flush=True)
 
 
 def main(argv: list[str]) -> int:
@@ -174,6 +229,9 @@ def main(argv: list[str]) -> int:
     failed = 0
     for name in names:
         try:
+            if name == "code-tables":
+                code_tables_case(device)
+                continue
             check(name, known[name](), device)
         except CaseSkipped as e:
             print(e, flush=True)

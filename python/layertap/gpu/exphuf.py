@@ -148,30 +148,39 @@ class _Plan:
     mode: int
 
 
-def encode_block(t: torch.Tensor, dtype: str, impl: str | None = None) -> Block:
+def encode_block(t: torch.Tensor, dtype: str, impl: str | None = None, tables: str | None = None) -> Block:
     """The exp-huf block of tensor ``t`` (a contiguous tensor whose element size is that of
     ``dtype``, one of ``BF16``, ``F16``, ``F32``; the shape sets the stride), on ``t``'s device.
-    ``impl``: who does the device work, ``"triton"`` or ``"torch"`` (``default_impl``)."""
-    return encode_blocks([t], dtype, impl)[0]
+    ``impl``: who does the device work, ``"triton"`` or ``"torch"`` (``default_impl``);
+    ``tables``: where the code tables are built, ``"host"`` (the Rust core, from the counts read
+    back) or ``"device"`` (Triton kernels, ``impl="triton"`` only; the same tables)."""
+    return encode_blocks([t], dtype, impl, tables)[0]
 
 
-def encode_blocks(tensors: list[torch.Tensor], dtype: str, impl: str | None = None) -> list[Block]:
+def encode_blocks(
+    tensors: list[torch.Tensor], dtype: str, impl: str | None = None, tables: str | None = None
+) -> list[Block]:
     """The exp-huf blocks of several tensors of one dtype, on their (common) device, in one pass:
     the same kernels whatever the count, two small copies to the host (the symbol counts, then
-    the streams' bit lengths). The bodies are views of one buffer."""
-    return _encode(tensors, dtype, contiguous=False, impl=impl)
+    the streams' bit lengths; with ``tables="device"`` one: the bit lengths and the tables). The
+    bodies are views of one buffer."""
+    return _encode(tensors, dtype, contiguous=False, impl=impl, tables=tables)
 
 
 def encode_contiguous(
-    tensors: list[torch.Tensor], dtype: str, impl: str | None = None
+    tensors: list[torch.Tensor], dtype: str, impl: str | None = None, tables: str | None = None
 ) -> tuple[torch.Tensor, list[int]]:
     """The exp-huf blocks of several tensors of one dtype, back to back in one uint8 tensor on
     their device (heads included), and each block's length: what the connector copies to the
     host in one copy (``compress_on="gpu"``). The same bytes as ``encode_blocks``."""
-    return _encode(tensors, dtype, contiguous=True, impl=impl)
+    return _encode(tensors, dtype, contiguous=True, impl=impl, tables=tables)
 
 
 IMPLS = ("triton", "torch")
+TABLES = ("host", "device")
+#: Where the code tables are built unless ``tables`` says: on the host until the device's
+#: builder has been measured on the GPU.
+DEFAULT_TABLES = "host"
 
 
 def default_impl(device: torch.device) -> str:
@@ -210,7 +219,7 @@ class _Layout:
     total: int
 
 
-def _encode(tensors: list[torch.Tensor], dtype: str, contiguous: bool, impl: str | None):
+def _encode(tensors: list[torch.Tensor], dtype: str, contiguous: bool, impl: str | None, tables: str | None = None):
     width, exp_shift = CODED[dtype]
     for t in tensors:
         if t.element_size() != width:
@@ -219,6 +228,8 @@ def _encode(tensors: list[torch.Tensor], dtype: str, contiguous: bool, impl: str
             )
     if impl is not None and impl not in IMPLS:
         raise InvalidInputError(f"impl {impl!r} is not one of {', '.join(IMPLS)}")
+    if tables is not None and tables not in TABLES:
+        raise InvalidInputError(f"tables {tables!r} is not one of {', '.join(TABLES)}")
     tensors = [t.contiguous() for t in tensors]
     coded = [(i, t) for i, t in enumerate(tensors) if t.numel() >= MIN_CODED]
     heads: list[bytes] = [bytes([MODE_RAW])] * len(tensors)
@@ -230,6 +241,9 @@ def _encode(tensors: list[torch.Tensor], dtype: str, contiguous: bool, impl: str
     impl = impl or default_impl(device)
     if impl == "triton" and not _triton_imports():
         raise InvalidInputError('impl="triton" needs the triton package, which does not import here; use impl="torch"')
+    if tables == "device" and impl != "triton":
+        raise InvalidInputError('tables="device" needs impl="triton" (the torch operations read the counts back)')
+    tables = tables or (DEFAULT_TABLES if impl == "triton" else "host")
     plans = []
     for _, t in coded:
         n, shape = t.numel(), tuple(t.shape)
@@ -248,13 +262,20 @@ def _encode(tensors: list[torch.Tensor], dtype: str, contiguous: bool, impl: str
     work = (_TritonPass if impl == "triton" else _TorchPass)(x, layout, width, exp_shift, device)
     del x
 
-    # First copy to the host: the counts of each tensor's contexts, for its code lengths.
-    hist, modes = _to_host(*work.counts())
-    hist, modes = hist.numpy(), modes.numpy()
-    lengths = code_lengths(hist.reshape(-1, SYMBOLS)).reshape(len(plans), MAX_CONTEXTS, SYMBOLS)
-    codes = reversed_codes_of(lengths.reshape(-1, SYMBOLS))
-    # Second copy: each stream's bit length, which sets the layout of the output.
-    (seg_bits,) = _to_host(work.stream_bits(lengths, codes))
+    counts, mode = work.counts()
+    if tables == "device":
+        # The code tables built where the counts are; one copy to the host: each stream's bit
+        # length (which sets the layout of the output), the code lengths and modes (the heads).
+        seg_bits, lengths, modes = _to_host(work.stream_bits_device_tables(counts), work.lengths_t, mode)
+        lengths = lengths.numpy().reshape(len(plans), MAX_CONTEXTS, SYMBOLS)
+    else:
+        # First copy to the host: the counts of each tensor's contexts, for its code lengths.
+        hist, modes = _to_host(counts, mode)
+        lengths = code_lengths(hist.numpy().reshape(-1, SYMBOLS)).reshape(len(plans), MAX_CONTEXTS, SYMBOLS)
+        codes = reversed_codes_of(lengths.reshape(-1, SYMBOLS))
+        # Second copy: each stream's bit length, which sets the layout of the output.
+        (seg_bits,) = _to_host(work.stream_bits(lengths, codes))
+    modes = modes.numpy()
     seg_bytes = (seg_bits.numpy() + 7) // 8
 
     # Each coded tensor's head, and whether its block is coded at all (not if raw is smaller).
@@ -424,6 +445,14 @@ class _TritonPass:
     def stream_bits(self, lengths: np.ndarray, codes: np.ndarray) -> torch.Tensor:
         self.lengths_t = _to_device(np.ascontiguousarray(lengths).reshape(-1), self.device)
         self.codes_t = _to_device(np.ascontiguousarray(codes).reshape(-1).view(np.int16), self.device)
+        return self._stream_bits()
+
+    def stream_bits_device_tables(self, counts: torch.Tensor) -> torch.Tensor:
+        """``stream_bits`` with the tables built on the device from ``counts``."""
+        self.lengths_t, self.codes_t = self.k.tables(counts)
+        return self._stream_bits()
+
+    def _stream_bits(self) -> torch.Tensor:
         self.before = self.k.block_bits(
             self.x,
             self.ctx,

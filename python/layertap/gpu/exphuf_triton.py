@@ -24,6 +24,15 @@ cut them). Per pass:
    touches at most 3 words; two values of different segments never share a byte, as every
    stream starts on a byte).
 
+With ``tables="device"`` the host builds no table and reads the counts not at all: between
+kernels 2 and 3, ``tables`` sorts each table's counts (``_sort_counts_kernel``: each key to its
+rank), builds its Huffman code lengths exactly as the Rust core does (``_code_lengths_kernel``:
+one table a lane of one warp, the two-queue build stepped in lockstep in a scratch tree, the same
+bisection where a code passes 11 bits) and its reversed canonical codes
+(``_reversed_codes_kernel``); the one read then brings the streams' bits, the code lengths and
+the modes, from which the host writes the heads (the Rust core, as before). The host's tables
+cost it about 7 us each, 1,024 for a batch of 64 records: most of its CPU time a batch.
+
 Kernels 2 to 4 recompute the symbol and context of each element from its 2 (or 4) bytes and
 those of the element ``stride`` before it rather than storing them: a read of the input costs
 less than a write then a read of an intermediate. Why atomics for the counts and the packing:
@@ -305,3 +314,183 @@ def pack(
         **_consts(width, raw_bits),
     )
     return words.view(torch.uint8)[:n_bytes]
+
+
+#: Tables a program of the code-length kernel builds, one a lane of its one warp (what a lane
+#: reads of its tree was written by the same thread, and a barrier follows every step).
+TABLES_PER_PROGRAM = 32
+#: Leaves a step of that kernel loads at a time (the registers of one warp).
+_LEAF_CHUNK = 64
+#: Scratch entries a table's Huffman tree takes: 2 * 512 - 1 nodes, rounded up.
+_NODES = 1024
+_BIG = 1 << 62
+
+
+@triton.jit
+def _sort_counts_kernel(counts_ptr, sorted_ptr, n_ptr, RC: tl.constexpr):
+    """One table's symbols with a count, by count then symbol (``count << 9 | symbol``; the
+    absent after them), and how many have a count. Each key goes to its rank, the number of
+    keys below it (the keys are distinct): ``RC`` keys at a time against all 512, which is
+    cheaper than ``tl.sort`` and as cheap in Triton's interpreter."""
+    t = tl.program_id(0).to(tl.int64)
+    sym = tl.arange(0, 512)
+    c = tl.load(counts_ptr + t * 512 + sym).to(tl.int64)
+    key = tl.where(c > 0, (c << 9) | sym, sym.to(tl.int64) + _BIG)
+    tl.store(n_ptr + t, tl.sum((c > 0).to(tl.int64), 0))
+    for ch in tl.static_range(512 // RC):
+        rows = ch * RC + tl.arange(0, RC)
+        cr = tl.load(counts_ptr + t * 512 + rows).to(tl.int64)
+        kr = tl.where(cr > 0, (cr << 9) | rows, rows.to(tl.int64) + _BIG)
+        rank = tl.sum((key[None, :] < kr[:, None]).to(tl.int32), 1)
+        tl.store(sorted_ptr + t * 512 + rank, kr)
+
+
+@triton.jit
+def _huffman_build(sorted_ptr, lane, n, h, live, w_ptr, p_ptr, d_ptr, maxn, TB: tl.constexpr, CH: tl.constexpr):
+    """The depths of the leaves of the Huffman tree of each lane's sorted counts divided by
+    ``2^h`` rounding up, built as the Rust core builds it (two queues; on equal weights the leaf
+    first), in ``d_ptr``'s rows (node ``i`` of lane ``l`` at ``l * 1024 + i``); returns each
+    lane's deepest leaf."""
+    base = lane * 1024
+    for ch in tl.static_range(512 // CH):
+        idx = ch * CH + tl.arange(0, CH)[None, :]
+        m = live[:, None] & (idx < n[:, None])
+        cnt = tl.load(sorted_ptr + lane[:, None] * 512 + idx, mask=m, other=0) >> 9
+        tl.store(
+            w_ptr + base[:, None] + idx, (cnt + (tl.full([TB], 1, tl.int64) << h)[:, None] - 1) >> h[:, None], mask=m
+        )
+    tl.debug_barrier()
+    leaf = tl.zeros([TB], dtype=tl.int64)
+    merged = n
+    for it in range(0, maxn - 1):
+        nxt = n + it
+        act = live & (it < n - 1)
+        # The first of the two nodes to merge.
+        wl = tl.load(w_ptr + base + leaf, mask=act & (leaf < n), other=0)
+        wm = tl.load(w_ptr + base + merged, mask=act & (merged < nxt), other=0)
+        ta = (leaf < n) & ((merged >= nxt) | (wl <= wm))
+        a = tl.where(ta, leaf, merged)
+        wa = tl.where(ta, wl, wm)
+        leaf = tl.where(act & ta, leaf + 1, leaf)
+        merged = tl.where(act & ~ta, merged + 1, merged)
+        # The second.
+        wl = tl.load(w_ptr + base + leaf, mask=act & (leaf < n), other=0)
+        wm = tl.load(w_ptr + base + merged, mask=act & (merged < nxt), other=0)
+        tb = (leaf < n) & ((merged >= nxt) | (wl <= wm))
+        b = tl.where(tb, leaf, merged)
+        wb = tl.where(tb, wl, wm)
+        leaf = tl.where(act & tb, leaf + 1, leaf)
+        merged = tl.where(act & ~tb, merged + 1, merged)
+        tl.store(w_ptr + base + nxt, wa + wb, mask=act)
+        tl.store(p_ptr + base + a, nxt, mask=act)
+        tl.store(p_ptr + base + b, nxt, mask=act)
+        tl.debug_barrier()
+    # Depths from the root (node 2n - 2) down: a parent always comes after its children.
+    root = 2 * n - 2
+    tl.store(d_ptr + base + root, tl.zeros([TB], dtype=tl.int64), mask=live & (n >= 2))
+    tl.store(d_ptr + base, tl.full([TB], 1, tl.int64), mask=live & (n == 1))  # a lone symbol: 1 bit
+    tl.debug_barrier()
+    for j in range(0, 2 * maxn - 2):
+        i = root - 1 - j
+        act = live & (i >= 0)
+        p = tl.load(p_ptr + base + i, mask=act, other=0)
+        dp = tl.load(d_ptr + base + p, mask=act, other=0)
+        tl.store(d_ptr + base + i, dp + 1, mask=act)
+        tl.debug_barrier()
+    deepest = tl.zeros([TB], dtype=tl.int64)
+    for ch in tl.static_range(512 // CH):
+        idx = ch * CH + tl.arange(0, CH)[None, :]
+        d = tl.load(d_ptr + base[:, None] + idx, mask=live[:, None] & (idx < n[:, None]), other=0)
+        deepest = tl.maximum(deepest, tl.max(d, 1))
+    return deepest
+
+
+@triton.jit
+def _code_lengths_kernel(
+    sorted_ptr, n_ptr, n_tables, w_ptr, p_ptr, d_ptr, lengths_ptr, TB: tl.constexpr, CH: tl.constexpr
+):
+    """Code lengths of TB tables, one a lane, as ``exphuf_code_lengths`` (the Rust core's
+    ``huffman::code_lengths``) makes them: the Huffman code of the counts, or where a code
+    would pass 11 bits, of the counts divided by the ``2^h`` found by the same bisection."""
+    lane = tl.program_id(0).to(tl.int64) * TB + tl.arange(0, TB)
+    live = lane < n_tables
+    n = tl.load(n_ptr + lane, mask=live, other=0)
+    maxn = tl.max(n, 0)
+    deepest = _huffman_build(
+        sorted_ptr, lane, n, tl.zeros([TB], dtype=tl.int64), live, w_ptr, p_ptr, d_ptr, maxn, TB, CH
+    )
+    fit0 = deepest <= 11
+    # Bisection between 0 and the bit length of the largest count, as the Rust core.
+    top = tl.load(sorted_ptr + lane * 512 + n - 1, mask=live & (n > 0), other=0) >> 9
+    hi = tl.zeros([TB], dtype=tl.int64)
+    for bit in tl.static_range(40):
+        hi = tl.where((top >> bit) > 0, bit + 1, hi)
+    lo = tl.zeros([TB], dtype=tl.int64)
+    hi = tl.where(fit0, 0, hi)
+    for _ in tl.static_range(7):
+        need = live & ~fit0 & (hi - lo > 1)
+        if tl.max(need.to(tl.int32), 0) > 0:
+            mid = (lo + hi) // 2
+            deepest = _huffman_build(sorted_ptr, lane, n, mid, need, w_ptr, p_ptr, d_ptr, maxn, TB, CH)
+            fits = deepest <= 11
+            hi = tl.where(need & fits, mid, hi)
+            lo = tl.where(need & ~fits, mid, lo)
+    again = live & ~fit0
+    if tl.max(again.to(tl.int32), 0) > 0:
+        _huffman_build(sorted_ptr, lane, n, hi, again, w_ptr, p_ptr, d_ptr, maxn, TB, CH)
+    for ch in tl.static_range(512 // CH):
+        idx = ch * CH + tl.arange(0, CH)[None, :]
+        m = live[:, None] & (idx < n[:, None])
+        key = tl.load(sorted_ptr + lane[:, None] * 512 + idx, mask=m, other=0)
+        d = tl.load(d_ptr + lane[:, None] * 1024 + idx, mask=m, other=0)
+        tl.store(lengths_ptr + lane[:, None] * 512 + (key & 511), d.to(tl.uint8), mask=m)
+
+
+@triton.jit
+def _reversed_codes_kernel(lengths_ptr, codes_ptr):
+    """The canonical codes (RFC 1951, 3.2.2) of one table of code lengths, bit-reversed, as the
+    Rust core's ``huffman::reversed_codes`` (0 for absent symbols)."""
+    t = tl.program_id(0).to(tl.int64)
+    sym = tl.arange(0, 512)
+    ln = tl.load(lengths_ptr + t * 512 + sym).to(tl.int32)
+    lens = tl.arange(0, 16)
+    one_hot = (ln[:, None] == lens[None, :]).to(tl.int32)  # [512, 16]
+    count = tl.where(lens == 0, 0, tl.sum(one_hot, 0))  # symbols of each length
+    # The first code of each length: the sum over shorter lengths l of count[l] << (len - l).
+    shift = lens[:, None] - lens[None, :]  # [len, l]
+    first = tl.sum(tl.where((shift > 0) & (lens[None, :] >= 1), count[None, :] << tl.maximum(shift, 0), 0), 1)
+    # Each symbol's rank among the symbols of its length, in symbol order.
+    rank = tl.sum(tl.where(one_hot > 0, tl.cumsum(one_hot, 0), 0), 1) - 1
+    code = tl.sum(tl.where(one_hot > 0, first[None, :], 0), 1) + rank
+    rev = tl.zeros([512], dtype=tl.int32)
+    for b in tl.static_range(11):
+        rev = tl.where(b < ln, rev | (((code >> b) & 1) << tl.maximum(ln - 1 - b, 0)), rev)
+    tl.store(codes_ptr + t * 512 + sym, tl.where(ln > 0, rev, 0).to(tl.int16))
+
+
+def tables(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The code lengths (uint8) and reversed codes (int16) of each 512-symbol table of
+    ``counts`` (int32), on the device: what the Rust core's ``exphuf_code_lengths`` and
+    ``exphuf_reversed_codes`` give for them, without the counts going to the host."""
+    n_tables = counts.numel() // SYMBOLS
+    device = counts.device
+    keys = torch.empty(n_tables * SYMBOLS, dtype=torch.int64, device=device)
+    n = torch.empty(n_tables, dtype=torch.int64, device=device)
+    _sort_counts_kernel[(n_tables,)](counts, keys, n, RC=32, num_warps=8)
+    scratch = torch.empty(3, n_tables * _NODES, dtype=torch.int64, device=device)
+    lengths = torch.zeros(n_tables * SYMBOLS, dtype=torch.uint8, device=device)
+    _code_lengths_kernel[(-(-n_tables // TABLES_PER_PROGRAM),)](
+        keys,
+        n,
+        n_tables,
+        scratch[0],
+        scratch[1],
+        scratch[2],
+        lengths,
+        TB=TABLES_PER_PROGRAM,
+        CH=_LEAF_CHUNK,
+        num_warps=1,
+    )
+    codes = torch.empty(n_tables * SYMBOLS, dtype=torch.int16, device=device)
+    _reversed_codes_kernel[(n_tables,)](lengths, codes)
+    return lengths, codes
