@@ -40,17 +40,18 @@ from bench_gpu_codecs import load_records  # noqa: E402
 #: (tokens a record, records a batch): the issue's 64 x 256-token batches and 2048-token records
 #: first, then larger batches, for lanes enough to fill the device.
 BATCHES = [(256, 64), (2048, 16), (256, 256), (2048, 64), (256, 1024), (2048, 256)]
-#: Kernel variants: (name, lanes a program, the next element's context loaded a step early, the
-#: stream's words kept from step to step). The first is decode_records' default.
+#: Kernel variants: (name, lanes a program, streams a program decodes (None: decode_records'
+#: choice), the next element's context loaded a step early, the stream's words kept from step to
+#: step). The first is decode_records' default.
 VARIANTS = [
-    ("ahead-buffered-4", 4, True, True),
-    ("ahead-buffered-8", 8, True, True),
-    ("ahead-buffered-16", 16, True, True),
-    ("ahead-buffered-32", 32, True, True),
-    ("ahead-buffered-128", 128, True, True),
-    ("ahead-4", 4, True, False),
-    ("plain-4", 4, False, False),
-    ("plain-32", 32, False, False),
+    ("default", None, None, True, True),
+    ("live-4", 32, 4, True, True),
+    ("live-8", 32, 8, True, True),
+    ("live-16", 32, 16, True, True),
+    ("dense-32", 32, 32, True, True),
+    ("dense-128", 128, 128, True, True),
+    ("no-buffer", None, None, True, False),
+    ("plain", None, None, False, False),
 ]
 
 
@@ -106,7 +107,7 @@ def run_batch(sources, payloads, device, variant, reps) -> dict:
     """One batch (``payloads[i]`` encodes ``sources[i % len(sources)]``) with one kernel variant."""
     from layertap.gpu.exphuf_decode import decode_records
 
-    name, lanes_per_program, ahead, buffered = variant
+    name, lanes_per_program, live_lanes, ahead, buffered = variant
     want = [s.to(device) for s in sources]
     raw_bytes = sum(want[i % len(want)].numel() * 2 for i in range(len(payloads)))
     best: dict = {}
@@ -116,7 +117,13 @@ def run_batch(sources, payloads, device, variant, reps) -> dict:
         sync(device)
         wall0, cpu0 = time.perf_counter(), time.thread_time()
         out = decode_records(
-            payloads, device, lanes_per_program=lanes_per_program, ahead=ahead, buffered=buffered, timings=timings
+            payloads,
+            device,
+            lanes_per_program=lanes_per_program,
+            live_lanes=live_lanes,
+            ahead=ahead,
+            buffered=buffered,
+            timings=timings,
         )
         sync(device)
         wall, cpu = time.perf_counter() - wall0, time.thread_time() - cpu0

@@ -245,14 +245,15 @@ def check_damaged(name: str, stored: bytes, word: str, device: torch.device) -> 
 
 #: Other settings of the kernel, each on a few cases (a case named with the suffix): the
 #: plainest variant (each element's context and stream words loaded in its own step, 64 lanes a
-#: program), which the benchmark compares; and the lanes a program of a GPU (4: a program a
-#: block; the interpreter runs programs one after another, so the cases are small).
+#: program), which the benchmark compares; programs of 32 lanes with 4 of them decoding (a
+#: block's streams; what a small batch takes on a GPU; the interpreter runs programs one after
+#: another, so the cases are small); and bit positions in int64.
 VARIANTS = {
     "-plain-kernel": (
         ["BF16-33x2x100", "BF16-1500x2", "F32-1000x3", "multi-tensor"],
         {"ahead": False, "buffered": False, "lanes_per_program": 64},
     ),
-    "-default-lanes": (["BF16-1000", "F32-40x50", "multi-tensor"], {"lanes_per_program": exphuf_decode.LANES}),
+    "-live-4": (["BF16-1000", "F32-40x50", "multi-tensor"], {"lanes_per_program": 32, "live_lanes": 4}),
     # bit positions in int64, which streams of 2^31 bits or more take
     "-pos64": (["BF16-1500x2", "F32-40x50"], {"pos32_limit": 0}),
 }
@@ -294,11 +295,11 @@ def compile_for_sm90() -> int:
     pointers = {"words_ptr": "*i64", "tables_ptr": "*i16", "table_of_top_ptr": "*i32", "desc_ptr": "*i64", "status_ptr": "*i32"}  # fmt: skip
     done = 0
     try:
-        for lanes, ahead, buffered in [(4, True, True), (8, True, True), (16, True, True), (32, True, True), (128, True, True), (4, True, False), (4, False, False), (32, False, False)]:  # fmt: skip
+        for lanes, ahead, buffered in [(32, True, True), (64, True, True), (128, True, True), (32, True, False), (32, False, False), (128, False, False)]:  # fmt: skip
             for width in (2, 4):
                 words = "*i32" if width == 2 else "*i64"
                 signature = {**pointers, "words_ptr": words, "out_ptr": "*i16" if width == 2 else "*i32", "lanes": "i32"}  # fmt: skip
-                constants = {"RAW_BITS": 8 * width - 9, "LANES": lanes, "AHEAD": ahead, "BUFFERED": buffered, "POS64": lanes == 8}  # fmt: skip
+                constants = {"RAW_BITS": 8 * width - 9, "LANES": lanes, "AHEAD": ahead, "BUFFERED": buffered, "POS64": lanes == 64}  # fmt: skip
                 signature |= dict.fromkeys(constants, "constexpr")
                 source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
                 options = {"num_warps": max(1, lanes // 32), "num_stages": 1}

@@ -39,10 +39,13 @@ CorruptRecordError naming the record, tensor and stream.
 
 What Triton leaves out of reach: shared memory is not addressable from Triton (only through
 ``tl.dot``'s and reductions' lowering), so the tables cannot be staged there; they are read
-through L1, and a program of 4 lanes (``LANES``: one block's streams, a warp with threads holding
-copies) keeps the tables of one block (at most 64 KiB) on a multiprocessor where 32 lanes would
-bring eight blocks' and put 64 records on 8 of the H200's 132 multiprocessors. The benchmark
-compares 4 to 128 lanes a program, and the kernel without the word buffer or the early context.
+through L1. A program is a warp of 32 lanes (``LANES``); for a small batch it decodes fewer
+streams than that, down to 4 (one block's: at most 64 KiB of tables in a multiprocessor's L1),
+the other lanes idle, so that 64 records spread over 64 of the H200's 132 multiprocessors rather
+than 8, each with one block's tables rather than eight (``live_lanes``; a program narrower than
+a warp would leave threads holding copies of a lane, reading back what another thread stored,
+an order PTX's memory model does not promise). The benchmark compares 4 to 32 streams a program,
+and the kernel without the word buffer or the early context.
 
 The host parses each block's head (mode, contexts, streams, stride, context map, code-length
 tables, stream lengths, checked as ``layertap._spec.exphuf.decode_block`` checks them), unpacks
@@ -96,10 +99,11 @@ _PROBLEMS = {
     3: "holds more bytes than its elements take",
     4: "has padding bits that are not zero",
 }
-#: Lanes (streams) of one program (a warp: below 32 lanes, threads hold copies). 4, the
-#: streams of one block, spreads a batch over as many multiprocessors as it has blocks, each
-#: with the tables of one block in its L1 (16 contexts x 4 KiB at most).
-LANES = 4
+#: Lanes of a program: a warp, one lane a thread. Fewer would leave threads holding copies of a
+#: lane, which read back what another thread of the warp stored (the element ``d`` back), an
+#: order PTX's memory model does not promise; so a program spreads over fewer streams by leaving
+#: lanes idle instead (``live_lanes``).
+LANES = 32
 _SYMBOL_OF_TOP = symbol_of_top(np.arange(SYMBOLS))
 _REV11 = np.array([int(f"{x:011b}"[::-1], 2) for x in range(TABLE_LEN)], dtype=np.int64)
 
@@ -405,6 +409,7 @@ def decode_records(
     device=None,
     *,
     lanes_per_program: int | None = None,
+    live_lanes: int | None = None,
     ahead: bool = True,
     buffered: bool = True,
     timings: dict | None = None,
@@ -417,7 +422,9 @@ def decode_records(
     tensor and stream where a payload is not a valid exp-huf payload.
 
     Host buffers are the fast way in: a device tensor's block heads are read back in one small
-    copy each. ``lanes_per_program`` (default ``LANES`` on CUDA), ``ahead`` (the next element's context loaded a step early)
+    copy each. ``lanes_per_program`` (a multiple of 32 on CUDA; ``LANES`` there by default),
+    ``live_lanes`` (the streams a program decodes, the others idle; by default as few as give
+    each multiprocessor two programs, at least 4), ``ahead`` (the next element's context loaded a step early)
     and ``buffered`` (a stream's words kept from step to step, the next one loaded beside the
     table entry) choose the kernel's variant, for the benchmark's comparison; ``timings``, if given,
     receives the host's parse and table time and, on CUDA, the kernels' time (seconds)."""
@@ -440,7 +447,11 @@ def decode_records(
         timings.pop("kernel_s", None)
     if lanes_per_program is None:  # the interpreter runs programs one after another: one will do
         lanes_per_program = LANES if device.type == "cuda" else 64
-    outs = _run(batch, src_buf, device, (lanes_per_program, ahead, buffered), timings)
+    if device.type == "cuda" and lanes_per_program % 32:
+        raise InvalidInputError(f"lanes_per_program must be a multiple of 32 (a warp) on CUDA, not {lanes_per_program}")
+    if live_lanes is not None and not 1 <= live_lanes <= lanes_per_program:
+        raise InvalidInputError(f"live_lanes must be 1 to lanes_per_program ({lanes_per_program}), not {live_lanes}")
+    outs = _run(batch, src_buf, device, (lanes_per_program, live_lanes, ahead, buffered), timings)
     plain = torch.empty(batch.plain_bytes, dtype=torch.uint8, device=device)
     for src_byte, nbytes, out_byte in batch.plain:
         plain[out_byte : out_byte + nbytes].copy_(src_buf[src_byte : src_byte + nbytes])
@@ -460,7 +471,7 @@ def decode_records(
 
 
 def _run(
-    batch: _Batch, src_buf: torch.Tensor, device, tuning: tuple[int, bool, bool], timings
+    batch: _Batch, src_buf: torch.Tensor, device, tuning: tuple[int, int | None, bool, bool], timings
 ) -> dict[int, torch.Tensor]:
     """Launches the kernel for each element width's lanes; returns the output buffers (int16,
     int32). Raises CorruptRecordError when a lane reports a problem."""
@@ -494,12 +505,19 @@ def _run(
         for lane in lanes:
             longest[lane[5]] = max(longest.get(lane[5], 0), lane[3])
         order = sorted(range(len(lanes)), key=lambda i: (-longest[lanes[i][5]], lanes[i][5], lanes[i][6]))
-        arr = np.array([lanes[i] for i in order], dtype=np.int64)
+        per, live, ahead, buffered = tuning
+        live = live or _live_lanes(len(lanes), per, device)
+        # Program p's lanes are slots p * per to p * per + live; the others idle (count 0).
+        slots = np.full(-(-len(order) // live) * per, -1, np.int64)
+        at = np.arange(len(order))
+        slots[(at // live) * per + at % live] = order
+        arr = np.zeros((len(slots), 7), dtype=np.int64)
+        arr[slots >= 0] = np.array([lanes[i] for i in order], dtype=np.int64)
         desc = _descriptors(arr, table_first, width)
         desc_d = _upload(desc, device)
         pos64 = int(desc[2].max()) >= _POS32_LIMIT
-        status = _launch(src_buf, tables_d, table_of_top_d, outs[width], desc_d, width, pos64, *tuning)
-        launched.append((width, lanes, order, status))
+        status = _launch(src_buf, tables_d, table_of_top_d, outs[width], desc_d, width, pos64, per, ahead, buffered)
+        launched.append((width, lanes, slots, status))
     if cuda and timings is not None:
         stop.record()
     # The one read back (a wait for the kernels): which lanes met a problem (none, almost always).
@@ -507,13 +525,13 @@ def _run(
     if cuda and timings is not None:
         timings["kernel_s"] = start.elapsed_time(stop) / 1e3
     problems, first = [], 0
-    for width, lanes, order, status in launched:
-        bad = torch.nonzero(flags[first : first + len(lanes)]).reshape(-1).tolist()
-        first += len(lanes)
+    for width, lanes, slots, status in launched:
+        bad = torch.nonzero(flags[first : first + len(slots)]).reshape(-1).tolist()
+        first += len(slots)
         if bad:
             at = status[:, bad].cpu().numpy()
-            for lane, code, j in zip(bad, at[0], at[1]):
-                problems.append((width, lanes[order[lane]], int(code), int(j)))
+            for slot, code, j in zip(bad, at[0], at[1]):
+                problems.append((width, lanes[slots[slot]], int(code), int(j)))
     if problems:
         raise CorruptRecordError(
             _describe(batch, problems[0])
@@ -638,6 +656,19 @@ def _decode_kernel(
     where = tl.where(too_long | bad_padding, count, where)
     tl.store(status_ptr + lane, status, mask=live)
     tl.store(status_ptr + lanes + lane, where, mask=live)
+
+
+def _live_lanes(lanes: int, per: int, device) -> int:
+    """Streams a program decodes: fewer than its lanes while that gives the device's
+    multiprocessors two programs each (down to 4, a block's streams: one block's tables in a
+    multiprocessor's L1), so that a small batch spreads over the device."""
+    if device.type != "cuda":
+        return per
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    live = per
+    while live > 4 and -(-lanes // live) < 2 * sms:
+        live //= 2
+    return live
 
 
 #: Bit positions past this take the kernel's int64 variant (a stream of 2^31 bits, 256 MiB, or
