@@ -45,6 +45,14 @@ def calls(records, batch):
     return [records[k : k + batch] for k in range(0, len(records), batch)]
 
 
+#: The variants ``--impl`` names: who does the device work, and where the code tables are built.
+VARIANTS = {
+    "triton": {"impl": "triton", "tables": "host"},
+    "triton-device-tables": {"impl": "triton", "tables": "device"},
+    "torch": {"impl": "torch", "tables": "host"},
+}
+
+
 def encode_all(records, batched, impl, batch):
     """``batched``: False (one call a record), True (``encode_blocks``, ``batch`` records a
     call) or "contiguous" (``encode_contiguous``, the connector's call: every block of a call
@@ -56,14 +64,14 @@ def encode_all(records, batched, impl, batch):
     blocks = []
     if batched == "contiguous":
         for part in calls(records, batch):
-            buf, sizes = encode_contiguous(part, "BF16", impl=impl)
+            buf, sizes = encode_contiguous(part, "BF16", **VARIANTS[impl])
             starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
             blocks += [Block(b"", buf[a : a + n]) for a, n in zip(starts, sizes)]
     elif batched:
         for part in calls(records, batch):
-            blocks += encode_blocks(part, "BF16", impl=impl)
+            blocks += encode_blocks(part, "BF16", **VARIANTS[impl])
     else:
-        blocks = [encode_block(r, "BF16", impl=impl) for r in records]
+        blocks = [encode_block(r, "BF16", **VARIANTS[impl]) for r in records]
     total = sum(len(b) for b in blocks)  # the body's size is known on the host: no extra sync
     torch.cuda.synchronize() if torch.cuda.is_available() else None
     return blocks, total, time.perf_counter() - wall0, time.thread_time() - cpu0
@@ -145,9 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--impl",
         nargs="+",
-        choices=["triton", "torch"],
-        default=["triton", "torch"],
-        help="who does the device work (default both, side by side)",
+        choices=list(VARIANTS),
+        default=list(VARIANTS),
+        help="who does the device work, and where the tables are built (default all, side by side)",
     )
     ap.add_argument("--max-records", type=int, default=0, help="at most this many records a size (0: --records)")
     ap.add_argument(
