@@ -45,6 +45,8 @@ This module imports triton: it is imported only when the Triton implementation i
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 import triton
@@ -223,6 +225,12 @@ def _pack_kernel(
     tl.atomic_or(words_ptr + word + 2, w2.to(tl.int32), mask=m & (w2 != 0))
 
 
+def _on(device: torch.device):
+    """The context in which to launch on ``device``: Triton launches on the current CUDA
+    device, which need not be the tensors' (a process may see several GPUs)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
 def _consts(width: int, raw_bits: int) -> dict:
     return {"MASK": (1 << (8 * width)) - 1, "RAW_BITS": raw_bits}
 
@@ -249,9 +257,18 @@ def sample_contexts(x, base_t, n_t, step_t, count: int, width: int, raw_bits: in
     """Kernel 1: each tensor's mode (int32 ``[count]``) and context of each top (``[count * 512]``)."""
     mode = torch.empty(count, dtype=torch.int32, device=x.device)
     ctx = torch.empty(count * SYMBOLS, dtype=torch.int32, device=x.device)
-    _sample_contexts_kernel[(count,)](
-        x, base_t, n_t, step_t, mode, ctx, EXP_SHIFT=exp_shift, SAMPLE_BLOCK=SAMPLE_BLOCK, **_consts(width, raw_bits)
-    )
+    with _on(x.device):
+        _sample_contexts_kernel[(count,)](
+            x,
+            base_t,
+            n_t,
+            step_t,
+            mode,
+            ctx,
+            EXP_SHIFT=exp_shift,
+            SAMPLE_BLOCK=SAMPLE_BLOCK,
+            **_consts(width, raw_bits),
+        )
     return mode, ctx
 
 
@@ -262,9 +279,10 @@ def _element_args(x, ctx, blocks: Blocks, seg_start_t, seg_stride_t):
 def count_symbols(x, ctx, blocks: Blocks, seg_start_t, seg_stride_t, count: int, width: int, raw_bits: int, block: int):
     """Kernel 2: the counts (int32) of each (tensor, context, symbol) cell."""
     counts = torch.zeros(count * CONTEXTS * SYMBOLS, dtype=torch.int32, device=x.device)
-    _count_symbols_kernel[(blocks.count,)](
-        *_element_args(x, ctx, blocks, seg_start_t, seg_stride_t), counts, BLOCK=block, **_consts(width, raw_bits)
-    )
+    with _on(x.device):
+        _count_symbols_kernel[(blocks.count,)](
+            *_element_args(x, ctx, blocks, seg_start_t, seg_stride_t), counts, BLOCK=block, **_consts(width, raw_bits)
+        )
     return counts
 
 
@@ -272,13 +290,14 @@ def block_bits(x, ctx, blocks: Blocks, seg_start_t, seg_stride_t, lengths_t, wid
     """Kernel 3 and a running sum: the bits before each block in the flat order (int64
     ``[blocks + 1]``, the last the total)."""
     bits = torch.empty(blocks.count, dtype=torch.int64, device=x.device)
-    _block_bits_kernel[(blocks.count,)](
-        *_element_args(x, ctx, blocks, seg_start_t, seg_stride_t),
-        lengths_t,
-        bits,
-        BLOCK=block,
-        **_consts(width, raw_bits),
-    )
+    with _on(x.device):
+        _block_bits_kernel[(blocks.count,)](
+            *_element_args(x, ctx, blocks, seg_start_t, seg_stride_t),
+            lengths_t,
+            bits,
+            BLOCK=block,
+            **_consts(width, raw_bits),
+        )
     before = torch.zeros(blocks.count + 1, dtype=torch.int64, device=x.device)
     torch.cumsum(bits, 0, out=before[1:])
     return before
@@ -302,17 +321,18 @@ def pack(
     """Kernel 4: the output's bytes (uint8, ``n_bytes``), each stream's bits at its place, 0
     elsewhere."""
     words = torch.zeros(-(-n_bytes // 4) + 2, dtype=torch.int32, device=x.device)
-    _pack_kernel[(blocks.count,)](
-        *_element_args(x, ctx, blocks, seg_start_t, seg_stride_t),
-        lengths_t,
-        codes_t,
-        before,
-        blocks.first_t,
-        seg_base_t,
-        words,
-        BLOCK=block,
-        **_consts(width, raw_bits),
-    )
+    with _on(x.device):
+        _pack_kernel[(blocks.count,)](
+            *_element_args(x, ctx, blocks, seg_start_t, seg_stride_t),
+            lengths_t,
+            codes_t,
+            before,
+            blocks.first_t,
+            seg_base_t,
+            words,
+            BLOCK=block,
+            **_consts(width, raw_bits),
+        )
     return words.view(torch.uint8)[:n_bytes]
 
 
@@ -476,21 +496,24 @@ def tables(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     device = counts.device
     keys = torch.empty(n_tables * SYMBOLS, dtype=torch.int64, device=device)
     n = torch.empty(n_tables, dtype=torch.int64, device=device)
-    _sort_counts_kernel[(n_tables,)](counts, keys, n, RC=32, num_warps=8)
+    with _on(counts.device):
+        _sort_counts_kernel[(n_tables,)](counts, keys, n, RC=32, num_warps=8)
     scratch = torch.empty(3, n_tables * _NODES, dtype=torch.int64, device=device)
     lengths = torch.zeros(n_tables * SYMBOLS, dtype=torch.uint8, device=device)
-    _code_lengths_kernel[(-(-n_tables // TABLES_PER_PROGRAM),)](
-        keys,
-        n,
-        n_tables,
-        scratch[0],
-        scratch[1],
-        scratch[2],
-        lengths,
-        TB=TABLES_PER_PROGRAM,
-        CH=_LEAF_CHUNK,
-        num_warps=1,
-    )
+    with _on(device):
+        _code_lengths_kernel[(-(-n_tables // TABLES_PER_PROGRAM),)](
+            keys,
+            n,
+            n_tables,
+            scratch[0],
+            scratch[1],
+            scratch[2],
+            lengths,
+            TB=TABLES_PER_PROGRAM,
+            CH=_LEAF_CHUNK,
+            num_warps=1,
+        )
     codes = torch.empty(n_tables * SYMBOLS, dtype=torch.int16, device=device)
-    _reversed_codes_kernel[(n_tables,)](lengths, codes)
+    with _on(counts.device):
+        _reversed_codes_kernel[(n_tables,)](lengths, codes)
     return lengths, codes
