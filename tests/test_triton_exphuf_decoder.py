@@ -34,6 +34,7 @@ CASES = [
     "special-values",
     "incompressible",
     "short",
+    "ids-only",
     "multi-tensor",
     "BF16-33x2x100-plain-kernel",
     "BF16-1500x2-plain-kernel",

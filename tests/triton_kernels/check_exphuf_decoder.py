@@ -86,6 +86,7 @@ RECORDS = {
     },
     "incompressible": lambda: {"h": _incompressible()},  # a raw block (mode 0)
     "short": lambda: {"h": activations_like((7, 9), torch.bfloat16, seed=6)},  # under 64 elements: raw
+    "ids-only": lambda: {"token_ids": torch.arange(7, 30, dtype=torch.int64)},  # no block at all
     "multi-tensor": lambda: {
         "hidden_states": activations_like((12, 2, 48), torch.bfloat16, seed=8),
         "token_ids": torch.arange(1000, 1012, dtype=torch.int64),
@@ -101,8 +102,8 @@ ON_GPU = {
     "F16-100x4x64": lambda: {"h": activations_like((100, 4, 64), torch.float16, seed=3)},
 }
 
-#: Cases whose every block is raw (mode 0); every other case has a coded block (mode 1).
-RAW_ONLY = {"incompressible", "short"}
+#: Cases with no coded block (raw blocks, mode 0, or other dtypes); every other case has one.
+RAW_ONLY = {"incompressible", "short", "ids-only"}
 
 
 def block_modes(raw: bytes, stored: bytes) -> list[str]:
