@@ -38,15 +38,16 @@ def keys_through_loader(path, context: str) -> list[str]:
     loader = torch.utils.data.DataLoader(
         ds, batch_size=5, shuffle=True, num_workers=2, multiprocessing_context=context, collate_fn=collate_in_worker
     )
-    seen, shared = [], 0
+    seen, shared, batches = [], 0, 0
     for batch in loader:
+        batches += 1
         seen += batch["keys"]
         shared += batch["padded_in_shared_memory"]
         n = len(batch["token_ids"])
         assert batch["hidden_states"].shape == (n, 3, 16) and batch["cu_seqlens"][-1] == n
-    # Each worker learns the rows' shape from its first record (forked ones from the parent's):
-    # the later batches are decoded into shared memory, sent without a copy.
-    assert shared >= 1, shared
+    # Every batch decoded into shared memory, sent without a copy (a spawned worker takes the
+    # rows' shape from one record it reads alone first; a forked one has the parent's).
+    assert shared == batches, (shared, batches)
     return seen
 
 

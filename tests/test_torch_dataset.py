@@ -156,6 +156,9 @@ def test_a_batch_is_decoded_into_one_padded_tensor_that_pad_collate_takes(tmp_pa
     with layertap.ShardWriter(str(path), writer_id="gen-0", codec=codec) as w:
         for r in range(ROWS):
             w.submit(str(r), record(r), {"layer_ids": "[2, 8, 13]"})
+    fresh = HiddenStatesDataset(path)  # its first batch too (rows shaped as one record read first)
+    items = fresh.__getitems__([3, 4])
+    assert pad_collate(items)["hidden_states"] is items[0]["hidden_states"]._base and fresh.skipped == 0
     ds = HiddenStatesDataset(path)
     for batch in ([6, 13, 20, 5], [7, 0, 14, 21], [1, 7]):  # 8 or 9 tokens, then 3 to 4
         one_by_one = [ds[i] for i in batch]
@@ -204,6 +207,8 @@ def test_a_batch_with_records_of_another_shape_or_damaged(tmp_path):
     items = skipping.__getitems__([0, 3, 4])
     assert items[1] is None and skipping.skipped == 1
     assert pad_collate(items)["keys"] == ["0", "4"]
+    fresh = HiddenStatesDataset(path, errors="skip")  # the corrupt record first: counted once
+    assert [b and b["key"] for b in fresh.__getitems__([3, 0])] == [None, "0"] and fresh.skipped == 1
     raising = HiddenStatesDataset(path)
     raising[0]
     with pytest.raises(CorruptRecordError):

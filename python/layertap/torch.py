@@ -143,11 +143,15 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
         """The items of a batch, as ``[self[i] for i in indices]``; what ``DataLoader`` asks
         for. With the Rust backend the records are read together, each ``hidden_states``
         decoded into its row of one tensor ``[B, T, L, H]`` padded with zeros after each record
-        (in a ``DataLoader`` worker, in shared memory, as the worker sends it), once the first
-        record read in this process has told the rows' shape."""
+        (in a ``DataLoader`` worker, in shared memory, as the worker sends it), rows shaped as
+        the first record read in this process."""
         self._open()
         where = [self._where[i] for i in indices]
-        if self._row is None or self.layers is not None or not all(hasattr(s, "read_batch_into") for s, _ in where):
+        if self.layers is not None or not where or not all(hasattr(s, "read_batch_into") for s, _ in where):
+            return [self[i] for i in indices]
+        if self._row is None:
+            self._learn_row(*where[0])
+        if self._row is None:
             return [self[i] for i in indices]
         shape, dtype = self._row
         lengths = [shard.entries[at].num_tokens for shard, at in where]
@@ -171,6 +175,15 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
                 self.skipped += 1
                 items.append(None)
         return items
+
+    def _learn_row(self, shard: Any, at: int) -> None:
+        """Sets the shape of this process's batch rows from one record read alone (nothing when
+        it cannot be read: its batch then says why, or skips it)."""
+        try:
+            metadata, tensors = shard.read(at, verify=False)
+            self._item(shard.entries[at].key, shard.path, metadata, tensors)
+        except LayertapError:
+            pass
 
     def _item(self, key: str, shard: str, metadata: dict, tensors: list, row: torch.Tensor | None = None) -> dict:
         found = {
