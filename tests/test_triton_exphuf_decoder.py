@@ -36,7 +36,7 @@ CASES = [
     "short",
     "ids-only",
     "multi-tensor",
-    "BF16-33x2x100-plain-kernel",
+    "BF16-1000-plain-kernel",
     "BF16-1500x2-plain-kernel",
     "F32-1000x3-plain-kernel",
     "multi-tensor-plain-kernel",

@@ -251,7 +251,7 @@ def check_damaged(name: str, stored: bytes, word: str, device: torch.device) -> 
 #: another, so the cases are small); and bit positions in int64.
 VARIANTS = {
     "-plain-kernel": (
-        ["BF16-33x2x100", "BF16-1500x2", "F32-1000x3", "multi-tensor"],
+        ["BF16-1000", "BF16-1500x2", "F32-1000x3", "multi-tensor"],
         {"ahead": False, "buffered": False, "lanes_per_program": 64},
     ),
     "-live-4": (["BF16-1000", "F32-40x50", "multi-tensor"], {"lanes_per_program": 32, "live_lanes": 4}),
