@@ -49,8 +49,20 @@ def calls(records, batch):
 VARIANTS = {
     "triton": {"impl": "triton", "tables": "host"},
     "triton-device-tables": {"impl": "triton", "tables": "device"},
+    "triton-device-tables-histogram": {"impl": "triton", "tables": "device", "counts": "histogram"},
     "torch": {"impl": "torch", "tables": "host"},
 }
+
+
+def variant(name: str) -> dict:
+    """The encoder's arguments for variant ``name``; sets how the Triton kernels add counts."""
+    args = dict(VARIANTS[name])
+    counts = args.pop("counts", "atomic")
+    if args["impl"] == "triton":
+        from layertap.gpu import exphuf_triton
+
+        exphuf_triton.COUNTS = counts
+    return args
 
 
 def encode_all(records, batched, impl, batch):
@@ -64,14 +76,14 @@ def encode_all(records, batched, impl, batch):
     blocks = []
     if batched == "contiguous":
         for part in calls(records, batch):
-            buf, sizes = encode_contiguous(part, "BF16", **VARIANTS[impl])
+            buf, sizes = encode_contiguous(part, "BF16", **variant(impl))
             starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
             blocks += [Block(b"", buf[a : a + n]) for a, n in zip(starts, sizes)]
     elif batched:
         for part in calls(records, batch):
-            blocks += encode_blocks(part, "BF16", **VARIANTS[impl])
+            blocks += encode_blocks(part, "BF16", **variant(impl))
     else:
-        blocks = [encode_block(r, "BF16", **VARIANTS[impl]) for r in records]
+        blocks = [encode_block(r, "BF16", **variant(impl)) for r in records]
     total = sum(len(b) for b in blocks)  # the body's size is known on the host: no extra sync
     torch.cuda.synchronize() if torch.cuda.is_available() else None
     return blocks, total, time.perf_counter() - wall0, time.thread_time() - cpu0

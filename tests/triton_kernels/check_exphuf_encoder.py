@@ -11,7 +11,8 @@ see triton, so tests/test_triton_exphuf_encoder.py runs this script in a subproc
 costs seconds); with no CASE, every case on CUDA, the list of cases on the CPU. Each case runs with the default blocks and, where
 they would not cut a segment in several, with blocks of 128 elements (the interpreter takes
 milliseconds a program): either way several blocks to a segment, a segment's last block short;
-then, but for ``HOST_TABLES_ONLY``, with the code tables built on the device (``tables="device"``). Prints ``ok CASE ...``, ``SKIP CASE: ...``
+then, but for ``HOST_TABLES_ONLY``, with the code tables built on the device (``tables="device"``)
+and the counts added by histograms (``exphuf_triton.COUNTS``). Prints ``ok CASE ...``, ``SKIP CASE: ...``
 or ``FAIL CASE: ...`` (and the traceback) for each, and exits 1 if any failed.
 """
 
@@ -191,13 +192,19 @@ def check(name: str, tensors: list[torch.Tensor], device: torch.device) -> None:
         print(f"ok {name} blocks of {block}: {len(tensors)} tensors, modes {modes}, {took:.2f} s", flush=True)
     if name in HOST_TABLES_ONLY:
         return
-    # The code tables built on the device: the same bytes.
+    # The code tables built on the device, the counts added by histograms: the same bytes.
     t0 = time.perf_counter()
-    buf, sizes = exphuf.encode_contiguous(tensors, dtype, impl="triton", tables="device")
+    exphuf_triton.COUNTS = "histogram"
+    try:
+        buf, sizes = exphuf.encode_contiguous(tensors, dtype, impl="triton", tables="device")
+    finally:
+        exphuf_triton.COUNTS = "atomic"
     took = time.perf_counter() - t0
     if sizes != [len(w) for w in want] or buf.cpu().numpy().tobytes() != b"".join(want):
-        raise CaseFailed(f"FAIL {name} (tables on the device): encode_contiguous differs from the Rust blocks")
-    print(f"ok {name} tables on the device: {took:.2f} s", flush=True)
+        raise CaseFailed(
+            f"FAIL {name} (tables on the device, histogram counts): encode_contiguous differs from the Rust blocks"
+        )
+    print(f"ok {name} tables on the device, histogram counts: {took:.2f} s", flush=True)
 
 
 def main(argv: list[str]) -> int:

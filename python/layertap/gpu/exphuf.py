@@ -413,17 +413,18 @@ class _TritonPass:
         self.k, self.layout, self.width, self.exp_shift, self.device = kernels, layout, width, exp_shift, device
         self.raw_bits = 8 * width - 9
         self.x = x.view(torch.int16 if width == 2 else torch.int32)
-        self.blocks = kernels.Blocks(layout.seg_start, layout.total, kernels.BLOCK, lambda a: _to_device(a, device))
-        self.seg_start_t = _to_device(layout.seg_start, device)
-        self.seg_stride_t = _to_device(layout.seg_stride, device)
+        self.blocks = kernels.Blocks(
+            layout.seg_start, layout.seg_stride, layout.total, kernels.BLOCK, lambda a: _to_device(a, device)
+        )
 
     def counts(self) -> tuple[torch.Tensor, torch.Tensor]:
         k, layout, count = self.k, self.layout, len(self.layout.ns)
+        per_tensor = _to_device(np.concatenate([layout.base, layout.ns, layout.step]).astype(np.int64), self.device)
         mode, self.ctx = k.sample_contexts(
             self.x,
-            _to_device(layout.base, self.device),
-            _to_device(layout.ns, self.device),
-            _to_device(layout.step.astype(np.int64), self.device),
+            per_tensor[:count],
+            per_tensor[count : 2 * count],
+            per_tensor[2 * count :],
             count,
             self.width,
             self.raw_bits,
@@ -433,8 +434,6 @@ class _TritonPass:
             self.x,
             self.ctx,
             self.blocks,
-            self.seg_start_t,
-            self.seg_stride_t,
             count,
             self.width,
             self.raw_bits,
@@ -457,24 +456,18 @@ class _TritonPass:
             self.x,
             self.ctx,
             self.blocks,
-            self.seg_start_t,
-            self.seg_stride_t,
             self.lengths_t,
             self.width,
             self.raw_bits,
             self.k.BLOCK,
         )
-        first = _to_device(self.blocks.first, self.device)
-        last = _to_device(self.blocks.last, self.device)
-        return self.before[last] - self.before[first]
+        return self.before[self.blocks.last_t] - self.before[self.blocks.first_t]
 
     def pack(self, seg_base: np.ndarray, end: int) -> torch.Tensor:
         return self.k.pack(
             self.x,
             self.ctx,
             self.blocks,
-            self.seg_start_t,
-            self.seg_stride_t,
             self.lengths_t,
             self.codes_t,
             self.before,

@@ -59,6 +59,9 @@ CONTEXTS = 16
 
 #: Elements a program of kernels 2 to 4 takes: a power of two.
 BLOCK = 1024
+#: How kernel 2 adds its counts: "atomic" (an atomic add an element) or "histogram" (a block's
+#: counts per context with ``tl.histogram``, then an atomic add a cell seen).
+COUNTS = "atomic"
 #: Elements of the sample a program of kernel 1 takes at a time.
 SAMPLE_BLOCK = 1024
 
@@ -109,9 +112,9 @@ def _cells(
     x_ptr,
     ctx_ptr,
     blk_seg_ptr,
-    blk_start_ptr,
-    blk_end_ptr,
+    seg_first_ptr,
     seg_start_ptr,
+    seg_end_ptr,
     seg_stride_ptr,
     MASK: tl.constexpr,
     RAW_BITS: tl.constexpr,
@@ -121,9 +124,9 @@ def _cells(
     symbol) in the table of counts, and which lanes hold an element; and the block's segment."""
     b = tl.program_id(0)
     seg = tl.load(blk_seg_ptr + b)
-    start = tl.load(blk_start_ptr + b)
-    end = tl.load(blk_end_ptr + b)
     seg_start = tl.load(seg_start_ptr + seg)
+    start = seg_start + (b - tl.load(seg_first_ptr + seg)) * BLOCK
+    end = tl.minimum(start + BLOCK, tl.load(seg_end_ptr + seg))
     stride = tl.load(seg_stride_ptr + seg)
     t = seg // 4
     i = start + tl.arange(0, BLOCK)
@@ -143,19 +146,33 @@ def _count_symbols_kernel(
     x_ptr,
     ctx_ptr,
     blk_seg_ptr,
-    blk_start_ptr,
-    blk_end_ptr,
+    seg_first_ptr,
     seg_start_ptr,
+    seg_end_ptr,
     seg_stride_ptr,
     counts_ptr,
     MASK: tl.constexpr,
     RAW_BITS: tl.constexpr,
     BLOCK: tl.constexpr,
+    HISTOGRAM: tl.constexpr,
 ):
-    _, cell, m, _ = _cells(
-        x_ptr, ctx_ptr, blk_seg_ptr, blk_start_ptr, blk_end_ptr, seg_start_ptr, seg_stride_ptr, MASK, RAW_BITS, BLOCK
+    _, cell, m, seg = _cells(
+        x_ptr, ctx_ptr, blk_seg_ptr, seg_first_ptr, seg_start_ptr, seg_end_ptr, seg_stride_ptr, MASK, RAW_BITS, BLOCK
     )
-    tl.atomic_add(counts_ptr + cell, tl.full([BLOCK], 1, tl.int32), mask=m)
+    if HISTOGRAM:
+        # The block's counts per context first (tl.histogram), then one atomic a cell seen:
+        # most elements of a tensor fall in a few cells, whose atomics would queue.
+        base = (seg // 4) * (16 * 512)
+        local = cell - base
+        sym = (local & 511).to(tl.int32)
+        bins = tl.arange(0, 512)
+        for c in tl.static_range(16):
+            mc = m & ((local >> 9) == c)
+            if tl.max(mc.to(tl.int32), 0) > 0:
+                h = tl.histogram(sym, 512, mask=mc)
+                tl.atomic_add(counts_ptr + base + c * 512 + bins, h, mask=h > 0)
+    else:
+        tl.atomic_add(counts_ptr + cell, tl.full([BLOCK], 1, tl.int32), mask=m)
 
 
 @triton.jit
@@ -163,9 +180,9 @@ def _block_bits_kernel(
     x_ptr,
     ctx_ptr,
     blk_seg_ptr,
-    blk_start_ptr,
-    blk_end_ptr,
+    seg_first_ptr,
     seg_start_ptr,
+    seg_end_ptr,
     seg_stride_ptr,
     len_ptr,
     blk_bits_ptr,
@@ -174,7 +191,7 @@ def _block_bits_kernel(
     BLOCK: tl.constexpr,
 ):
     _, cell, m, _ = _cells(
-        x_ptr, ctx_ptr, blk_seg_ptr, blk_start_ptr, blk_end_ptr, seg_start_ptr, seg_stride_ptr, MASK, RAW_BITS, BLOCK
+        x_ptr, ctx_ptr, blk_seg_ptr, seg_first_ptr, seg_start_ptr, seg_end_ptr, seg_stride_ptr, MASK, RAW_BITS, BLOCK
     )
     length = tl.load(len_ptr + cell, mask=m, other=0).to(tl.int64)
     nbits = tl.where(m, length + RAW_BITS, 0)
@@ -186,14 +203,13 @@ def _pack_kernel(
     x_ptr,
     ctx_ptr,
     blk_seg_ptr,
-    blk_start_ptr,
-    blk_end_ptr,
+    seg_first_ptr,
     seg_start_ptr,
+    seg_end_ptr,
     seg_stride_ptr,
     len_ptr,
     code_ptr,
     blk_before_ptr,
-    seg_first_blk_ptr,
     seg_base_ptr,
     words_ptr,
     MASK: tl.constexpr,
@@ -201,7 +217,7 @@ def _pack_kernel(
     BLOCK: tl.constexpr,
 ):
     v, cell, m, seg = _cells(
-        x_ptr, ctx_ptr, blk_seg_ptr, blk_start_ptr, blk_end_ptr, seg_start_ptr, seg_stride_ptr, MASK, RAW_BITS, BLOCK
+        x_ptr, ctx_ptr, blk_seg_ptr, seg_first_ptr, seg_start_ptr, seg_end_ptr, seg_stride_ptr, MASK, RAW_BITS, BLOCK
     )
     seg_base = tl.load(seg_base_ptr + seg)  # the stream's byte in the output; -1: not written
     m = m & (seg_base >= 0)
@@ -210,7 +226,7 @@ def _pack_kernel(
     value = code | ((v & ((1 << RAW_BITS) - 1)) << length)
     nbits = tl.where(m, length + RAW_BITS, 0)
     # The block's first bit in its stream: the bits of the stream's blocks before it.
-    first = tl.load(blk_before_ptr + tl.program_id(0)) - tl.load(blk_before_ptr + tl.load(seg_first_blk_ptr + seg))
+    first = tl.load(blk_before_ptr + tl.program_id(0)) - tl.load(blk_before_ptr + tl.load(seg_first_ptr + seg))
     offset = 8 * seg_base + first + tl.cumsum(nbits, 0) - nbits
     word = offset >> 5
     shift = offset & 31
@@ -236,21 +252,24 @@ def _consts(width: int, raw_bits: int) -> dict:
 
 
 class Blocks:
-    """The cut of the flat array into blocks of ``block`` elements within segments (host arrays
-    and their copies on the device, made by ``upload``)."""
+    """The cut of the flat array into blocks of ``block`` elements within segments, and the
+    segments' places: one host array, copied to the device in one piece (``upload``), of which
+    the ``*_t`` are views."""
 
-    def __init__(self, seg_start: np.ndarray, total: int, block: int, upload):
+    def __init__(self, seg_start: np.ndarray, seg_stride: np.ndarray, total: int, block: int, upload):
         seg_end = np.append(seg_start[1:], total)
         per_seg = -(-(seg_end - seg_start) // block)
-        self.first = np.concatenate([[0], np.cumsum(per_seg)[:-1]]).astype(np.int64)
-        self.count = int(per_seg.sum())
+        last = np.cumsum(per_seg)  # one past each segment's last block
+        first = last - per_seg
+        self.count = int(last[-1])
         seg = np.repeat(np.arange(len(seg_start), dtype=np.int64), per_seg)
-        start = seg_start[seg] + (np.arange(self.count, dtype=np.int64) - self.first[seg]) * block
-        end = np.minimum(start + block, seg_end[seg])
-        self.seg_t, self.start_t, self.end_t, self.first_t = (
-            upload(a.astype(np.int64)) for a in (seg, start, end, self.first)
+        self.first, self.last = first, last
+        tab = upload(np.concatenate([seg_start, seg_end, seg_stride, first, last, seg]).astype(np.int64))
+        k = len(seg_start)
+        self.start_t, self.end_t, self.stride_t, self.first_t, self.last_t = (
+            tab[i * k : (i + 1) * k] for i in range(5)
         )
-        self.last = self.first + per_seg  # one past each segment's last block
+        self.seg_t = tab[5 * k :]
 
 
 def sample_contexts(x, base_t, n_t, step_t, count: int, width: int, raw_bits: int, exp_shift: int):
@@ -272,27 +291,31 @@ def sample_contexts(x, base_t, n_t, step_t, count: int, width: int, raw_bits: in
     return mode, ctx
 
 
-def _element_args(x, ctx, blocks: Blocks, seg_start_t, seg_stride_t):
-    return (x, ctx, blocks.seg_t, blocks.start_t, blocks.end_t, seg_start_t, seg_stride_t)
+def _element_args(x, ctx, blocks: Blocks):
+    return (x, ctx, blocks.seg_t, blocks.first_t, blocks.start_t, blocks.end_t, blocks.stride_t)
 
 
-def count_symbols(x, ctx, blocks: Blocks, seg_start_t, seg_stride_t, count: int, width: int, raw_bits: int, block: int):
+def count_symbols(x, ctx, blocks: Blocks, count: int, width: int, raw_bits: int, block: int):
     """Kernel 2: the counts (int32) of each (tensor, context, symbol) cell."""
     counts = torch.zeros(count * CONTEXTS * SYMBOLS, dtype=torch.int32, device=x.device)
     with _on(x.device):
         _count_symbols_kernel[(blocks.count,)](
-            *_element_args(x, ctx, blocks, seg_start_t, seg_stride_t), counts, BLOCK=block, **_consts(width, raw_bits)
+            *_element_args(x, ctx, blocks),
+            counts,
+            BLOCK=block,
+            HISTOGRAM=COUNTS == "histogram",
+            **_consts(width, raw_bits),
         )
     return counts
 
 
-def block_bits(x, ctx, blocks: Blocks, seg_start_t, seg_stride_t, lengths_t, width: int, raw_bits: int, block: int):
+def block_bits(x, ctx, blocks: Blocks, lengths_t, width: int, raw_bits: int, block: int):
     """Kernel 3 and a running sum: the bits before each block in the flat order (int64
     ``[blocks + 1]``, the last the total)."""
     bits = torch.empty(blocks.count, dtype=torch.int64, device=x.device)
     with _on(x.device):
         _block_bits_kernel[(blocks.count,)](
-            *_element_args(x, ctx, blocks, seg_start_t, seg_stride_t),
+            *_element_args(x, ctx, blocks),
             lengths_t,
             bits,
             BLOCK=block,
@@ -307,8 +330,6 @@ def pack(
     x,
     ctx,
     blocks: Blocks,
-    seg_start_t,
-    seg_stride_t,
     lengths_t,
     codes_t,
     before,
@@ -323,11 +344,10 @@ def pack(
     words = torch.zeros(-(-n_bytes // 4) + 2, dtype=torch.int32, device=x.device)
     with _on(x.device):
         _pack_kernel[(blocks.count,)](
-            *_element_args(x, ctx, blocks, seg_start_t, seg_stride_t),
+            *_element_args(x, ctx, blocks),
             lengths_t,
             codes_t,
             before,
-            blocks.first_t,
             seg_base_t,
             words,
             BLOCK=block,
