@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+# The checks run once, in the first test's setup: about 40 s of CPU, minutes on a loaded machine.
+pytestmark = pytest.mark.timeout(900)
+
 ROOT = Path(__file__).resolve().parent.parent
 TRITON = ROOT / ".venv" / "triton"
 SCRIPT = ROOT / "tests" / "triton_kernels" / "check_exphuf_decoder.py"
