@@ -54,12 +54,8 @@ def require(impl, what: str):
     return impl
 
 
-def writer_class(kind: str):
-    """``"python"`` -> PyShardWriter, ``"rust"`` -> ShardWriter (failing the test if missing)."""
-    if kind == "python":
-        from layertap import PyShardWriter
-
-        return PyShardWriter
+def writer_class():
+    """``layertap.ShardWriter`` (failing the test if the extension is missing)."""
     return require(rust_writer_class(), "the Rust writer (layertap.ShardWriter)")
 
 
@@ -89,7 +85,7 @@ def make_tensors(i: int, tokens: int = 3, layers: int = 2, hidden: int = 8, dtyp
 def write_records(path, n: int, writer_id: str = "w", prefix: str = "k", cls=None, **options) -> list:
     """Writes ``n`` records ``{prefix}{i}`` and returns the completions."""
     if cls is None:
-        from layertap import PyShardWriter as cls
+        cls = writer_class()
     with cls(os.fspath(path), writer_id=writer_id, **options) as w:
         for i in range(n):
             w.submit(f"{prefix}{i}", make_tensors(i), {"layer_ids": "[1, 3]", "i": str(i)})

@@ -26,8 +26,8 @@ from helpers import PYTHON_SRC, shard_files, takes_o_direct
 
 CHILD = r"""
 import sys, torch
-from layertap import ShardWriter, PyShardWriter
-out, kind, io, o_direct = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+from layertap import ShardWriter
+out, io, o_direct = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 g = torch.Generator().manual_seed(0)
 base = torch.randn(1024 + 64, 3, 256, generator=g).to(torch.bfloat16)
 
@@ -37,15 +37,13 @@ def tensors(i):
     n = 256 + (i * 37) % 768
     return {"hidden_states": base[i % 64 : i % 64 + n], "token_ids": torch.arange(i, i + n)}
 
-cls = PyShardWriter if kind == "python" else ShardWriter
 opts = dict(codec="none", shard_size=48 << 20, durability="none", batch_bytes=8 << 20,
             writer_id="victim")
-if kind == "rust":
-    # "uring-direct": io_uring with O_DIRECT (staged blocks, the partial last one buffered)
-    opts["io"], _, mode = io.partition("-")
-    opts["direct"] = mode == "direct"
-w = cls(out, **opts)
-assert w.stats["direct"] == (opts.get("direct", False) and o_direct), w.stats
+# "uring-direct": io_uring with O_DIRECT (staged blocks, the partial last one buffered)
+opts["io"], _, mode = io.partition("-")
+opts["direct"] = mode == "direct"
+w = ShardWriter(out, **opts)
+assert w.stats["direct"] == (opts["direct"] and o_direct), w.stats
 i = 0
 while True:
     w.submit(f"rec-{i:06d}", tensors(i))
@@ -68,11 +66,11 @@ def _expected(i: int) -> dict:
     return {"hidden_states": base[i % 64 : i % 64 + n], "token_ids": torch.arange(i, i + n)}
 
 
-def _run_and_kill(out: Path, kind: str, io: str, kill_after: int) -> list[str]:
+def _run_and_kill(out: Path, io: str, kill_after: int) -> list[str]:
     """Starts the writer child, reads the keys it reports done, kills it after ``kill_after``."""
     env = dict(os.environ, PYTHONPATH=str(PYTHON_SRC))
     proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(out), kind, io, str(int(takes_o_direct(out)))],
+        [sys.executable, "-c", CHILD, str(out), io, str(int(takes_o_direct(out)))],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
@@ -117,18 +115,11 @@ def _recover_once_unlocked(path: str, timeout: float = 30) -> layertap.RecoverRe
 
 
 @pytest.mark.parametrize(
-    "kind,io,kill_after",
-    [
-        ("rust", "uring", 40),
-        ("rust", "uring", 157),
-        ("rust", "pwrite", 90),
-        ("rust", "uring-direct", 70),
-        ("rust", "pwrite-direct", 133),
-        ("python", "pwrite", 60),
-    ],
+    "io,kill_after",
+    [("uring", 40), ("uring", 157), ("pwrite", 90), ("uring-direct", 70), ("pwrite-direct", 133)],
 )
-def test_records_reported_done_survive_sigkill(tmp_path, kind, io, kill_after):
-    done = _run_and_kill(tmp_path, kind, io, kill_after)
+def test_records_reported_done_survive_sigkill(tmp_path, io, kill_after):
+    done = _run_and_kill(tmp_path, io, kill_after)
     assert len(done) >= kill_after
     shards = shard_files(tmp_path)
     if kill_after > 100:

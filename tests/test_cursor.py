@@ -13,7 +13,7 @@ from layertap._spec.format import FormatProblem
 
 
 def complete_shard(tmp_path, n: int = 3) -> bytes:
-    with layertap.PyShardWriter(str(tmp_path), codec="zstd", writer_id="w") as w:
+    with layertap.ShardWriter(str(tmp_path), codec="zstd", writer_id="w") as w:
         for i in range(n):
             w.submit(f"k{i}", {"x": np.arange(10 * (i + 1), dtype=np.float32)})
     (name,) = [n for n in os.listdir(tmp_path) if n.endswith(".lts")]

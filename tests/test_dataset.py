@@ -100,7 +100,7 @@ def test_one_shard_file(tmp_path, backend):
 
 
 def test_records_without_hidden_states(tmp_path, backend):
-    with layertap.PyShardWriter(tmp_path) as w:
+    with layertap.ShardWriter(tmp_path) as w:
         w.submit("x", {"scores": torch.arange(5, dtype=torch.float32)})
     with _open(tmp_path, backend) as ds:
         rec = ds["x"]
@@ -125,7 +125,7 @@ def test_foreign_records_empty_tensors_and_any_order(tmp_path, backend):
 
 def test_duplicate_keys_across_writers(tmp_path, backend):
     write_records(tmp_path, 2, writer_id="a", prefix="k")
-    with layertap.PyShardWriter(tmp_path, writer_id="b") as w:
+    with layertap.ShardWriter(tmp_path, writer_id="b") as w:
         w.submit("k1", make_tensors(99))
     with _open(tmp_path, backend) as ds:
         assert ds.keys() == ["k0", "k1", "k1"]
@@ -256,7 +256,7 @@ def test_auto_backend_is_rust_when_built(tmp_path):
 _HOLD_WRITER = textwrap.dedent(
     """
     import sys, torch, layertap
-    w = layertap.PyShardWriter(sys.argv[1], writer_id="live", codec="zstd")
+    w = layertap.ShardWriter(sys.argv[1], writer_id="live", codec="zstd")
     for i in range(3):
         w.submit(f"live{i}", {"x": torch.full((4,), float(i))})
     w.flush()

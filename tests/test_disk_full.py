@@ -78,18 +78,6 @@ def test_shard_writer_fills_a_small_disk_and_says_it_is_full(tmp_path, io):
         assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
-def test_the_python_writer_says_the_disk_is_full_too(tmp_path):
-    """The reference writer raises the same class, naming the same things."""
-    with mounted_tmpfs(tmp_path / "small", "1m") as mount:
-        directory = os.path.join(mount, "ds")
-        writer = layertap.PyShardWriter(directory, codec="none")
-        error, _ = _fill(writer)
-        assert error.errno == errno.ENOSPC and error.directory == directory
-        assert str(error).startswith(f"{directory}: disk full, ") and " free (" in str(error)
-        with layertap.open(directory) as ds:
-            assert all(ds[k] is not None for k in ds.keys())  # what it wrote reads back
-
-
 def test_disk_full_error_keeps_its_details_across_processes():
     e = DiskFullError(errno.ENOSPC, "/d: disk full, 12.0 KiB free (...)", "/d/w-000000.lts", "/d", 12288)
     back = pickle.loads(pickle.dumps(e))

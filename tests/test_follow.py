@@ -20,25 +20,19 @@ from layertap.errors import CorruptRecordError, InvalidInputError
 from layertap.follow import DatasetTail, Follow
 
 
-@pytest.fixture(params=["rust", "python"])
-def writer_kind(request) -> str:
-    return request.param
-
-
-def _writer(kind: str, path, **options):
-    cls = layertap.ShardWriter if kind == "rust" else layertap.PyShardWriter
-    return cls(os.fspath(path), **options)
+def _writer(path, **options):
+    return layertap.ShardWriter(os.fspath(path), **options)
 
 
 def _expected(i: int, tokens: int = 3) -> dict:
     return make_tensors(i, tokens=tokens)
 
 
-def test_records_already_there_then_new_ones_across_shards(tmp_path, writer_kind):
+def test_records_already_there_then_new_ones_across_shards(tmp_path):
     write_records(tmp_path, 3, writer_id="old", prefix="old")  # a complete shard
     got: list[layertap.Record] = []
     had_one = threading.Semaphore(0)
-    with _writer(writer_kind, tmp_path, writer_id="w", codec="bp16-zstd", shard_size=2000, durability="none") as w:
+    with _writer(tmp_path, writer_id="w", codec="bp16-zstd", shard_size=2000, durability="none") as w:
 
         def produce():
             # Each record once the follower has had the one before: every new one comes while
@@ -76,12 +70,12 @@ def test_records_already_there_then_new_ones_across_shards(tmp_path, writer_kind
     assert time.monotonic() - t0 >= 0.5  # it waited for the idle timeout, then stopped
 
 
-def test_a_follower_keeps_only_the_shards_it_still_reads(tmp_path, writer_kind):
+def test_a_follower_keeps_only_the_shards_it_still_reads(tmp_path):
     """A trainer follows a generating run for days: the shards whose records it has all had are
     dropped (their names kept, so they are not read again), and every record still comes once."""
     tail = DatasetTail(tmp_path)
     held: list[int] = []
-    with _writer(writer_kind, tmp_path, writer_id="w", codec="none", shard_size=1500, durability="none") as w:
+    with _writer(tmp_path, writer_id="w", codec="none", shard_size=1500, durability="none") as w:
 
         def produce():
             for i in range(120):

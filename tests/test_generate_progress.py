@@ -30,8 +30,8 @@ def test_follower_counts_across_shards_and_lists_once_per_shard(tmp_path, monkey
         follower.poll()
         polling.clear()
 
-    with layertap.PyShardWriter(tmp_path, writer_id="gen-0", codec="none", shard_size=1200) as w:
-        with layertap.PyShardWriter(tmp_path, writer_id="gen-1", codec="none") as other:
+    with layertap.ShardWriter(tmp_path, writer_id="gen-0", codec="none", shard_size=1200) as w:
+        with layertap.ShardWriter(tmp_path, writer_id="gen-1", codec="none") as other:
             other.submit("x", make_tensors(0))  # another run's shard: not counted
         for i in range(12):
             w.submit(str(i), make_tensors(i))
@@ -86,7 +86,7 @@ def test_the_last_figures_time_the_rows_not_the_drain_and_shutdown(tmp_path, mod
     bar = Progress(3, follower, mode, interval=10.0, stream=stream)
     bar.update(rows=3, tokens=9)
     clock.advance(100)  # the records still in the writer, then the engine stopping
-    with layertap.PyShardWriter(tmp_path, writer_id="gen-0", codec="none") as w:
+    with layertap.ShardWriter(tmp_path, writer_id="gen-0", codec="none") as w:
         for i in range(3):
             w.submit(str(i), make_tensors(i))
     bar.close()
@@ -107,7 +107,7 @@ def test_the_bar_shows_new_bytes_without_waiting_for_a_row(tmp_path, clock):
     follower = ShardFollower(str(tmp_path), "gen-0")
     bar = Progress(4, follower, "bar", interval=0.0625, stream=stream)
     bar.update(rows=1, tokens=3)
-    with layertap.PyShardWriter(tmp_path, writer_id="gen-0", codec="none") as w:
+    with layertap.ShardWriter(tmp_path, writer_id="gen-0", codec="none") as w:
         w.submit("0", make_tensors(0))
     clock.advance(0.0625)  # the interval (a power of 2: exact on a clock at 1,000 s)
     bar.update()  # an engine step without a finished row
@@ -158,7 +158,7 @@ def test_progress_counts_records_in_files_not_rows_the_engine_finished(tmp_path)
     bar = Progress(5, follower, "lines", interval=0.0, stream=stream)
     bar.update(rows=4, tokens=12, bad=1)  # the engine finished four rows; none is in a file yet
     assert _final(stream.getvalue()).startswith("generate: 1/5 rows (20%), 12 tokens, "), stream.getvalue()
-    with layertap.PyShardWriter(tmp_path, writer_id="gen-0", codec="none") as w:
+    with layertap.ShardWriter(tmp_path, writer_id="gen-0", codec="none") as w:
         for i in range(2):
             w.submit(str(i), make_tensors(i))
     follower.check()  # no error file: nothing raised

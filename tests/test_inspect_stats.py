@@ -42,7 +42,7 @@ def _record(i: int, tokens: int) -> dict:
 @pytest.fixture
 def flagged(tmp_path):
     d = tmp_path / "flagged"
-    with writer_class("rust")(d, writer_id="w", codec="bp16-zstd", durability="none") as w:
+    with writer_class()(d, writer_id="w", codec="bp16-zstd", durability="none") as w:
         for i, n in enumerate(LENGTHS):
             w.submit(f"k{i}", _record(i, n), {"layer_ids": LAYER_IDS})
         w.flush()
@@ -52,7 +52,7 @@ def flagged(tmp_path):
 @pytest.fixture
 def clean(tmp_path):
     d = tmp_path / "clean"
-    with writer_class("rust")(d, writer_id="w", durability="none") as w:
+    with writer_class()(d, writer_id="w", durability="none") as w:
         for i in range(3):
             g = torch.Generator().manual_seed(i)
             hs = torch.randn(5, 2, HIDDEN, generator=g).to(torch.bfloat16)
@@ -179,12 +179,12 @@ def test_lossy_windowed_and_corrupt_records(tmp_path):
     d = tmp_path / "d"
     ones = torch.ones(4, 2, HIDDEN)
     ones[:, 1] *= 3
-    with writer_class("rust")(d, writer_id="l", codec="zstd", lossy="fp8-e4m3", durability="none") as w:
+    with writer_class()(d, writer_id="l", codec="zstd", lossy="fp8-e4m3", durability="none") as w:
         w.submit(
             "q0", {"hidden_states": ones.to(torch.bfloat16), "token_ids": torch.arange(4)}, {"layer_ids": "[0, 1]"}
         )
         w.flush()
-    with writer_class("rust")(d, writer_id="m", durability="none") as w:
+    with writer_class()(d, writer_id="m", durability="none") as w:
         meta = {"layer_ids": "[0, 1]", "window_start": "0", "window_end": "8"}
         for i in range(3):
             hs = torch.full((1 if i else 2, 2, HIDDEN), float(i + 1), dtype=torch.bfloat16)
@@ -244,7 +244,7 @@ def test_verify_warns_of_broken_layers_and_still_passes(flagged, clean):
 def test_verify_does_not_warn_of_records_that_are_not_hidden_states(tmp_path):
     """The format holds any tensors: verify warns of hidden states' values only, inspect --stats
     says that a record has none."""
-    with writer_class("rust")(tmp_path / "d", writer_id="w", durability="none") as w:
+    with writer_class()(tmp_path / "d", writer_id="w", durability="none") as w:
         w.submit("x", {"embedding": torch.zeros(4, 8)})
         w.flush()
     proc = run_cli("verify", tmp_path / "d")

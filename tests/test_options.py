@@ -34,10 +34,9 @@ def test_metadata_is_measured_with_its_escapes(tmp_path, value, json_len):
     assert info.value.option == "metadata"
 
 
-@pytest.mark.parametrize("kind", ["rust", "python"])
-def test_metadata_at_the_limit_is_written_and_read_back(tmp_path, kind):
+def test_metadata_at_the_limit_is_written_and_read_back(tmp_path):
     value = at_limit()
-    with writer_class(kind)(tmp_path, writer_id="m", metadata={"m": value}) as w:
+    with writer_class()(tmp_path, writer_id="m", metadata={"m": value}) as w:
         w.submit("a", make_tensors(0))
     with layertap.open(tmp_path) as ds:
         (shard,) = ds.shards

@@ -25,10 +25,10 @@ def backend(request):
 def parts(tmp_path):
     """Two engines' directories under one root, keys 0..5 split between them, plus a manifest."""
     root = tmp_path / "hs"
-    with layertap.PyShardWriter(root / "engine-0", writer_id="gen-0") as w:
+    with layertap.ShardWriter(root / "engine-0", writer_id="gen-0") as w:
         for i in (0, 2, 4):
             w.submit(str(i), make_tensors(i))
-    with layertap.PyShardWriter(root / "engine-1", writer_id="gen-0") as w:
+    with layertap.ShardWriter(root / "engine-1", writer_id="gen-0") as w:
         for i in (1, 3, 5):
             w.submit(str(i), make_tensors(i))
     write_manifest(root, ["engine-0", "engine-1"], source="test")
@@ -70,7 +70,7 @@ def test_dot_part_and_absolute_part(parts, tmp_path, backend):
 def test_duplicate_keys_across_parts(parts, tmp_path, backend):
     """The first record in dataset order (parts as listed) is the key's; verify reports the
     others, or lists them apart with allow_duplicates."""
-    with layertap.PyShardWriter(parts / "engine-2", writer_id="gen-0") as w:
+    with layertap.ShardWriter(parts / "engine-2", writer_id="gen-0") as w:
         w.submit("3", make_tensors(99))
     write_manifest(parts, ["engine-0", "engine-1", "engine-2"])
     with layertap.open(parts, backend=backend) as ds:
@@ -148,7 +148,7 @@ def test_cli_inspect_and_verify_over_parts(parts):
     assert summary["duplicate_keys"] == 0 and summary["records"] == 6
     proc = run_cli("verify", parts / "engine-0", parts / "engine-1")
     assert proc.returncode == 0 and proc.stdout.startswith("OK: ") and "in 2 shards of 2 parts" in proc.stdout
-    with layertap.PyShardWriter(parts / "engine-1", writer_id="gen-1") as w:
+    with layertap.ShardWriter(parts / "engine-1", writer_id="gen-1") as w:
         w.submit("0", make_tensors(0))
     proc = run_cli("verify", parts)
     assert proc.returncode == 1 and "duplicate_key: " in proc.stderr and proc.stdout.startswith("FAILED")
@@ -182,7 +182,7 @@ def test_export_over_parts(tmp_path):
 
     root = tmp_path / "hs"
     for part, rows in (("engine-0", (0, 2)), ("engine-1", (1, 3))):
-        with layertap.PyShardWriter(root / part, writer_id="gen-0") as w:
+        with layertap.ShardWriter(root / part, writer_id="gen-0") as w:
             for i in rows:
                 w.submit(str(i), make_tensors(i), metadata={"layer_ids": "[1, 3]"})
     write_manifest(root, ["engine-0", "engine-1"])

@@ -190,9 +190,9 @@ def test_version_and_header_checksum(tmp_path):
 
 
 def test_growing_shard_and_being_written(tmp_path):
-    from layertap import PyShardWriter
+    from layertap import ShardWriter
 
-    with PyShardWriter(tmp_path, codec="none", writer_id="g") as w:
+    with ShardWriter(tmp_path, codec="none", writer_id="g") as w:
         w.submit("a", make_tensors(0))
         w.flush()
         path = shard_files(tmp_path)[0]

@@ -131,9 +131,9 @@ def test_vectors_match_expected_json():
 def test_codec_none_is_zero_copy_and_private(tmp_path):
     # 64 tokens x 4 layers x 256 hidden in bf16: 128 KiB, above the private-mapping threshold.
     hidden = torch.randn(64, 4, 256).to(torch.bfloat16)
-    from layertap import PyShardWriter
+    from layertap import ShardWriter
 
-    with PyShardWriter(os.fspath(tmp_path), codec="none", writer_id="z") as w:
+    with ShardWriter(os.fspath(tmp_path), codec="none", writer_id="z") as w:
         w.submit("big", {"hidden_states": hidden, "token_ids": torch.arange(64)})
     path = shard_files(tmp_path)[0]
     before = _sha(path)
@@ -232,11 +232,11 @@ def test_not_a_shard_raises_format_error(tmp_path, content, reason):
 def _shard_cut_in_header_padding(tmp_path) -> tuple[str, int, int]:
     """A shard cut after its header checksum but before the header's zero padding ends, as a
     writer killed right after writing its header can leave it: ``(path, cut, header_len)``."""
-    from layertap import PyShardWriter
+    from layertap import ShardWriter
 
     for k in range(8):  # user metadata of k bytes, until the header needs padding
         directory = tmp_path / f"ds{k}"
-        with PyShardWriter(os.fspath(directory), writer_id="w", metadata={"pad": "x" * k}) as w:
+        with ShardWriter(os.fspath(directory), writer_id="w", metadata={"pad": "x" * k}) as w:
             w.submit("a", {"x": (b"12345678", "U8", (8,))})
         path = shard_files(directory)[0]
         with open(path, "rb") as f:

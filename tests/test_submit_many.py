@@ -1,4 +1,4 @@
-"""``submit_many``: several records in one call, all or none (docs/API.md), with both writers.
+"""``submit_many``: several records in one call, all or none (docs/API.md).
 The vLLM connector submits each engine step's records this way."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from helpers import make_tensors, shard_files, writer_class
 from layertap.errors import DuplicateKeyError, InvalidInputError, WriterClosedError
 
 
-@pytest.fixture(params=["rust", "python"])
-def Writer(request):
-    cls = writer_class(request.param)
+@pytest.fixture
+def Writer():
+    cls = writer_class()
     return lambda path, **options: cls(os.fspath(path), **options)
 
 

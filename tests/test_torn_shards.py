@@ -1,11 +1,11 @@
 """Shards that are torn before they hold anything (issue 11, items 2 and 3).
 
 A writer killed between creating a shard file and writing its header used to leave a 0-byte
-``.lts`` that ``verify`` called a foreign file and ``recover`` refused. Now both writers never
-show a file under a shard name without its header (they link it complete), a file that is only
-the start of a header (from older writers) is a torn empty shard that ``verify`` reports as
-recoverable and ``recover`` removes, and a directory whose ``.lts`` files are all garbage is not
-a dataset.
+``.lts`` that ``verify`` called a foreign file and ``recover`` refused. Now the writer (and the
+shard files ``layertap mooncake pull`` writes) never show a file under a shard name without its
+header (they link it complete), a file that is only the start of a header (from older writers)
+is a torn empty shard that ``verify`` reports as recoverable and ``recover`` removes, and a
+directory whose ``.lts`` files are all garbage is not a dataset.
 """
 
 from __future__ import annotations
@@ -24,18 +24,33 @@ from layertap.errors import FormatError
 
 CHILD = r"""
 import sys, numpy as np
-from layertap import ShardWriter, PyShardWriter
+from layertap import ShardWriter
 out, kind = sys.argv[1], sys.argv[2]
-if kind == "python":
-    w = PyShardWriter(out, writer_id="w", shard_size=4096, codec="none", durability="none")
+
+def record(i):
+    # About 2.3 KiB a record: every record starts a shard of its own.
+    return {"hidden_states": np.full((4, 2, 64), i, dtype=np.float32)}
+
+if kind == "shardfile":
+    # The Python shard file that `layertap mooncake pull` writes its shards with.
+    from layertap._py.encode import Encoder
+    from layertap._py.shardfile import ShardFile
+    from layertap._py.write import encode_record
+    for i in range(4):
+        meta = {"writer_id": "w", "shard_index": i, "created_unix_ms": 0, "writer": "test", "user": {}}
+        f = ShardFile(f"{out}/w-{i:06d}.lts", bytes(16), meta, sync_dir=False)
+        frame, entry = encode_record(Encoder(0, 1), f"k{i}", record(i), None)
+        f.entries.append(entry._replace(frame_offset=f.offset))
+        f.write([frame])
+        f.finish(sync=False)
+        print(f"k{i}", flush=True)
 else:
     w = ShardWriter(out, writer_id="w", shard_size=4096, codec="none", durability="none", io="pwrite")
-for i in range(4):
-    # About 2.3 KiB a record: every record starts a shard of its own.
-    w.submit(f"k{i}", {"hidden_states": np.full((4, 2, 64), i, dtype=np.float32)})
-    w.flush()
-    print(f"k{i}", flush=True)
-w.close()
+    for i in range(4):
+        w.submit(f"k{i}", record(i))
+        w.flush()
+        print(f"k{i}", flush=True)
+    w.close()
 """
 
 #: Syscalls on the second shard's name at whose entry the writer is killed: ``flock`` is the
@@ -51,7 +66,7 @@ def _strace() -> str:
 
 
 @pytest.mark.parametrize("kill_at", KILL_AT)
-@pytest.mark.parametrize("kind", ["python", "rust"])
+@pytest.mark.parametrize("kind", ["shardfile", "rust"])
 def test_a_writer_killed_while_starting_a_shard_leaves_no_headerless_file(tmp_path, kind, kill_at):
     out = tmp_path / "ds"
     out.mkdir()
@@ -66,7 +81,7 @@ def test_a_writer_killed_while_starting_a_shard_leaves_no_headerless_file(tmp_pa
     )
     done = proc.stdout.split()
     if kill_at == "linkat,link":
-        # Both writers link the second shard into place: the kill lands there, before it shows.
+        # Both link the second shard into place: the kill lands there, before it shows.
         assert proc.returncode in (137, -9), (proc.returncode, proc.stderr[-2000:])
         assert done == ["k0"] and not second.exists()
     # Whatever the moment, every .lts file is a shard with its header: none is a foreign file,

@@ -17,7 +17,7 @@ from layertap.reader import backend_class
 
 def torn_shard(tmp_path) -> str:
     """A shard of two records whose writer stopped in the second one's frame."""
-    with layertap.PyShardWriter(str(tmp_path), codec="none", writer_id="w") as w:
+    with layertap.ShardWriter(str(tmp_path), codec="none", writer_id="w") as w:
         for k in ("a", "b"):
             w.submit(k, {"x": np.arange(64, dtype=np.float32)})
     (path,) = [os.path.join(tmp_path, n) for n in os.listdir(tmp_path) if n.endswith(".lts")]

@@ -24,7 +24,7 @@ def _no_io_override(monkeypatch):
 
 
 def Writer(path, **options):
-    return writer_class("rust")(os.fspath(path), **options)
+    return writer_class()(os.fspath(path), **options)
 
 
 def read(path) -> layertap.Dataset:

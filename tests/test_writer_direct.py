@@ -1,6 +1,6 @@
 """``ShardWriter(direct=True)``: O_DIRECT where the file system takes it, the buffered fallback
 where it does not (ramfs), the same shards as without, records readable as soon as they are
-reported, and ``PyShardWriter`` refusing the option. Round trips of every codec, rotation,
+reported, and a bad value refused. Round trips of every codec, rotation,
 durability modes and write errors with ``direct`` are in test_writer.py (its ``direct``
 fixture); the SIGKILL case is in test_crash.py."""
 
@@ -49,9 +49,7 @@ def _check(path, n: int) -> None:
 @pytest.mark.parametrize("codec", ["none", "bp16-zstd"])
 def test_a_file_system_without_o_direct_falls_back_to_buffered_writes(ramfs, io, codec):
     assert not takes_o_direct(ramfs)
-    w = writer_class("rust")(
-        os.fspath(ramfs), codec=codec, io=io, direct=True, shard_size=200_000, batch_bytes=64 << 10
-    )
+    w = writer_class()(os.fspath(ramfs), codec=codec, io=io, direct=True, shard_size=200_000, batch_bytes=64 << 10)
     with w:
         assert w.stats["direct"] is False  # asked for, not in effect: reported, not an error
         for key, tensors in _records(30):
@@ -60,12 +58,12 @@ def test_a_file_system_without_o_direct_falls_back_to_buffered_writes(ramfs, io,
     _check(ramfs, 30)
 
 
-def test_direct_buffered_and_python_writers_write_the_same_frames(tmp_path):
-    """Codec ``none``: the shards of all three differ only in their headers' shard_id and
-    creation time."""
-    kinds = {"direct": ("rust", True), "buffered": ("rust", False), "python": ("python", False)}
-    for name, (kind, direct) in kinds.items():
-        with writer_class(kind)(
+def test_direct_and_buffered_writers_write_the_same_frames(tmp_path):
+    """Codec ``none``: the shards of both differ only in their headers' shard_id and creation
+    time."""
+    kinds = {"direct": True, "buffered": False}
+    for name, direct in kinds.items():
+        with writer_class()(
             os.fspath(tmp_path / name),
             codec="none",
             direct=direct,
@@ -80,10 +78,9 @@ def test_direct_buffered_and_python_writers_write_the_same_frames(tmp_path):
     assert len(shards["direct"]) >= 2 and len({len(v) for v in shards.values()}) == 1
     for files in zip(*shards.values()):
         data = [Path(f).read_bytes() for f in files]
-        # Frames run from the end of the header to the index frame (the trailer's first field);
-        # the Python writer names other software in its header, which may shift them.
+        # Frames run from the end of the header to the index frame (the trailer's first field).
         frames = [d[_header_len(d) : int.from_bytes(d[-32:-24], "little")] for d in data]
-        assert frames[0] == frames[1] == frames[2]
+        assert frames[0] == frames[1]
         assert data[0][_header_len(data[0]) :] == data[1][_header_len(data[1]) :], "index and trailer too"
 
 
@@ -94,7 +91,7 @@ def _header_len(shard: bytes) -> int:
 def test_each_record_is_readable_once_reported(tmp_path):
     """A record reported done is in the file although its last block was not written with
     O_DIRECT yet: a reader of the open shard sees it, whole, with no torn tail after it."""
-    with writer_class("rust")(os.fspath(tmp_path), codec="zstd", direct=True, batch_bytes=64 << 10) as w:
+    with writer_class()(os.fspath(tmp_path), codec="zstd", direct=True, batch_bytes=64 << 10) as w:
         for n, (key, tensors) in enumerate(_records(12), start=1):
             w.submit(key, tensors)
             assert [c.key for c in w.poll(timeout=30)] == [key]
@@ -109,12 +106,6 @@ def test_each_record_is_readable_once_reported(tmp_path):
     _check(tmp_path, 12)
 
 
-def test_python_writer_refuses_direct(tmp_path):
-    with pytest.raises(
-        InvalidInputError, match="direct must be False: the Python writer writes through the page cache"
-    ):
-        layertap.PyShardWriter(tmp_path / "a", direct=True)
+def test_direct_must_be_a_bool(tmp_path):
     with pytest.raises(InvalidInputError, match="direct must be True or False"):
-        layertap.PyShardWriter(tmp_path / "b", direct="yes")
-    with layertap.PyShardWriter(tmp_path / "c", direct=False) as w:
-        assert w.stats["direct"] is False
+        writer_class()(os.fspath(tmp_path / "b"), direct="yes")

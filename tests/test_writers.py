@@ -1,7 +1,6 @@
-"""What both writers do alike (docs/API.md, "Writers"), each test run with ``ShardWriter`` (Rust,
-with each I/O backend where it matters) and ``PyShardWriter``, on real files. Shards are read back
-with the pure-Python reader. Rust-only behaviour is in test_writer.py, Python-only in
-test_py_writer.py."""
+"""What the writer does (docs/API.md, "Writers"), ``ShardWriter`` with each I/O backend where it
+matters, on real files. Shards are read back with the pure-Python reader. Its threads, budget and
+batching are in test_writer.py."""
 
 from __future__ import annotations
 
@@ -27,33 +26,26 @@ def _no_io_override(monkeypatch):
     monkeypatch.delenv("LAYERTAP_IO", raising=False)
 
 
-@pytest.fixture(params=["rust", "python"])
-def kind(request) -> str:
-    return request.param
-
-
 def _uring_or_skip(tmp_path_factory) -> None:
     """io_uring refused by the kernel is reported as a skip, with the reason."""
     try:
-        writer_class("rust")(tmp_path_factory.mktemp("probe"), io="uring").close()
+        writer_class()(tmp_path_factory.mktemp("probe"), io="uring").close()
     except OSError as e:
         pytest.skip(f"io_uring is not available here: {e}")
 
 
-@pytest.fixture(params=["rust-uring", "rust-pwrite", "rust-uring-direct", "rust-pwrite-direct", "python"])
-def setup(request, tmp_path_factory) -> tuple[str, dict]:
-    """A writer and its I/O options: the Rust one with each backend, through the page cache and
-    with O_DIRECT (tests/test_writer_direct.py has the rest), and the Python one."""
-    if request.param == "python":
-        return "python", {}
-    _, io, *direct = request.param.split("-")
+@pytest.fixture(params=["uring", "pwrite", "uring-direct", "pwrite-direct"])
+def io_options(request, tmp_path_factory) -> dict:
+    """The writer's I/O options: each backend, through the page cache and with O_DIRECT
+    (tests/test_writer_direct.py has the rest)."""
+    io, *direct = request.param.split("-")
     if io == "uring":
         _uring_or_skip(tmp_path_factory)
-    return "rust", {"io": io, "direct": bool(direct)}
+    return {"io": io, "direct": bool(direct)}
 
 
-def Writer(kind: str, path, **options):
-    return writer_class(kind)(os.fspath(path), **options)
+def Writer(path, **options):
+    return writer_class()(os.fspath(path), **options)
 
 
 def read(path) -> layertap.Dataset:
@@ -65,8 +57,7 @@ def read(path) -> layertap.Dataset:
 
 
 @pytest.mark.parametrize("codec", ["none", "zstd", "bp16-zstd"])
-def test_torch_numpy_and_buffers_round_trip(tmp_path, setup, codec):
-    kind, io_options = setup
+def test_torch_numpy_and_buffers_round_trip(tmp_path, io_options, codec):
     rng = np.random.default_rng(0)
     tensors = {
         "hidden_states": torch.randn(5, 3, 16).to(torch.bfloat16),
@@ -80,12 +71,9 @@ def test_torch_numpy_and_buffers_round_trip(tmp_path, setup, codec):
         "raw_view": (memoryview(np.arange(4, dtype=np.float64)), "F64", [4]),
         "raw_array": (array.array("i", [1, -2, 3]), "I32", (3,)),
     }
-    with Writer(kind, tmp_path, codec=codec, writer_id="w", metadata={"model": "m"}, **io_options) as w:
-        if kind == "rust":
-            assert w.backend == {"uring": "io_uring", "pwrite": "pwrite"}[io_options["io"]]
-            assert w.stats["direct"] is (io_options["direct"] and takes_o_direct(tmp_path))
-        else:
-            assert w.backend == "python" and w.stats["direct"] is False
+    with Writer(tmp_path, codec=codec, writer_id="w", metadata={"model": "m"}, **io_options) as w:
+        assert w.backend == {"uring": "io_uring", "pwrite": "pwrite"}[io_options["io"]]
+        assert w.stats["direct"] is (io_options["direct"] and takes_o_direct(tmp_path))
         assert w.writer_id == "w" and w.path == str(tmp_path)
         seq = w.submit("rec", tensors, {"layer_ids": "[1, 2, 3]"})
         w.flush()
@@ -99,7 +87,7 @@ def test_torch_numpy_and_buffers_round_trip(tmp_path, setup, codec):
         assert rec.num_tokens == 5 and rec.layer_ids == [1, 2, 3]
         assert rec.metadata == {"key": "rec", "layer_ids": "[1, 2, 3]"}
         assert ds.shards[0].complete and ds.shards[0].meta["user"] == {"model": "m"}
-        assert ds.shards[0].meta["writer"].startswith(f"layertap-{kind} ")
+        assert ds.shards[0].meta["writer"].startswith("layertap-rust ")
         assert ds.shards[0].meta["writer_id"] == "w" and ds.shards[0].meta["shard_index"] == 0
         assert ds.verify().ok
         for name in ["hidden_states", "half", "single", "token_ids"]:
@@ -113,9 +101,8 @@ def test_torch_numpy_and_buffers_round_trip(tmp_path, setup, codec):
         assert (done[0].offset, done[0].stored_len) == (rec.offset, ds.shards[0].stored_bytes)
 
 
-def test_many_records_in_order_across_shards(tmp_path, setup):
-    kind, io_options = setup
-    with Writer(kind, tmp_path, codec="bp16-zstd", shard_size=4096, writer_id="r", threads=3, **io_options) as w:
+def test_many_records_in_order_across_shards(tmp_path, io_options):
+    with Writer(tmp_path, codec="bp16-zstd", shard_size=4096, writer_id="r", threads=3, **io_options) as w:
         seqs = [w.submit(f"k{i}", make_tensors(i, tokens=8, hidden=32)) for i in range(40)]
         w.flush()
         done = w.poll()
@@ -129,8 +116,8 @@ def test_many_records_in_order_across_shards(tmp_path, setup):
     assert stats["bytes_stored"] == sum(c.stored_len for c in done)
     assert stats["ratio"] == pytest.approx(stats["bytes_in"] / stats["bytes_stored"])
     assert stats["queue_depth"] == stats["inflight_bytes"] == 0
-    # It compressed 40 records; the Python writer encodes on its one thread.
-    assert stats["threads"] == (3 if kind == "rust" else 1) and stats["encode_seconds"] > 0
+    # It compressed 40 records, on its 3 threads.
+    assert stats["threads"] == 3 and stats["encode_seconds"] > 0
     with read(tmp_path) as ds:
         assert ds.keys() == [f"k{i}" for i in range(40)] and ds.verify().ok
         assert all(s.complete for s in ds.shards)
@@ -143,9 +130,8 @@ def test_many_records_in_order_across_shards(tmp_path, setup):
 
 
 @pytest.mark.parametrize("durability", ["none", "close", 4096])
-def test_durability_modes(tmp_path, setup, durability):
-    kind, io_options = setup
-    with Writer(kind, tmp_path, durability=durability, codec="none", **io_options) as w:
+def test_durability_modes(tmp_path, io_options, durability):
+    with Writer(tmp_path, durability=durability, codec="none", **io_options) as w:
         for i in range(10):
             w.submit(f"k{i}", make_tensors(i, tokens=32, hidden=32))
         w.flush()
@@ -153,24 +139,24 @@ def test_durability_modes(tmp_path, setup, durability):
         assert len(ds) == 10 and ds.verify().ok
 
 
-def test_writer_id_continues_after_existing_shards(tmp_path, kind):
+def test_writer_id_continues_after_existing_shards(tmp_path):
     for prefix in ("first", "second"):
-        with Writer(kind, tmp_path, writer_id="rank0") as w:
+        with Writer(tmp_path, writer_id="rank0") as w:
             w.submit(prefix, make_tensors(0))
     (tmp_path / "rank0-000007.lts").write_bytes(b"not looked at")
-    with Writer(kind, tmp_path, writer_id="rank0") as w:
+    with Writer(tmp_path, writer_id="rank0") as w:
         w.submit("third", make_tensors(0))
     names = sorted(os.listdir(tmp_path))
     assert names == ["rank0-000000.lts", "rank0-000001.lts", "rank0-000007.lts", "rank0-000008.lts"]
     assert (tmp_path / "rank0-000007.lts").read_bytes() == b"not looked at"
-    with Writer(kind, tmp_path / "d") as w:
+    with Writer(tmp_path / "d") as w:
         wid = w.writer_id
     assert os.listdir(tmp_path / "d") == [f"{wid}-000000.lts"]
 
 
-def test_same_writer_id_at_once_fails_instead_of_mixing(tmp_path, kind):
-    a = Writer(kind, tmp_path, writer_id="x", shard_size=100, codec="none")  # creates x-000000
-    b = Writer(kind, tmp_path, writer_id="x", codec="none")  # continues with x-000001
+def test_same_writer_id_at_once_fails_instead_of_mixing(tmp_path):
+    a = Writer(tmp_path, writer_id="x", shard_size=100, codec="none")  # creates x-000000
+    b = Writer(tmp_path, writer_id="x", codec="none")  # continues with x-000001
     a.submit("a0", make_tensors(0))
     with pytest.raises(layertap.WriterIOError) as info:
         a.submit("a1", make_tensors(1))  # needs x-000001, which b holds
@@ -221,31 +207,31 @@ def test_same_writer_id_at_once_fails_instead_of_mixing(tmp_path, kind):
         ({"key_memory": 0}, "key_memory", "key_memory must be a positive integer"),
     ],
 )
-def test_bad_options_are_refused_alike(tmp_path, kind, options, option, match):
+def test_bad_options_are_refused_alike(tmp_path, options, option, match):
     with pytest.raises(OptionError, match=match) as info:
-        Writer(kind, tmp_path / "ds", **options)
+        Writer(tmp_path / "ds", **options)
     assert info.value.option == option
     assert isinstance(info.value, InvalidInputError) and isinstance(info.value, ValueError)
     assert not (tmp_path / "ds").exists()
 
 
-def test_options_object_and_overrides(tmp_path, kind):
+def test_options_object_and_overrides(tmp_path):
     options = layertap.WriterOptions(codec="zstd", level=3, writer_id="o", metadata={"run": "1"})
     assert options == layertap.WriterOptions(codec="zstd", level=3, writer_id="o", metadata={"run": "1"})
     with pytest.raises(TypeError):
         options.metadata["run"] = "2"  # read-only: checked values stay checked
     with pytest.raises(dataclasses.FrozenInstanceError):
         options.codec = "none"
-    with Writer(kind, tmp_path, options=options, shard_size=1 << 20) as w:
+    with Writer(tmp_path, options=options, shard_size=1 << 20) as w:
         assert w.options == dataclasses.replace(options, shard_size=1 << 20)
         w.submit("k", make_tensors(0))
     with read(tmp_path) as ds:
         assert ds.shards[0].codecs == {"zstd": 1} and ds.shards[0].meta["user"] == {"run": "1"}
         assert ds.keys() == ["k"]
     with pytest.raises(TypeError, match="bogus"):
-        Writer(kind, tmp_path / "x", bogus=1)
+        Writer(tmp_path / "x", bogus=1)
     with pytest.raises(InvalidInputError, match="options must be a layertap.WriterOptions"):
-        Writer(kind, tmp_path / "x", options={"codec": "none"})
+        Writer(tmp_path / "x", options={"codec": "none"})
 
 
 def test_io_uring_alias():
@@ -261,23 +247,23 @@ def test_io_uring_alias():
     "key",
     ["", "a/b", "a\\b", "line\nbreak", "tab\t", "nul\x00", "del\x7f", "k" * 1025, "\ud800", 7, None, b"k"],
 )
-def test_bad_keys_are_refused_before_queuing(tmp_path, kind, key):
-    with Writer(kind, tmp_path) as w:
+def test_bad_keys_are_refused_before_queuing(tmp_path, key):
+    with Writer(tmp_path) as w:
         with pytest.raises(InvalidInputError):
             w.submit(key, make_tensors(0))
         assert w.stats["records_submitted"] == 0
         assert w.submit("good", make_tensors(0)) == 0
 
 
-def test_longest_key_is_taken(tmp_path, kind):
-    with Writer(kind, tmp_path) as w:
+def test_longest_key_is_taken(tmp_path):
+    with Writer(tmp_path) as w:
         w.submit("é" * 512, make_tensors(0))
     with read(tmp_path) as ds:
         assert ds.keys() == ["é" * 512]
 
 
-def test_duplicate_key(tmp_path, kind):
-    with Writer(kind, tmp_path) as w:
+def test_duplicate_key(tmp_path):
+    with Writer(tmp_path) as w:
         w.submit("k", make_tensors(0))
         w.flush()
         with pytest.raises(DuplicateKeyError) as info:
@@ -289,10 +275,10 @@ def test_duplicate_key(tmp_path, kind):
         assert torch.equal(ds["k"].hidden_states, make_tensors(0)["hidden_states"])
 
 
-def test_key_memory_bounds_the_keys_remembered(tmp_path, kind):
+def test_key_memory_bounds_the_keys_remembered(tmp_path):
     """With ``key_memory=3`` the writer refuses a key among the last three it took and forgets
     older ones (a server's writer keeps bounded memory); the readers report the duplicate."""
-    with Writer(kind, tmp_path, key_memory=3) as w:
+    with Writer(tmp_path, key_memory=3) as w:
         for key in "abcd":
             w.submit(key, make_tensors(0))
         for recent in "bcd":
@@ -324,22 +310,22 @@ def test_key_memory_bounds_the_keys_remembered(tmp_path, kind):
         ({"\udc80": torch.zeros(1)}, "UTF-8"),
     ],
 )
-def test_bad_tensors(tmp_path, kind, tensors, match):
-    with Writer(kind, tmp_path) as w:
+def test_bad_tensors(tmp_path, tensors, match):
+    with Writer(tmp_path) as w:
         with pytest.raises(InvalidInputError, match=match):
             w.submit("k", tensors)
         w.submit("k", {"x": torch.zeros(1)})  # the key was not taken by the failed call
 
 
 @pytest.mark.parametrize("codec", ["none", "zstd", "bp16-zstd"])
-def test_zero_token_records_round_trip(tmp_path, kind, codec):
+def test_zero_token_records_round_trip(tmp_path, codec):
     # A request that produced no token is a record with empty tensors: written, read back by
     # both readers, with num_tokens 0 (docs/FORMAT.md, "Record payload").
     empty = {
         "hidden_states": torch.zeros(0, 2, 8, dtype=torch.bfloat16),
         "token_ids": torch.zeros(0, dtype=torch.int64),
     }
-    with Writer(kind, tmp_path, codec=codec) as w:
+    with Writer(tmp_path, codec=codec) as w:
         w.submit("empty", empty, {"model": "m"})
         w.submit_many([("between", make_tensors(1)), ("raw", {"x": (b"", "U8", (0,)), "y": (b"ab", "U8", (2,))})])
         w.submit_buffers([("buffers", [("hidden_states", b"", "F16", (0, 3, 4))], None, 0)])
@@ -358,8 +344,8 @@ def test_zero_token_records_round_trip(tmp_path, kind, codec):
 
 
 @pytest.mark.parametrize("metadata", [{"key": "x"}, {"a": 1}, {1: "a"}, ["a"], {"a": "\ud800"}])
-def test_bad_record_metadata(tmp_path, kind, metadata):
-    with Writer(kind, tmp_path) as w:
+def test_bad_record_metadata(tmp_path, metadata):
+    with Writer(tmp_path) as w:
         with pytest.raises(InvalidInputError):
             w.submit("k", make_tensors(0), metadata)
         assert w.stats["records_submitted"] == 0
@@ -369,8 +355,8 @@ def test_bad_record_metadata(tmp_path, kind, metadata):
 # Lifecycle
 
 
-def test_closed_writer(tmp_path, kind):
-    w = Writer(kind, tmp_path)
+def test_closed_writer(tmp_path):
+    w = Writer(tmp_path)
     w.submit("k", make_tensors(0))
     w.close()
     w.close()  # idempotent
@@ -383,14 +369,14 @@ def test_closed_writer(tmp_path, kind):
         assert ds.shards[0].complete and len(ds) == 1
 
 
-def test_an_empty_writer_leaves_an_empty_complete_shard(tmp_path, kind):
-    Writer(kind, tmp_path, writer_id="e").close()
+def test_an_empty_writer_leaves_an_empty_complete_shard(tmp_path):
+    Writer(tmp_path, writer_id="e").close()
     with read(tmp_path) as ds:
         assert len(ds) == 0 and ds.shards[0].complete and ds.verify().ok
 
 
-def test_a_dropped_writer_is_closed(tmp_path, kind):
-    w = Writer(kind, tmp_path, writer_id="d")
+def test_a_dropped_writer_is_closed(tmp_path):
+    w = Writer(tmp_path, writer_id="d")
     w.submit("k", make_tensors(0))
     del w
     gc.collect()
@@ -398,8 +384,8 @@ def test_a_dropped_writer_is_closed(tmp_path, kind):
         assert ds.shards[0].complete and ds.keys() == ["k"]
 
 
-def test_reading_while_the_writer_is_open(tmp_path, kind):
-    with Writer(kind, tmp_path, codec="zstd") as w:
+def test_reading_while_the_writer_is_open(tmp_path):
+    with Writer(tmp_path, codec="zstd") as w:
         w.submit("a", make_tensors(0))
         w.flush()
         with read(tmp_path) as ds:
@@ -410,12 +396,12 @@ def test_reading_while_the_writer_is_open(tmp_path, kind):
         assert ds.keys() == ["a", "b"] and ds.shards[0].complete and not ds.shards[0].being_written
 
 
-def test_a_complete_shard_is_unlocked_before_its_fsync(tmp_path, kind):
+def test_a_complete_shard_is_unlocked_before_its_fsync(tmp_path):
     """A shard is unlocked once its trailer is written: when the first record of the next shard
     is reported, the shards before it are not being written and ``recover`` leaves them as they
     are. (The Rust writer fsyncs them on its sync thread meanwhile; they used to stay locked until
     that fsync ended, and ``recover`` refused them.)"""
-    with Writer(kind, tmp_path, durability="close", shard_size=4096, writer_id="w") as w:
+    with Writer(tmp_path, durability="close", shard_size=4096, writer_id="w") as w:
         newest = None
         for i in range(24):
             w.submit(f"k{i}", make_tensors(i, tokens=8, hidden=32))
@@ -430,13 +416,12 @@ def test_a_complete_shard_is_unlocked_before_its_fsync(tmp_path, kind):
     assert len(shard_files(tmp_path)) > 3
 
 
-def test_writer_left_open_at_exit_completes_its_shard(tmp_path, kind):
-    cls = "ShardWriter" if kind == "rust" else "PyShardWriter"
-    code = f"""
+def test_writer_left_open_at_exit_completes_its_shard(tmp_path):
+    code = """
 import sys, torch, layertap
-w = layertap.{cls}(sys.argv[1], writer_id="exit", codec="bp16-zstd")
+w = layertap.ShardWriter(sys.argv[1], writer_id="exit", codec="bp16-zstd")
 for i in range(3):
-    w.submit(f"k{{i}}", {{"x": torch.randn(64, 64).to(torch.bfloat16)}})
+    w.submit(f"k{i}", {"x": torch.randn(64, 64).to(torch.bfloat16)})
 # no close(): interpreter exit must complete the shard
 """
     proc = run_python(code, str(tmp_path))
@@ -445,8 +430,8 @@ for i in range(3):
         assert ds.shards[0].complete and len(ds) == 3
 
 
-def test_poll_with_a_timeout_waits_for_the_first_record(tmp_path, kind):
-    with Writer(kind, tmp_path, codec="zstd", level=1) as w:
+def test_poll_with_a_timeout_waits_for_the_first_record(tmp_path):
+    with Writer(tmp_path, codec="zstd", level=1) as w:
         assert w.poll(timeout=None) == []  # nothing in flight: returns at once
         w.submit("a", make_tensors(0, tokens=2000, hidden=512))
         assert [c.key for c in w.poll(timeout=None)] == ["a"]
@@ -467,9 +452,8 @@ import json, sys, torch
 import layertap
 from layertap.errors import WriterIOError, WriterClosedError
 
-def fill(path, kind, io_options):
-    cls = layertap.ShardWriter if kind == "rust" else layertap.PyShardWriter
-    w = cls(path, writer_id="f", codec="none", batch_bytes=4096, **io_options)
+def fill(path, io_options):
+    w = layertap.ShardWriter(path, writer_id="f", codec="none", batch_bytes=4096, **io_options)
     out = {"done": [], "backend": w.backend}
     try:
         for i in range(10_000):
@@ -488,7 +472,7 @@ def fill(path, kind, io_options):
 """
 
 
-def _check_failed_shard(kind: str, shard: str, out: dict, want_errno: int, recover: bool = True) -> None:
+def _check_failed_shard(shard: str, out: dict, want_errno: int, recover: bool = True) -> None:
     """The writer raised ``want_errno`` naming ``shard``, refused work after it, and every
     record reported done is intact in the shard (which the Rust writer cuts back to whole
     frames)."""
@@ -499,8 +483,7 @@ def _check_failed_shard(kind: str, shard: str, out: dict, want_errno: int, recov
     with read(os.path.dirname(shard)) as ds:
         (info,) = ds.shards
         assert not info.complete
-        if kind == "rust":
-            assert info.torn_tail_bytes == 0
+        assert info.torn_tail_bytes == 0
         keys = ds.keys()
         assert keys[: len(out["done"])] == out["done"]
         for key in out["done"]:
@@ -512,23 +495,22 @@ def _check_failed_shard(kind: str, shard: str, out: dict, want_errno: int, recov
             assert ds.shards[0].complete and ds.keys() == keys and ds.verify().ok
 
 
-def test_file_size_limit_gives_efbig_and_keeps_written_records(tmp_path, setup):
+def test_file_size_limit_gives_efbig_and_keeps_written_records(tmp_path, io_options):
     # With O_DIRECT the write crossing the limit is cut to a length O_DIRECT refuses (EINVAL);
     # the Rust writer retries it through the page cache, which gives EFBIG.
-    kind, io_options = setup
     code = (
         _FILL_UNTIL_ERROR
         + """
 import resource, signal
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, resource.RLIM_INFINITY))
-print(json.dumps(fill(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))))
+print(json.dumps(fill(sys.argv[1], json.loads(sys.argv[2]))))
 """
     )
-    proc = run_python(code, str(tmp_path), kind, json.dumps(io_options))
+    proc = run_python(code, str(tmp_path), json.dumps(io_options))
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    _check_failed_shard(kind, os.path.join(str(tmp_path), "f-000000.lts"), out, errno.EFBIG)
+    _check_failed_shard(os.path.join(str(tmp_path), "f-000000.lts"), out, errno.EFBIG)
     assert "write" in out["message"]
 
 
@@ -539,14 +521,12 @@ def small_tmpfs(tmp_path):
         yield mnt
 
 
-def test_disk_full_gives_enospc_and_keeps_written_records(small_tmpfs, setup):
-    kind, io_options = setup
-    code = _FILL_UNTIL_ERROR + "print(json.dumps(fill(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))))"
+def test_disk_full_gives_enospc_and_keeps_written_records(small_tmpfs, io_options):
+    code = _FILL_UNTIL_ERROR + "print(json.dumps(fill(sys.argv[1], json.loads(sys.argv[2]))))"
     ds_dir = small_tmpfs / "ds"
-    proc = run_python(code, str(ds_dir), kind, json.dumps(io_options))
+    proc = run_python(code, str(ds_dir), json.dumps(io_options))
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    if kind == "rust":
-        assert out["backend"] == {"uring": "io_uring", "pwrite": "pwrite"}[io_options["io"]]
+    assert out["backend"] == {"uring": "io_uring", "pwrite": "pwrite"}[io_options["io"]]
     # The disk is still full, so recovery (which appends an index) is not tried here.
-    _check_failed_shard(kind, os.path.join(str(ds_dir), "f-000000.lts"), out, errno.ENOSPC, recover=False)
+    _check_failed_shard(os.path.join(str(ds_dir), "f-000000.lts"), out, errno.ENOSPC, recover=False)
