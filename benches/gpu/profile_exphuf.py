@@ -31,23 +31,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--record-tokens", type=int, default=2048)
     ap.add_argument("--records", type=int, default=16)
     ap.add_argument("--impl", choices=["triton", "torch"], default=None, help="default: the encoder's choice")
+    ap.add_argument("--tables", choices=["host", "device"], default=None, help="default: the encoder's choice")
     args = ap.parse_args(argv)
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
     records = [r.to(device) for r in load_records(args.activations, args.record_tokens, args.records)]
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     for _ in range(2):  # warm-up: kernels loaded, allocator filled
-        encode_contiguous(records, "BF16", impl=args.impl)
+        encode_contiguous(records, "BF16", impl=args.impl, tables=args.tables)
     sync()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     t0 = time.perf_counter()
     with profile(activities=activities, record_shapes=False) as prof:
-        encode_contiguous(records, "BF16", impl=args.impl)
+        encode_contiguous(records, "BF16", impl=args.impl, tables=args.tables)
         sync()
     wall = time.perf_counter() - t0
     mb = sum(r.numel() * 2 for r in records) / 1e6
     lines = [
-        f"{args.records} records x {args.record_tokens} tokens = {mb:.1f} MB on {device} ({args.impl or 'default'} impl); "
+        f"{args.records} records x {args.record_tokens} tokens = {mb:.1f} MB on {device} ({args.impl or 'default'} impl, {args.tables or 'default'} tables); "
         f"wall {wall * 1e3:.1f} ms (profiled)"
     ]
     sort = "cuda_time_total" if cuda else "cpu_time_total"
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
     pr = cProfile.Profile()
     pr.enable()
-    encode_contiguous(records, "BF16", impl=args.impl)
+    encode_contiguous(records, "BF16", impl=args.impl, tables=args.tables)
     sync()
     pr.disable()
     buf = io.StringIO()
