@@ -178,3 +178,5 @@ def test_batch_memory_comes_back_once_nothing_uses_it():
     again = RustShardReader.batch_memory(size - 345)
     assert again.ctypes.data == address and len(again) == size - 345
     assert again[:4].tolist() == [1, 2, 3, 4]
+    with pytest.raises(MemoryError, match="cannot allocate"):
+        RustShardReader.batch_memory(1 << 62)

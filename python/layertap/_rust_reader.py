@@ -93,7 +93,7 @@ class RustShardReader:
         """``nbytes`` of writable memory (a ``uint8`` array) for a batch to be read into with
         ``read_batch_into``: memory an earlier batch used, once nothing refers to it any more
         (so it costs no page faults), when one is large enough, else new zeroed memory. Its
-        bytes are whatever that batch left."""
+        bytes are whatever that batch left. Raises ``MemoryError`` when it cannot be allocated."""
         return np.asarray(batch_memory(nbytes))
 
     def check(self, i: int) -> None:

@@ -12,7 +12,7 @@ use layertap_core::reader::{
 };
 use layertap_core::writer::RecordBuffer;
 use layertap_core::{Codec, Error};
-use pyo3::exceptions::{PyIndexError, PyOSError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyIndexError, PyMemoryError, PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use std::path::PathBuf;
@@ -329,10 +329,16 @@ fn read_batch_into<'py>(
 
 /// `nbytes` of memory for a batch to be decoded into (`read_batch_into`'s `out` rows), as a
 /// writable buffer: what an earlier batch used, once nothing refers to it any more, when one is
-/// large enough (its bytes are what that batch left), else new zeroed memory.
+/// large enough (its bytes are what that batch left), else new zeroed memory. Raises
+/// `MemoryError` when it cannot be allocated.
 #[pyfunction]
 fn batch_memory(py: Python<'_>, nbytes: usize) -> PyResult<Py<TensorBuffer>> {
-    let bytes = Arc::new(py.detach(|| RecordBytes::for_batch(nbytes)));
+    let bytes = py
+        .detach(|| RecordBytes::for_batch(nbytes))
+        .ok_or_else(|| {
+            PyMemoryError::new_err(format!("cannot allocate {nbytes} bytes for a batch"))
+        })?;
+    let bytes = Arc::new(bytes);
     let buffer = TensorBuffer::new(bytes, 0, nbytes)
         .ok_or_else(|| PyValueError::new_err("batch memory shorter than asked"))?;
     Py::new(py, buffer)

@@ -64,21 +64,25 @@ impl RecordBytes {
     /// `len` bytes for a caller to decode a batch into, and to hand out as the batch's memory:
     /// the smallest one a dropped batch left that is large enough (holding what that batch
     /// held), else new zeroed memory. When dropped, the memory is kept for a later batch.
-    pub fn for_batch(len: usize) -> RecordBytes {
+    /// `None` when the memory cannot be allocated.
+    pub fn for_batch(len: usize) -> Option<RecordBytes> {
         let reused = IDLE_BATCHES.try_lock().and_then(|mut idle| {
             let best = (0..idle.len())
                 .filter(|&i| idle[i].len() >= len)
                 .min_by_key(|&i| idle[i].len())?;
             Some(idle.swap_remove(best))
         });
-        let memory = reused.unwrap_or_else(|| vec![0u8; len].into_boxed_slice());
+        let memory = match reused {
+            Some(memory) => memory,
+            None => zeroed(len)?,
+        };
         // SAFETY: Box::into_raw never returns null.
         let heap = unsafe { NonNull::new_unchecked(Box::into_raw(memory)) };
-        RecordBytes {
+        Some(RecordBytes {
             ptr: heap.cast::<u8>(),
             len,
             owner: Owner::Batch(heap),
-        }
+        })
     }
 
     /// Takes ownership of a private mapping holding exactly the record's bytes.
@@ -122,6 +126,22 @@ impl RecordBytes {
     pub fn is_mapped(&self) -> bool {
         matches!(self.owner, Owner::Mapping(_))
     }
+}
+
+/// `len` zeroed bytes, or `None` when they cannot be allocated (a batch's size comes from the
+/// caller: a failure is an error to report, not an abort). Zeroed by the allocator, so that
+/// pages the caller never writes are never faulted in.
+fn zeroed(len: usize) -> Option<Box<[u8]>> {
+    if len == 0 {
+        return Some(Box::default());
+    }
+    let layout = std::alloc::Layout::array::<u8>(len).ok()?;
+    // SAFETY: the layout's size is not zero (checked above).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+    let ptr = NonNull::new(ptr)?;
+    // SAFETY: `ptr` is a live allocation of `len` initialised (zero) bytes made by the global
+    // allocator with the layout of `[u8; len]`, which is what a `Box<[u8]>` of that length frees.
+    Some(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr.as_ptr(), len)) })
 }
 
 impl Drop for RecordBytes {
@@ -189,15 +209,15 @@ mod tests {
     #[test]
     fn batch_memory_is_kept_for_the_next_batch_that_fits() {
         // The only test that uses the idle batches (a process-wide list).
-        let a = RecordBytes::for_batch(1 << 20);
+        let a = RecordBytes::for_batch(1 << 20).unwrap();
         assert!(a.as_slice().iter().all(|&b| b == 0), "new memory is zeroed");
         // SAFETY: `a` is the only owner of its bytes and no slice of them is in use.
         unsafe { a.as_mut_ptr().write(42) };
         let at = a.as_mut_ptr();
         drop(a);
-        let bigger = RecordBytes::for_batch(2 << 20);
+        let bigger = RecordBytes::for_batch(2 << 20).unwrap();
         assert_ne!(bigger.as_mut_ptr(), at, "too small to be reused");
-        let b = RecordBytes::for_batch(1000);
+        let b = RecordBytes::for_batch(1000).unwrap();
         assert_eq!(
             (b.as_mut_ptr(), b.len()),
             (at, 1000),
@@ -208,5 +228,10 @@ mod tests {
         let mut kept: Vec<usize> = IDLE_BATCHES.lock().iter().map(|m| m.len()).collect();
         kept.sort_unstable();
         assert_eq!(kept, [1 << 20, 2 << 20], "both kept, at their full size");
+        assert!(
+            RecordBytes::for_batch(isize::MAX as usize - 8).is_none(),
+            "not allocated"
+        );
+        assert_eq!(RecordBytes::for_batch(0).unwrap().len(), 0);
     }
 }
