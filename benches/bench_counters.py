@@ -17,7 +17,7 @@ import tempfile
 import time
 from types import SimpleNamespace
 
-from layertap import PyShardWriter, ShardWriter
+from layertap import ShardWriter
 from layertap.vllm.counters import SchedulerCounters, WorkerCounters
 from layertap.vllm.pool import HostPool
 from layertap.vllm.stats import ConnectorStats
@@ -60,7 +60,7 @@ def main() -> None:
         )
     )
     with tempfile.TemporaryDirectory() as tmp:
-        for name, cls in (("Rust", ShardWriter), ("Python", PyShardWriter)):
+        for name, cls in (("Rust", ShardWriter),):
             writer = cls(f"{tmp}/{name}", writer_id=name)
 
             def report(writer=writer):

@@ -4,7 +4,7 @@ Same run, same disk, one after the other:
 - `dd` sequential writes (buffered + fsync, and O_DIRECT): the disk's bandwidth;
 - `ShardWriter` with io_uring and with pwrite, through the page cache or with O_DIRECT
   (`uring-direct`, `pwrite-direct`, `auto-direct`: dd O_DIRECT is their reference),
-  `PyShardWriter`, and one safetensors file per record written by a thread pool (what vLLM's
+  and one safetensors file per record written by a thread pool (what vLLM's
   ExampleHiddenStatesConnector does), for record sizes from 256 KiB to 64 MiB and every codec.
 Each writer run writes `--total` bytes of records and counts the time until its data is durable
 (the writer's close() with durability "close"; for the safetensors files, an fsync of each
@@ -117,23 +117,20 @@ def run_dd(path: Path, total: int, direct: bool) -> dict:
 def run_layertap(
     kind: str, path: Path, acts: torch.Tensor, record_bytes: int, total: int, codec: str, threads: int, shard_size: int
 ) -> dict:
-    """``kind``: python, or an io mode (auto, uring, pwrite) with ``-direct`` for O_DIRECT."""
+    """``kind``: an io mode (auto, uring, pwrite) with ``-direct`` for O_DIRECT."""
     import layertap
 
-    if kind == "python":
-        w = layertap.PyShardWriter(path, codec=codec, level=1, durability="close", shard_size=shard_size)
-    else:
-        io, _, mode = kind.partition("-")
-        w = layertap.ShardWriter(
-            path,
-            codec=codec,
-            level=1,
-            durability="close",
-            threads=threads,
-            io=io,
-            direct=mode == "direct",
-            shard_size=shard_size,
-        )
+    io, _, mode = kind.partition("-")
+    w = layertap.ShardWriter(
+        path,
+        codec=codec,
+        level=1,
+        durability="close",
+        threads=threads,
+        io=io,
+        direct=mode == "direct",
+        shard_size=shard_size,
+    )
     backend = w.backend + (", O_DIRECT" if w.stats.get("direct") else "")
     nbytes = 0
     last_done, longest_gap = None, 0.0
@@ -222,8 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--codecs", default=",".join(CODECS))
     ap.add_argument(
         "--writers",
-        default="uring,pwrite,uring-direct,pwrite-direct,python,safetensors",
-        help="uring, pwrite, auto (ShardWriter io modes, each also with -direct), python, safetensors",
+        default="uring,pwrite,uring-direct,pwrite-direct,safetensors",
+        help="uring, pwrite, auto (ShardWriter io modes, each also with -direct), safetensors",
     )
     ap.add_argument("--threads", type=int, default=min(8, os.cpu_count() or 1))
     ap.add_argument("--shard-size", default="1GiB", help="the layertap writers' shard_size")

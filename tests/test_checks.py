@@ -58,13 +58,11 @@ def test_the_resolver_falls_back_only_for_auto():
     assert resolve_backend("backend", "python", rust=no_extension, python=lambda: "python") == "python"
     with pytest.raises(ImportError, match=r"backend 'rust' is not available: .*\(no _native here\).*backend='python'"):
         resolve_backend("backend", "rust", rust=no_extension, python=lambda: "python")
-    with pytest.raises(OptionError, match="writer 'rust' is not available") as info:
-        resolve_backend(
-            "writer", "rust", rust=no_extension, python=str, choices=_choices.WRITER_BACKENDS, unavailable=OptionError
-        )
-    assert info.value.option == "writer" and isinstance(info.value.__cause__, ImportError)
-    with pytest.raises(InvalidInputError, match="writer must be one of 'rust', 'python', not 'auto'"):
-        resolve_backend("writer", "auto", rust=str, python=str, choices=_choices.WRITER_BACKENDS)
+    with pytest.raises(OptionError, match="backend 'rust' is not available") as info:
+        resolve_backend("backend", "rust", rust=no_extension, python=str, unavailable=OptionError)
+    assert info.value.option == "backend" and isinstance(info.value.__cause__, ImportError)
+    with pytest.raises(InvalidInputError, match="backend must be one of 'auto', 'rust', 'python', not 'c'"):
+        resolve_backend("backend", "c", rust=str, python=str, choices=_choices.READER_BACKENDS)
 
 
 def test_the_limits_are_the_rust_cores():

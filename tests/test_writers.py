@@ -530,3 +530,11 @@ def test_disk_full_gives_enospc_and_keeps_written_records(small_tmpfs, io_option
     assert out["backend"] == {"uring": "io_uring", "pwrite": "pwrite"}[io_options["io"]]
     # The disk is still full, so recovery (which appends an index) is not tried here.
     _check_failed_shard(os.path.join(str(ds_dir), "f-000000.lts"), out, errno.ENOSPC, recover=False)
+
+
+def test_the_removed_python_writer_names_its_replacement():
+    want = r"^layertap.PyShardWriter was removed in 0.1.0: the Rust writer, layertap.ShardWriter \(same constructor"
+    with pytest.raises(ImportError, match=want):
+        layertap.PyShardWriter  # noqa: B018
+    with pytest.raises(ImportError, match=want):
+        from layertap import PyShardWriter  # noqa: F401

@@ -1,18 +1,17 @@
 """layertap: hidden states out of any layers of a vLLM model, into compact crash-safe shards.
 
-- ``ShardWriter`` (Rust) and ``PyShardWriter`` (pure Python) write shards with
-  ``WriterOptions`` (docs/API.md);
+- ``ShardWriter`` (the Rust core) writes shards with ``WriterOptions`` (docs/API.md);
 - ``open`` reads a shard or a dataset directory, ``follow`` reads a dataset while it is
   written, ``recover`` completes a shard whose writer died;
 - ``layertap.vllm`` holds the vLLM connector (imported only when vLLM loads it).
 
-The pure-Python reference implementation (``layertap._py``: ``PyShardWriter``, the Python
-reader and recovery) is imported only when it is asked for.
+The pure-Python reference implementation (``layertap._py``: the Python reader and recovery, and
+a reference writer for tests) is imported only when it is asked for.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from layertap import generate  # a callable package: layertap.generate(model, data, out, ...)
 from layertap._options import WriterOptions
@@ -49,23 +48,23 @@ from layertap.reader import Dataset, Record, RecordIterator, open
 from layertap.recover import recover
 from layertap.writer import ShardWriter
 
-if TYPE_CHECKING:
-    from layertap._py.writer import PyShardWriter
+#: What a caller of the removed pure-Python production writer is told.
+PY_SHARD_WRITER_REMOVED = (
+    "layertap.PyShardWriter was removed in 0.1.0: the Rust writer, layertap.ShardWriter (same "
+    "constructor and methods), is the only writer; use it instead"
+)
 
 
 def __getattr__(name: str) -> Any:
-    # The reference writer is loaded on first use (PEP 562), so that the production path never
-    # imports layertap._py.
+    # An ImportError rather than an AttributeError: ``from layertap import PyShardWriter`` turns
+    # an AttributeError into its own message, which would not say what to do (PEP 562).
     if name == "PyShardWriter":
-        from layertap._py.writer import PyShardWriter
-
-        return PyShardWriter
+        raise ImportError(PY_SHARD_WRITER_REMOVED)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
     "ShardWriter",
-    "PyShardWriter",
     "WriterOptions",
     "OptionError",
     "RecordSink",

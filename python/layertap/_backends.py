@@ -1,5 +1,5 @@
 """The one resolver of backends: which implementation (the Rust core or the Python reference) a
-reader, a recovery or a writer uses, from the choice its caller was given (``"auto"``, ``"rust"``
+reader or a recovery uses, from the choice its caller was given (``"auto"``, ``"rust"``
 or ``"python"``, ``layertap._choices``).
 
 Callers hand in how to load each implementation, so that the reference is imported only when it

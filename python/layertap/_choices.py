@@ -9,9 +9,6 @@ from __future__ import annotations
 #: Reader (and recovery) implementations: the Rust core, the Python reference, or ``"auto"``:
 #: Rust where the extension is built.
 READER_BACKENDS = ("auto", "rust", "python")
-#: Writer implementations (no ``"auto"``: which writer runs is always said, since they differ in
-#: what they can do, ``layertap._options.python_writer_problem``).
-WRITER_BACKENDS = ("rust", "python")
 
 #: How the hidden states reach the KV cache. ``"method"``: vLLM's ``extract_hidden_states``
 #: speculative method (its draft "model" caches them; the layer ids come from the speculative
@@ -46,5 +43,4 @@ __all__ = [
     "MAX_THREADS",
     "READER_BACKENDS",
     "TENSOR_KINDS",
-    "WRITER_BACKENDS",
 ]

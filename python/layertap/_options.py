@@ -80,7 +80,7 @@ def _shard_metadata(metadata: object) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class WriterOptions:
-    """The options of ``ShardWriter`` and ``PyShardWriter`` (docs/API.md, "Writers"), checked
+    """The options of ``ShardWriter`` (docs/API.md, "Writers"), checked
     when made: a bad value raises ``OptionError`` (an ``InvalidInputError``) naming the option.
     ``dataclasses.replace(options, field=value)`` makes a changed copy, checked again."""
 
@@ -164,20 +164,6 @@ class WriterOptions:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["metadata"] = dict(self.metadata)
         return out
-
-
-def python_writer_problem(options: WriterOptions) -> OptionError | None:
-    """What ``PyShardWriter`` cannot do of ``options``: io_uring and ``O_DIRECT``. The vLLM
-    connector asks too, so that a configuration is refused at start-up with the same words."""
-    if options.io == "uring":
-        return OptionError(
-            "io", "must be 'auto' or 'pwrite': the Python writer has no io_uring ('uring' needs the Rust writer)"
-        )
-    if options.direct:
-        return OptionError(
-            "direct", "must be False: the Python writer writes through the page cache (O_DIRECT needs the Rust writer)"
-        )
-    return None
 
 
 __all__ = ["WriterOptions"]

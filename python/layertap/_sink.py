@@ -1,5 +1,5 @@
 """``RecordSink``: what a record producer (the vLLM connector) needs of a writer. Both
-``ShardWriter`` and ``PyShardWriter`` implement it (docs/API.md, "Writers")."""
+``ShardWriter`` implements it (docs/API.md, "Writers")."""
 
 from __future__ import annotations
 

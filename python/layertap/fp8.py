@@ -16,7 +16,6 @@ back the fp8 tensor and the scales as they are; :func:`dequantize` turns them ba
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from layertap._spec.record import HIDDEN_STATES
@@ -56,63 +55,6 @@ def quantize(hidden_states) -> tuple[Any, Any, dict[str, str]]:
     return q.contiguous(), scale, meta
 
 
-def quantize_record(tensors: Mapping[str, Any], metadata: Mapping[str, str] | None):
-    """A record's tensors and metadata with ``hidden_states`` stored as fp8 and its scales
-    added after it; a record without ``hidden_states`` is left as it is."""
-    if not isinstance(tensors, Mapping) or HIDDEN_STATES not in tensors:
-        return tensors, metadata
-    if SCALE_NAME in tensors:
-        raise InvalidInputError(f"lossy='fp8-e4m3' adds a tensor {SCALE_NAME!r}; the record has one already")
-    q, scale, meta = quantize(tensors[HIDDEN_STATES])
-    out: dict[str, Any] = {}
-    for name, t in tensors.items():
-        out[name] = q if name == HIDDEN_STATES else t
-        if name == HIDDEN_STATES:
-            out[SCALE_NAME] = scale
-    return out, _merged(metadata, meta)
-
-
-def _merged(metadata: Mapping[str, str] | None, errors: dict[str, str]) -> dict[str, str]:
-    merged = dict(metadata or {})
-    if isinstance(merged.get("dtype"), str):
-        merged["fp8_source_dtype"] = merged["dtype"]
-    merged.update(errors)
-    return merged
-
-
-#: safetensors dtype names of the floating types quantized, as torch names them.
-_FLOATS = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
-
-
-def quantize_buffer_record(record: tuple) -> tuple:
-    """A ``submit_buffers`` record ``(key, [(name, buffer, dtype, shape)], metadata,
-    num_tokens)`` with ``hidden_states`` stored as fp8 and its scales after it, as the Rust
-    writer's compression threads make it (``PyShardWriter``'s reference of that path); a record
-    without ``hidden_states``, or not of that form, is left for the writer's checks."""
-    import numpy as np
-    import torch
-
-    if not isinstance(record, (tuple, list)) or len(record) != 4 or not isinstance(record[1], (list, tuple)):
-        return record
-    key, parts, metadata, num_tokens = record
-    names = [p[0] if isinstance(p, (tuple, list)) and p else None for p in parts]
-    if HIDDEN_STATES not in names:
-        return record
-    if SCALE_NAME in names:
-        raise InvalidInputError(f"lossy='fp8-e4m3' adds a tensor {SCALE_NAME!r}; the record has one already")
-    i = names.index(HIDDEN_STATES)
-    _, buffer, dtype, shape = parts[i]
-    if dtype not in _FLOATS:
-        raise InvalidInputError(f"lossy='fp8-e4m3' needs hidden_states as BF16, F16 or F32, not {dtype}")
-    raw = torch.from_numpy(np.frombuffer(buffer, dtype=np.uint8).copy())
-    x = raw.view(getattr(torch, _FLOATS[dtype])).reshape(tuple(shape))
-    q, scale, meta = quantize(x)
-    out = list(parts)
-    out[i] = (HIDDEN_STATES, q.view(torch.uint8).numpy(), "F8_E4M3", list(shape))
-    out.insert(i + 1, (SCALE_NAME, scale.numpy(), "F32", [int(shape[0])]))
-    return (key, out, _merged(metadata, meta), num_tokens)
-
-
 def dequantize(record_or_tensor, scale=None, dtype=None):
     """The hidden states of a record written with ``lossy="fp8-e4m3"`` as floats: give the
     record (anything with ``hidden_states`` and ``hidden_states_scale``, as attributes or keys),
@@ -129,17 +71,3 @@ def dequantize(record_or_tensor, scale=None, dtype=None):
         raise InvalidInputError(f"hidden_states is {q.dtype}, not torch.float8_e4m3fn: not an fp8 record")
     shape = (-1,) + (1,) * (q.dim() - 1)
     return (q.to(torch.float32) * scale.to(torch.float32).reshape(shape)).to(dtype or torch.bfloat16)
-
-
-def lossy_records(lossy: str | None, records):
-    """``submit_many``'s records with :func:`quantize_record` applied when ``lossy`` is set
-    (items that are not 2- or 3-tuples are left for the writer's own checks to refuse)."""
-    if lossy is None:
-        return records
-    out = []
-    for r in records:
-        if isinstance(r, (tuple, list)) and len(r) in (2, 3):
-            tensors, metadata = quantize_record(r[1], r[2] if len(r) == 3 else None)
-            r = (r[0], tensors, metadata)
-        out.append(r)
-    return out

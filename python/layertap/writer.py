@@ -24,8 +24,7 @@ def _native_class():
         from layertap._native import NativeShardWriter
     except ImportError as e:  # pragma: no cover - depends on how the package was installed
         raise ImportError(
-            "layertap.ShardWriter needs the compiled extension layertap._native "
-            "(build it with `make build`); layertap.PyShardWriter works without it"
+            "layertap.ShardWriter needs the compiled extension layertap._native (build it with `make build`)"
         ) from e
     return NativeShardWriter
 

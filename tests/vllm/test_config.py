@@ -41,7 +41,12 @@ GOOD = {"output_dir": "hs"}
         ({"output_dir": "hs", "bogus": 1}, "bogus", "unknown option; the options are: output_dir, writer"),
         ({}, "output_dir", "required"),
         ({"output_dir": ""}, "output_dir", "must be a non-empty path, not ''"),
-        ({**GOOD, "writer": "c++"}, "writer", "must be one of 'rust', 'python', not 'c++'"),
+        ({**GOOD, "writer": "c++"}, "writer", "must be one of 'rust', not 'c++'"),
+        (
+            {**GOOD, "writer": "python"},
+            "writer",
+            "writer='python' was removed in 0.1.0: the Rust writer is the only writer; drop the option",
+        ),
         ({**GOOD, "pool_bytes": -1}, "pool_bytes", "must be a positive integer, not -1"),
         ({**GOOD, "stats_path": 3}, "stats_path", "must be a non-empty path"),
         # The writer's options, checked by layertap.WriterOptions, named by the connector's key:
@@ -56,10 +61,8 @@ GOOD = {"output_dir": "hs"}
         ({**GOOD, "max_inflight_bytes": "1G"}, "max_inflight_bytes", "must be a positive integer"),
         ({**GOOD, "batch_bytes": 0}, "batch_bytes", "must be a positive integer"),
         ({**GOOD, "io": "mmap"}, "io", "must be one of 'auto', 'uring', 'pwrite', not 'mmap'"),
-        ({**GOOD, "writer": "python", "io": "uring"}, "io", "the Python writer has no io_uring"),
         ({**GOOD, "direct": "yes"}, "direct", "must be True or False, not 'yes'"),
         ({**GOOD, "direct": 1}, "direct", "must be True or False, not 1"),
-        ({**GOOD, "writer": "python", "direct": True}, "direct", "must be False: the Python writer writes"),
         ({**GOOD, "writer_id": "rank/0"}, "writer_id", "must be None or 1 to 64 characters"),
         ({**GOOD, "writer_id": ".hidden"}, "writer_id", "not starting with '.'"),
         ({**GOOD, "shard_metadata": {"run": 1}}, "shard_metadata", "entry 'run': 1: keys and values must be str"),
@@ -77,7 +80,6 @@ GOOD = {"output_dir": "hs"}
         ({**GOOD, "save": "some"}, "save", "must be one of 'all', 'requested', not 'some'"),
         ({**GOOD, "save": True}, "save", "must be one of 'all', 'requested', not True"),
         ({**GOOD, "compress_on": "cuda"}, "compress_on", "must be one of 'host', 'gpu', not 'cuda'"),
-        ({**GOOD, "compress_on": "gpu", "writer": "python"}, "compress_on", '"gpu" needs writer="rust"'),
         ({**GOOD, "compress_on": "gpu", "codec": "bp16-zstd"}, "codec", "'bp16-zstd' with compress_on=\"gpu\""),
         ({**GOOD, "compress_on": "gpu", "lossy": "fp8-e4m3"}, "lossy", 'not with compress_on="gpu"'),
     ],
@@ -97,7 +99,7 @@ def test_every_option_parses(tmp_path):
     options = parse_options(
         {
             "output_dir": str(tmp_path),
-            "writer": "python",
+            "writer": "rust",
             "codec": "zstd",
             "level": 5,
             "shard_size": 1 << 20,
@@ -116,7 +118,7 @@ def test_every_option_parses(tmp_path):
             "save": "requested",
         }
     )
-    assert options.output_dir == str(tmp_path) and options.writer == "python" and options.pool_bytes == 1 << 24
+    assert options.output_dir == str(tmp_path) and options.writer == "rust" and options.pool_bytes == 1 << 24
     assert options.capture == "in-model" and options.layer_ids == (4, 0, 2) and options.save == "requested"
     assert parse_options(GOOD).capture == "method" and parse_options(GOOD).layer_ids is None
     assert parse_options(GOOD).save == "all" and parse_options({**GOOD, "save": None}).save == "all"
@@ -293,7 +295,7 @@ def start_and_fail(args: dict) -> str:
     ids=["unknown-option", "pool-too-small", "repeated-layer"],
 )
 def test_bad_configuration_stops_the_engine(change, expected, tiny_model, tmp_path):
-    args = engine_args(tiny_model, tmp_path / "hs", connector={"writer": "python"})
+    args = engine_args(tiny_model, tmp_path / "hs")
     change(args)
     assert expected in start_and_fail(args)
     assert not any(tmp_path.glob("hs/*.lts"))

@@ -56,7 +56,7 @@ def in_model_engine_args(model: str, output_dir, layers=LAYERS, **overrides):
         max_num_batched_tokens=64,  # longer prompts are prefilled in chunks
         max_num_seqs=8,
     )
-    connector = {"writer": "python", "pool_bytes": 8 << 20, "capture": "in-model", "layer_ids": list(layers)}
+    connector = {"pool_bytes": 8 << 20, "capture": "in-model", "layer_ids": list(layers)}
     return engine_args(model, output_dir, connector=connector, **{**settings, **overrides})
 
 

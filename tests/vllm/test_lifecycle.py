@@ -48,7 +48,7 @@ def engine(tiny_model, tmp_path_factory):
         out,
         # A pool for little more than the largest request (512 tokens x 1568 bytes): requests that
         # finish together do not fit at once, and the connector must wait for the writer.
-        connector={"writer": "python", "stats_path": str(stats), "pool_bytes": 1 << 20},
+        connector={"stats_path": str(stats), "pool_bytes": 1 << 20},
         kv_cache_memory_bytes=KV_CACHE_BYTES,
         max_num_seqs=8,
         enable_prefix_caching=False,

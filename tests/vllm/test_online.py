@@ -48,13 +48,8 @@ def fetch_waits(monkeypatch) -> threading.Event:
     return event
 
 
-@pytest.fixture(params=["python", "rust"])
-def writer_class(request):
-    return layertap.PyShardWriter if request.param == "python" else layertap.ShardWriter
-
-
-def test_fetch_waits_for_a_record_written_later(tmp_path, writer_class, fetch_waits):
-    with writer_class(tmp_path, writer_id="w", codec="bp16-zstd") as w:
+def test_fetch_waits_for_a_record_written_later(tmp_path, fetch_waits):
+    with layertap.ShardWriter(tmp_path, writer_id="w", codec="bp16-zstd") as w:
         w.submit("early", tensors(1))
 
         def later():
@@ -72,9 +67,9 @@ def test_fetch_waits_for_a_record_written_later(tmp_path, writer_class, fetch_wa
         assert fetch(RecordLocation(str(tmp_path), "w", "early"), timeout=5).token_ids[0] == 1
 
 
-def test_fetch_finds_records_in_complete_and_live_shards(tmp_path, writer_class):
+def test_fetch_finds_records_in_complete_and_live_shards(tmp_path):
     # Tiny shards: the writer moves on after every record or two.
-    with writer_class(tmp_path, writer_id="w", codec="none", shard_size=4096) as w:
+    with layertap.ShardWriter(tmp_path, writer_id="w", codec="none", shard_size=4096) as w:
         for i in range(6):
             w.submit(f"k{i}", tensors(i, tokens=20))
         w.flush()
@@ -85,7 +80,7 @@ def test_fetch_finds_records_in_complete_and_live_shards(tmp_path, writer_class)
 
 
 def test_fetch_only_looks_at_its_writer(tmp_path):
-    with layertap.PyShardWriter(tmp_path, writer_id="other") as other, layertap.PyShardWriter(tmp_path, writer_id="w"):
+    with layertap.ShardWriter(tmp_path, writer_id="other") as other, layertap.ShardWriter(tmp_path, writer_id="w"):
         other.submit("k", tensors(1))
         other.flush()
         with pytest.raises(TimeoutError, match="record 'k' of writer w did not appear"):
@@ -93,7 +88,7 @@ def test_fetch_only_looks_at_its_writer(tmp_path):
 
 
 def test_fetch_reports_a_failed_writer(tmp_path, fetch_waits):
-    with layertap.PyShardWriter(tmp_path, writer_id="w"):
+    with layertap.ShardWriter(tmp_path, writer_id="w"):
 
         def fail():
             fetch_waits.wait(HANDSHAKE)  # the writer fails while the fetch waits
@@ -124,7 +119,7 @@ def test_fetch_waits_for_an_error_file_still_being_written(tmp_path, monkeypatch
         return text
 
     monkeypatch.setattr(online_module, "_read_marker", read_marker)
-    with layertap.PyShardWriter(tmp_path, writer_id="w"):
+    with layertap.ShardWriter(tmp_path, writer_id="w"):
 
         def fail():
             with open(marker, "w") as f:

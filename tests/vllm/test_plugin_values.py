@@ -41,7 +41,7 @@ def family_engine_args(model: str, output_dir, **overrides):
     return engine_args(
         model,
         output_dir,
-        connector={"writer": "python", "pool_bytes": 8 << 20},
+        connector={"pool_bytes": 8 << 20},
         speculative_config=speculative_config(LAYERS),
         enable_prefix_caching=True,
         max_num_batched_tokens=64,  # longer prompts are prefilled in chunks

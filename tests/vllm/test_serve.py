@@ -80,7 +80,7 @@ def server(tiny_model, tmp_path_factory):
     work = tmp_path_factory.mktemp("serve")
     out = work / "hs"
     stats = work / "stats.json"
-    connector = connector_config(out, writer="python", stats_path=str(stats), writer_id="serve-test", save="requested")
+    connector = connector_config(out, stats_path=str(stats), writer_id="serve-test", save="requested")
     srv = start_server(tiny_model, connector, speculative_config(), work)
     try:
         srv.out, srv.stats = out, stats

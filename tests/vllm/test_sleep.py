@@ -32,9 +32,7 @@ def engine(tiny_model, tmp_path_factory):
     out = tmp_path_factory.mktemp("hs-sleep")
     # Without prefix caching: after the "sleep" below the cache holds garbage, as after a real one
     # (where vLLM also resets the prefix cache).
-    args = engine_args(
-        tiny_model, out, connector={"writer": "python"}, enable_prefix_caching=False, disable_log_stats=False
-    )
+    args = engine_args(tiny_model, out, enable_prefix_caching=False, disable_log_stats=False)
     with running_llm(False, **args) as llm:
         from vllm.distributed.kv_transfer import get_kv_transfer_group
 

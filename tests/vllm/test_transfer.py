@@ -51,8 +51,7 @@ def saves(*requests: tuple[str, list[int], int]):
     return out
 
 
-@pytest.mark.parametrize("kind", ["rust", "python"])
-def test_records_hold_the_cache_rows_and_a_refused_one_costs_only_itself(tmp_path, kind):
+def test_records_hold_the_cache_rows_and_a_refused_one_costs_only_itself(tmp_path):
     from layertap.vllm.transfer import HiddenStatesSaver
 
     # [blocks, tokens, layers, hidden] (vLLM 0.26's layout), every value distinct.
@@ -60,7 +59,7 @@ def test_records_hold_the_cache_rows_and_a_refused_one_costs_only_itself(tmp_pat
     kv = kv.to(torch.bfloat16)  # the dtype the connector sees; records are compared with these
     cache = HiddenStatesCache(kv, LAYERS, HIDDEN, BLOCK)
     stats = ConnectorStats()
-    writer = writer_class(kind)(str(tmp_path), codec="bp16-zstd")
+    writer = writer_class()(str(tmp_path), codec="bp16-zstd")
     saver = HiddenStatesSaver(cache, writer, HostPool(1 << 20, pin=False), facts(), stats, str(tmp_path))
 
     saver.start(saves(("a", [3, 5], 6), ("b", [0], 4), ("c", [7, 8, 9], 9)))
@@ -84,19 +83,16 @@ def test_records_hold_the_cache_rows_and_a_refused_one_costs_only_itself(tmp_pat
             assert rec.metadata["request_id"] == f"req-{key}" and rec.metadata["num_tokens"] == str(tokens)
 
 
-@pytest.mark.parametrize("kind", ["rust", "python"])
-def test_the_worker_opens_the_writer_the_options_ask_for(tmp_path, kind):
+def test_the_worker_opens_the_writer_the_options_ask_for(tmp_path):
     """``open_writer`` hands the writer one ``WriterOptions``: the configured ones, the engine's
     writer id, the connector's shard metadata and its own defaults; the writer is a RecordSink."""
     from layertap.vllm.config import DEFAULT_KEY_MEMORY, parse_options
     from layertap.vllm.threads import default_writer_threads
     from layertap.vllm.worker import open_writer
 
-    options = parse_options(
-        {"output_dir": str(tmp_path), "writer": kind, "codec": "zstd", "shard_metadata": {"run": "7"}}
-    )
+    options = parse_options({"output_dir": str(tmp_path), "codec": "zstd", "shard_metadata": {"run": "7"}})
     with open_writer(options, facts(), pool_bytes=1 << 20) as w:
-        assert isinstance(w, layertap.RecordSink) and isinstance(w, writer_class(kind))
+        assert isinstance(w, layertap.RecordSink) and isinstance(w, writer_class())
         assert w.writer_id == "w" and w.options.codec == "zstd" and w.options.max_inflight_bytes == 2 << 20
         assert w.options.threads == default_writer_threads()
         assert w.options.key_memory == DEFAULT_KEY_MEMORY  # bounded: a server runs for weeks
@@ -110,7 +106,7 @@ def test_the_worker_opens_the_writer_the_options_ask_for(tmp_path, kind):
 
 def test_a_missing_extension_is_named_as_the_writer_option(tmp_path, monkeypatch):
     """Without the compiled extension, ``ShardWriter`` raises ImportError, which the worker turns
-    into a configuration error that says to build it or use the Python writer."""
+    into a configuration error that says to build it."""
     import layertap.writer
     from layertap.vllm.config import ConfigError, parse_options
     from layertap.vllm.worker import open_writer
@@ -120,14 +116,14 @@ def test_a_missing_extension_is_named_as_the_writer_option(tmp_path, monkeypatch
 
     monkeypatch.setattr(layertap.writer, "_native_class", not_built)
     with pytest.raises(
-        ConfigError, match="writer: 'rust' is not available: the native extension is not built .*use writer='python'"
+        ConfigError,
+        match=r"writer: the Rust writer is not available: the native extension is not built .*build it \(make build\)$",
     ) as info:
         open_writer(parse_options({"output_dir": str(tmp_path)}), facts(), pool_bytes=1 << 20)
     assert info.value.option == "writer" and isinstance(info.value.__cause__, ImportError)
 
 
-@pytest.mark.parametrize("kind", ["rust", "python"])
-def test_a_burst_larger_than_the_pool_waits_in_the_cache_without_stalling(tmp_path, kind):
+def test_a_burst_larger_than_the_pool_waits_in_the_cache_without_stalling(tmp_path):
     """Six requests finish in one step, the pool holds two: with an engine that keeps stepping
     (``wait_when_full=False``) the step gathers what fits and returns at once; the others are
     not reported done (their KV blocks stay held, and intact) and are gathered at later steps as
@@ -142,7 +138,7 @@ def test_a_burst_larger_than_the_pool_waits_in_the_cache_without_stalling(tmp_pa
     cache = HiddenStatesCache(kv, LAYERS, HIDDEN, BLOCK)
     stats = ConnectorStats()
     pool = HostPool(2 * region_bytes(2 * BLOCK, cache), pin=False)  # two requests of two blocks
-    writer = writer_class(kind)(str(tmp_path), codec="bp16-zstd")
+    writer = writer_class()(str(tmp_path), codec="bp16-zstd")
     saver = HiddenStatesSaver(cache, writer, pool, facts(), stats, str(tmp_path), wait_when_full=False)
     burst = [(key, [2 * i, 2 * i + 1], 2 * BLOCK) for i, key in enumerate("abcdef")]
 
@@ -194,7 +190,7 @@ def test_the_native_sink_never_writes_into_a_region_the_writer_reads(tmp_path):
 
     # A busy record before the sink's: the region stays leased while the test asks to write
     # into it (CI once saw a region given back between a check of the lease and the refused call).
-    writer = writer_class("rust")(str(tmp_path), **BUSY_WRITER)
+    writer = writer_class()(str(tmp_path), **BUSY_WRITER)
     writer.submit("busy", busy_record())
     kv = torch.zeros(BLOCKS, BLOCK, LAYERS, HIDDEN, dtype=torch.bfloat16)
     cache = HiddenStatesCache(kv, LAYERS, HIDDEN, BLOCK)
@@ -231,7 +227,7 @@ def test_compression_threads_yield_the_cpu_to_the_engine(tmp_path):
             return f.read().strip()
 
     mine = os.getpriority(os.PRIO_PROCESS, 0)
-    Writer = writer_class("rust")
+    Writer = writer_class()
     with Writer(str(tmp_path / "a"), threads=2) as ours, Writer(str(tmp_path / "b"), threads=3) as other:
         tids, others = ours.encoder_thread_ids, other.encoder_thread_ids
         assert len(tids) == 2 and len(others) == 3 and not set(tids) & set(others)
@@ -268,28 +264,26 @@ def test_the_gpu_paths_thread_has_a_name_the_os_shows():
     assert len(GPU_COMPRESS_THREAD) <= 15  # what Linux keeps of a thread's name
 
 
-@pytest.mark.parametrize("kind", ["python", "rust"])
-def test_both_sinks_fill_the_indices_of_the_layout_vector(tmp_path, kind):
-    """``BufferSink`` (Python's ``write_indices``) and ``NativeSink`` (the Rust layout, through
-    ``NativeRegionSink.fill``) write the token ids and the indices of tests/vectors/layout.json
-    into the pool, for every cache layout there."""
+def test_the_sink_and_write_indices_fill_the_indices_of_the_layout_vector(tmp_path):
+    """``NativeSink`` (the Rust layout, through ``NativeRegionSink.fill``) writes the token ids
+    and the indices of tests/vectors/layout.json into the pool, and Python's ``write_indices``
+    (which the capture windows gather with) the same indices, for every cache layout there."""
     import json
 
     import numpy as np
 
     from helpers import VECTORS
     from layertap.vllm.metadata import StepSaves
-    from layertap.vllm.sinks import open_sink
+    from layertap.vllm.sinks import NativeSink
 
     for case in json.loads((VECTORS / "layout.json").read_text(encoding="utf-8"))["cases"]:
         shape, strides = case["kv_shape"], case["kv_strides"]
         storage = torch.zeros(1 + sum((n - 1) * s for n, s in zip(shape, strides)), dtype=torch.bfloat16)
         kv = torch.as_strided(storage, shape, strides)
         cache = HiddenStatesCache(kv, case["num_layers"], case["hidden_size"], case["block_size"])
-        writer = writer_class(kind)(str(tmp_path / case["name"] / kind), codec="none")
+        writer = writer_class()(str(tmp_path / case["name"]), codec="none")
         pool = HostPool(1 << 16, pin=False)
-        sink = open_sink(writer, pool, cache, facts())
-        assert type(sink).__name__ == ("NativeSink" if kind == "rust" else "BufferSink")
+        sink = NativeSink(writer, pool, cache, facts())
         step = StepSaves()
         for i, r in enumerate(case["requests"]):
             n = r["num_tokens"]
@@ -301,4 +295,7 @@ def test_both_sinks_fill_the_indices_of_the_layout_vector(tmp_path, kind):
         assert ids == [1000 * i + t for i, r in enumerate(case["requests"]) for t in range(r["num_tokens"])]
         index = buf[8192 : 8192 + total * case["index_width"] * 8].view(np.int64).reshape(total, -1)
         assert index.tolist() == case["indices"], case["name"]
+        python = np.zeros_like(index)
+        cache.write_indices([(r["block_ids"], r["num_tokens"]) for r in case["requests"]], python)
+        assert python.tolist() == case["indices"], case["name"]
         writer.close()

@@ -1,5 +1,5 @@
 """Recorded hidden states equal transformers' at the requested layers, through real vLLM engines
-(engine core in its own process, as vLLM runs by default), with each writer.
+(engine core in its own process, as vLLM runs by default), in bfloat16.
 
 Each record is read with ``layertap.vllm.fetch`` right after ``generate`` returns: the engine
 must write finished requests without being asked (it keeps stepping while the connector holds
@@ -29,11 +29,10 @@ FETCH_TIMEOUT = 60
 class Engine:
     """A running LLM and every request given to it."""
 
-    def __init__(self, llm, output_dir, stats_path, writer):
+    def __init__(self, llm, output_dir, stats_path):
         self.llm = llm
         self.output_dir = output_dir
         self.stats_path = stats_path
-        self.writer = writer
         self.expected: dict[str, list[int]] = {}
         """Record key -> the token ids its record must hold."""
 
@@ -75,22 +74,21 @@ def burst_pool(dtype: str) -> int:
     return (largest + two) // 2
 
 
-@pytest.fixture(scope="module", params=[("python", "float32"), ("rust", "bfloat16")], ids=lambda p: f"{p[0]}-{p[1]}")
-def engine(request, tiny_model, tmp_path_factory):
-    writer, dtype = request.param
-    out = tmp_path_factory.mktemp(f"hs-{writer}")
-    stats = out.parent / f"stats-{writer}.json"
+@pytest.fixture(scope="module")
+def engine(tiny_model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("hs")
+    stats = out.parent / "stats.json"
     args = engine_args(
         tiny_model,
         out,
-        dtype=dtype,
-        connector={"writer": writer, "stats_path": str(stats), "codec": "bp16-zstd", "pool_bytes": burst_pool(dtype)},
+        dtype="bfloat16",
+        connector={"stats_path": str(stats), "codec": "bp16-zstd", "pool_bytes": burst_pool("bfloat16")},
         enable_prefix_caching=True,
         max_num_batched_tokens=64,  # prompts longer than this are prefilled in chunks
         max_num_seqs=8,
     )
     with running_llm(True, **args) as llm:
-        yield Engine(llm, out, stats, writer)
+        yield Engine(llm, out, stats)
 
 
 def prompt_ids(n: int, start: int = 0) -> list[int]:
@@ -139,7 +137,7 @@ def test_prefix_caching_with_shared_prefixes(engine, reference):
 
 
 def test_include_output_tokens_and_sample_id(engine, reference):
-    sample_id = f"sample #1 of {engine.writer}"
+    sample_id = "sample #1"
     [out] = engine.generate(
         [prompt_ids(12, start=3)], max_tokens=6, kv_params=[{"include_output_tokens": True, "sample_id": sample_id}]
     )
@@ -181,11 +179,11 @@ def test_every_request_has_exactly_one_record(engine, reference):
         for rec in ds:
             assert rec.token_ids.tolist() == engine.expected[rec.key]
             assert rec.layer_ids == STORED_LAYERS
-            assert rec.hidden_states.dtype == (torch.float32 if engine.writer == "python" else torch.bfloat16)
+            assert rec.hidden_states.dtype == torch.bfloat16
     stats = read_stats(engine.stats_path)
     assert stats["records_written"] == stats["records_submitted"] == len(engine.expected)
     assert stats["records_failed"] == 0
-    assert stats["writer"]["backend"] in (("python",) if engine.writer == "python" else ("io_uring", "pwrite"))
+    assert stats["writer"]["backend"] in ("io_uring", "pwrite")
     # Every region came back to the pool; the hook ran every step and was timed.
     assert stats["pool"]["in_use_bytes"] == 0 and stats["pool"]["live_regions"] == 0
     assert stats["hook"]["steps"] > 0 and stats["hook"]["p99_us"] >= stats["hook"]["p50_us"] > 0

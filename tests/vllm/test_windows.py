@@ -1,6 +1,6 @@
 """Capture windows and reductions (issue 25 item 1): per request, ``window: [start, end]`` and
 ``reduction: "last" | "mean"`` in ``kv_transfer_params``. Through real engines (their core in its
-own process) with both writers, with chunked prefill (64 tokens a step) and prefix caching on:
+own process), with chunked prefill (64 tokens a step) and prefix caching on:
 each record holds its window's rows, or one vector, equal to transformers' rows (or their mean)
 in float32, its metadata says which positions; bad windows are refused with a reason; only the
 stored rows are copied out of the cache (the statistics' bytes)."""
@@ -49,14 +49,14 @@ def test_window_requests_resolve_as_python_slices():
     assert window is None and "holds no token" in problem
 
 
-@pytest.fixture(scope="module", params=["python", "rust"])
-def engine(request, tiny_model, tmp_path_factory):
-    out = tmp_path_factory.mktemp(f"hs-windows-{request.param}")
-    stats = out.parent / f"stats-windows-{request.param}.json"
+@pytest.fixture(scope="module")
+def engine(tiny_model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("hs-windows")
+    stats = out.parent / "stats-windows.json"
     args = engine_args(
         tiny_model,
         out,
-        connector={"writer": request.param, "stats_path": str(stats)},
+        connector={"stats_path": str(stats)},
         enable_prefix_caching=True,
         max_num_batched_tokens=64,  # prompts longer than this are prefilled in chunks
         max_num_seqs=8,

@@ -1,7 +1,7 @@
-"""Payload encoding of the pure-Python writer (docs/FORMAT.md, "Codecs").
+"""Payload encoding of the reference writer, ``layertap._py.write`` (docs/FORMAT.md, "Codecs").
 
-The byte-plane transform of ``bp16-zstd`` uses numpy, and zstandard releases the GIL while it
-compresses, so the writer's background thread leaves the caller's thread free.
+The byte-plane transform of ``bp16-zstd`` uses numpy; the zstd parameters are the Rust writer's,
+so both make the same payloads from the same zstd library.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The encoder of codec ``exp-huf`` for the pure-Python writer (docs/FORMAT.md, "Codec 3"), in
+"""The encoder of codec ``exp-huf`` for the reference writer (``layertap._py.write``; docs/FORMAT.md, "Codec 3"), in
 numpy: contexts, symbol counts and bit packing are whole-array operations. It makes the same
 choices as the Rust encoder (4 streams, 16 contexts: 8 exponent buckets around the most common
 exponent, times the sign; stride = the tensor's last dimension), though its codes may differ

@@ -1,8 +1,9 @@
 """One shard file as a writer sees it: created exclusively, locked, appended to, closed with its
-index and trailer (docs/FORMAT.md, "Datasets", "Writing").
+index and trailer (docs/FORMAT.md, "Datasets", "Writing"). ``layertap mooncake pull`` writes the
+shards it pulls with it.
 
-Every system call error is raised as ``WriterIOError`` naming the file, so the writer can hand
-it to the caller unchanged.
+Every system call error is raised as ``WriterIOError`` naming the file, so the caller can hand
+it on unchanged.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ an element, canonical Huffman codes, the block layout) and the reference decoder
 
 The decoder follows the format step by step, one element at a time in Python: it is the
 readable twin of ``rust/core/src/exphuf`` and checks the same things, at a few hundred thousand
-elements a second. The encoder of the Python writer is ``layertap._py.exphuf``.
+elements a second. The reference encoder is ``layertap._py.exphuf``.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any
 
 from layertap._checks import one_of, optional_positive_int
 from layertap._choices import CAPTURE_MODES
-from layertap._options import WriterOptions, python_writer_problem
+from layertap._options import WriterOptions
 from layertap._spec.format import key_problem
 from layertap.errors import InvalidInputError, OptionError
 from layertap.vllm.threads import default_writer_threads
@@ -107,7 +107,8 @@ class ConnectorOptions:
     output_dir: str
     """Dataset directory, absolute (created if missing)."""
     writer: str = "rust"
-    """``"rust"`` (``layertap.ShardWriter``) or ``"python"`` (``layertap.PyShardWriter``)."""
+    """``"rust"`` (``layertap.ShardWriter``), the only writer; ``"python"`` is refused, naming its
+    removal."""
     pool_bytes: int | None = None
     """Size of the host buffer pool; None: ``default_pool_bytes``."""
     stats_path: str | None = None
@@ -173,8 +174,14 @@ def _path(option: str, value: Any) -> str:
     return os.path.abspath(os.fspath(value))
 
 
+#: What a configuration that still names the removed pure-Python writer is told.
+PYTHON_WRITER_REMOVED = "writer='python' was removed in 0.1.0: the Rust writer is the only writer; drop the option"
+
+
 def _writer(value: Any) -> str:
-    return one_of("writer", value, ("rust", "python"), ConfigError)
+    if value == "python":
+        raise ConfigError("writer", PYTHON_WRITER_REMOVED)
+    return one_of("writer", value, ("rust",), ConfigError)
 
 
 def _capture(value: Any) -> str:
@@ -191,8 +198,6 @@ def _save(value: Any) -> str:
 
 def _gpu_compression_problem(extra_config: Mapping[str, Any], values: dict) -> ConfigError | None:
     """Why ``compress_on="gpu"`` does not go with the other options, or None."""
-    if values.get("writer", "rust") != "rust":
-        return ConfigError("compress_on", '"gpu" needs writer="rust" (the Python writer cannot take encoded records)')
     codec = extra_config.get("codec")
     if codec is not None and codec != "exp-huf":
         return ConfigError(
@@ -307,11 +312,8 @@ def parse_options(extra_config: Mapping[str, Any] | None) -> ConnectorOptions:
         given["codec"] = "exp-huf"
     try:
         writer_options = WriterOptions(**given)
-        problem = python_writer_problem(writer_options) if values.get("writer", "rust") == "python" else None
     except OptionError as e:
-        problem = e
-    if problem is not None:
-        raise ConfigError(_KEY_OF_FIELD[problem.option], problem.problem)
+        raise ConfigError(_KEY_OF_FIELD[e.option], e.problem) from None
     return ConnectorOptions(**values, writer_options=writer_options, given=frozenset(given))
 
 

@@ -6,21 +6,18 @@ which pool regions the writer no longer needs.
   gather indices are written into the region there, each record's tensors are slices of the
   region and its metadata is built there from a per-engine template, and regions come back by
   id as soon as the writer has encoded (or, with codec ``none``, written) their records.
-- ``BufferSink`` (any ``layertap.RecordSink``, e.g. ``layertap.PyShardWriter``, which works
-  without the compiled extension): records as byte views of the region through
-  ``submit_buffers``; a region comes back when the writer reports all its records written.
+- ``BufferSink``: records given as byte views of the region through ``submit_buffers``, a
+  region back when the writer reports all its records written. ``compress_on="gpu"``
+  (``gpu_compress.py``) hands the writer its exp-huf blocks this way.
 
 Both take a step's ``StepSaves`` and absolute byte offsets in the pool.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 from typing import Any
-
-import numpy as np
 
 from layertap._sink import RecordSink
 from layertap._spec.record import (
@@ -99,39 +96,22 @@ class NativeSink:
 
 
 class BufferSink:
-    """Records into any ``RecordSink`` as byte views of the pool (see the module docs)."""
+    """Records into the writer as byte views of the pool (see the module docs); the regions'
+    token ids and gather indices are filled by a ``NativeSink``."""
 
     def __init__(self, writer: RecordSink, pool: HostPool, cache: HiddenStatesCache, facts: EngineFacts):
         self.writer = writer
-        self.cache = cache
-        self._bytes = pool.buffer.numpy()
-        self._pool = memoryview(self._bytes)
+        self._pool = memoryview(pool.buffer.numpy())
         self._template = record_template(facts, cache)
         self._dtype = dtype_name(cache.dtype)
         self._row_shape = [cache.num_layers, cache.hidden_size]
         self._region_of_seq: dict[int, Region] = {}
         self._released: list[int] = []
 
-    def fill(self, saves: StepSaves, ids_offset: int, index_offset: int) -> None:
-        total = sum(saves.num_tokens)
-        ids = self._bytes[ids_offset : ids_offset + total * 8].view(np.int64)
-        ids[:] = np.fromiter(
-            itertools.chain.from_iterable(t[:n] for t, n in zip(saves.token_ids, saves.num_tokens)), np.int64, total
-        )
-        width = self.cache.index_width
-        index = self._bytes[index_offset : index_offset + total * width * 8].view(np.int64).reshape(total, width)
-        self.cache.write_indices(list(zip(saves.block_ids, saves.num_tokens)), index)
-
-    def submit(self, region: Region, ids_offset: int, saves: StepSaves) -> list[tuple[int, str]]:
-        return self.hand_over(region, self.records(region, ids_offset, saves))
-
-    def records(
-        self, region: Region, ids_offset: int, saves: StepSaves, hidden: list[tuple[int, int]] | None = None
-    ) -> list:
+    def records(self, region: Region, ids_offset: int, saves: StepSaves, hidden: list[tuple[int, int]]) -> list:
         """The ``submit_buffers`` records of a gathered batch: views of the region. ``hidden``:
-        each record's hidden states as ``(offset, length)`` of an exp-huf block in the pool
-        (``compress_on="gpu"``), instead of its rows at the start of the region."""
-        row, pool = self.cache.row_bytes, self._pool
+        each record's hidden states as ``(offset, length)`` of an exp-huf block in the pool."""
+        pool = self._pool
         records = []
         at = 0
         for i, (key, req_id, n, prompt) in enumerate(
@@ -139,12 +119,8 @@ class BufferSink:
         ):
             meta = {**self._template, NUM_TOKENS: str(n), REQUEST_ID: req_id, NUM_PROMPT_TOKENS: str(prompt)}
             t = ids_offset + at * 8
-            if hidden is None:
-                h = region.offset + at * row
-                states = (HIDDEN_STATES, pool[h : h + n * row], self._dtype, [n, *self._row_shape])
-            else:
-                h, length = hidden[i]
-                states = (HIDDEN_STATES, pool[h : h + length], self._dtype, [n, *self._row_shape], "exp-huf")
+            h, length = hidden[i]
+            states = (HIDDEN_STATES, pool[h : h + length], self._dtype, [n, *self._row_shape], "exp-huf")
             parts = [states, (TOKEN_IDS, pool[t : t + n * 8], "I64", [n])]
             extras = saves.extras.get(i)
             if extras is not None:
@@ -190,14 +166,4 @@ class BufferSink:
         return released, len(done)
 
     def use_cache(self, cache: HiddenStatesCache | None) -> None:
-        """The cache tensor changed (sleep mode: None while asleep), with the same layout."""
-        self.cache = cache
-
-
-def open_sink(writer: Any, pool: HostPool, cache: HiddenStatesCache, facts: EngineFacts) -> NativeSink | BufferSink:
-    """``NativeSink`` for the Rust writer, ``BufferSink`` for any other ``RecordSink``."""
-    from layertap.writer import ShardWriter
-
-    if isinstance(writer, ShardWriter):
-        return NativeSink(writer, pool, cache, facts)
-    return BufferSink(writer, pool, cache, facts)
+        """The cache tensor changed (sleep mode): the records are views of the pool only."""

@@ -37,7 +37,7 @@ from layertap.vllm.gpu_compress import GpuCompressor, region_slack
 from layertap.vllm.metadata import StepSaves
 from layertap.vllm.online import leave_error_marker
 from layertap.vllm.pool import HostPool, Region, align_up
-from layertap.vllm.sinks import open_sink
+from layertap.vllm.sinks import NativeSink
 from layertap.vllm.stats import ConnectorStats
 from layertap.vllm.window_gather import gather as gather_rows
 
@@ -114,7 +114,7 @@ class HiddenStatesSaver:
             self.compressor = GpuCompressor(writer, pool, cache, facts)
             self.sink = self.compressor
         else:
-            self.sink = open_sink(writer, pool, cache, facts)
+            self.sink = NativeSink(writer, pool, cache, facts)
         self._regions: dict[int, Region] = {}
         self._pending: collections.deque[StepSaves] = collections.deque()
         """Saves handed over and not gathered yet (no room in the pool), oldest first."""

@@ -7,8 +7,6 @@ import logging
 import time
 from typing import Any
 
-from layertap._backends import resolve_backend
-from layertap._choices import WRITER_BACKENDS
 from layertap._sink import RecordSink
 from layertap._spec.record import LAYER_IDS
 from layertap.vllm import gpu_compress, registry
@@ -43,10 +41,8 @@ def _engine_steps_on() -> bool:
 
 
 def _encoder_thread_ids(writer: RecordSink) -> list[int]:
-    """The OS ids of the writer's compression threads (none for the Python writer)."""
-    from layertap.writer import ShardWriter
-
-    return writer.encoder_thread_ids if isinstance(writer, ShardWriter) else []
+    """The OS ids of the writer's compression threads (none for a writer without them)."""
+    return list(getattr(writer, "encoder_thread_ids", []))
 
 
 def open_writer(options: ConnectorOptions, facts: EngineFacts, pool_bytes: int, dtype: str | None = None) -> RecordSink:
@@ -59,26 +55,15 @@ def open_writer(options: ConnectorOptions, facts: EngineFacts, pool_bytes: int, 
         shard_meta["dtype"] = dtype
     writer_options = writer_options_for(options, facts.writer_id, pool_bytes, shard_meta)
 
-    def rust() -> RecordSink:  # raises ImportError without the compiled extension
+    try:
         from layertap.writer import ShardWriter
 
         return ShardWriter(options.output_dir, options=writer_options)
-
-    def python() -> RecordSink:
-        # The reference implementation, loaded only when it is asked for (the production path never loads it).
-        from layertap._py.writer import PyShardWriter
-
-        return PyShardWriter(options.output_dir, options=writer_options)
-
-    return resolve_backend(
-        "writer",
-        options.writer,
-        rust=rust,
-        python=python,
-        choices=WRITER_BACKENDS,
-        error=ConfigError,
-        unavailable=ConfigError,
-    )
+    except ImportError as e:  # the compiled extension is not built
+        raise ConfigError(
+            "writer",
+            f"the Rust writer is not available: the native extension is not built ({e}); build it (make build)",
+        ) from e
 
 
 class WorkerSide:
