@@ -247,34 +247,3 @@ def tensor_maker(tensors: str = "auto"):
             )
         return to_torch
     return to_numpy
-
-
-def check_buffer_record(record: Any) -> Prepared:
-    """One record of ``submit_buffers``: ``(key, [(name, buffer, dtype, shape)], metadata,
-    num_tokens)``, checked as the Rust binding checks it (the key itself is checked by the
-    writer)."""
-    if not isinstance(record, (tuple, list)) or len(record) != 4:
-        raise InvalidInputError(
-            f"each record must be a tuple (key, list of tensors, metadata or None, num_tokens), got {record!r:.80}"
-        )
-    key, parts, metadata, num_tokens = record
-    if not isinstance(key, str):
-        raise InvalidInputError(f"record key must be a str, not {type(key).__name__}")
-    if not isinstance(parts, list) or not parts:
-        raise InvalidInputError(f"record {key!r}: tensors must be a non-empty list of (name, buffer, dtype, shape)")
-    if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or not 0 <= num_tokens < 1 << 32:
-        raise InvalidInputError(
-            f"record {key!r}: num_tokens must be an integer from 0 to 2**32 - 1, not {num_tokens!r}"
-        )
-    out = []
-    names = set()
-    for part in parts:
-        if not isinstance(part, tuple) or len(part) != 4:
-            raise InvalidInputError("each tensor must be a tuple (name, buffer, dtype, shape)")
-        name, buffer, dtype, shape = part
-        if not isinstance(name, str) or not name or name == "__metadata__" or name in names:
-            raise InvalidInputError(f"tensor name {name!r} is not allowed")
-        names.add(name)
-        view, dtype, shape = _from_buffer(name, (buffer, dtype, shape))
-        out.append((name, view, dtype, shape))
-    return key, out, check_metadata(metadata), num_tokens
