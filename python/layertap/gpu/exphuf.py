@@ -279,35 +279,31 @@ def _encode(tensors: list[torch.Tensor], dtype: str, contiguous: bool, impl: str
     seg_bytes = (seg_bits.numpy() + 7) // 8
 
     # Each coded tensor's head, and whether its block is coded at all (not if raw is smaller).
+    # (The layout is whole-array arithmetic over the tensors: a batch holds hundreds.)
     coded_heads = _coded_heads(dtype, exp_shift, plans, modes, lengths, seg_bytes)
-    coded_ok: dict[int, int] = {}  # tensor index -> its number among the coded
-    for j, ((i, _), plan) in enumerate(zip(coded, plans)):
-        streams_len = int(seg_bytes[j * STREAMS : (j + 1) * STREAMS].sum())
-        if len(coded_heads[j]) + streams_len < 1 + plan.n * width:
-            heads[i], body_len[i] = coded_heads[j], streams_len
-            coded_ok[i] = j
-    # Where each stream goes: with `contiguous`, into its block's place in the output (after its
-    # head); else the coded tensors' streams back to back.
+    seg_bytes = seg_bytes.reshape(-1, STREAMS).astype(np.int64)
+    streams_len = seg_bytes.sum(1)
+    head_len = np.fromiter(map(len, coded_heads), dtype=np.int64, count=len(coded_heads))
+    ok = head_len + streams_len < 1 + ns * width
+    coded_at = np.array([i for i, _ in coded], dtype=np.int64)  # each coded tensor's index
+    for j in np.flatnonzero(ok).tolist():
+        i = int(coded_at[j])
+        heads[i], body_len[i] = coded_heads[j], int(streams_len[j])
+    sizes = np.fromiter(map(len, heads), dtype=np.int64, count=len(heads)) + np.array(body_len, dtype=np.int64)
+    block_at = np.cumsum(sizes) - sizes
+    # Where each tensor's streams go: with `contiguous`, into its block's place in the output
+    # (after its head); else the coded tensors' streams back to back.
     if contiguous:
-        sizes = [len(h) + b for h, b in zip(heads, body_len)]
-        block_at = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-        end = int(sum(sizes))
+        body_start = block_at[coded_at] + head_len
+        end = int(sizes.sum())
     else:
-        block_at = np.zeros(len(tensors), dtype=np.int64)
-        end = 0
+        kept = np.where(ok, streams_len, 0)
+        body_start = np.cumsum(kept) - kept
+        end = int(kept.sum())
     # Each stream's first byte in the output; -1 for the streams of a tensor stored raw after
     # all, which are not written.
-    seg_base = np.full(len(layout.seg_start), -1, dtype=np.int64)
-    body_at: dict[int, int] = {}
-    for i, _ in coded:
-        if i in coded_ok:
-            body_at[i] = int(block_at[i]) + len(heads[i]) if contiguous else end
-            if not contiguous:
-                end += body_len[i]
-    for j, (i, _) in enumerate(coded):
-        if i in body_at:
-            lens = seg_bytes[j * STREAMS : (j + 1) * STREAMS]
-            seg_base[j * STREAMS : (j + 1) * STREAMS] = body_at[i] + np.concatenate([[0], np.cumsum(lens)[:-1]])
+    seg_base = np.where(ok[:, None], body_start[:, None] + np.cumsum(seg_bytes, 1) - seg_bytes, -1).reshape(-1)
+    body_at = dict(zip(coded_at[ok].tolist(), body_start[ok].tolist()))
     packed = work.pack(seg_base, end)
     return _assemble(tensors, heads, body_len, body_at, packed, contiguous)
 
@@ -517,9 +513,11 @@ def _assemble(tensors, heads, body_len, body_at, packed, contiguous):
             else:
                 out.append(Block(heads[i], t.reshape(-1).view(torch.uint8)))
         return out
-    sizes = [len(h) + b for h, b in zip(heads, body_len)]
-    block_at = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-    end = int(sum(sizes))
+    head_len = np.fromiter(map(len, heads), dtype=np.int64, count=len(heads))
+    sizes = head_len + np.array(body_len, dtype=np.int64)
+    block_at = np.cumsum(sizes) - sizes
+    end = int(sizes.sum())
+    sizes = sizes.tolist()
     device = tensors[0].device if tensors else torch.device("cpu")
     buf = packed[:end] if packed is not None else torch.zeros(end, dtype=torch.uint8, device=device)
     for i, t in enumerate(tensors):
@@ -529,7 +527,9 @@ def _assemble(tensors, heads, body_len, body_at, packed, contiguous):
     if not tensors:
         return buf, sizes
     # Every head in one small copy to the device and one scatter.
-    where = np.concatenate([np.arange(len(h), dtype=np.int64) + a for h, a in zip(heads, block_at)])
+    where = np.arange(int(head_len.sum()), dtype=np.int64) + np.repeat(
+        block_at - (np.cumsum(head_len) - head_len), head_len
+    )
     head_bytes = np.frombuffer(b"".join(heads), dtype=np.uint8)
     buf[_to_device(where, device)] = _to_device(head_bytes.copy(), device)
     return buf, sizes
