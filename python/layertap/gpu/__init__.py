@@ -7,6 +7,10 @@ tensor, a batch in one pass, or a batch's blocks back to back in one device buff
 ``compress_on="gpu"`` (``layertap.vllm.gpu_compress``, docs/CONNECTOR.md, "Compression on the
 GPU"); the writer takes the blocks as encoded tensors and only checks their framing.
 
+``exphuf_triton``: the same encoder's device work as Triton kernels (issue 32), chosen by
+``impl="triton"`` (the default on CUDA where Triton imports), the code tables built on the host
+or on the device (``tables``); the same bytes.
+
 ``benches/gpu/bench_gpu_exphuf.py`` measures the encoder on the H200 and
 ``benches/gpu/profile_exphuf.py`` says where its time goes; benches/RESULTS.md has the numbers.
 """
