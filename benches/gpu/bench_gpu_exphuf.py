@@ -29,6 +29,7 @@ import argparse
 import json
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -142,6 +143,34 @@ def bp16_zstd_reference(records, gb: float):
     return round(gb * 1e9 / stored, 4), round((time.thread_time() - cpu0) / gb, 3)
 
 
+def measure(args, records, dev, gb: float, impl: str, batched, batch: int, device: str) -> dict:
+    """One variant's row: best of ``args.reps`` passes over ``dev`` after one that compiles."""
+    best = None
+    encode_all(dev[:batch], batched, impl, batch)  # Triton compiles its kernels
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    for _ in range(args.reps):
+        blocks, stored, wall, cpu = encode_all(dev, batched, impl, batch)
+        best = (wall, cpu) if best is None or wall < best[0] else best
+    # What the encoder takes from the GPU's memory beyond its input: the connector's headroom
+    # next to vLLM's KV cache.
+    peak = (torch.cuda.max_memory_allocated() - base) / 1e6 if device == "cuda" else None
+    checked = range(min(args.check, len(records)))
+    return {
+        "record_mb": round(records[0].numel() * 2 / 1e6, 3),
+        "equal_to_cpu_reference": all(blocks[i].to_bytes() == rust_block(records[i]) for i in checked),
+        "ratio": round(gb * 1e9 / stored, 4),
+        "gbps": round(gb / best[0], 3),
+        "us_per_record": round(best[0] / len(records) * 1e6, 1),
+        "peak_mb": None if peak is None else round(peak, 1),
+        "input_mb": round(gb * 1e3, 1),
+        "host_cpu_s_per_gb": round(best[1] / gb, 4),
+        "host_syncs": host_syncs(dev[:batch], batched, impl, batch),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--activations", type=Path, required=True)
@@ -181,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows = []
+    failed: dict[str, str] = {}  # variant -> its error
     for tokens in args.record_tokens:
         batch = args.batch or max(1, args.step_tokens // tokens)
         records = load_records(args.activations, tokens, args.records)
@@ -188,38 +218,18 @@ def main(argv: list[str] | None = None) -> int:
         zstd_ratio, zstd_cpu_per_gb = bp16_zstd_reference(records, gb)
         dev = [r.to(device) for r in records]
         for impl, batched in ((i, b) for i in args.impl for b in (False, True, "contiguous")):
-            best = None
-            encode_all(dev[:batch], batched, impl, batch)  # Triton compiles its kernels
-            if device == "cuda":
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-                base = torch.cuda.memory_allocated()
-            for _ in range(args.reps):
-                blocks, stored, wall, cpu = encode_all(dev, batched, impl, batch)
-                best = (wall, cpu) if best is None or wall < best[0] else best
-            # What the encoder takes from the GPU's memory beyond its input: the connector's
-            # headroom next to vLLM's KV cache.
-            peak = (torch.cuda.max_memory_allocated() - base) / 1e6 if device == "cuda" else None
-            checked = range(min(args.check, len(records)))
-            row = {
-                "device": device,
-                "impl": impl,
-                "batched": batched,
-                "batch": batch if batched else 1,
-                "record_tokens": tokens,
-                "records": len(records),
-                "record_mb": round(records[0].numel() * 2 / 1e6, 3),
-                "equal_to_cpu_reference": all(blocks[i].to_bytes() == rust_block(records[i]) for i in checked),
-                "ratio": round(gb * 1e9 / stored, 4),
-                "gbps": round(gb / best[0], 3),
-                "us_per_record": round(best[0] / len(records) * 1e6, 1),
-                "peak_mb": None if peak is None else round(peak, 1),
-                "input_mb": round(gb * 1e3, 1),
-                "host_cpu_s_per_gb": round(best[1] / gb, 4),
-                "host_syncs": host_syncs(dev[:batch], batched, impl, batch),
-                "bp16_zstd_ratio": zstd_ratio,
-                "bp16_zstd_cpu_s_per_gb": zstd_cpu_per_gb,
-            }
+            where = {"device": device, "impl": impl, "batched": batched, "batch": batch if batched else 1}
+            where |= {"record_tokens": tokens, "records": len(records)}
+            if impl in failed:  # (a variant that failed once, its kernels' compilation say, fails again)
+                row = where | {"error": failed[impl]}
+            else:
+                try:
+                    row = where | measure(args, records, dev, gb, impl, batched, batch, device)
+                except Exception as e:  # one variant's failure costs the GPU call none of the others
+                    traceback.print_exc()
+                    failed[impl] = f"{type(e).__name__}: {e}"[:300]
+                    row = where | {"error": failed[impl]}
+                row |= {"bp16_zstd_ratio": zstd_ratio, "bp16_zstd_cpu_s_per_gb": zstd_cpu_per_gb}
             rows.append(row)
             print(json.dumps(row), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -231,6 +241,12 @@ def main(argv: list[str] | None = None) -> int:
         "|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        if "error" in r:
+            md.append(
+                f"| {r['device']} | {r['impl']} | {r['batched']} | {r['batch']} | {r['record_tokens']} | - | "
+                f"failed: {r['error']} | - | - | - | - | - | - | - | - |"
+            )
+            continue
         md.append(
             f"| {r['device']} | {r['impl']} | {r['batched']} | {r['batch']} | {r['record_tokens']} | {r['record_mb']} | {r['equal_to_cpu_reference']} | {r['ratio']} | "
             f"{r['gbps']} | {r['us_per_record']} | {r['peak_mb']} / {r['input_mb']} | {r['host_cpu_s_per_gb']} | {r['host_syncs']} | {r['bp16_zstd_ratio']} | "
