@@ -12,10 +12,16 @@ A ``DataLoader`` asks for a batch's items at once (``__getitems__``): with the R
 core reads the batch's records together (their bytes asked of the kernel first, decoded on a
 few threads with the GIL released) and decodes each record's ``hidden_states`` straight into its
 row of one padded tensor, which ``pad_collate`` then takes as it is rather than copying it.
+
+``decode_on="cuda"`` decodes exp-huf records on the GPU instead (issue 32, goal 3): their stored
+payloads are read from the shards as they are (checksum checked), copied to the device and
+decoded there by ``layertap.gpu.exphuf_decode`` (Triton); records of other codecs are decoded on
+the CPU as without it and their hidden states moved to the device.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -26,9 +32,11 @@ import torch
 
 from layertap._checks import one_of
 from layertap._choices import ERROR_MODES, MAX_THREADS
+from layertap._spec import json_text
+from layertap._spec.format import crc32c, frame_header_len
 from layertap._spec.record import HIDDEN_STATES, LAYER_IDS, LOSS_MASK, TOKEN_IDS
 from layertap._tensors import TORCH_DTYPES, to_torch
-from layertap.errors import LayertapError, RecordNotFoundError
+from layertap.errors import CorruptRecordError, InvalidInputError, LayertapError, RecordNotFoundError
 from layertap.reader import open as open_dataset
 
 
@@ -50,6 +58,13 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
       the collate functions drop, and counted in ``skipped``, per process).
     - ``verify``: check each record's checksum as it is read (the default). ``False`` skips that
       pass over the record's bytes (a record that does not decode still raises or is skipped).
+    - ``decode_on``: None (decode on the CPU), or ``"cuda"`` / ``"cuda:N"``: exp-huf records'
+      stored bytes go to that device and are decoded there by the Triton kernel
+      (``layertap.gpu.exphuf_decode``); other codecs decode on the CPU and their hidden states are
+      moved there. Items' ``hidden_states`` are then on the device (``token_ids`` and
+      ``loss_mask`` stay on the CPU). Only in the main process: CUDA in forked ``DataLoader``
+      workers is unsafe, so a worker's first item raises (use ``num_workers=0``). ``"cpu"`` runs
+      the same kernel on CPU tensors in Triton's interpreter (``TRITON_INTERPRET=1``): for tests.
 
     An item is ``{"hidden_states": [T, L, H], "token_ids": int64 [T], "loss_mask": uint8 [T],
     "key": str}``; ``loss_mask`` is all ones for a record stored without one.
@@ -64,8 +79,10 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
         errors: str = "raise",
         backend: str = "auto",
         verify: bool = True,
+        decode_on: str | None = None,
     ):
         one_of("errors", errors, ERROR_MODES)
+        self.decode_on = _decode_device(decode_on)
         # A list of paths (parts of one dataset) stays a list: layertap.open takes it as it is.
         self.path = [os.fspath(p) for p in path] if isinstance(path, (list, tuple)) else os.fspath(path)
         self.layers = None if layers is None else [int(i) for i in layers]
@@ -89,6 +106,7 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
             return self._ds
         self._ds = open_dataset(self.path, backend=self.backend, tensors="torch")
         self._pid = os.getpid()
+        self._files: dict[str, Any] = {}  # shard path -> file, for decode_on's stored payloads
         # Where each key's record is: (shard backend, its position there); the first record of a
         # key in dataset order, as ``Dataset[key]`` finds it.
         where: dict[str, tuple[Any, int]] = {}
@@ -110,7 +128,7 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
     def __getstate__(self) -> dict:
         # Only the arguments travel to a spawned worker (and default keys are found again there).
         state = self.__dict__.copy()
-        state.update(_ds=None, _pid=None, _keys=None, _where=None, _row=None)
+        state.update(_ds=None, _pid=None, _keys=None, _where=None, _row=None, _files=None)
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -128,6 +146,8 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
         return len(self.keys)
 
     def __getitem__(self, i: int) -> dict | None:
+        if self.decode_on is not None:
+            return self._device_items([i])[0]
         self._open()
         shard, at = self._where[i]
         try:
@@ -144,7 +164,9 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
         for. With the Rust backend the records are read together, each ``hidden_states``
         decoded into its row of one tensor ``[B, T, L, H]`` padded with zeros after each record
         (in a ``DataLoader`` worker, in shared memory, as the worker sends it), rows shaped as
-        the first record read in this process."""
+        the first record read in this process. With ``decode_on``, see ``_device_items``."""
+        if self.decode_on is not None:
+            return self._device_items(indices)
         self._open()
         where = [self._where[i] for i in indices]
         if self.layers is not None or not where or not all(hasattr(s, "read_batch_into") for s, _ in where):
@@ -185,11 +207,86 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
         except LayertapError:
             pass
 
+    # -- decode_on: exp-huf records decoded on the device ----------------------------------------
+
+    def _device_items(self, indices: Sequence[int]) -> list[dict | None]:
+        """The items of a batch with their hidden states on ``decode_on``: the exp-huf records'
+        stored payloads decoded there in one call of the Triton decoder, the others read as
+        ``self[i]`` reads them and moved there. When every item keeps its hidden states whole
+        and all have the same shape of a token and dtype, they are the rows of one zero-padded
+        tensor ``[B, T, L, H]`` on the device, which ``pad_collate`` takes as it is."""
+        if torch.utils.data.get_worker_info() is not None:
+            raise InvalidInputError(
+                f"decode_on={self.decode_on!r} decodes in the main process (CUDA in forked DataLoader "
+                "workers is unsafe): use num_workers=0, or leave decode_on unset to decode in the workers"
+            )
+        self._open()
+        device = torch.device(self.decode_on)
+        where = [self._where[i] for i in indices]
+        results: list[tuple[str, dict, dict] | LayertapError] = []
+        coded: list[int] = []  # positions in the batch of the exp-huf records
+        payloads: list[bytearray] = []
+        for shard, at in where:
+            entry = shard.entries[at]
+            try:
+                if entry.codec == "exp-huf":
+                    payloads.append(self._stored(shard, entry))
+                    coded.append(len(results))
+                    results.append((shard.path, {}, {}))  # filled in below
+                    continue
+                metadata, tensors = shard.read(at, verify=self.verify)
+                found = {name: to_torch(buf, dtype, shape) for name, dtype, shape, buf in tensors}
+                if HIDDEN_STATES in found:
+                    found[HIDDEN_STATES] = found[HIDDEN_STATES].to(device)
+                results.append((shard.path, metadata, found))
+            except LayertapError as e:
+                results.append(e)
+        for j, decoded in zip(coded, _decode_payloads(payloads, [where[j] for j in coded], device)):
+            results[j] = decoded
+        items: list[dict | None] = []
+        for i, result in zip(indices, results):
+            try:
+                if isinstance(result, LayertapError):
+                    raise result
+                items.append(self._assemble(self._keys[i], *result))
+            except LayertapError:
+                if self.errors == "raise":
+                    raise
+                self.skipped += 1
+                items.append(None)
+        return _as_rows(items) if self.layers is None else items
+
+    def _stored(self, shard: Any, entry: Any) -> bytearray:
+        """Record ``entry``'s stored payload as the shard holds it, its checksum checked (with
+        ``verify``). Raises CorruptRecordError."""
+        file = self._files.get(shard.path)
+        if file is None:
+            file = self._files[shard.path] = open(shard.path, "rb", buffering=0)  # noqa: SIM115
+        offset = entry.frame_offset + frame_header_len(len(entry.key.encode("utf-8")))
+        stored = bytearray(entry.stored_len)
+        view, got = memoryview(stored), 0
+        while got < len(stored):
+            n = os.preadv(file.fileno(), [view[got:]], offset + got)
+            if n == 0:
+                break
+            got += n
+        del view
+        if got < len(stored):
+            raise _corrupt(shard.path, entry, "payload is cut off by the end of the file")
+        if self.verify and crc32c(stored) != entry.payload_crc:
+            raise _corrupt(shard.path, entry, "payload checksum mismatch")
+        return stored
+
     def _item(self, key: str, shard: str, metadata: dict, tensors: list, row: torch.Tensor | None = None) -> dict:
         found = {
             name: to_torch(buf, dtype, shape) if buf is not None else _placed(row, dtype, shape)
             for name, dtype, shape, buf in tensors
         }
+        return self._assemble(key, shard, metadata, found)
+
+    def _assemble(self, key: str, shard: str, metadata: dict, found: dict[str, torch.Tensor]) -> dict:
+        """The item of a record's tensors by name: its layers picked, a loss mask of ones where
+        it has none."""
         hidden, token_ids = found.get(HIDDEN_STATES), found.get(TOKEN_IDS)
         if hidden is None or token_ids is None:
             raise LayertapError(f"{shard}: record {key!r} has no hidden_states or token_ids tensor")
@@ -212,6 +309,114 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
 
     def __repr__(self) -> str:
         return f"HiddenStatesDataset({self.path!r}, {len(self)} records, layers={self.layers})"
+
+
+def _decode_device(decode_on: str | None) -> str | None:
+    """``decode_on`` checked: None, or the device the Triton decoder can run on here."""
+    if decode_on is None:
+        return None
+    try:
+        device = torch.device(decode_on)
+    except (RuntimeError, TypeError):
+        device = None
+    if device is None or device.type not in ("cuda", "cpu"):
+        raise InvalidInputError(f"decode_on must be None, 'cuda' or 'cuda:N' (or 'cpu' for tests), not {decode_on!r}")
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise InvalidInputError(
+            "decode_on='cpu' runs the Triton kernel on CPU tensors in Triton's interpreter, for tests: "
+            "set TRITON_INTERPRET=1, or leave decode_on unset to decode on the CPU"
+        )
+    missing = []
+    if device.type == "cuda" and not torch.cuda.is_available():
+        missing.append("torch sees no CUDA device")
+    if importlib.util.find_spec("triton") is None:
+        missing.append("triton is not installed (it comes with torch's CUDA builds)")
+    if missing:
+        raise InvalidInputError(
+            f"decode_on={decode_on!r} needs a CUDA device and triton; {' and '.join(missing)}: "
+            "leave decode_on unset to decode on the CPU"
+        )
+    return str(device)
+
+
+def _corrupt(path: str, entry: Any, reason: str) -> CorruptRecordError:
+    return CorruptRecordError(
+        f"{path}: corrupt record at offset {entry.frame_offset} (key {json.dumps(entry.key, ensure_ascii=False)}): {reason}",
+        path,
+        entry.frame_offset,
+        entry.key,
+    )
+
+
+def _decode_payloads(
+    payloads: list[bytearray], where: list[tuple[Any, int]], device: torch.device
+) -> list[tuple[str, dict, dict] | LayertapError]:
+    """``(shard path, metadata, tensors by name)`` of each exp-huf payload, decoded on
+    ``device`` in one call; ``hidden_states`` stays there, the other tensors (token ids, loss
+    mask) come back to the CPU in one copy. A batch with a damaged payload is decoded again a
+    record at a time, so that only the damaged ones fail (CorruptRecordError)."""
+    if not payloads:
+        return []
+    from layertap.gpu.exphuf_decode import decode_records  # triton: imported on this path only
+
+    try:
+        decoded: list = decode_records(payloads, device)
+    except CorruptRecordError:
+        decoded = []
+        for payload, (shard, at) in zip(payloads, where):
+            try:
+                decoded.append(decode_records([payload], device)[0])
+            except CorruptRecordError as e:
+                reason = str(e).removeprefix("record 0 of the batch, ").removeprefix("record 0 of the batch is ")
+                decoded.append(_corrupt(shard.path, shard.entries[at], reason))
+    # the small tensors of every record in one copy to the host
+    small = [(r, name) for r, d in enumerate(decoded) if isinstance(d, dict) for name in d if name != HIDDEN_STATES]
+    flat = [decoded[r][name].reshape(-1).view(torch.uint8) for r, name in small]
+    host = torch.cat(flat).cpu() if flat else None
+    at_byte = 0
+    out: list[tuple[str, dict, dict] | LayertapError] = []
+    for payload, (shard, at), d in zip(payloads, where, decoded):
+        if isinstance(d, LayertapError):
+            out.append(d)
+            continue
+        entry = shard.entries[at]
+        head_len = 8 + int.from_bytes(payload[:8], "little")
+        found = {}
+        for name, t in d.items():
+            if name != HIDDEN_STATES:  # a copy: its bytes may start anywhere in the host buffer
+                n = t.numel() * t.element_size()
+                t = host[at_byte : at_byte + n].clone().view(t.dtype).reshape(t.shape)
+                at_byte += n
+            found[name] = t
+        raw_len = head_len + sum(t.numel() * t.element_size() for t in found.values())
+        if raw_len != entry.raw_len:
+            out.append(
+                _corrupt(shard.path, entry, f"decodes to {raw_len} bytes, not the {entry.raw_len} its index says")
+            )
+            continue
+        doc = json_text.parse(bytes(payload[8:head_len]))  # checked by decode_records
+        out.append((shard.path, dict(doc.get("__metadata__", {})), found))
+    return out
+
+
+def _as_rows(items: list[dict | None]) -> list[dict | None]:
+    """The items with their hidden states copied into the rows of one zero-padded tensor
+    ``[B, T, L, H]`` (B the items present) marked for ``pad_collate`` to take as it is, when
+    they all have one shape of a token and dtype; else the items as they are."""
+    present = [b for b in items if b is not None]
+    if not present:
+        return items
+    first = present[0][HIDDEN_STATES]
+    if any(b[HIDDEN_STATES].shape[1:] != first.shape[1:] or b[HIDDEN_STATES].dtype != first.dtype for b in present):
+        return items
+    t = max(len(b[HIDDEN_STATES]) for b in present)
+    batch = torch.zeros((len(present), t, *first.shape[1:]), dtype=first.dtype, device=first.device)
+    batch._layertap_padded = True
+    for row, b in zip(batch, present):
+        n = len(b[HIDDEN_STATES])
+        row[:n] = b[HIDDEN_STATES]
+        b[HIDDEN_STATES] = row[:n]
+    return items
 
 
 def _decode_threads(records: int) -> int:

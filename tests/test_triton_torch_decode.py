@@ -1,0 +1,52 @@
+"""``HiddenStatesDataset(..., decode_on=...)``: exp-huf records decoded by the Triton decoder give
+batches bit for bit equal to the CPU path's (items, pad_collate, pack_collate, layers, exp-huf
+and codec-none records mixed), a damaged record raises CorruptRecordError or is skipped as the CPU
+path skips it, and a missing CUDA device, an unknown device and DataLoader workers are refused
+in one line. tests/triton_kernels/check_torch_gpu_decode.py does the work in a subprocess, in
+Triton's interpreter on CPU tensors (``decode_on="cpu"``; triton lives outside the virtualenv,
+``.venv/triton``, so that vLLM's CPU build in this process never sees it): once for every case,
+and each test reads its case's line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# The checks run once, in the first test's setup: about 20 s of CPU, minutes on a loaded machine.
+pytestmark = pytest.mark.timeout(900)
+
+ROOT = Path(__file__).resolve().parent.parent
+TRITON = ROOT / ".venv" / "triton"
+SCRIPT = ROOT / "tests" / "triton_kernels" / "check_torch_gpu_decode.py"
+
+CASES = ["batches-equal", "layers", "damaged-record", "refused"]
+
+
+def run_check(*args: str) -> subprocess.CompletedProcess:
+    assert (TRITON / "triton").is_dir(), f"{TRITON} has no triton: install it with `make` (requirements-triton.txt)"
+    env = {**os.environ, "PYTHONPATH": f"{TRITON}{os.pathsep}{ROOT / 'python'}", "TRITON_INTERPRET": "1"}
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.fixture(scope="module")
+def checked() -> subprocess.CompletedProcess:
+    return run_check(*CASES)
+
+
+def test_the_script_lists_the_cases_tested_here():
+    got = run_check()
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert got.stdout.split() == CASES
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_decoding_on_the_device_gives_the_cpu_paths_batches(checked, case):
+    lines = checked.stdout.splitlines()
+    mine = [ln for ln in lines if ln.startswith((f"ok {case}: ", f"FAIL {case}: "))]
+    assert mine and mine[0].startswith("ok "), checked.stdout + checked.stderr

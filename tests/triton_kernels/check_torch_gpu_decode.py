@@ -1,0 +1,226 @@
+"""Checks of ``HiddenStatesDataset(..., decode_on=...)`` (layertap.torch): exp-huf records decoded
+by the Triton decoder (layertap.gpu.exphuf_decode), in Triton's interpreter on CPU tensors
+(``decode_on="cpu"``), give batches bit for bit equal to the CPU path's; a damaged record raises
+CorruptRecordError or is skipped as the CPU path skips it. Not collected by pytest: vLLM's CPU
+build must never see triton, so tests/test_triton_torch_decode.py runs this script in a
+subprocess with ``PYTHONPATH=.venv/triton:python TRITON_INTERPRET=1``.
+
+    PYTHONPATH=.venv/triton:python TRITON_INTERPRET=1 python tests/triton_kernels/check_torch_gpu_decode.py CASE...
+    PYTHONPATH=python python3 tests/triton_kernels/check_torch_gpu_decode.py --device cuda all   # on a GPU
+
+With no CASE it lists the cases. Prints ``ok CASE`` per case that passes, ``FAIL CASE: why`` per
+one that does not, and exits 1 if any failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+import torch
+
+TESTS = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(TESTS))
+
+from test_gpu_exphuf import activations_like  # noqa: E402
+
+import layertap  # noqa: E402
+from helpers import payload_offset, shard_files  # noqa: E402
+from layertap._spec.exphuf import MODE_CODED  # noqa: E402
+from layertap.errors import CorruptRecordError, InvalidInputError  # noqa: E402
+from layertap.torch import HiddenStatesDataset, pack_collate, pad_collate  # noqa: E402
+
+LAYER_IDS = [2, 8, 13]
+CODED_ROWS = 10  # rows 0-9 in an exp-huf shard (coded blocks and raw ones), 10-13 in a codec-none one
+ROWS = 14
+BATCH = [[3, 11, 0, 7], [12, 1, 9, 5], [2, 4, 6, 8], [10, 13]]
+
+
+def record(row: int) -> dict:
+    n = 3 + row % 4
+    tensors = {
+        "hidden_states": activations_like((n, len(LAYER_IDS), 64), torch.bfloat16, seed=row),
+        "token_ids": torch.arange(n, dtype=torch.int64) + 100 * row,
+    }
+    if row % 2 == 0:
+        tensors["loss_mask"] = (torch.arange(n) % 3 != 0).to(torch.uint8)
+    return tensors
+
+
+def write_dataset(path: Path) -> None:
+    for writer_id, codec, rows in (("huf", "exp-huf", range(CODED_ROWS)), ("raw", "none", range(CODED_ROWS, ROWS))):
+        with layertap.ShardWriter(str(path), writer_id=writer_id, codec=codec) as w:
+            for r in rows:
+                w.submit(str(r), record(r), {"layer_ids": "[2, 8, 13]"})
+
+
+def exphuf_shard(path: Path) -> str:
+    (shard,) = [s for s in shard_files(path) if Path(s).name.startswith("huf-")]
+    return shard
+
+
+def stream_lengths(stored: bytes) -> int:
+    """Where the stream lengths of a payload's first tensor's block are (it must be coded)."""
+    head_len = 8 + int.from_bytes(stored[:8], "little")
+    assert stored[head_len] == MODE_CODED, "the first tensor's block is not coded"
+    at = head_len + 1 + 8 + 256
+    for _ in range(stored[head_len + 1]):
+        at += 4 + (int.from_bytes(stored[at + 2 : at + 4], "little") + 1) // 2
+    return at
+
+
+def same(a, b, what: str) -> None:
+    """``a`` (the CPU path's) and ``b`` (decode_on's) are equal, bit for bit, tensors moved to the CPU."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), f"{what}: {sorted(a)} != {sorted(b)}"
+        for k in a:
+            same(a[k], b[k], f"{what}[{k!r}]")
+    elif isinstance(a, list):
+        assert len(a) == len(b), f"{what}: {len(a)} != {len(b)} items"
+        for j, (x, y) in enumerate(zip(a, b)):
+            same(x, y, f"{what}[{j}]")
+    elif isinstance(a, torch.Tensor):
+        assert a.device.type == "cpu", f"{what}: the CPU path's tensor is on {a.device}"
+        assert a.dtype == b.dtype and a.shape == b.shape, f"{what}: {a.dtype} {tuple(a.shape)} != {b.dtype} {tuple(b.shape)}"  # fmt: skip
+        assert torch.equal(a.view(torch.uint8), b.cpu().view(torch.uint8)), f"{what}: different bytes"
+    else:
+        assert a == b, f"{what}: {a!r} != {b!r}"
+
+
+def case_batches_equal(path: Path, device: str) -> str:
+    """Every batch of the dataset (exp-huf and codec-none records mixed) through __getitems__,
+    pad_collate and pack_collate, and single items, equal to the CPU path's."""
+    shard = exphuf_shard(path)
+    keys = [e.key for e in layertap.open(shard).backends[0].entries]
+    offset, stored_len, _ = payload_offset(shard, keys.index("3"))
+    with open(shard, "rb") as f:  # the kernel has coded streams to decode (rows 2, 3, 6, 7)
+        stream_lengths(os.pread(f.fileno(), stored_len, offset))
+    assert "layertap.gpu.exphuf_decode" not in sys.modules
+    cpu, dev = HiddenStatesDataset(path), HiddenStatesDataset(path, decode_on=device)
+    assert "layertap.gpu.exphuf_decode" not in sys.modules, "imported before a batch asked for it"
+    for indices in BATCH:
+        want, got = cpu.__getitems__(indices), dev.__getitems__(indices)
+        hidden = {b["hidden_states"].device.type for b in got}
+        assert hidden == {torch.device(device).type}, f"hidden states on {hidden}"
+        assert "layertap.gpu.exphuf_decode" in sys.modules, "the Triton decoder was not used"
+        same(want, got, f"items {indices}")
+        padded = pad_collate(got)
+        base = got[0]["hidden_states"]._base
+        assert padded["hidden_states"] is base, "pad_collate copied the device batch"
+        same(pad_collate(want), padded, f"pad_collate {indices}")
+        same(pack_collate(want), pack_collate(got), f"pack_collate {indices}")
+    same(cpu[5], dev[5], "item 5")
+    same(cpu[12], dev[12], "item 12")
+    return f"{len(BATCH)} batches of {ROWS} records"
+
+
+def case_layers(path: Path, device: str) -> str:
+    cpu = HiddenStatesDataset(path, layers=[13, 2])
+    dev = HiddenStatesDataset(path, layers=[13, 2], decode_on=device)
+    indices = BATCH[0]
+    same(pad_collate(cpu.__getitems__(indices)), pad_collate(dev.__getitems__(indices)), "layers [13, 2]")
+    return "layers [13, 2]"
+
+
+def case_damaged_record(path: Path, device: str) -> str:
+    """Stream 0 of row 3's hidden states one byte longer, stream 1 one shorter: the checksum
+    catches it; without it the kernel does; with errors="skip" both paths skip row 3 alone."""
+    damaged = Path(tempfile.mkdtemp(dir=path.parent)) / "ds"
+    shutil.copytree(path, damaged)
+    shard = exphuf_shard(damaged)
+    keys = [e.key for e in layertap.open(shard).backends[0].entries]
+    offset, stored_len, key = payload_offset(shard, keys.index("3"))
+    assert key == "3"
+    with open(shard, "r+b") as f:
+        stored = os.pread(f.fileno(), stored_len, offset)
+        at = stream_lengths(stored)
+        sizes = [int.from_bytes(stored[at + 8 * k : at + 8 * k + 8], "little") for k in (0, 1)]
+        os.pwrite(f.fileno(), (sizes[0] + 1).to_bytes(8, "little") + (sizes[1] - 1).to_bytes(8, "little"), offset + at)
+    indices = BATCH[0]  # rows 3, 11, 0, 7
+    messages = []
+    for verify, word in ((True, "checksum mismatch"), (False, "stream 0 holds more bytes")):
+        dev = HiddenStatesDataset(damaged, verify=verify, decode_on=device)
+        try:
+            dev.__getitems__(indices)
+        except CorruptRecordError as e:
+            assert e.key == "3" and word in str(e) and shard in str(e), f"verify={verify}: {e}"
+            messages.append(str(e))
+        else:
+            raise AssertionError(f"verify={verify}: no CorruptRecordError")
+        cpu = HiddenStatesDataset(damaged, verify=verify, errors="skip")
+        dev = HiddenStatesDataset(damaged, verify=verify, errors="skip", decode_on=device)
+        want, got = cpu.__getitems__(indices), dev.__getitems__(indices)
+        assert got[0] is None and all(b is not None for b in got[1:]) and dev.skipped == 1, got
+        same(want, got, f"skipped, verify={verify}")
+        same(pad_collate(want), pad_collate(got), f"pad_collate skipped, verify={verify}")
+    return " | ".join(messages)
+
+
+def case_refused(path: Path, device: str) -> str:
+    """No CUDA device here: decode_on="cuda" says what it needs; DataLoader workers are refused."""
+    if not torch.cuda.is_available():
+        try:
+            HiddenStatesDataset(path, decode_on="cuda")
+        except InvalidInputError as e:
+            assert str(e).startswith("decode_on='cuda' needs a CUDA device and triton; torch sees no CUDA device"), e
+        else:
+            raise AssertionError("decode_on='cuda' accepted without a CUDA device")
+    try:
+        HiddenStatesDataset(path, decode_on="tpu")
+    except InvalidInputError as e:
+        assert "decode_on must be None, 'cuda'" in str(e), e
+    else:
+        raise AssertionError("decode_on='tpu' accepted")
+    ds = HiddenStatesDataset(path, decode_on=device)
+    loader = torch.utils.data.DataLoader(ds, batch_size=2, num_workers=1, collate_fn=pad_collate)
+    try:
+        next(iter(loader))
+    except Exception as e:  # the worker's InvalidInputError, re-raised by the DataLoader
+        assert "decodes in the main process" in str(e) and "num_workers=0" in str(e), e
+    else:
+        raise AssertionError("a DataLoader worker decoded with decode_on")
+    return "cuda without a device, an unknown device, workers"
+
+
+CASES = {
+    "batches-equal": case_batches_equal,
+    "layers": case_layers,
+    "damaged-record": case_damaged_record,
+    "refused": case_refused,
+}
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("cases", nargs="*", help="case names, or all")
+    ap.add_argument("--device", default="cpu", help="cpu (the interpreter) or cuda (compiled kernels)")
+    args = ap.parse_args(argv)
+    if not args.cases:
+        print("\n".join(CASES))
+        return 0
+    names = list(CASES) if args.cases == ["all"] else args.cases
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        print(f"unknown cases {unknown}: run with no argument for the list", flush=True)
+        return 2
+    failed = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "ds"
+        write_dataset(path)
+        for name in names:
+            try:
+                print(f"ok {name}: {CASES[name](path, args.device)}", flush=True)
+            except Exception as e:
+                print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
+                traceback.print_exc(file=sys.stdout)
+                failed.append(name)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
