@@ -5,16 +5,23 @@ path skips it, and a missing CUDA device, an unknown device and DataLoader worke
 in one line. tests/triton_kernels/check_torch_gpu_decode.py does the work in a subprocess, in
 Triton's interpreter on CPU tensors (``decode_on="cpu"``; triton lives outside the virtualenv,
 ``.venv/triton``, so that vLLM's CPU build in this process never sees it): once for every case,
-and each test reads its case's line."""
+and each test reads its case's line. In this process, without triton, decode_on is refused in one
+line and never imports the decoder."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+import layertap
+from layertap.errors import InvalidInputError
+from layertap.torch import HiddenStatesDataset
 
 # The checks run once, in the first test's setup: about 20 s of CPU, minutes on a loaded machine.
 pytestmark = pytest.mark.timeout(900)
@@ -50,3 +57,16 @@ def test_decoding_on_the_device_gives_the_cpu_paths_batches(checked, case):
     lines = checked.stdout.splitlines()
     mine = [ln for ln in lines if ln.startswith((f"ok {case}: ", f"FAIL {case}: "))]
     assert mine and mine[0].startswith("ok "), checked.stdout + checked.stderr
+
+
+def test_without_triton_decode_on_says_what_it_needs_in_one_line(tmp_path, monkeypatch):
+    assert importlib.util.find_spec("triton") is None, "this process must not see triton (vLLM's CPU build)"
+    with layertap.ShardWriter(str(tmp_path), writer_id="w") as w:
+        w.submit("0", {"hidden_states": torch.zeros(2, 1, 4), "token_ids": torch.arange(2)})
+    with pytest.raises(InvalidInputError, match=r"^decode_on='cuda' needs a CUDA device and triton; .*triton is not installed"):  # fmt: skip
+        HiddenStatesDataset(tmp_path, decode_on="cuda")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(InvalidInputError, match=r"^decode_on='cpu' runs the Triton kernel .* set TRITON_INTERPRET=1"):
+        HiddenStatesDataset(tmp_path, decode_on="cpu")
+    assert HiddenStatesDataset(tmp_path)[0]["token_ids"].tolist() == [0, 1]
+    assert "layertap.gpu.exphuf_decode" not in sys.modules
