@@ -10,6 +10,8 @@
 
 mod block;
 mod block_decode;
+#[cfg(test)]
+mod block_decode_reference;
 mod block_encode;
 pub mod huffman;
 pub mod tables;
