@@ -167,11 +167,14 @@ fn encode_coded<const W: usize>(data: &[u8], plan: &Plan, streams: usize, out: &
 
 /// Appends the stream of a segment's elements to `out`.
 ///
-/// Bits are written least significant first: the whole 64-bit accumulator is stored at every
-/// step straight into `out`'s spare capacity (reserved for the longest stream, plus the 8 bytes
-/// the last store may reach), the position advances by the full bytes, and the length is set
-/// once at the end. The state lives in local variables, which the compiler keeps in registers;
-/// with no staging buffer there is no copy and no test of its fill per element.
+/// Bits are written least significant first into a 64-bit accumulator, which is stored whole
+/// straight into `out`'s spare capacity (reserved for the longest stream, plus the 8 bytes the
+/// last store may reach) once per `group` elements, as many as fit in the 57 bits above the
+/// at most 7 left from the last store (bf16: 3 of at most 18 bits; f32: 1); the position
+/// advances by the full bytes, and the length is set once at the end. Between stores an element
+/// costs a shift and an OR on the accumulator and an add on its count: a short chain, where a
+/// store and a shift by the bytes stored per element made a long one. The state is a local
+/// [`Bits`], which the compiler keeps in registers.
 fn encode_stream<const W: usize>(
     seg: &[u8],
     stride: usize,
@@ -182,47 +185,105 @@ fn encode_stream<const W: usize>(
     let table: &[u32; ENC_LEN] = table.try_into().expect("encoder table size");
     let r = raw_bits::<W>();
     let raw_mask = (1u32 << r) - 1;
+    let group = (57 / max_bits::<W>()) as usize;
     let n = seg.len() / W;
     let most = (n * max_bits::<W>() as usize).div_ceil(8);
     out.reserve(most + 8);
-    let dst = out.spare_capacity_mut().as_mut_ptr().cast::<u8>();
-    let (mut pos, mut acc, mut nbits) = (0usize, 0u64, 0u32);
-    let mut put = |x: &[u8], e: u32| {
-        let len = e >> 16;
-        acc |= ((e & 0xFFFF) as u64 | ((value::<W>(x) & raw_mask) as u64) << len) << nbits;
-        nbits += len + r;
-        // SAFETY: the elements put so far took at most `max_bits` each, so `pos <= most` and
-        // the 8 bytes lie inside the `most + 8` bytes of spare capacity reserved above.
-        unsafe {
-            dst.add(pos)
-                .cast::<[u8; 8]>()
-                .write_unaligned(acc.to_le_bytes());
-        }
-        let whole = nbits >> 3;
-        pos += whole as usize;
-        // At most 7 + 34 bits were held, so `whole` <= 5 and the shift is in range.
-        acc >>= 8 * whole;
-        nbits &= 7;
+    let mut bits = Bits {
+        dst: out.spare_capacity_mut().as_mut_ptr().cast::<u8>(),
+        pos: 0,
+        acc: 0,
+        nbits: 0,
     };
+    // The code of entry `e` then the element's raw bits, and their count.
+    let code = |x: &[u8], e: u32| {
+        let len = e >> 16;
+        (
+            (e & 0xFFFF) as u64 | ((value::<W>(x) & raw_mask) as u64) << len,
+            len + r,
+        )
+    };
+    // Each `store` below is safe: the elements put so far took at most `max_bits` each, so
+    // `pos <= most` and the 8 bytes lie inside the `most + 8` bytes of spare capacity reserved
+    // above; a store follows at most `group` puts, which leave at most 7 + 57 bits held.
     let free = if stride == 0 { n } else { stride.min(n) };
     for x in seg[..free * W].chunks_exact(W) {
-        put(x, table[top::<W>(x)]);
+        let (c, len) = code(x, table[top::<W>(x)]);
+        bits.put(c, len);
+        // SAFETY: see above.
+        unsafe { bits.store() };
     }
     if free < n {
-        for (x, p) in seg[stride * W..].chunks_exact(W).zip(seg.chunks_exact(W)) {
-            put(
+        let entry = |x: &[u8], p: &[u8]| {
+            code(
                 x,
                 table[(ctx_off[top::<W>(p)] as usize + top::<W>(x)) & (ENC_LEN - 1)],
-            );
+            )
+        };
+        // Elements `free..n` and those a row before them, `group` at a time, then the rest.
+        let xs = seg[stride * W..].chunks_exact(group * W);
+        let ps = seg[..(n - stride) * W].chunks_exact(group * W);
+        let (x_rest, p_rest) = (xs.remainder(), ps.remainder());
+        for (xg, pg) in xs.zip(ps) {
+            for (x, p) in xg.chunks_exact(W).zip(pg.chunks_exact(W)) {
+                let (c, len) = entry(x, p);
+                bits.put(c, len);
+            }
+            // SAFETY: see above.
+            unsafe { bits.store() };
+        }
+        for (x, p) in x_rest.chunks_exact(W).zip(p_rest.chunks_exact(W)) {
+            let (c, len) = entry(x, p);
+            bits.put(c, len);
+            // SAFETY: see above.
+            unsafe { bits.store() };
         }
     }
     // The last byte, padded with zero bits (the last store wrote it already).
-    let len = pos + (nbits > 0) as usize;
+    let len = bits.pos + (bits.nbits > 0) as usize;
     assert!(len <= most);
     // SAFETY: every byte below `len` was written by the 8-byte stores above (each store starts
-    // at the position before it advanced, by at most 5 bytes, and the last covers the padded
+    // at the position before it advanced, by at most 7 bytes, and the last covers the padded
     // byte), and `len` is within the reserved capacity.
     unsafe { out.set_len(out.len() + len) };
+}
+
+/// A stream being written: `nbits` bits held in `acc` (those above are zero), to be stored at
+/// byte `pos` of `dst`.
+struct Bits {
+    dst: *mut u8,
+    pos: usize,
+    acc: u64,
+    nbits: u32,
+}
+
+impl Bits {
+    /// Adds the low `len` bits of `c` (the others zero); `nbits + len` must be at most 64.
+    #[inline(always)]
+    fn put(&mut self, c: u64, len: u32) {
+        self.acc |= c << self.nbits;
+        self.nbits += len;
+    }
+
+    /// Stores the accumulator at `pos` and moves past its full bytes.
+    ///
+    /// # Safety
+    /// The 8 bytes from `dst + pos` must be writable, and `nbits` below 64.
+    #[inline(always)]
+    unsafe fn store(&mut self) {
+        // SAFETY: the caller's.
+        unsafe {
+            self.dst
+                .add(self.pos)
+                .cast::<[u8; 8]>()
+                .write_unaligned(self.acc.to_le_bytes());
+        }
+        let whole = self.nbits >> 3;
+        self.pos += whole as usize;
+        // `whole` <= 7, so the shift is in range.
+        self.acc >>= 8 * whole;
+        self.nbits &= 7;
+    }
 }
 
 /// The encoder's streams written the plainest way (bytes pushed one at a time), kept to show
