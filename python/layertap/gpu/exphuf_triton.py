@@ -363,7 +363,7 @@ TABLES_PER_PROGRAM = 32
 _LEAF_CHUNK = 64
 #: Scratch entries a table's Huffman tree takes: 2 * 512 - 1 nodes, rounded up.
 _NODES = 1024
-_BIG = 1 << 62
+_BIG = tl.constexpr(1 << 62)
 
 
 @triton.jit
