@@ -11,8 +11,8 @@ records hold the prompt and the generated tokens). The modes:
 - `noop`: vLLM's `extract_hidden_states` method with a connector that frees every request's
   blocks at once and writes nothing (`noop_connector.py`): the floor the method itself sets;
 - `upstream`: vLLM's ExampleHiddenStatesConnector (one safetensors file per request);
-- `layertap-python`: layertap's connector with writer="python", codec none;
-- `layertap-rust-none`, `layertap-rust-bp16`: writer="rust" with codec none / bp16-zstd;
+- `layertap-rust-none`, `layertap-rust-bp16`: layertap's connector (the Rust writer, the only one
+  since issue 35) with codec none / bp16-zstd;
 - `layertap-rust-none-direct`, `layertap-rust-bp16-direct`: the same with `direct=True` (O_DIRECT:
   no page cache, so what is readable is already on the disk);
 - `layertap-inmodel`: `layertap-rust-bp16` with the connector option `capture="in-model"`: the
@@ -63,7 +63,6 @@ MODES = (
     "none",
     "noop",
     "upstream",
-    "layertap-python",
     "layertap-rust-none",
     "layertap-rust-bp16",
     "layertap-rust-none-direct",
@@ -204,11 +203,8 @@ def engine_kwargs(args, out: Path, stats_path: Path) -> dict:
         }
         return kw
     extra = {"output_dir": str(out), "stats_path": str(stats_path), **capture}
-    if args.mode == "layertap-python":
-        extra.update(writer="python", codec="none")
-    else:
-        codec = "none" if "-none" in args.mode else "bp16-zstd"
-        extra.update(writer="rust", codec=codec, level=1, direct=args.mode.endswith("-direct"))
+    codec = "none" if "-none" in args.mode else "bp16-zstd"
+    extra.update(codec=codec, level=1, direct=args.mode.endswith("-direct"))
     # Last, so that a variant can change what the mode chose (run.sh's +raw: codec "none").
     extra.update(args.extra)
     kw["kv_transfer_config"] = {

@@ -33,7 +33,7 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cases=$1; results=$2; shift 2
-modes=("$@"); [ ${#modes[@]} -gt 0 ] || modes=(none noop upstream layertap-python layertap-rust-none layertap-rust-bp16 layertap-rust-none-direct
+modes=("$@"); [ ${#modes[@]} -gt 0 ] || modes=(none noop upstream layertap-rust-none layertap-rust-bp16 layertap-rust-none-direct
   layertap-rust-bp16-direct)
 scratch=${SCRATCH:-/var/tmp/layertap-bench}
 mkdir -p "$results" "$scratch"
