@@ -37,6 +37,7 @@ CASES = [
     "batch",
     "real",
     "code-tables",
+    "compiles-for-sm90",
 ]
 
 

@@ -135,6 +135,7 @@ def cases() -> dict:
     out.update(edge_cases())
     out["real"] = real_activations
     out["code-tables"] = None  # (code_tables_case)
+    out["compiles-for-sm90"] = None  # (compile_for_sm90, in a child process)
     return out
 
 
@@ -203,11 +204,90 @@ def check(name: str, tensors: list[torch.Tensor], device: torch.device) -> None:
     print(f"ok {name} tables on the device, histogram counts: {took:.2f} s", flush=True)
 
 
+#: The kernels' launches the encoder makes, as ``(kernel, its pointers' types, its other
+#: arguments' types, constexprs, num_warps)``: every dtype's constants (BF16, F16, F32: 2- or
+#: 4-byte elements, exponent shift 0 or 3), both ways of adding the counts, and the device
+#: tables' three kernels, with the values and types ``exphuf_triton`` launches them with.
+def launches() -> list:
+    k = exphuf_triton
+    scratch = {"w_ptr": "*i64", "p_ptr": "*i64", "d_ptr": "*i64"}
+    lengths = {"sorted_ptr": "*i64", "n_ptr": "*i64", "n_tables": "i32", **scratch, "lengths_ptr": "*u8"}
+    out = [
+        (k._sort_counts_kernel, {"counts_ptr": "*i32", "sorted_ptr": "*i64", "n_ptr": "*i64"}, {"RC": 32}, 8, "tables"),
+        (k._code_lengths_kernel, lengths, {"TB": k.TABLES_PER_PROGRAM, "CH": k._LEAF_CHUNK}, 1, "tables"),
+        (k._reversed_codes_kernel, {"lengths_ptr": "*u8", "codes_ptr": "*i16"}, {}, 4, "tables"),
+    ]
+    elements = ["x_ptr", "ctx_ptr", "blk_seg_ptr", "seg_first_ptr", "seg_start_ptr", "seg_end_ptr", "seg_stride_ptr"]
+    for dtype, (width, exp_shift) in spec.CODED.items():
+        x = "*i16" if width == 2 else "*i32"
+        consts = {"MASK": (1 << (8 * width)) - 1, "RAW_BITS": 8 * width - 9}
+        el = {**dict.fromkeys(elements, "*i64"), "x_ptr": x, "ctx_ptr": "*i32"}
+        per_tensor = {"x_ptr": x, "base_ptr": "*i64", "n_ptr": "*i64", "step_ptr": "*i64", "mode_ptr": "*i32", "ctx_ptr": "*i32"}  # fmt: skip
+        out.append((k._sample_contexts_kernel, per_tensor, {**consts, "EXP_SHIFT": exp_shift, "SAMPLE_BLOCK": k.SAMPLE_BLOCK}, 4, dtype))  # fmt: skip
+        if dtype == "F16":  # the same kernels as BF16's past kernel 1 (EXP_SHIFT is kernel 1's only)
+            continue
+        for histogram in (False, True):
+            out.append((k._count_symbols_kernel, {**el, "counts_ptr": "*i32"}, {**consts, "BLOCK": k.BLOCK, "HISTOGRAM": histogram}, 4, dtype))  # fmt: skip
+        out.append((k._block_bits_kernel, {**el, "len_ptr": "*u8", "blk_bits_ptr": "*i64"}, {**consts, "BLOCK": k.BLOCK}, 4, dtype))  # fmt: skip
+        pack = {**el, "len_ptr": "*u8", "code_ptr": "*i16", "blk_before_ptr": "*i64", "seg_base_ptr": "*i64", "words_ptr": "*i32"}  # fmt: skip
+        out.append((k._pack_kernel, pack, {**consts, "BLOCK": k.BLOCK}, 4, dtype))
+    return out
+
+
+def start_compiling():
+    """Every kernel the encoder launches compiled to an H200's code (sm_90, with the ptxas triton
+    ships), no GPU needed: the interpreter accepts what the compiler refuses (a plain Python
+    global read in a kernel, for one, which failed the device tables on the GPU). In a child
+    process without the interpreter (which takes triton.language over), started first so that it
+    runs beside the interpreter's cases."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.Popen(
+        [sys.executable, __file__, "--compile"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def compile_for_sm90() -> int:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    t0 = time.perf_counter()
+    done, took = 0, []
+    for kernel, pointers, constants, warps, what in launches():
+        t1 = time.perf_counter()
+        try:
+            signature = {**pointers, **dict.fromkeys(constants, "constexpr")}
+            assert list(signature) == kernel.arg_names, f"arguments {kernel.arg_names}, the check's {list(signature)}"
+            source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
+            options = {"num_warps": warps, "num_stages": 1}
+            compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+            assert compiled.asm["cubin"], "no cubin"
+            done += 1
+            took.append(f"{kernel.__name__.strip('_')} {what} {time.perf_counter() - t1:.0f} s")
+        except Exception:
+            print(f"{kernel.__name__} ({what}, {constants}) does not compile:", flush=True)
+            traceback.print_exc(file=sys.stdout)
+            return 1
+    print(
+        f"{done} kernel variants compiled for sm_90 in {time.perf_counter() - t0:.0f} s ({', '.join(took)})", flush=True
+    )
+    return 0
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("cases", nargs="*", help="case names, or all")
     ap.add_argument("--device", default="cpu", help="cpu (the interpreter) or cuda (compiled kernels)")
+    ap.add_argument("--compile", action="store_true", help="only compile the kernels for sm_90 (no interpreter)")
     args = ap.parse_args(argv)
+    if args.compile:
+        return compile_for_sm90()
+    if args.cases == ["compiles-for-sm90"] and os.environ.get("TRITON_INTERPRET") != "1":  # the compiler alone
+        failed = compile_for_sm90()
+        print(f"{'FAIL' if failed else 'ok'} compiles-for-sm90")
+        return failed
     device = torch.device(args.device)
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         print("on the CPU, run with TRITON_INTERPRET=1 (Triton's interpreter)", file=sys.stderr)
@@ -229,9 +309,12 @@ def main(argv: list[str]) -> int:
     if unknown:
         print(f"no case {unknown[0]!r}; the cases: {', '.join(known)}", file=sys.stderr)
         return 2
+    compiling = start_compiling() if "compiles-for-sm90" in names else None
     failed = 0
     for name in names:
         try:
+            if name == "compiles-for-sm90":
+                continue  # (its child's answer is read last)
             if name == "code-tables":
                 code_tables_case(device)
                 continue
@@ -243,6 +326,12 @@ def main(argv: list[str]) -> int:
             print(f"FAIL {name}: raised", flush=True)
             traceback.print_exc(file=sys.stdout)
             failed += 1
+    if compiling is not None:
+        out, _ = compiling.communicate()
+        print(
+            f"ok compiles-for-sm90: {out.strip()}" if compiling.returncode == 0 else f"FAIL compiles-for-sm90:\n{out}"
+        )
+        failed += compiling.returncode != 0
     print(f"{len(names) - failed} of {len(names)} cases ok on {device}" + (f", {failed} FAILED" if failed else ""))
     return 1 if failed else 0
 
