@@ -110,7 +110,7 @@ def test_inspect_json(dataset):
     assert names == sorted(names) and names[-1] == "b-000000.lts"
     b = doc["shards"][-1]
     assert b["state"] == "complete" and b["records"] == 2 and b["ratio"] == 1.0 and b["torn_tail_bytes"] == 0
-    assert b["writer"].startswith("layertap-python ") and b["writer_id"] == "b" and b["problems"] == []
+    assert b["writer"].startswith("layertap-rust ") and b["writer_id"] == "b" and b["problems"] == []
 
 
 def test_inspect_open_shard(dataset):

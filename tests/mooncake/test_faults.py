@@ -87,11 +87,14 @@ def test_a_run_whose_records_were_evicted_is_not_complete(small_store, tmp_path)
     with layertap.open(address) as ds:
         report = ds.verify()
     # The settling step's check leased what it found for an hour, so nothing it found has been
-    # evicted since: the store holds now what it held then, and every object the master
-    # evicted (records only) is counted as evicted.
+    # evicted since: the store holds now what it held then, and every record verify finds gone
+    # is counted as evicted.
     gone = [p.key for p in report.problems if p.kind == "missing_record" and p.key]
     assert settled["store_missing"] == 40 - report.records_ok and not settled["complete"]
-    assert settled["store_evicted"] == len(gone) == small_store.evicted_keys() > 0
+    # The master evicted these at least (its count also takes other objects of the run, such as
+    # an index chunk: a fresh-clone CI run of the command's twin saw 108 keys for 97 records).
+    assert settled["store_evicted"] == len(gone) > 0
+    assert small_store.evicted_keys() >= len(gone)
     assert settled["store_refused"] == 0 and settled["also_dir"] == str(spool)
 
 

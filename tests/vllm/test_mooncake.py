@@ -174,8 +174,11 @@ def test_a_store_too_small_for_the_run_is_counted_and_fails_the_command(tiny_mod
     assert status == 1 and not summary["complete"], err[-3000:]
     gone = [p.key for p in report.problems if p.kind == "missing_record" and p.key]
     assert summary["rows_written"] == 300 and summary["store_missing"] == 300 - report.records_ok
-    # Every record the master evicted is counted as evicted (and only those).
-    assert summary["store_evicted"] == len(gone) == evicted > 0 and summary["store_refused"] == 0
+    # Every record verify finds gone is counted as evicted (and only those); the master evicted
+    # them at least (its count also takes other objects of the run, such as an index chunk:
+    # a fresh-clone CI run saw 108 evicted keys for 97 records gone).
+    assert summary["store_evicted"] == len(gone) > 0 and summary["store_refused"] == 0
+    assert evicted >= len(gone)
     with layertap.open(summary["also_dir"]) as spool:
         assert len(spool) == 300  # the only full copy, kept
     glog = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\]|Logging before InitGoogleLogging", re.M)
