@@ -151,6 +151,23 @@ def run_python(code: str, *args: str, timeout: float = 60, **kw) -> subprocess.C
     )
 
 
+#: Triton, installed outside the virtualenv (requirements-triton.txt) so that vLLM's CPU build in
+#: the test process never sees it.
+TRITON_SITE = REPO / ".venv" / "triton"
+
+
+def run_in_triton_interpreter(script: Path, *args: str) -> subprocess.CompletedProcess:
+    """Runs a check script of tests/triton_kernels/ in a child process with Triton on its path and
+    its interpreter on (``TRITON_INTERPRET=1``: the kernels run on CPU tensors)."""
+    assert (TRITON_SITE / "triton").is_dir(), (
+        f"{TRITON_SITE} has no triton: install it with `make` (requirements-triton.txt)"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{TRITON_SITE}{os.pathsep}{REPO / 'python'}", "TRITON_INTERPRET": "1"}
+    return subprocess.run(
+        [sys.executable, str(script), *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+
+
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """Runs ``python -m layertap ARGS``."""
     return subprocess.run(

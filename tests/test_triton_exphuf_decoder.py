@@ -9,18 +9,17 @@ case's line."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import run_in_triton_interpreter
 
 # The checks run once, in the first test's setup: about 40 s of CPU, minutes on a loaded machine.
 pytestmark = pytest.mark.timeout(900)
 
 ROOT = Path(__file__).resolve().parent.parent
-TRITON = ROOT / ".venv" / "triton"
 SCRIPT = ROOT / "tests" / "triton_kernels" / "check_exphuf_decoder.py"
 
 CASES = [
@@ -60,11 +59,7 @@ CASES = [
 
 
 def run_check(*args: str) -> subprocess.CompletedProcess:
-    assert (TRITON / "triton").is_dir(), f"{TRITON} has no triton: install it with `make` (requirements-triton.txt)"
-    env = {**os.environ, "PYTHONPATH": f"{TRITON}{os.pathsep}{ROOT / 'python'}", "TRITON_INTERPRET": "1"}
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
+    return run_in_triton_interpreter(SCRIPT, *args)
 
 
 @pytest.fixture(scope="module")

@@ -10,15 +10,14 @@ process never sees it."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from helpers import run_in_triton_interpreter
+
 ROOT = Path(__file__).resolve().parent.parent
-TRITON = ROOT / ".venv" / "triton"
 SCRIPT = ROOT / "tests" / "triton_kernels" / "check_exphuf_encoder.py"
 
 CASES = [
@@ -42,11 +41,7 @@ CASES = [
 
 
 def run_check(*args: str) -> subprocess.CompletedProcess:
-    assert (TRITON / "triton").is_dir(), f"{TRITON} has no triton: install it from requirements-triton.txt (make)"
-    env = {**os.environ, "PYTHONPATH": f"{TRITON}{os.pathsep}{ROOT / 'python'}", "TRITON_INTERPRET": "1"}
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
+    return run_in_triton_interpreter(SCRIPT, *args)
 
 
 @pytest.fixture(scope="module")

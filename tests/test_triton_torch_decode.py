@@ -11,7 +11,6 @@ line and never imports the decoder."""
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 import torch
 
 import layertap
+from helpers import run_in_triton_interpreter
 from layertap.errors import InvalidInputError
 from layertap.torch import HiddenStatesDataset
 
@@ -27,18 +27,13 @@ from layertap.torch import HiddenStatesDataset
 pytestmark = pytest.mark.timeout(900)
 
 ROOT = Path(__file__).resolve().parent.parent
-TRITON = ROOT / ".venv" / "triton"
 SCRIPT = ROOT / "tests" / "triton_kernels" / "check_torch_gpu_decode.py"
 
 CASES = ["batches-equal", "layers", "damaged-record", "refused"]
 
 
 def run_check(*args: str) -> subprocess.CompletedProcess:
-    assert (TRITON / "triton").is_dir(), f"{TRITON} has no triton: install it with `make` (requirements-triton.txt)"
-    env = {**os.environ, "PYTHONPATH": f"{TRITON}{os.pathsep}{ROOT / 'python'}", "TRITON_INTERPRET": "1"}
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
+    return run_in_triton_interpreter(SCRIPT, *args)
 
 
 @pytest.fixture(scope="module")
