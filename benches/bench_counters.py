@@ -1,4 +1,4 @@
-"""What counting for vLLM's metrics costs on the engine thread (``layertap.vllm.counters``).
+"""What counting for vLLM's metrics costs on the engine thread (``layertap.vllm.stats``).
 
     python benches/bench_counters.py [--records 64] [--out benches/results/counters-cpu2.md]
 
@@ -18,9 +18,8 @@ import time
 from types import SimpleNamespace
 
 from layertap import ShardWriter
-from layertap.vllm.counters import SchedulerCounters, WorkerCounters
 from layertap.vllm.pool import HostPool
-from layertap.vllm.stats import ConnectorStats
+from layertap.vllm.stats import SchedulerStats, WorkerStats
 
 
 def per_call(fn, calls: int) -> float:
@@ -40,18 +39,17 @@ def main() -> None:
     ap.add_argument("--out", help="write the table as Markdown here")
     args = ap.parse_args()
     n = args.records
-    stats = ConnectorStats()
-    counters = WorkerCounters(stats, "w")
+    stats = WorkerStats("w")
     pool = HostPool(1 << 20, pin=False)
     # A step's saves as the worker has them (``StepSaves``: what counting reads of it).
     saves = SimpleNamespace(num_tokens=[100] * n, finished_at=time.time())
 
     def submitted_then_written():
-        counters.submitted(saves)
-        counters.written(n // 2)  # as a step's records come back, in two polls
-        counters.written(n - n // 2)
+        stats.submitted(saves)
+        stats.written(n // 2)  # as a step's records come back, in two polls
+        stats.written(n - n // 2)
 
-    rows = [("worker: `step` (once per step)", per_call(lambda: counters.step(1e-4), 100_000) * 1e6, "per step")]
+    rows = [("worker: `step` (once per step)", per_call(lambda: stats.step(1e-4), 100_000) * 1e6, "per step")]
     rows.append(
         (
             f"worker: `submitted` + `written`, {n} records",
@@ -64,13 +62,13 @@ def main() -> None:
             writer = cls(f"{tmp}/{name}", writer_id=name)
 
             def report(writer=writer):
-                counters._last_report = 0.0  # as if the interval had passed
+                stats._last_report = -1.0  # as if the interval had passed
                 stats.records_written += 1  # and there were news
-                counters.report(pool, writer)
+                stats.report(pool, writer)
 
             rows.append((f"worker: `report` ({name} writer's stats)", per_call(report, 5000) * 1e6, "per report"))
             writer.close()
-    scheduler = SchedulerCounters()
+    scheduler = SchedulerStats()
     rows.append(("scheduler: `accepted`", per_call(scheduler.accepted, 100_000) * 1e6, "per request"))
     rows.append(
         ("scheduler: `writing` (has_pending_push_work)", per_call(scheduler.writing, 100_000) * 1e6, "per call")

@@ -137,7 +137,7 @@ def test_save_requested_saves_only_the_requests_that_ask(tmp_path):
     assert metadata.saves.keys == ["flag-1", "7"]
     assert metadata.not_saved == {"not_requested": 4, "invalid_request": 1}  # for the worker's statistics
     assert side.build_connector_meta().not_saved is None  # unchanged since
-    assert side.counters.report() == {"not_saved": {"not_requested": 4, "invalid_request": 1}}
+    assert side.stats.report() == {"not_saved": {"not_requested": 4, "invalid_request": 1}}
 
 
 def test_save_all_is_the_default_and_a_request_may_decline(tmp_path):
@@ -152,4 +152,4 @@ def test_save_all_is_the_default_and_a_request_may_decline(tmp_path):
     keep, params = side.request_finished(finished("bad-1", 8, {"save": 1}), ([3],))
     assert not keep and "save must be true or false, got 1" in params["layertap"]["error"]
     assert side.build_connector_meta().saves.keys == ["plain-1"]
-    assert side.counters.report() == {"not_saved": {"not_requested": 1, "invalid_request": 1}}
+    assert side.stats.report() == {"not_saved": {"not_requested": 1, "invalid_request": 1}}

@@ -14,7 +14,7 @@ from helpers import BUSY_WRITER, busy_record, writer_class
 from layertap.vllm.engine import EngineFacts
 from layertap.vllm.gather import HiddenStatesCache
 from layertap.vllm.pool import HostPool
-from layertap.vllm.stats import ConnectorStats
+from layertap.vllm.stats import WorkerStats
 from vllm_support import VLLM_WARNINGS
 
 pytestmark = VLLM_WARNINGS  # the saver's module imports vLLM (in the tests, under these filters)
@@ -58,7 +58,7 @@ def test_records_hold_the_cache_rows_and_a_refused_one_costs_only_itself(tmp_pat
     kv = torch.arange(BLOCKS * BLOCK * LAYERS * HIDDEN, dtype=torch.float32).reshape(BLOCKS, BLOCK, LAYERS, HIDDEN)
     kv = kv.to(torch.bfloat16)  # the dtype the connector sees; records are compared with these
     cache = HiddenStatesCache(kv, LAYERS, HIDDEN, BLOCK)
-    stats = ConnectorStats()
+    stats = WorkerStats()
     writer = writer_class()(str(tmp_path), codec="bp16-zstd")
     saver = HiddenStatesSaver(cache, writer, HostPool(1 << 20, pin=False), facts(), stats, str(tmp_path))
 
@@ -136,7 +136,7 @@ def test_a_burst_larger_than_the_pool_waits_in_the_cache_without_stalling(tmp_pa
     kv = kv.to(torch.bfloat16)
     original = kv.clone()
     cache = HiddenStatesCache(kv, LAYERS, HIDDEN, BLOCK)
-    stats = ConnectorStats()
+    stats = WorkerStats()
     pool = HostPool(2 * region_bytes(2 * BLOCK, cache), pin=False)  # two requests of two blocks
     writer = writer_class()(str(tmp_path), codec="bp16-zstd")
     saver = HiddenStatesSaver(cache, writer, pool, facts(), stats, str(tmp_path), wait_when_full=False)

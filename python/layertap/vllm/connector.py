@@ -65,11 +65,11 @@ class LayertapConnector(KVConnectorBase_V1, SupportsHMA):
 
     def get_kv_connector_stats(self) -> LayertapConnectorStats | None:
         """What happened since the last call (vLLM asks each step, on both sides); None when
-        there is nothing new or the last report is too recent (``counters.py``)."""
+        there is nothing new or the last report is too recent (``stats.py``)."""
         if self._worker is not None:
             data = self._worker.metrics_report()
         elif self._scheduler is not None:
-            data = self._scheduler.counters.report()
+            data = self._scheduler.stats.report()
         else:
             data = None
         return None if data is None else LayertapConnectorStats(data=data)
@@ -132,7 +132,7 @@ class LayertapConnector(KVConnectorBase_V1, SupportsHMA):
             self._scheduler.update_connector_output(connector_output.finished_sending)
             stats = getattr(connector_output, "kv_connector_stats", None)
             if stats is not None:
-                self._scheduler.counters.worker_report(getattr(stats, "data", None))
+                self._scheduler.stats.worker_report(getattr(stats, "data", None))
 
     def has_pending_block_frees(self) -> bool:
         return self._scheduler is not None and self._scheduler.has_pending_block_frees()
@@ -140,7 +140,7 @@ class LayertapConnector(KVConnectorBase_V1, SupportsHMA):
     def has_pending_push_work(self) -> bool:
         """While records handed to the worker are being written, vLLM keeps stepping the
         engine, so their completion reaches the metrics (and the pool) when it happens."""
-        return self._scheduler is not None and self._scheduler.counters.writing()
+        return self._scheduler is not None and self._scheduler.stats.writing()
 
     # -- worker side --------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
-"""The connector's statistics in vLLM's places for them: the periodic log line
-(``LayertapConnectorStats``, a ``KVConnectorStats``) and ``/metrics`` (``LayertapPromMetrics``, a
-``KVConnectorPromMetrics``). Both run in the process that serves the API, on the payloads that
-``counters.py`` builds in the engine (docs/CONNECTOR.md, "Metrics").
+"""The connector's statistics where vLLM shows them, in the process that serves the API: the
+payloads that ``stats.py`` builds in the engine, merged (``merge_payload``) over the TP workers of
+a step and over the steps of an interval, become the periodic log line's figures
+(``LayertapConnectorStats``, a ``KVConnectorStats``: ``summarize``) and ``/metrics``
+(``LayertapPromMetrics``, a ``KVConnectorPromMetrics``); docs/CONNECTOR.md, "Metrics".
 
 vLLM 0.26 to 0.33 all have these classes and the connector hooks that return them
 (``get_kv_connector_stats``, ``build_kv_connector_stats``, ``build_prom_metrics``).
@@ -9,12 +10,13 @@ vLLM 0.26 to 0.33 all have these classes and the connector hooks that return the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 
-from layertap.vllm.counters import copy_payload, gauge_totals, merge_payload, payload_is_empty, summarize
+from layertap.vllm.stats import percentile
 
 #: Prometheus names (every one starts with this; the client adds ``_total`` to counters).
 PREFIX = "layertap_"
@@ -88,9 +90,77 @@ HISTOGRAMS: dict[str, tuple[str, str, tuple[float, ...]]] = {
 }
 
 
+def merge_payload(into: dict[str, Any], other: Mapping[str, Any]) -> dict[str, Any]:
+    """Adds ``other`` to ``into`` (in place, copying what it takes) and returns it: counters add
+    up, samples are appended, gauges of a writer take ``other``'s values. The same rule serves
+    both ways vLLM aggregates: over the TP workers of one step and over the steps of one log
+    interval."""
+    for section in ("counters", "not_saved"):
+        if section in other:
+            mine = into.setdefault(section, {})
+            for name, value in other[section].items():
+                mine[name] = mine.get(name, 0) + value
+    if "observations" in other:
+        mine = into.setdefault("observations", {})
+        for name, samples in other["observations"].items():
+            mine.setdefault(name, []).extend(samples)
+    if "gauges" in other:
+        mine = into.setdefault("gauges", {})
+        for writer_id, values in other["gauges"].items():
+            mine[writer_id] = dict(values)
+    return into
+
+
+def gauge_totals(payload: Mapping[str, Any]) -> dict[str, float]:
+    """Each gauge summed over the writers of ``payload`` (one per engine with TP; the engine's
+    data-parallel ranks report to separate ``engine`` labels)."""
+    totals: dict[str, float] = {}
+    for values in payload.get("gauges", {}).values():
+        for name, value in values.items():
+            totals[name] = totals.get(name, 0) + value
+    return totals
+
+
+def summarize(payload: Mapping[str, Any]) -> dict[str, int | float]:
+    """The periodic log line's figures for one interval's payload (vLLM prints them as
+    ``KV Transfer metrics: name=value, ...``)."""
+    counters = payload.get("counters", {})
+    out: dict[str, int | float] = {}
+    if counters:
+        raw, stored = counters.get("raw_bytes_written", 0), counters.get("stored_bytes_written", 0)
+        out["records_written"] = counters.get("records_written", 0)
+        out["tokens_written"] = counters.get("tokens_written", 0)
+        out["raw_MiB"] = round(raw / 2**20, 2)
+        out["ratio"] = round(raw / stored, 2) if stored else 0.0
+        for name in ("records_failed", "pool_stalls"):
+            if counters.get(name):
+                out[name] = counters[name]
+        for name in ("pool_stall_seconds", "writer_blocked_seconds"):
+            if counters.get(name):
+                out[name.replace("_seconds", "_s")] = round(counters[name], 3)
+    for reason, count in sorted(payload.get("not_saved", {}).items()):
+        out[f"not_saved_{reason}"] = count
+    gauges = gauge_totals(payload)
+    if gauges:
+        out["pool_used_MiB"] = round(gauges.get("pool_used_bytes", 0) / 2**20, 2)
+        out["pool_high_water_MiB"] = round(gauges.get("pool_high_water_bytes", 0) / 2**20, 2)
+        out["writer_queue"] = int(gauges.get("writer_queue_records", 0))
+    observations = payload.get("observations", {})
+    steps = sorted(observations.get("engine_thread_seconds", ()))
+    if steps:
+        out["engine_thread_p50_us"] = round(percentile(steps, 50) * 1e6, 1)
+        out["engine_thread_p99_us"] = round(percentile(steps, 99) * 1e6, 1)
+        out["engine_thread_max_us"] = round(steps[-1] * 1e6, 1)
+    delays = sorted(observations.get("record_delay_seconds", ()))
+    if delays:
+        out["record_delay_p50_ms"] = round(percentile(delays, 50) * 1e3, 1)
+        out["record_delay_max_ms"] = round(delays[-1] * 1e3, 1)
+    return out
+
+
 @dataclass
 class LayertapConnectorStats(KVConnectorStats):
-    """One or more payloads (``counters.py``) of the connector, as vLLM carries them from the
+    """One or more payloads (``stats.py``) of the connector, as vLLM carries them from the
     engine to the API server and aggregates them there over an interval of its log line."""
 
     def reset(self) -> None:
@@ -105,13 +175,13 @@ class LayertapConnectorStats(KVConnectorStats):
         return summarize(self.data)
 
     def is_empty(self) -> bool:
-        return payload_is_empty(self.data)
+        return not self.data or not any(self.data.get(k) for k in ("counters", "not_saved", "gauges", "observations"))
 
 
-def stats_from_payload(data: dict[str, Any] | None) -> LayertapConnectorStats:
+def stats_from_payload(data: Mapping[str, Any] | None) -> LayertapConnectorStats:
     """What ``build_kv_connector_stats`` returns: a copy, since vLLM hands the same dict to the
     log line (which aggregates into it) and to Prometheus."""
-    return LayertapConnectorStats(data=copy_payload(data))
+    return LayertapConnectorStats(data=merge_payload({}, data or {}))
 
 
 def unregister_layertap_metrics() -> None:

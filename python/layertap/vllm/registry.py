@@ -36,7 +36,7 @@ def take_unsent(engine_id: str) -> Any:
 
 def not_saved_totals(engine_id: str) -> dict[str, int] | None:
     """The requests the scheduler half of ``engine_id`` in this process did not save, by reason
-    (``SchedulerCounters.not_saved_totals``); None if that half is elsewhere."""
+    (``SchedulerStats.not_saved_totals``); None if that half is elsewhere."""
     with _lock:
         side = _schedulers.get(engine_id)
-    return side.counters.not_saved_totals(always=True) if side is not None else None
+    return side.stats.not_saved_totals(always=True) if side is not None else None

@@ -13,11 +13,11 @@ from layertap._keys import KeyWindow
 from layertap.vllm import registry
 from layertap.vllm import window as capture_window
 from layertap.vllm.config import ConnectorOptions, sample_id_problem
-from layertap.vllm.counters import DRAIN_WAIT, SchedulerCounters
 from layertap.vllm.engine import EngineFacts, read_engine_facts
 from layertap.vllm.extras import loss_mask_array, record_metadata_problem
 from layertap.vllm.metadata import LayertapMetadata, StepSaves
 from layertap.vllm.online import PARAMS_KEY
+from layertap.vllm.stats import DRAIN_WAIT, SchedulerStats
 
 logger = logging.getLogger("vllm.layertap")  # under vLLM's logging configuration
 
@@ -81,7 +81,7 @@ class SchedulerSide:
         self._location = {"dataset": options.output_dir, "writer_id": facts.writer_id}
         if options.mooncake is not None:
             self._location["store"] = options.mooncake.split("?", 1)[0]  # fetch reads it from there
-        self.counters = SchedulerCounters()
+        self.stats = SchedulerStats()
         self._requested_only = options.save == "requested"
         registry.register_scheduler(facts.engine_id, self)
 
@@ -91,11 +91,11 @@ class SchedulerSide:
         saves = self.take_unsent()
         # The worker's statistics hold the requests not saved; vLLM steps the engine once more
         # after a request finishes (to tell the workers), so the last ones reach it too.
-        not_saved = self.counters.not_saved_totals()
+        not_saved = self.stats.not_saved_totals()
         if saves:
             return LayertapMetadata(saves, not_saved=not_saved)
         metadata = LayertapMetadata(not_saved=not_saved)
-        if getattr(scheduler_output, "total_num_scheduled_tokens", 1) == 0 and self.counters.writing():
+        if getattr(scheduler_output, "total_num_scheduled_tokens", 1) == 0 and self.stats.writing():
             metadata.drain_wait = DRAIN_WAIT  # a step taken only for the writer (has_pending_push_work)
         return metadata
 
@@ -195,7 +195,7 @@ class SchedulerSide:
                 unsent.finished_at = time.time()  # one clock read per step, for the record delay
             unsent.add(key, req_id, token_ids, num_tokens, request.num_prompt_tokens, blocks, extras, window)
         self._held += 1
-        self.counters.accepted()
+        self.stats.accepted()
         location = self._location.copy()
         location["key"] = key
         location["num_tokens"] = num_tokens
@@ -209,7 +209,7 @@ class SchedulerSide:
         if not params:  # asks nothing (vLLM's server passes no empty kv_transfer_params on)
             if not self._requested_only:
                 return None
-            self.counters.not_saved(NOT_REQUESTED)
+            self.stats.not_saved(NOT_REQUESTED)
             return False, None  # a client that sent nothing gets nothing back
         if not isinstance(params, dict):
             return None  # refused as a bad kv_transfer_params (_check_params)
@@ -227,7 +227,7 @@ class SchedulerSide:
             return None
         else:
             why = 'the request\'s kv_transfer_params say "save": false'
-        self.counters.not_saved(NOT_REQUESTED)
+        self.stats.not_saved(NOT_REQUESTED)
         return False, {PARAMS_KEY: {"error": why, "reason": NOT_REQUESTED}}
 
     def _check_params(self, request: Any, params: Any) -> tuple:
@@ -273,5 +273,5 @@ class SchedulerSide:
 
     def _refuse(self, req_id: str, reason: str, message: str) -> tuple[bool, dict]:
         logger.warning("layertap: hidden states of request %s not saved: %s", req_id, message)
-        self.counters.not_saved(reason)
+        self.stats.not_saved(reason)
         return False, {PARAMS_KEY: {"error": message, "reason": reason}}

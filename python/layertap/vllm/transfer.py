@@ -29,7 +29,6 @@ import torch
 from layertap._sink import RecordSink
 from layertap._tensors import dtype_name
 from layertap.errors import InvalidInputError, LayertapError
-from layertap.vllm.counters import WorkerCounters
 from layertap.vllm.engine import EngineFacts
 from layertap.vllm.errors import ConnectorError
 from layertap.vllm.gather import HiddenStatesCache
@@ -38,7 +37,7 @@ from layertap.vllm.metadata import StepSaves
 from layertap.vllm.online import leave_error_marker
 from layertap.vllm.pool import HostPool, Region, align_up
 from layertap.vllm.sinks import NativeSink
-from layertap.vllm.stats import ConnectorStats
+from layertap.vllm.stats import WorkerStats
 from layertap.vllm.window_gather import gather as gather_rows
 
 logger = logging.getLogger("vllm.layertap")  # under vLLM's logging configuration
@@ -64,13 +63,12 @@ def _geometry(cache: HiddenStatesCache) -> tuple:
 class _Batch:
     """The requests gathered together in one region."""
 
-    __slots__ = ("region", "saves", "ids_offset", "tokens", "event", "keep", "staged")
+    __slots__ = ("region", "saves", "ids_offset", "event", "keep", "staged")
 
-    def __init__(self, region: Region, saves: StepSaves, ids_offset: int, tokens: int):
+    def __init__(self, region: Region, saves: StepSaves, ids_offset: int):
         self.region = region
         self.saves = saves
         self.ids_offset = ids_offset
-        self.tokens = tokens
         self.event: Any = None
         self.keep: tuple = ()
         self.staged: torch.Tensor | None = None
@@ -89,11 +87,10 @@ class HiddenStatesSaver:
         writer: RecordSink,
         pool: HostPool,
         facts: EngineFacts,
-        stats: ConnectorStats,
+        stats: WorkerStats,
         dataset: str,
         *,
         wait_when_full: bool = True,
-        counters: WorkerCounters | None = None,
         compress_on_gpu: bool = False,
     ):
         self.cache: HiddenStatesCache | None = cache
@@ -101,7 +98,6 @@ class HiddenStatesSaver:
         self.writer = writer
         self.pool = pool
         self.stats = stats
-        self.counters = counters
         self.dataset = dataset
         self.writer_id = facts.writer_id
         self.row_bytes = cache.row_bytes
@@ -232,7 +228,7 @@ class HiddenStatesSaver:
         hidden = region.carve(0, total * self.row_bytes, cache.dtype, (total, cache.num_layers, cache.hidden_size))
         width = cache.index_width
         index = region.carve(index_offset - region.offset, total * width * 8, torch.int64, (total, width))
-        batch = _Batch(region, saves, ids_offset, total)
+        batch = _Batch(region, saves, ids_offset)
         self.stats.gathers += 1
         if self._stream is None:
             if self.compressor is not None:  # compress_on="gpu" run on the CPU (tests)
@@ -286,18 +282,11 @@ class HiddenStatesSaver:
     def _account(self, batch: _Batch, failures: list[tuple[int, str]]) -> None:
         """Counts a batch's records handed to the writer, and logs those it refused."""
         saves = batch.saves
-        tokens = batch.tokens
         for i, message in failures:
             # The scheduler checked the key already; anything left is a bug worth a log line,
             # not a reason to stop the engine.
-            self.stats.records_failed += 1
-            tokens -= saves.num_tokens[i]
             logger.error("layertap: record %r of request %s not written: %s", saves.keys[i], saves.req_ids[i], message)
-        if self.counters is not None:
-            self.counters.submitted(saves, [i for i, _ in failures])
-        self.stats.records_submitted += len(saves) - len(failures)
-        self.stats.tokens += tokens
-        self.stats.bytes_submitted += tokens * (self.row_bytes + 8)
+        self.stats.submitted(saves, [i for i, _ in failures], self.row_bytes)
 
     def _reap(self, timeout: float | None = 0.0) -> None:
         """Returns the regions the writer is done with to the pool (waiting up to ``timeout``
@@ -307,11 +296,9 @@ class HiddenStatesSaver:
         if not timeout:  # a wait for the writer is not the hook's work
             self.stats.hook_parts["reap"] += time.perf_counter() - t0
         # The compressor's batches handed to the writer by now, those of the records just
-        # counted among them: accounted (counters.submitted) before they count as written.
+        # counted among them: accounted (stats.submitted) before they count as written.
         self._take_results()
-        self.stats.records_written += written
-        if written and self.counters is not None:
-            self.counters.written(written)
+        self.stats.written(written)
         for region_id in released:
             self.pool.release(self._regions.pop(region_id))
 

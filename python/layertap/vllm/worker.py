@@ -16,14 +16,13 @@ from layertap.vllm.config import (
     default_pool_bytes,
     writer_options_for,
 )
-from layertap.vllm.counters import WorkerCounters
 from layertap.vllm.engine import EngineFacts, read_engine_facts
 from layertap.vllm.errors import ConnectorError
 from layertap.vllm.gather import HiddenStatesCache
 from layertap.vllm.metadata import LayertapMetadata, StepSaves
 from layertap.vllm.mooncake_sink import Forwarder, connect_store, start_forwarder
 from layertap.vllm.pool import HostPool
-from layertap.vllm.stats import ConnectorStats, describe, write_json
+from layertap.vllm.stats import WorkerStats, describe, write_json
 from layertap.vllm.threads import lower_encoder_priority
 from layertap.vllm.transfer import HiddenStatesSaver, region_bytes
 
@@ -85,8 +84,7 @@ class WorkerSide:
     def _setup(self, facts: EngineFacts, options: ConnectorOptions) -> None:
         self.options = options
         self.facts = facts
-        self.stats = ConnectorStats()
-        self.counters = WorkerCounters(self.stats, facts.writer_id)
+        self.stats = WorkerStats(facts.writer_id)
         self.saver: HiddenStatesSaver | None = None
         self.compress_on = options.compress_on
         """Where records are compressed: the option, or "host" where "gpu" cannot run."""
@@ -153,7 +151,7 @@ class WorkerSide:
         writer = open_writer(self.options, facts, pool_bytes, str(cache.dtype).removeprefix("torch."))
         if store is not None:
             self.forwarder = start_forwarder(store, self.options, facts, writer)
-            self.counters.store = self.forwarder.stats
+            self.stats.store = self.forwarder.stats
         # The compression threads take the CPUs vLLM leaves idle, not the engine thread's.
         self.stats.encoder_threads_lowered = lower_encoder_priority(_encoder_thread_ids(writer))
         self.saver = HiddenStatesSaver(
@@ -164,7 +162,6 @@ class WorkerSide:
             self.stats,
             self.options.output_dir,
             wait_when_full=not _engine_steps_on(),
-            counters=self.counters,
             compress_on_gpu=self.compress_on == "gpu",
         )
         logger.info(
@@ -209,14 +206,13 @@ class WorkerSide:
             saver.start(metadata.saves)
         done = saver.collect()
         elapsed = time.perf_counter() - t0
-        self.stats.hook.add(elapsed)
-        self.counters.step(elapsed)
+        self.stats.step(elapsed)
         return done or None
 
     def metrics_report(self) -> dict | None:
-        """What happened since the last report, for vLLM's metrics (``counters.py``)."""
+        """What happened since the last report, for vLLM's metrics (``stats.py``)."""
         saver = self.saver
-        return None if saver is None else self.counters.report(saver.pool, saver.writer)
+        return None if saver is None else self.stats.report(saver.pool, saver.writer)
 
     # -- sleep mode (vLLM >= 0.33) ------------------------------------------------------------
 
