@@ -113,7 +113,7 @@ class LayertapMetadata(KVConnectorMetadata):
     saves: StepSaves | None = None
     drain_wait: float = 0.0
     """Seconds the worker may wait for its writer this step: set when the engine steps only
-    because records are still being written (``SchedulerCounters``), so that those steps do
+    because records are still being written (``SchedulerStats``), so that those steps do
     not spin."""
     not_saved: dict[str, int] | None = None
     """The requests the scheduler half did not save since the start, by reason, when that
