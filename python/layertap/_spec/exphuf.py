@@ -1,9 +1,10 @@
 """Codec ``exp-huf`` (docs/FORMAT.md, "Codec 3"): what both implementations share (the symbol of
 an element, canonical Huffman codes, the block layout) and the reference decoder.
 
-The decoder follows the format step by step, one element at a time in Python: it is the
-readable twin of ``rust/core/src/exphuf`` and checks the same things, at a few hundred thousand
-elements a second. The reference encoder is ``layertap._py.exphuf``.
+The decoder follows the format step by step, one element at a time in Python, for the three
+block modes (raw, coded by element, coded by column): it is the readable twin of
+``rust/core/src/exphuf`` and checks the same things, at a few hundred thousand elements a
+second. The reference encoder is ``layertap._py.exphuf``.
 """
 
 from __future__ import annotations
@@ -21,13 +22,17 @@ MAX_CODE_LEN = 11
 SYMBOLS = 512
 MAX_CONTEXTS = 16
 STREAM_COUNTS = (1, 2, 4, 8)
-MODE_RAW, MODE_CODED = 0, 1
+#: Block modes: stored as it is, coded by element (codes and raw bits in element order), coded
+#: by column (codes in streams of whole columns, raw bits in a plane of their own).
+MODE_RAW, MODE_CODED, MODE_COLUMNS = 0, 1, 2
 #: Coded dtypes: element size in bytes, and mantissa bits among the 8 after the sign (the
 #: encoder's contexts follow the exponent).
 CODED: dict[str, tuple[int, int]] = {"BF16": (2, 0), "F16": (2, 3), "F32": (4, 0)}
 #: No payload decodes to more than this many times its stored length.
 MAX_RATIO = 2
 _FIXED = struct.Struct("<BBHI")
+#: Mode 2's fields after the mode byte: contexts, 3 reserved bytes, columns, streams.
+_COLUMN_FIXED = struct.Struct("<B3sII")
 
 
 def symbol_of_top(t):
@@ -42,6 +47,11 @@ def top_of_symbol(s):
 def segment(n: int, streams: int, k: int) -> range:
     """Element range of segment ``k``."""
     return range(k * n // streams, (k + 1) * n // streams)
+
+
+def stream_columns(columns: int, streams: int, k: int) -> range:
+    """The columns of stream ``k`` of a mode-2 block."""
+    return range(k * columns // streams, (k + 1) * columns // streams)
 
 
 def check_lengths(lengths) -> None:
@@ -76,12 +86,13 @@ def reversed_codes(lengths) -> list[int]:
     return out
 
 
-def _table(lengths, raw_bits: int) -> list[int]:
-    """Entry ``x`` decodes a stream whose next bits are ``x``: ``top << raw_bits | length``, or 0."""
+def _table(lengths, shift: int) -> list[int]:
+    """Entry ``x`` decodes a stream whose next bits are ``x``: ``top << shift | length``, or 0
+    (``shift`` at least 4, the bits of a length)."""
     table = [0] * (1 << MAX_CODE_LEN)
     for s, (ln, code) in enumerate(zip(lengths, reversed_codes(lengths))):
         if ln:
-            entry = top_of_symbol(s) << raw_bits | ln
+            entry = top_of_symbol(s) << shift | ln
             for x in range(code, len(table), 1 << ln):
                 table[x] = entry
     return table
@@ -105,6 +116,27 @@ def _lengths(src, at: int) -> tuple[list[int], int]:
     return lengths, at + 4 + len(packed)
 
 
+def _context_map(src, at: int, contexts: int) -> list[int]:
+    """The context of each symbol, from the map's 256 bytes at ``at``."""
+    cmap = [(src[at + s // 2] >> (4 * (s % 2))) & 15 for s in range(SYMBOLS)]
+    if max(cmap) >= contexts:
+        raise FormatProblem(f"context map names context {max(cmap)} of {contexts}")
+    return cmap
+
+
+def _code_tables(src, at: int, contexts: int, shift: int) -> tuple[list[list[int]], int]:
+    """The decoding tables (see ``_table``) of the ``contexts`` code-length tables at ``at``,
+    and where they end."""
+    tables = []
+    for c in range(contexts):
+        try:
+            lengths, at = _lengths(src, at)
+        except FormatProblem as e:
+            raise FormatProblem(f"context {c}: {e}") from None
+        tables.append(_table(lengths, shift))
+    return tables, at
+
+
 def decode_block(src, at: int, n: int, width: int) -> tuple[np.ndarray, int]:
     """The ``n`` elements (``width`` bytes each) of the block at ``at``, as unsigned integers,
     and where the block ends."""
@@ -117,6 +149,8 @@ def decode_block(src, at: int, n: int, width: int) -> tuple[np.ndarray, int]:
         if at + n * width > len(src):
             raise FormatProblem("raw block is cut off")
         return np.frombuffer(src, udtype, n, at).copy(), at + n * width
+    if mode == MODE_COLUMNS:
+        return _decode_columns(src, at, n, width)
     if mode != MODE_CODED:
         raise FormatProblem(f"block mode {mode} is unknown")
     if at + _FIXED.size + SYMBOLS // 2 > len(src):
@@ -129,19 +163,11 @@ def decode_block(src, at: int, n: int, width: int) -> tuple[np.ndarray, int]:
     if reserved:
         raise FormatProblem("block's reserved bytes are not zero")
     at += _FIXED.size
-    cmap = [(src[at + s // 2] >> (4 * (s % 2))) & 15 for s in range(SYMBOLS)]
-    if max(cmap) >= contexts:
-        raise FormatProblem(f"context map names context {max(cmap)} of {contexts}")
+    cmap = _context_map(src, at, contexts)
     at += SYMBOLS // 2
     raw_bits = 8 * width - 9
     raw_mask = (1 << raw_bits) - 1
-    tables = []
-    for c in range(contexts):
-        try:
-            lengths, at = _lengths(src, at)
-        except FormatProblem as e:
-            raise FormatProblem(f"context {c}: {e}") from None
-        tables.append(_table(lengths, raw_bits))
+    tables, at = _code_tables(src, at, contexts, raw_bits)
     # The table of the context each top-9 value picks.
     table_of_top = [tables[cmap[symbol_of_top(t)]] for t in range(SYMBOLS)]
     if at + 8 * streams > len(src):
@@ -170,6 +196,73 @@ def decode_block(src, at: int, n: int, width: int) -> tuple[np.ndarray, int]:
             raise FormatProblem(f"stream {k}: padding bits are not zero")
         at += size
     return np.array(out, dtype=udtype), at
+
+
+def _decode_columns(src, at: int, n: int, width: int) -> tuple[np.ndarray, int]:
+    """``decode_block`` of a mode-2 block ("coded by column") whose mode byte ends at ``at``."""
+    if at + _COLUMN_FIXED.size + SYMBOLS // 2 > len(src):
+        raise FormatProblem("block is cut off")
+    contexts, reserved, columns, streams = _COLUMN_FIXED.unpack_from(src, at)
+    if not 1 <= contexts <= MAX_CONTEXTS:
+        raise FormatProblem(f"block has {contexts} contexts (1 to 16 allowed)")
+    if reserved != bytes(3):
+        raise FormatProblem("block's reserved bytes are not zero")
+    if columns == 0 or n % columns:
+        raise FormatProblem(f"block of {n} elements in rows of {columns} columns")
+    if not 1 <= streams <= columns:
+        raise FormatProblem(f"block has {streams} streams for {columns} columns (1 to {columns} allowed)")
+    at += _COLUMN_FIXED.size
+    cmap = _context_map(src, at, contexts)
+    at += SYMBOLS // 2
+    tables, at = _code_tables(src, at, contexts, 4)
+    # The context each top-9 value gives the element after it in its stream.
+    ctx_of_top = [cmap[symbol_of_top(t)] for t in range(SYMBOLS)]
+    if at + 8 * streams > len(src):
+        raise FormatProblem("block is cut off")
+    sizes = struct.unpack_from(f"<{streams}Q", src, at)
+    at += 8 * streams
+    raw_bits = 8 * width - 9
+    plane_len = (n * raw_bits + 7) // 8
+    if plane_len > len(src) - at:
+        raise FormatProblem("the raw plane runs past the payload")
+    plane = np.frombuffer(src, np.uint8, plane_len, at)
+    at += plane_len
+
+    # The tops in stream order, which is column order: tops[c * rows + r] is row r of column c,
+    # and stream k holds a run of whole columns.
+    rows = n // columns
+    tops = [0] * n
+    for k, size in enumerate(sizes):
+        if size > len(src) - at:
+            raise FormatProblem("a stream runs past the payload")
+        cols = stream_columns(columns, streams, k)
+        bit, ctx = 8 * at, 0
+        for i in range(cols.start * rows, cols.stop * rows):
+            p = bit >> 3
+            word = int.from_bytes(src[p : p + 3], "little") >> (bit & 7)
+            e = tables[ctx][word & ((1 << MAX_CODE_LEN) - 1)]
+            length = e & 15
+            if not length:
+                raise FormatProblem("a stream holds a bit pattern that is no code")
+            tops[i] = e >> 4
+            ctx = ctx_of_top[tops[i]]
+            bit += length
+        used = bit - 8 * at
+        if (used + 7) // 8 != size:
+            raise FormatProblem(f"stream {k} holds {size} bytes but its elements take {used} bits")
+        if used % 8 and src[at + size - 1] >> (used % 8):
+            raise FormatProblem(f"stream {k}: padding bits are not zero")
+        at += size
+
+    # The raw plane: element i's raw bits at bits [i * raw_bits, (i + 1) * raw_bits).
+    used = n * raw_bits
+    if used % 8 and plane[-1] >> (used % 8):
+        raise FormatProblem("the raw plane's padding bits are not zero")
+    bits = np.unpackbits(plane, bitorder="little")[:used].reshape(n, raw_bits).astype(np.uint64)
+    raw = (bits << np.arange(raw_bits, dtype=np.uint64)).sum(axis=1, dtype=np.uint64)
+    by_row = np.array(tops, dtype=np.uint64).reshape(columns, rows).T.reshape(-1)
+    udtype = np.dtype("<u2" if width == 2 else "<u4")
+    return (by_row << np.uint64(raw_bits) | raw).astype(udtype), at
 
 
 def decode(stored, raw_len: int) -> bytearray:
