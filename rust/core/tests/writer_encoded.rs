@@ -104,7 +104,8 @@ fn a_record_given_encoded_is_stored_as_the_writer_would_store_it() {
         ("raw block", 8, bytes(3, 8 * 128 * 2)),
     ] {
         let (want_header, want_payload, block) = encoded_by_writer(tokens, hs.clone());
-        assert_eq!(block[0], if what == "raw block" { 0 } else { 1 }, "{what}");
+        // The writer codes by column (block mode 2).
+        assert_eq!(block[0], if what == "raw block" { 0 } else { 2 }, "{what}");
         let dir = tempfile::tempdir().unwrap();
         let (hs_spec, _, ids_spec, ids) = tensors(tokens, hs.clone());
         let w = exphuf_writer(dir.path());
@@ -168,8 +169,8 @@ fn blocks_that_would_not_read_back_are_refused_at_submission() {
     refused(&w, with_block(block[..40].to_vec()), "cut off");
     refused(&w, with_block(vec![]), "empty");
     let mut mode = block.clone();
-    mode[0] = 2;
-    refused(&w, with_block(mode), "mode 2");
+    mode[0] = 3;
+    refused(&w, with_block(mode), "mode 3");
     let mut contexts = block.clone();
     contexts[1] = 0;
     refused(&w, with_block(contexts), "context");

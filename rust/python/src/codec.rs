@@ -66,11 +66,23 @@ fn exphuf_coded_heads<'py>(
     Ok(heads.iter().map(|h| PyBytes::new(py, h)).collect())
 }
 
-/// The exp-huf payload of the blob `raw` (a safetensors blob), as the writer stores it.
+/// The exp-huf payload of the blob `raw` (a safetensors blob), as the writer stores it
+/// (`by="column"`, block mode 2), or with its blocks in element order as the GPU encoder writes
+/// them (`by="element"`, mode 1).
 #[pyfunction]
-fn exphuf_encode<'py>(py: Python<'py>, raw: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
+#[pyo3(signature = (raw, by = "column"))]
+fn exphuf_encode<'py>(py: Python<'py>, raw: &[u8], by: &str) -> PyResult<Bound<'py, PyBytes>> {
+    let layout = match by {
+        "column" => exphuf::Layout::ByColumn,
+        "element" => exphuf::Layout::ByElement,
+        _ => {
+            return Err(to_py(Error::invalid(format!(
+                "by={by:?} is not a block layout; use \"column\" or \"element\""
+            ))))
+        }
+    };
     let mut out = Vec::new();
-    py.detach(|| exphuf::encode(&[raw], &mut out))
+    py.detach(|| exphuf::encode_as(&[raw], layout, &mut out))
         .map_err(|e| {
             to_py(Error::invalid(format!(
                 "not a blob exp-huf can encode: {e}"

@@ -31,6 +31,7 @@ pub fn decode<const W: usize>(src: &[u8], at: &mut usize, dst: &mut [u8]) -> Res
             Ok(())
         }
         MODE_CODED => decode_coded::<W>(src, at, dst),
+        super::column::MODE_COLUMNS => super::column_decode::decode::<W>(src, at, dst),
         m => Err(format!("block mode {m} is unknown")),
     }
 }

@@ -23,10 +23,40 @@ pub struct Plan {
     pub exp_shift: u32,
 }
 
+/// How the encoder lays out a coded block (docs/FORMAT.md, codec 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// Mode 2: codes by column, raw bits in a plane (what the writer writes).
+    ByColumn,
+    /// Mode 1: codes and raw bits in element order (what the GPU encoder writes).
+    ByElement,
+}
+
 /// Appends the block of `data` (`W`-byte elements), mode byte included, to `out`; a block that
 /// would not be smaller than the data is stored raw.
-pub fn encode<const W: usize>(data: &[u8], plan: &Plan, out: &mut Vec<u8>) {
-    encode_with_streams::<W>(data, plan, ENCODER_STREAMS, out);
+pub fn encode<const W: usize>(data: &[u8], plan: &Plan, layout: Layout, out: &mut Vec<u8>) {
+    let n = data.len() / W;
+    let start = out.len();
+    if layout == Layout::ByElement {
+        return encode_with_streams::<W>(data, plan, ENCODER_STREAMS, out);
+    }
+    if n >= MIN_CODED {
+        // Rows of the last dimension; a 1-dimensional tensor is one row.
+        let columns = if plan.stride > 0 && n.is_multiple_of(plan.stride) {
+            plan.stride
+        } else {
+            n
+        };
+        let ctx_of_top = contexts::<W>(data, plan.exp_shift);
+        let streams = super::column_encode::streams_for(n, columns);
+        super::column_encode::encode::<W>(data, columns, streams, &ctx_of_top, out);
+        if out.len() - start < data.len() + 1 {
+            return;
+        }
+        out.truncate(start);
+    }
+    out.push(MODE_RAW);
+    out.extend_from_slice(data);
 }
 
 /// [`encode`] into `streams` streams (one of 1, 2, 4, 8).
@@ -53,7 +83,7 @@ pub(crate) fn encode_with_streams<const W: usize>(
 /// Context of each top-9 value: 8 exponent buckets around the most common exponent (of a
 /// sample), times the sign. Context 0, also that of elements without a context, is the most
 /// common exponent's, positive.
-fn contexts<const W: usize>(data: &[u8], exp_shift: u32) -> [u8; SYMBOLS] {
+pub(crate) fn contexts<const W: usize>(data: &[u8], exp_shift: u32) -> [u8; SYMBOLS] {
     let n = data.len() / W;
     let mut hist = [0u32; 256];
     for x in data.chunks_exact(W).step_by((n / 4096).max(1)) {
@@ -250,17 +280,17 @@ fn encode_stream<const W: usize>(
 
 /// A stream being written: `nbits` bits held in `acc` (those above are zero), to be stored at
 /// byte `pos` of `dst`.
-struct Bits {
-    dst: *mut u8,
-    pos: usize,
-    acc: u64,
-    nbits: u32,
+pub(crate) struct Bits {
+    pub(crate) dst: *mut u8,
+    pub(crate) pos: usize,
+    pub(crate) acc: u64,
+    pub(crate) nbits: u32,
 }
 
 impl Bits {
     /// Adds the low `len` bits of `c` (the others zero); `nbits + len` must be at most 64.
     #[inline(always)]
-    fn put(&mut self, c: u64, len: u32) {
+    pub(crate) fn put(&mut self, c: u64, len: u32) {
         self.acc |= c << self.nbits;
         self.nbits += len;
     }
@@ -270,7 +300,7 @@ impl Bits {
     /// # Safety
     /// The 8 bytes from `dst + pos` must be writable, and `nbits` below 64.
     #[inline(always)]
-    unsafe fn store(&mut self) {
+    pub(crate) unsafe fn store(&mut self) {
         // SAFETY: the caller's.
         unsafe {
             self.dst

@@ -13,6 +13,11 @@ mod block_decode;
 #[cfg(test)]
 mod block_decode_reference;
 mod block_encode;
+mod column;
+mod column_decode;
+#[cfg(test)]
+mod column_decode_reference;
+mod column_encode;
 pub mod huffman;
 pub mod tables;
 
@@ -106,8 +111,57 @@ pub fn check_block(block: &[u8], dtype: Dtype, elements: usize) -> Result<(), St
             }
             Ok(())
         }
+        column::MODE_COLUMNS => check_column_block(block, w, elements),
         m => Err(format!("block mode {m} is unknown")),
     }
+}
+
+/// [`check_block`] of a column block (mode 2) of `elements` elements of `w` bytes.
+fn check_column_block(block: &[u8], w: usize, elements: usize) -> Result<(), String> {
+    let fixed = block
+        .get(1..1 + column::FIXED_LEN)
+        .ok_or("block is cut off")?;
+    let head = column::Head::parse(fixed, elements)?;
+    let mut at = 1 + column::FIXED_LEN;
+    for c in 0..head.contexts {
+        let lengths =
+            block::parse_lengths(block, &mut at).map_err(|e| format!("context {c}: {e}"))?;
+        huffman::check_lengths(&lengths).map_err(|e| format!("context {c}: {e}"))?;
+    }
+    let lens = block
+        .get(at..at + 8 * head.streams)
+        .ok_or("block is cut off")?;
+    at += 8 * head.streams;
+    let raw = if w == 2 {
+        block::raw_bits::<2>()
+    } else {
+        block::raw_bits::<4>()
+    };
+    let plane = (elements as u64 * raw as u64).div_ceil(8);
+    let rows = (elements / head.columns) as u64;
+    let mut total = plane;
+    for (k, len) in lens.chunks_exact(8).enumerate() {
+        let len = u64::from_le_bytes(len.try_into().expect("8 bytes"));
+        // Every code takes 1 to MAX_CODE_LEN bits.
+        let n = column::stream_columns(head.columns, head.streams, k).len() as u64 * rows;
+        let (lo, hi) = (
+            n.div_ceil(8),
+            (n * huffman::MAX_CODE_LEN as u64).div_ceil(8),
+        );
+        if len < lo || len > hi {
+            return Err(format!(
+                "stream {k} of {len} bytes for {n} elements (they take {lo} to {hi})"
+            ));
+        }
+        total += len;
+    }
+    let rest = (block.len() - at) as u64;
+    if rest != total {
+        return Err(format!(
+            "block holds {rest} bytes of raw plane and streams; its plane and stream lengths add up to {total}"
+        ));
+    }
+    Ok(())
 }
 
 /// Appends the head of a coded block whose streams another encoder made (the torch encoder of
@@ -186,9 +240,17 @@ pub fn out_capacity(total: usize) -> usize {
     total / 16 * block::max_bits::<2>() as usize + (64 << 10)
 }
 
+pub use block_encode::Layout;
+
 /// Encodes a blob given as pieces (any split; the writers give the header, then each tensor's
-/// bytes) into `out` (cleared first). `Err` says why the pieces are not a blob.
+/// bytes) into `out` (cleared first), its blocks coded by column. `Err` says why the pieces are
+/// not a blob.
 pub fn encode(pieces: &[&[u8]], out: &mut Vec<u8>) -> Result<(), String> {
+    encode_as(pieces, Layout::ByColumn, out)
+}
+
+/// [`encode`] with the coded blocks laid out as `layout` says.
+pub fn encode_as(pieces: &[&[u8]], layout: Layout, out: &mut Vec<u8>) -> Result<(), String> {
     out.clear();
     let total: usize = pieces.iter().map(|p| p.len()).sum();
     let mut scratch = Vec::new();
@@ -216,9 +278,9 @@ pub fn encode(pieces: &[&[u8]], out: &mut Vec<u8>) -> Result<(), String> {
                 };
                 let plan = block_encode::Plan { stride, exp_shift };
                 if w == 2 {
-                    block_encode::encode::<2>(data, &plan, out);
+                    block_encode::encode::<2>(data, &plan, layout, out);
                 } else {
-                    block_encode::encode::<4>(data, &plan, out);
+                    block_encode::encode::<4>(data, &plan, layout, out);
                 }
             }
             None => out.extend_from_slice(data),

@@ -1,0 +1,528 @@
+//! The decoder of a column block (layout in [`column`](super::column)). It checks everything
+//! it reads: the head, the code lengths (a prefix code each), the stream lengths, that every
+//! stream holds exactly the bits its elements' codes take with zero padding, that no bit
+//! pattern without a code is met, and the raw plane's padding.
+//!
+//! Decoding runs in two passes. The streams are decoded into the tops of the elements in stream
+//! order (`scratch`, column by column), four streams side by side so that their chains overlap,
+//! each step resolving up to three codes with one lookup in a table of the current context
+//! ([`Multi`]); then the tops are put back in row order with the raw plane's bits.
+
+use super::block::{parse_lengths, raw_bits, symbol_of_top, top_of_symbol};
+use super::column::{stream_columns, Head, FIXED_LEN};
+use super::huffman::{self, MAX_CODE_LEN, SYMBOLS};
+
+/// Entries of one context's tables: indexed by the stream's next `MAX_CODE_LEN` bits.
+const TABLE_LEN: usize = 1 << MAX_CODE_LEN;
+const MASK: u64 = TABLE_LEN as u64 - 1;
+/// Blocks of fewer elements are decoded one code at a time: building the tables of several
+/// codes (16 contexts of 2,048 entries) would cost more than they save.
+/// (Tests take the multi-code path from small blocks on, to reach it with many cases.)
+const MULTI_MIN: usize = if cfg!(test) { 64 } else { 1 << 15 };
+/// Codes one step of the multi-code loop resolves at most, and steps between refills (each
+/// takes at most MAX_CODE_LEN bits of the 56 a refill guarantees).
+const PER_STEP: usize = 3;
+const STEPS: usize = (56 / MAX_CODE_LEN) as usize;
+/// Streams decoded side by side.
+const LANES: usize = 4;
+
+/// Multi-code entry fields: three tops (16 bits each), then the count of codes, the bits they
+/// take, the context after them and a flag for a bit pattern that starts no code.
+const CNT_AT: u32 = 48;
+const BITS_AT: u32 = 50;
+const CTX_AT: u32 = 54;
+const BAD: u64 = 1 << 58;
+
+/// The tables of one block: per context, `single` (`top << 4 | code length`, 0 where no code
+/// starts) and, for large blocks, `multi` (up to [`PER_STEP`] codes an entry).
+struct Tables {
+    single: Vec<u16>,
+    multi: Vec<u64>,
+    ctx_of_top: [u8; SYMBOLS],
+}
+
+/// The value a top takes in `scratch`: already in place for 2-byte elements, so that putting
+/// rows back is an OR with the raw bits.
+#[inline(always)]
+fn lane<const W: usize>(top: u64) -> u64 {
+    if W == 2 {
+        top << raw_bits::<2>()
+    } else {
+        top
+    }
+}
+
+impl Tables {
+    fn multi_entry<const W: usize>(&self, c: usize, x: usize) -> u64 {
+        let (mut ctx, mut used, mut cnt, mut lanes) = (c, 0u32, 0u64, 0u64);
+        while cnt < PER_STEP as u64 {
+            // Bits above the `MAX_CODE_LEN - used` still unread are zero here, which picks the
+            // right entry for every code that fits in those read.
+            let e = self.single[ctx * TABLE_LEN + ((x >> used) & MASK as usize)] as u32;
+            let len = e & 15;
+            if len == 0 || used + len > MAX_CODE_LEN {
+                break;
+            }
+            lanes |= lane::<W>((e >> 4) as u64) << (16 * cnt);
+            used += len;
+            cnt += 1;
+            ctx = self.ctx_of_top[(e >> 4) as usize] as usize;
+        }
+        if cnt == 0 {
+            // One code's worth of garbage and one bit, so that the loop moves on; the flag
+            // makes the block an error.
+            return BAD | 1 << CNT_AT | 1 << BITS_AT;
+        }
+        lanes | cnt << CNT_AT | (used as u64) << BITS_AT | (ctx as u64) << CTX_AT
+    }
+}
+
+/// Decodes the column block whose mode byte was just read (`*at` is past it) into `dst` (the
+/// tensor's bytes, `W`-byte elements), advancing `*at` past the block. `Err` says what is wrong.
+pub fn decode<const W: usize>(src: &[u8], at: &mut usize, dst: &mut [u8]) -> Result<(), String> {
+    let n = dst.len() / W;
+    let fixed = src.get(*at..*at + FIXED_LEN).ok_or("block is cut off")?;
+    let head = Head::parse(fixed, n)?;
+    *at += FIXED_LEN;
+    let ctx_of_top: [u8; SYMBOLS] =
+        std::array::from_fn(|t| head.context_of_symbol[symbol_of_top(t)]);
+    let mut tables = Tables {
+        single: vec![0u16; head.contexts * TABLE_LEN],
+        multi: Vec::new(),
+        ctx_of_top,
+    };
+    for (c, t) in tables.single.chunks_exact_mut(TABLE_LEN).enumerate() {
+        let lengths = parse_lengths(src, at).map_err(|e| format!("context {c}: {e}"))?;
+        huffman::check_lengths(&lengths).map_err(|e| format!("context {c}: {e}"))?;
+        huffman::fill_decode_table(
+            &lengths,
+            |s, len| (top_of_symbol(s) << 4) as u16 | len as u16,
+            t,
+        );
+    }
+
+    let streams = head.streams;
+    let lens = src.get(*at..*at + 8 * streams).ok_or("block is cut off")?;
+    let plane_at = *at + 8 * streams;
+    let plane_len = (n as u64 * raw_bits::<W>() as u64).div_ceil(8) as usize;
+    let mut bases = Vec::with_capacity(streams + 1);
+    let mut next = plane_at
+        .checked_add(plane_len)
+        .filter(|&e| e <= src.len())
+        .ok_or("the raw plane runs past the payload")?;
+    for k in 0..streams {
+        let len = u64::from_le_bytes(lens[8 * k..8 * k + 8].try_into().expect("8 bytes"));
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|&l| l <= src.len() - next)
+            .ok_or("a stream runs past the payload")?;
+        bases.push(next);
+        next += len;
+    }
+    bases.push(next);
+    let src = &src[..next];
+
+    if n >= MULTI_MIN {
+        tables.multi = vec![0u64; head.contexts * TABLE_LEN];
+        for c in 0..head.contexts {
+            for x in 0..TABLE_LEN {
+                tables.multi[c * TABLE_LEN + x] = tables.multi_entry::<W>(c, x);
+            }
+        }
+    }
+
+    let rows = n / head.columns;
+    // Room for the fast loop's last 8-byte store (3 tops past a stream's last). Every top is
+    // written before it is read, so a buffer left from an earlier block serves as it is.
+    SCRATCH.with_borrow_mut(|scratch| {
+        if scratch.len() < n + PER_STEP {
+            scratch.resize(n + PER_STEP, 0);
+        }
+        let start = |k: usize| {
+            let cols = stream_columns(head.columns, streams, k);
+            Stream {
+                k,
+                bit: 8 * bases[k] as u64,
+                out: cols.start * rows,
+                end: cols.end * rows,
+                ctx: 0,
+            }
+        };
+        // The rest of a stream one code at a time, then the checks of its end.
+        let finish = |s: &mut Stream, scratch: &mut [u16]| -> Result<(), String> {
+            one_at_a_time::<W>(src, &tables, s, scratch)?;
+            let k = s.k;
+            let used = s.bit - 8 * bases[k] as u64;
+            let len = (bases[k + 1] - bases[k]) as u64;
+            if used.div_ceil(8) != len {
+                return Err(format!(
+                    "stream {k} holds {len} bytes but its elements take {used} bits"
+                ));
+            }
+            if !used.is_multiple_of(8) && src[bases[k + 1] - 1] >> (used % 8) != 0 {
+                return Err(format!("stream {k}: padding bits are not zero"));
+            }
+            Ok(())
+        };
+        let mut queue = 0..streams;
+        if !tables.multi.is_empty() && streams >= LANES {
+            // Four streams side by side; each lane takes the next stream from the queue when
+            // its own is near its end (streams differ in length by a column).
+            let mut lanes: [Stream; LANES] =
+                std::array::from_fn(|_| start(queue.next().expect("4 streams")));
+            'lanes: loop {
+                fast::<W>(src, &tables.multi, &mut lanes, scratch)?;
+                for lane in &mut lanes {
+                    if !lane.runs(src.len()) {
+                        finish(lane, scratch)?;
+                        match queue.next() {
+                            Some(k) => *lane = start(k),
+                            None => {
+                                // Fewer streams than lanes are left: they end one at a time.
+                                for l in &mut lanes {
+                                    if l.out < l.end {
+                                        finish(l, scratch)?;
+                                    }
+                                }
+                                break 'lanes;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for k in queue {
+            finish(&mut start(k), scratch)?;
+        }
+
+        let plane = &src[plane_at..plane_at + plane_len];
+        let raw_used = n as u64 * raw_bits::<W>() as u64;
+        if !raw_used.is_multiple_of(8) && plane[plane_len - 1] >> (raw_used % 8) != 0 {
+            return Err("the raw plane's padding bits are not zero".into());
+        }
+        put_rows::<W>(&scratch[..n], head.columns, plane, dst);
+        *at = next;
+        Ok(())
+    })
+}
+
+thread_local! {
+    /// The tops of the block being decoded, in stream order.
+    static SCRATCH: std::cell::RefCell<Vec<u16>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A stream being decoded: its bit position in `src`, the next and end positions of its tops
+/// in `scratch`, and the context of its next code (times `TABLE_LEN`).
+struct Stream {
+    k: usize,
+    bit: u64,
+    out: usize,
+    end: usize,
+    ctx: usize,
+}
+
+/// A round takes at most PER_STEP * STEPS tops a stream, and its last store reaches PER_STEP
+/// tops further.
+const ROUND: usize = PER_STEP * STEPS + PER_STEP;
+
+impl Stream {
+    /// Whether the multi-code loop can take a round of this stream: it has more than a round's
+    /// tops left, and its refills (at most 8 bytes past its position) read 8 bytes inside a
+    /// `src_len`-byte source.
+    fn runs(&self, src_len: usize) -> bool {
+        self.end - self.out >= ROUND && (self.bit >> 3) as usize + 16 <= src_len
+    }
+}
+
+/// The next 57 or more bits of `src` from bit `bit` on, bounds checked (zero past the end).
+#[inline(always)]
+fn peek(src: &[u8], bit: u64) -> u64 {
+    let p = (bit >> 3) as usize;
+    let word = match src.get(p..p + 8) {
+        Some(b) => u64::from_le_bytes(b.try_into().expect("8 bytes")),
+        None => {
+            let mut b = [0u8; 8];
+            let rest = src.get(p..).unwrap_or(&[]);
+            b[..rest.len()].copy_from_slice(rest);
+            u64::from_le_bytes(b)
+        }
+    };
+    word >> (bit & 7)
+}
+
+/// Decodes the rest of stream `s` one code at a time, every access checked.
+fn one_at_a_time<const W: usize>(
+    src: &[u8],
+    tables: &Tables,
+    s: &mut Stream,
+    scratch: &mut [u16],
+) -> Result<(), String> {
+    while s.out < s.end {
+        let bits = peek(src, s.bit);
+        let e = tables.single[s.ctx + (bits & MASK) as usize] as u64;
+        let len = e & 15;
+        if len == 0 {
+            return Err("a stream holds a bit pattern that is no code".into());
+        }
+        let t = e >> 4;
+        scratch[s.out] = lane::<W>(t) as u16;
+        s.out += 1;
+        s.bit += len;
+        s.ctx = tables.ctx_of_top[t as usize] as usize * TABLE_LEN;
+    }
+    Ok(())
+}
+
+/// Decodes the four streams `st` side by side, up to three codes a lookup, while each has more
+/// than a round's codes left and its reads stay inside `src`; the streams' positions are left
+/// where it stopped.
+fn fast<const W: usize>(
+    src: &[u8],
+    multi: &[u64],
+    st: &mut [Stream; LANES],
+    scratch: &mut [u16],
+) -> Result<(), String> {
+    assert!(multi.len().is_multiple_of(TABLE_LEN) && st.iter().all(|s| s.end <= scratch.len()));
+    let contexts = multi.len() / TABLE_LEN;
+    let read = |p: usize| -> u64 {
+        // SAFETY: callers check `p + 8 <= src.len()`.
+        u64::from_le_bytes(unsafe { src.as_ptr().add(p).cast::<[u8; 8]>().read() })
+    };
+    let mut buf = [0u64; LANES];
+    let mut nb = [0u64; LANES];
+    let mut ptr = [0usize; LANES];
+    let mut out = [0usize; LANES];
+    let mut ctx = [0usize; LANES];
+    if !st.iter().all(|s| s.runs(src.len())) {
+        return Ok(());
+    }
+    for i in 0..LANES {
+        let p = (st[i].bit >> 3) as usize;
+        buf[i] = read(p) >> (st[i].bit & 7);
+        ptr[i] = p + 7;
+        nb[i] = 56 - (st[i].bit & 7);
+        out[i] = st[i].out;
+        ctx[i] = st[i].ctx;
+    }
+    let scr = scratch.as_mut_ptr();
+    let mut seen = 0u64;
+    loop {
+        if (0..LANES).any(|i| st[i].end - out[i] < ROUND || ptr[i] + 8 > src.len()) {
+            break;
+        }
+        for i in 0..LANES {
+            // Refill to 56 to 63 bits (F. Giesen, "reading bits in far too many ways", variant
+            // 4): the bits above `nb` are the stream's next ones too.
+            buf[i] |= read(ptr[i]) << nb[i];
+            ptr[i] += ((63 - nb[i]) >> 3) as usize;
+            nb[i] |= 56;
+        }
+        for _ in 0..STEPS {
+            for i in 0..LANES {
+                // SAFETY: `ctx[i]` is a context below `contexts` times TABLE_LEN (every entry's
+                // context field is one of the block's, checked by Head::parse), so the index
+                // is inside `multi`. `out[i] + 4 <= st[i].end <= scratch.len()`: the round
+                // began with at least ROUND tops left and each step moves at most PER_STEP.
+                unsafe {
+                    let e = *multi.get_unchecked(ctx[i] + (buf[i] & MASK) as usize);
+                    scr.add(out[i]).cast::<u64>().write_unaligned(e);
+                    seen |= e;
+                    out[i] += ((e >> CNT_AT) & 3) as usize;
+                    let len = (e >> BITS_AT) & 15;
+                    buf[i] >>= len;
+                    nb[i] -= len;
+                    ctx[i] = ((e >> CTX_AT) & 15) as usize * TABLE_LEN;
+                }
+            }
+        }
+    }
+    debug_assert!(ctx.iter().all(|&c| c < contexts * TABLE_LEN));
+    for i in 0..LANES {
+        st[i].bit = 8 * ptr[i] as u64 - nb[i];
+        st[i].out = out[i];
+        st[i].ctx = ctx[i];
+    }
+    if seen & BAD != 0 {
+        return Err("a stream holds a bit pattern that is no code".into());
+    }
+    Ok(())
+}
+
+/// Writes the elements into `dst` in row order: each top of `scratch` (column order, as
+/// [`lane`] puts it) with its raw bits from `plane`.
+fn put_rows<const W: usize>(scratch: &[u16], columns: usize, plane: &[u8], dst: &mut [u8]) {
+    let n = scratch.len();
+    let rows = n / columns;
+    assert_eq!(dst.len(), n * W);
+    #[cfg(target_arch = "x86_64")]
+    if W == 2 {
+        if columns.is_multiple_of(8) && std::arch::is_x86_feature_detected!("ssse3") {
+            // SAFETY: the CPU has SSSE3 (detected above).
+            unsafe { put_rows_sse2::<true>(scratch, columns, plane, dst) };
+        } else {
+            // SAFETY: SSE2 is part of x86_64.
+            unsafe { put_rows_sse2::<false>(scratch, columns, plane, dst) };
+        }
+        return;
+    }
+    const TILE: usize = 32;
+    for r0 in (0..rows).step_by(TILE) {
+        for c0 in (0..columns).step_by(TILE) {
+            for row in r0..(r0 + TILE).min(rows) {
+                for c in c0..(c0 + TILE).min(columns) {
+                    put_one::<W>(scratch, rows, columns, plane, dst, row, c);
+                }
+            }
+        }
+    }
+}
+
+/// The raw bits of element `i` from `plane`.
+#[inline(always)]
+fn raw_of<const W: usize>(plane: &[u8], i: usize) -> u64 {
+    let r = raw_bits::<W>() as u64;
+    let bit = i as u64 * r;
+    (read_plane(plane, (bit >> 3) as usize) >> (bit & 7)) & ((1 << r) - 1)
+}
+
+/// The 8 bytes of `plane` from `p` on as a little-endian u64, zero past its end.
+#[inline(always)]
+fn read_plane(plane: &[u8], p: usize) -> u64 {
+    match plane.get(p..p + 8) {
+        Some(b) => u64::from_le_bytes(b.try_into().expect("8 bytes")),
+        None => {
+            let mut b = [0u8; 8];
+            let rest = &plane[p.min(plane.len())..];
+            b[..rest.len()].copy_from_slice(rest);
+            u64::from_le_bytes(b)
+        }
+    }
+}
+
+/// Writes the element of `row` and column `c`.
+#[inline(always)]
+fn put_one<const W: usize>(
+    scratch: &[u16],
+    rows: usize,
+    columns: usize,
+    plane: &[u8],
+    dst: &mut [u8],
+    row: usize,
+    c: usize,
+) {
+    let i = row * columns + c;
+    let t = scratch[c * rows + row] as u64;
+    let v = if W == 2 { t } else { t << raw_bits::<W>() } | raw_of::<W>(plane, i);
+    dst[i * W..i * W + W].copy_from_slice(&v.to_le_bytes()[..W]);
+}
+
+/// [`put_rows`] for 2-byte elements: 8 x 8 blocks of tops transposed in SSE2 registers, each
+/// row of 8 ORed with its 56 raw bits (one read of the plane), in tiles of 32 rows by 64
+/// columns so that the columns' cache lines are reused by the next rows.
+///
+/// With `SSSE3` (the caller checked the CPU has it, and that rows are whole multiples of 8
+/// elements, so that each 8 raw values start at a byte), the 7 bytes of 8 raw values are
+/// spread into 8 lanes by a byte shuffle and a multiply, where the baseline shifts and masks
+/// each value in a general register.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "ssse3")]
+unsafe fn put_rows_sse2<const SSSE3: bool>(
+    scratch: &[u16],
+    columns: usize,
+    plane: &[u8],
+    dst: &mut [u8],
+) {
+    use std::arch::x86_64::*;
+    // Lane k takes the 2 bytes from byte 7k / 8 of the raw values; it is shifted left by
+    // 7 - (7k mod 8) (multiplied by a power of 2), then right by 7, and masked to 7 bits.
+    let pick = _mm_setr_epi8(0, 1, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7);
+    let scale = _mm_setr_epi16(128, 1, 2, 4, 8, 16, 32, 64);
+    let low7 = _mm_set1_epi16(0x7F);
+    let n = scratch.len();
+    let rows = n / columns;
+    let (rows8, cols8) = (rows / 8 * 8, columns / 8 * 8);
+    // 8 raw values of 7 bits (56 bits of `w`) as 4 + 4 lanes of 16 bits.
+    let spread = |w: u64| -> u64 {
+        (w & 0x7F) | (w >> 7 & 0x7F) << 16 | (w >> 14 & 0x7F) << 32 | (w >> 21 & 0x7F) << 48
+    };
+    let ahead = columns * 7;
+    for rb in (0..rows8).step_by(8) {
+        for cb in (0..cols8).step_by(cols8.max(1)) {
+            for r0 in (rb..(rb + 8).min(rows8)).step_by(8) {
+                for c0 in (cb..cols8).step_by(8) {
+                    let col = |j: usize| &scratch[(c0 + j) * rows + r0..(c0 + j) * rows + r0 + 8];
+                    // SAFETY: SSE2 is part of x86_64; every load reads the 16 bytes of an
+                    // 8-element slice of `scratch` and every store writes those of an
+                    // 8-element (16-byte) slice of `dst`, both bounds checked when taken.
+                    unsafe {
+                        let a: [__m128i; 8] =
+                            std::array::from_fn(|j| _mm_loadu_si128(col(j).as_ptr().cast()));
+                        let t0 = _mm_unpacklo_epi16(a[0], a[1]);
+                        let t1 = _mm_unpackhi_epi16(a[0], a[1]);
+                        let t2 = _mm_unpacklo_epi16(a[2], a[3]);
+                        let t3 = _mm_unpackhi_epi16(a[2], a[3]);
+                        let t4 = _mm_unpacklo_epi16(a[4], a[5]);
+                        let t5 = _mm_unpackhi_epi16(a[4], a[5]);
+                        let t6 = _mm_unpacklo_epi16(a[6], a[7]);
+                        let t7 = _mm_unpackhi_epi16(a[6], a[7]);
+                        let u0 = _mm_unpacklo_epi32(t0, t2);
+                        let u1 = _mm_unpackhi_epi32(t0, t2);
+                        let u2 = _mm_unpacklo_epi32(t1, t3);
+                        let u3 = _mm_unpackhi_epi32(t1, t3);
+                        let u4 = _mm_unpacklo_epi32(t4, t6);
+                        let u5 = _mm_unpackhi_epi32(t4, t6);
+                        let u6 = _mm_unpacklo_epi32(t5, t7);
+                        let u7 = _mm_unpackhi_epi32(t5, t7);
+                        let rows_of = [
+                            _mm_unpacklo_epi64(u0, u4),
+                            _mm_unpackhi_epi64(u0, u4),
+                            _mm_unpacklo_epi64(u1, u5),
+                            _mm_unpackhi_epi64(u1, u5),
+                            _mm_unpacklo_epi64(u2, u6),
+                            _mm_unpackhi_epi64(u2, u6),
+                            _mm_unpacklo_epi64(u3, u7),
+                            _mm_unpackhi_epi64(u3, u7),
+                        ];
+                        for (i, v) in rows_of.into_iter().enumerate() {
+                            let e = (r0 + i) * columns + c0;
+                            let bit = e as u64 * 7;
+                            let p = (bit >> 3) as usize;
+                            // The plane is read a row-block at a time, 8 rows side by side,
+                            // which the hardware's prefetchers miss: fetch the next block's.
+                            _mm_prefetch::<_MM_HINT_T0>(
+                                plane.as_ptr().wrapping_add(p + ahead).cast(),
+                            );
+                            let raw = match plane.get(p..p + 16) {
+                                Some(b) if SSSE3 => {
+                                    let b =
+                                        _mm_shuffle_epi8(_mm_loadu_si128(b.as_ptr().cast()), pick);
+                                    _mm_and_si128(
+                                        _mm_srli_epi16::<7>(_mm_mullo_epi16(b, scale)),
+                                        low7,
+                                    )
+                                }
+                                _ => {
+                                    let w = read_plane(plane, p) >> (bit & 7);
+                                    _mm_set_epi64x(spread(w >> 28) as i64, spread(w) as i64)
+                                }
+                            };
+                            let out = &mut dst[2 * e..2 * e + 16];
+                            _mm_storeu_si128(out.as_mut_ptr().cast(), _mm_or_si128(v, raw));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // The columns right of the last whole 8, and the rows below the last whole 8.
+    for row in 0..rows8 {
+        for c in cols8..columns {
+            put_one::<2>(scratch, rows, columns, plane, dst, row, c);
+        }
+    }
+    for row in rows8..rows {
+        for c in 0..columns {
+            put_one::<2>(scratch, rows, columns, plane, dst, row, c);
+        }
+    }
+}
