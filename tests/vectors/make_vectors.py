@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import zstandard
 
+from layertap._py import exphuf
 from layertap._py.reader import PyShardReader
 from layertap._py.recover import recover
 from layertap._py.write import write_shard as write_reference_shard
@@ -28,6 +29,7 @@ from layertap._spec.blob import build_header
 from layertap._spec.codecs import decode, split_planes
 from layertap._spec.format import (
     CODEC_BP16_ZSTD,
+    CODEC_EXP_HUF,
     CODEC_NONE,
     CODEC_ZSTD,
     CODECS,
@@ -104,6 +106,65 @@ def wide_record() -> tuple[str, dict, dict]:
     return "wide", tensors, meta
 
 
+def by_element_record() -> tuple[str, dict, dict]:
+    """A record for a block coded by element (mode 1, the GPU encoder's layout): bf16
+    ``[32, 2, 32]`` hidden states with an outlier channel, and token ids."""
+    j = np.arange(32 * 2 * 32)
+    hidden = torch.from_numpy(_values(j.size, 8) * np.where(j % 32 == 5, 40.0, 1.0)).to(torch.bfloat16)
+    tensors = {"hidden_states": hidden.reshape(32, 2, 32), "token_ids": torch.arange(32, dtype=torch.int64) * 7}
+    meta = {"layer_ids": "[2, 8]", "model": "tiny-test", "dtype": "bfloat16", "num_tokens": "32"}
+    return "by-element", tensors, meta
+
+
+def five_streams_record() -> tuple[str, dict, dict]:
+    """A record for a small block coded by column in 5 streams (the writers give a block one
+    stream per 8,192 elements; readers take any count up to the columns): bf16 ``[64, 24]``,
+    whose 24 columns the streams split 4, 5, 5, 5, 5."""
+    hidden = torch.from_numpy(_values(64 * 24, 9)).to(torch.bfloat16).reshape(64, 1, 24)
+    tensors = {"hidden_states": hidden, "token_ids": torch.arange(64, dtype=torch.int64)}
+    meta = {"layer_ids": "[2]", "model": "tiny-test", "dtype": "bfloat16", "num_tokens": "64"}
+    return "five-streams", tensors, meta
+
+
+def two_streams_record() -> tuple[str, dict, dict]:
+    """A record whose block the writers code by column in 2 streams (16,448 elements, 2 per
+    8,192), whose 257 columns split 128 and 129: bf16 ``[64, 1, 257]`` of quarters from -3.75
+    to 3.75 (a few characters each in expected.json), and token ids."""
+    j = np.arange(64 * 257, dtype=np.int64)
+    hidden = torch.from_numpy(((j * 7919 + j // 257 * 31) % 31 - 15) / 4.0).to(torch.bfloat16)
+    tensors = {"hidden_states": hidden.reshape(64, 1, 257), "token_ids": torch.arange(64, dtype=torch.int64) * 3}
+    meta = {"layer_ids": "[2]", "model": "tiny-test", "dtype": "bfloat16", "num_tokens": "64"}
+    return "two-streams", tensors, meta
+
+
+#: exp-huf.lts's records past the first three, and how their blocks are coded: (record, layout,
+#: streams); in this order so that the first two coded records lie in the first 8 KiB (what the
+#: fuzzers take of a vector, tests/fuzz).
+EXP_HUF_EXTRA = [
+    (by_element_record, "element", None),
+    (five_streams_record, "column", 5),
+    (wide_record, "column", None),
+    (two_streams_record, "column", None),
+]
+
+
+def make_exp_huf(out: str) -> None:
+    """exp-huf.lts: the three records (their tensors too small to code: raw blocks), then
+    ``EXP_HUF_EXTRA``: blocks coded by element (mode 1) and by column (mode 2) in 1, 2 and 5
+    streams, in one shard, which no writer makes (the writers code by column, the GPU encoder by
+    element): the records the reference encoder's, laid out by ``hand_shard``."""
+    recs = [(rec, "column", None) for rec in records()] + [(make(), by, s) for make, by, s in EXP_HUF_EXTRA]
+    frames = []
+    for (key, tensors, meta), by, streams in recs:
+        raw, _ = _blob(key, tensors, meta)
+        stored = exphuf.encode(raw, by=by, streams=streams)
+        if key in ("by-element", "five-streams", "two-streams"):  # coded as said (hidden_states first)
+            at = 8 + int.from_bytes(raw[:8], "little")
+            assert stored[at] == (exphuf.MODE_CODED if by == "element" else exphuf.MODE_COLUMNS), key
+        frames.append((key, CODEC_EXP_HUF, stored, len(raw), int(tensors["token_ids"].shape[0])))
+    hand_shard(os.path.join(out, "exp-huf.lts"), "exp-huf", frames)
+
+
 def write_shard(directory: str, writer_id: str, codec: str, count: int = 3, extra=()) -> str:
     """The shard ``{writer_id}-000000.lts`` in ``directory``, of ``records(count)`` and ``extra``,
     written by the reference writer (``layertap._py.write``)."""
@@ -144,8 +205,6 @@ def _data_end(path: str) -> int:
 def make_files(tmp: str, out: str) -> None:
     for codec in ("none", "zstd", "bp16-zstd"):
         shutil.copyfile(write_shard(tmp, codec, codec), os.path.join(out, f"{codec}.lts"))
-    # exp-huf stores the small tensors of the three records raw; the fourth is coded.
-    shutil.copyfile(write_shard(tmp, "exp-huf", "exp-huf", extra=[wide_record()]), os.path.join(out, "exp-huf.lts"))
 
     # open-torn: three records, then the first 100 bytes of a fourth frame; no footer.
     four = write_shard(tmp, "open-torn", "none", count=4)
@@ -538,6 +597,7 @@ def main(out: str) -> None:
         make_zero_tokens(tmp, out)
         make_open_huge_frame(tmp, out)
     make_zstd_no_size(out)
+    make_exp_huf(out)
     make_json_limits(out)
     make_recovered(out)
     make_not_shards(out)

@@ -29,10 +29,13 @@ BYTE_PLANE_LEVEL_1 = zstandard.ZstdCompressionParameters(
 
 class Encoder:
     """Turns a record's pieces (blob header, then each tensor's bytes) into its stored payload.
-    Keeps one zstd context; use one per thread."""
+    Keeps one zstd context; use one per thread. ``exphuf_by``: how ``exp-huf`` lays out its
+    coded blocks, by ``"column"`` (mode 2, the writers') or ``"element"`` (mode 1, the GPU
+    encoder's; for tests of the readers of that layout)."""
 
-    def __init__(self, codec: int, level: int):
+    def __init__(self, codec: int, level: int, exphuf_by: str = "column"):
         self.codec = codec
+        self.exphuf_by = exphuf_by
         if codec in (CODEC_NONE, CODEC_EXP_HUF):
             self._zstd = None
         elif codec == CODEC_BP16_ZSTD and level == 1:
@@ -57,5 +60,5 @@ class Encoder:
                 raw[at : at + n] = np.frombuffer(view, dtype=np.uint8)
             at += n
         if self.codec == CODEC_EXP_HUF:
-            return [exphuf.encode(raw)]
+            return [exphuf.encode(raw, by=self.exphuf_by)]
         return [self._zstd.compress(raw)]

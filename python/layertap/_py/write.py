@@ -63,11 +63,13 @@ def write_shard(
     codec: str = "none",
     level: int = 1,
     user_meta: Mapping[str, str] | None = None,
+    exphuf_by: str = "column",
 ) -> list[RawEntry]:
     """Writes the complete shard ``path`` (which must not exist) holding ``records``, each
     ``(key, tensors, metadata)``, in order; returns the index entries. The file header's
     metadata is ``writer_id``, ``shard_index``, ``created_unix_ms``, ``software`` (its
-    ``writer``) and ``user_meta`` (its ``user``); given the same arguments, the same bytes."""
+    ``writer``) and ``user_meta`` (its ``user``); given the same arguments, the same bytes.
+    ``exphuf_by``: the layout of ``exp-huf``'s coded blocks (``Encoder``'s)."""
     meta = {
         "writer_id": writer_id,
         "shard_index": shard_index,
@@ -76,7 +78,7 @@ def write_shard(
         "user": dict(user_meta or {}),
     }
     out = bytearray(encode_file_header(shard_id, meta))
-    encoder = Encoder(CODECS.index(codec), level)
+    encoder = Encoder(CODECS.index(codec), level, exphuf_by)
     entries = []
     for key, tensors, metadata in records:
         frame, entry = encode_record(encoder, key, tensors, metadata)
