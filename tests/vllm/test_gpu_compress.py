@@ -2,17 +2,23 @@
 
 The GPU path is run on the CPU (``gpu_compress.TEST_ON_CPU_ENV``): the same thread, the same
 torch encoder and the same hand-over of encoded blocks to the Rust writer as on CUDA, minus the
-streams. Its records must be those the host path writes with codec exp-huf, byte for byte in
-every stored tensor and of the same stored size, and equal transformers'. Without the variable
-(and without CUDA) the worker compresses on the host with the same codec, which is the reference
-the GPU path is compared with."""
+streams. Its records must hold the same tensors as those the host path writes with codec exp-huf,
+bit for bit, each stored as the Rust encoder lays out blocks in element order (block mode 1, what
+the GPU encoder writes; the host writes mode 2, by column), and equal transformers'. Without the
+variable (and without CUDA) the worker compresses on the host with the same codec, which is the
+reference the GPU path is compared with."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
 
 import layertap
+from layertap import _native
+from layertap._spec import exphuf
+from layertap._spec.format import frame_header_len
 from vllm_support import (
     VLLM_WARNINGS,
     assert_hidden_states_match,
@@ -94,11 +100,18 @@ def test_gpu_path_records_equal_the_host_paths(tiny_model, reference, tmp_path, 
     gpu, host = layertap.open(tmp_path / "gpu"), layertap.open(tmp_path / "host")
     assert gpu.verify().ok and host.verify().ok
     assert sorted(gpu.keys()) == sorted(host.keys()) == sorted(f"s{n}" for n in LENGTHS)
-    # The blocks are the host encoder's: the same stored bytes in all (the metadata differs
-    # only in vLLM's request ids, of the same length in both runs), every record exp-huf.
+    # Every record exp-huf, of the same raw size (the metadata differs only in vLLM's request
+    # ids, of the same length in both runs); the GPU path's payloads are, byte for byte, the
+    # Rust encoder's in element order (mode 1) of the same blobs.
     for info in (gpu.shards, host.shards):
         assert [s.codecs for s in info] == [{"exp-huf": len(LENGTHS)}]
-    assert [(s.raw_bytes, s.stored_bytes) for s in gpu.shards] == [(s.raw_bytes, s.stored_bytes) for s in host.shards]
+    assert [s.raw_bytes for s in gpu.shards] == [s.raw_bytes for s in host.shards]
+    for backend in gpu.backends:
+        data = Path(backend.path).read_bytes()
+        for e in backend.entries:
+            at = e.frame_offset + frame_header_len(len(e.key.encode()))
+            payload = data[at : at + e.stored_len]
+            assert _native.exphuf_encode(bytes(exphuf.decode(payload, e.raw_len)), by="element") == payload, e.key
     for n in LENGTHS:
         key = f"s{n}"
         g, h = gpu[key], host[key]
