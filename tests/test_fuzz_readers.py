@@ -4,12 +4,17 @@ each other, never fail, hang or grow past their memory bound. Long runs: benches
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
 import pytest
 
-from helpers import REPO, subprocess_env
+from helpers import REPO, VECTORS, subprocess_env
+from layertap._py.reader import PyShardReader
+from layertap._rust_reader import RustShardReader
+from layertap._spec.exphuf import MODE_CODED, MODE_COLUMNS
+from layertap._spec.format import frame_header_len
 
 HARNESS = REPO / "tests" / "fuzz" / "fuzz_readers.py"
 
@@ -44,3 +49,22 @@ def test_a_short_fuzz_run_finds_nothing(tmp_path, reader):
     runs = int(proc.stderr.split("stat::number_of_executed_units:")[1].split()[0])
     assert runs >= RUNS, tail
     assert list(tmp_path.iterdir()) == [], "failing inputs were written"
+
+
+@pytest.mark.parametrize("cls", [PyShardReader, RustShardReader], ids=["python", "rust"])
+def test_the_seeds_hold_blocks_of_both_coded_modes(tmp_path, cls):
+    """libFuzzer takes the first ``MAX_LEN`` bytes of each vector: there, exp-huf.lts must still
+    hold whole records with blocks coded by element (mode 1) and by column (mode 2, in several
+    streams), so that mutations of both reach both readers' block decoders."""
+    max_len = int(re.search(r"^MAX_LEN = (\d+)$", HARNESS.read_text(), re.M).group(1))
+    seed = (VECTORS / "exp-huf.lts").read_bytes()[:max_len]
+    (tmp_path / "seed.lts").write_bytes(seed)
+    modes = {}
+    with cls(str(tmp_path / "seed.lts"), probe_lock=False) as r:
+        for i, e in enumerate(r.entries):
+            r.read(i)  # every record the scan finds reads
+            at = e.frame_offset + frame_header_len(len(e.key.encode("utf-8")))
+            block = at + 8 + int.from_bytes(seed[at : at + 8], "little")  # the first tensor's
+            modes[e.key] = (seed[block], int.from_bytes(seed[block + 9 : block + 13], "little"))
+    assert modes["by-element"][0] == MODE_CODED
+    assert modes["five-streams"] == (MODE_COLUMNS, 5)
