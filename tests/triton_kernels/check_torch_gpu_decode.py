@@ -1,7 +1,9 @@
 """Checks of ``HiddenStatesDataset(..., decode_on=...)`` (layertap.torch): exp-huf records decoded
 by the Triton decoder (layertap.gpu.exphuf_decode), in Triton's interpreter on CPU tensors
-(``decode_on="cpu"``), give batches bit for bit equal to the CPU path's; a damaged record raises
-CorruptRecordError or is skipped as the CPU path skips it. Not collected by pytest: vLLM's CPU
+(``decode_on="cpu"``), give batches bit for bit equal to the CPU path's; so do the Rust writer's
+exp-huf records, coded by column (block mode 2), which the kernel does not read yet and the
+dataset decodes on the host; a damaged record raises CorruptRecordError or is skipped as the CPU
+path skips it. Not collected by pytest: vLLM's CPU
 build must never see triton, so tests/test_triton_torch_decode.py runs this script in a
 subprocess with ``PYTHONPATH=.venv/triton:python TRITON_INTERPRET=1``.
 
@@ -31,14 +33,17 @@ from test_gpu_exphuf import activations_like  # noqa: E402
 
 import layertap  # noqa: E402
 from helpers import payload_offset, shard_files  # noqa: E402
-from layertap._spec.exphuf import MODE_CODED  # noqa: E402
+from layertap._py.write import write_shard  # noqa: E402
+from layertap._spec.exphuf import MODE_CODED, MODE_COLUMNS  # noqa: E402
 from layertap.errors import CorruptRecordError, InvalidInputError  # noqa: E402
 from layertap.torch import HiddenStatesDataset, pack_collate, pad_collate  # noqa: E402
 
 LAYER_IDS = [2, 8, 13]
-CODED_ROWS = 10  # rows 0-9 in an exp-huf shard (coded blocks and raw ones), 10-13 in a codec-none one
-ROWS = 14
-BATCH = [[3, 11, 0, 7], [12, 1, 9, 5], [2, 4, 6, 8], [10, 13]]
+#: Rows 0-9 in an exp-huf shard coded by element (block mode 1, what compress_on="gpu" writes;
+#: coded blocks and raw ones), 10-13 in a codec-none one, 14-17 in an exp-huf shard by the Rust
+#: writer (coded by column, block mode 2).
+CODED_ROWS, RAW_ROWS, ROWS = 10, 14, 18
+BATCH = [[3, 11, 0, 7], [12, 1, 9, 5], [2, 4, 6, 8], [10, 13], [15, 2, 17, 10, 14, 16]]
 
 
 def record(row: int) -> dict:
@@ -53,15 +58,41 @@ def record(row: int) -> dict:
 
 
 def write_dataset(path: Path) -> None:
-    for writer_id, codec, rows in (("huf", "exp-huf", range(CODED_ROWS)), ("raw", "none", range(CODED_ROWS, ROWS))):
+    path.mkdir(parents=True)
+    # The Rust writer codes exp-huf by column; the reference writer by element as the GPU encoder does.
+    write_shard(
+        path / "huf-000000.lts",
+        [(str(r), record(r), {"layer_ids": "[2, 8, 13]"}) for r in range(CODED_ROWS)],
+        writer_id="huf",
+        shard_id=bytes(range(16)),
+        created_unix_ms=0,
+        software="reference",
+        codec="exp-huf",
+        exphuf_by="element",
+    )
+    for writer_id, codec, rows in (
+        ("raw", "none", range(CODED_ROWS, RAW_ROWS)),
+        ("col", "exp-huf", range(RAW_ROWS, ROWS)),
+    ):
         with layertap.ShardWriter(str(path), writer_id=writer_id, codec=codec) as w:
             for r in rows:
                 w.submit(str(r), record(r), {"layer_ids": "[2, 8, 13]"})
 
 
-def exphuf_shard(path: Path) -> str:
-    (shard,) = [s for s in shard_files(path) if Path(s).name.startswith("huf-")]
+def exphuf_shard(path: Path, writer_id: str = "huf") -> str:
+    (shard,) = [s for s in shard_files(path) if Path(s).name.startswith(f"{writer_id}-")]
     return shard
+
+
+def stored_payloads(shard: str) -> dict[str, bytes]:
+    """Each record's stored payload, by key."""
+    keys = [e.key for e in layertap.open(shard).backends[0].entries]
+    out = {}
+    with open(shard, "rb") as f:
+        for i in range(len(keys)):
+            offset, stored_len, key = payload_offset(shard, i)
+            out[key] = os.pread(f.fileno(), stored_len, offset)
+    return out
 
 
 def stream_lengths(stored: bytes) -> int:
@@ -117,6 +148,36 @@ def case_batches_equal(path: Path, device: str) -> str:
     same(cpu[5], dev[5], "item 5")
     same(cpu[12], dev[12], "item 12")
     return f"{len(BATCH)} batches of {ROWS} records"
+
+
+def case_by_column(path: Path, device: str) -> str:
+    """The Rust writer's exp-huf records (coded by column, block mode 2): never reported corrupt;
+    the dataset decodes them on the host and puts their hidden states on the device, equal to the
+    CPU path's, alone and in a batch with records the kernel decodes; ``decode_records`` refuses
+    them as input it does not take, not as corrupt records."""
+    from layertap.gpu.exphuf_decode import decode_records, decodes_on_device
+
+    by_column = stored_payloads(exphuf_shard(path, "col"))
+    by_element = stored_payloads(exphuf_shard(path, "huf"))
+    first_block = {k: p[8 + int.from_bytes(p[:8], "little")] for k, p in by_column.items()}
+    assert MODE_COLUMNS in first_block.values(), f"no block coded by column: {first_block}"
+    assert not any(decodes_on_device(p) for k, p in by_column.items() if first_block[k] == MODE_COLUMNS)
+    assert all(decodes_on_device(p) for p in by_element.values())
+    key = next(k for k, m in first_block.items() if m == MODE_COLUMNS)
+    try:
+        decode_records([by_column[key]], torch.device(device))
+    except InvalidInputError as e:
+        assert "coded by column" in str(e), e
+    else:
+        raise AssertionError("decode_records took a block coded by column")
+    cpu, dev = HiddenStatesDataset(path), HiddenStatesDataset(path, decode_on=device)
+    for indices in ([14, 15, 16, 17], BATCH[-1]):
+        want, got = cpu.__getitems__(indices), dev.__getitems__(indices)
+        assert {b["hidden_states"].device.type for b in got} == {torch.device(device).type}
+        same(want, got, f"items {indices}")
+        same(pad_collate(want), pad_collate(got), f"pad_collate {indices}")
+    same(cpu[15], dev[15], "item 15")
+    return f"{sum(m == MODE_COLUMNS for m in first_block.values())} records coded by column"
 
 
 def case_layers(path: Path, device: str) -> str:
@@ -189,6 +250,7 @@ def case_refused(path: Path, device: str) -> str:
 
 CASES = {
     "batches-equal": case_batches_equal,
+    "by-column": case_by_column,
     "layers": case_layers,
     "damaged-record": case_damaged_record,
     "refused": case_refused,

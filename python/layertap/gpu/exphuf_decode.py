@@ -54,6 +54,12 @@ and checks every code-length table of the batch in one numpy pass, then uploads 
 the lanes' descriptors, one copy each; the decode tables are built on the device from the
 lengths (``decode_tables``: canonical codes as in RFC 1951, read least significant bit first).
 Raw blocks (mode 0) and tensors of other dtypes are copied as they are.
+
+Blocks coded by column (mode 2, what the Rust writer writes since 2026-12-05) are not decoded
+here yet: a kernel for them (one lane a stream, several codes a lookup) is issue 32's next step.
+``decodes_on_device`` says whether a payload has none; ``decode_records`` refuses one that has
+(InvalidInputError, not a corrupt record), and ``HiddenStatesDataset(decode_on=...)`` decodes
+such records through the core on the host and copies their hidden states to the device.
 """
 
 from __future__ import annotations
@@ -75,6 +81,7 @@ from layertap._spec.exphuf import (
     MAX_CODE_LEN,
     MAX_CONTEXTS,
     MODE_CODED,
+    MODE_COLUMNS,
     MODE_RAW,
     STREAM_COUNTS,
     SYMBOLS,
@@ -211,6 +218,8 @@ def _parse_block(src: _Source, at: int, base: int, n: int, width: int, batch: _B
             raise FormatProblem("raw block is cut off")
         out.append(("plain", _add_plain(batch, base + at + 1, n * width)))
         return at + 1 + n * width
+    if mode == MODE_COLUMNS:
+        raise _ByColumn
     if mode != MODE_CODED:
         raise FormatProblem(f"block mode {mode} is unknown")
     if 1 + _FIXED.size + SYMBOLS // 2 > len(head):
@@ -253,6 +262,24 @@ def _parse_block(src: _Source, at: int, base: int, n: int, width: int, batch: _B
     batch.elements[width] += n
     out.append(("coded", width, start))
     return stream_at
+
+
+class _ByColumn(Exception):
+    """A block coded by column (mode 2): valid, but not for this kernel (see the module's doc)."""
+
+
+def decodes_on_device(payload) -> bool:
+    """Whether ``decode_records`` decodes the exp-huf ``payload`` (a bytes-like object or a
+    device tensor): False where it has a block coded by column (mode 2), which the caller then
+    decodes on the host (through the core: ``layertap._decoder``). True also for a payload that
+    is not valid exp-huf, which ``decode_records`` reports as corrupt."""
+    try:
+        _parse_record(_Source(payload), 0, _Batch())
+    except _ByColumn:
+        return False
+    except FormatProblem:
+        return True
+    return True
 
 
 def _add_plain(batch: _Batch, src_byte: int, nbytes: int) -> int:
@@ -419,7 +446,8 @@ def decode_records(
     tensors' device, else CUDA where there is one, else the CPU, through Triton's interpreter).
     Returns, per payload, its tensors by name, on the device, bit for bit the writer's; tensors
     of one batch share the batch's output buffers. Raises CorruptRecordError naming the record,
-    tensor and stream where a payload is not a valid exp-huf payload.
+    tensor and stream where a payload is not a valid exp-huf payload, InvalidInputError where it
+    has a block coded by column (``decodes_on_device``).
 
     Host buffers are the fast way in: a device tensor's block heads are read back in one small
     copy each. ``lanes_per_program`` (a multiple of 32 on CUDA; ``LANES`` there by default),
@@ -442,6 +470,12 @@ def decode_records(
             _parse_record(s, b, batch)
         except FormatProblem as e:
             raise CorruptRecordError(f"record {r} of the batch is not a valid exp-huf payload: {e}") from None
+        except _ByColumn:
+            raise InvalidInputError(
+                f"record {r} of the batch has blocks coded by column (exp-huf block mode 2, what the Rust "
+                "writer writes), which this kernel does not decode yet: decode it on the host "
+                "(decodes_on_device says which records can go here)"
+            ) from None
     if timings is not None:
         timings["parse_s"] = time.perf_counter() - t0
         timings.pop("kernel_s", None)
