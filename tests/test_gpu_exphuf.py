@@ -37,11 +37,12 @@ def activations_like(shape, dtype, seed=0) -> torch.Tensor:
 
 
 def reference(t: torch.Tensor) -> bytes:
-    """The Rust encoder's block of ``t``: its payload of a blob holding ``t`` alone, less the
-    blob's header."""
+    """The Rust encoder's block of ``t`` coded by element (mode 1, what the GPU encoders write;
+    the Rust writer's own blocks are mode 2): its payload of a blob holding ``t`` alone, less
+    the blob's header."""
     header = build_header([("t", NAMES[t.dtype], tuple(t.shape))], {})
     raw = header + t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-    payload = _native.exphuf_encode(raw)
+    payload = _native.exphuf_encode(raw, by="element")
     assert payload[: len(header)] == header
     return payload[len(header) :]
 
@@ -96,7 +97,7 @@ def test_a_records_payload_equals_the_rust_writers():
     raw = header + hidden.view(torch.uint8).numpy().tobytes() + ids.view(torch.uint8).numpy().tobytes()
     blocks = encode_blob_tensors([(hidden, "BF16"), (ids, "I64")])
     payload = header + b"".join(b.to_bytes() for b in blocks)
-    assert payload == _native.exphuf_encode(raw)
+    assert payload == _native.exphuf_encode(raw, by="element")
     assert bytes(spec.decode(payload, len(raw))) == raw
 
 

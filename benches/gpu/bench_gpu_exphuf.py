@@ -113,12 +113,15 @@ def host_syncs(records, batched, impl, batch) -> int | None:
 
 
 def rust_block(t: torch.Tensor) -> bytes:
-    """The Rust writer's exp-huf block of ``t`` (its payload of a blob holding ``t`` alone)."""
+    """The Rust encoder's exp-huf block of ``t`` coded by element (mode 1, what the GPU encoder
+    writes; its payload of a blob holding ``t`` alone)."""
     from layertap import _native
     from layertap._spec.blob import build_header
 
     header = build_header([("t", "BF16", tuple(t.shape))], {})
-    return _native.exphuf_encode(header + t.reshape(-1).view(torch.uint8).numpy().tobytes())[len(header) :]
+    return _native.exphuf_encode(header + t.reshape(-1).view(torch.uint8).numpy().tobytes(), by="element")[
+        len(header) :
+    ]
 
 
 def bp16_zstd_reference(records, gb: float):

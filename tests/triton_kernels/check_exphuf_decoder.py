@@ -1,5 +1,6 @@
 """Checks of the Triton decoder of exp-huf (layertap.gpu.exphuf_decode) in Triton's interpreter,
-on the CPU: records the Rust encoder wrote (``_native.exphuf_encode``) decode to tensors bit for
+on the CPU: records the Rust encoder wrote by element (``_native.exphuf_encode(raw, by="element")``,
+block mode 1, what the GPU encoder writes) decode to tensors bit for
 bit equal to the originals, and damaged payloads raise CorruptRecordError (which the Rust
 decoder also refuses) rather than crash or read outside the buffer. Not collected by pytest:
 vLLM's CPU build must never see triton, so tests/test_triton_exphuf_decoder.py runs this script
@@ -43,10 +44,11 @@ NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", tor
 
 
 def payload(tensors: dict[str, torch.Tensor]) -> tuple[bytes, bytes]:
-    """A record holding ``tensors`` (the blob, and its exp-huf payload by the Rust encoder)."""
+    """A record holding ``tensors`` (the blob, and its exp-huf payload by the Rust encoder, coded
+    by element: mode 1, the blocks the Triton decoder reads)."""
     header = build_header([(n, NAMES[t.dtype], tuple(t.shape)) for n, t in tensors.items()], {"key": "k"})
     raw = header + b"".join(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() for t in tensors.values())
-    return raw, _native.exphuf_encode(raw)
+    return raw, _native.exphuf_encode(raw, by="element")
 
 
 def special_values(dtype) -> torch.Tensor:

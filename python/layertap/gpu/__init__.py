@@ -1,7 +1,8 @@
 """Work done on the GPU before records reach the host writer (issue 21): encoders in torch
 operations whose output is an existing codec of docs/FORMAT.md, byte for byte.
 
-``exphuf``: codec 3, exp-huf, the Rust encoder's bytes (checked on the CPU by the tests); one
+``exphuf``: codec 3, exp-huf, the Rust encoder's bytes coded by element (block mode 1; checked
+on the CPU by the tests); one
 tensor, a batch in one pass, or a batch's blocks back to back in one device buffer
 (``encode_contiguous``, what the connector copies to the host). The connector runs it with
 ``compress_on="gpu"`` (``layertap.vllm.gpu_compress``, docs/CONNECTOR.md, "Compression on the

@@ -1,10 +1,12 @@
 """The encoder of codec ``exp-huf`` (docs/FORMAT.md, "Codec 3") in torch operations, so that it
 runs where the hidden states are: on the GPU, before the copy to the host (issue 21).
 
-It makes the Rust writer's choices (rust/core/src/exphuf/block_encode.rs: 4 streams, 16
-contexts around the sample's most common exponent, the last one where counts tie, stride = the
-tensor's last dimension) and takes its code lengths from the Rust core, so it emits the bytes of
-the Rust encoder, which the tests check on the CPU: what the GPU writes is defined byte for byte
+It writes blocks coded by element (block mode 1), with the Rust encoder's choices for them
+(rust/core/src/exphuf/block_encode.rs: 4 streams, 16 contexts around the sample's most common
+exponent, the last one where counts tie, stride = the tensor's last dimension), and takes its
+code lengths from the Rust core, so it emits the bytes of the Rust encoder asked for that layout
+(``_native.exphuf_encode(raw, by="element")``; the Rust writer itself codes by column, mode 2),
+which the tests check on the CPU: what the GPU writes is defined byte for byte
 by a reference that runs without a GPU, and every reader of exp-huf reads it. Without the native
 module the code lengths come from the pure-Python writer's builder, which may break ties in
 Huffman trees differently (still a valid block, not the same bytes).
