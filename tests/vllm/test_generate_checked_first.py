@@ -206,6 +206,32 @@ def test_architecture_the_plugin_covers(ids, tmp_path):
         check_served(["Gemma2ForCausalLM"], "method", [1, 2, 4], 4, True, {})
 
 
+def test_issue_36_families(ids, tmp_path):
+    """GLM-4.5's vLLM class lacks the interface: refused in one line before anything starts unless
+    the plugin is on (which adds it); the other text families of issue 36 have vLLM's own."""
+    from layertap.generate.capture import check_served
+
+    glm = build_tiny_model(tmp_path / "glm4moe", "Glm4MoeForCausalLM")
+    message = (
+        "vLLM's Glm4MoeForCausalLM (Glm4MoeForCausalLM) lacks the EAGLE-3 interface that --capture method "
+        "(vLLM's extract_hidden_states) needs; set LAYERTAP_EAGLE3=1"
+    )
+    assert_refused_early(message, glm, ids, tmp_path / "out", env={"LAYERTAP_EAGLE3": "0"})
+    with pytest_env({"LAYERTAP_EAGLE3": "0"}):
+        with pytest.raises(GenerateError, match="lacks the EAGLE-3 interface"):
+            check_served(["Glm4MoeForCausalLM"], "method", [0, 2, 4], 4, True, {})
+        for arch in [
+            "GptOssForCausalLM",
+            "Llama4ForCausalLM",
+            "Ministral3ForCausalLM",
+            "Qwen3MoeForCausalLM",
+            "MiniMaxM2ForCausalLM",
+        ]:
+            check_served([arch], "method", [0, 2, 4], 4, True, {})
+    with pytest_env({"LAYERTAP_EAGLE3": "Glm4MoeForCausalLM"}):
+        check_served(["Glm4MoeForCausalLM"], "method", [0, 2, 4], 4, True, {})
+
+
 def test_layer_zero_through_the_transformers_backend(phi, ids, tmp_path):
     from layertap.generate.capture import check_served
 

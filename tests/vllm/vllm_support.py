@@ -119,6 +119,15 @@ def read_stats(path: str | os.PathLike) -> dict:
     return json.loads(Path(path).read_text())
 
 
+def vllm_class_name(arch: str) -> str:
+    """vLLM's own class for ``arch`` as ``module.Class`` under ``vllm.model_executor.models`` (from
+    its static registry, whatever a plugin registered in this process)."""
+    from vllm.model_executor.models.registry import _VLLM_MODELS
+
+    module, name = _VLLM_MODELS[arch]
+    return f"{module}.{name}"
+
+
 def decoder_layers(model: Any) -> Any:
     """A transformers causal LM's decoder layers (``model.layers``; GPT-2: ``transformer.h``)."""
     return model.transformer.h if hasattr(model, "transformer") else model.model.layers
@@ -172,9 +181,11 @@ class Reference:
 
 def assert_hidden_states_match(
     record: Any, reference: Reference, token_ids: list[int], layers: list[int] = STORED_LAYERS, hidden_size: int = 128
-) -> None:
+) -> float:
     """The record holds ``token_ids`` and, per stored layer (``layers``, ascending), what
-    transformers computes: float32 to ~1e-6, bfloat16 to bfloat16 precision."""
+    transformers computes: float32 to ~1e-6, bfloat16 to bfloat16 precision. Returns the largest
+    absolute difference from transformers' values in the record's dtype (for the support table,
+    tests/vllm/support_table.py)."""
     assert record.token_ids.dtype == torch.int64
     assert record.token_ids.tolist() == token_ids
     assert record.layer_ids == layers
@@ -183,11 +194,12 @@ def assert_hidden_states_match(
     assert record.metadata["dtype"] == str(got.dtype).removeprefix("torch.")
     assert record.metadata["num_tokens"] == str(len(token_ids))
     ref = reference.hidden_states(token_ids, layers, got.dtype)
+    worst = (got.float() - ref.float()).abs().max().item()
     if layers[0] == 0:  # the embedding lookup: exact in any dtype
         assert torch.equal(got[:, 0], ref[:, 0])
     if got.dtype == torch.float32:
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
-        return
+        return worst
     assert got.dtype == torch.bfloat16
     # "bfloat16 precision": as close to the exact (float32) values as transformers' own bfloat16
     # forward gets. Both drift from them by rounding steps that add up with depth (1 eps = 2**-8
@@ -203,3 +215,4 @@ def assert_hidden_states_match(
         assert err.max() <= 2 * allowed.max() + eps * want.abs().max(), (
             f"layer {layer}: max error {err.max()}, transformers bf16 {allowed.max()}"
         )
+    return worst
