@@ -351,27 +351,24 @@ fn fast<const W: usize>(
 /// Writes the elements into `dst` in row order: each top of `scratch` (column order, as
 /// [`lane`] puts it) with its raw bits from `plane`.
 fn put_rows<const W: usize>(scratch: &[u16], columns: usize, plane: &[u8], dst: &mut [u8]) {
-    let n = scratch.len();
-    let rows = n / columns;
-    assert_eq!(dst.len(), n * W);
+    assert_eq!(dst.len(), scratch.len() * W);
     #[cfg(target_arch = "x86_64")]
-    if W == 2 {
-        if columns.is_multiple_of(8) && std::arch::is_x86_feature_detected!("ssse3") {
+    {
+        if W == 2 && columns.is_multiple_of(8) && std::arch::is_x86_feature_detected!("ssse3") {
             // SAFETY: the CPU has SSSE3 (detected above).
-            unsafe { put_rows_sse2::<true>(scratch, columns, plane, dst) };
+            unsafe { put_rows_sse2::<W, true>(scratch, columns, plane, dst) };
         } else {
-            // SAFETY: SSE2 is part of x86_64.
-            unsafe { put_rows_sse2::<false>(scratch, columns, plane, dst) };
+            // SAFETY: SSE2 is part of x86_64 (the function's SSSE3 code runs only with
+            // `SSSE3` true).
+            unsafe { put_rows_sse2::<W, false>(scratch, columns, plane, dst) };
         }
-        return;
     }
-    const TILE: usize = 32;
-    for r0 in (0..rows).step_by(TILE) {
-        for c0 in (0..columns).step_by(TILE) {
-            for row in r0..(r0 + TILE).min(rows) {
-                for c in c0..(c0 + TILE).min(columns) {
-                    put_one::<W>(scratch, rows, columns, plane, dst, row, c);
-                }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let rows = scratch.len() / columns;
+        for row in 0..rows {
+            for c in 0..columns {
+                put_one::<W>(scratch, rows, columns, plane, dst, row, c);
             }
         }
     }
@@ -416,9 +413,9 @@ fn put_one<const W: usize>(
     dst[i * W..i * W + W].copy_from_slice(&v.to_le_bytes()[..W]);
 }
 
-/// [`put_rows`] for 2-byte elements: 8 x 8 blocks of tops transposed in SSE2 registers, each
-/// row of 8 ORed with its 56 raw bits (one read of the plane), in tiles of 32 rows by 64
-/// columns so that the columns' cache lines are reused by the next rows.
+/// [`put_rows`] in SSE2: 8 x 8 blocks of tops transposed in registers, each row of 8 ORed with
+/// its raw bits (2-byte elements: 56 bits, one read of the plane; 4-byte: 8 reads of 23 bits),
+/// 8 rows at a time over the whole width, so that the plane is read in order.
 ///
 /// With `SSSE3` (the caller checked the CPU has it, and that rows are whole multiples of 8
 /// elements, so that each 8 raw values start at a byte), the 7 bytes of 8 raw values are
@@ -426,7 +423,7 @@ fn put_one<const W: usize>(
 /// each value in a general register.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "ssse3")]
-unsafe fn put_rows_sse2<const SSSE3: bool>(
+unsafe fn put_rows_sse2<const W: usize, const SSSE3: bool>(
     scratch: &[u16],
     columns: usize,
     plane: &[u8],
@@ -445,7 +442,8 @@ unsafe fn put_rows_sse2<const SSSE3: bool>(
     let spread = |w: u64| -> u64 {
         (w & 0x7F) | (w >> 7 & 0x7F) << 16 | (w >> 14 & 0x7F) << 32 | (w >> 21 & 0x7F) << 48
     };
-    let ahead = columns * 7;
+    let r = raw_bits::<W>() as usize;
+    let ahead = columns * r;
     for rb in (0..rows8).step_by(8) {
         for cb in (0..cols8).step_by(cols8.max(1)) {
             for r0 in (rb..(rb + 8).min(rows8)).step_by(8) {
@@ -485,13 +483,27 @@ unsafe fn put_rows_sse2<const SSSE3: bool>(
                         ];
                         for (i, v) in rows_of.into_iter().enumerate() {
                             let e = (r0 + i) * columns + c0;
-                            let bit = e as u64 * 7;
+                            let bit = (e * r) as u64;
                             let p = (bit >> 3) as usize;
                             // The plane is read a row-block at a time, 8 rows side by side,
                             // which the hardware's prefetchers miss: fetch the next block's.
                             _mm_prefetch::<_MM_HINT_T0>(
                                 plane.as_ptr().wrapping_add(p + ahead).cast(),
                             );
+                            if W == 4 {
+                                let raw: [u32; 8] =
+                                    std::array::from_fn(|k| raw_of::<4>(plane, e + k) as u32);
+                                let zero = _mm_setzero_si128();
+                                let lo = _mm_slli_epi32::<23>(_mm_unpacklo_epi16(v, zero));
+                                let hi = _mm_slli_epi32::<23>(_mm_unpackhi_epi16(v, zero));
+                                let lo = _mm_or_si128(lo, _mm_loadu_si128(raw.as_ptr().cast()));
+                                let hi =
+                                    _mm_or_si128(hi, _mm_loadu_si128(raw[4..].as_ptr().cast()));
+                                let out = &mut dst[4 * e..4 * e + 32];
+                                _mm_storeu_si128(out.as_mut_ptr().cast(), lo);
+                                _mm_storeu_si128(out[16..].as_mut_ptr().cast(), hi);
+                                continue;
+                            }
                             let raw = match plane.get(p..p + 16) {
                                 Some(b) if SSSE3 => {
                                     let b =
@@ -517,12 +529,12 @@ unsafe fn put_rows_sse2<const SSSE3: bool>(
     // The columns right of the last whole 8, and the rows below the last whole 8.
     for row in 0..rows8 {
         for c in cols8..columns {
-            put_one::<2>(scratch, rows, columns, plane, dst, row, c);
+            put_one::<W>(scratch, rows, columns, plane, dst, row, c);
         }
     }
     for row in rows8..rows {
         for c in 0..columns {
-            put_one::<2>(scratch, rows, columns, plane, dst, row, c);
+            put_one::<W>(scratch, rows, columns, plane, dst, row, c);
         }
     }
 }

@@ -461,14 +461,12 @@ fn check_block_takes_column_blocks() {
         let (rows, cols) = (300, 70);
         let data = activations(rows, cols, w, 9);
         let mut block = Vec::new();
-        let plan = block_encode::Plan {
-            stride: cols,
-            exp_shift: 0,
-        };
         if w == 2 {
-            block_encode::encode::<2>(&data, &plan, Layout::ByColumn, &mut block);
+            let map = block_encode::contexts::<2>(&data, 0);
+            column_encode::encode::<2>(&data, cols, 3, &map, &mut block);
         } else {
-            block_encode::encode::<4>(&data, &plan, Layout::ByColumn, &mut block);
+            let map = block_encode::contexts::<4>(&data, 0);
+            column_encode::encode::<4>(&data, cols, 3, &map, &mut block);
         }
         assert_eq!(block[0], column::MODE_COLUMNS);
         let n = rows * cols;
