@@ -130,16 +130,20 @@ pub fn encode<const W: usize>(
     let ctx_off: [u16; SYMBOLS] = std::array::from_fn(|t| ctx_of_top[t] as u16 * SYMBOLS as u16);
 
     // Counts per (context, top): the first element of a stream has context 0, every other one
-    // the context of the top before it.
+    // the context of the top before it. Each top is replaced by its index in the tables,
+    // `ctx_off[top before] + top`, which the streams' coding then takes as it is; from the end
+    // of a stream backwards, so that the top before is still there.
     let mut hist = vec![0u32; ENC_LEN];
     for k in 0..streams {
         let cols = stream_columns(columns, streams, k);
-        let seq = &tops[cols.start * rows..cols.end * rows];
-        hist[seq[0] as usize] += 1;
-        for p in seq.windows(2) {
-            hist[(ctx_off[p[0] as usize & (SYMBOLS - 1)] as usize + p[1] as usize)
-                & (ENC_LEN - 1)] += 1;
+        let seq = &mut tops[cols.start * rows..cols.end * rows];
+        for j in (1..seq.len()).rev() {
+            let at =
+                (ctx_off[seq[j - 1] as usize & (SYMBOLS - 1)] + seq[j]) as usize & (ENC_LEN - 1);
+            seq[j] = at as u16;
+            hist[at] += 1;
         }
+        hist[seq[0] as usize & (SYMBOLS - 1)] += 1;
     }
 
     // Codes per context; the encoding table holds `reversed code | length << 16`, indexed like
@@ -174,12 +178,7 @@ pub fn encode<const W: usize>(
     for k in 0..streams {
         let cols = stream_columns(columns, streams, k);
         let start = out.len();
-        encode_stream(
-            &tops[cols.start * rows..cols.end * rows],
-            &ctx_off,
-            &table,
-            out,
-        );
+        encode_stream(&tops[cols.start * rows..cols.end * rows], &table, out);
         let len = (out.len() - start) as u64;
         out[lens_at + 8 * k..lens_at + 8 * k + 8].copy_from_slice(&len.to_le_bytes());
     }
@@ -206,8 +205,13 @@ fn raw_plane<const W: usize>(data: &[u8], out: &mut Vec<u8>) {
     let groups = data.chunks_exact(group * W);
     let rest = groups.remainder();
     for g in groups {
-        for x in g.chunks_exact(W) {
-            bits.put(value::<W>(x) as u64 & mask, r);
+        if W == 2 {
+            // 8 elements' 7 bits: 56 bits at once.
+            bits.put(pack_low7(g.try_into().expect("16 bytes")), 56);
+        } else {
+            for x in g.chunks_exact(W) {
+                bits.put(value::<W>(x) as u64 & mask, r);
+            }
         }
         // SAFETY: see above.
         unsafe { bits.store() };
@@ -224,9 +228,38 @@ fn raw_plane<const W: usize>(data: &[u8], out: &mut Vec<u8>) {
     unsafe { out.set_len(out.len() + len) };
 }
 
-/// Appends the stream of the tops `seq` (in stream order) to `out`: each top's code in the
-/// table of the context of the top before it (context 0 for the first).
-fn encode_stream(seq: &[u16], ctx_off: &[u16; SYMBOLS], table: &[u32], out: &mut Vec<u8>) {
+/// The low 7 bits of 8 little-endian 2-byte elements, element 0's lowest: 56 bits.
+#[inline(always)]
+fn pack_low7(b: &[u8; 16]) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::*;
+        // SAFETY: SSE2 is part of x86_64; the load reads the 16 bytes of `b`.
+        unsafe {
+            let v = _mm_and_si128(_mm_loadu_si128(b.as_ptr().cast()), _mm_set1_epi16(0x7F));
+            // Pairs: a + b << 7 (14 bits in each 32-bit lane), then pairs of those: 28 bits in
+            // each 64-bit lane.
+            let p = _mm_madd_epi16(v, _mm_set1_epi32(0x0080_0001));
+            let q = _mm_or_si128(
+                _mm_and_si128(p, _mm_set1_epi64x(0xFFFF_FFFF)),
+                _mm_slli_epi64::<14>(_mm_srli_epi64::<32>(p)),
+            );
+            let lo = _mm_cvtsi128_si64(q) as u64;
+            let hi = _mm_cvtsi128_si64(_mm_srli_si128::<8>(q)) as u64;
+            lo | hi << 28
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        (0..8).fold(0u64, |w, k| {
+            w | ((u16::from_le_bytes([b[2 * k], b[2 * k + 1]]) & 0x7F) as u64) << (7 * k)
+        })
+    }
+}
+
+/// Appends the stream of `seq` (in stream order, each element's index in `table`: its
+/// context's offset plus its top) to `out`.
+fn encode_stream(seq: &[u16], table: &[u32], out: &mut Vec<u8>) {
     let table: &[u32; ENC_LEN] = table.try_into().expect("encoder table size");
     let group = (57 / MAX_CODE_LEN) as usize;
     let most = (seq.len() * MAX_CODE_LEN as usize).div_ceil(8);
@@ -237,24 +270,21 @@ fn encode_stream(seq: &[u16], ctx_off: &[u16; SYMBOLS], table: &[u32], out: &mut
         acc: 0,
         nbits: 0,
     };
-    let mut ctx = 0usize;
     // Each store is safe: at most `group` codes of at most MAX_CODE_LEN bits follow at most 7
     // bits held, and the codes put so far take at most `most` bytes, within `most + 8` reserved.
     let groups = seq.chunks_exact(group);
     let rest = groups.remainder();
     for g in groups {
-        for &t in g {
-            let e = table[(ctx + t as usize) & (ENC_LEN - 1)];
+        for &at in g {
+            let e = table[at as usize & (ENC_LEN - 1)];
             bits.put((e & 0xFFFF) as u64, e >> 16);
-            ctx = ctx_off[t as usize & (SYMBOLS - 1)] as usize;
         }
         // SAFETY: see above.
         unsafe { bits.store() };
     }
-    for &t in rest {
-        let e = table[(ctx + t as usize) & (ENC_LEN - 1)];
+    for &at in rest {
+        let e = table[at as usize & (ENC_LEN - 1)];
         bits.put((e & 0xFFFF) as u64, e >> 16);
-        ctx = ctx_off[t as usize & (SYMBOLS - 1)] as usize;
         // SAFETY: see above.
         unsafe { bits.store() };
     }
