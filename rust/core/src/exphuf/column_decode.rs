@@ -27,11 +27,14 @@ const STEPS: usize = (56 / MAX_CODE_LEN) as usize;
 const LANES: usize = 4;
 
 /// Multi-code entry fields: three tops (16 bits each), then the count of codes, the bits they
-/// take, the context after them and a flag for a bit pattern that starts no code.
+/// take and the context after them (5 bits: one more than a block has, [`BAD_CONTEXT`]).
 const CNT_AT: u32 = 48;
 const BITS_AT: u32 = 50;
 const CTX_AT: u32 = 54;
-const BAD: u64 = 1 << 58;
+/// The context a stream enters at a bit pattern that starts no code, and never leaves (each of
+/// its entries takes one bit and one top, so that the loop moves on): the multi-code loop tells
+/// a bad stream by its context at the end, with nothing to test per code.
+const BAD_CONTEXT: usize = 16;
 
 /// The tables of one block: per context, `single` (`top << 4 | code length`, 0 where no code
 /// starts) and, for large blocks, `multi` (up to [`PER_STEP`] codes an entry).
@@ -52,6 +55,11 @@ fn lane<const W: usize>(top: u64) -> u64 {
     }
 }
 
+/// An entry of [`BAD_CONTEXT`].
+fn bad_entry() -> u64 {
+    1 << CNT_AT | 1 << BITS_AT | (BAD_CONTEXT as u64) << CTX_AT
+}
+
 impl Tables {
     fn multi_entry<const W: usize>(&self, c: usize, x: usize) -> u64 {
         let (mut ctx, mut used, mut cnt, mut lanes) = (c, 0u32, 0u64, 0u64);
@@ -69,9 +77,7 @@ impl Tables {
             ctx = self.ctx_of_top[(e >> 4) as usize] as usize;
         }
         if cnt == 0 {
-            // One code's worth of garbage and one bit, so that the loop moves on; the flag
-            // makes the block an error.
-            return BAD | 1 << CNT_AT | 1 << BITS_AT;
+            return bad_entry();
         }
         lanes | cnt << CNT_AT | (used as u64) << BITS_AT | (ctx as u64) << CTX_AT
     }
@@ -123,7 +129,9 @@ pub fn decode<const W: usize>(src: &[u8], at: &mut usize, dst: &mut [u8]) -> Res
     let src = &src[..next];
 
     if n >= MULTI_MIN {
-        tables.multi = vec![0u64; head.contexts * TABLE_LEN];
+        // The block's contexts, then BAD_CONTEXT's table.
+        tables.multi = vec![0u64; (BAD_CONTEXT + 1) * TABLE_LEN];
+        tables.multi[BAD_CONTEXT * TABLE_LEN..].fill(bad_entry());
         for c in 0..head.contexts {
             for x in 0..TABLE_LEN {
                 tables.multi[c * TABLE_LEN + x] = tables.multi_entry::<W>(c, x);
@@ -282,68 +290,55 @@ fn fast<const W: usize>(
     st: &mut [Stream; LANES],
     scratch: &mut [u16],
 ) -> Result<(), String> {
-    assert!(multi.len().is_multiple_of(TABLE_LEN) && st.iter().all(|s| s.end <= scratch.len()));
-    let contexts = multi.len() / TABLE_LEN;
+    assert!(
+        multi.len() == (BAD_CONTEXT + 1) * TABLE_LEN && st.iter().all(|s| s.end <= scratch.len())
+    );
     let read = |p: usize| -> u64 {
         // SAFETY: callers check `p + 8 <= src.len()`.
         u64::from_le_bytes(unsafe { src.as_ptr().add(p).cast::<[u8; 8]>().read() })
     };
-    let mut buf = [0u64; LANES];
-    let mut nb = [0u64; LANES];
-    let mut ptr = [0usize; LANES];
-    let mut out = [0usize; LANES];
-    let mut ctx = [0usize; LANES];
     if !st.iter().all(|s| s.runs(src.len())) {
         return Ok(());
     }
-    for i in 0..LANES {
-        let p = (st[i].bit >> 3) as usize;
-        buf[i] = read(p) >> (st[i].bit & 7);
-        ptr[i] = p + 7;
-        nb[i] = 56 - (st[i].bit & 7);
-        out[i] = st[i].out;
-        ctx[i] = st[i].ctx;
-    }
+    let mut buf = [0u64; LANES];
+    let mut bit: [u64; LANES] = std::array::from_fn(|i| st[i].bit);
+    let mut out: [usize; LANES] = std::array::from_fn(|i| st[i].out);
+    let mut ctx: [usize; LANES] = std::array::from_fn(|i| st[i].ctx);
     let scr = scratch.as_mut_ptr();
-    let mut seen = 0u64;
     loop {
-        if (0..LANES).any(|i| st[i].end - out[i] < ROUND || ptr[i] + 8 > src.len()) {
+        if (0..LANES).any(|i| st[i].end - out[i] < ROUND || (bit[i] >> 3) as usize + 8 > src.len())
+        {
             break;
         }
         for i in 0..LANES {
-            // Refill to 56 to 63 bits (F. Giesen, "reading bits in far too many ways", variant
-            // 4): the bits above `nb` are the stream's next ones too.
-            buf[i] |= read(ptr[i]) << nb[i];
-            ptr[i] += ((63 - nb[i]) >> 3) as usize;
-            nb[i] |= 56;
+            // At least 57 of the stream's next bits: the STEPS steps below take at most 55.
+            buf[i] = read((bit[i] >> 3) as usize) >> (bit[i] & 7);
         }
         for _ in 0..STEPS {
             for i in 0..LANES {
-                // SAFETY: `ctx[i]` is a context below `contexts` times TABLE_LEN (every entry's
-                // context field is one of the block's, checked by Head::parse), so the index
-                // is inside `multi`. `out[i] + 4 <= st[i].end <= scratch.len()`: the round
-                // began with at least ROUND tops left and each step moves at most PER_STEP.
+                // SAFETY: `ctx[i]` is a context of the table (the block's, below 16, or
+                // BAD_CONTEXT) times TABLE_LEN, so the index is inside `multi` (asserted
+                // above). `out[i] + 4 <= st[i].end <= scratch.len()`: the round began with at
+                // least ROUND tops left and each step moves at most PER_STEP.
                 unsafe {
                     let e = *multi.get_unchecked(ctx[i] + (buf[i] & MASK) as usize);
                     scr.add(out[i]).cast::<u64>().write_unaligned(e);
-                    seen |= e;
                     out[i] += ((e >> CNT_AT) & 3) as usize;
                     let len = (e >> BITS_AT) & 15;
                     buf[i] >>= len;
-                    nb[i] -= len;
-                    ctx[i] = ((e >> CTX_AT) & 15) as usize * TABLE_LEN;
+                    bit[i] += len;
+                    ctx[i] = ((e >> CTX_AT) & 31) as usize * TABLE_LEN;
                 }
             }
         }
     }
-    debug_assert!(ctx.iter().all(|&c| c < contexts * TABLE_LEN));
     for i in 0..LANES {
-        st[i].bit = 8 * ptr[i] as u64 - nb[i];
+        if ctx[i] == BAD_CONTEXT * TABLE_LEN {
+            return Err("a stream holds a bit pattern that is no code".into());
+        }
+        st[i].bit = bit[i];
         st[i].out = out[i];
         st[i].ctx = ctx[i];
-    }
-    if seen & BAD != 0 {
-        return Err("a stream holds a bit pattern that is no code".into());
     }
     Ok(())
 }
