@@ -105,6 +105,10 @@ PYTEST_WORKERS ?= 2
 test-python: venv build ## Run the Python tests (real vLLM included; PYTEST_WORKERS=0 for one process)
 	$(BIN)/python -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
+.PHONY: support-table
+support-table: ## Regenerate docs/CONNECTOR.md's support table, merging ROWS (the files of rows the value tests wrote where LAYERTAP_SUPPORT_TABLE_OUT said)
+	$(BIN)/python tests/vllm/support_table.py --write $(ROWS)
+
 .PHONY: demo
 demo: build ## layertap generate over a small chat JSONL with a built-in tiny model, then inspect (installs only what it needs)
 	$(BIN)/python -m layertap.demo $(DEMO_ARGS)

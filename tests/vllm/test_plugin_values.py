@@ -53,7 +53,7 @@ SUPPORT_TABLE = [
 COMPARED = "ids 0, 1, 2, N; 5 prompts (prefix cached, 5 chunks, 1 token) and generated tokens; {dtype}"
 
 
-def report(arch: str, capture: str, dtype: str, errors: list[float]) -> None:
+def report(arch: str, capture: str, dtype: str, errors: list[float], largest: float) -> None:
     support_table.report(
         arch,
         capture,
@@ -61,6 +61,7 @@ def report(arch: str, capture: str, dtype: str, errors: list[float]) -> None:
         compared=COMPARED.format(dtype=dtype),
         worst_abs_error=max(errors),
         records=len(errors),
+        largest_value=largest,
     )
 
 
@@ -90,7 +91,8 @@ def test_entry_point_in_the_engine_process(tmp_path):
     for record, (_, ids) in zip(records, requests):
         assert record.hidden_states.dtype == torch.bfloat16
         errors.append(assert_hidden_states_match(record, reference, ids, layers=STORED_LAYERS))
-    report(ENTRY_POINT_FAMILY, "method+plugin", "bfloat16, engine in its own process", errors)
+    largest = support_table.records_largest_value(records)
+    report(ENTRY_POINT_FAMILY, "method+plugin", "bfloat16, engine in its own process", errors, largest)
 
 
 @pytest.fixture(scope="module")
@@ -104,26 +106,28 @@ def registered():
 
 
 def run_in_process(arch: str, tmp_path) -> list[float]:
-    """Runs the requests through an engine in this process; returns each record's worst error."""
+    """Runs the requests through an engine in this process; returns each record's worst error and
+    the largest absolute value recorded."""
     model = build_tiny_model(tmp_path / "model", arch)
     out_dir = tmp_path / "hs"
     with running_llm(False, **family_engine_args(model, out_dir)) as llm:
         requests = run_requests(llm)
     # The engine ran in this process: its shutdown handed the last requests to the connector.
     reference = Reference(model)
-    errors = []
+    errors, largest = [], 0.0
     with layertap.open(out_dir) as ds:
         assert len(ds) == len(requests)
         for out, ids in requests:
             record = ds[out.kv_transfer_params["layertap"]["key"]]
             errors.append(assert_hidden_states_match(record, reference, ids, layers=STORED_LAYERS))
-    return errors
+            largest = max(largest, support_table.records_largest_value([record]))
+    return errors, largest
 
 
 @pytest.mark.parametrize("arch", IN_PROCESS_FAMILIES)
 def test_values_equal_transformers(arch, registered, tmp_path):
     assert arch in registered
-    report(arch, "method+plugin", "float32", run_in_process(arch, tmp_path))
+    report(arch, "method+plugin", "float32", *run_in_process(arch, tmp_path))
 
 
 @pytest.mark.parametrize("arch", WITH_INTERFACE)
@@ -135,4 +139,4 @@ def test_values_equal_transformers_with_vllms_interface(arch, tmp_path):
 
     module, name = vllm_class_name(arch).rsplit(".", 1)
     assert supports_eagle3(getattr(importlib.import_module(f"vllm.model_executor.models.{module}"), name))
-    report(arch, "method", "float32", run_in_process(arch, tmp_path))
+    report(arch, "method", "float32", *run_in_process(arch, tmp_path))

@@ -73,5 +73,5 @@ def test_a_new_run_replaces_its_families_rows_and_keeps_the_others():
             [], [row("LlamaForCausalLM", "method", 1e-6), row("LlamaForCausalLM", "method", 1e-6, compared="d")]
         )
     table = support_table.render(merged)
-    assert "| Gemma 2 | `Gemma2ForCausalLM` | `m.C` | method+plugin | c | 9.0e-06 | 1 |" in table.splitlines()
+    assert "| Gemma 2 | `Gemma2ForCausalLM` | `m.C` | method+plugin | c | 9.0e-06 | - | 1 |" in table.splitlines()
     json.dumps(merged)  # what --write stores
