@@ -90,6 +90,77 @@ def build_tiny_qwen2_5_vl(path: str | os.PathLike, *, dtype: str = "float32", se
     return str(out)
 
 
+#: Qwen3-VL's vision patches are 16 pixels (merged 2 x 2 as Qwen2-VL's): a 64 x 96 image is
+#: 4 x 6 patches, 2 x 3 = 6 image tokens.
+QWEN3_PATCH = 16
+
+
+def build_tiny_qwen3_vl(path: str | os.PathLike, *, dtype: str = "float32", seed: int = 0) -> str:
+    """Writes a random ``Qwen3VLForConditionalGeneration``, its tokenizer and its image processor
+    into ``path`` and returns the path. The language model is a 4-layer Qwen3 (hidden 128, head
+    size 64) with interleaved multimodal rotary positions; the vision tower has 3 blocks, and the
+    outputs of its first two ("deepstack") are added to the image rows after the language
+    model's layers 0 and 1, as Qwen3-VL does after its first three."""
+    from transformers import AutoTokenizer, Qwen3VLConfig, Qwen3VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    out = Path(path)
+    vocab = write_tokenizer(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    tokenizer.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS)})
+    tokenizer.save_pretrained(out)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS}
+    hidden = 128
+    config = Qwen3VLConfig(
+        text_config=dict(
+            vocab_size=len(tokenizer),
+            hidden_size=hidden,
+            intermediate_size=256,
+            num_hidden_layers=4,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=64,
+            max_position_embeddings=4096,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": [16, 8, 8],
+                "mrope_interleaved": True,
+            },
+            bos_token_id=vocab["<s>"],
+            eos_token_id=vocab["</s>"],
+            tie_word_embeddings=False,
+        ),
+        vision_config=dict(
+            depth=3,
+            hidden_size=64,
+            intermediate_size=128,
+            num_heads=2,
+            out_hidden_size=hidden,
+            patch_size=QWEN3_PATCH,
+            spatial_merge_size=MERGE,
+            temporal_patch_size=2,
+            num_position_embeddings=64,
+            deepstack_visual_indexes=[0, 1],
+        ),
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False,
+    )
+    config.bos_token_id, config.eos_token_id = vocab["<s>"], vocab["</s>"]
+    save_random_model(Qwen3VLForConditionalGeneration, config, out, dtype=dtype, seed=seed)
+    side = QWEN3_PATCH * MERGE
+    Qwen2VLImageProcessorPil(
+        patch_size=QWEN3_PATCH,
+        merge_size=MERGE,
+        temporal_patch_size=2,
+        size={"shortest_edge": side * side, "longest_edge": 4 * side * 4 * side},
+    ).save_pretrained(out)
+    return str(out)
+
+
 def image_prompt(words_before: str, words_after: str) -> str:
     """A prompt with one image between two runs of words, as Qwen2-VL's chat template places it
     (``<|vision_start|><|image_pad|><|vision_end|>``), which vLLM expands to the image's tokens."""
@@ -123,4 +194,12 @@ def random_image(width: int = 84, height: int = 56, seed: int = 0):
     return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8), "RGB")
 
 
-__all__ = ["IMAGE_PAD", "VISION_TOKENS", "build_tiny_qwen2_5_vl", "expand_image_tokens", "image_prompt", "random_image"]
+__all__ = [
+    "IMAGE_PAD",
+    "VISION_TOKENS",
+    "build_tiny_qwen2_5_vl",
+    "build_tiny_qwen3_vl",
+    "expand_image_tokens",
+    "image_prompt",
+    "random_image",
+]

@@ -52,7 +52,7 @@ def _no_torchvision() -> None:
         )
 
 
-def _run_engine(model: str, output_dir: Path, prompts: list[dict]) -> list[dict]:
+def _run_engine(model: str, output_dir: Path, prompts: list[dict], layers: list[int] | None = None) -> list[dict]:
     """vl_engine.py in a child process with torchvision importable: [{key, token_ids}] per prompt."""
     if not (TORCHVISION_TARGET / "torchvision").is_dir():
         pytest.fail(
@@ -63,7 +63,15 @@ def _run_engine(model: str, output_dir: Path, prompts: list[dict]) -> list[dict]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     result = output_dir.parent / "engine-result.json"
     proc = subprocess.run(
-        [sys.executable, str(HERE / "vl_engine.py"), model, str(output_dir), str(result), json.dumps(prompts)],
+        [
+            sys.executable,
+            str(HERE / "vl_engine.py"),
+            model,
+            str(output_dir),
+            str(result),
+            json.dumps(prompts),
+            *([] if layers is None else [json.dumps(layers)]),
+        ],
         capture_output=True,
         text=True,
         env=env,
@@ -145,6 +153,7 @@ def test_hidden_states_of_prompts_with_an_image_equal_transformers(tiny_vl, tmp_
         want = ref.hidden_states(ids, image, STORED_LAYERS)
         assert record.hidden_states.shape == want.shape
         torch.testing.assert_close(record.hidden_states, want, rtol=1e-5, atol=2e-5)
+        print(f"Qwen2.5-VL: worst abs error {(record.hidden_states - want).abs().max().item():.2e}")
     assert results[0]["token_ids"].count(ref.pad) == 6 and results[1]["token_ids"].count(ref.pad) == 4
     assert ref.pad not in results[2]["token_ids"]
 
@@ -232,3 +241,112 @@ def test_which_rows_the_image_occupies(tiny_vl):
     assert t == [0, 1, 2, 3, 4, 4, 4, 4, 4, 4, 7, 8, 9, 10]
     assert h == [0, 1, 2, 3, 4, 4, 4, 5, 5, 5, 7, 8, 9, 10]
     assert w == [0, 1, 2, 3, 4, 5, 6, 4, 5, 6, 7, 8, 9, 10]
+
+
+class Qwen3VLReference(VLReference):
+    """The tiny Qwen3-VL's language model in transformers, at the inputs of its decoder layers
+    (forward pre-hooks) and the last layer's output. Qwen3-VL adds the vision tower's "deepstack"
+    features to the image rows after the first decoder layers; transformers' ``hidden_states[k]``
+    is layer k-1's output before that addition, vLLM's layer id k the input of layer k, after it."""
+
+    def __init__(self, model_dir: str):
+        from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.image_processor = Qwen2VLImageProcessorPil.from_pretrained(model_dir)
+        self.model = Qwen3VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self.pad = self.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+        self.inputs: dict = {}
+        self._last: dict = {}
+        layers = self.model.model.language_model.layers
+
+        def keep_input(k):
+            def hook(_module, args, kwargs):
+                self.inputs[k] = (args[0] if args else kwargs["hidden_states"])[0].clone()
+
+            return hook
+
+        for k, layer in enumerate(layers):
+            layer.register_forward_pre_hook(keep_input(k), with_kwargs=True)
+        layers[-1].register_forward_hook(lambda _m, _a, out: self._last.__setitem__("out", out))
+
+    def forward(self, token_ids: list[int], image):
+        """transformers' ``hidden_states`` and ``[tokens, layers 0..N, hidden]`` (the inputs of the
+        decoder layers, then the last one's output)."""
+        pixels = self.image_processor(images=[image], return_tensors="pt")
+        kinds = torch.tensor([[1 if t == self.pad else 0 for t in token_ids]])
+        with torch.no_grad():
+            out = self.model(
+                input_ids=torch.tensor([token_ids]),
+                pixel_values=pixels["pixel_values"],
+                image_grid_thw=pixels["image_grid_thw"],
+                mm_token_type_ids=kinds,
+                output_hidden_states=True,
+            )
+        n = self.model.config.text_config.num_hidden_layers
+        last = self._last["out"]
+        last = last[0] if isinstance(last, tuple) else last
+        return out.hidden_states, torch.stack([*(self.inputs[k] for k in range(n)), last[0]], dim=1)
+
+
+QWEN3_VL_LAYERS = [4, 0, 1, 2]
+QWEN3_VL_PROMPTS = [
+    {"before": "the of and", "after": "water call first", "image": [96, 64, 0]},  # 6 image tokens
+    {"before": "first", "after": "the of and to in is", "image": [64, 64, 1]},  # 4
+]
+
+
+def test_qwen3_vl_hidden_states_with_an_image_equal_transformers(tmp_path):
+    """Qwen3-VL (vLLM's class has the EAGLE-3 interface): each record equals transformers' inputs
+    of the decoder layers at ids 0, 1, 2 and the last layer's output at 4, image rows included.
+    At the image rows of ids 1 and 2 these hold the deepstack features, which transformers'
+    ``hidden_states[1]`` and ``[2]`` lack (they differ there by the order of the values, and
+    equal elsewhere)."""
+    from layertap._tiny_vl import build_tiny_qwen3_vl
+
+    _no_torchvision()
+    model = build_tiny_qwen3_vl(tmp_path / "model")
+    results = _run_engine(model, tmp_path / "hs", QWEN3_VL_PROMPTS, QWEN3_VL_LAYERS)
+    ref = Qwen3VLReference(model)
+    records = {r.key: r for r in layertap.open(tmp_path / "hs")}
+    stored = sorted(QWEN3_VL_LAYERS)
+    worst = 0.0
+    for prompt, result in zip(QWEN3_VL_PROMPTS, results, strict=True):
+        image = random_image(*prompt["image"][:2], seed=prompt["image"][2])
+        ids = ref.token_ids(prompt["before"], prompt["after"], image)
+        assert result["token_ids"] == ids
+        record = records[result["key"]]
+        assert record.token_ids.tolist() == ids and record.layer_ids == stored
+        hidden_states, inputs = ref.forward(ids, image)
+        torch.testing.assert_close(record.hidden_states, inputs[:, stored], rtol=1e-5, atol=2e-5)
+        worst = max(worst, (record.hidden_states - inputs[:, stored]).abs().max().item())
+        rows = torch.tensor(ids) == ref.pad
+        assert rows.sum() == (6 if prompt["image"][0] == 96 else 4)
+        for k in (1, 2):
+            deepstack = (hidden_states[k][0] - inputs[:, k]).abs().amax(dim=-1)
+            assert (deepstack[rows] > 0.1).all() and (deepstack[~rows] == 0).all()
+    print(f"Qwen3-VL: worst abs error {worst:.2e}")
+
+
+def test_which_qwen_vl_classes_have_the_eagle3_interface():
+    """In vLLM 0.32, Qwen2.5-VL's and Qwen3-VL's classes implement ``SupportsEagle3``
+    (``capture="method"`` applies); Qwen2-VL's does not, so its engine stops at start-up with
+    "Model does not support EAGLE3 interface". Checked where vLLM's modules import (torchvision)."""
+    script = (
+        "from vllm.model_executor.models import qwen2_vl, qwen2_5_vl, qwen3_vl\n"
+        "from vllm.model_executor.models.interfaces import supports_eagle3\n"
+        "print(supports_eagle3(qwen2_vl.Qwen2VLForConditionalGeneration),"
+        " supports_eagle3(qwen2_5_vl.Qwen2_5_VLForConditionalGeneration),"
+        " supports_eagle3(qwen3_vl.Qwen3VLForConditionalGeneration))\n"
+    )
+    path = [str(HERE / "torchvision_shim"), str(TORCHVISION_TARGET), *filter(None, [os.environ.get("PYTHONPATH")])]
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(path)},
+        timeout=200,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.split()[-3:] == ["False", "True", "True"]

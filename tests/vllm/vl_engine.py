@@ -4,10 +4,11 @@ with layertap's connector and vLLM's ``extract_hidden_states`` method over the t
 given prompts with images. Writes, per prompt, the record key and the prompt's token ids as vLLM
 expanded them to ``argv[3]`` (JSON).
 
-    python vl_engine.py MODEL_DIR OUTPUT_DIR RESULT_JSON PROMPTS_JSON
+    python vl_engine.py MODEL_DIR OUTPUT_DIR RESULT_JSON PROMPTS_JSON [LAYERS_JSON]
 
 PROMPTS_JSON: a list of ``{"before": words, "after": words, "image": [width, height, seed] or
-null}``; a prompt with an image gets ``layertap._tiny_vl.image_prompt``'s placeholder.
+null}``; a prompt with an image gets ``layertap._tiny_vl.image_prompt``'s placeholder. LAYERS_JSON:
+the layer ids to record (default ``vllm_support.LAYERS``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from layertap._tiny_vl import image_prompt, random_image
 from vllm_support import LAYERS, engine_args, running_llm, speculative_config
 
 
-def main(model: str, output_dir: str, result_path: str, prompts_json: str) -> None:
+def main(model: str, output_dir: str, result_path: str, prompts_json: str, layers_json: str | None = None) -> None:
     from vllm import SamplingParams
 
     prompts = []
@@ -31,7 +32,10 @@ def main(model: str, output_dir: str, result_path: str, prompts_json: str) -> No
             image = random_image(width, height, seed=seed)
             prompts.append({"prompt": image_prompt(p["before"], p["after"]), "multi_modal_data": {"image": image}})
     args = engine_args(
-        model, output_dir, speculative_config=speculative_config(LAYERS), limit_mm_per_prompt={"image": 1}
+        model,
+        output_dir,
+        speculative_config=speculative_config(LAYERS if layers_json is None else json.loads(layers_json)),
+        limit_mm_per_prompt={"image": 1},
     )
     with running_llm(False, **args) as llm:
         outputs = llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)
@@ -46,4 +50,4 @@ def main(model: str, output_dir: str, result_path: str, prompts_json: str) -> No
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:6])
