@@ -52,6 +52,8 @@ CAPTURES = ("method", "method+plugin", "in-model", "class")
 MODULES = (
     "test_plugin_values",
     "test_in_model",
+    "test_hybrid_values",
+    "test_vision_language",
 )
 
 #: Architecture -> the family's name in the table (the architecture itself where missing).
@@ -77,6 +79,11 @@ FAMILY_NAMES = {
     "DeepseekV3ForCausalLM": "DeepSeek-V3 / Kimi-K2",
     "Llama4ForCausalLM": "Llama 4 (text)",
     "MiniMaxM2ForCausalLM": "MiniMax-M2",
+    "Qwen3NextForCausalLM": "Qwen3-Next",
+    "NemotronHForCausalLM": "Nemotron-H",
+    "FalconH1ForCausalLM": "Falcon-H1",
+    "Qwen2_5_VLForConditionalGeneration": "Qwen2.5-VL",
+    "Qwen3VLForConditionalGeneration": "Qwen3-VL",
 }
 
 FIELDS = ("architecture", "vllm_class", "capture", "compared", "worst_abs_error", "records")

@@ -24,15 +24,18 @@ import sys
 from pathlib import Path
 
 import pytest
+import support_table
 import torch
 
 import layertap
 from layertap._tiny_vl import IMAGE_PAD, build_tiny_qwen2_5_vl, expand_image_tokens, image_prompt, random_image
-from vllm_support import STORED_LAYERS, VLLM_WARNINGS
+from vllm_support import STORED_LAYERS, VLLM_WARNINGS, vllm_class_name
 
 pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
 
 HERE = Path(__file__).resolve().parent
+#: Rows of docs/CONNECTOR.md's support table that this module's tests report.
+SUPPORT_TABLE = [("Qwen2_5_VLForConditionalGeneration", "method"), ("Qwen3VLForConditionalGeneration", "method")]
 #: torchvision's wheel, installed without dependencies beside the virtualenv running the tests
 #: (`make venv`: $(VENV)/torchvision; requirements-torchvision.txt says why not into it).
 TORCHVISION_TARGET = Path(os.environ.get("LAYERTAP_TEST_TORCHVISION", Path(sys.prefix) / "torchvision"))
@@ -143,6 +146,7 @@ def test_hidden_states_of_prompts_with_an_image_equal_transformers(tiny_vl, tmp_
     ref = VLReference(tiny_vl)
     records = {r.key: r for r in layertap.open(tmp_path / "hs")}
     assert len(results) == len(PROMPTS)
+    worst, compared = 0.0, []
     for prompt, result in zip(PROMPTS, results):
         image = None if prompt["image"] is None else random_image(*prompt["image"][:2], seed=prompt["image"][2])
         ids = ref.token_ids(prompt["before"], prompt["after"], image)
@@ -153,9 +157,23 @@ def test_hidden_states_of_prompts_with_an_image_equal_transformers(tiny_vl, tmp_
         want = ref.hidden_states(ids, image, STORED_LAYERS)
         assert record.hidden_states.shape == want.shape
         torch.testing.assert_close(record.hidden_states, want, rtol=1e-5, atol=2e-5)
-        print(f"Qwen2.5-VL: worst abs error {(record.hidden_states - want).abs().max().item():.2e}")
+        worst = max(worst, (record.hidden_states - want).abs().max().item())
+        compared.append(record)
     assert results[0]["token_ids"].count(ref.pad) == 6 and results[1]["token_ids"].count(ref.pad) == 4
     assert ref.pad not in results[2]["token_ids"]
+    report_vl("Qwen2_5_VLForConditionalGeneration", "ids 0, 2, N", compared, worst, ", one without")
+
+
+def report_vl(arch: str, layers: str, records, worst: float, more: str = "") -> None:
+    support_table.report(
+        arch,
+        "method",
+        vllm_class=vllm_class_name(arch),
+        compared=f"{layers}; prompts with a 6- and a 4-token image (image rows included){more}; float32",
+        worst_abs_error=worst,
+        records=len(records),
+        largest_value=support_table.records_largest_value(records),
+    )
 
 
 @pytest.mark.parametrize("module", ["qwen2_5_vl", "qwen2_vl"])
@@ -311,7 +329,7 @@ def test_qwen3_vl_hidden_states_with_an_image_equal_transformers(tmp_path):
     ref = Qwen3VLReference(model)
     records = {r.key: r for r in layertap.open(tmp_path / "hs")}
     stored = sorted(QWEN3_VL_LAYERS)
-    worst = 0.0
+    worst, compared = 0.0, []
     for prompt, result in zip(QWEN3_VL_PROMPTS, results, strict=True):
         image = random_image(*prompt["image"][:2], seed=prompt["image"][2])
         ids = ref.token_ids(prompt["before"], prompt["after"], image)
@@ -321,12 +339,13 @@ def test_qwen3_vl_hidden_states_with_an_image_equal_transformers(tmp_path):
         hidden_states, inputs = ref.forward(ids, image)
         torch.testing.assert_close(record.hidden_states, inputs[:, stored], rtol=1e-5, atol=2e-5)
         worst = max(worst, (record.hidden_states - inputs[:, stored]).abs().max().item())
+        compared.append(record)
         rows = torch.tensor(ids) == ref.pad
         assert rows.sum() == (6 if prompt["image"][0] == 96 else 4)
         for k in (1, 2):
             deepstack = (hidden_states[k][0] - inputs[:, k]).abs().amax(dim=-1)
             assert (deepstack[rows] > 0.1).all() and (deepstack[~rows] == 0).all()
-    print(f"Qwen3-VL: worst abs error {worst:.2e}")
+    report_vl("Qwen3VLForConditionalGeneration", "ids 0, 1, 2, N (decoder-layer inputs)", compared, worst)
 
 
 def test_which_qwen_vl_classes_have_the_eagle3_interface():
