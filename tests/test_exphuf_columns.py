@@ -44,14 +44,18 @@ def _rust_decode(stored: bytes, raw_len: int) -> bytes | str:
     return b"".join(bytes(memoryview(b).cast("B")) for *_, b in tensors)
 
 
-#: (shape, dtype, the streams the writers choose): 1 stream below 16,384 elements; columns that
-#: do not split evenly among the streams; a 1-dimensional tensor (one row); f32's 23 raw bits.
+#: (shape, dtype, the streams the writers choose): 4 per 32,768 elements, at least 4 where there
+#: are 4 columns, at most the columns; columns that do not split evenly among the
+#: streams; a 1-dimensional tensor (one row); f32's 23 raw bits.
 SHAPES = [
-    ((64, 2, 32), torch.bfloat16, 1),
-    ((64, 257), torch.bfloat16, 2),
-    ((3, 9000), torch.float16, 3),
-    ((20000,), torch.float16, 2),
-    ((40, 3, 170), torch.float32, 2),
+    ((64, 2, 32), torch.bfloat16, 4),
+    ((64, 257), torch.bfloat16, 4),
+    ((100, 512), torch.bfloat16, 4),
+    ((130, 512), torch.bfloat16, 8),
+    ((5000, 2), torch.bfloat16, 2),
+    ((3, 9000), torch.float16, 4),
+    ((20000,), torch.float16, 4),
+    ((40, 3, 170), torch.float32, 4),
 ]
 
 

@@ -118,7 +118,7 @@ def by_element_record() -> tuple[str, dict, dict]:
 
 def five_streams_record() -> tuple[str, dict, dict]:
     """A record for a small block coded by column in 5 streams (the writers give a block one
-    stream per 8,192 elements; readers take any count up to the columns): bf16 ``[64, 24]``,
+    stream per 8,192 elements in fours, at least 4; readers take any count up to the columns): bf16 ``[64, 24]``,
     whose 24 columns the streams split 4, 5, 5, 5, 5."""
     hidden = torch.from_numpy(_values(64 * 24, 9)).to(torch.bfloat16).reshape(64, 1, 24)
     tensors = {"hidden_states": hidden, "token_ids": torch.arange(64, dtype=torch.int64)}
@@ -127,8 +127,8 @@ def five_streams_record() -> tuple[str, dict, dict]:
 
 
 def two_streams_record() -> tuple[str, dict, dict]:
-    """A record whose block the writers code by column in 2 streams (16,448 elements, 2 per
-    8,192), whose 257 columns split 128 and 129: bf16 ``[64, 1, 257]`` of quarters from -3.75
+    """A record whose block is coded by column in 2 streams (16,448 elements: the writers'
+    one per 8,192 before they took at least 4), whose 257 columns split 128 and 129: bf16 ``[64, 1, 257]`` of quarters from -3.75
     to 3.75 (a few characters each in expected.json), and token ids."""
     j = np.arange(64 * 257, dtype=np.int64)
     hidden = torch.from_numpy(((j * 7919 + j // 257 * 31) % 31 - 15) / 4.0).to(torch.bfloat16)
@@ -143,8 +143,8 @@ def two_streams_record() -> tuple[str, dict, dict]:
 EXP_HUF_EXTRA = [
     (by_element_record, "element", None),
     (five_streams_record, "column", 5),
-    (wide_record, "column", None),
-    (two_streams_record, "column", None),
+    (wide_record, "column", 1),
+    (two_streams_record, "column", 2),
 ]
 
 

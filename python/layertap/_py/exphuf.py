@@ -35,7 +35,8 @@ from layertap._spec.exphuf import (
 #: Streams of a block coded by element.
 STREAMS = 4
 #: Elements per stream of a block coded by column, about (the Rust encoder's
-#: ``ELEMENTS_PER_STREAM``): its streams are ``n // 8192`` clamped to 1 to the columns.
+#: ``ELEMENTS_PER_STREAM``): its streams are ``n // 8192`` rounded down to a multiple of 4,
+#: clamped to ``min(4, columns)`` to the columns (a CPU decodes streams 4 side by side).
 ELEMENTS_PER_STREAM = 8192
 #: Tensors of fewer elements are stored raw.
 MIN_CODED = 64
@@ -149,7 +150,7 @@ def _encode_by_column(
     columns = shape[-1] if len(shape) >= 2 and shape[-1] and n % shape[-1] == 0 else n
     rows = n // columns
     if streams is None:
-        streams = min(max(n // ELEMENTS_PER_STREAM, 1), columns)
+        streams = min(max(n // ELEMENTS_PER_STREAM // 4 * 4, min(4, columns)), columns)
     if not 1 <= streams <= columns:
         raise ValueError(f"{streams} streams for {columns} columns (1 to {columns} allowed)")
     top = (x >> np.uint64(raw_bits)).astype(np.int64)

@@ -14,16 +14,23 @@ use layertap_core::{Codec, Dtype};
 use std::collections::BTreeMap;
 use std::hint::black_box;
 
-const TOKENS: usize = 512;
+/// Tokens of the record: 512, or `LAYERTAP_BENCH_TOKENS` (small records take other paths).
+fn tokens() -> usize {
+    std::env::var("LAYERTAP_BENCH_TOKENS").map_or(512, |t| t.parse().expect("a token count"))
+}
 const LAYERS: usize = 7;
 const HIDDEN: usize = 384;
 
 /// bf16 bytes of one record: real activations if given, else normal(0, 1) samples.
 fn hidden() -> (Vec<u8>, &'static str) {
-    let n = TOKENS * LAYERS * HIDDEN;
+    let n = tokens() * LAYERS * HIDDEN;
     if let Ok(path) = std::env::var("LAYERTAP_BENCH_ACTIVATIONS") {
         let mut b = std::fs::read(&path).expect("activations file");
-        assert!(b.len() >= 2 * n, "{path} holds fewer than {TOKENS} tokens");
+        assert!(
+            b.len() >= 2 * n,
+            "{path} holds fewer than {} tokens",
+            tokens()
+        );
         b.truncate(2 * n);
         return (b, "activations");
     }
@@ -50,7 +57,7 @@ fn exphuf(c: &mut Criterion) {
     let specs = [TensorSpec {
         name: "hidden_states".into(),
         dtype: Dtype::BF16,
-        shape: vec![TOKENS as u64, LAYERS as u64, HIDDEN as u64],
+        shape: vec![tokens() as u64, LAYERS as u64, HIDDEN as u64],
     }];
     let header = build_header(&specs, &BTreeMap::new()).unwrap();
     let pieces: [&[u8]; 2] = [&header, &hidden];

@@ -15,10 +15,10 @@ use super::huffman::{self, MAX_CODE_LEN, SYMBOLS};
 /// Entries of one context's tables: indexed by the stream's next `MAX_CODE_LEN` bits.
 const TABLE_LEN: usize = 1 << MAX_CODE_LEN;
 const MASK: u64 = TABLE_LEN as u64 - 1;
-/// Blocks of fewer elements are decoded one code at a time: building the tables of several
-/// codes (16 contexts of 2,048 entries) would cost more than they save.
-/// (Tests take the multi-code path from small blocks on, to reach it with many cases.)
-const MULTI_MIN: usize = if cfg!(test) { 64 } else { 1 << 15 };
+/// Blocks of fewer elements take one code a lookup in the side-by-side loop, from the tables
+/// of single codes: building entries of up to three codes costs about 170 us a block here,
+/// most of a block of 100,000 elements' decoding. (Tests take both from small blocks on.)
+const MULTI_MIN: usize = if cfg!(test) { 2000 } else { 1 << 17 };
 /// Codes one step of the multi-code loop resolves at most, and steps between refills (each
 /// takes at most MAX_CODE_LEN bits of the 56 a refill guarantees).
 const PER_STEP: usize = 3;
@@ -32,16 +32,23 @@ const CNT_AT: u32 = 48;
 const BITS_AT: u32 = 50;
 const CTX_AT: u32 = 54;
 /// The context a stream enters at a bit pattern that starts no code, and never leaves (each of
-/// its entries takes one bit and one top, so that the loop moves on): the multi-code loop tells
-/// a bad stream by its context at the end, with nothing to test per code.
+/// its entries takes one bit and one top, so that the loop moves on): the side-by-side loop
+/// tells a bad stream by its context at the end, with nothing to test per code. A context
+/// without codes counts as this one: only a stream's last code can lead into it (no code could
+/// follow), and the loop stops short of the last codes.
 const BAD_CONTEXT: usize = 16;
+/// The top of [`BAD_CONTEXT`]'s entries (no element's: tops are below 512).
+const BAD_TOP: usize = SYMBOLS;
+/// A single-code entry of a bit pattern that starts no code: [`BAD_TOP`], one bit.
+const BAD_SINGLE: u16 = (BAD_TOP << 4) as u16 | 1;
 
-/// The tables of one block: per context, `single` (`top << 4 | code length`, 0 where no code
-/// starts) and, for large blocks, `multi` (up to [`PER_STEP`] codes an entry).
+/// The tables of one block: per context and then [`BAD_CONTEXT`], `single` (`top << 4 | code
+/// length`, [`BAD_SINGLE`] where no code starts) and, for large blocks, `multi` (up to
+/// [`PER_STEP`] codes an entry); `ctx_code`, the context after each top (and [`BAD_TOP`]).
 struct Tables {
     single: Vec<u16>,
     multi: Vec<u64>,
-    ctx_of_top: [u8; SYMBOLS],
+    ctx_code: [u64; SYMBOLS + 1],
 }
 
 /// The value a top takes in `scratch`: already in place for 2-byte elements, so that putting
@@ -61,25 +68,41 @@ fn bad_entry() -> u64 {
 }
 
 impl Tables {
+    /// The side-by-side loop's entry of one code for context `ctx` (times TABLE_LEN) and next
+    /// bits `bits`, read from `single` as the loop goes.
+    #[inline(always)]
+    fn single_entry<const W: usize>(&self, ctx: usize, bits: u64) -> u64 {
+        let e = self.single[ctx + (bits & MASK) as usize] as u64;
+        let t = e >> 4;
+        lane::<W>(t) | 1 << CNT_AT | (e & 15) << BITS_AT | self.ctx_code[t as usize] << CTX_AT
+    }
+
+    /// The side-by-side loop's entry of up to three codes for context `c` and next bits `x`:
+    /// the codes in the bits read, as long as each leads into a context with codes. (A version
+    /// without branches on the codes measured slower: neighbouring entries share their first
+    /// codes, so the branches are well predicted.)
     fn multi_entry<const W: usize>(&self, c: usize, x: usize) -> u64 {
-        let (mut ctx, mut used, mut cnt, mut lanes) = (c, 0u32, 0u64, 0u64);
+        let (mut ctx, mut used, mut cnt, mut lanes) = (c as u64, 0u64, 0u64, 0u64);
         while cnt < PER_STEP as u64 {
             // Bits above the `MAX_CODE_LEN - used` still unread are zero here, which picks the
             // right entry for every code that fits in those read.
-            let e = self.single[ctx * TABLE_LEN + ((x >> used) & MASK as usize)] as u32;
-            let len = e & 15;
-            if len == 0 || used + len > MAX_CODE_LEN {
+            let e = self.single[ctx as usize * TABLE_LEN + ((x >> used) & MASK as usize)] as u64;
+            let (t, len) = (e >> 4, e & 15);
+            if t as usize == BAD_TOP || used + len > MAX_CODE_LEN as u64 {
                 break;
             }
-            lanes |= lane::<W>((e >> 4) as u64) << (16 * cnt);
+            lanes |= lane::<W>(t) << (16 * cnt);
             used += len;
             cnt += 1;
-            ctx = self.ctx_of_top[(e >> 4) as usize] as usize;
+            ctx = self.ctx_code[t as usize];
+            if ctx as usize == BAD_CONTEXT {
+                break;
+            }
         }
         if cnt == 0 {
             return bad_entry();
         }
-        lanes | cnt << CNT_AT | (used as u64) << BITS_AT | (ctx as u64) << CTX_AT
+        lanes | cnt << CNT_AT | used << BITS_AT | ctx << CTX_AT
     }
 }
 
@@ -90,21 +113,33 @@ pub fn decode<const W: usize>(src: &[u8], at: &mut usize, dst: &mut [u8]) -> Res
     let fixed = src.get(*at..*at + FIXED_LEN).ok_or("block is cut off")?;
     let head = Head::parse(fixed, n)?;
     *at += FIXED_LEN;
-    let ctx_of_top: [u8; SYMBOLS] =
-        std::array::from_fn(|t| head.context_of_symbol[symbol_of_top(t)]);
     let mut tables = Tables {
-        single: vec![0u16; head.contexts * TABLE_LEN],
+        single: vec![BAD_SINGLE; (BAD_CONTEXT + 1) * TABLE_LEN],
         multi: Vec::new(),
-        ctx_of_top,
+        ctx_code: [BAD_CONTEXT as u64; SYMBOLS + 1],
     };
-    for (c, t) in tables.single.chunks_exact_mut(TABLE_LEN).enumerate() {
+    let mut has_codes = [false; BAD_CONTEXT];
+    for (c, t) in tables.single[..head.contexts * TABLE_LEN]
+        .chunks_exact_mut(TABLE_LEN)
+        .enumerate()
+    {
         let lengths = parse_lengths(src, at).map_err(|e| format!("context {c}: {e}"))?;
         huffman::check_lengths(&lengths).map_err(|e| format!("context {c}: {e}"))?;
+        has_codes[c] = lengths.iter().any(|&l| l > 0);
         huffman::fill_decode_table(
             &lengths,
             |s, len| (top_of_symbol(s) << 4) as u16 | len as u16,
             t,
         );
+        for e in t.iter_mut().filter(|e| **e == 0) {
+            *e = BAD_SINGLE;
+        }
+    }
+    for t in 0..SYMBOLS {
+        let c = head.context_of_symbol[symbol_of_top(t)] as usize;
+        if has_codes[c] {
+            tables.ctx_code[t] = c as u64;
+        }
     }
 
     let streams = head.streams;
@@ -129,10 +164,9 @@ pub fn decode<const W: usize>(src: &[u8], at: &mut usize, dst: &mut [u8]) -> Res
     let src = &src[..next];
 
     if n >= MULTI_MIN {
-        // The block's contexts, then BAD_CONTEXT's table.
-        tables.multi = vec![0u64; (BAD_CONTEXT + 1) * TABLE_LEN];
-        tables.multi[BAD_CONTEXT * TABLE_LEN..].fill(bad_entry());
-        for c in 0..head.contexts {
+        // The block's contexts with codes (the others stay bad), then BAD_CONTEXT's table.
+        tables.multi = vec![bad_entry(); (BAD_CONTEXT + 1) * TABLE_LEN];
+        for (c, _) in has_codes.iter().enumerate().filter(|(_, &h)| h) {
             for x in 0..TABLE_LEN {
                 tables.multi[c * TABLE_LEN + x] = tables.multi_entry::<W>(c, x);
             }
@@ -173,13 +207,27 @@ pub fn decode<const W: usize>(src: &[u8], at: &mut usize, dst: &mut [u8]) -> Res
             Ok(())
         };
         let mut queue = 0..streams;
-        if !tables.multi.is_empty() && streams >= LANES {
+        if streams >= LANES {
             // Four streams side by side; each lane takes the next stream from the queue when
             // its own is near its end (streams differ in length by a column).
             let mut lanes: [Stream; LANES] =
                 std::array::from_fn(|_| start(queue.next().expect("4 streams")));
             'lanes: loop {
-                fast::<W>(src, &tables.multi, &mut lanes, scratch)?;
+                if tables.multi.is_empty() {
+                    fast::<W, _>(src, &mut lanes, scratch, |c, b| {
+                        tables.single_entry::<W>(c, b)
+                    })?;
+                } else {
+                    assert_eq!(tables.multi.len(), (BAD_CONTEXT + 1) * TABLE_LEN);
+                    let multi = &tables.multi;
+                    fast::<W, _>(src, &mut lanes, scratch, |c, b| {
+                        // SAFETY: `c` is a context of the table (the block's, below 16, or
+                        // BAD_CONTEXT: what every entry's context field holds) times
+                        // TABLE_LEN, and the index adds less than TABLE_LEN, so the entry
+                        // lies inside `multi` (asserted above).
+                        unsafe { *multi.get_unchecked(c + (b & MASK) as usize) }
+                    })?;
+                }
                 for lane in &mut lanes {
                     if !lane.runs(src.len()) {
                         finish(lane, scratch)?;
@@ -268,31 +316,28 @@ fn one_at_a_time<const W: usize>(
     while s.out < s.end {
         let bits = peek(src, s.bit);
         let e = tables.single[s.ctx + (bits & MASK) as usize] as u64;
-        let len = e & 15;
-        if len == 0 {
+        let t = e >> 4;
+        if t as usize == BAD_TOP {
             return Err("a stream holds a bit pattern that is no code".into());
         }
-        let t = e >> 4;
         scratch[s.out] = lane::<W>(t) as u16;
         s.out += 1;
-        s.bit += len;
-        s.ctx = tables.ctx_of_top[t as usize] as usize * TABLE_LEN;
+        s.bit += e & 15;
+        s.ctx = tables.ctx_code[t as usize] as usize * TABLE_LEN;
     }
     Ok(())
 }
 
-/// Decodes the four streams `st` side by side, up to three codes a lookup, while each has more
-/// than a round's codes left and its reads stay inside `src`; the streams' positions are left
-/// where it stopped.
-fn fast<const W: usize>(
+/// Decodes the four streams `st` side by side, one lookup `entry(context, next bits)` a step
+/// (an entry of up to three codes), while each has more than a round's codes left and its
+/// reads stay inside `src`; the streams' positions are left where it stopped.
+fn fast<const W: usize, E: Fn(usize, u64) -> u64>(
     src: &[u8],
-    multi: &[u64],
     st: &mut [Stream; LANES],
     scratch: &mut [u16],
+    entry: E,
 ) -> Result<(), String> {
-    assert!(
-        multi.len() == (BAD_CONTEXT + 1) * TABLE_LEN && st.iter().all(|s| s.end <= scratch.len())
-    );
+    assert!(st.iter().all(|s| s.end <= scratch.len()));
     let read = |p: usize| -> u64 {
         // SAFETY: callers check `p + 8 <= src.len()`.
         u64::from_le_bytes(unsafe { src.as_ptr().add(p).cast::<[u8; 8]>().read() })
@@ -316,12 +361,10 @@ fn fast<const W: usize>(
         }
         for _ in 0..STEPS {
             for i in 0..LANES {
-                // SAFETY: `ctx[i]` is a context of the table (the block's, below 16, or
-                // BAD_CONTEXT) times TABLE_LEN, so the index is inside `multi` (asserted
-                // above). `out[i] + 4 <= st[i].end <= scratch.len()`: the round began with at
+                let e = entry(ctx[i], buf[i]);
+                // SAFETY: `out[i] + 4 <= st[i].end <= scratch.len()`: the round began with at
                 // least ROUND tops left and each step moves at most PER_STEP.
                 unsafe {
-                    let e = *multi.get_unchecked(ctx[i] + (buf[i] & MASK) as usize);
                     scr.add(out[i]).cast::<u64>().write_unaligned(e);
                     out[i] += ((e >> CNT_AT) & 3) as usize;
                     let len = (e >> BITS_AT) & 15;
