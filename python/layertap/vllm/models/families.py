@@ -92,6 +92,14 @@ _WITH_INTERFACE = {
     "GptOssForCausalLM": _family("gpt_oss"),
     "Llama4ForCausalLM": _family("llama4"),
     "Ministral3ForCausalLM": _family("mistral", cls="MistralForCausalLM"),
+    # DeepSeek-V2/V3 (and Kimi-K2, V3's class): multi-head latent attention, dense first layers
+    # then routed and shared experts; vLLM's own capture cannot record id 0 (0.32), the hooks can.
+    # In float16 vLLM scales the stream by 1 / routed_scaling_factor (an overflow guard), so
+    # float16 records are scaled; float32 and bfloat16 are not. MiniMax-M2: experts in place of
+    # the MLP, query/key norms.
+    "DeepseekV2ForCausalLM": _family("deepseek_v2"),
+    "DeepseekV3ForCausalLM": _family("deepseek_v2"),
+    "MiniMaxM2ForCausalLM": _family("minimax_m2"),
     # Hybrids (issue 36, read in 0.32): gated delta-net layers among gated attention layers
     # (Qwen3-Next), Mamba-2, MLP and attention layers, one mixer each (Nemotron-H); both with the
     # fused residual-add norms.
