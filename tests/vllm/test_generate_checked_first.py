@@ -232,6 +232,26 @@ def test_issue_36_families(ids, tmp_path):
         check_served(["Glm4MoeForCausalLM"], "method", [0, 2, 4], 4, True, {})
 
 
+def test_layer_zero_of_deepseek_with_the_method(ids, tmp_path):
+    """vLLM 0.32's own capture in DeepSeek-V2/V3 fails on id 0 after start-up (a TypeError, see
+    test_kernel_replaced_values.py, which records ids 1 to N there): refused first, naming both
+    fixes; other ids, and capture in the model, pass."""
+    from layertap.generate.capture import check_served
+
+    deepseek = build_tiny_model(tmp_path / "deepseek", "DeepseekV3ForCausalLM")
+    message = (
+        "layer id 0 (the embeddings) cannot be recorded from DeepseekV3ForCausalLM with --capture method: "
+        "vLLM's own capture in its model adds a residual that does not exist yet before the first layer; "
+        "pass --layers without 0, or --capture in-model"
+    )
+    assert_refused_early(message, deepseek, ids, tmp_path / "out", "--layers", "0,2,4")
+    with pytest.raises(GenerateError, match="layer id 0 .* from DeepseekV2ForCausalLM with --capture method"):
+        check_served(["DeepseekV2ForCausalLM"], "method", [0, 4], 4, True, {})
+    check_served(["DeepseekV3ForCausalLM"], "method", [1, 2, 4], 4, True, {})
+    check_served(["DeepseekV3ForCausalLM"], "in-model", [0, 2, 4], 4, True, {})
+    check_served(["LlamaForCausalLM"], "method", [0, 2, 4], 4, True, {})
+
+
 def test_layer_zero_through_the_transformers_backend(phi, ids, tmp_path):
     from layertap.generate.capture import check_served
 

@@ -56,7 +56,9 @@ def check_served(
     method`` (vLLM's ``extract_hidden_states``) a class without the EAGLE-3 interface that
     layertap's plugin does not give it, or layer id 0 where vLLM runs the model through its
     Transformers backend (which records decoder layers' outputs, ids 1 to N, and looks up the
-    output of layer ``k - 1`` for id ``k``). ``--capture in-model`` uses the plugin's classes,
+    output of layer ``k - 1`` for id ``k``), or layer id 0 where vLLM's own capture fails on it
+    (DeepSeek-V2/V3 in 0.32, ``vllm_source.cannot_record_layer_zero``). ``--capture in-model``
+    uses the plugin's classes,
     which ``check_capture`` checks. Nothing is refused where vLLM's source does not say."""
     plugin = _plugin_architectures()
     if capture != "method":
@@ -74,6 +76,13 @@ def check_served(
                 f"{num_layers}){default}; pass --layers without 0"
             )
         return
+    if 0 in layer_ids and vllm_source.cannot_record_layer_zero(arch):
+        default = "" if layers_given else " (the default layers of a model this small include 0)"
+        raise GenerateError(
+            f"layer id 0 (the embeddings) cannot be recorded from {arch} with --capture method: vLLM's own "
+            f"capture in its model adds a residual that does not exist yet before the first layer{default}; "
+            "pass --layers without 0, or --capture in-model (layertap's class records it)"
+        )
     if found.eagle3 is not False or arch in plugin:
         return
     lacks = (

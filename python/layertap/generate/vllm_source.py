@@ -172,6 +172,27 @@ def _has_interface(root: str, module: str, name: str, depth: int = 0) -> bool | 
     return None if unknown else False
 
 
+#: A line of vLLM's own capture in DeepSeek's model (``deepseek_v2.py``, 0.32): for each recorded
+#: id it adds the residual before the layer runs, where the first layer's ``residual`` is still
+#: None, so id 0 fails after start-up (``TypeError: unsupported operand type(s) for +``).
+_RESIDUAL_BEFORE_FIRST_LAYER = "aux_hidden_state = hidden_states + residual"
+
+
+def cannot_record_layer_zero(architecture: str, root: str | None = None) -> bool:
+    """Whether vLLM's own capture in the module that defines ``architecture``'s class fails on
+    layer id 0 (DeepSeek-V2/V3 and the classes of their module in 0.32), as its source says."""
+    root = root or package_dir()
+    entry = registry(root).get(architecture) if root else None
+    if entry is None:
+        return False
+    module = entry[0] if entry[0].startswith("vllm.") else f"{_MODELS_PACKAGE}.{entry[0]}"
+    path = _module_file(root, module)
+    if path is None:
+        return False
+    with open(path, encoding="utf-8") as f:
+        return any(line.strip() == _RESIDUAL_BEFORE_FIRST_LAYER for line in f)
+
+
 def model_class(architectures: list[str], model_impl: str = "auto", root: str | None = None) -> ModelClass | None:
     """The class vLLM resolves for a model whose configuration names ``architectures``, as
     vLLM 0.26-0.33's registry does (``inspect_model_cls``): with ``model_impl="transformers"``
@@ -199,4 +220,4 @@ def model_class(architectures: list[str], model_impl: str = "auto", root: str | 
     return None
 
 
-__all__ = ["EAGLE3_INTERFACE", "ModelClass", "model_class", "package_dir", "registry"]
+__all__ = ["EAGLE3_INTERFACE", "ModelClass", "cannot_record_layer_zero", "model_class", "package_dir", "registry"]
