@@ -6,7 +6,7 @@
 //! Decoding runs in two passes. The streams are decoded into the tops of the elements in stream
 //! order (`scratch`, column by column), four streams side by side so that their chains overlap,
 //! each step resolving up to three codes with one lookup in a table of the current context
-//! ([`Multi`]); then the tops are put back in row order with the raw plane's bits.
+//! ([`Tables`]); then the tops are put back in row order with the raw plane's bits.
 
 use super::block::{parse_lengths, raw_bits, symbol_of_top, top_of_symbol};
 use super::column::{stream_columns, Head, FIXED_LEN};
