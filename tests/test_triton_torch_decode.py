@@ -1,7 +1,7 @@
 """``HiddenStatesDataset(..., decode_on=...)``: exp-huf records decoded by the Triton decoder give
 batches bit for bit equal to the CPU path's (items, pad_collate, pack_collate, layers, exp-huf
-and codec-none records mixed; the Rust writer's exp-huf records, coded by column, which the
-kernel does not read yet, decoded on the host and never reported corrupt), a damaged record raises CorruptRecordError or is skipped as the CPU
+and codec-none records mixed; the Rust writer's exp-huf records, coded by column, decoded by the
+kernel too), a damaged record raises CorruptRecordError or is skipped as the CPU
 path skips it, and a missing CUDA device, an unknown device and DataLoader workers are refused
 in one line. tests/triton_kernels/check_torch_gpu_decode.py does the work in a subprocess, in
 Triton's interpreter on CPU tensors (``decode_on="cpu"``; triton lives outside the virtualenv,

@@ -15,10 +15,9 @@ row of one padded tensor, which ``pad_collate`` then takes as it is rather than 
 
 ``decode_on="cuda"`` decodes exp-huf records on the GPU instead (issue 32, goal 3): their stored
 payloads are read from the shards as they are (checksum checked), copied to the device and
-decoded there by ``layertap.gpu.exphuf_decode`` (Triton), where their blocks are coded by
-element (block mode 1); records of other codecs, and exp-huf records with blocks coded by column
-(mode 2, the Rust writer's; the kernel does not read them yet), are decoded on the CPU as
-without it and their hidden states moved to the device.
+decoded there by ``layertap.gpu.exphuf_decode`` (Triton), blocks coded by element (block mode 1,
+``compress_on="gpu"``'s) and by column (mode 2, the Rust writer's) alike; records of other codecs
+are decoded on the CPU as without it and their hidden states moved to the device.
 """
 
 from __future__ import annotations
@@ -62,10 +61,9 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
       pass over the record's bytes (a record that does not decode still raises or is skipped).
     - ``decode_on``: None (decode on the CPU), or ``"cuda"`` / ``"cuda:N"``: exp-huf records'
       stored bytes go to that device and are decoded there by the Triton kernel
-      (``layertap.gpu.exphuf_decode``) where their blocks are coded by element (block mode 1,
-      what ``compress_on="gpu"`` writes); other records (other codecs, and exp-huf coded by
-      column, mode 2, what the Rust writer writes: the kernel for those is still to come) decode
-      on the CPU and their hidden states are moved there. Items' ``hidden_states`` are then on the device (``token_ids`` and
+      (``layertap.gpu.exphuf_decode``), blocks coded by element (mode 1, what
+      ``compress_on="gpu"`` writes) and by column (mode 2, what the Rust writer writes) alike;
+      records of other codecs decode on the CPU and their hidden states are moved there. Items' ``hidden_states`` are then on the device (``token_ids`` and
       ``loss_mask`` stay on the CPU). Only in the main process: CUDA in forked ``DataLoader``
       workers is unsafe, so a worker's first item raises (use ``num_workers=0``). ``"cpu"`` runs
       the same kernel on CPU tensors in Triton's interpreter (``TRITON_INTERPRET=1``): for tests.
@@ -230,26 +228,15 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
         results: list[tuple[str, dict, dict] | LayertapError] = []
         coded: list[int] = []  # positions in the batch of the exp-huf records
         payloads: list[bytearray] = []
-        from layertap.gpu.exphuf_decode import decodes_on_device  # triton: imported on this path only
-
         for shard, at in where:
             entry = shard.entries[at]
             try:
-                if entry.codec == "exp-huf":
-                    stored = self._stored(shard, entry)
-                    if decodes_on_device(stored):
-                        payloads.append(stored)
-                        coded.append(len(results))
-                        results.append((shard.path, {}, {}))  # filled in below
-                        continue
-                    # Blocks coded by column (mode 2, what the Rust writer writes): the Triton
-                    # kernel decodes blocks coded by element only, and its mode-2 kernel is issue
-                    # 32's next step; until then the core decodes such a record here, on the host
-                    # (its payload read again, from the page cache, checked already), and its
-                    # hidden states are copied to the device as other codecs' are.
-                    metadata, tensors = shard.read(at, verify=False)
-                else:
-                    metadata, tensors = shard.read(at, verify=self.verify)
+                if entry.codec == "exp-huf":  # both block modes (by element, by column)
+                    payloads.append(self._stored(shard, entry))
+                    coded.append(len(results))
+                    results.append((shard.path, {}, {}))  # filled in below
+                    continue
+                metadata, tensors = shard.read(at, verify=self.verify)
                 found = {name: to_torch(buf, dtype, shape) for name, dtype, shape, buf in tensors}
                 if HIDDEN_STATES in found:
                     found[HIDDEN_STATES] = found[HIDDEN_STATES].to(device)

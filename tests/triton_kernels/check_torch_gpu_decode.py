@@ -1,9 +1,8 @@
 """Checks of ``HiddenStatesDataset(..., decode_on=...)`` (layertap.torch): exp-huf records decoded
 by the Triton decoder (layertap.gpu.exphuf_decode), in Triton's interpreter on CPU tensors
-(``decode_on="cpu"``), give batches bit for bit equal to the CPU path's; so do the Rust writer's
-exp-huf records, coded by column (block mode 2), which the kernel does not read yet and the
-dataset decodes on the host; a damaged record raises CorruptRecordError or is skipped as the CPU
-path skips it. Not collected by pytest: vLLM's CPU
+(``decode_on="cpu"``), give batches bit for bit equal to the CPU path's, those coded by element
+(block mode 1, ``compress_on="gpu"``'s) and the Rust writer's, coded by column (block mode 2),
+alike; a damaged record raises CorruptRecordError or is skipped as the CPU path skips it. Not collected by pytest: vLLM's CPU
 build must never see triton, so tests/test_triton_torch_decode.py runs this script in a
 subprocess with ``PYTHONPATH=.venv/triton:python TRITON_INTERPRET=1``.
 
@@ -151,33 +150,41 @@ def case_batches_equal(path: Path, device: str) -> str:
 
 
 def case_by_column(path: Path, device: str) -> str:
-    """The Rust writer's exp-huf records (coded by column, block mode 2): never reported corrupt;
-    the dataset decodes them on the host and puts their hidden states on the device, equal to the
-    CPU path's, alone and in a batch with records the kernel decodes; ``decode_records`` refuses
-    them as input it does not take, not as corrupt records."""
-    from layertap.gpu.exphuf_decode import decode_records, decodes_on_device
+    """The Rust writer's exp-huf records (coded by column, block mode 2) go to the Triton decoder
+    (no host fallback: every payload of a batch, mixed with records coded by element, reaches
+    ``decode_records``), decode bit for bit as the core decodes them, and give batches equal to
+    the CPU path's, with hidden states on the device."""
+    from layertap.gpu import exphuf_decode
 
     by_column = stored_payloads(exphuf_shard(path, "col"))
-    by_element = stored_payloads(exphuf_shard(path, "huf"))
     first_block = {k: p[8 + int.from_bytes(p[:8], "little")] for k, p in by_column.items()}
     assert MODE_COLUMNS in first_block.values(), f"no block coded by column: {first_block}"
-    assert not any(decodes_on_device(p) for k, p in by_column.items() if first_block[k] == MODE_COLUMNS)
-    assert all(decodes_on_device(p) for p in by_element.values())
-    key = next(k for k, m in first_block.items() if m == MODE_COLUMNS)
+    assert all(exphuf_decode.decodes_on_device(p) for p in by_column.values())
+    keys = sorted(by_column)
+    got = exphuf_decode.decode_records([by_column[k] for k in keys], torch.device(device))
+    for k, tensors in zip(keys, got):
+        same(record(int(k)), tensors, f"record {k} by decode_records")
+    seen: list[int] = []  # payloads of each call of the Triton decoder
+    real = exphuf_decode.decode_records
+
+    def counting(payloads, *args, **kwargs):
+        seen.append(len(payloads))
+        return real(payloads, *args, **kwargs)
+
+    exphuf_decode.decode_records = counting
     try:
-        decode_records([by_column[key]], torch.device(device))
-    except InvalidInputError as e:
-        assert "coded by column" in str(e), e
-    else:
-        raise AssertionError("decode_records took a block coded by column")
-    cpu, dev = HiddenStatesDataset(path), HiddenStatesDataset(path, decode_on=device)
-    for indices in ([14, 15, 16, 17], BATCH[-1]):
-        want, got = cpu.__getitems__(indices), dev.__getitems__(indices)
-        assert {b["hidden_states"].device.type for b in got} == {torch.device(device).type}
-        same(want, got, f"items {indices}")
-        same(pad_collate(want), pad_collate(got), f"pad_collate {indices}")
-    same(cpu[15], dev[15], "item 15")
-    return f"{sum(m == MODE_COLUMNS for m in first_block.values())} records coded by column"
+        cpu, dev = HiddenStatesDataset(path), HiddenStatesDataset(path, decode_on=device)
+        for indices in ([14, 15, 16, 17], BATCH[-1]):
+            want, got = cpu.__getitems__(indices), dev.__getitems__(indices)
+            assert {b["hidden_states"].device.type for b in got} == {torch.device(device).type}
+            same(want, got, f"items {indices}")
+            same(pad_collate(want), pad_collate(got), f"pad_collate {indices}")
+        same(cpu[15], dev[15], "item 15")
+    finally:
+        exphuf_decode.decode_records = real
+    # rows 14-17 by column; BATCH[-1] = 15, 2, 17, 10, 14, 16: five exp-huf rows (10 is codec none)
+    assert seen == [4, 5, 1], f"payloads the Triton decoder was given: {seen}"
+    return f"{sum(m == MODE_COLUMNS for m in first_block.values())} records coded by column, decoded on {device}"
 
 
 def case_layers(path: Path, device: str) -> str:

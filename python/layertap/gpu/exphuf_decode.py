@@ -55,11 +55,11 @@ the lanes' descriptors, one copy each; the decode tables are built on the device
 lengths (``decode_tables``: canonical codes as in RFC 1951, read least significant bit first).
 Raw blocks (mode 0) and tensors of other dtypes are copied as they are.
 
-Blocks coded by column (mode 2, what the Rust writer writes since 2026-12-05) are not decoded
-here yet: a kernel for them (one lane a stream, several codes a lookup) is issue 32's next step.
-``decodes_on_device`` says whether a payload has none; ``decode_records`` refuses one that has
-(InvalidInputError, not a corrupt record), and ``HiddenStatesDataset(decode_on=...)`` decodes
-such records through the core on the host and copies their hidden states to the device.
+Blocks coded by column (mode 2, what the Rust writer writes since 2026-12-05) are parsed here
+too (their tables join the batch's) and decoded by ``layertap.gpu.exphuf_columns``'s kernels: one
+lane a stream (4 streams a 32,768 elements, so tens of thousands in a trainer's batch), then an
+elementwise pass that puts the raw plane's bits beside each element's top 9 bits. A batch may mix
+records of both modes; ``decodes_on_device`` is True for every payload.
 """
 
 from __future__ import annotations
@@ -91,6 +91,7 @@ from layertap._spec.exphuf import (
 )
 from layertap._spec.format import FormatProblem, align8
 from layertap.errors import CorruptRecordError, InvalidInputError
+from layertap.gpu import exphuf_columns
 
 TABLE_LEN = 1 << MAX_CODE_LEN
 _FIXED = struct.Struct("<BBHI")
@@ -111,6 +112,8 @@ _PROBLEMS = {
 #: order PTX's memory model does not promise; so a program spreads over fewer streams by leaving
 #: lanes idle instead (``live_lanes``).
 LANES = 32
+#: Lanes of a program of the mode-2 streams kernel on CUDA (4 warps): its lanes share nothing.
+COLUMN_LANES = 128
 _SYMBOL_OF_TOP = symbol_of_top(np.arange(SYMBOLS))
 _REV11 = np.array([int(f"{x:011b}"[::-1], 2) for x in range(TABLE_LEN)], dtype=np.int64)
 
@@ -130,6 +133,13 @@ class _Batch:
     # per width: lists of lane fields; elements of the width's output buffer so far
     lanes: dict[int, list[tuple]] = field(default_factory=lambda: {2: [], 4: []})
     elements: dict[int, int] = field(default_factory=lambda: {2: 0, 4: 0})
+    # blocks coded by column (mode 2): per block its lanes ([S, 7] rows of bit, end bit, tops
+    # start, count, block, stream, longest), its first table, and per width the merge rows
+    # (raw plane's bit, tops start, out start, n, columns, rows)
+    col_lanes: list[np.ndarray] = field(default_factory=list)
+    col_ids: list[tuple[int, int, int]] = field(default_factory=list)  # (block, first table, contexts)
+    col_blocks: dict[int, list[tuple]] = field(default_factory=lambda: {2: [], 4: []})
+    tops: int = 0  # mode-2 elements so far (the streams kernel's output)
     plain: list[tuple[int, int, int]] = field(default_factory=list)  # (src byte, nbytes, out byte)
     plain_bytes: int = 0
     # per record: (name, dtype, shape, ("coded", width, start) | ("plain", out byte))
@@ -219,7 +229,7 @@ def _parse_block(src: _Source, at: int, base: int, n: int, width: int, batch: _B
         out.append(("plain", _add_plain(batch, base + at + 1, n * width)))
         return at + 1 + n * width
     if mode == MODE_COLUMNS:
-        raise _ByColumn
+        return _parse_columns(src, at, base, n, width, batch, out, where, head)
     if mode != MODE_CODED:
         raise FormatProblem(f"block mode {mode} is unknown")
     if 1 + _FIXED.size + SYMBOLS // 2 > len(head):
@@ -264,21 +274,80 @@ def _parse_block(src: _Source, at: int, base: int, n: int, width: int, batch: _B
     return stream_at
 
 
-class _ByColumn(Exception):
-    """A block coded by column (mode 2): valid, but not for this kernel (see the module's doc)."""
+_COLUMN_FIXED = struct.Struct("<B3sII")
+
+
+def _parse_columns(src: _Source, at: int, base: int, n: int, width: int, batch: _Batch, out, where: str, head) -> int:
+    """``_parse_block`` for a block coded by column (mode 2), whose first bytes are ``head``:
+    checked as the Rust decoder checks it (``column.rs``'s ``Head::parse``, the raw plane and
+    the streams inside the payload, the raw plane's padding); its streams' lanes and its merge
+    row go to ``batch``."""
+    p = 1 + _COLUMN_FIXED.size
+    if p + SYMBOLS // 2 > len(head):
+        raise FormatProblem("block is cut off")
+    contexts, reserved, columns, streams = _COLUMN_FIXED.unpack_from(head, 1)
+    if not 1 <= contexts <= MAX_CONTEXTS:
+        raise FormatProblem(f"block has {contexts} contexts (1 to 16 allowed)")
+    if reserved != b"\0\0\0":
+        raise FormatProblem("block's reserved bytes are not zero")
+    if columns == 0 or n % columns:
+        raise FormatProblem(f"block of {n} elements in rows of {columns} columns")
+    if not 1 <= streams <= columns:
+        raise FormatProblem(f"block has {streams} streams for {columns} columns (1 to {columns} allowed)")
+    packed = np.frombuffer(head, np.uint8, SYMBOLS // 2, p)
+    cmap = np.stack([packed & 15, packed >> 4], 1).reshape(-1)
+    if cmap.max() >= contexts:
+        raise FormatProblem(f"context map names context {cmap.max()} of {contexts}")
+    p += SYMBOLS // 2
+    table_first = len(batch.counts)
+    for c in range(contexts):
+        try:
+            p = _lengths(head, p, batch)
+        except FormatProblem as e:
+            raise FormatProblem(f"context {c}: {e}") from None
+    lengths_at = at + p
+    if lengths_at + 8 * streams > src.length:
+        raise FormatProblem("block is cut off")
+    sizes = np.frombuffer(src.read(lengths_at, lengths_at + 8 * streams), "<u8").astype(np.uint64)
+    raw_bits = 8 * width - 9
+    plane_at = lengths_at + 8 * streams
+    plane_len = (n * raw_bits + 7) // 8
+    if plane_at + plane_len > src.length:
+        raise FormatProblem("the raw plane runs past the payload")
+    stream_at = plane_at + plane_len
+    room = src.length - stream_at
+    if (sizes > np.uint64(room)).any() or int(sizes.sum(dtype=np.uint64)) > room:
+        raise FormatProblem("a stream runs past the payload")
+    if (n * raw_bits) % 8 and src.read(stream_at - 1, stream_at)[0] >> ((n * raw_bits) % 8):
+        raise FormatProblem("the raw plane's padding bits are not zero")
+    sizes = sizes.astype(np.int64)
+    block = len(batch.table_first)
+    batch.table_first.append(table_first)
+    batch.ctx_of_top.append(cmap[_SYMBOL_OF_TOP].astype(np.int64))
+    batch.where.append(where)
+    batch.col_ids.append((block, table_first, contexts))
+    rows = n // columns
+    k = np.arange(streams, dtype=np.int64)
+    first_col, end_col = k * columns // streams, (k + 1) * columns // streams
+    starts = 8 * (base + stream_at + np.cumsum(sizes) - sizes)
+    count = (end_col - first_col) * rows
+    longest = np.full(streams, count.max(initial=0))
+    fields = [starts, starts + 8 * sizes, batch.tops + first_col * rows, count, np.full(streams, block), k, longest]
+    batch.col_lanes.append(np.stack(fields, 1))
+    start = batch.elements[width]
+    batch.col_blocks[width].append((8 * (base + plane_at), batch.tops, start, n, columns, rows))
+    batch.tops += n
+    batch.elements[width] += n
+    out.append(("coded", width, start))
+    return stream_at + int(sizes.sum())
 
 
 def decodes_on_device(payload) -> bool:
     """Whether ``decode_records`` decodes the exp-huf ``payload`` (a bytes-like object or a
-    device tensor): False where it has a block coded by column (mode 2), which the caller then
-    decodes on the host (through the core: ``layertap._decoder``). True also for a payload that
-    is not valid exp-huf, which ``decode_records`` reports as corrupt."""
-    try:
-        _parse_record(_Source(payload), 0, _Batch())
-    except _ByColumn:
-        return False
-    except FormatProblem:
-        return True
+    device tensor): True for every payload since it decodes blocks coded by column (mode 2)
+    too; kept so that callers need not change when a block kind is again left to the host.
+    True also for a payload that is not valid exp-huf, which ``decode_records`` reports as
+    corrupt."""
     return True
 
 
@@ -439,6 +508,7 @@ def decode_records(
     live_lanes: int | None = None,
     ahead: bool = True,
     buffered: bool = True,
+    column_lanes: int | None = None,
     timings: dict | None = None,
 ) -> list[dict[str, torch.Tensor]]:
     """Decodes exp-huf record payloads (each a bytes-like object, or a 1-D uint8 tensor; the
@@ -446,15 +516,16 @@ def decode_records(
     tensors' device, else CUDA where there is one, else the CPU, through Triton's interpreter).
     Returns, per payload, its tensors by name, on the device, bit for bit the writer's; tensors
     of one batch share the batch's output buffers. Raises CorruptRecordError naming the record,
-    tensor and stream where a payload is not a valid exp-huf payload, InvalidInputError where it
-    has a block coded by column (``decodes_on_device``).
+    tensor and stream where a payload is not a valid exp-huf payload.
 
     Host buffers are the fast way in: a device tensor's block heads are read back in one small
     copy each. ``lanes_per_program`` (a multiple of 32 on CUDA; ``LANES`` there by default),
     ``live_lanes`` (the streams a program decodes, the others idle; by default as few as give
     each multiprocessor two programs, at least 4), ``ahead`` (the next element's context loaded a step early)
     and ``buffered`` (a stream's words kept from step to step, the next one loaded beside the
-    table entry) choose the kernel's variant, for the benchmark's comparison; ``timings``, if given,
+    table entry) choose the kernel's variant, for the benchmark's comparison, as
+    ``column_lanes`` (a power of two, a multiple of 32 on CUDA; ``COLUMN_LANES`` there by
+    default) chooses the lanes of a program of the mode-2 streams kernel; ``timings``, if given,
     receives the host's parse and table time and, on CUDA, the kernels' time (seconds)."""
     payloads = list(payloads)
     if device is None:
@@ -470,12 +541,6 @@ def decode_records(
             _parse_record(s, b, batch)
         except FormatProblem as e:
             raise CorruptRecordError(f"record {r} of the batch is not a valid exp-huf payload: {e}") from None
-        except _ByColumn:
-            raise InvalidInputError(
-                f"record {r} of the batch has blocks coded by column (exp-huf block mode 2, what the Rust "
-                "writer writes), which this kernel does not decode yet: decode it on the host "
-                "(decodes_on_device says which records can go here)"
-            ) from None
     if timings is not None:
         timings["parse_s"] = time.perf_counter() - t0
         timings.pop("kernel_s", None)
@@ -485,7 +550,11 @@ def decode_records(
         raise InvalidInputError(f"lanes_per_program must be a multiple of 32 (a warp) on CUDA, not {lanes_per_program}")
     if live_lanes is not None and not 1 <= live_lanes <= lanes_per_program:
         raise InvalidInputError(f"live_lanes must be 1 to lanes_per_program ({lanes_per_program}), not {live_lanes}")
-    outs = _run(batch, src_buf, device, (lanes_per_program, live_lanes, ahead, buffered), timings)
+    if column_lanes is None:  # mode 2's lanes read nothing another lane wrote: 4 warps a program
+        column_lanes = COLUMN_LANES if device.type == "cuda" else 64
+    if column_lanes < 1 or column_lanes & (column_lanes - 1) or (device.type == "cuda" and column_lanes % 32):
+        raise InvalidInputError(f"column_lanes must be a power of two (at least 32 on CUDA), not {column_lanes}")
+    outs = _run(batch, src_buf, device, (lanes_per_program, live_lanes, ahead, buffered), timings, column_lanes)
     plain = torch.empty(batch.plain_bytes, dtype=torch.uint8, device=device)
     for src_byte, nbytes, out_byte in batch.plain:
         plain[out_byte : out_byte + nbytes].copy_(src_buf[src_byte : src_byte + nbytes])
@@ -505,7 +574,7 @@ def decode_records(
 
 
 def _run(
-    batch: _Batch, src_buf: torch.Tensor, device, tuning: tuple[int, int | None, bool, bool], timings
+    batch: _Batch, src_buf: torch.Tensor, device, tuning: tuple[int, int | None, bool, bool], timings, column_lanes: int
 ) -> dict[int, torch.Tensor]:
     """Launches the kernel for each element width's lanes; returns the output buffers (int16,
     int32). Raises CorruptRecordError when a lane reports a problem."""
@@ -552,6 +621,10 @@ def _run(
         pos64 = int(desc[2].max()) >= _POS32_LIMIT
         status = _launch(src_buf, tables_d, table_of_top_d, outs[width], desc_d, width, pos64, per, ahead, buffered)
         launched.append((width, lanes, slots, status))
+    col_status = None
+    if batch.col_lanes:
+        col_status = _run_columns(batch, src_buf, tables_d, outs, column_lanes)
+        launched.append((None, None, None, col_status[1]))
     if cuda and timings is not None:
         stop.record()
     # The one read back (a wait for the kernels): which lanes met a problem (none, almost always).
@@ -560,6 +633,12 @@ def _run(
         timings["kernel_s"] = start.elapsed_time(stop) / 1e3
     problems, first = [], 0
     for width, lanes, slots, status in launched:
+        if width is None:  # the mode-2 lanes: described apart
+            bad = torch.nonzero(flags[first:]).reshape(-1).tolist()
+            if bad:
+                at = status[:, bad].cpu().numpy()
+                problems += [(None, col_status[0][slot], int(code), int(j)) for slot, code, j in zip(bad, at[0], at[1])]
+            continue
         bad = torch.nonzero(flags[first : first + len(slots)]).reshape(-1).tolist()
         first += len(slots)
         if bad:
@@ -574,7 +653,51 @@ def _run(
     return outs
 
 
+def _run_columns(batch: _Batch, src_buf, tables_d, outs, lanes_per_program: int):
+    """Launches the kernels of the blocks coded by column (``exphuf_columns``): the streams
+    kernel once over every such block's streams, then the merge kernel per element width.
+    Returns the lanes (rows as ``_Batch.col_lanes``, in launch order) and their statuses."""
+    device = src_buf.device
+    words = src_buf.view(torch.int32)
+    lanes = np.concatenate(batch.col_lanes)
+    # Blocks by their longest stream, a block's streams together: a program's lanes run about as
+    # many steps and share their tables.
+    lanes = lanes[np.lexsort((lanes[:, 5], lanes[:, 4], -lanes[:, 6]))]
+    # The blocks' own tables, with the context each code leads to in its entries.
+    ids, firsts, contexts = (np.array(c, np.int64) for c in zip(*batch.col_ids))
+    rows = (
+        np.repeat(firsts, contexts)
+        + np.arange(int(contexts.sum()))
+        - np.repeat(np.cumsum(contexts) - contexts, contexts)
+    )
+    ctx_of_top = np.stack([batch.ctx_of_top[b] for b in ids])[np.repeat(np.arange(len(ids)), contexts)]
+    chain = exphuf_columns.chain_tables(
+        tables_d.view(-1, TABLE_LEN)[_upload(rows, device)], _upload(ctx_of_top, device)
+    )
+    # Per block number, its context 0's table in ``chain``.
+    table0 = np.zeros(len(batch.table_first), np.int64)
+    table0[ids] = (np.cumsum(contexts) - contexts) * TABLE_LEN
+    first_word = lanes[:, 0] >> 5
+    base = first_word << 5
+    block_table = table0[lanes[:, 4]]
+    desc = np.ascontiguousarray(np.stack([first_word, lanes[:, 0] - base, lanes[:, 1] - base, lanes[:, 2], lanes[:, 3], block_table]))  # fmt: skip
+    pos64 = len(lanes) > 0 and int(desc[2].max()) >= _POS32_LIMIT
+    tops = torch.empty(batch.tops, dtype=torch.int16, device=device)
+    status = exphuf_columns.launch_streams(
+        words, chain.reshape(-1), tops, _upload(desc, device), pos64, lanes_per_program
+    )
+    for width, blocks in batch.col_blocks.items():
+        if blocks:
+            jobs = exphuf_columns.merge_jobs(np.array(blocks, dtype=np.int64))
+            exphuf_columns.launch_merge(words, tops, outs[width], _upload(jobs, device), width)
+    return lanes, status
+
+
 def _describe(batch: _Batch, problem) -> str:
+    if problem[0] is None:  # a stream of a block coded by column
+        _, (_, _, _, _, block, k, _), code, j = problem
+        at = f"after its {j} codes" if code >= 3 else f"at code {j}"
+        return f"{batch.where[block]} is corrupt: its exp-huf stream {k} {_PROBLEMS.get(code, f'fails check {code}')} ({at})"
     width, (_, _, start, _, _, _, k), code, j = problem
     where = "a tensor"
     for r, rec in enumerate(batch.records):
