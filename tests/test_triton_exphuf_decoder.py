@@ -1,7 +1,8 @@
 """The Triton decoder of exp-huf (layertap.gpu.exphuf_decode) in Triton's interpreter on the CPU:
 records the Rust encoder wrote decode to tensors bit for bit equal to the originals (bf16, f16,
-f32, raw blocks, other dtypes, special values), and damaged payloads raise a CorruptRecordError
-naming what is wrong. tests/triton_kernels/check_exphuf_decoder.py does the work in a subprocess
+f32, raw blocks, other dtypes, special values; blocks coded by element, mode 1, and by column,
+mode 2, the ``cols-`` cases, equal to the core's decode too), and damaged payloads raise a
+CorruptRecordError naming what is wrong. tests/triton_kernels/check_exphuf_decoder.py does the work in a subprocess
 (triton lives outside the virtualenv, ``.venv/triton``, so that vLLM's CPU build in this process
 never sees it): once for every case, its decoding cases in one batch as a trainer's would be
 (the interpreter's time is the longest segment's, not the batch's), and each test reads its
@@ -38,6 +39,18 @@ CASES = [
     "short",
     "ids-only",
     "multi-tensor",
+    "cols-BF16-8x3x256",
+    "cols-BF16-400x13",
+    "cols-BF16-1000",
+    "cols-F16-24x4x64",
+    "cols-F32-40x50",
+    "cols-F32-1000x3",
+    "cols-special-values",
+    "cols-multi-tensor",
+    "cols-BF16-200x20-streams-7",
+    "cols-F32-300x9-streams-9",
+    "cols-BF16-16x3x64-streams-16",
+    "cols-BF16-3000-streams-1",
     "BF16-1000-plain-kernel",
     "BF16-1500x2-plain-kernel",
     "F32-1000x3-plain-kernel",
@@ -47,6 +60,10 @@ CASES = [
     "multi-tensor-live-4",
     "BF16-1500x2-pos64",
     "F32-40x50-pos64",
+    "cols-BF16-400x13-pos64",
+    "cols-F32-40x50-pos64",
+    "cols-BF16-200x20-streams-7-column-lanes-4",
+    "cols-multi-tensor-column-lanes-4",
     "tensor-payloads",
     "damaged-stream-lengths",
     "damaged-stream-garbage",
@@ -54,6 +71,16 @@ CASES = [
     "damaged-code-lengths",
     "damaged-trailing-byte",
     "damaged-cut-off",
+    "cols-damaged-stream-lengths",
+    "cols-damaged-stream-garbage",
+    "cols-damaged-flipped-byte",
+    "cols-damaged-stream-padding",
+    "cols-damaged-plane-padding",
+    "cols-damaged-columns",
+    "cols-damaged-streams",
+    "cols-damaged-trailing-byte",
+    "cols-damaged-cut-stream",
+    "cols-damaged-cut-plane",
     "compiles-for-sm90",
 ]
 

@@ -1,8 +1,10 @@
 """Checks of the Triton decoder of exp-huf (layertap.gpu.exphuf_decode) in Triton's interpreter,
 on the CPU: records the Rust encoder wrote by element (``_native.exphuf_encode(raw, by="element")``,
-block mode 1, what the GPU encoder writes) decode to tensors bit for
-bit equal to the originals, and damaged payloads raise CorruptRecordError (which the Rust
-decoder also refuses) rather than crash or read outside the buffer. Not collected by pytest:
+block mode 1, what the GPU encoder writes) and by column (``_native.exphuf_encode(raw)``, mode 2,
+what the Rust writer writes; the ``cols-`` cases, and ``cols-...-streams-S`` ones whose blocks the
+reference encoder cut into S streams) decode to tensors bit for bit equal to the originals and to
+the core's decode, in one batch of both modes, and damaged payloads raise CorruptRecordError
+(which the Rust decoder also refuses) rather than crash or read outside the buffer. Not collected by pytest:
 vLLM's CPU build must never see triton, so tests/test_triton_exphuf_decoder.py runs this script
 in a subprocess with ``PYTHONPATH=.venv/triton:python TRITON_INTERPRET=1``.
 
@@ -25,6 +27,7 @@ import time
 import traceback
 from pathlib import Path
 
+import numpy as np
 import torch
 
 TESTS = Path(__file__).resolve().parent.parent
@@ -33,22 +36,41 @@ sys.path.insert(0, str(TESTS))
 from test_gpu_exphuf import activations_like  # noqa: E402
 
 from layertap import _native  # noqa: E402
+from layertap._py import exphuf as py_exphuf  # noqa: E402
 from layertap._spec import exphuf as spec  # noqa: E402
 from layertap._spec.blob import build_header, parse_header  # noqa: E402
 from layertap.errors import CorruptRecordError  # noqa: E402
-from layertap.gpu import exphuf_decode  # noqa: E402
+from layertap.gpu import exphuf_columns, exphuf_decode  # noqa: E402
 from layertap.gpu.exphuf_decode import decode_records  # noqa: E402
 
 ACTIVATIONS = TESTS.parent / ".devbundle" / "acts" / "activations-2k.safetensors"
 NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.int64: "I64"}
 
 
-def payload(tensors: dict[str, torch.Tensor]) -> tuple[bytes, bytes]:
+def payload(tensors: dict[str, torch.Tensor], by: str = "element", streams: int | None = None) -> tuple[bytes, bytes]:
     """A record holding ``tensors`` (the blob, and its exp-huf payload by the Rust encoder, coded
-    by element: mode 1, the blocks the Triton decoder reads)."""
+    ``by`` element, mode 1, or column, mode 2; or, with ``streams``, by the reference encoder,
+    its blocks coded by column in that many streams)."""
     header = build_header([(n, NAMES[t.dtype], tuple(t.shape)) for n, t in tensors.items()], {"key": "k"})
     raw = header + b"".join(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() for t in tensors.values())
-    return raw, _native.exphuf_encode(raw, by="element")
+    if streams is not None:
+        return raw, py_exphuf.encode(raw, streams=streams)
+    return raw, _native.exphuf_encode(raw, by=by)
+
+
+def case_payload(name: str, tensors: dict[str, torch.Tensor]) -> tuple[bytes, bytes]:
+    """The payload of case ``name``: ``cols-`` cases coded by column (``-streams-S``: S streams)."""
+    name = base_case(name)
+    if not name.startswith("cols-"):
+        return payload(tensors)
+    streams = int(name.rsplit("-", 1)[1]) if "-streams-" in name else None
+    return payload(tensors, by="column", streams=streams)
+
+
+def core_tensors(raw: bytes, stored: bytes) -> dict[str, bytes]:
+    """The tensors' bytes as the Rust core decodes ``stored``."""
+    _, tensors = _native.decode_record(stored, key="k", codec=3, raw_len=len(raw), payload_crc=None, path="x", offset=0)
+    return {name: np.asarray(buf).tobytes() for name, _, _, buf in tensors}
 
 
 def special_values(dtype) -> torch.Tensor:
@@ -95,6 +117,30 @@ RECORDS = {
         "scores": activations_like((12, 5), torch.float32, seed=9),
         "empty": torch.zeros((0, 4), dtype=torch.bfloat16),
     },
+    # Coded by column (mode 2): the Rust writer's blocks (4 streams below 65,536 elements), and the
+    # reference encoder's with other stream counts. A lane decodes a stream, 24 x 3 x 256 / 4 codes
+    # for the first case.
+    "cols-BF16-8x3x256": lambda: {"h": activations_like((8, 3, 256), torch.bfloat16)},
+    "cols-BF16-400x13": lambda: {"h": activations_like((400, 13), torch.bfloat16, seed=21)},  # 3, 3, 3, 4 columns
+    "cols-BF16-1000": lambda: {"h": activations_like((1000,), torch.bfloat16, seed=2)},  # 1-D: one row
+    "cols-F16-24x4x64": lambda: {"h": _f16((24, 4, 64))},
+    "cols-F32-40x50": lambda: {"h": activations_like((40, 50), torch.float32, seed=4)},
+    "cols-F32-1000x3": lambda: {"h": activations_like((1000, 3), torch.float32, seed=22)},  # a column a stream
+    "cols-special-values": lambda: {
+        "b": special_values(torch.bfloat16),
+        "f": special_values(torch.float32),
+        "h": special_values(torch.float16),
+    },
+    "cols-multi-tensor": lambda: {
+        "hidden_states": activations_like((12, 2, 48), torch.bfloat16, seed=8),
+        "token_ids": torch.arange(1000, 1012, dtype=torch.int64),
+        "scores": activations_like((12, 5), torch.float32, seed=9),
+        "empty": torch.zeros((0, 4), dtype=torch.bfloat16),
+    },
+    "cols-BF16-200x20-streams-7": lambda: {"h": activations_like((200, 20), torch.bfloat16, seed=23)},  # 2-3 columns
+    "cols-F32-300x9-streams-9": lambda: {"h": activations_like((300, 9), torch.float32, seed=24)},
+    "cols-BF16-16x3x64-streams-16": lambda: {"h": activations_like((16, 3, 64), torch.bfloat16, seed=25)},
+    "cols-BF16-3000-streams-1": lambda: {"h": activations_like((3000,), torch.bfloat16, seed=26)},
 }
 
 
@@ -102,6 +148,8 @@ RECORDS = {
 ON_GPU = {
     "BF16-64x3x256": lambda: {"h": activations_like((64, 3, 256), torch.bfloat16)},
     "F16-100x4x64": lambda: {"h": activations_like((100, 4, 64), torch.float16, seed=3)},
+    "cols-BF16-64x3x256": lambda: {"h": activations_like((64, 3, 256), torch.bfloat16)},  # 8 streams
+    "cols-F32-64x3x256": lambda: {"h": activations_like((64, 3, 256), torch.float32, seed=3)},
 }
 
 #: Cases with no coded block (raw blocks, mode 0, or other dtypes); every other case has one.
@@ -114,7 +162,9 @@ def block_modes(raw: bytes, stored: bytes) -> list[str]:
     at, modes = data_start, []
     for t in tensors:
         if t.dtype in spec.CODED:
-            modes.append("coded" if stored[at] == spec.MODE_CODED else "raw")
+            modes.append({spec.MODE_CODED: "coded", spec.MODE_COLUMNS: "columns"}.get(stored[at], "raw"))
+            if stored[at] == spec.MODE_COLUMNS:  # its streams
+                modes[-1] += f"/{int.from_bytes(stored[at + 9 : at + 13], 'little')}"
             width = spec.CODED[t.dtype][0]
             _, at = spec.decode_block(stored, at, (t.end - t.begin) // width, width)
         else:
@@ -161,9 +211,73 @@ def _damaged() -> dict:
     return out
 
 
+def _column_streams(stored: bytes, head_len: int) -> tuple[int, int, list[int]]:
+    """Where the stream lengths of a payload's first block (coded by column) are, where its
+    streams start, and the lengths."""
+    assert stored[head_len] == spec.MODE_COLUMNS, "the first block is not coded by column"
+    n_streams = int.from_bytes(stored[head_len + 9 : head_len + 13], "little")
+    at = head_len + 1 + 12 + 256
+    for _ in range(stored[head_len + 1]):
+        count = int.from_bytes(stored[at + 2 : at + 4], "little")
+        at += 4 + (count + 1) // 2
+    return at, n_streams, [int.from_bytes(stored[at + 8 * k : at + 8 * k + 8], "little") for k in range(n_streams)]
+
+
+def _damaged_columns() -> dict:
+    """Damaged payloads coded by column (the Rust writer's): name -> (payload, a word the error
+    must hold). The tensor's 1,170 elements leave 6 padding bits in the raw plane, and its 65
+    columns make 4 streams of 16, 16, 16 and 17 columns."""
+    raw, stored = payload({"h": activations_like((9, 2, 65), torch.bfloat16, seed=10)}, by="column")
+    head_len = 8 + int.from_bytes(stored[:8], "little")
+    at, n_streams, sizes = _column_streams(stored, head_len)
+    assert n_streams == 4, n_streams
+    plane_end = at + 8 * n_streams + (1170 * 7 + 7) // 8
+    first = plane_end  # stream 0's first byte
+    out = {}
+    moved = bytearray(stored)  # stream 0 one byte longer, stream 1 one shorter
+    moved[at : at + 16] = (sizes[0] + 1).to_bytes(8, "little") + (sizes[1] - 1).to_bytes(8, "little")
+    out["stream-lengths"] = (bytes(moved), "stream 0 holds more bytes")
+    ones = bytearray(stored)  # stream 1 all ones: garbage codes, then a wrong length
+    ones[first + sizes[0] : first + sizes[0] + sizes[1]] = b"\xff" * sizes[1]
+    out["stream-garbage"] = (bytes(ones), "stream 1")
+    # A byte of stream 2 flipped: the first one (from its middle on) the Rust decoder refuses.
+    for b in range(first + sizes[0] + sizes[1] + sizes[2] // 2, first + sum(sizes[:3])):
+        flipped = bytearray(stored)
+        flipped[b] ^= 0xFF
+        if not _core_accepts(raw, bytes(flipped)):
+            out["flipped-byte"] = (bytes(flipped), "stream 2")
+            break
+    end0 = first + sizes[0] - 1
+    if stored[end0] < 0x80:  # stream 0's padding: its last byte's top bit
+        padded = bytearray(stored)
+        padded[end0] |= 0x80
+        out["stream-padding"] = (bytes(padded), "stream 0 has padding bits that are not zero")
+    plane = bytearray(stored)  # the raw plane's last byte's top bit: padding (1170 * 7 % 8 = 6)
+    plane[plane_end - 1] |= 0x80
+    out["plane-padding"] = (bytes(plane), "the raw plane's padding bits are not zero")
+    columns = bytearray(stored)  # 64 columns do not divide 1,170 elements
+    columns[head_len + 5 : head_len + 9] = (64).to_bytes(4, "little")
+    out["columns"] = (bytes(columns), "block of 1170 elements in rows of 64 columns")
+    streams = bytearray(stored)  # more streams than columns
+    streams[head_len + 9 : head_len + 13] = (66).to_bytes(4, "little")
+    out["streams"] = (bytes(streams), "block has 66 streams for 65 columns")
+    out["trailing-byte"] = (stored + b"\0", "after the last tensor")
+    out["cut-stream"] = (stored[:-3], "a stream runs past the payload")
+    out["cut-plane"] = (stored[: plane_end - 1], "the raw plane runs past the payload")
+    return out
+
+
+def _core_accepts(raw: bytes, stored: bytes) -> bool:
+    try:
+        _native.decode_record(stored, key="k", codec=3, raw_len=len(raw), payload_crc=None, path="x", offset=0)
+    except CorruptRecordError:
+        return False
+    return True
+
+
 def check_decoding(names: list[str], known: dict, device: torch.device, **variant) -> list[str]:
     records = {n: known[base_case(n)]() for n in names}
-    blobs = {n: payload(ts) for n, ts in records.items()}
+    blobs = {n: case_payload(n, ts) for n, ts in records.items()}
     t0 = time.perf_counter()
     limit = exphuf_decode._POS32_LIMIT
     exphuf_decode._POS32_LIMIT = variant.pop("pos32_limit", limit)
@@ -182,8 +296,12 @@ def check_decoding(names: list[str], known: dict, device: torch.device, **varian
         got = {k: v.cpu() for k, v in got.items()}
         why = None
         modes = block_modes(*blobs[name])
-        if ("coded" in modes) == (base_case(name) in RAW_ONLY):
+        columns = any(m.startswith("columns") for m in modes)
+        if ("coded" in modes or columns) == (base_case(name) in RAW_ONLY):
             why = f"blocks {modes}: the case does not test what it is for"
+        if why is None and columns != base_case(name).startswith("cols-"):
+            why = f"blocks {modes}: the case does not test the mode it is for"
+        core = core_tensors(*blobs[name])
         if why is None and sorted(got) != sorted(tensors):
             why = f"tensors {sorted(got)} instead of {sorted(tensors)}"
         for t_name, want in tensors.items():
@@ -193,6 +311,8 @@ def check_decoding(names: list[str], known: dict, device: torch.device, **varian
             if why is None and not torch.equal(t.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8)):
                 diff = (t.reshape(-1).view(torch.uint8) != want.reshape(-1).view(torch.uint8)).nonzero()[0].item()
                 why = f"{t_name}: bytes differ first at byte {diff}"
+            if why is None and t.reshape(-1).view(torch.uint8).numpy().tobytes() != core[t_name]:
+                why = f"{t_name}: differs from the core's decode"
         print(f"ok {name}: blocks {' '.join(modes)}" if why is None else f"FAIL {name}: {why}", flush=True)
         if why is not None:
             failed.append(name)
@@ -223,11 +343,9 @@ def check_tensor_payloads(name: str, device: torch.device) -> bool:
 
 
 def check_damaged(name: str, stored: bytes, word: str, device: torch.device) -> bool:
-    try:
-        _native.decode_record(stored, key="k", codec=3, raw_len=2 * len(stored), payload_crc=None, path="x", offset=0)
-    except CorruptRecordError:
-        pass
-    else:
+    # The raw length the header gives (a wrong one alone would make the core refuse any payload).
+    head_len = 8 + int.from_bytes(stored[:8], "little")
+    if _core_accepts(b"\0" * exphuf_decode._raw_len(memoryview(stored[:head_len])), stored):
         print(f"FAIL {name}: the Rust decoder accepts it: not a damaged payload", flush=True)
         return False
     try:
@@ -258,7 +376,9 @@ VARIANTS = {
     ),
     "-live-4": (["BF16-1000", "F32-40x50", "multi-tensor"], {"lanes_per_program": 32, "live_lanes": 4}),
     # bit positions in int64, which streams of 2^31 bits or more take
-    "-pos64": (["BF16-1500x2", "F32-40x50"], {"pos32_limit": 0}),
+    "-pos64": (["BF16-1500x2", "F32-40x50", "cols-BF16-400x13", "cols-F32-40x50"], {"pos32_limit": 0}),
+    # the mode-2 streams kernel's lanes over several programs (4 a program)
+    "-column-lanes-4": (["cols-BF16-200x20-streams-7", "cols-multi-tensor"], {"column_lanes": 4}),
 }
 
 
@@ -313,7 +433,31 @@ def compile_for_sm90() -> int:
         print(f"after {done} variants:", flush=True)
         traceback.print_exc(file=sys.stdout)
         return 1
-    print(f"{done} variants compiled for sm_90", flush=True)
+    # The mode-2 kernels (exphuf_columns): the streams kernel in the lanes the decoder and the
+    # benchmark use, with 32- and 64-bit positions; the merge kernel for both widths.
+    streams = exphuf_columns._streams_kernel
+    streams = streams if isinstance(streams, JITFunction) else JITFunction(streams.fn)
+    merge = exphuf_columns._merge_kernel
+    merge = merge if isinstance(merge, JITFunction) else JITFunction(merge.fn)
+    try:
+        for lanes in (32, 64, 128, 256):
+            for pos64 in (False, True):
+                signature = {"words_ptr": "*i32", "tables_ptr": "*i32", "tops_ptr": "*i16", "desc_ptr": "*i64", "status_ptr": "*i32", "lanes": "i32", "LANES": "constexpr", "POS64": "constexpr"}  # fmt: skip
+                source = ASTSource(fn=streams, signature=signature, constexprs={"LANES": lanes, "POS64": pos64})
+                options = {"num_warps": max(1, lanes // 32), "num_stages": 1}
+                assert triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["cubin"]
+                done += 1
+        for width in (2, 4):
+            signature = {"words_ptr": "*i32", "tops_ptr": "*i16", "out_ptr": "*i16" if width == 2 else "*i32", "job_ptr": "*i64", "programs": "i32", "RAW_BITS": "constexpr", "BLOCK": "constexpr"}  # fmt: skip
+            constants = {"RAW_BITS": 8 * width - 9, "BLOCK": exphuf_columns.MERGE_BLOCK}
+            source = ASTSource(fn=merge, signature=signature, constexprs=constants)
+            assert triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["cubin"]
+            done += 1
+    except Exception:
+        print(f"after {done} variants:", flush=True)
+        traceback.print_exc(file=sys.stdout)
+        return 1
+    print(f"{done} variants compiled for sm_90 (mode-2 kernels included)", flush=True)
     return 0
 
 
@@ -346,6 +490,7 @@ def main(argv: list[str]) -> int:
     if device.type == "cuda":  # sizes the interpreter would take minutes over
         known |= {**ON_GPU, **real_records()}
     damaged = {f"damaged-{n}": v for n, v in _damaged().items()}
+    damaged |= {f"cols-damaged-{n}": v for n, v in _damaged_columns().items()}
     variants = {suffix: [n + suffix for n in cases] for suffix, (cases, _) in VARIANTS.items()}
     everything = [*known, *(n for v in variants.values() for n in v), "tensor-payloads", *damaged, "compiles-for-sm90"]
     names = args.cases
