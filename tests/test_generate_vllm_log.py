@@ -173,3 +173,36 @@ def test_the_start_error_reads_this_runs_part_of_the_log(tmp_path):
     assert (
         vllm_log.root_cause(EARLIER_RUN + KILLED_BY_THE_KERNEL) == "OSError: an earlier run's error"
     )  # hence the offset
+
+
+def test_the_engine_output_relay_ends_with_its_run_and_keeps_the_last_lines(capfd):
+    """Each engine run sets up a relay of its processes' stderr (a pipe, a dup of stderr, a
+    thread); a user calling ``layertap.generate`` in a loop must get all of it back each time,
+    although a process that outlives the engine (multiprocessing's resource tracker) still holds
+    the pipe, so it never ends. What the engine's processes printed last, an unfinished line too,
+    is passed on before the relay stops."""
+    import os
+    import threading
+
+    from layertap.generate.vllm_log import EngineOutput
+
+    hold_r, hold_w = os.pipe()  # the long-lived process lives until this closes
+    threads, fds = set(threading.enumerate()), sorted(os.listdir("/proc/self/fd"))
+    survivors = []
+    try:
+        for i in range(3):
+            output = EngineOutput()
+            with output.spawning():  # the processes started here inherit the pipe as stderr
+                survivors.append(subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=hold_r))
+                printer = f"import sys; sys.stderr.write('engine {i} line 1\\nengine {i} last, unfinished')"
+                subprocess.run([sys.executable, "-c", printer], check=True, timeout=60)
+            output.close(timeout=60)
+            assert set(threading.enumerate()) == threads, f"run {i}: the relay's thread is left running"
+            assert sorted(os.listdir("/proc/self/fd")) == fds, f"run {i}: the relay's fds are left open"
+            err = capfd.readouterr().err
+            assert f"engine {i} line 1\nengine {i} last, unfinished\n" in err
+    finally:
+        os.close(hold_w)
+        for p in survivors:
+            p.wait(timeout=60)
+        os.close(hold_r)

@@ -335,7 +335,6 @@ class EngineOutput:
     def __init__(self) -> None:
         self._read, self._write = os.pipe()
         self._stderr = os.dup(2)
-        self._drained = threading.Event()
         self._thread = threading.Thread(target=self._relay, name="layertap-engine-output", daemon=True)
         self._thread.start()
 
@@ -353,29 +352,39 @@ class EngineOutput:
 
     def close(self, timeout: float) -> None:
         """Once vLLM's processes are stopped: waits up to ``timeout`` s until what they printed
-        has been passed on. Not until the pipe ends: processes that outlive the engine hold it
-        too (multiprocessing's resource tracker, started with the engine's processes, lives as
-        long as this one). A marker written after their output tells when it is all read."""
-        os.write(self._write, _DRAINED)
-        self._drained.wait(timeout)
-        os.close(self._write)
+        has been passed on, and the relay has ended. Not until the pipe ends: processes that
+        outlive the engine hold it too (multiprocessing's resource tracker, started with the
+        engine's processes, lives as long as this one). A marker written after their output tells
+        when it is all read; the relay stops there and closes the pipe and its dup of stderr, so a
+        run leaves no thread or descriptor behind (``layertap.generate`` called in a loop). What
+        those processes print later is lost, as it was once this process ended."""
+        try:
+            try:
+                os.write(self._write, _DRAINED)
+            except OSError:  # the relay failed and closed the pipe: nothing more to wait for
+                pass
+            self._thread.join(timeout)
+        finally:
+            os.close(self._write)
 
     def _relay(self) -> None:
-        with open(self._read, "rb", buffering=0) as pipe:
-            in_traceback = False
-            pending = b""
-            while chunk := pipe.read(65536):
-                *lines, pending = (pending + chunk).split(b"\n")
-                for raw in lines:
-                    marked = raw.endswith(_DRAINED[:-1])
-                    raw = raw.removesuffix(_DRAINED[:-1])  # after a line left unfinished, if any
-                    if raw:
-                        in_traceback = self._line(raw.decode(errors="replace"), in_traceback)
-                    if marked:
-                        self._drained.set()
-            if pending:
-                self._line(pending.decode(errors="replace"), in_traceback)
-        self._drained.set()
+        try:
+            with open(self._read, "rb", buffering=0) as pipe:
+                in_traceback = False
+                pending = b""
+                while chunk := pipe.read(65536):
+                    *lines, pending = (pending + chunk).split(b"\n")
+                    for raw in lines:
+                        marked = raw.endswith(_DRAINED[:-1])
+                        raw = raw.removesuffix(_DRAINED[:-1])  # after a line left unfinished, if any
+                        if raw:
+                            in_traceback = self._line(raw.decode(errors="replace"), in_traceback)
+                        if marked:
+                            return
+                if pending:
+                    self._line(pending.decode(errors="replace"), in_traceback)
+        finally:
+            os.close(self._stderr)
 
     def _line(self, line: str, in_traceback: bool) -> bool:
         """Passes ``line`` on; returns whether a traceback goes on after it."""
