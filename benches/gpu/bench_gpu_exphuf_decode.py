@@ -1,6 +1,10 @@
 """The Triton decoder of exp-huf (layertap.gpu.exphuf_decode) on the GPU (issue 32, goal 3): on
 real bf16 activations (``[tokens, layers, hidden]``, all-MiniLM-L6-v2's, ``.devbundle/acts``) or
-``--synthetic`` ones, records encoded on the host by the Rust encoder, their payloads handed to
+``--synthetic`` ones (``--shape LAYERSxHIDDEN``, e.g. ``4x4096`` for an 8B model's), records
+encoded on the host by the Rust encoder, coded by element (block mode 1, ``element`` rows, what
+``compress_on="gpu"`` writes) and by column (mode 2, ``columns`` rows: ``_native.exphuf_encode``'s
+default, what the Rust writer writes; one lane a stream, 4 streams a 32,768 elements; ``--modes``
+picks), their payloads handed to
 ``decode_records`` as host bytes (what a trainer reads from a shard) in batches of ``records x
 tokens``, and for each batch and kernel variant:
 
@@ -9,8 +13,9 @@ tokens``, and for each batch and kernel variant:
   call (staging, host parse and tables, copy of the payloads, kernels, the status read) and the
   kernels alone (CUDA events);
 - host CPU seconds per decoded GB (the calling thread) and the host's parse time;
-- the lanes (streams decoded side by side: 4 a record), the longest lane's elements, and the
-  kernels' nanoseconds per element of one lane: the format's bound is lanes x 2 bytes / that;
+- the lanes (streams decoded side by side: 4 a record by element, 4 a 32,768 elements by
+  column), the longest lane's elements, and the kernels' nanoseconds per element of one lane:
+  the format's bound is lanes x 2 bytes / that;
 - for scale: the same raw bf16 bytes copied host to device (pinned, one cudaMemcpy), and the
   Rust core decoding one record on one CPU thread (``_native.decode_record``).
 
@@ -53,6 +58,9 @@ VARIANTS = [
     ("no-buffer", None, None, True, False),
     ("plain", None, None, False, False),
 ]
+#: Variants of the mode-2 kernels (records coded by column): (name, lanes a program of the streams
+#: kernel; None: decode_records' choice, ``COLUMN_LANES``). The first is the default.
+COLUMN_VARIANTS = [("columns", None), ("columns-32", 32), ("columns-64", 64), ("columns-256", 256)]
 
 
 def synthetic(tokens: int, layers: int = 7, hidden: int = 384, seed: int = 0) -> torch.Tensor:
@@ -103,11 +111,28 @@ def cpu_decode_s_per_gb(stored: bytes, raw_len: int) -> float:
     return best / (raw_len / 1e9)
 
 
+def column_lanes(stored: bytes, n: int) -> tuple[int, int]:
+    """The streams of a payload's first block (coded by column, mode 2; ``n`` elements), and the
+    longest one's elements (its columns times the rows)."""
+    head_len = 8 + int.from_bytes(stored[:8], "little")
+    assert stored[head_len] == 2, "the block is not coded by column"
+    columns = int.from_bytes(stored[head_len + 5 : head_len + 9], "little")
+    streams = int.from_bytes(stored[head_len + 9 : head_len + 13], "little")
+    return streams, -(-columns // streams) * (n // columns)
+
+
 def run_batch(sources, payloads, device, variant, reps) -> dict:
-    """One batch (``payloads[i]`` encodes ``sources[i % len(sources)]``) with one kernel variant."""
+    """One batch (``payloads[i]`` encodes ``sources[i % len(sources)]``) with one kernel variant
+    (of ``VARIANTS`` for payloads coded by element, ``COLUMN_VARIANTS`` by column)."""
     from layertap.gpu.exphuf_decode import decode_records
 
-    name, lanes_per_program, live_lanes, ahead, buffered = variant
+    by_column = len(variant) == 2
+    if by_column:
+        name, lanes_per_program, live_lanes, ahead, buffered = variant[0], None, None, True, True
+        options = {"column_lanes": variant[1]}
+    else:
+        name, lanes_per_program, live_lanes, ahead, buffered = variant
+        options = {}
     want = [s.to(device) for s in sources]
     raw_bytes = sum(want[i % len(want)].numel() * 2 for i in range(len(payloads)))
     best: dict = {}
@@ -124,6 +149,7 @@ def run_batch(sources, payloads, device, variant, reps) -> dict:
             ahead=ahead,
             buffered=buffered,
             timings=timings,
+            **options,
         )
         sync(device)
         wall, cpu = time.perf_counter() - wall0, time.thread_time() - cpu0
@@ -136,10 +162,15 @@ def run_batch(sources, payloads, device, variant, reps) -> dict:
             best = {"wall_s": wall, "cpu_s": cpu, **timings}
         del out
     tokens, layers, hidden = sources[0].shape
-    lanes = 4 * len(payloads)
-    longest = -(-tokens * layers * hidden // 4)
+    if by_column:
+        streams, longest = column_lanes(payloads[0], tokens * layers * hidden)
+        lanes = streams * len(payloads)
+    else:
+        lanes = 4 * len(payloads)
+        longest = -(-tokens * layers * hidden // 4)
     row = {
         "variant": name,
+        "shape": f"{layers}x{hidden}",
         "records": len(payloads),
         "tokens": tokens,
         "raw_mb": round(raw_bytes / 1e6, 1),
@@ -159,13 +190,14 @@ def run_batch(sources, payloads, device, variant, reps) -> dict:
 
 def markdown(result: dict) -> str:
     rows = result["batches"]
-    cols = ["variant", "records", "tokens", "raw_mb", "ratio", "equal", "gbps", "kernel_gbps", "memcpy_gbps",
+    cols = ["variant", "shape", "records", "tokens", "raw_mb", "ratio", "equal", "gbps", "kernel_gbps", "memcpy_gbps",
             "host_cpu_s_per_gb", "parse_ms", "lanes", "longest_lane", "ns_per_element_lane"]  # fmt: skip
     lines = [
         f"# exp-huf decoder on {result['device']} ({result['source']})",
         "",
         f"torch {result['torch']}, triton {result['triton']}; Rust core on one CPU thread: "
-        f"{result.get('cpu_rust_decode_s_per_gb')} s/GB"
+        f"{result.get('cpu_rust_decode_s_per_gb')} s/GB by element, "
+        f"{result.get('cpu_rust_decode_columns_s_per_gb')} s/GB by column"
         + (f"; skipped: {', '.join(result['skipped'])}" if result.get("skipped") else ""),
         "",
         "| " + " | ".join(cols) + " |",
@@ -184,7 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--budget-s", type=float, default=240, help="start no batch after this many seconds")
     ap.add_argument("--batches", nargs="+", default=None, help="TOKENSxRECORDS, e.g. 256x64 2048x16")
-    ap.add_argument("--variants", nargs="+", default=None, help=f"of {[v[0] for v in VARIANTS]}")
+    ap.add_argument("--variants", nargs="+", default=None, help=f"of {[v[0] for v in VARIANTS + COLUMN_VARIANTS]}")
+    ap.add_argument("--modes", nargs="+", default=["column", "element"], choices=["column", "element"])
+    ap.add_argument("--shape", default="7x384", help="--synthetic records' LAYERSxHIDDEN (8B-like: 4x4096)")
     ap.add_argument(
         "--tiny", action="store_true", help="dry-run sizes (4-token records of 7 x 32, batches of 2 and 3, 1 rep)"
     )
@@ -193,7 +227,11 @@ def main(argv: list[str] | None = None) -> int:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     batches = [tuple(int(x) for x in b.split("x")) for b in args.batches] if args.batches else BATCHES
-    variants = [v for v in VARIANTS if args.variants is None or v[0] in args.variants]
+    variants = [v for v in VARIANTS if "element" in args.modes and (args.variants is None or v[0] in args.variants)]
+    variants += [
+        v for v in COLUMN_VARIANTS if "column" in args.modes and (args.variants is None or v[0] in args.variants)
+    ]
+    layers, hidden = (int(x) for x in args.shape.split("x"))
     reps = args.reps
     if args.tiny:
         batches, reps = [(4, 2), (8, 3)], 1
@@ -219,21 +257,28 @@ def main(argv: list[str] | None = None) -> int:
             if args.activations:
                 sources = load_records(args.activations, tokens, count)
             else:
-                sources = [synthetic(tokens, seed=i) for i in range(count)]
+                sources = [synthetic(tokens, layers, hidden, seed=i) for i in range(count)]
             if args.tiny:
                 sources = [s[:, :, :32].contiguous() for s in sources]
             # distinct records only (the file holds 2048 tokens): a batch cycles through them
             sources = list({s.view(torch.int16).numpy().tobytes(): s for s in sources}.values())
             blobs = [blob_of(s) for s in sources]
-            # Coded by element (mode 1): the blocks the Triton decoder reads.
-            encoded[tokens] = (sources, [exphuf_encode(b, by="element") for b in blobs])
-            result.setdefault(
-                "cpu_rust_decode_s_per_gb", round(cpu_decode_s_per_gb(encoded[tokens][1][0], len(blobs[0])), 3)
+            # Coded by element (mode 1, compress_on="gpu"'s) and by column (mode 2, the writer's).
+            encoded[tokens] = (
+                sources,
+                {
+                    "element": [exphuf_encode(b, by="element") for b in blobs],
+                    "column": [exphuf_encode(b) for b in blobs],
+                },
             )
+            for by, key in (("element", "cpu_rust_decode_s_per_gb"), ("column", "cpu_rust_decode_columns_s_per_gb")):
+                stored = encoded[tokens][1][by][0]
+                result.setdefault(key, round(cpu_decode_s_per_gb(stored, len(blobs[0])), 3))
         sources, stored = encoded[tokens]
-        payloads = [stored[i % len(stored)] for i in range(records)]
         memcpy = host_copy_gbps(sum(sources[i % len(sources)].numel() * 2 for i in range(records)), device, reps)
         for variant in variants:
+            by = "column" if len(variant) == 2 else "element"
+            payloads = [stored[by][i % len(stored[by])] for i in range(records)]
             row = run_batch(sources, payloads, device, variant, reps)
             row["memcpy_gbps"] = None if memcpy is None else round(memcpy, 2)
             result["batches"].append(row)

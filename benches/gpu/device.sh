@@ -8,6 +8,7 @@
 #   bash benches/gpu/device.sh codecs                  nvCOMP's codecs on real activations (issue 21)
 #   bash benches/gpu/device.sh exphuf                  exp-huf in torch on the GPU (issue 21)
 #   bash benches/gpu/device.sh kernels                 issue 32's Triton kernels (encoder, decoder)
+#   bash benches/gpu/device.sh decoder                 issue 32's decoder: mode-2 kernels, the Dataset
 #   bash benches/gpu/device.sh generate 1b|8b          layertap generate against the bare connector
 #   bash benches/gpu/device.sh check-inmodel [ARCH...] capture in the model against transformers,
 #                                                      CUDA graphs and eager (default: Llama, Gemma 2)
@@ -72,6 +73,29 @@ case $what in
       --out "$results/gpu-exphuf-kernels" 2>&1 | tail -n 30
     timeout 150 python3 benches/gpu/bench_gpu_exphuf_decode.py --activations .devbundle/acts/activations-2k.safetensors \
       --out "$results/gpu-exphuf-decode" 2>&1 | tail -n 30 ;;
+  decoder)
+    # issue 32, goal 3, no vLLM: the decoder's checks compiled (both block modes), its GB/s on
+    # the device by column (the Rust writer's records) and by element, and a trainer's read loop
+    # against raw safetensors. Each step's output goes to $results as it runs (kept if one times out).
+    cp .devbundle/kern/_native.abi3.so python/layertap/ || exit 1
+    export PYTHONPATH=$PWD/python:$PYTHONPATH
+    mkdir -p "$SCRATCH"
+    python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+    timeout 120 python3 tests/triton_kernels/check_exphuf_decoder.py --device cuda > "$results/check-decoder.log" 2>&1
+    grep -a -e FAIL -e 'cases ok' "$results/check-decoder.log" | cut -c1-300
+    timeout 60 python3 tests/triton_kernels/check_torch_gpu_decode.py --device cuda all > "$results/check-torch-decode.log" 2>&1
+    grep -a -e '^ok' -e FAIL "$results/check-torch-decode.log" | cut -c1-200
+    timeout 150 python3 benches/gpu/bench_gpu_exphuf_decode.py --activations .devbundle/acts/activations-2k.safetensors \
+      --batches 256x64 2048x16 256x256 2048x64 --variants columns columns-32 columns-256 default \
+      --budget-s 100 --out "$results/gpu-exphuf-decode-columns" > "$results/gpu-exphuf-decode-columns.log" 2>&1
+    tail -n 20 "$results/gpu-exphuf-decode-columns.log"
+    timeout 100 python3 benches/gpu/bench_gpu_exphuf_decode.py --synthetic --shape 4x4096 --modes column \
+      --batches 256x64 2048x16 --variants columns columns-256 \
+      --out "$results/gpu-exphuf-decode-8b" > "$results/gpu-exphuf-decode-8b.log" 2>&1
+    tail -n 8 "$results/gpu-exphuf-decode-8b.log"
+    timeout 120 python3 benches/gpu/bench_gpu_dataset_decode.py --synthetic --shape 4x4096 --tokens 256 \
+      --records 256 --batch 64 --dir "$SCRATCH" --out "$results/gpu-dataset-decode" > "$results/gpu-dataset-decode.log" 2>&1
+    tail -n 10 "$results/gpu-dataset-decode.log" ;;
   writer)
     python3 benches/bench_writer.py --dir "$SCRATCH/writer" --total 4GiB --threads 8 \
       --activations .devbundle/acts/activations.safetensors --out "$results/writer-h200" ;;
