@@ -385,3 +385,26 @@ def test_a_torch_that_does_not_import_is_a_problem(tmp_path):
         f"problem: torch {torch} does not import (OSError: libcudnn.so.9: cannot open shared object file: "
         "No such file or directory); fix: reinstall the torch your vLLM requires (docs/INSTALL.md)"
     ], proc.stdout
+
+
+def test_the_vllm_extra_asks_for_the_versions_doctor_accepts():
+    """``pip install 'layertap[vllm]'`` must not install a vLLM that ``layertap doctor`` then
+    calls outside the supported range (or leave out one it accepts): the extra's specifier and
+    doctor's check agree on every release from 0.20 to 1.1, and INSTALL.md names the extra's."""
+    import tomllib
+
+    from layertap.cli import doctor as doctor_module
+
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    (extra,) = pyproject["project"]["optional-dependencies"]["vllm"]
+    requirement = Requirement(extra)
+    assert requirement.name == "vllm" and requirement.marker is None
+    releases = [f"0.{minor}.{patch}" for minor in range(20, 41) for patch in (0, 1, 9)]
+    releases += ["0.33.2.post1", "1.0.0", "1.1.0"]
+    for version in releases:
+        problems: list[str] = []
+        vllm = {"distribution": "vllm", "version": version, "distributions": {"vllm": version}}
+        doctor_module._vllm_problems({**vllm, "build": "cuda", "requires": []}, None, None, problems, [])
+        accepted = not any("outside the vLLM versions" in p for p in problems)
+        assert requirement.specifier.contains(version) == accepted, (extra, version, problems)
+    assert f"`{extra}`" in (Path(__file__).parents[1] / "docs" / "INSTALL.md").read_text()
