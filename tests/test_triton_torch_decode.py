@@ -30,7 +30,7 @@ pytestmark = pytest.mark.timeout(900)
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "triton_kernels" / "check_torch_gpu_decode.py"
 
-CASES = ["batches-equal", "by-column", "layers", "damaged-record", "refused"]
+CASES = ["batches-equal", "by-column", "layers", "damaged-record", "damaged-by-column", "refused"]
 
 
 def run_check(*args: str) -> subprocess.CompletedProcess:

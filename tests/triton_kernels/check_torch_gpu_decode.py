@@ -229,6 +229,41 @@ def case_damaged_record(path: Path, device: str) -> str:
     return " | ".join(messages)
 
 
+def case_damaged_by_column(path: Path, device: str) -> str:
+    """Stream 0 of row 14's hidden states (the Rust writer's, coded by column) one byte longer,
+    stream 1 one shorter, checksum not checked: the mode-2 kernel catches it and names the
+    record; with errors="skip" row 14 alone is skipped, as the CPU path skips it."""
+    damaged = Path(tempfile.mkdtemp(dir=path.parent)) / "ds"
+    shutil.copytree(path, damaged)
+    shard = exphuf_shard(damaged, "col")
+    keys = [e.key for e in layertap.open(shard).backends[0].entries]
+    offset, stored_len, _ = payload_offset(shard, keys.index("14"))
+    with open(shard, "r+b") as f:
+        stored = os.pread(f.fileno(), stored_len, offset)
+        head_len = 8 + int.from_bytes(stored[:8], "little")
+        assert stored[head_len] == MODE_COLUMNS, "row 14's hidden states are not coded by column"
+        at = head_len + 1 + 12 + 256  # the code-length tables, then the stream lengths
+        for _ in range(stored[head_len + 1]):
+            at += 4 + (int.from_bytes(stored[at + 2 : at + 4], "little") + 1) // 2
+        sizes = [int.from_bytes(stored[at + 8 * k : at + 8 * k + 8], "little") for k in (0, 1)]
+        os.pwrite(f.fileno(), (sizes[0] + 1).to_bytes(8, "little") + (sizes[1] - 1).to_bytes(8, "little"), offset + at)
+    indices = [15, 14, 2, 10]
+    dev = HiddenStatesDataset(damaged, verify=False, decode_on=device)
+    try:
+        dev.__getitems__(indices)
+    except CorruptRecordError as e:
+        assert e.key == "14" and "stream 0 holds more bytes" in str(e) and shard in str(e), e
+        message = str(e)
+    else:
+        raise AssertionError("no CorruptRecordError")
+    cpu = HiddenStatesDataset(damaged, verify=False, errors="skip")
+    dev = HiddenStatesDataset(damaged, verify=False, errors="skip", decode_on=device)
+    want, got = cpu.__getitems__(indices), dev.__getitems__(indices)
+    assert got[1] is None and all(b is not None for i, b in enumerate(got) if i != 1) and dev.skipped == 1, got
+    same(want, got, "skipped")
+    return message
+
+
 def case_refused(path: Path, device: str) -> str:
     """No CUDA device here: decode_on="cuda" says what it needs; DataLoader workers are refused."""
     if not torch.cuda.is_available():
@@ -260,6 +295,7 @@ CASES = {
     "by-column": case_by_column,
     "layers": case_layers,
     "damaged-record": case_damaged_record,
+    "damaged-by-column": case_damaged_by_column,
     "refused": case_refused,
 }
 

@@ -12,6 +12,10 @@ GPU"); the writer takes the blocks as encoded tensors and only checks their fram
 ``impl="triton"`` (the default on CUDA where Triton imports), the code tables built on the host
 or on the device (``tables``); the same bytes.
 
+``exphuf_decode`` and ``exphuf_columns``: the decoder for trainers (issue 32, goal 3), exp-huf
+payloads decoded on the device by Triton kernels, blocks coded by element (mode 1) and by
+column (mode 2, the Rust writer's; ``exphuf_columns`` holds its kernels).
+
 ``benches/gpu/bench_gpu_exphuf.py`` measures the encoder on the H200 and
 ``benches/gpu/profile_exphuf.py`` says where its time goes; benches/RESULTS.md has the numbers.
 """
