@@ -12,8 +12,9 @@ is in a shard. Before a run:
    removed (a torn empty shard: ``recover`` removes it) or set aside as ``NAME.torn`` (bytes
    that do not begin a header);
 3. every shard must come from ``layertap generate`` with the same model and layers;
-4. every record is checked as ``layertap verify`` checks it, and a shard holding one that fails
-   is re-indexed without it (``repair``), so that its row is written again;
+4. every record's frame header and payload checksum are checked as ``layertap verify`` checks
+   them (payloads are read, not decoded), and a shard holding one that fails is re-indexed without
+   it (``repair``), so that its row is written again;
 5. the keys of the records are the rows done.
 
 Each run writes with a fresh writer id ``gen-{run}`` (one more than any run before it), so it
