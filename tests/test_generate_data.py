@@ -18,7 +18,7 @@ from helpers import cut_footer, make_tensors
 from layertap._spec.format import FILE_MAGIC
 from layertap.generate.data import BadRow, Row, open_rows
 from layertap.generate.errors import GenerateError
-from layertap.generate.model import default_layers, parse_layers
+from layertap.generate.model import config_num_layers, default_layers, parse_layers
 from layertap.generate.render import BadRowError, Renderer
 from layertap.generate.resume import LOCK_NAME, prepare_output
 
@@ -267,6 +267,21 @@ def test_layers():
     ]:
         with pytest.raises(GenerateError, match=why):
             parse_layers(layers, 32)
+
+
+def test_layer_count_of_raw_configs():
+    # What generate checks layer ids against before anything loads: a count, in the text part
+    # of a multimodal config too, or the length of a hybrid's per-layer list where that is all
+    # the config gives (Nemotron-H's config.json: transformers derives num_hidden_layers).
+    assert config_num_layers({"num_hidden_layers": 28}) == 28
+    assert config_num_layers({"text_config": {"num_hidden_layers": 36}, "vision_config": {}}) == 36
+    assert config_num_layers({"n_layer": 12}) == 12
+    nemotron_h = {"layers_block_type": ["mamba", "mlp", "mamba", "attention", "mlp", "mamba"]}
+    assert config_num_layers(nemotron_h) == 6
+    assert config_num_layers({"hybrid_override_pattern": "M-M*-M"}) == 6
+    assert config_num_layers({"num_hidden_layers": 4, "layer_types": ["a"] * 4}) == 4
+    assert config_num_layers({"hidden_size": 8}) is None
+    assert config_num_layers({"num_hidden_layers": True}) is None
 
 
 def shard_meta(model="m", layers=(1, 2)) -> dict:

@@ -21,6 +21,9 @@ from layertap.generate.errors import GenerateError
 #: Where configurations keep the number of decoder layers (transformers maps these names onto
 #: ``num_hidden_layers``: GPT-2's ``n_layer``, DBRX's ``n_layers``, ChatGLM's ``num_layers``).
 _LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
+#: Per-layer lists (or a string of one character a layer) that give the count where no key
+#: above does: Nemotron-H's block types (``hybrid_override_pattern`` in its older configs).
+_LAYER_LIST_KEYS = ("layers_block_type", "hybrid_override_pattern", "layer_types")
 #: Sub-configurations of multimodal models that hold the language model's (transformers'
 #: ``get_text_config``).
 _TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config")
@@ -81,13 +84,19 @@ def read_config(model: str, engine_args: dict) -> dict | None:
 
 
 def config_num_layers(config: dict) -> int | None:
-    """The number of decoder layers a raw configuration gives, or None."""
+    """The number of decoder layers a raw configuration gives, or None: a count, or the length
+    of a per-layer list where a hybrid gives only that (Nemotron-H's ``config.json`` has
+    ``layers_block_type`` and no ``num_hidden_layers``, which transformers derives from it)."""
     for part in [config.get(k) for k in _TEXT_CONFIG_KEYS] + [config]:
         if isinstance(part, dict):
             for key in _LAYER_COUNT_KEYS:
                 n = part.get(key)
                 if isinstance(n, int) and not isinstance(n, bool) and n > 0:
                     return n
+            for key in _LAYER_LIST_KEYS:
+                pattern = part.get(key)
+                if isinstance(pattern, (list, str)) and pattern:
+                    return len(pattern)
     return None
 
 
