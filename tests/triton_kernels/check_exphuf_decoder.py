@@ -148,8 +148,11 @@ RECORDS = {
 ON_GPU = {
     "BF16-64x3x256": lambda: {"h": activations_like((64, 3, 256), torch.bfloat16)},
     "F16-100x4x64": lambda: {"h": activations_like((100, 4, 64), torch.float16, seed=3)},
-    "cols-BF16-64x3x256": lambda: {"h": activations_like((64, 3, 256), torch.bfloat16)},  # 8 streams
+    "cols-BF16-64x3x256": lambda: {"h": activations_like((64, 3, 256), torch.bfloat16)},
     "cols-F32-64x3x256": lambda: {"h": activations_like((64, 3, 256), torch.float32, seed=3)},
+    # the writer's 8 and 24 streams (4 a 32,768 elements)
+    "cols-BF16-2x32768": lambda: {"h": activations_like((2, 32768), torch.bfloat16, seed=27)},
+    "cols-BF16-256x3x256": lambda: {"h": activations_like((256, 3, 256), torch.bfloat16, seed=28)},
 }
 
 #: Cases with no coded block (raw blocks, mode 0, or other dtypes); every other case has one.
@@ -320,12 +323,15 @@ def check_decoding(names: list[str], known: dict, device: torch.device, **varian
 
 
 def check_tensor_payloads(name: str, device: torch.device) -> bool:
-    """Payloads already on the device (uint8 tensors) beside one in host memory, in one batch."""
+    """Payloads already on the device (uint8 tensors) beside ones in host memory, in one batch,
+    coded by element and by column."""
     tensors = RECORDS["multi-tensor"]()
     _, stored = payload(tensors)
+    _, by_column = payload(tensors, by="column")  # mode 2: its stream lengths and plane read back too
     on_device = torch.frombuffer(bytearray(stored), dtype=torch.uint8).to(device)
+    columns_on_device = torch.frombuffer(bytearray(by_column), dtype=torch.uint8).to(device)
     try:
-        got = decode_records([on_device, stored, on_device[:]], device=device)
+        got = decode_records([on_device, stored, on_device[:], columns_on_device, by_column], device=device)
     except Exception:
         print(f"FAIL {name}: raised", flush=True)
         traceback.print_exc(file=sys.stdout)
@@ -338,7 +344,7 @@ def check_tensor_payloads(name: str, device: torch.device) -> bool:
             ):
                 print(f"FAIL {name}: {t_name} differs", flush=True)
                 return False
-    print(f"ok {name}: 3 records", flush=True)
+    print(f"ok {name}: 5 records, 2 coded by column", flush=True)
     return True
 
 
@@ -462,13 +468,15 @@ def compile_for_sm90() -> int:
 
 
 def real_records() -> dict:
-    """On a GPU, where the benchmark's activations are: a 256-token and a 2048-token record."""
+    """On a GPU, where the benchmark's activations are: a 256-token and a 2048-token record, coded
+    by element and by column."""
     if not ACTIVATIONS.exists():
         return {}
     from safetensors.torch import load_file
 
     acts = load_file(str(ACTIVATIONS))["bf16"]
-    return {"real-256": lambda: {"h": acts[:256].contiguous()}, "real-2048": lambda: {"h": acts[:2048].contiguous()}}
+    cuts = {"real-256": lambda: {"h": acts[:256].contiguous()}, "real-2048": lambda: {"h": acts[:2048].contiguous()}}
+    return cuts | {f"cols-{name}": cut for name, cut in cuts.items()}  # and coded by column
 
 
 def main(argv: list[str]) -> int:
