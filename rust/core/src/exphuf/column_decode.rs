@@ -176,10 +176,20 @@ pub fn decode<const W: usize>(src: &[u8], at: &mut usize, dst: &mut [u8]) -> Res
     let rows = n / head.columns;
     // Room for the fast loop's last 8-byte store (3 tops past a stream's last). Every top is
     // written before it is read, so a buffer left from an earlier block serves as it is.
-    SCRATCH.with_borrow_mut(|scratch| {
+    SCRATCH.with_borrow_mut(|kept| {
+        // A thread keeps its buffer up to KEEP_MAX tops (8 MiB), which saves zeroing fresh
+        // pages for every block; a larger block's buffer is its own, so that a reader's
+        // threads do not each hold the largest tensor they ever decoded.
+        let mut own = Vec::new();
+        let scratch = if n + PER_STEP <= KEEP_MAX {
+            kept
+        } else {
+            &mut own
+        };
         if scratch.len() < n + PER_STEP {
             scratch.resize(n + PER_STEP, 0);
         }
+        let scratch = &mut scratch[..];
         let start = |k: usize| {
             let cols = stream_columns(head.columns, streams, k);
             Stream {
@@ -261,6 +271,9 @@ pub fn decode<const W: usize>(src: &[u8], at: &mut usize, dst: &mut [u8]) -> Res
         Ok(())
     })
 }
+
+/// Tops a thread's kept scratch buffer holds at most.
+const KEEP_MAX: usize = 1 << 22;
 
 thread_local! {
     /// The tops of the block being decoded, in stream order.

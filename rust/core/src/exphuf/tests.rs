@@ -478,3 +478,18 @@ fn check_block_takes_column_blocks() {
         assert!(check_block(&block, dtype, n - cols).is_err());
     }
 }
+
+/// A block larger than a thread keeps a scratch buffer for decodes with a buffer of its own,
+/// and a small one after it with the kept buffer again.
+#[test]
+fn a_block_past_the_kept_scratch_round_trips() {
+    let (rows, cols) = (2100, 2048);
+    let (h, d) = blob(&[(
+        Dtype::BF16,
+        vec![rows, cols],
+        activations(rows as usize, cols as usize, 2, 3),
+    )]);
+    round_trip(&h, &d);
+    let (h, d) = blob(&[(Dtype::BF16, vec![40, 64], activations(40, 64, 2, 4))]);
+    round_trip(&h, &d);
+}
