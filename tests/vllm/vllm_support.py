@@ -81,6 +81,8 @@ def running_llm(multiprocessing: bool, **llm_args: Any) -> Iterator[Any]:
     the engine core in its own process (vLLM's default) or in this one (starts faster)."""
     from vllm import LLM
 
+    if not multiprocessing:
+        _fresh_distributed_state()
     with pytest_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "1" if multiprocessing else "0"}):
         llm = LLM(**llm_args)
     try:
@@ -89,6 +91,19 @@ def running_llm(multiprocessing: bool, **llm_args: Any) -> Iterator[Any]:
         shutdown(llm)
         del llm
         gc.collect()
+        if not multiprocessing:
+            _fresh_distributed_state()
+
+
+def _fresh_distributed_state() -> None:
+    """Takes down the process's model-parallel groups, as vLLM's own tests do between engines:
+    an engine in this process keeps those its first engine set up, and vLLM makes the expert
+    group only for a mixture-of-experts model, so a MoE engine after a dense one in the same
+    process stopped at start-up ("expert parallel group is not initialized"), depending on
+    which test files a worker had run before (a fresh-clone CI at d0167b8)."""
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    cleanup_dist_env_and_memory()
 
 
 def shutdown(llm: Any) -> None:
