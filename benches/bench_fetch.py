@@ -72,7 +72,7 @@ def timed(fn, repeats: int, keys: list[str]) -> float:
 def measure(codec: str, records: list, scratch: Path, store, repeats: int, reference: bool) -> dict:
     import layertap
     from layertap.mooncake.address import parse_address
-    from layertap.vllm.mooncake_sink import Forwarder
+    from layertap.vllm.mooncake_forwarder import Forwarder
     from layertap.vllm.online import RecordLocation, fetch
 
     directory = scratch / codec

@@ -15,7 +15,6 @@ from typing import Any
 
 from layertap import generate  # a callable package: layertap.generate(model, data, out, ...)
 from layertap._options import WriterOptions
-from layertap._sink import RecordSink
 from layertap._types import (
     Completion,
     IndexEntry,
@@ -27,6 +26,7 @@ from layertap._types import (
     VerifyReport,
 )
 from layertap._version import __version__ as __version__
+from layertap._writer_protocol import RecordSink
 from layertap.errors import (
     CodecError,
     CorruptRecordError,

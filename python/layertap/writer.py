@@ -13,9 +13,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from layertap._options import WriterOptions
-from layertap._sink import BufferRecord
 from layertap._tensors import check_metadata, normalize, prepare_record
 from layertap._types import Completion
+from layertap._writer_protocol import BufferRecord
 from layertap.errors import InvalidInputError, WriterClosedError
 
 
@@ -146,7 +146,7 @@ class ShardWriter:
     def native(self) -> Any:
         """The ``layertap._native.NativeShardWriter`` this class wraps: for a caller that hands
         the Rust writer work without Python in between (the connector's ``NativeRegionSink``,
-        ``layertap.vllm.sinks``). Its methods take already checked values; use this class's."""
+        ``layertap.vllm.region_sinks``). Its methods take already checked values; use this class's."""
         return self._native
 
     def __repr__(self) -> str:

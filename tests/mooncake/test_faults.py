@@ -22,7 +22,7 @@ from layertap.mooncake.client import RPC_FAIL, connect
 from layertap.mooncake.layout import StoreEntry, chunk_name
 from layertap.mooncake.publisher import StorePublisher
 from layertap.vllm import fetch
-from layertap.vllm.mooncake_sink import CLOSE_TIMEOUT, Forwarder
+from layertap.vllm.mooncake_forwarder import CLOSE_TIMEOUT, Forwarder
 
 
 @pytest.fixture

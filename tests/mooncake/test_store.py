@@ -17,7 +17,7 @@ from layertap.errors import CorruptRecordError, InvalidInputError, RecordMissing
 from layertap.mooncake.address import parse_address
 from layertap.mooncake.client import connect
 from layertap.mooncake.layout import record_name
-from layertap.vllm.mooncake_sink import Forwarder
+from layertap.vllm.mooncake_forwarder import Forwarder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -165,7 +165,7 @@ def test_fetch_never_returns_another_requests_record_as_its_own(store, tmp_path)
     and says so instead of returning it as this response's."""
     from layertap._tensors import tensor_maker
     from layertap.errors import DuplicateKeyError
-    from layertap.vllm.mooncake_sink import fetch_from_store
+    from layertap.vllm.mooncake_forwarder import fetch_from_store
 
     address = store.address("t/ranks")
     for rank, request in ((0, "req-a"), (1, "req-b")):

@@ -8,7 +8,7 @@ from decoder_support import CASES, RECORDS, REFERENCE_DECODER, as_plain, read_in
 
 import layertap
 from layertap.mooncake.address import parse_address
-from layertap.vllm.mooncake_sink import Forwarder
+from layertap.vllm.mooncake_forwarder import Forwarder
 
 
 def _put(address: str, spool) -> list[tuple[str, str]]:

@@ -186,7 +186,7 @@ def test_the_native_sink_never_writes_into_a_region_the_writer_reads(tmp_path):
     through it, whatever the caller asks."""
     pytest.importorskip("layertap._native")
     from layertap.errors import InvalidInputError
-    from layertap.vllm.sinks import NativeSink
+    from layertap.vllm.region_sinks import NativeSink
 
     # A busy record before the sink's: the region stays leased while the test asks to write
     # into it (CI once saw a region given back between a check of the lease and the refused call).
@@ -274,7 +274,7 @@ def test_the_sink_and_write_indices_fill_the_indices_of_the_layout_vector(tmp_pa
 
     from helpers import VECTORS
     from layertap.vllm.metadata import StepSaves
-    from layertap.vllm.sinks import NativeSink
+    from layertap.vllm.region_sinks import NativeSink
 
     for case in json.loads((VECTORS / "layout.json").read_text(encoding="utf-8"))["cases"]:
         shape, strides = case["kv_shape"], case["kv_strides"]

@@ -6,7 +6,7 @@ objects readers list them by.
 - ``layout``: the objects' names and the JSON of the index objects;
 - ``client``: this process's Mooncake client, and the start-up check of the master;
 - ``logs``: Mooncake's own log into files rather than onto stderr;
-- ``publisher``: putting records (the connector's forwarder, ``layertap.vllm.mooncake_sink``);
+- ``publisher``: putting records (the connector's forwarder, ``layertap.vllm.mooncake_forwarder``);
 - ``backend``: reading, as a shard backend of ``layertap.open``'s ``Dataset``;
 - ``pull``: draining a dataset into shards on disk.
 

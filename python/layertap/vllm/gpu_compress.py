@@ -42,7 +42,7 @@ from layertap.vllm.engine import EngineFacts
 from layertap.vllm.errors import ConnectorError
 from layertap.vllm.gather import HiddenStatesCache
 from layertap.vllm.pool import HostPool
-from layertap.vllm.sinks import BufferSink, NativeSink
+from layertap.vllm.region_sinks import BufferSink, NativeSink
 from layertap.vllm.threads import GPU_COMPRESS_THREAD, name_this_thread
 
 #: Elements encoded in one pass: the encoder's intermediates take about 64 bytes an element on
@@ -91,7 +91,7 @@ class _Job:
 class GpuCompressor:
     """The thread that encodes gathered batches and hands them to the writer (module docs).
 
-    Its ``fill`` and ``reap`` stand in for the sink's (``sinks.py``): the engine thread fills the
+    Its ``fill`` and ``reap`` stand in for the sink's (``region_sinks.py``): the engine thread fills the
     region's token ids and gather indices as for any sink, and takes regions back here."""
 
     def __init__(self, writer: Any, pool: HostPool, cache: HiddenStatesCache, facts: EngineFacts):

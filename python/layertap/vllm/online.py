@@ -120,7 +120,7 @@ def fetch(
     Mooncake Store once it is there (``durable`` does not apply: docs/MOONCAKE.md, "Durability")."""
     loc = kv_transfer_params if isinstance(kv_transfer_params, RecordLocation) else record_location(kv_transfer_params)
     if loc.store is not None:
-        from layertap.vllm.mooncake_sink import fetch_from_store
+        from layertap.vllm.mooncake_forwarder import fetch_from_store
 
         return fetch_from_store(
             loc.store,

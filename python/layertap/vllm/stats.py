@@ -153,7 +153,7 @@ class WorkerStats:
         """Finished requests the scheduler half did not save, by reason (``not_requested``,
         ``invalid_request``, ``not_saved``), as it last told this half (``take_not_saved``)."""
         self.store: dict | None = None
-        """With the ``mooncake`` option: the forwarder's counts (``mooncake_sink.Forwarder.stats``)."""
+        """With the ``mooncake`` option: the forwarder's counts (``mooncake_forwarder.Forwarder.stats``)."""
         self._engine_thread: list[float] = []
         self._delays: list[float] = []
         """The histograms' samples since the last report."""

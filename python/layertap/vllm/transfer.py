@@ -3,7 +3,7 @@ hand them to the writer without a copy, and tell which requests' KV blocks can b
 
 Per engine step that finished requests: one region of the pool, one fill of its token ids and
 gather indices, one gather, one device-to-host copy and one hand-over to the writer, for all of
-them (``sinks.py``: with the Rust writer each is one call into Rust, whatever the number of
+them (``region_sinks.py``: with the Rust writer each is one call into Rust, whatever the number of
 requests). On CUDA the gather and the copy run on a side stream behind the model's work and an
 event marks the end of the copy; the engine thread only polls the event (``event.query()``) at
 later steps and never waits on it. On the CPU the gather writes straight into the pool and is
@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from layertap._sink import RecordSink
 from layertap._tensors import dtype_name
+from layertap._writer_protocol import RecordSink
 from layertap.errors import InvalidInputError, LayertapError
 from layertap.vllm.engine import EngineFacts
 from layertap.vllm.errors import ConnectorError
@@ -36,7 +36,7 @@ from layertap.vllm.gpu_compress import GpuCompressor, region_slack
 from layertap.vllm.metadata import StepSaves
 from layertap.vllm.online import leave_error_marker
 from layertap.vllm.pool import HostPool, Region, align_up
-from layertap.vllm.sinks import NativeSink
+from layertap.vllm.region_sinks import NativeSink
 from layertap.vllm.stats import WorkerStats
 from layertap.vllm.window_gather import gather as gather_rows
 
@@ -249,7 +249,7 @@ class HiddenStatesSaver:
         self._inflight.append(batch)
 
     def _submit(self, batch: _Batch) -> None:
-        """Hands the records of a gathered batch to the writer in one call (``sinks.py``)."""
+        """Hands the records of a gathered batch to the writer in one call (``region_sinks.py``)."""
         t0 = time.perf_counter()
         try:
             self._submit_timed(batch)

@@ -7,8 +7,8 @@ import logging
 import time
 from typing import Any
 
-from layertap._sink import RecordSink
 from layertap._spec.record import LAYER_IDS
+from layertap._writer_protocol import RecordSink
 from layertap.vllm import gpu_compress, registry
 from layertap.vllm.config import (
     ConfigError,
@@ -20,7 +20,7 @@ from layertap.vllm.engine import EngineFacts, read_engine_facts
 from layertap.vllm.errors import ConnectorError
 from layertap.vllm.gather import HiddenStatesCache
 from layertap.vllm.metadata import LayertapMetadata, StepSaves
-from layertap.vllm.mooncake_sink import Forwarder, connect_store, start_forwarder
+from layertap.vllm.mooncake_forwarder import Forwarder, connect_store, start_forwarder
 from layertap.vllm.pool import HostPool
 from layertap.vllm.stats import WorkerStats, describe, write_json
 from layertap.vllm.threads import lower_encoder_priority

@@ -1,4 +1,4 @@
-"""The Mooncake sink of the connector (option ``mooncake``, docs/MOONCAKE.md): the Rust writer
+"""The Mooncake forwarder of the connector (option ``mooncake``, docs/MOONCAKE.md): the Rust writer
 writes each record into a shard of a local spool directory as it always does (the engine
 thread's work is the same as with files), and a thread of this module, the *forwarder*, reads
 each record's frame back from the spool as soon as the writer has written it (``DatasetTail``:

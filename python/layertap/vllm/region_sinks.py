@@ -1,5 +1,6 @@
-"""How the worker's hot path (``transfer.py``) hands a step's records to the writer, and learns
-which pool regions the writer no longer needs.
+"""The region sinks: how the worker's hot path (``transfer.py``) hands a step's records, which
+lie in a region of the host pool, to the writer, and learns which regions the writer no longer
+needs (the core's ``RegionSink``, ``rust/core/src/region/``, does this in Rust).
 
 - ``NativeSink`` (the Rust writer, ``layertap.ShardWriter``): a few calls into Rust per step,
   whatever the number of records (``layertap._native.NativeRegionSink``): the token ids and the
@@ -19,7 +20,6 @@ import json
 import logging
 from typing import Any
 
-from layertap._sink import RecordSink
 from layertap._spec.record import (
     DTYPE,
     HIDDEN_STATES,
@@ -32,6 +32,7 @@ from layertap._spec.record import (
     TOKEN_IDS,
 )
 from layertap._tensors import dtype_name
+from layertap._writer_protocol import RecordSink
 from layertap.errors import InvalidInputError
 from layertap.vllm.engine import EngineFacts
 from layertap.vllm.gather import HiddenStatesCache
