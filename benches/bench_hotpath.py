@@ -73,9 +73,9 @@ def run_case(name: str, args: argparse.Namespace, scratch: Path) -> dict:
 
     from layertap.vllm import gather
     from layertap.vllm.config import parse_options
-    from layertap.vllm.engine import EngineFacts
+    from layertap.vllm.engine_facts import EngineFacts
     from layertap.vllm.scheduler import SchedulerSide
-    from layertap.vllm.worker import WorkerSide
+    from layertap.vllm.worker_side import WorkerSide
 
     per_step, min_len, max_len, generated, include_outputs = CASES[name]
     layers = 3

@@ -49,9 +49,9 @@ def main() -> None:
     from vllm.v1.request import Request, RequestStatus
 
     from layertap.vllm.config import parse_options
-    from layertap.vllm.engine import EngineFacts
+    from layertap.vllm.engine_facts import EngineFacts
     from layertap.vllm.scheduler import SchedulerSide
-    from layertap.vllm.worker import WorkerSide
+    from layertap.vllm.worker_side import WorkerSide
 
     scratch = Path(tempfile.mkdtemp(prefix="layertap-soak-", dir=args.dir))
     facts = EngineFacts(

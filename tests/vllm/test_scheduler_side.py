@@ -17,7 +17,7 @@ BLOCK = 16
 
 def scheduler(tmp_path, **options):
     from layertap.vllm.config import parse_options
-    from layertap.vllm.engine import EngineFacts
+    from layertap.vllm.engine_facts import EngineFacts
     from layertap.vllm.scheduler import SchedulerSide
 
     facts = EngineFacts(

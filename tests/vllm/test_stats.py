@@ -40,7 +40,7 @@ def step_saves(ended: float, *requests: tuple[str, list[int], int]):
 
 
 def test_worker_reports_equal_the_records_written(tmp_path):
-    from layertap.vllm.transfer import HiddenStatesSaver
+    from layertap.vllm.hidden_states_saver import HiddenStatesSaver
 
     clock, wall = HandClock(), HandClock(5000.0)
     kv = torch.randn(BLOCKS, BLOCK, LAYERS, HIDDEN).to(torch.bfloat16)
@@ -102,7 +102,7 @@ def test_reports_add_up_to_the_totals_and_to_the_prometheus_metrics(tmp_path):
     as vLLM observes them, every Prometheus metric equals its total; and the log line's
     engine-thread percentiles equal the summary's hook percentiles (one percentile)."""
     from layertap.vllm import metrics
-    from layertap.vllm.transfer import HiddenStatesSaver, region_bytes
+    from layertap.vllm.hidden_states_saver import HiddenStatesSaver, region_bytes
 
     seed = 7
     rng = random.Random(seed)

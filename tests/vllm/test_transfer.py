@@ -1,4 +1,4 @@
-"""The worker's hot path below vLLM (``layertap.vllm.transfer``) on a real cache tensor, a real
+"""The worker's hot path below vLLM (``layertap.vllm.hidden_states_saver``) on a real cache tensor, a real
 pool and real writers: each step's records go to the writer in one call, and a record the writer
 refuses costs only that record."""
 
@@ -11,7 +11,7 @@ import torch
 
 import layertap
 from helpers import BUSY_WRITER, busy_record, writer_class
-from layertap.vllm.engine import EngineFacts
+from layertap.vllm.engine_facts import EngineFacts
 from layertap.vllm.gather import HiddenStatesCache
 from layertap.vllm.pool import HostPool
 from layertap.vllm.stats import WorkerStats
@@ -52,7 +52,7 @@ def saves(*requests: tuple[str, list[int], int]):
 
 
 def test_records_hold_the_cache_rows_and_a_refused_one_costs_only_itself(tmp_path):
-    from layertap.vllm.transfer import HiddenStatesSaver
+    from layertap.vllm.hidden_states_saver import HiddenStatesSaver
 
     # [blocks, tokens, layers, hidden] (vLLM 0.26's layout), every value distinct.
     kv = torch.arange(BLOCKS * BLOCK * LAYERS * HIDDEN, dtype=torch.float32).reshape(BLOCKS, BLOCK, LAYERS, HIDDEN)
@@ -88,7 +88,7 @@ def test_the_worker_opens_the_writer_the_options_ask_for(tmp_path):
     writer id, the connector's shard metadata and its own defaults; the writer is a RecordSink."""
     from layertap.vllm.config import DEFAULT_KEY_MEMORY, parse_options
     from layertap.vllm.threads import default_writer_threads
-    from layertap.vllm.worker import open_writer
+    from layertap.vllm.worker_side import open_writer
 
     options = parse_options({"output_dir": str(tmp_path), "codec": "zstd", "shard_metadata": {"run": "7"}})
     with open_writer(options, facts(), pool_bytes=1 << 20) as w:
@@ -109,7 +109,7 @@ def test_a_missing_extension_is_named_as_the_writer_option(tmp_path, monkeypatch
     into a configuration error that says to build it."""
     import layertap.writer
     from layertap.vllm.config import ConfigError, parse_options
-    from layertap.vllm.worker import open_writer
+    from layertap.vllm.worker_side import open_writer
 
     def not_built():
         raise ImportError("layertap.ShardWriter needs the compiled extension layertap._native")
@@ -130,7 +130,7 @@ def test_a_burst_larger_than_the_pool_waits_in_the_cache_without_stalling(tmp_pa
     the writer hands regions back. Nothing waits on the engine thread."""
     import time
 
-    from layertap.vllm.transfer import HiddenStatesSaver, region_bytes
+    from layertap.vllm.hidden_states_saver import HiddenStatesSaver, region_bytes
 
     kv = torch.arange(BLOCKS * BLOCK * LAYERS * HIDDEN, dtype=torch.float32).reshape(BLOCKS, BLOCK, LAYERS, HIDDEN)
     kv = kv.to(torch.bfloat16)

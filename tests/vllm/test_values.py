@@ -65,7 +65,7 @@ def burst_pool(dtype: str) -> int:
     them ending in one step must wait in the KV cache."""
     from types import SimpleNamespace
 
-    from layertap.vllm.transfer import region_bytes
+    from layertap.vllm.hidden_states_saver import region_bytes
 
     layers = len(STORED_LAYERS)
     cache = SimpleNamespace(row_bytes=layers * 128 * (4 if dtype == "float32" else 2), index_width=layers)

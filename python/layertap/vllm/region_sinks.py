@@ -1,4 +1,4 @@
-"""The region sinks: how the worker's hot path (``transfer.py``) hands a step's records, which
+"""The region sinks: how the worker's hot path (``hidden_states_saver.py``) hands a step's records, which
 lie in a region of the host pool, to the writer, and learns which regions the writer no longer
 needs (the core's ``RegionSink``, ``rust/core/src/region/``, does this in Rust).
 
@@ -34,7 +34,7 @@ from layertap._spec.record import (
 from layertap._tensors import dtype_name
 from layertap._writer_protocol import RecordSink
 from layertap.errors import InvalidInputError
-from layertap.vllm.engine import EngineFacts
+from layertap.vllm.engine_facts import EngineFacts
 from layertap.vllm.gather import HiddenStatesCache
 from layertap.vllm.metadata import StepSaves
 from layertap.vllm.pool import HostPool, Region

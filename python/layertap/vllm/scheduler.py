@@ -13,7 +13,7 @@ from layertap._keys import KeyWindow
 from layertap.vllm import registry
 from layertap.vllm import window as capture_window
 from layertap.vllm.config import ConnectorOptions, sample_id_problem
-from layertap.vllm.engine import EngineFacts, read_engine_facts
+from layertap.vllm.engine_facts import EngineFacts, read_engine_facts
 from layertap.vllm.extras import loss_mask_array, record_metadata_problem
 from layertap.vllm.metadata import LayertapMetadata, StepSaves
 from layertap.vllm.models.conv_state import method_generated_rows_problem

@@ -29,7 +29,7 @@ import torch
 from layertap._tensors import dtype_name
 from layertap._writer_protocol import RecordSink
 from layertap.errors import InvalidInputError, LayertapError
-from layertap.vllm.engine import EngineFacts
+from layertap.vllm.engine_facts import EngineFacts
 from layertap.vllm.errors import ConnectorError
 from layertap.vllm.gather import HiddenStatesCache
 from layertap.vllm.gpu_compress import GpuCompressor, region_slack

@@ -1,5 +1,5 @@
 """The worker half of the connector: owns the host pool, the shard writer and the hot path
-(``transfer.py``), on tensor-parallel rank 0 only; the other ranks do nothing."""
+(``hidden_states_saver.py``), on tensor-parallel rank 0 only; the other ranks do nothing."""
 
 from __future__ import annotations
 
@@ -16,15 +16,15 @@ from layertap.vllm.config import (
     default_pool_bytes,
     writer_options_for,
 )
-from layertap.vllm.engine import EngineFacts, read_engine_facts
+from layertap.vllm.engine_facts import EngineFacts, read_engine_facts
 from layertap.vllm.errors import ConnectorError
 from layertap.vllm.gather import HiddenStatesCache
+from layertap.vllm.hidden_states_saver import HiddenStatesSaver, region_bytes
 from layertap.vllm.metadata import LayertapMetadata, StepSaves
 from layertap.vllm.mooncake_forwarder import Forwarder, connect_store, start_forwarder
 from layertap.vllm.pool import HostPool
 from layertap.vllm.stats import WorkerStats, describe, write_json
 from layertap.vllm.threads import lower_encoder_priority
-from layertap.vllm.transfer import HiddenStatesSaver, region_bytes
 
 logger = logging.getLogger("vllm.layertap")  # under vLLM's logging configuration
 
