@@ -12,7 +12,9 @@ may land out of order), is waited for. Once a writer has left a shard for good (
 and a newer shard of the same writer exists, or the shard ended with an index), damage that the
 incremental reading cannot pass is handed to the shard backend, which resynchronises past it.
 
-Waiting uses inotify on the directory (``_inotify``); nothing polls.
+Waiting uses inotify on the directory (``DirectoryWatch``, over the ``inotify_simple`` package);
+nothing polls. Linux only, and only for changes this kernel sees (a local file system; NFS does not
+report writes made on another machine).
 """
 
 from __future__ import annotations
@@ -21,14 +23,16 @@ import errno
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
+
+from inotify_simple import INotify
+from inotify_simple import flags as _in
 
 from layertap._checks import one_of
 from layertap._choices import ERROR_MODES
 from layertap._cursor import ShardCursor, pread_fully
 from layertap._decoder import RecordDecoder, record_decoder
-from layertap._inotify import DirectoryWatch
 from layertap._spec.format import (
     CODECS,
     KIND_INDEX,
@@ -50,6 +54,56 @@ from layertap.errors import (
     StoreUnavailableError,
 )
 from layertap.reader import Record, backend_class, problem_message
+
+
+class DirectoryWatch:
+    """An inotify watch on one directory: ``wait`` returns when a file in it changed. Made
+    before the first look at the files, so that a change between the look and the wait is
+    still seen.
+
+    A directory watch names a changed file by the name it was opened under, and the writers
+    create each shard unnamed (``O_TMPFILE``, or a temporary name) and link it under its final
+    name once its header is in: their writes are reported as ``#<inode>`` or the temporary name.
+    So the files being followed are also watched themselves (``watch_file``: a watch on the
+    inode, whatever name the writer opened it by), and their changes reported by their names."""
+
+    _MASK = _in.MODIFY | _in.ATTRIB | _in.CLOSE_WRITE | _in.MOVED_TO | _in.CREATE
+    _FILE_MASK = _in.MODIFY | _in.ATTRIB | _in.CLOSE_WRITE
+
+    def __init__(self, directory: str):
+        self._inotify = INotify()
+        try:
+            self._inotify.add_watch(directory, self._MASK)
+        except OSError as e:
+            self._inotify.close()
+            raise OSError(e.errno, f"cannot watch the dataset directory: {e.strerror}", directory) from None
+        self._files: dict[int, str] = {}
+        """Watch descriptor of each watched file -> its name in the directory."""
+
+    def watch_file(self, path: str) -> None:
+        """Watches the file at ``path`` (in the directory) itself; best effort: a file that is
+        gone, or a watch the kernel refuses (``max_user_watches``), is left to the directory's
+        watch."""
+        try:
+            self._files[self._inotify.add_watch(path, self._FILE_MASK)] = os.path.basename(path)
+        except OSError:
+            pass
+
+    def wait(self, timeout: float | None, concerns: Callable[[str], bool]) -> None:
+        """Blocks until a file whose name ``concerns`` accepts changed (or events were lost),
+        or for ``timeout`` seconds (None: no limit)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            ms = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000) + 1)
+            events = self._inotify.read(timeout=ms)
+            if not events:
+                return
+            for e in events:
+                if e.mask & _in.Q_OVERFLOW or concerns(self._files.get(e.wd, e.name)):
+                    return
+
+    def close(self) -> None:
+        self._inotify.close()
 
 
 class NotYet(Exception):
