@@ -159,7 +159,6 @@ def case_by_column(path: Path, device: str) -> str:
     by_column = stored_payloads(exphuf_shard(path, "col"))
     first_block = {k: p[8 + int.from_bytes(p[:8], "little")] for k, p in by_column.items()}
     assert MODE_COLUMNS in first_block.values(), f"no block coded by column: {first_block}"
-    assert all(exphuf_decode.decodes_on_device(p) for p in by_column.values())
     keys = sorted(by_column)
     got = exphuf_decode.decode_records([by_column[k] for k in keys], torch.device(device))
     for k, tensors in zip(keys, got):

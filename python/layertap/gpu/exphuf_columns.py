@@ -48,6 +48,47 @@ TABLE_LEN = 2048
 _CTX_SHIFT = 13
 
 
+# What both decoding kernels (this module's streams kernel, exphuf_decode's mode-1 kernel) do
+# alike with a lane's stream: the first rows of its descriptor, and the checks at its end.
+
+
+@triton.jit
+def stream_lanes(words_ptr, desc_ptr, out_ptr, lanes, LANES: tl.constexpr, POS64: tl.constexpr):
+    # A program's lanes, and from each one's descriptor rows 0-4: its stream's first word as a
+    # pointer, its bit and end bit counted from that word (int32 unless POS64), its output as a
+    # pointer, and its count of elements.
+    lane = tl.program_id(0) * LANES + tl.arange(0, LANES)
+    live = lane < lanes
+    wp = words_ptr + tl.load(desc_ptr + lane, mask=live, other=0)
+    bit = tl.load(desc_ptr + lanes + lane, mask=live, other=0)
+    end = tl.load(desc_ptr + 2 * lanes + lane, mask=live, other=0)
+    if not POS64:
+        bit = bit.to(tl.int32)
+        end = end.to(tl.int32)
+    op = out_ptr + tl.load(desc_ptr + 3 * lanes + lane, mask=live, other=0)
+    count = tl.load(desc_ptr + 4 * lanes + lane, mask=live, other=0).to(tl.int32)
+    return lane, live, wp, bit, end, op, count
+
+
+@triton.jit
+def check_stream_ends(wp, bit, end, count, status, where, status_ptr, lane, lanes, live, WORD: tl.constexpr):
+    # A lane whose decode met no problem: its stream takes exactly ceil(bits / 8) bytes, and the
+    # bits after its last code are 0 (read in WORD-bit words). Then every lane's status and
+    # where it was met are stored.
+    LOG_WORD: tl.constexpr = 5 if WORD == 32 else 6
+    UWORD: tl.constexpr = tl.uint32 if WORD == 32 else tl.uint64
+    done = live & (status == 0)
+    too_long = done & (((bit + 7) >> 3) != (end >> 3))
+    tail = done & ~too_long & ((bit & 7) != 0)
+    last = tl.load(wp + (bit >> LOG_WORD), mask=tail, other=0).to(UWORD, bitcast=True)
+    padding = (last >> (bit & (WORD - 1)).to(UWORD)) & ((1 << (8 - (bit & 7))) - 1).to(UWORD)
+    bad_padding = tail & (padding != 0)
+    status = tl.where(too_long, 3, tl.where(bad_padding, 4, status))
+    where = tl.where(too_long | bad_padding, count, where)
+    tl.store(status_ptr + lane, status, mask=live)
+    tl.store(status_ptr + lanes + lane, where, mask=live)
+
+
 @triton.jit
 def _streams_kernel(
     words_ptr,  # int32 words of the payloads' device copy
@@ -60,16 +101,7 @@ def _streams_kernel(
     LANES: tl.constexpr,
     POS64: tl.constexpr,  # bit positions in int64: a stream of 2^31 bits or more
 ):
-    lane = tl.program_id(0) * LANES + tl.arange(0, LANES)
-    live = lane < lanes
-    wp = words_ptr + tl.load(desc_ptr + lane, mask=live, other=0)
-    bit = tl.load(desc_ptr + lanes + lane, mask=live, other=0)
-    end = tl.load(desc_ptr + 2 * lanes + lane, mask=live, other=0)
-    if not POS64:
-        bit = bit.to(tl.int32)
-        end = end.to(tl.int32)
-    op = tops_ptr + tl.load(desc_ptr + 3 * lanes + lane, mask=live, other=0)
-    count = tl.load(desc_ptr + 4 * lanes + lane, mask=live, other=0).to(tl.int32)
+    lane, live, wp, bit, end, op, count = stream_lanes(words_ptr, desc_ptr, tops_ptr, lanes, LANES, POS64)
     table0 = tl.load(desc_ptr + 5 * lanes + lane, mask=live, other=0).to(tl.int32)
     status = tl.zeros([LANES], dtype=tl.int32)
     where = tl.zeros([LANES], dtype=tl.int32)
@@ -98,17 +130,7 @@ def _streams_kernel(
         hi = tl.where(step, after, hi)
         bit = tl.where(ok, nbit, bit)
         table = table0 + (entry >> 13) * 2048
-    # The stream takes exactly ceil(bits / 8) bytes, and the bits after its last code are 0.
-    done = live & (status == 0)
-    too_long = done & (((bit + 7) >> 3) != (end >> 3))
-    tail = done & ~too_long & ((bit & 7) != 0)
-    last = tl.load(wp + (bit >> 5), mask=tail, other=0).to(tl.uint32, bitcast=True)
-    padding = (last >> (bit & 31).to(tl.uint32)) & ((1 << (8 - (bit & 7))) - 1).to(tl.uint32)
-    bad_padding = tail & (padding != 0)
-    status = tl.where(too_long, 3, tl.where(bad_padding, 4, status))
-    where = tl.where(too_long | bad_padding, count, where)
-    tl.store(status_ptr + lane, status, mask=live)
-    tl.store(status_ptr + lanes + lane, where, mask=live)
+    check_stream_ends(wp, bit, end, count, status, where, status_ptr, lane, lanes, live, 32)
 
 
 @triton.jit

@@ -59,7 +59,7 @@ Blocks coded by column (mode 2, what the Rust writer writes since 2026-12-05) ar
 too (their tables join the batch's) and decoded by ``layertap.gpu.exphuf_columns``'s kernels: one
 lane a stream (4 streams a 32,768 elements, so tens of thousands in a trainer's batch), then an
 elementwise pass that puts the raw plane's bits beside each element's top 9 bits. A batch may mix
-records of both modes; ``decodes_on_device`` is True for every payload.
+records of both modes.
 """
 
 from __future__ import annotations
@@ -92,6 +92,7 @@ from layertap._spec.exphuf import (
 from layertap._spec.format import FormatProblem, align8
 from layertap.errors import CorruptRecordError, InvalidInputError
 from layertap.gpu import exphuf_columns
+from layertap.gpu.exphuf_columns import check_stream_ends, stream_lanes
 
 TABLE_LEN = 1 << MAX_CODE_LEN
 _FIXED = struct.Struct("<BBHI")
@@ -215,6 +216,30 @@ def _check_lengths(batch: _Batch) -> np.ndarray:
     return lengths
 
 
+def _check_contexts(contexts: int) -> None:
+    if not 1 <= contexts <= MAX_CONTEXTS:
+        raise FormatProblem(f"block has {contexts} contexts (1 to 16 allowed)")
+
+
+def _context_tables(head, p: int, contexts: int, batch: _Batch) -> tuple[np.ndarray, int, int]:
+    """The context map at ``head[p:]`` (a 4-bit context a symbol) and the ``contexts`` code-length
+    tables after it, as both block modes' heads hold them: checked, the tables added to
+    ``batch``. Returns the map, the offset after the tables and the batch's index of the
+    block's first table."""
+    packed = np.frombuffer(head, np.uint8, SYMBOLS // 2, p)
+    cmap = np.stack([packed & 15, packed >> 4], 1).reshape(-1)
+    if cmap.max() >= contexts:
+        raise FormatProblem(f"context map names context {cmap.max()} of {contexts}")
+    p += SYMBOLS // 2
+    table_first = len(batch.counts)
+    for c in range(contexts):
+        try:
+            p = _lengths(head, p, batch)
+        except FormatProblem as e:
+            raise FormatProblem(f"context {c}: {e}") from None
+    return cmap, p, table_first
+
+
 def _parse_block(src: _Source, at: int, base: int, n: int, width: int, batch: _Batch, out, where: str) -> int:
     """Parses the block at ``at`` (payload offset; ``base``: the payload's offset in the device
     copy) of ``n`` elements and adds its lanes or plain copy to ``batch``; ``out`` receives where
@@ -235,24 +260,12 @@ def _parse_block(src: _Source, at: int, base: int, n: int, width: int, batch: _B
     if 1 + _FIXED.size + SYMBOLS // 2 > len(head):
         raise FormatProblem("block is cut off")
     contexts, streams, reserved, stride = _FIXED.unpack_from(head, 1)
-    if not 1 <= contexts <= MAX_CONTEXTS:
-        raise FormatProblem(f"block has {contexts} contexts (1 to 16 allowed)")
+    _check_contexts(contexts)
     if streams not in STREAM_COUNTS:
         raise FormatProblem(f"block has {streams} streams (1, 2, 4 or 8 allowed)")
     if reserved:
         raise FormatProblem("block's reserved bytes are not zero")
-    p = 1 + _FIXED.size
-    packed = np.frombuffer(head, np.uint8, SYMBOLS // 2, p)
-    cmap = np.stack([packed & 15, packed >> 4], 1).reshape(-1)
-    if cmap.max() >= contexts:
-        raise FormatProblem(f"context map names context {cmap.max()} of {contexts}")
-    p += SYMBOLS // 2
-    table_first = len(batch.counts)
-    for c in range(contexts):
-        try:
-            p = _lengths(head, p, batch)
-        except FormatProblem as e:
-            raise FormatProblem(f"context {c}: {e}") from None
+    cmap, p, table_first = _context_tables(head, 1 + _FIXED.size, contexts, batch)
     if p + 8 * streams > len(head):
         raise FormatProblem("block is cut off")
     sizes = struct.unpack_from(f"<{streams}Q", head, p)
@@ -286,25 +299,14 @@ def _parse_columns(src: _Source, at: int, base: int, n: int, width: int, batch: 
     if p + SYMBOLS // 2 > len(head):
         raise FormatProblem("block is cut off")
     contexts, reserved, columns, streams = _COLUMN_FIXED.unpack_from(head, 1)
-    if not 1 <= contexts <= MAX_CONTEXTS:
-        raise FormatProblem(f"block has {contexts} contexts (1 to 16 allowed)")
+    _check_contexts(contexts)
     if reserved != b"\0\0\0":
         raise FormatProblem("block's reserved bytes are not zero")
     if columns == 0 or n % columns:
         raise FormatProblem(f"block of {n} elements in rows of {columns} columns")
     if not 1 <= streams <= columns:
         raise FormatProblem(f"block has {streams} streams for {columns} columns (1 to {columns} allowed)")
-    packed = np.frombuffer(head, np.uint8, SYMBOLS // 2, p)
-    cmap = np.stack([packed & 15, packed >> 4], 1).reshape(-1)
-    if cmap.max() >= contexts:
-        raise FormatProblem(f"context map names context {cmap.max()} of {contexts}")
-    p += SYMBOLS // 2
-    table_first = len(batch.counts)
-    for c in range(contexts):
-        try:
-            p = _lengths(head, p, batch)
-        except FormatProblem as e:
-            raise FormatProblem(f"context {c}: {e}") from None
+    cmap, p, table_first = _context_tables(head, p, contexts, batch)
     lengths_at = at + p
     if lengths_at + 8 * streams > src.length:
         raise FormatProblem("block is cut off")
@@ -340,15 +342,6 @@ def _parse_columns(src: _Source, at: int, base: int, n: int, width: int, batch: 
     batch.elements[width] += n
     out.append(("coded", width, start))
     return stream_at + int(sizes.sum())
-
-
-def decodes_on_device(payload) -> bool:
-    """Whether ``decode_records`` decodes the exp-huf ``payload`` (a bytes-like object or a
-    device tensor): True for every payload since it decodes blocks coded by column (mode 2)
-    too; kept so that callers need not change when a block kind is again left to the host.
-    True also for a payload that is not valid exp-huf, which ``decode_records`` reports as
-    corrupt."""
-    return True
 
 
 def _add_plain(batch: _Batch, src_byte: int, nbytes: int) -> int:
@@ -727,17 +720,8 @@ def _decode_kernel(
     WORD: tl.constexpr = words_ptr.dtype.element_ty.primitive_bitwidth
     LOG_WORD: tl.constexpr = 5 if WORD == 32 else 6
     UWORD: tl.constexpr = tl.uint32 if WORD == 32 else tl.uint64
-    lane = tl.program_id(0) * LANES + tl.arange(0, LANES)
-    live = lane < lanes
     # Per lane, once: its stream's first word and its output as pointers; then 32-bit counters.
-    wp = words_ptr + tl.load(desc_ptr + lane, mask=live, other=0)
-    bit = tl.load(desc_ptr + lanes + lane, mask=live, other=0)
-    end = tl.load(desc_ptr + 2 * lanes + lane, mask=live, other=0)
-    if not POS64:
-        bit = bit.to(tl.int32)
-        end = end.to(tl.int32)
-    op = out_ptr + tl.load(desc_ptr + 3 * lanes + lane, mask=live, other=0)
-    count = tl.load(desc_ptr + 4 * lanes + lane, mask=live, other=0).to(tl.int32)
+    lane, live, wp, bit, end, op, count = stream_lanes(words_ptr, desc_ptr, out_ptr, lanes, LANES, POS64)
     stride = tl.load(desc_ptr + 5 * lanes + lane, mask=live, other=0).to(tl.int32)
     map0 = tl.load(desc_ptr + 6 * lanes + lane, mask=live, other=0).to(tl.int32)
     table0 = tl.load(desc_ptr + 7 * lanes + lane, mask=live, other=0).to(tl.int32)
@@ -802,17 +786,7 @@ def _decode_kernel(
             late = tl.load(table_of_top_ptr + map0 + ((near >> RAW_BITS) & 511), mask=has_next & (stride < 3), other=0)
             table = tl.where(has_next, tl.where(stride >= 3, early, late), table0)
             last_x = x
-    # The stream takes exactly ceil(bits / 8) bytes, and the bits after its last element are 0.
-    done = live & (status == 0)
-    too_long = done & (((bit + 7) >> 3) != (end >> 3))
-    tail = done & ~too_long & ((bit & 7) != 0)
-    last = tl.load(wp + (bit >> LOG_WORD), mask=tail, other=0).to(UWORD, bitcast=True)
-    padding = (last >> (bit & (WORD - 1)).to(UWORD)) & ((1 << (8 - (bit & 7))) - 1).to(UWORD)
-    bad_padding = tail & (padding != 0)
-    status = tl.where(too_long, 3, tl.where(bad_padding, 4, status))
-    where = tl.where(too_long | bad_padding, count, where)
-    tl.store(status_ptr + lane, status, mask=live)
-    tl.store(status_ptr + lanes + lane, where, mask=live)
+    check_stream_ends(wp, bit, end, count, status, where, status_ptr, lane, lanes, live, WORD)
 
 
 def _live_lanes(lanes: int, per: int, device) -> int:

@@ -203,9 +203,6 @@ class StoreClient:
             return True
         return False
 
-    def healthy(self) -> bool:
-        return self.store.health_check() == 0
-
     def close(self) -> None:
         self.store.close()
 

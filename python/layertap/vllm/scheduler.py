@@ -22,15 +22,6 @@ from layertap.vllm.stats import DRAIN_WAIT, SchedulerStats
 
 logger = logging.getLogger("vllm.layertap")  # under vLLM's logging configuration
 
-#: Request kv_transfer_params the connector reads.
-REQUEST_KEYS = (
-    "save",
-    "sample_id",
-    "include_output_tokens",
-    "record_metadata",
-    "loss_mask",
-    *capture_window.WINDOW_KEYS,
-)
 #: The reason counted for a request not saved because it did not ask (the ``save`` option).
 NOT_REQUESTED = "not_requested"
 #: Finish states whose hidden states are saved: the request ran to its end. Aborted, ignored

@@ -21,13 +21,9 @@ from layertap._spec.record import REDUCTION, WINDOW_END, WINDOW_START
 #: it covers, and its reduction (one of ``REDUCTIONS``) or None.
 Window = tuple[int, int, str | None]
 
-#: Request kv_transfer_params read here.
-WINDOW_KEYS = ("window", "reduction")
 #: What a reduction stores, one vector per layer: the window's last position, or the mean of its
 #: positions.
 REDUCTIONS = ("last", "mean")
-#: Record metadata of a windowed or reduced record (the connector's own: a client may not set them).
-WINDOW_METADATA = (WINDOW_START, WINDOW_END, REDUCTION)
 
 
 def _bound(value: Any, name: str) -> tuple[int | None, str | None]:
