@@ -13,8 +13,6 @@ from importlib.metadata import entry_points
 import pytest
 import torch
 
-from layertap._tiny_families import ARCHITECTURES
-from layertap._tiny_hybrid import ARCHITECTURES as HYBRID_ARCHITECTURES
 from layertap.vllm.models import (
     ENV_VAR,
     FAMILIES,
@@ -27,8 +25,13 @@ from layertap.vllm.models.capture import StreamCapture
 from layertap.vllm.models.families import FUSED, PLAIN
 
 
-def test_every_family_has_a_tiny_model_to_test_it_with():
-    # The hybrids' tiny models (their real layer patterns) are built by _tiny_hybrid.py.
+def test_every_family_has_a_tiny_model_to_test_it_with(monkeypatch):
+    # The tiny models are the vLLM tests' (tests/vllm/tiny_families.py; the hybrids', with their
+    # real layer patterns, tiny_hybrid.py).
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "vllm"))
+    from tiny_families import ARCHITECTURES
+    from tiny_hybrid import ARCHITECTURES as HYBRID_ARCHITECTURES
+
     assert not set(ARCHITECTURES) & set(HYBRID_ARCHITECTURES)
     assert sorted(ARCHITECTURES + HYBRID_ARCHITECTURES) == sorted(IN_MODEL_FAMILIES)
     assert set(FAMILIES) <= set(IN_MODEL_FAMILIES)
