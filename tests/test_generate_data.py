@@ -19,6 +19,7 @@ from layertap._spec.format import FILE_MAGIC
 from layertap.generate.data import BadRow, Row, open_rows
 from layertap.generate.errors import GenerateError
 from layertap.generate.model import config_num_layers, default_layers, parse_layers
+from layertap.generate.options import GenerateOptions
 from layertap.generate.render import BadRowError, Renderer
 from layertap.generate.resume import LOCK_NAME, prepare_output
 
@@ -257,16 +258,18 @@ def test_loss_mask_refusals(tokenizer, marked_tokenizer):
 def test_layers():
     assert default_layers(32) == [2, 16, 29, 32]
     assert default_layers(4) == [1, 2, 4]  # 2, 4//2, 4-3, 4: distinct ones
-    assert parse_layers("16, 2,32", 32) == [2, 16, 32]
+    assert parse_layers(GenerateOptions("m", "d", "o", layers="16, 2,32").layers, 32) == [2, 16, 32]
+    assert parse_layers(None, 4) == [1, 2, 4]
     for layers, why in [
-        ("2,33", r"\[33\] are out of range for a model of 32 layers"),
-        ("2,2", "repeat"),
+        ("2,2", "--layers \\[2, 2\\] repeat an id"),
         ("a,b", "comma-separated integers"),
         ([], "non-empty list"),
-        ("-1", "out of range"),
     ]:
         with pytest.raises(GenerateError, match=why):
-            parse_layers(layers, 32)
+            GenerateOptions("m", "d", "o", layers=layers)  # before the model is looked at
+    for layers, why in [([2, 33], r"\[33\] are out of range for a model of 32 layers"), ([-1], "out of range")]:
+        with pytest.raises(GenerateError, match=why):
+            parse_layers(GenerateOptions("m", "d", "o", layers=layers).layers, 32)
 
 
 def test_layer_count_of_raw_configs():

@@ -1,48 +1,24 @@
 """``layertap generate --window START:END --reduction last|mean`` (issue 25 item 1): every row's
 request asks the connector for that window of its recorded tokens, or one vector over it; the
 records equal transformers' rows or their mean, the summary says what was asked, bad options
-stop the run before any engine with one line naming the fix."""
+stop the run before any engine with one line naming the fix (tests/test_generate_options.py)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 import torch
-from generate_support import TINY_ENGINE_ARGS, child_env, generate_cmd, id_rows, write_jsonl
+from generate_support import TINY_ENGINE_ARGS, generate_cmd, id_rows, write_jsonl
 
 import layertap
+from layertap.cli import main as layertap_cli
 from layertap.generate import GenerateError
-from layertap.generate.run import check_window, record_params
 from vllm_support import VLLM_WARNINGS, pytest_env
 
 pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
 
 LAYERS = [0, 2, 4]
-
-
-def test_window_options():
-    assert check_window("100:", None) == [100, None]
-    assert check_window("-64:", "mean") == [-64, None]
-    assert check_window(" 2 : -1 ", None) == [2, -1]
-    assert check_window(":", "last") == [None, None]
-    assert check_window((1, 5), None) == [1, 5]
-    assert check_window(None, "mean") is None
-    for bad, reduction, why in [
-        ("1:2:3", None, "--window must be START:END"),
-        ("a:3", None, "--window must be START:END"),
-        ("5", None, "--window must be START:END"),
-        ([1.5, 3], None, "--window start must be an integer or null"),
-        (None, "max", "--reduction must be one of 'last', 'mean'"),
-    ]:
-        with pytest.raises(GenerateError, match=why):
-            check_window(bad, reduction)
-    assert record_params({"include_output_tokens": True, "window": [30, None], "reduction": None}) == {
-        "include_output_tokens": True,
-        "window": [30, None],
-    }
-    assert record_params({"include_output_tokens": False, "window": None, "reduction": "last"}) == {"reduction": "last"}
 
 
 def test_a_reduction_with_a_loss_mask_is_refused_before_the_engine(tiny_model, tmp_path):
@@ -87,7 +63,9 @@ def test_the_response_tokens_of_rollouts(tiny_model, reference, tmp_path):
             torch.testing.assert_close(record.hidden_states, want, rtol=1e-5, atol=1e-5)
 
 
-def test_the_command_line_mean_over_a_window(tiny_model, reference, tmp_path):
+def test_the_command_line_mean_over_a_window(tiny_model, reference, tmp_path, capsys, in_process_command):
+    """The flags as the command line parses them (``--window 2:-3``), run in this process: the
+    options' values are tests/test_generate_options.py's."""
     rows = id_rows(5, 20, 70, seed=9)
     data = write_jsonl(tmp_path / "d.jsonl", rows)
     out = tmp_path / "out"
@@ -106,9 +84,10 @@ def test_the_command_line_mean_over_a_window(tiny_model, reference, tmp_path):
         "none",
         engine_args={"dtype": "float32"},
     )
-    proc = subprocess.run(cmd, env=child_env(False), capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    summary = json.loads(proc.stdout)
+    status = layertap_cli(cmd[3:])  # the arguments after `python -m layertap`
+    captured = capsys.readouterr()
+    assert status == 0, captured.err[-4000:]
+    summary = json.loads(captured.out)
     assert summary["complete"] and summary["window"] == [2, -3] and summary["reduction"] == "mean"
     assert summary["tokens"] == 5  # one row per record
     with layertap.open(out) as ds:

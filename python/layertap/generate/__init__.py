@@ -7,7 +7,9 @@ is callable, so that this name can be both the function and the package of its m
 Modules, each importing only those after it: ``parallel`` (a run of many engines: their parts of
 ``out``, the rows dealt out, one progress and one summary), ``local`` and ``ray_engines`` (the
 engines' processes on this machine, ``worker`` being one, or Ray tasks), ``run`` (one engine's run:
-every input checked, then the engine over the rows not done); and what a run is made of: ``data``
+every input checked, then the engine over the rows not done); and what a run is made of: ``options``
+(every option, defined once: the function's keyword arguments, the command line's flags, what the
+engines are given), ``data``
 (reading rows), ``render`` (rows to token ids), ``model`` (the model's facts and layer ids),
 ``capture`` (what vLLM can record of the model, checked before it is imported; ``vllm_source``
 reads vLLM's model classes from its source), ``resume`` (what the output directory holds; ``repair``, its damaged records),
@@ -18,12 +20,13 @@ starts, after the checks that need neither.
 
 from __future__ import annotations
 
-import os
+import inspect
 import sys
 import types
+from typing import Any
 
-from layertap._choices import DEFAULT_CAPTURE
 from layertap.generate.errors import GenerateError
+from layertap.generate.options import GenerateOptions
 from layertap.generate.parallel import generate_parallel, wants_parallel
 from layertap.generate.resume import check_output_directory
 from layertap.generate.run import check_options, run_one
@@ -31,34 +34,12 @@ from layertap.generate.store import is_store_address, settle_store_run, store_ou
 from layertap.generate.summary import Summary
 
 
-def generate(
-    model: str,
-    data: str | os.PathLike,
-    out: str | os.PathLike,
-    *,
-    layers: str | list[int] | None = None,
-    max_tokens: int = 1,
-    include_output_tokens: bool = False,
-    window: list | str | None = None,
-    reduction: str | None = None,
-    max_len: int | None = None,
-    limit: int | None = None,
-    engine_args: dict | str | None = None,
-    sampling_args: dict | str | None = None,
-    connector_args: dict | str | None = None,
-    progress: str = "auto",
-    progress_interval: float = 10.0,
-    data_parallel_size: int | None = None,
-    ray_address: str | None = None,
-    capture: str = DEFAULT_CAPTURE,
-    also_dir: str | os.PathLike | None = None,
-    loss_mask: str = "auto",
-    allow_other_files: bool = False,
-) -> Summary:
+def generate(*args: Any, **options: Any) -> Summary:
     """Writes the hidden states of every row of ``data`` into ``out`` and returns the summary
-    (a ``layertap.generate.summary.Summary``; docs/GENERATE.md lists its fields). Raises GenerateError, before the engine starts, for bad
-    input. Rerunning with the same ``out`` resumes: rows whose records exist (and pass their
-    checks) are skipped.
+    (a ``layertap.generate.summary.Summary``; docs/GENERATE.md lists its fields). Takes
+    ``GenerateOptions``' fields (``model``, ``data``, ``out``, then keyword arguments), or one
+    ``GenerateOptions``. Raises GenerateError, before the engine starts, for bad input. Rerunning
+    with the same ``out`` resumes: rows whose records exist (and pass their checks) are skipped.
 
     ``data_parallel_size`` runs that many engines, each writing a part of ``out`` (docs/SCALE.md);
     ``ray_address`` runs them on a Ray cluster. An ``out`` that holds such parts is resumed as a
@@ -71,67 +52,27 @@ def generate(
     store lacks is kept (``also_dir`` in the summary) and a rerun with it as ``also_dir`` puts
     them.
 
-    ``loss_mask`` (``--loss-mask``): ``"auto"`` stores the data's ``loss_mask`` column when it has
-    one, else, for chats whose template has ``{% generation %}`` markers, the assistant mask
-    (transformers' ``return_assistant_tokens_mask``); ``"assistant"`` that mask (refused without
-    the markers); ``"none"`` no mask.
-
     ``out`` must not be a file, nor a directory that holds files no layertap dataset holds
     unless ``allow_other_files`` (``--allow-other-files``): GenerateError, before anything else."""
+    given = args[0] if len(args) == 1 and not options else None
+    return _generate(given if isinstance(given, GenerateOptions) else GenerateOptions(*args, **options))
+
+
+# help() and editors show the options' names and defaults, as if written out here.
+__signature__ = generate.__signature__ = inspect.signature(GenerateOptions).replace(return_annotation="Summary")  # type: ignore[attr-defined]
+
+
+def _generate(o: GenerateOptions) -> Summary:
     # Before anything is imported or written: an --out that cannot be a dataset directory.
-    if not is_store_address(os.fspath(out)):
-        check_output_directory(os.fspath(out), "--out", allow_other_files)
-    elif also_dir is not None:
-        check_output_directory(os.fspath(also_dir), "--also-dir", allow_other_files)
-    if is_store_address(os.fspath(out)):
-        with store_output(os.fspath(out), also_dir, connector_args) as (spool, args):
-            summary = generate(
-                model,
-                data,
-                spool.path,
-                layers=layers,
-                max_tokens=max_tokens,
-                include_output_tokens=include_output_tokens,
-                window=window,
-                reduction=reduction,
-                max_len=max_len,
-                limit=limit,
-                engine_args=engine_args,
-                sampling_args=sampling_args,
-                connector_args=args,
-                progress=progress,
-                progress_interval=progress_interval,
-                data_parallel_size=data_parallel_size,
-                ray_address=ray_address,
-                capture=capture,
-                loss_mask=loss_mask,
-                allow_other_files=True,  # the spool: --also-dir, checked above, or a new directory
-            )
-            return settle_store_run(summary, os.fspath(out), spool)
-    if also_dir is not None:
-        raise GenerateError("--also-dir goes with --out mooncake://...: a run to a directory writes there")
-    options = {
-        "model": model,
-        "data": os.fspath(data),
-        "out": os.fspath(out),
-        "layers": layers,
-        "max_tokens": max_tokens,
-        "include_output_tokens": include_output_tokens,
-        "window": window,
-        "reduction": reduction,
-        "max_len": max_len,
-        "limit": limit,
-        "engine_args": engine_args,
-        "sampling_args": sampling_args,
-        "connector_args": connector_args,
-        "progress": progress,
-        "progress_interval": progress_interval,
-        "capture": capture,
-        "loss_mask": loss_mask,
-    }
-    if wants_parallel(options["out"], data_parallel_size, ray_address):
-        return generate_parallel(options, data_parallel_size, ray_address)
-    return run_one(check_options(options))
+    if not is_store_address(o.out):
+        check_output_directory(o.out, "--out", o.allow_other_files)
+        return generate_parallel(o) if wants_parallel(o) else run_one(check_options(o))
+    if o.also_dir is not None:
+        check_output_directory(o.also_dir, "--also-dir", o.allow_other_files)
+    with store_output(o.out, o.also_dir, o.connector_args) as (spool, args):
+        # The spool: --also-dir, checked above, or a new directory.
+        spool_run = o.replace(out=spool.path, also_dir=None, connector_args=args, allow_other_files=True)
+        return settle_store_run(_generate(spool_run), o.out, spool)
 
 
 class _CallableModule(types.ModuleType):
@@ -143,4 +84,4 @@ class _CallableModule(types.ModuleType):
 
 sys.modules[__name__].__class__ = _CallableModule
 
-__all__ = ["GenerateError", "generate"]
+__all__ = ["GenerateError", "GenerateOptions", "generate"]

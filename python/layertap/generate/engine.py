@@ -21,18 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from layertap._checks import json_object, positive_int
 from layertap._choices import DEFAULT_CAPTURE
 from layertap.generate.data import BadRow
 from layertap.generate.errors import GenerateError
 from layertap.vllm.config import ConfigError, parse_options
 from layertap.vllm.models import IN_MODEL_ENV_VAR, register_in_model
 
-#: ``LLM`` arguments that generate sets itself.
-RESERVED_ENGINE_ARGS = ("model", "speculative_config", "kv_transfer_config")
-#: Connector options that generate sets itself (``capture`` and ``layer_ids`` from ``--capture``
-#: and ``--layers``).
-RESERVED_CONNECTOR_ARGS = ("output_dir", "writer_id", "shard_metadata", "capture", "layer_ids")
 #: Requests kept in the engine per ``max_num_seqs``.
 WINDOW_PER_SEQ = 2
 #: A CPU engine's KV cache, when the user sizes none: room for this many sequences of
@@ -51,16 +45,6 @@ KV_CACHE_ARGS = ("kv_cache_memory_bytes", "gpu_memory_utilization")
 KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 
 
-def parse_engine_args(engine_args: Any) -> dict:
-    """``--engine-args`` as a dict without the arguments generate sets, else GenerateError (no
-    vLLM import: ``check_engine_args`` checks the names against vLLM's)."""
-    engine_args = json_object("--engine-args", engine_args, GenerateError)
-    reserved = [k for k in engine_args if k in RESERVED_ENGINE_ARGS]
-    if reserved:
-        raise GenerateError(f"--engine-args may not set {reserved[0]!r}: layertap generate sets it")
-    return dict(engine_args)
-
-
 def check_engine_args(engine_args: dict) -> None:
     """``engine_args`` (parsed) must be ``LLM`` arguments vLLM knows, else GenerateError."""
     from vllm import LLM
@@ -73,10 +57,8 @@ def check_engine_args(engine_args: dict) -> None:
 
 
 def check_connector_args(connector_args: dict, output_dir: str) -> dict:
-    """Connector options (``--connector-args``) checked now, as the connector will."""
-    reserved = [k for k in connector_args if k in RESERVED_CONNECTOR_ARGS]
-    if reserved:
-        raise GenerateError(f"--connector-args may not set {reserved[0]!r}: layertap generate sets it")
+    """Connector options (``--connector-args``, the ones generate sets refused already by
+    ``GenerateOptions``) checked now, as the connector will."""
     options = {"writer": "rust", "codec": "bp16-zstd", **connector_args}
     try:
         parse_options({**options, "output_dir": output_dir})
@@ -86,12 +68,10 @@ def check_connector_args(connector_args: dict, output_dir: str) -> dict:
 
 
 def sampling_kwargs(sampling_args: dict, max_tokens: int) -> dict:
-    """``SamplingParams`` arguments of every request, checked by building one."""
+    """``SamplingParams`` arguments of every request (``GenerateOptions``' checked), checked by
+    building one."""
     from vllm import SamplingParams
 
-    positive_int("--max-tokens", max_tokens, GenerateError)
-    if sampling_args.get("n", 1) != 1:
-        raise GenerateError("--sampling-args: n must be 1 (one record per row)")
     kwargs = {**sampling_args, "max_tokens": max_tokens, "detokenize": False}
     try:
         SamplingParams(**kwargs)

@@ -24,6 +24,7 @@ import numpy as np
 
 from layertap.generate import vllm_log
 from layertap.generate.errors import GenerateError
+from layertap.generate.options import GenerateOptions
 
 #: Seconds an engine is given to stop after SIGTERM before it is killed (when this run is
 #: interrupted).
@@ -63,12 +64,20 @@ def device_slices(engines: int, engine_args: dict) -> list[dict[str, str]]:
 class _Engine:
     """One engine process and the thread that reads its reports."""
 
-    def __init__(self, index: int, options: dict, rows: np.ndarray, env: dict, events: queue.Queue):
+    def __init__(
+        self, index: int, options: GenerateOptions, first_run: int, rows: np.ndarray, env: dict, events: queue.Queue
+    ):
         self.index = index
         self.events = events
         read_fd, write_fd = os.pipe()
         data = np.ascontiguousarray(rows, dtype="<i8").tobytes()
-        spec = {"options": options, "engine": index, "rows": len(rows), "fd": write_fd}
+        spec = {
+            "options": options.as_json(),
+            "first_run": first_run,
+            "engine": index,
+            "rows": len(rows),
+            "fd": write_fd,
+        }
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "layertap.generate.worker"],
@@ -132,14 +141,16 @@ class _Engine:
             self.proc.stdin.close()
 
 
-def local_events(specs: list[tuple[int, dict, np.ndarray]], envs: list[dict[str, str]]) -> Iterator[tuple]:
-    """Starts an engine process per ``(index, options, row indices)`` and yields their
-    reports, then each one's summary or error, until every engine has ended."""
+def local_events(
+    specs: list[tuple[int, GenerateOptions, int, np.ndarray]], envs: list[dict[str, str]]
+) -> Iterator[tuple]:
+    """Starts an engine process per ``(index, options, first run number, row indices)`` and
+    yields their reports, then each one's summary or error, until every engine has ended."""
     events: queue.Queue = queue.Queue()
     engines: list[_Engine] = []
     try:
-        for index, options, rows in specs:
-            engines.append(_Engine(index, options, rows, envs[index], events))
+        for index, options, first_run, rows in specs:
+            engines.append(_Engine(index, options, first_run, rows, envs[index], events))
         left = len(engines)
         while left:
             event = events.get()

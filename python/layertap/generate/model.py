@@ -163,24 +163,11 @@ def default_layers(num_layers: int) -> list[int]:
     return sorted({i for i in (2, n // 2, n - 3, n) if 0 <= i <= n})
 
 
-def parse_layers(layers: Any, num_layers: int) -> list[int]:
-    """Layer ids from ``--layers`` ("2,16,29,32" or a list), checked against the model;
-    None: the EAGLE-3 default. Returned ascending (the order the records store)."""
+def parse_layers(layers: list[int] | None, num_layers: int) -> list[int]:
+    """Layer ids (``GenerateOptions.layers``, checked: distinct integers) checked against the
+    model; None: the EAGLE-3 default. Returned ascending (the order the records store)."""
     if layers is None:
         return default_layers(num_layers)
-    if isinstance(layers, str):
-        try:
-            layers = [int(p) for p in layers.replace(" ", "").split(",") if p]
-        except ValueError:
-            raise GenerateError(f"--layers must be comma-separated integers, got {layers!r}") from None
-    if (
-        not isinstance(layers, (list, tuple))
-        or not layers
-        or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers)
-    ):
-        raise GenerateError(f"layers must be a non-empty list of integers, got {layers!r}")
-    if len(set(layers)) != len(layers):
-        raise GenerateError(f"layers {list(layers)} repeat an id; give each once")
     bad = [i for i in layers if not 0 <= i <= num_layers]
     if bad:
         raise GenerateError(

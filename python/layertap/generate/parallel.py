@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from layertap._checks import optional_positive_int
 from layertap.generate import vllm_log
 from layertap.generate.errors import GenerateError
 from layertap.generate.local import device_slices, local_events
+from layertap.generate.options import GenerateOptions
 from layertap.generate.progress import EngineTotals, Progress
 from layertap.generate.ray_engines import connect, default_engines, disconnect, ray_events
 from layertap.generate.repair import damaged_entries
@@ -54,13 +54,15 @@ PART_PREFIX = "engine-"
 Event = tuple[str, int, object]
 
 
-def wants_parallel(out: str, data_parallel_size: object, ray_address: str | None) -> bool:
+def wants_parallel(options: GenerateOptions) -> bool:
     """Whether a run goes through the engines of this module: several engines, Ray, or an
     ``out`` that is already a dataset of parts (a run of one engine resumes it as a whole)."""
-    n = optional_positive_int("--data-parallel-size", data_parallel_size, GenerateError)
-    if ray_address is not None and (not isinstance(ray_address, str) or not ray_address):
-        raise GenerateError(f"--ray must be a Ray cluster's address (or 'auto'), not {ray_address!r}")
-    return (n or 1) > 1 or ray_address is not None or os.path.isfile(os.path.join(os.fspath(out), MANIFEST_NAME))
+    o = options
+    return (
+        (o.data_parallel_size or 1) > 1
+        or o.ray_address is not None
+        or os.path.isfile(os.path.join(o.out, MANIFEST_NAME))
+    )
 
 
 @dataclass
@@ -122,7 +124,7 @@ def prepare_parts(c: Checked, engines: int) -> PartsState:
         state.parts = parts
         n = c.rows.num_rows
         for p in parts:
-            part = prepare_output(p, c.options["model"], c.layer_ids, lock=p != out)
+            part = prepare_output(p, c.options.model, c.layer_ids, lock=p != out)
             part.release()
             rows = part.done[part.done < n]
             state.duplicates += part.duplicates + int(state.done[rows].sum())
@@ -137,26 +139,20 @@ def prepare_parts(c: Checked, engines: int) -> PartsState:
     return state
 
 
-def _engine_options(c: Checked, part: str, run: int) -> dict:
-    """The options an engine is run with: the caller's, writing into its part as run ``run``
-    (``PartsState.next_run``), drawing nothing."""
-    return {**c.options, "out": part, "progress": "none", "first_run": run}
-
-
 def _in_this_process(c: Checked, part: str, rows: np.ndarray, run: int) -> dict[int, tuple[str, object]]:
     """One engine, in this process (a run of one engine over a dataset of parts), drawing its
     own progress; bad input raises GenerateError as in a single run."""
-    checked = dataclasses.replace(c, out_dir=part, options={**c.options, "out": part, "first_run": run})
-    return {0: ("summary", run_one(checked, assigned_mask(rows, c.rows.num_rows)))}
+    checked = dataclasses.replace(c, out_dir=part, options=c.options.replace(out=part))
+    return {0: ("summary", run_one(checked, assigned_mask(rows, c.rows.num_rows), first_run=run))}
 
 
-def generate_parallel(options: dict, data_parallel_size: int | None, ray_address: str | None) -> Summary:
-    """A run of ``data_parallel_size`` engines (here or on the Ray cluster at ``ray_address``)
-    writing parts of ``options["out"]``; returns the merged summary."""
+def generate_parallel(options: GenerateOptions) -> Summary:
+    """A run of ``options.data_parallel_size`` engines (here or on the Ray cluster at
+    ``options.ray_address``) writing parts of ``options.out``; returns the merged summary."""
     t0 = time.monotonic()
-    engines = optional_positive_int("--data-parallel-size", data_parallel_size, GenerateError)
+    engines, ray_address = options.data_parallel_size, options.ray_address
     # The engines started here share this machine's memory (a CPU engine's KV cache by default).
-    c = check_options({**options, "engines_here": 1 if ray_address is not None else engines or 1})
+    c = check_options(options, engines_here=1 if ray_address is not None else engines or 1)
     if ray_address is not None:
         connect(ray_address)
         try:
@@ -178,7 +174,8 @@ def _generate(c: Checked, engines: int, ray_address: str | None, t0: float) -> S
         for i in range(min(engines, len(todo))):
             jobs.append((i, os.path.join(c.out_dir, f"{PART_PREFIX}{i}"), todo[i::engines]))
         t_load = time.monotonic()
-        specs = [(i, _engine_options(c, p, state.next_run + i), a) for i, p, a in jobs]
+        # Each engine writes into its part as run next_run + i, drawing nothing.
+        specs = [(i, c.options.replace(out=p, progress="none"), state.next_run + i, a) for i, p, a in jobs]
         if not jobs:
             results = {}
         elif ray_address is not None:
@@ -212,7 +209,7 @@ def _follow(events: Generator[Event, None, None], todo: int, c: Checked) -> dict
                 continue
             if bar is None and elapsed is not None:
                 # From the first engine ready, as a single run's progress (rates without start-up).
-                bar = Progress(todo, totals, c.progress, c.options["progress_interval"])  # type: ignore[arg-type]
+                bar = Progress(todo, totals, c.progress, c.options.progress_interval)  # type: ignore[arg-type]
                 bar.start -= elapsed
             if bar is not None:
                 bar.update(**step)
@@ -263,20 +260,20 @@ def _merge(
     bad.sort(key=lambda b: b["row"])
     summary: Summary = {
         "out": c.out_dir,
-        "data": os.path.abspath(c.options["data"]),
+        "data": os.path.abspath(c.options.data),
         "data_format": c.rows.format,
         "column": c.rows.column,
         "loss_mask": c.renderer.stores_mask,
-        "model": c.options["model"],
+        "model": c.options.model,
         "model_revision": c.info.revision,
         "layer_ids": c.layer_ids,
         "layer_numbering": "vllm",
         "dtype": next((s["dtype"] for s in ok if s["dtype"]), None),
         "max_len": c.max_len,
-        "max_tokens": c.options["max_tokens"],
-        "include_output_tokens": c.options["include_output_tokens"],
-        "window": c.options.get("window"),
-        "reduction": c.options.get("reduction"),
+        "max_tokens": c.options.max_tokens,
+        "include_output_tokens": c.options.include_output_tokens,
+        "window": c.options.window,
+        "reduction": c.options.reduction,
         "run": None,
         "writer_id": None,
         "data_parallel_size": engines,

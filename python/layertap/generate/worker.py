@@ -1,7 +1,7 @@
 """One engine of ``layertap generate --data-parallel-size N``, in its own process (started by
 ``layertap.generate.local``; not a command for people).
 
-Standard input: one JSON line ``{"options", "engine", "rows", "fd"}`` then ``rows`` row indices
+Standard input: one JSON line ``{"options", "first_run", "engine", "rows", "fd"}`` then ``rows`` row indices
 (int64, little-endian): the rows this engine writes. It writes JSON
 lines to file descriptor ``fd``: ``{"report": totals}`` now and then, and at the end
 ``{"summary": ...}`` or ``{"error": text, "kind": "input" | "failed"}``. When its standard input
@@ -20,6 +20,7 @@ import traceback
 import numpy as np
 
 from layertap.generate.errors import GenerateError
+from layertap.generate.options import GenerateOptions
 from layertap.generate.run import run_engine
 
 
@@ -58,7 +59,8 @@ def main() -> int:
         out.write(json.dumps(msg) + "\n")
 
     try:
-        summary = run_engine(spec["options"], rows, lambda totals: send({"report": totals}))
+        options = GenerateOptions(**spec["options"])
+        summary = run_engine(options, spec["first_run"], rows, lambda totals: send({"report": totals}))
     except GenerateError as e:
         send({"error": str(e), "kind": "input"})
         return 2

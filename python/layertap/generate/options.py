@@ -1,0 +1,379 @@
+"""The options of a ``layertap generate`` run, each defined once (issue 35, item 2): its name,
+default, type, check and help text are a field of ``GenerateOptions``. ``layertap.generate(...)``
+takes them as keyword arguments, the command line's flags are built from them (``add_arguments``),
+and the engines of a run of many get them as a ``GenerateOptions`` (through JSON for an engine
+process: ``as_json`` and back), so that a flag, its default and its help cannot drift apart.
+
+Every check of a value alone (or of two values together) is made when the options are built,
+before anything is read, imported or started, and reads the same from Python and from the
+command line: one line naming the flag and what it must be (``--max-tokens must be a positive
+integer, not 0``). What needs the model, the data or vLLM is checked later, by ``run.check_options``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field
+from typing import Any
+
+from layertap._checks import flag, is_int, json_object, one_of, positive_int
+from layertap._choices import CAPTURE_MODES, DEFAULT_CAPTURE
+from layertap.generate.errors import GenerateError
+from layertap.generate.progress import PROGRESS_MODES
+from layertap.generate.render import LOSS_MASK_MODES
+from layertap.mooncake.address import is_store_address
+from layertap.vllm.window import REDUCTIONS
+from layertap.vllm.window import check as check_window_request
+
+#: ``LLM`` arguments that generate sets itself.
+RESERVED_ENGINE_ARGS = ("model", "speculative_config", "kv_transfer_config")
+#: Connector options that generate sets itself (``capture`` and ``layer_ids`` from ``--capture``
+#: and ``--layers``).
+RESERVED_CONNECTOR_ARGS = ("output_dir", "writer_id", "shard_metadata", "capture", "layer_ids")
+
+
+def _about(help: str, check: Callable[[str, Any], Any] | None = None, **cli: Any) -> dict:
+    """A field's metadata: its help (the command line's, and the class's docstring), the check
+    that returns the value to keep (or raises GenerateError naming the flag), and what the
+    command line adds to the flag (``flag``, ``metavar``, ``choices``)."""
+    return {"help": help, "check": check, **cli}
+
+
+def _kit(check: Callable) -> Callable[[str, Any], Any]:
+    """One of ``layertap._checks``' checks, raising GenerateError."""
+    return lambda name, value: check(name, value, GenerateError)
+
+
+def _path(name: str, value: Any) -> str:
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        raise GenerateError(f"{name} must be a {'model name or ' if name == 'model' else ''}path, not {value!r}")
+    return os.fspath(value)
+
+
+def _layers(name: str, value: Any) -> list[int]:
+    """Layer ids as given (a list, or ``"2,16,29,32"``); their range is the model's to say."""
+    if isinstance(value, str):
+        try:
+            value = [int(p) for p in value.replace(" ", "").split(",") if p]
+        except ValueError:
+            raise GenerateError(f"{name} must be comma-separated integers, got {value!r}") from None
+    if not isinstance(value, (list, tuple)) or not value or not all(is_int(i) for i in value):
+        raise GenerateError(f"{name} must be a non-empty list of integers, got {value!r}")
+    if len(set(value)) != len(value):
+        raise GenerateError(f"{name} {list(value)} repeat an id; give each once")
+    return list(value)
+
+
+def _seconds(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise GenerateError(f"{name} must be a positive number of seconds, not {value!r}")
+    return float(value)
+
+
+def _json_without(reserved: tuple[str, ...]) -> Callable[[str, Any], dict]:
+    """A JSON option (a dict, JSON text or None) as a dict without the keys generate sets; what
+    its keys may be is checked once vLLM is imported (``engine.check_engine_args``,
+    ``sampling_kwargs``) or with the output directory (``engine.check_connector_args``)."""
+
+    def check(name: str, value: Any) -> dict:
+        value = json_object(name, value, GenerateError)
+        given = [k for k in value if k in reserved]
+        if given:
+            raise GenerateError(f"{name} may not set {given[0]!r}: layertap generate sets it")
+        if name == "--sampling-args" and value.get("n", 1) != 1:
+            raise GenerateError(f"{name}: n must be 1 (one record per row)")
+        return value
+
+    return check
+
+
+def _ray_address(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise GenerateError(f"{name} must be a Ray cluster's address (or 'auto'), not {value!r}")
+    return value
+
+
+def check_window(window: Any, reduction: Any) -> list | None:
+    """``--window`` as the connector's ``[start, end]`` (None: the whole sequence): from a list
+    of two integers or None, or the command line's ``START:END`` (either side may be empty;
+    negative counts from the end). Raises GenerateError for a bad one, or a bad ``reduction``."""
+    if isinstance(window, str):
+        parts = window.split(":")
+        try:
+            if len(parts) != 2:
+                raise ValueError
+            window = [int(p) if p.strip() else None for p in parts]
+        except ValueError:
+            raise GenerateError(
+                f"--window must be START:END (integers, either may be empty, negative counting from the end), got {window!r}"
+            ) from None
+    if isinstance(window, tuple):
+        window = list(window)
+    _, problem = check_window_request({"window": window, "reduction": reduction})
+    if problem:
+        raise GenerateError(f"--{problem}")
+    if window is not None and _holds_no_token(*window):
+        start, end = ("" if b is None else b for b in window)
+        raise GenerateError(
+            f"--window {start}:{end} holds no token of any row (as a Python slice, END must come after START): "
+            "e.g. 0:64 for the first 64 positions, -64: for the last 64"
+        )
+    return window
+
+
+def _holds_no_token(start: int | None, end: int | None) -> bool:
+    """Whether the slice ``[start:end]`` is empty whatever the sequence's length: it ends at 0,
+    or both bounds count from the same end and the end is not past the start."""
+    if end == 0:
+        return True
+    return start is not None and end is not None and (start < 0) == (end < 0) and end <= start
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    """The options of a ``layertap generate`` run (docs/GENERATE.md, "Options"), checked when
+    built: GenerateError naming the flag otherwise. The JSON options (``engine_args``,
+    ``sampling_args``, ``connector_args``) are kept as dicts, given as dicts or JSON text;
+    ``window`` as ``[start, end]`` (None for an open end), given so or as ``"START:END"``;
+    ``layers`` as a list, given so or as ``"2,16,29,32"``. The fields:
+    """
+
+    model: str = field(metadata=_about("model name or path, as vLLM takes it", _path, flag="model", metavar="MODEL"))
+    data: str = field(
+        metadata=_about(
+            "JSONL file, Parquet file, or Hugging Face datasets directory (save_to_disk) with input_ids, messages or "
+            "prompt, and optionally loss_mask",
+            _path,
+            metavar="DATA",
+        ),
+    )
+    out: str = field(
+        metadata=_about(
+            "dataset directory (created; resumed when it holds an earlier run's dataset; a directory holding other "
+            "files is refused unless --allow-other-files), or a dataset in Mooncake Store: "
+            "mooncake://MASTER_HOST:PORT/PREFIX (docs/MOONCAKE.md)",
+            _path,
+            metavar="DIR",
+        ),
+    )
+    _: dataclasses.KW_ONLY
+    allow_other_files: bool = field(
+        default=False,
+        metadata=_about(
+            "write into --out (or --also-dir) although it holds files that are not a layertap dataset's "
+            "(they are left as they are; readers ignore them)",
+            _kit(flag),
+        ),
+    )
+    also_dir: str | None = field(
+        default=None,
+        metadata=_about(
+            "with --out mooncake://...: keep the run's shards in DIR too (resumable; else a temporary spool)",
+            _path,
+            metavar="DIR",
+        ),
+    )
+    layers: list[int] | None = field(
+        default=None,
+        metadata=_about(
+            "comma-separated layer ids in vLLM numbering (N = the last layer's output before the final norm); "
+            "default EAGLE-3's 2,N//2,N-3,N",
+            _layers,
+            metavar="IDS",
+        ),
+    )
+    capture: str = field(
+        default=DEFAULT_CAPTURE,
+        metadata=_about(
+            "how vLLM caches the hidden states: method (vLLM's extract_hidden_states) or in-model (layertap's "
+            "model class, no speculative decoding: faster decode; docs/CONNECTOR.md)",
+            choices=CAPTURE_MODES,
+        ),
+    )
+    max_tokens: int = field(
+        default=1, metadata=_about("tokens to generate per row (1: prefill only)", _kit(positive_int), metavar="N")
+    )
+    include_output_tokens: bool = field(
+        default=False, metadata=_about("record the generated tokens too (all but the last)", _kit(flag))
+    )
+    window: list | None = field(
+        default=None,
+        metadata=_about(
+            "record only positions [START, END) of each row's recorded tokens (either may be empty; negative "
+            "counts from the end), e.g. 100: or -64: or -64:-1 (docs/CONNECTOR.md, 'Windows and reductions')",
+            metavar="START:END",
+        ),
+    )
+    reduction: str | None = field(
+        default=None,
+        metadata=_about(
+            "store one vector per layer per row ([1, layers, hidden]): the window's last position, or the mean of "
+            "its positions",
+            choices=REDUCTIONS,
+        ),
+    )
+    max_len: int | None = field(
+        default=None,
+        metadata=_about(
+            "longest prompt in tokens; longer rows are skipped and listed (default: the model's context minus "
+            "--max-tokens)",
+            _kit(positive_int),
+            metavar="N",
+        ),
+    )
+    loss_mask: str = field(
+        default="auto",
+        metadata=_about(
+            "the loss mask stored with each record: auto (the data's loss_mask column, else for chats the "
+            "assistant's turns when the chat template marks them with {% generation %}), assistant (those turns; "
+            "refused without the markers), none (docs/GENERATE.md, 'Loss masks')",
+            choices=LOSS_MASK_MODES,
+        ),
+    )
+    limit: int | None = field(
+        default=None, metadata=_about("use only the first N rows", _kit(positive_int), metavar="N")
+    )
+    engine_args: dict = field(  # None or JSON text given: a dict kept
+        default=None,
+        metadata=_about(
+            "other vLLM LLM() arguments, e.g. '{\"tensor_parallel_size\": 2}'",
+            _json_without(RESERVED_ENGINE_ARGS),
+            metavar="JSON",
+        ),
+    )
+    sampling_args: dict = field(  # None or JSON text given: a dict kept
+        default=None,
+        metadata=_about("SamplingParams arguments, e.g. '{\"temperature\": 0}'", _json_without(()), metavar="JSON"),
+    )
+    connector_args: dict = field(  # None or JSON text given: a dict kept
+        default=None,
+        metadata=_about(
+            'connector options (docs/CONNECTOR.md), e.g. \'{"codec": "zstd"}\'; default Rust writer, bp16-zstd',
+            _json_without(RESERVED_CONNECTOR_ARGS),
+            metavar="JSON",
+        ),
+    )
+    data_parallel_size: int | None = field(
+        default=None,
+        metadata=_about(
+            "run N engines (each on its own tensor_parallel_size GPUs), each writing a part of --out; rows are dealt "
+            "out among them (docs/SCALE.md)",
+            _kit(positive_int),
+            metavar="N",
+        ),
+    )
+    ray_address: str | None = field(
+        default=None,
+        metadata=_about(
+            "run the engines on the Ray cluster at ADDRESS ('auto': the one this machine belongs to); --out must be "
+            "on a file system every node sees",
+            _ray_address,
+            flag="--ray",
+            metavar="ADDRESS",
+        ),
+    )
+    progress: str = field(
+        default="auto",
+        metadata=_about(
+            "bar (a terminal), lines (periodic lines), none; auto: bar on a terminal, else lines",
+            choices=PROGRESS_MODES,
+        ),
+    )
+    progress_interval: float = field(
+        default=10.0, metadata=_about("seconds between progress lines", _seconds, metavar="S")
+    )
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value, name, check = getattr(self, f.name), flag_of(f), f.metadata["check"]
+            if value is None and f.default is None and f.type != "dict":
+                continue  # an option left out (the JSON options are kept as dicts, empty ones too)
+            if "choices" in f.metadata:
+                value = one_of(name, value, f.metadata["choices"], GenerateError)
+            if check is not None:
+                value = check(name, value)
+            object.__setattr__(self, f.name, value)
+        object.__setattr__(self, "window", check_window(self.window, self.reduction))
+        if self.also_dir is not None and not is_store_address(self.out):
+            raise GenerateError("--also-dir goes with --out mooncake://...: a run to a directory writes there")
+
+    def as_json(self) -> dict:
+        """The options as plain values (JSON), which ``GenerateOptions(**value)`` takes back."""
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> GenerateOptions:
+        """These options with ``changes``, checked again."""
+        return dataclasses.replace(self, **changes)
+
+
+def flag_of(f: dataclasses.Field) -> str:
+    """The option's name in messages and on the command line: ``--max-tokens`` for ``max_tokens``."""
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+#: An integer as the command line gives it.
+_INT = re.compile(r"^\s*[+-]?\d+\s*$")
+
+
+def _number_or_text(text: str) -> int | float | str:
+    """A number option's value from the command line: an integer or a float as Python would
+    pass it, else the text, so that the option's own check refuses it in the same words as it
+    refuses a value from Python."""
+    if _INT.match(text):
+        return int(text)
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds a flag per option (the model: a positional argument) to ``layertap generate``'s
+    parser: its help, with the default; an option not given is left out of the namespace, so
+    that ``from_namespace`` takes ``GenerateOptions``' own default."""
+    for f in dataclasses.fields(GenerateOptions):
+        meta = f.metadata
+        name = flag_of(f)
+        help = meta["help"].replace("%", "%%")
+        if f.default not in (None, False, MISSING):
+            help += f" (default: {f.default})"
+        kw: dict[str, Any] = {"help": help}
+        if "metavar" in meta:
+            kw["metavar"] = meta["metavar"]
+        if "choices" in meta:
+            kw["metavar"] = "{" + ",".join(meta["choices"]) + "}"
+        if not name.startswith("-"):
+            parser.add_argument(name, **kw)
+            continue
+        kw.update(dest=f.name, default=argparse.SUPPRESS, required=f.default is MISSING)
+        if f.type in ("bool",):
+            kw["action"] = "store_true"
+        elif f.type in ("int", "int | None", "float"):
+            kw["type"] = _number_or_text
+        parser.add_argument(name, **kw)
+
+
+def from_namespace(args: argparse.Namespace) -> GenerateOptions:
+    """The options the command line gave (``add_arguments``' flags), checked."""
+    return GenerateOptions(
+        **{f.name: getattr(args, f.name) for f in dataclasses.fields(GenerateOptions) if hasattr(args, f.name)}
+    )
+
+
+GenerateOptions.__doc__ = (GenerateOptions.__doc__ or "") + "".join(
+    f"\n    ``{f.name}`` ({flag_of(f)}): {f.metadata['help']}." for f in dataclasses.fields(GenerateOptions)
+)
+
+__all__ = [
+    "RESERVED_CONNECTOR_ARGS",
+    "RESERVED_ENGINE_ARGS",
+    "GenerateOptions",
+    "add_arguments",
+    "check_window",
+    "flag_of",
+    "from_namespace",
+]
