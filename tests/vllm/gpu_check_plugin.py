@@ -31,9 +31,9 @@ os.environ["LAYERTAP_IN_MODEL" if "--in-model" in sys.argv else "LAYERTAP_EAGLE3
 
 import torch
 
-from layertap._tiny_families import build_tiny_model
 from layertap.vllm import fetch
 from plugin_support import LAYERS, STORED_LAYERS, run_requests
+from tiny_families import build_tiny_model
 from vllm_support import Reference, assert_hidden_states_match, connector_config, speculative_config
 
 IN_MODEL = "--in-model" in sys.argv

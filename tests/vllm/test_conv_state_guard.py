@@ -20,7 +20,6 @@ import pytest
 import torch
 from generate_support import TINY_ENGINE_ARGS, id_rows, write_jsonl
 
-from layertap._tiny_hybrid import build_tiny_hybrid
 from layertap.generate import vllm_source
 from layertap.generate.errors import GenerateError
 from layertap.generate.run import _check_layers
@@ -29,6 +28,7 @@ from layertap.vllm.models.conv_state import (
     method_generated_rows_problem,
     vllm_runs_on_cpu,
 )
+from tiny_hybrid import build_tiny_hybrid
 from vllm_support import VLLM_WARNINGS
 
 pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]

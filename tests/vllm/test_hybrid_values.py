@@ -31,10 +31,10 @@ import support_table
 import torch
 
 import layertap
-from layertap._tiny_hybrid import build_tiny_hybrid
 from layertap.vllm.models import FAMILIES, register, register_in_model
 from layertap.vllm.models.conv_state import CPU_CONV_STATE_ARCHITECTURES
 from plugin_support import generate, prompt_ids
+from tiny_hybrid import build_tiny_hybrid
 from vllm_support import (
     VLLM_WARNINGS,
     Reference,

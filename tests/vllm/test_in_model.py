@@ -20,10 +20,10 @@ import support_table
 import torch
 
 import layertap
-from layertap._tiny_families import ARCHITECTURES, build_tiny_model
 from layertap.vllm import fetch
 from layertap.vllm.models import FAMILIES, IN_MODEL_ENV_VAR, IN_MODEL_FAMILIES
 from plugin_support import KERNEL_REPLACED, LAYERS, STORED_LAYERS, run_requests
+from tiny_families import ARCHITECTURES, build_tiny_model
 from vllm_support import (
     VLLM_WARNINGS,
     Reference,

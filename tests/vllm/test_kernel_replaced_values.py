@@ -25,8 +25,8 @@ import support_table
 import torch
 
 import layertap
-from layertap._tiny_families import build_tiny_model
 from plugin_support import KERNEL_REPLACED, run_requests
+from tiny_families import build_tiny_model
 from vllm_support import (
     VLLM_WARNINGS,
     Reference,

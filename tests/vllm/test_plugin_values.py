@@ -19,10 +19,10 @@ import support_table
 import torch
 
 import layertap
-from layertap._tiny_families import ARCHITECTURES, build_tiny_model
 from layertap.vllm import fetch
 from layertap.vllm.models import ENV_VAR, FAMILIES
 from plugin_support import LAYERS, STORED_LAYERS, run_requests
+from tiny_families import ARCHITECTURES, build_tiny_model
 from vllm_support import (
     VLLM_WARNINGS,
     Reference,
