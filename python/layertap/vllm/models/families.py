@@ -47,7 +47,7 @@ def _family(module: str, stream: str = FUSED, *, layers: str = "model.layers", c
 # its layers in order from ``layers``, the first one the embeddings (scaled as transformers
 # scales them), and hands the last layer's output to the final norm with nothing in between. Each
 # is checked against transformers by tests/vllm/test_plugin_values.py (a tiny model of every one
-# is in layertap/_tiny_families.py).
+# is in tests/vllm/tiny_families.py).
 _FAMILIES = {
     # Embeddings times sqrt(hidden); Gemma 2 and 3 add sandwich norms (the post-attention and
     # post-feedforward norms apply to the branch output before it joins the stream).
