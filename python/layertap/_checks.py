@@ -66,13 +66,6 @@ def optional_positive_int(name: str, value: Any, error: ErrorClass = InvalidInpu
     return None if value is None else positive_int(name, value, error)
 
 
-def int_from(name: str, value: Any, low: int, high: int, error: ErrorClass = InvalidInputError) -> int:
-    """``value``, once it is an integer from ``low`` to ``high`` (both included)."""
-    if not is_int(value) or not low <= value <= high:
-        raise error_for(error, name, f"must be an integer from {low} to {high}, not {value!r}")
-    return value
-
-
 def flag(name: str, value: Any, error: ErrorClass = InvalidInputError, *, json_words: bool = False) -> bool:
     """``value``, once it is a bool (said ``true or false`` where the value came as JSON)."""
     if not isinstance(value, bool):
@@ -104,7 +97,6 @@ __all__ = [
     "choices_text",
     "error_for",
     "flag",
-    "int_from",
     "is_int",
     "json_object",
     "one_of",

@@ -20,8 +20,6 @@ logger = logging.getLogger("layertap.mooncake")
 CONNECT_TIMEOUT = 3.0
 #: Seconds ``check_master`` then waits for the answer to its request: a master answers at once.
 HANDSHAKE_TIMEOUT = 3.0
-#: Mooncake's status for a key that is not in the store (``ErrorCode::OBJECT_NOT_FOUND``).
-OBJECT_NOT_FOUND = -704
 #: Mooncake's status for a call that did not reach the master (``ErrorCode::RPC_FAIL``); also
 #: what a call returns here while the master is known gone.
 RPC_FAIL = -900
@@ -225,4 +223,4 @@ def connect(address: StoreAddress) -> StoreClient:
         return client
 
 
-__all__ = ["GET_TRIES", "HANDSHAKE_TIMEOUT", "OBJECT_NOT_FOUND", "RPC_FAIL", "StoreClient", "check_master", "connect"]
+__all__ = ["GET_TRIES", "HANDSHAKE_TIMEOUT", "RPC_FAIL", "StoreClient", "check_master", "connect"]
