@@ -28,7 +28,7 @@ import support_table
 import torch
 
 import layertap
-from layertap._tiny_vl import IMAGE_PAD, build_tiny_qwen2_5_vl, expand_image_tokens, image_prompt, random_image
+from tiny_vl import IMAGE_PAD, build_tiny_qwen2_5_vl, expand_image_tokens, image_prompt, random_image
 from vllm_support import STORED_LAYERS, VLLM_WARNINGS, vllm_class_name
 
 pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
@@ -142,7 +142,7 @@ def vl_engines(tiny_vl, tmp_path_factory) -> dict:
     """Both models' engines, one after the other in one child process (vl_engine.py), and the
     classes' EAGLE-3 interfaces read there: ``{"qwen2.5": (model, records dir, runs), "qwen3":
     ..., "eagle3": {class: bool}}``."""
-    from layertap._tiny_vl import build_tiny_qwen3_vl
+    from tiny_vl import build_tiny_qwen3_vl
 
     work = tmp_path_factory.mktemp("vl-engines")
     qwen3 = build_tiny_qwen3_vl(work / "qwen3-vl")

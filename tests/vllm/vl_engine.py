@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import sys
 
-from layertap._tiny_vl import image_prompt, random_image
+from tiny_vl import image_prompt, random_image
 from vllm_support import LAYERS, engine_args, inspect_models_in_this_process, running_llm, speculative_config
 
 
