@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import re
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field
 from typing import Any
@@ -84,11 +83,16 @@ def _json_without(reserved: tuple[str, ...]) -> Callable[[str, Any], dict]:
         given = [k for k in value if k in reserved]
         if given:
             raise GenerateError(f"{name} may not set {given[0]!r}: layertap generate sets it")
-        if name == "--sampling-args" and value.get("n", 1) != 1:
-            raise GenerateError(f"{name}: n must be 1 (one record per row)")
         return value
 
     return check
+
+
+def _sampling_args(name: str, value: Any) -> dict:
+    value = _json_without(())(name, value)
+    if value.get("n", 1) != 1:
+        raise GenerateError(f"{name}: n must be 1 (one record per row)")
+    return value
 
 
 def _ray_address(name: str, value: Any) -> str:
@@ -247,7 +251,7 @@ class GenerateOptions:
     )
     sampling_args: dict = field(  # None or JSON text given: a dict kept
         default=None,
-        metadata=_about("SamplingParams arguments, e.g. '{\"temperature\": 0}'", _json_without(()), metavar="JSON"),
+        metadata=_about("SamplingParams arguments, e.g. '{\"temperature\": 0}'", _sampling_args, metavar="JSON"),
     )
     connector_args: dict = field(  # None or JSON text given: a dict kept
         default=None,
@@ -315,20 +319,16 @@ def flag_of(f: dataclasses.Field) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
-#: An integer as the command line gives it.
-_INT = re.compile(r"^\s*[+-]?\d+\s*$")
-
-
 def _number_or_text(text: str) -> int | float | str:
     """A number option's value from the command line: an integer or a float as Python would
     pass it, else the text, so that the option's own check refuses it in the same words as it
     refuses a value from Python."""
-    if _INT.match(text):
-        return int(text)
-    try:
-        return float(text)
-    except ValueError:
-        return text
+    for number in (int, float):
+        try:
+            return number(text)
+        except ValueError:
+            pass
+    return text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
