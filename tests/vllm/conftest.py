@@ -36,12 +36,16 @@ def vllm_env(tmp_path_factory):
 _inspected_here = False
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def _model_classes_inspected_in_this_process(request):
-    """The tests marked ``vllm`` inspect vLLM's model classes in this process, not in a child
-    that imports vLLM for each architecture (``vllm_support.inspect_models_in_this_process``)."""
+    """The modules with tests marked ``vllm`` inspect vLLM's model classes in this process, not in
+    a child that imports vLLM for each architecture (``vllm_support.inspect_models_in_this_process``).
+    Module-scoped and autouse, so that it comes before the module's own engine or server fixtures."""
     global _inspected_here
-    if _inspected_here or request.node.get_closest_marker("vllm") is None:
+    if _inspected_here:
+        return
+    items = [item for item in request.session.items if getattr(item, "module", None) is request.module]
+    if not any(item.get_closest_marker("vllm") for item in items):
         return
     from vllm_support import inspect_models_in_this_process
 
