@@ -186,13 +186,24 @@ def test_a_store_too_small_for_the_run_is_counted_and_fails_the_command(tiny_mod
 
 
 def test_unreachable_master_is_one_line_before_the_engine_starts(tiny_model, tmp_path):
+    """The command, in a process of its own, stops with status 2 and one line, vLLM never
+    imported (so no engine started), nothing written."""
     data = write_jsonl(tmp_path / "rows.jsonl", id_rows(3, 3, 5))
-    t0 = time.monotonic()
+    child = (
+        "import sys\nfrom layertap.cli import main\nstatus = main(sys.argv[1:])\n"
+        "print('vllm imported' if sys.modules.get('vllm') is not None else 'vllm not imported')\nsys.exit(status)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "python")}
     with unreachable_port() as port:
-        r = _cli("generate", tiny_model, "--data", data, "--out", f"mooncake://127.0.0.1:{port}/x")
-    assert r.returncode == 2 and time.monotonic() - t0 < 30
+        args = ["generate", tiny_model, "--data", data, "--out", f"mooncake://127.0.0.1:{port}/x"]
+        r = subprocess.run(
+            [sys.executable, "-c", child, *args], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path
+        )
+    assert r.returncode == 2, r.stderr[-3000:]
     assert r.stderr.strip().count("\n") == 0, r.stderr
     assert f"cannot reach the Mooncake master at 127.0.0.1:{port}" in r.stderr and "mooncake_master" in r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "vllm not imported"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rows.jsonl"]
 
 
 FETCH = """
