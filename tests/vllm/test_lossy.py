@@ -19,12 +19,14 @@ def test_records_are_quantized_and_dequantize_to_the_hidden_states(tiny_model, r
 
     args = engine_args(tiny_model, tmp_path, dtype="bfloat16", connector={"lossy": "fp8-e4m3", "codec": "zstd"})
     prompts = [[3 + (37 * i + n) % 490 for i in range(n)] for n in (9, 40, 77)]
-    with running_llm(True, **args) as llm:
+    # In this process (an engine core of its own would import vLLM again, 10 to 20 s of CPU).
+    with running_llm(False, **args) as llm:
         outs = llm.generate(
             [{"prompt_token_ids": p} for p in prompts],
             SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True),
             use_tqdm=False,
         )
+        llm.llm_engine.step()  # hands the requests of the last step to the connector
         records = [fetch(o.kv_transfer_params, timeout=60) for o in outs]
     for prompt, rec in zip(prompts, records):
         assert rec.hidden_states.dtype == torch.float8_e4m3fn
