@@ -128,7 +128,8 @@ def test_a_rerun_writes_again_a_record_that_fails_its_checksum(chat_run, tiny_mo
     """Issue 34, item 4: one flipped byte in a record's payload; the same command run again
     counts that record as missing, takes it out of its shard's index and writes its row again,
     so that both readers return the new record and verify passes (noting what the repair left
-    unindexed). A copy of chat_run's dataset: one more engine start, for one row."""
+    unindexed). A copy of chat_run's dataset: one more engine start (in this process, as
+    chat_run's), for one row."""
     _, done, _ = chat_run
     out = tmp_path / "out"
     shutil.copytree(done, out)
@@ -140,20 +141,15 @@ def test_a_rerun_writes_again_a_record_that_fails_its_checksum(chat_run, tiny_mo
     flip_bit(shard, at + length // 2)
     with layertap.open(out) as ds:
         assert [p.key for p in ds.verify().problems] == [key]
-    child = Child(
-        generate_cmd(
+    with pytest_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}):
+        summary = layertap.generate(
             tiny_model,
-            str(done.parent / "chat.jsonl"),
-            str(out),
-            "--json",
-            "--max-len",
-            "128",
-            engine_args={"dtype": "float32"},
-        ),
-        multiprocessing=False,
-    )
-    assert child.finish(timeout=300) == 0, child.stderr
-    summary = json.loads(child.stdout)
+            done.parent / "chat.jsonl",
+            out,
+            max_len=128,
+            progress="none",
+            engine_args={**TINY_ENGINE_ARGS, "dtype": "float32"},
+        )
     assert summary["rows_written"] == 1 and summary["rows_done_before"] == 199 and summary["complete"], summary
     assert [(d["row"], d["shard"]) for d in summary["damaged_records"]] == [(int(key), str(shard))]
     assert "payload checksum mismatch" in summary["damaged_records"][0]["reason"]

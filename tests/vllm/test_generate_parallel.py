@@ -23,6 +23,7 @@ from ray_cluster import ray_env
 
 import layertap
 from helpers import run_cli
+from layertap.cli import main as layertap_cli
 from layertap.parts import MANIFEST_NAME
 from vllm_support import VLLM_WARNINGS, pytest_env
 
@@ -99,7 +100,7 @@ def _state(pid: int) -> str:
 
 
 @pytest.mark.timeout(900)  # four runs, six engines in all, on a shared 2-core machine
-def test_two_engine_processes_then_resume_with_one(tiny_model, reference, tmp_path):
+def test_two_engine_processes_then_resume_with_one(tiny_model, reference, tmp_path, capfd, in_process_command):
     data, one = reference
     out = tmp_path / "two"
     cmd = generate_cmd(
@@ -117,9 +118,12 @@ def test_two_engine_processes_then_resume_with_one(tiny_model, reference, tmp_pa
         "0.5",
         engine_args=FLOAT32,
     )
-    child = Child(cmd, multiprocessing=False)
-    assert child.finish(timeout=600) == 0, child.stderr[-3000:]
-    s = json.loads(child.stdout)
+    # The command in this process (the engines in theirs): its own import of vLLM is the test's.
+    status = layertap_cli(cmd[3:])  # the arguments after `python -m layertap`
+    captured = capfd.readouterr()  # the engine processes' stderr is this process's
+    assert status == 0, captured.err[-3000:]
+    s = json.loads(captured.out)
+    lines = captured.err.replace("\r", "\n").splitlines()
     assert s["complete"] and s["rows"] == 10 and s["rows_written"] == 10 and s["data_parallel_size"] == 2
     from layertap.generate.summary import EngineEntry, Summary
 
@@ -133,12 +137,12 @@ def test_two_engine_processes_then_resume_with_one(tiny_model, reference, tmp_pa
     ]
     assert s["tokens"] > 0 and s["stored_bytes"] > 0 and s["duplicate_records"] == 0
     # One progress for both engines, counted against all 10 rows.
-    seen = progress_rows(child.lines)
-    assert seen and seen[-1] == (10, 10) and {total for _, total in seen} == {10}, child.stderr[-3000:]
+    seen = progress_rows(lines)
+    assert seen and seen[-1] == (10, 10) and {total for _, total in seen} == {10}, captured.err[-3000:]
     assert json.loads((out / MANIFEST_NAME).read_text())["parts"] == ["engine-0", "engine-1"]
     for part in ("engine-0", "engine-1"):  # each engine's vLLM log in its part, none on stderr
         assert " INFO " in (out / part / "vllm.log").read_text()
-    assert not any(" WARNING " in line for line in child.lines), child.stderr[-3000:]
+    assert not any(" WARNING " in line for line in lines), captured.err[-3000:]
     with layertap.open(out / "engine-0") as ds:  # rows dealt out in turn
         assert sorted(ds.keys(), key=int) == ["0", "2", "4", "6", "8"]
     # A run killed (SIGKILL, the command alone) as soon as its engine processes exist: they end
