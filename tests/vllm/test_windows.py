@@ -1,6 +1,6 @@
 """Capture windows and reductions (issue 25 item 1): per request, ``window: [start, end]`` and
-``reduction: "last" | "mean"`` in ``kv_transfer_params``. Through real engines (their core in its
-own process), with chunked prefill (64 tokens a step) and prefix caching on:
+``reduction: "last" | "mean"`` in ``kv_transfer_params``. Through a real engine in this process
+(one module engine), with chunked prefill (64 tokens a step) and prefix caching on:
 each record holds its window's rows, or one vector, equal to transformers' rows (or their mean)
 in float32, its metadata says which positions; bad windows are refused with a reason; only the
 stored rows are copied out of the cache (the statistics' bytes)."""
@@ -61,7 +61,8 @@ def engine(tiny_model, tmp_path_factory):
         max_num_batched_tokens=64,  # prompts longer than this are prefilled in chunks
         max_num_seqs=8,
     )
-    with running_llm(True, **args) as llm:
+    # In this process: an engine core of its own would import vLLM again (10 to 20 s of CPU).
+    with running_llm(False, **args) as llm:
         yield llm, out, stats
 
 
@@ -72,7 +73,10 @@ def generate(llm, prompts: list[list[int]], kv_params: list[dict], max_tokens: i
         SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, extra_args={"kv_transfer_params": p})
         for p in kv_params
     ]
-    return llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    # An engine in this process hands the requests of its last step to the connector at the next.
+    llm.llm_engine.step()
+    return outputs
 
 
 def assert_window(out, reference, ids: list[int], lo: int, hi: int, reduction: str | None = None):
