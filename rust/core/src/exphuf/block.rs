@@ -168,3 +168,24 @@ pub fn parse_lengths(src: &[u8], at: &mut usize) -> Result<[u8; SYMBOLS], String
     *at += 4 + packed.len();
     Ok(lengths)
 }
+
+/// The 8 bytes of `src` from byte `p` on as a little-endian u64, zero past its end.
+#[inline(always)]
+pub fn read_u64(src: &[u8], p: usize) -> u64 {
+    match src.get(p..p.saturating_add(8)) {
+        Some(b) => u64::from_le_bytes(b.try_into().expect("8 bytes")),
+        None => {
+            let mut b = [0u8; 8];
+            let rest = src.get(p..).unwrap_or(&[]);
+            b[..rest.len()].copy_from_slice(rest);
+            u64::from_le_bytes(b)
+        }
+    }
+}
+
+/// The next 57 or more bits of a stream from bit `bit` of `src` on, bounds checked (zero
+/// past the end): what the decoders of both block modes look codes up by.
+#[inline(always)]
+pub fn peek(src: &[u8], bit: u64) -> u64 {
+    read_u64(src, (bit >> 3) as usize) >> (bit & 7)
+}

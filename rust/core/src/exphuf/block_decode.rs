@@ -4,8 +4,8 @@
 //! code is met.
 
 use super::block::{
-    max_bits, parse_lengths, raw_bits, segment, symbol_of_top, top, top_of_symbol, Head, FIXED_LEN,
-    MODE_CODED, MODE_RAW, TABLE_LEN,
+    max_bits, parse_lengths, peek, raw_bits, segment, symbol_of_top, top, top_of_symbol, Head,
+    FIXED_LEN, MODE_CODED, MODE_RAW, TABLE_LEN,
 };
 use super::huffman::{self, SYMBOLS};
 
@@ -99,22 +99,6 @@ fn decode_coded<const W: usize>(src: &[u8], at: &mut usize, dst: &mut [u8]) -> R
     }
     *at = next;
     Ok(())
-}
-
-/// The next 57 or more bits of `src` from bit `bit` on, bounds checked (zero past the end).
-#[inline(always)]
-fn peek(src: &[u8], bit: u64) -> u64 {
-    let p = (bit >> 3) as usize;
-    let word = match src.get(p..p + 8) {
-        Some(b) => u64::from_le_bytes(b.try_into().expect("8 bytes")),
-        None => {
-            let mut b = [0u8; 8];
-            let rest = src.get(p..).unwrap_or(&[]);
-            b[..rest.len()].copy_from_slice(rest);
-            u64::from_le_bytes(b)
-        }
-    };
-    word >> (bit & 7)
 }
 
 /// The element of table entry `e` (`top << 7 | len`) followed by its raw bits `raw`.

@@ -87,3 +87,38 @@ impl Head {
         })
     }
 }
+
+/// Transposes an 8 x 8 block of 16-bit values held as eight rows (SSE2 unpacks): the column
+/// transposes of the encoder (rows of elements to columns of tops) and the decoder (back).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse2")]
+#[inline]
+pub fn transpose8x8(a: [std::arch::x86_64::__m128i; 8]) -> [std::arch::x86_64::__m128i; 8] {
+    use std::arch::x86_64::*;
+    let t0 = _mm_unpacklo_epi16(a[0], a[1]);
+    let t1 = _mm_unpackhi_epi16(a[0], a[1]);
+    let t2 = _mm_unpacklo_epi16(a[2], a[3]);
+    let t3 = _mm_unpackhi_epi16(a[2], a[3]);
+    let t4 = _mm_unpacklo_epi16(a[4], a[5]);
+    let t5 = _mm_unpackhi_epi16(a[4], a[5]);
+    let t6 = _mm_unpacklo_epi16(a[6], a[7]);
+    let t7 = _mm_unpackhi_epi16(a[6], a[7]);
+    let u0 = _mm_unpacklo_epi32(t0, t2);
+    let u1 = _mm_unpackhi_epi32(t0, t2);
+    let u2 = _mm_unpacklo_epi32(t1, t3);
+    let u3 = _mm_unpackhi_epi32(t1, t3);
+    let u4 = _mm_unpacklo_epi32(t4, t6);
+    let u5 = _mm_unpackhi_epi32(t4, t6);
+    let u6 = _mm_unpacklo_epi32(t5, t7);
+    let u7 = _mm_unpackhi_epi32(t5, t7);
+    [
+        _mm_unpacklo_epi64(u0, u4),
+        _mm_unpackhi_epi64(u0, u4),
+        _mm_unpacklo_epi64(u1, u5),
+        _mm_unpackhi_epi64(u1, u5),
+        _mm_unpacklo_epi64(u2, u6),
+        _mm_unpackhi_epi64(u2, u6),
+        _mm_unpacklo_epi64(u3, u7),
+        _mm_unpackhi_epi64(u3, u7),
+    ]
+}

@@ -4,11 +4,13 @@
 //! pattern without a code is met, and the raw plane's padding.
 //!
 //! Decoding runs in two passes. The streams are decoded into the tops of the elements in stream
-//! order (`scratch`, column by column), four streams side by side so that their chains overlap,
-//! each step resolving up to three codes with one lookup in a table of the current context
-//! ([`Tables`]); then the tops are put back in row order with the raw plane's bits.
+//! order (`scratch`, column by column), several streams side by side so that their chains
+//! overlap (four in general registers; 32 in four AVX-512 vectors where the CPU has it and the
+//! block has as many streams), each step resolving up to three codes with one lookup in a table
+//! of the current context ([`Tables`]); then the tops are put back in row order with the raw
+//! plane's bits.
 
-use super::block::{parse_lengths, raw_bits, symbol_of_top, top_of_symbol};
+use super::block::{parse_lengths, peek, raw_bits, read_u64, symbol_of_top, top_of_symbol};
 use super::column::{stream_columns, Head, FIXED_LEN};
 use super::huffman::{self, MAX_CODE_LEN, SYMBOLS};
 
@@ -23,8 +25,10 @@ const MULTI_MIN: usize = if cfg!(test) { 2000 } else { 1 << 17 };
 /// takes at most MAX_CODE_LEN bits of the 56 a refill guarantees).
 const PER_STEP: usize = 3;
 const STEPS: usize = (56 / MAX_CODE_LEN) as usize;
-/// Streams decoded side by side.
+/// Streams decoded side by side: in general registers, and with AVX-512 (one stream a 64-bit
+/// lane of a vector).
 const LANES: usize = 4;
+const WIDE: usize = 32;
 
 /// Multi-code entry fields: three tops (16 bits each), then the count of codes, the bits they
 /// take and the context after them (5 bits: one more than a block has, [`BAD_CONTEXT`]).
@@ -216,49 +220,37 @@ pub fn decode<const W: usize>(src: &[u8], at: &mut usize, dst: &mut [u8]) -> Res
             }
             Ok(())
         };
-        let mut queue = 0..streams;
-        if streams >= LANES {
-            // Four streams side by side; each lane takes the next stream from the queue when
-            // its own is near its end (streams differ in length by a column).
-            let mut lanes: [Stream; LANES] =
-                std::array::from_fn(|_| start(queue.next().expect("4 streams")));
-            'lanes: loop {
-                if tables.multi.is_empty() {
-                    fast::<W, _>(src, &mut lanes, scratch, |c, b| {
-                        tables.single_entry::<W>(c, b)
-                    })?;
-                } else {
-                    assert_eq!(tables.multi.len(), (BAD_CONTEXT + 1) * TABLE_LEN);
-                    let multi = &tables.multi;
-                    fast::<W, _>(src, &mut lanes, scratch, |c, b| {
-                        // SAFETY: `c` is a context of the table (the block's, below 16, or
-                        // BAD_CONTEXT: what every entry's context field holds) times
-                        // TABLE_LEN, and the index adds less than TABLE_LEN, so the entry
-                        // lies inside `multi` (asserted above).
-                        unsafe { *multi.get_unchecked(c + (b & MASK) as usize) }
-                    })?;
-                }
-                for lane in &mut lanes {
-                    if !lane.runs(src.len()) {
-                        finish(lane, scratch)?;
-                        match queue.next() {
-                            Some(k) => *lane = start(k),
-                            None => {
-                                // Fewer streams than lanes are left: they end one at a time.
-                                for l in &mut lanes {
-                                    if l.out < l.end {
-                                        finish(l, scratch)?;
-                                    }
-                                }
-                                break 'lanes;
-                            }
-                        }
-                    }
-                }
-            }
+        let mut queue: Vec<Stream> = (0..streams).rev().map(start).collect();
+        #[cfg(target_arch = "x86_64")]
+        if !tables.multi.is_empty()
+            && streams >= WIDE
+            && std::arch::is_x86_feature_detected!("avx512f")
+        {
+            let multi = &tables.multi;
+            side_by_side::<WIDE>(src.len(), &mut queue, scratch, &finish, |lanes, scratch| {
+                // SAFETY: the CPU has AVX-512F (detected above).
+                unsafe { fast_avx512::<W>(src, lanes, scratch, multi) }
+            })?;
         }
-        for k in queue {
-            finish(&mut start(k), scratch)?;
+        if tables.multi.is_empty() {
+            side_by_side::<LANES>(src.len(), &mut queue, scratch, &finish, |lanes, scratch| {
+                fast::<W, _>(src, lanes, scratch, |c, b| tables.single_entry::<W>(c, b))
+            })?;
+        } else {
+            let multi = &tables.multi;
+            assert_eq!(multi.len(), (BAD_CONTEXT + 1) * TABLE_LEN);
+            side_by_side::<LANES>(src.len(), &mut queue, scratch, &finish, |lanes, scratch| {
+                fast::<W, _>(src, lanes, scratch, |c, b| {
+                    // SAFETY: `c` is a context of the table (the block's, below 16, or
+                    // BAD_CONTEXT: what every entry's context field holds) times
+                    // TABLE_LEN, and the index adds less than TABLE_LEN, so the entry
+                    // lies inside `multi` (asserted above).
+                    unsafe { *multi.get_unchecked(c + (b & MASK) as usize) }
+                })
+            })?;
+        }
+        for mut s in queue.into_iter().rev() {
+            finish(&mut s, scratch)?;
         }
 
         let plane = &src[plane_at..plane_at + plane_len];
@@ -270,6 +262,45 @@ pub fn decode<const W: usize>(src: &[u8], at: &mut usize, dst: &mut [u8]) -> Res
         *at = next;
         Ok(())
     })
+}
+
+/// Decodes a stream from where it is to its end and checks the end.
+type Finish<'a> = dyn Fn(&mut Stream, &mut [u16]) -> Result<(), String> + 'a;
+
+/// Decodes the streams of `queue` (a stack: the next one last) `N` side by side with `fast`
+/// while at least `N` are left; each lane takes the next stream when its own is near its end
+/// (streams differ in length by a column), which `finish` decodes to its end and checks. The
+/// streams begun and not finished go back on `queue`, for a narrower loop.
+fn side_by_side<const N: usize>(
+    src_len: usize,
+    queue: &mut Vec<Stream>,
+    scratch: &mut [u16],
+    finish: &Finish<'_>,
+    mut fast: impl FnMut(&mut [Stream; N], &mut [u16]) -> Result<(), String>,
+) -> Result<(), String> {
+    if queue.len() < N {
+        return Ok(());
+    }
+    let mut lanes: [Stream; N] = std::array::from_fn(|_| queue.pop().expect("N streams"));
+    loop {
+        fast(&mut lanes, scratch)?;
+        for i in 0..N {
+            if !lanes[i].runs(src_len) {
+                finish(&mut lanes[i], scratch)?;
+                match queue.pop() {
+                    Some(s) => lanes[i] = s,
+                    None => {
+                        // Fewer streams than lanes are left: back on the queue, in order.
+                        let mut left: Vec<Stream> =
+                            lanes.into_iter().filter(|l| l.out < l.end).collect();
+                        left.sort_by_key(|l| std::cmp::Reverse(l.k));
+                        queue.extend(left);
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Tops a thread's kept scratch buffer holds at most.
@@ -301,22 +332,6 @@ impl Stream {
     fn runs(&self, src_len: usize) -> bool {
         self.end - self.out >= ROUND && (self.bit >> 3) as usize + 16 <= src_len
     }
-}
-
-/// The next 57 or more bits of `src` from bit `bit` on, bounds checked (zero past the end).
-#[inline(always)]
-fn peek(src: &[u8], bit: u64) -> u64 {
-    let p = (bit >> 3) as usize;
-    let word = match src.get(p..p + 8) {
-        Some(b) => u64::from_le_bytes(b.try_into().expect("8 bytes")),
-        None => {
-            let mut b = [0u8; 8];
-            let rest = src.get(p..).unwrap_or(&[]);
-            b[..rest.len()].copy_from_slice(rest);
-            u64::from_le_bytes(b)
-        }
-    };
-    word >> (bit & 7)
 }
 
 /// Decodes the rest of stream `s` one code at a time, every access checked.
@@ -399,6 +414,113 @@ fn fast<const W: usize, E: Fn(usize, u64) -> u64>(
     Ok(())
 }
 
+/// [`fast`] for sixteen streams in AVX-512, one a 64-bit lane, in two vectors of eight whose
+/// chains overlap: a gather of the eight entries (of up to three codes each) a step and
+/// vector, their tops stored lane by lane, and a gather of the streams' next bytes a round.
+/// Same stopping rule and result as [`fast`] on the multi-code tables `multi`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn fast_avx512<const W: usize>(
+    src: &[u8],
+    st: &mut [Stream; WIDE],
+    scratch: &mut [u16],
+    multi: &[u64],
+) -> Result<(), String> {
+    use std::arch::x86_64::*;
+    const G: usize = WIDE / 8;
+    assert!(st.iter().all(|s| s.end <= scratch.len()));
+    assert_eq!(multi.len(), (BAD_CONTEXT + 1) * TABLE_LEN);
+    let lanes = |f: &dyn Fn(&Stream) -> u64| -> [__m512i; G] {
+        let v: [u64; WIDE] = std::array::from_fn(|i| f(&st[i]));
+        // SAFETY: AVX-512F is enabled for this function; each load reads 64 bytes of `v`.
+        std::array::from_fn(|g| unsafe { _mm512_loadu_epi64(v[8 * g..].as_ptr().cast()) })
+    };
+    let mut bit = lanes(&|s| s.bit);
+    let mut out = lanes(&|s| s.out as u64);
+    let mut ctx = lanes(&|s| s.ctx as u64);
+    let end = lanes(&|s| s.end as u64);
+    let round = _mm512_set1_epi64(ROUND as i64);
+    // A round's refill reads the 8 bytes at a stream's byte position; [`Stream::runs`] keeps
+    // 16 bytes inside `src` (the rule the lanes are swapped by).
+    let last = _mm512_set1_epi64(src.len() as i64 - 16);
+    let (mask, seven, three, fifteen) = (
+        _mm512_set1_epi64(MASK as i64),
+        _mm512_set1_epi64(7),
+        _mm512_set1_epi64(3),
+        _mm512_set1_epi64(15),
+    );
+    let (table, dst) = (multi.as_ptr().cast::<i64>(), scratch.as_mut_ptr());
+    let mut buf = [_mm512_setzero_si512(); G];
+    'rounds: loop {
+        for g in 0..G {
+            // Every lane has at least ROUND tops left and 16 bytes of `src` from its
+            // position: `Stream::runs`.
+            let tops_left = _mm512_cmpge_epu64_mask(_mm512_sub_epi64(end[g], out[g]), round);
+            let in_src = _mm512_cmple_epi64_mask(_mm512_srli_epi64::<3>(bit[g]), last);
+            if tops_left & in_src != 0xFF {
+                break 'rounds;
+            }
+        }
+        for g in 0..G {
+            // SAFETY: each lane reads the 8 bytes at its byte position, inside `src`
+            // (checked just above; `src.len() >= 16` then, so `last` is not negative).
+            let word = unsafe {
+                _mm512_i64gather_epi64(_mm512_srli_epi64::<3>(bit[g]), src.as_ptr().cast(), 1)
+            };
+            buf[g] = _mm512_srlv_epi64(word, _mm512_and_si512(bit[g], seven));
+        }
+        for _ in 0..STEPS {
+            for g in 0..G {
+                let at = _mm512_add_epi64(ctx[g], _mm512_and_si512(buf[g], mask));
+                // SAFETY: a lane's context is one of the table's (its field holds at most
+                // BAD_CONTEXT) times TABLE_LEN, plus less than TABLE_LEN: inside `multi`
+                // (asserted).
+                let e = unsafe { _mm512_i64gather_epi64(at, table, 8) };
+                let (mut es, mut outs) = ([0u64; 8], [0u64; 8]);
+                // SAFETY: each lane writes the 8 bytes of tops `out..out + 4`, below its
+                // stream's end (the round began with ROUND tops left, a step moves at most
+                // PER_STEP), inside `scratch` (asserted).
+                unsafe {
+                    _mm512_storeu_epi64(es.as_mut_ptr().cast(), e);
+                    _mm512_storeu_epi64(outs.as_mut_ptr().cast(), out[g]);
+                    for i in 0..8 {
+                        dst.add(outs[i] as usize)
+                            .cast::<u64>()
+                            .write_unaligned(es[i]);
+                    }
+                }
+                out[g] = _mm512_add_epi64(
+                    out[g],
+                    _mm512_and_si512(_mm512_srli_epi64::<CNT_AT>(e), three),
+                );
+                let len = _mm512_and_si512(_mm512_srli_epi64::<BITS_AT>(e), fifteen);
+                buf[g] = _mm512_srlv_epi64(buf[g], len);
+                bit[g] = _mm512_add_epi64(bit[g], len);
+                // The context field is the entry's top bits.
+                ctx[g] = _mm512_slli_epi64::<{ MAX_CODE_LEN }>(_mm512_srli_epi64::<CTX_AT>(e));
+            }
+        }
+    }
+    let back = |v: [__m512i; G]| -> [u64; WIDE] {
+        let mut a = [0u64; WIDE];
+        for (g, v) in v.into_iter().enumerate() {
+            // SAFETY: AVX-512F is enabled; the store writes 64 bytes of `a`.
+            unsafe { _mm512_storeu_epi64(a[8 * g..].as_mut_ptr().cast(), v) };
+        }
+        a
+    };
+    let (bit, out, ctx) = (back(bit), back(out), back(ctx));
+    for i in 0..WIDE {
+        if ctx[i] as usize == BAD_CONTEXT * TABLE_LEN {
+            return Err("a stream holds a bit pattern that is no code".into());
+        }
+        st[i].bit = bit[i];
+        st[i].out = out[i] as usize;
+        st[i].ctx = ctx[i] as usize;
+    }
+    Ok(())
+}
+
 /// Writes the elements into `dst` in row order: each top of `scratch` (column order, as
 /// [`lane`] puts it) with its raw bits from `plane`.
 fn put_rows<const W: usize>(scratch: &[u16], columns: usize, plane: &[u8], dst: &mut [u8]) {
@@ -430,21 +552,7 @@ fn put_rows<const W: usize>(scratch: &[u16], columns: usize, plane: &[u8], dst: 
 fn raw_of<const W: usize>(plane: &[u8], i: usize) -> u64 {
     let r = raw_bits::<W>() as u64;
     let bit = i as u64 * r;
-    (read_plane(plane, (bit >> 3) as usize) >> (bit & 7)) & ((1 << r) - 1)
-}
-
-/// The 8 bytes of `plane` from `p` on as a little-endian u64, zero past its end.
-#[inline(always)]
-fn read_plane(plane: &[u8], p: usize) -> u64 {
-    match plane.get(p..p + 8) {
-        Some(b) => u64::from_le_bytes(b.try_into().expect("8 bytes")),
-        None => {
-            let mut b = [0u8; 8];
-            let rest = &plane[p.min(plane.len())..];
-            b[..rest.len()].copy_from_slice(rest);
-            u64::from_le_bytes(b)
-        }
-    }
+    (read_u64(plane, (bit >> 3) as usize) >> (bit & 7)) & ((1 << r) - 1)
 }
 
 /// Writes the element of `row` and column `c`.
@@ -480,6 +588,7 @@ unsafe fn put_rows_sse2<const W: usize, const SSSE3: bool>(
     plane: &[u8],
     dst: &mut [u8],
 ) {
+    use super::column::transpose8x8;
     use std::arch::x86_64::*;
     // Lane k takes the 2 bytes from byte 7k / 8 of the raw values; it is shifted left by
     // 7 - (7k mod 8) (multiplied by a power of 2), then right by 7, and masked to 7 bits.
@@ -506,32 +615,7 @@ unsafe fn put_rows_sse2<const W: usize, const SSSE3: bool>(
                     unsafe {
                         let a: [__m128i; 8] =
                             std::array::from_fn(|j| _mm_loadu_si128(col(j).as_ptr().cast()));
-                        let t0 = _mm_unpacklo_epi16(a[0], a[1]);
-                        let t1 = _mm_unpackhi_epi16(a[0], a[1]);
-                        let t2 = _mm_unpacklo_epi16(a[2], a[3]);
-                        let t3 = _mm_unpackhi_epi16(a[2], a[3]);
-                        let t4 = _mm_unpacklo_epi16(a[4], a[5]);
-                        let t5 = _mm_unpackhi_epi16(a[4], a[5]);
-                        let t6 = _mm_unpacklo_epi16(a[6], a[7]);
-                        let t7 = _mm_unpackhi_epi16(a[6], a[7]);
-                        let u0 = _mm_unpacklo_epi32(t0, t2);
-                        let u1 = _mm_unpackhi_epi32(t0, t2);
-                        let u2 = _mm_unpacklo_epi32(t1, t3);
-                        let u3 = _mm_unpackhi_epi32(t1, t3);
-                        let u4 = _mm_unpacklo_epi32(t4, t6);
-                        let u5 = _mm_unpackhi_epi32(t4, t6);
-                        let u6 = _mm_unpacklo_epi32(t5, t7);
-                        let u7 = _mm_unpackhi_epi32(t5, t7);
-                        let rows_of = [
-                            _mm_unpacklo_epi64(u0, u4),
-                            _mm_unpackhi_epi64(u0, u4),
-                            _mm_unpacklo_epi64(u1, u5),
-                            _mm_unpackhi_epi64(u1, u5),
-                            _mm_unpacklo_epi64(u2, u6),
-                            _mm_unpackhi_epi64(u2, u6),
-                            _mm_unpacklo_epi64(u3, u7),
-                            _mm_unpackhi_epi64(u3, u7),
-                        ];
+                        let rows_of = transpose8x8(a);
                         for (i, v) in rows_of.into_iter().enumerate() {
                             let e = (r0 + i) * columns + c0;
                             let bit = (e * r) as u64;
@@ -565,7 +649,7 @@ unsafe fn put_rows_sse2<const W: usize, const SSSE3: bool>(
                                     )
                                 }
                                 _ => {
-                                    let w = read_plane(plane, p) >> (bit & 7);
+                                    let w = read_u64(plane, p) >> (bit & 7);
                                     _mm_set_epi64x(spread(w >> 28) as i64, spread(w) as i64)
                                 }
                             };

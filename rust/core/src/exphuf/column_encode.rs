@@ -54,6 +54,7 @@ pub(crate) fn tops_by_column<const W: usize>(data: &[u8], columns: usize, tops: 
 /// 8 at a time over the whole width (so that the rows are read in order).
 #[cfg(target_arch = "x86_64")]
 fn tops_by_column_sse2(data: &[u8], columns: usize, tops: &mut [u16]) {
+    use super::column::transpose8x8;
     use std::arch::x86_64::*;
     let n = data.len() / 2;
     let rows = n / columns;
@@ -70,32 +71,7 @@ fn tops_by_column_sse2(data: &[u8], columns: usize, tops: &mut [u16]) {
                         &data[2 * ((r0 + i) * columns + c0)..2 * ((r0 + i) * columns + c0 + 8)];
                     _mm_srli_epi16::<7>(_mm_loadu_si128(row.as_ptr().cast()))
                 });
-                let t0 = _mm_unpacklo_epi16(a[0], a[1]);
-                let t1 = _mm_unpackhi_epi16(a[0], a[1]);
-                let t2 = _mm_unpacklo_epi16(a[2], a[3]);
-                let t3 = _mm_unpackhi_epi16(a[2], a[3]);
-                let t4 = _mm_unpacklo_epi16(a[4], a[5]);
-                let t5 = _mm_unpackhi_epi16(a[4], a[5]);
-                let t6 = _mm_unpacklo_epi16(a[6], a[7]);
-                let t7 = _mm_unpackhi_epi16(a[6], a[7]);
-                let u0 = _mm_unpacklo_epi32(t0, t2);
-                let u1 = _mm_unpackhi_epi32(t0, t2);
-                let u2 = _mm_unpacklo_epi32(t1, t3);
-                let u3 = _mm_unpackhi_epi32(t1, t3);
-                let u4 = _mm_unpacklo_epi32(t4, t6);
-                let u5 = _mm_unpackhi_epi32(t4, t6);
-                let u6 = _mm_unpacklo_epi32(t5, t7);
-                let u7 = _mm_unpackhi_epi32(t5, t7);
-                let cols_of = [
-                    _mm_unpacklo_epi64(u0, u4),
-                    _mm_unpackhi_epi64(u0, u4),
-                    _mm_unpacklo_epi64(u1, u5),
-                    _mm_unpackhi_epi64(u1, u5),
-                    _mm_unpacklo_epi64(u2, u6),
-                    _mm_unpackhi_epi64(u2, u6),
-                    _mm_unpacklo_epi64(u3, u7),
-                    _mm_unpackhi_epi64(u3, u7),
-                ];
+                let cols_of = transpose8x8(a);
                 for (j, v) in cols_of.into_iter().enumerate() {
                     let col = &mut tops[(c0 + j) * rows + r0..(c0 + j) * rows + r0 + 8];
                     _mm_storeu_si128(col.as_mut_ptr().cast(), v);
