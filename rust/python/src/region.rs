@@ -1,5 +1,5 @@
 //! `NativeRegionSink`: the binding of `layertap_core::region::RegionSink`, the vLLM connector's
-//! hot path (`layertap.vllm.sinks.NativeSink`) in a few calls per engine step. The layout, the
+//! hot path (`layertap.vllm.region_sinks.NativeSink`) in a few calls per engine step. The layout, the
 //! record schema, the leases and the retry live in the core; here: the pool's Python buffer,
 //! the conversion of the step's descriptors, and the GIL.
 

@@ -1,5 +1,5 @@
 //! The region sink: the vLLM connector's hot path into the writer, a few calls per engine step
-//! whatever the number of requests the step finished (`layertap.vllm.sinks.NativeSink` through
+//! whatever the number of requests the step finished (`layertap.vllm.region_sinks.NativeSink` through
 //! the binding `layertap._native.NativeRegionSink`, which only converts arguments).
 //!
 //! The connector's host pool is one buffer, held for the sink's lifetime. Each step that
