@@ -35,11 +35,12 @@ RESERVED_ENGINE_ARGS = ("model", "speculative_config", "kv_transfer_config")
 RESERVED_CONNECTOR_ARGS = ("output_dir", "writer_id", "shard_metadata", "capture", "layer_ids")
 
 
-def _about(help: str, check: Callable[[str, Any], Any] | None = None, **cli: Any) -> dict:
-    """A field's metadata: its help (the command line's, and the class's docstring), the check
-    that returns the value to keep (or raises GenerateError naming the flag), and what the
-    command line adds to the flag (``flag``, ``metavar``, ``choices``)."""
-    return {"help": help, "check": check, **cli}
+def _option(default: Any, help: str, check: Callable[[str, Any], Any] | None = None, **cli: Any) -> Any:
+    """A field of ``GenerateOptions``: its default (``MISSING``: required), its help (the
+    command line's, and the class's docstring), the check that returns the value to keep (or
+    raises GenerateError naming the flag), and what the command line adds to the flag
+    (``flag``, ``metavar``, ``choices``)."""
+    return field(default=default, metadata={"help": help, "check": check, **cli})
 
 
 def _kit(check: Callable) -> Callable[[str, Any], Any]:
@@ -146,150 +147,113 @@ class GenerateOptions:
     ``layers`` as a list, given so or as ``"2,16,29,32"``. The fields:
     """
 
-    model: str = field(metadata=_about("model name or path, as vLLM takes it", _path, flag="model", metavar="MODEL"))
-    data: str = field(
-        metadata=_about(
-            "JSONL file, Parquet file, or Hugging Face datasets directory (save_to_disk) with input_ids, messages or "
-            "prompt, and optionally loss_mask",
-            _path,
-            metavar="DATA",
-        ),
+    model: str = _option(MISSING, "model name or path, as vLLM takes it", _path, flag="model", metavar="MODEL")
+    data: str = _option(
+        MISSING,
+        "JSONL file, Parquet file, or Hugging Face datasets directory (save_to_disk) with input_ids, messages or "
+        "prompt, and optionally loss_mask",
+        _path,
+        metavar="DATA",
     )
-    out: str = field(
-        metadata=_about(
-            "dataset directory (created; resumed when it holds an earlier run's dataset; a directory holding other "
-            "files is refused unless --allow-other-files), or a dataset in Mooncake Store: "
-            "mooncake://MASTER_HOST:PORT/PREFIX (docs/MOONCAKE.md)",
-            _path,
-            metavar="DIR",
-        ),
+    out: str = _option(
+        MISSING,
+        "dataset directory (created; resumed when it holds an earlier run's dataset; a directory holding other "
+        "files is refused unless --allow-other-files), or a dataset in Mooncake Store: "
+        "mooncake://MASTER_HOST:PORT/PREFIX (docs/MOONCAKE.md)",
+        _path,
+        metavar="DIR",
     )
     _: dataclasses.KW_ONLY
-    allow_other_files: bool = field(
-        default=False,
-        metadata=_about(
-            "write into --out (or --also-dir) although it holds files that are not a layertap dataset's "
-            "(they are left as they are; readers ignore them)",
-            _kit(flag),
-        ),
+    allow_other_files: bool = _option(
+        False,
+        "write into --out (or --also-dir) although it holds files that are not a layertap dataset's "
+        "(they are left as they are; readers ignore them)",
+        _kit(flag),
     )
-    also_dir: str | None = field(
-        default=None,
-        metadata=_about(
-            "with --out mooncake://...: keep the run's shards in DIR too (resumable; else a temporary spool)",
-            _path,
-            metavar="DIR",
-        ),
+    also_dir: str | None = _option(
+        None,
+        "with --out mooncake://...: keep the run's shards in DIR too (resumable; else a temporary spool)",
+        _path,
+        metavar="DIR",
     )
-    layers: list[int] | None = field(
-        default=None,
-        metadata=_about(
-            "comma-separated layer ids in vLLM numbering (N = the last layer's output before the final norm); "
-            "default EAGLE-3's 2,N//2,N-3,N",
-            _layers,
-            metavar="IDS",
-        ),
+    layers: list[int] | None = _option(
+        None,
+        "comma-separated layer ids in vLLM numbering (N = the last layer's output before the final norm); "
+        "default EAGLE-3's 2,N//2,N-3,N",
+        _layers,
+        metavar="IDS",
     )
-    capture: str = field(
-        default=DEFAULT_CAPTURE,
-        metadata=_about(
-            "how vLLM caches the hidden states: method (vLLM's extract_hidden_states) or in-model (layertap's "
-            "model class, no speculative decoding: faster decode; docs/CONNECTOR.md)",
-            choices=CAPTURE_MODES,
-        ),
+    capture: str = _option(
+        DEFAULT_CAPTURE,
+        "how vLLM caches the hidden states: method (vLLM's extract_hidden_states) or in-model (layertap's "
+        "model class, no speculative decoding: faster decode; docs/CONNECTOR.md)",
+        choices=CAPTURE_MODES,
     )
-    max_tokens: int = field(
-        default=1, metadata=_about("tokens to generate per row (1: prefill only)", _kit(positive_int), metavar="N")
+    max_tokens: int = _option(1, "tokens to generate per row (1: prefill only)", _kit(positive_int), metavar="N")
+    include_output_tokens: bool = _option(False, "record the generated tokens too (all but the last)", _kit(flag))
+    window: list | None = _option(
+        None,
+        "record only positions [START, END) of each row's recorded tokens (either may be empty; negative "
+        "counts from the end), e.g. 100: or -64: or -64:-1 (docs/CONNECTOR.md, 'Windows and reductions')",
+        metavar="START:END",
     )
-    include_output_tokens: bool = field(
-        default=False, metadata=_about("record the generated tokens too (all but the last)", _kit(flag))
+    reduction: str | None = _option(
+        None,
+        "store one vector per layer per row ([1, layers, hidden]): the window's last position, or the mean of "
+        "its positions",
+        choices=REDUCTIONS,
     )
-    window: list | None = field(
-        default=None,
-        metadata=_about(
-            "record only positions [START, END) of each row's recorded tokens (either may be empty; negative "
-            "counts from the end), e.g. 100: or -64: or -64:-1 (docs/CONNECTOR.md, 'Windows and reductions')",
-            metavar="START:END",
-        ),
+    max_len: int | None = _option(
+        None,
+        "longest prompt in tokens; longer rows are skipped and listed (default: the model's context minus "
+        "--max-tokens)",
+        _kit(positive_int),
+        metavar="N",
     )
-    reduction: str | None = field(
-        default=None,
-        metadata=_about(
-            "store one vector per layer per row ([1, layers, hidden]): the window's last position, or the mean of "
-            "its positions",
-            choices=REDUCTIONS,
-        ),
+    loss_mask: str = _option(
+        "auto",
+        "the loss mask stored with each record: auto (the data's loss_mask column, else for chats the "
+        "assistant's turns when the chat template marks them with {% generation %}), assistant (those turns; "
+        "refused without the markers), none (docs/GENERATE.md, 'Loss masks')",
+        choices=LOSS_MASK_MODES,
     )
-    max_len: int | None = field(
-        default=None,
-        metadata=_about(
-            "longest prompt in tokens; longer rows are skipped and listed (default: the model's context minus "
-            "--max-tokens)",
-            _kit(positive_int),
-            metavar="N",
-        ),
+    limit: int | None = _option(None, "use only the first N rows", _kit(positive_int), metavar="N")
+    engine_args: dict = _option(  # None or JSON text given: a dict kept
+        None,
+        "other vLLM LLM() arguments, e.g. '{\"tensor_parallel_size\": 2}'",
+        _json_without(RESERVED_ENGINE_ARGS),
+        metavar="JSON",
     )
-    loss_mask: str = field(
-        default="auto",
-        metadata=_about(
-            "the loss mask stored with each record: auto (the data's loss_mask column, else for chats the "
-            "assistant's turns when the chat template marks them with {% generation %}), assistant (those turns; "
-            "refused without the markers), none (docs/GENERATE.md, 'Loss masks')",
-            choices=LOSS_MASK_MODES,
-        ),
+    sampling_args: dict = _option(  # None or JSON text given: a dict kept
+        None, "SamplingParams arguments, e.g. '{\"temperature\": 0}'", _sampling_args, metavar="JSON"
     )
-    limit: int | None = field(
-        default=None, metadata=_about("use only the first N rows", _kit(positive_int), metavar="N")
+    connector_args: dict = _option(  # None or JSON text given: a dict kept
+        None,
+        'connector options (docs/CONNECTOR.md), e.g. \'{"codec": "zstd"}\'; default Rust writer, bp16-zstd',
+        _json_without(RESERVED_CONNECTOR_ARGS),
+        metavar="JSON",
     )
-    engine_args: dict = field(  # None or JSON text given: a dict kept
-        default=None,
-        metadata=_about(
-            "other vLLM LLM() arguments, e.g. '{\"tensor_parallel_size\": 2}'",
-            _json_without(RESERVED_ENGINE_ARGS),
-            metavar="JSON",
-        ),
+    data_parallel_size: int | None = _option(
+        None,
+        "run N engines (each on its own tensor_parallel_size GPUs), each writing a part of --out; rows are dealt "
+        "out among them (docs/SCALE.md)",
+        _kit(positive_int),
+        metavar="N",
     )
-    sampling_args: dict = field(  # None or JSON text given: a dict kept
-        default=None,
-        metadata=_about("SamplingParams arguments, e.g. '{\"temperature\": 0}'", _sampling_args, metavar="JSON"),
+    ray_address: str | None = _option(
+        None,
+        "run the engines on the Ray cluster at ADDRESS ('auto': the one this machine belongs to); --out must be "
+        "on a file system every node sees",
+        _ray_address,
+        flag="--ray",
+        metavar="ADDRESS",
     )
-    connector_args: dict = field(  # None or JSON text given: a dict kept
-        default=None,
-        metadata=_about(
-            'connector options (docs/CONNECTOR.md), e.g. \'{"codec": "zstd"}\'; default Rust writer, bp16-zstd',
-            _json_without(RESERVED_CONNECTOR_ARGS),
-            metavar="JSON",
-        ),
+    progress: str = _option(
+        "auto",
+        "bar (a terminal), lines (periodic lines), none; auto: bar on a terminal, else lines",
+        choices=PROGRESS_MODES,
     )
-    data_parallel_size: int | None = field(
-        default=None,
-        metadata=_about(
-            "run N engines (each on its own tensor_parallel_size GPUs), each writing a part of --out; rows are dealt "
-            "out among them (docs/SCALE.md)",
-            _kit(positive_int),
-            metavar="N",
-        ),
-    )
-    ray_address: str | None = field(
-        default=None,
-        metadata=_about(
-            "run the engines on the Ray cluster at ADDRESS ('auto': the one this machine belongs to); --out must be "
-            "on a file system every node sees",
-            _ray_address,
-            flag="--ray",
-            metavar="ADDRESS",
-        ),
-    )
-    progress: str = field(
-        default="auto",
-        metadata=_about(
-            "bar (a terminal), lines (periodic lines), none; auto: bar on a terminal, else lines",
-            choices=PROGRESS_MODES,
-        ),
-    )
-    progress_interval: float = field(
-        default=10.0, metadata=_about("seconds between progress lines", _seconds, metavar="S")
-    )
+    progress_interval: float = _option(10.0, "seconds between progress lines", _seconds, metavar="S")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
