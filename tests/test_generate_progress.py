@@ -16,6 +16,7 @@ import layertap
 from helpers import HandClock, make_tensors
 from layertap._text import human_bytes
 from layertap.generate import progress as progress_module
+from layertap.generate.options import GenerateOptions
 from layertap.generate.progress import EngineTotals, Progress, ShardFollower
 
 
@@ -138,7 +139,7 @@ def test_a_parallel_runs_progress_ends_with_the_engines_summaries(capsys):
         yield "summary", 0, summary(5, 40 << 10)  # its final report (5 rows) never came
         yield "summary", 1, summary(3, 20 << 10)  # nor did any report of engine 1
 
-    run = types.SimpleNamespace(progress="lines", options={"progress_interval": 10.0})
+    run = types.SimpleNamespace(progress="lines", options=GenerateOptions("m", "d", "o", progress_interval=10.0))
     results = _follow(events(), 8, run)
     assert sorted(results) == [0, 1]
     last = _final(capsys.readouterr().err)
