@@ -12,6 +12,7 @@
 #   bash benches/gpu/device.sh generate 1b|8b          layertap generate against the bare connector
 #   bash benches/gpu/device.sh check-inmodel [ARCH...] capture in the model against transformers,
 #                                                      CUDA graphs and eager (default: Llama, Gemma 2)
+#   bash benches/gpu/device.sh check-method [--layers=...] ARCH...   the same with vLLM's method
 # Results accumulate in /tmp/layertap-results (kept while the machine stays warm) and are packed
 # into $OUT/results.tgz after every call.
 set -uo pipefail
@@ -50,6 +51,13 @@ case $what in
     # Full graphs of decode steps are captured unless something held the engine to PIECEWISE.
     echo "graphs: $(grep -ao 'Capturing CUDA graphs ([^)]*)' "$log" | sort | uniq -c | tr '\n' ' ')"
     grep -a 'setting cudagraph_mode' "$log" | cut -c1-300 | sort -u ;;
+  check-method)
+    # The plugin's families with capture="method" (vLLM's speculative method), CUDA graphs and
+    # eager, against transformers: `device.sh check-method [--layers=4,1,2] ARCH...` (issue 36).
+    log=$results/check-method-$(date +%s).log
+    python3 -c "import transformers; print('transformers', transformers.__version__)"
+    python3 tests/vllm/gpu_check_plugin.py "$SCRATCH/check-method" "$@" > "$log" 2>&1
+    grep -a -e '^{' -e PLUGIN-GPU-CHECK -e 'Error' "$log" | cut -c1-600 ;;
   codecs)
     # GPU compression candidates (issue 21): nvCOMP from its wheels, carried apart (34 MB).
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
