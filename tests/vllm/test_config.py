@@ -28,7 +28,7 @@ from layertap.vllm.config import (
 )
 from layertap.vllm.online import record_location
 from layertap.vllm.threads import default_writer_threads
-from vllm_support import VLLM_WARNINGS, engine_args, pytest_env, speculative_config
+from vllm_support import VLLM_WARNINGS, collections_of_young_objects, engine_args, pytest_env, speculative_config
 
 pytestmark = VLLM_WARNINGS  # the engine tests below are marked vllm one by one
 
@@ -260,7 +260,11 @@ def start_and_fail(args: dict) -> str:
     from vllm.distributed.kv_transfer.kv_transfer_state import ensure_kv_transfer_shutdown
 
     try:
-        with pytest_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}), pytest.raises(Exception) as info:
+        with (
+            collections_of_young_objects(),
+            pytest_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}),
+            pytest.raises(Exception) as info,
+        ):
             LLM(**args)
     finally:
         # An in-process engine that fails after creating its worker connector leaves it as the

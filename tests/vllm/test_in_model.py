@@ -28,6 +28,7 @@ from vllm_support import (
     VLLM_WARNINGS,
     Reference,
     assert_hidden_states_match,
+    collections_of_young_objects,
     engine_args,
     pytest_env,
     running_llm,
@@ -111,7 +112,7 @@ def test_generate_with_capture_in_model(tmp_path):
     model = build_tiny_model(tmp_path / "model", ENTRY_POINT_ARCH)
     rows = id_rows(6, 5, 80, seed=4)
     assert IN_MODEL_ENV_VAR not in os.environ
-    with pytest_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}):
+    with collections_of_young_objects(), pytest_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}):
         summary = layertap.generate(
             model,
             write_jsonl(tmp_path / "ids.jsonl", rows),
