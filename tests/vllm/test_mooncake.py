@@ -22,6 +22,7 @@ from layertap.reader import Record
 from vllm_support import (
     VLLM_WARNINGS,
     assert_hidden_states_match,
+    collections_of_young_objects,
     connector_config,
     pytest_env,
     read_stats,
@@ -54,7 +55,7 @@ def test_generate_into_the_store_then_pull(store, tiny_model, tmp_path):
     args = {"max_len": 64, "progress": "none", "engine_args": {**TINY_ENGINE_ARGS, "dtype": "float32"}}
     address = store.address("gen/run1")
     disk = tmp_path / "disk"
-    with pytest_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}):
+    with collections_of_young_objects(), pytest_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}):
         summary = layertap.generate(tiny_model, data, address, also_dir=disk, **args)
     assert summary["complete"] and summary["rows_written"] == 300 and summary["out"] == address
     pulled = tmp_path / "pulled"
@@ -97,7 +98,7 @@ def test_a_run_whose_puts_failed_keeps_its_spool_and_a_rerun_puts_them(store, ti
     killer = threading.Thread(target=kill_master_once_records_are_spooled)
     killer.start()
     try:
-        with pytest_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}):
+        with collections_of_young_objects(), pytest_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}):
             summary = layertap.generate(tiny_model, data, store.address("gen/cut"), window=[1, None], **args)
     finally:
         stop.set()
@@ -118,7 +119,7 @@ def test_a_run_whose_puts_failed_keeps_its_spool_and_a_rerun_puts_them(store, ti
     again = LoopbackStore(str(tmp_path / "again"))
     try:
         address = again.address("gen/cut")
-        with pytest_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}):
+        with collections_of_young_objects(), pytest_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}):
             s = layertap.generate(tiny_model, data, address, also_dir=spool, window=[1, None], **args)
         assert s["complete"] and s["rows_written"] == 0 and s["rows_done_before"] == 300 and s["store_missing"] == 0
         with layertap.open(address) as ds, layertap.open(spool) as local:
@@ -163,7 +164,8 @@ def test_a_store_too_small_for_the_run_is_counted_and_fails_the_command(tiny_mod
         engine_args = json.dumps({**TINY_ENGINE_ARGS, "dtype": "float32"})
         args = ["generate", tiny_model, "--data", data, "--out", address, "--max-len", "64", "--json"]
         args += ["--progress", "none", "--engine-args", engine_args, "--connector-args", '{"codec": "none"}']
-        status = layertap_cli(args)
+        with collections_of_young_objects():
+            status = layertap_cli(args)
         out, err = capfd.readouterr()
         summary = json.loads(out)
         with layertap.open(address) as ds:
