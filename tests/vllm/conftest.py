@@ -72,11 +72,15 @@ def reference(tiny_model):
 def in_process_command(monkeypatch):
     """``layertap generate`` run in this process with its engine in this process too (3 s of
     start-up instead of 12); the variables the command sets for vLLM's logging stay out of other
-    tests."""
+    tests. vLLM's garbage collections look at the test's objects only
+    (``vllm_support.collections_of_young_objects``)."""
+    from vllm_support import collections_of_young_objects
+
     saved = dict(os.environ)
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     for var in ("VLLM_LOGGING_LEVEL", "VLLM_LOGGING_STREAM"):
         monkeypatch.delenv(var, raising=False)
-    yield
+    with collections_of_young_objects():
+        yield
     os.environ.clear()
     os.environ.update(saved)
