@@ -259,21 +259,8 @@ def _merge(
     raw, stored = total("raw_bytes"), total("stored_bytes")
     bad.sort(key=lambda b: b["row"])
     summary: Summary = {
-        "out": c.out_dir,
-        "data": os.path.abspath(c.options.data),
-        "data_format": c.rows.format,
-        "column": c.rows.column,
-        "loss_mask": c.renderer.stores_mask,
-        "model": c.options.model,
-        "model_revision": c.info.revision,
-        "layer_ids": c.layer_ids,
-        "layer_numbering": "vllm",
+        **c.asked(),
         "dtype": next((s["dtype"] for s in ok if s["dtype"]), None),
-        "max_len": c.max_len,
-        "max_tokens": c.options.max_tokens,
-        "include_output_tokens": c.options.include_output_tokens,
-        "window": c.options.window,
-        "reduction": c.options.reduction,
         "run": None,
         "writer_id": None,
         "data_parallel_size": engines,

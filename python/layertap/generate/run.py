@@ -183,6 +183,13 @@ def _read_back(state: OutputState, num_rows: int) -> dict:
     return out
 
 
+def is_interrupt(e: BaseException) -> bool:
+    """Ctrl-C, or an error raised while Ctrl-C unwound vLLM's code: an interrupt that lands in
+    vLLM 0.32's tokenizer pool (``add_request``) comes out of its cleanup as an UnboundLocalError,
+    whose context is the KeyboardInterrupt; the run is interrupted all the same."""
+    return isinstance(e, KeyboardInterrupt) or isinstance(e.__context__, KeyboardInterrupt)
+
+
 class _Interrupted(Exception):
     """The run was interrupted while its engine ran; the engine is stopped. ``outcome``: what
     the rows run so far came to."""
@@ -224,17 +231,19 @@ def _run_engine(
         outcome, t_gen = _run_rows(
             llm, items, todo, state, sampling, record_params, progress, interval, report, outcome
         )
-    except KeyboardInterrupt:
-        vllm_log.silence()  # what vLLM's processes say as they stop is noise now: into the log
-        t_gen = time.monotonic()
-        if llm is not None:
-            shutdown(llm, SHUTDOWN_SECONDS)
-        raise _Interrupted(outcome, t_engine, t_gen) from None
     except WriterFailedError:
         vllm_log.silence()  # vLLM's tracebacks of the failure say it again: into the log
         if llm is not None:
             shutdown(llm, SHUTDOWN_SECONDS)
         raise
+    except BaseException as e:
+        if not is_interrupt(e):
+            raise
+        vllm_log.silence()  # what vLLM's processes say as they stop is noise now: into the log
+        t_gen = time.monotonic()
+        if llm is not None:
+            shutdown(llm, SHUTDOWN_SECONDS)
+        raise _Interrupted(outcome, t_engine, t_gen) from None
     finally:
         if output is not None:
             output.close(OUTPUT_SECONDS)
@@ -308,6 +317,28 @@ class Checked:
     vLLM and transformers (most of the time of a run with nothing left to do)."""
     engine_defaults: dict | None = None
     """``LLM`` arguments the run chose for the user's engine (``cpu_kv_cache_default``), and why."""
+
+    def asked(self) -> dict:
+        """The summary's fields that say what the run was asked to do (a run of one engine's and
+        of many's)."""
+        o = self.options
+        return {
+            "out": self.out_dir,
+            "data": os.path.abspath(o.data),
+            "data_format": self.rows.format,
+            "column": self.rows.column,
+            "loss_mask": self.renderer.stores_mask,
+            "model": o.model,
+            "model_revision": self.info.revision,
+            "layer_ids": self.layer_ids,
+            "layer_numbering": "vllm",
+            "capture": self.capture,
+            "max_len": self.max_len,
+            "max_tokens": o.max_tokens,
+            "include_output_tokens": o.include_output_tokens,
+            "window": o.window,
+            "reduction": o.reduction,
+        }
 
 
 def _check_layers(o: GenerateOptions, engine_args: dict, architectures: list, num_layers: int) -> tuple[list[int], str]:
@@ -467,22 +498,8 @@ def run_one(
     bad = sorted(outcome.bad)
     gen_seconds = t_gen - t_engine
     summary: Summary = {
-        "out": out_dir,
-        "data": os.path.abspath(o.data),
-        "data_format": rows.format,
-        "column": rows.column,
-        "loss_mask": c.renderer.stores_mask,
-        "model": model,
-        "model_revision": info.revision,
-        "layer_ids": layer_ids,
-        "layer_numbering": "vllm",
-        "capture": c.capture,
+        **c.asked(),
         "dtype": written["dtype"] or state.dtype,
-        "max_len": c.max_len,
-        "max_tokens": o.max_tokens,
-        "include_output_tokens": o.include_output_tokens,
-        "window": o.window,
-        "reduction": o.reduction,
         # A run that started no engine wrote nothing: no run number or writer of its own.
         "run": state.run if engine_started else None,
         "writer_id": state.writer_id if engine_started else None,

@@ -72,6 +72,8 @@ class _SummaryFields(TypedDict):
     model_revision: str | None
     layer_ids: list[int]
     layer_numbering: str
+    capture: str
+    """The capture mode (``layertap._choices.CAPTURE_MODES``)."""
     dtype: str | None
     max_len: int | None
     max_tokens: int
@@ -114,8 +116,6 @@ class Summary(_SummaryFields, total=False):
     engine_defaults: dict
     """``LLM`` arguments the run chose for its engine, with ``reason``: on a CPU, the KV cache's
     size (``kv_cache_memory_bytes``) when the user gave none."""
-    capture: str
-    """One engine's run: the capture mode (``layertap._choices.CAPTURE_MODES``)."""
     rows_assigned: int
     """An engine of a run of many: the rows dealt to it."""
     data_parallel_size: int
