@@ -22,6 +22,7 @@ from generate_support import TINY_ENGINE_ARGS, id_rows, write_jsonl
 
 from layertap.generate import vllm_source
 from layertap.generate.errors import GenerateError
+from layertap.generate.options import GenerateOptions
 from layertap.generate.run import _check_layers
 from layertap.vllm.models.conv_state import (
     CPU_CONV_STATE_ARCHITECTURES,
@@ -52,8 +53,8 @@ WRAPPERS = {
 }
 
 
-def options(include_output_tokens: bool, capture: str, layers: str = "0,2,6") -> dict:
-    return {"layers": layers, "capture": capture, "include_output_tokens": include_output_tokens}
+def options(include_output_tokens: bool, capture: str, layers: str = "0,2,6") -> GenerateOptions:
+    return GenerateOptions("m", "d", "o", layers=layers, capture=capture, include_output_tokens=include_output_tokens)
 
 
 def test_only_that_combination_is_refused():
