@@ -82,7 +82,7 @@ def test_gpu_path_records_equal_the_host_paths(tiny_model, reference, tmp_path, 
     # warnings are taken as the worker makes them: vLLM's stdout handler holds the sys.stdout of
     # whichever test first imported vLLM in this process (capfd may not see it), and vLLM's
     # logging configuration takes other handlers off the loggers under "vllm".
-    from layertap.vllm import worker
+    from layertap.vllm import worker_side as worker
 
     warned, warning = [], worker.logger.warning
     monkeypatch.setattr(worker.logger, "warning", lambda msg, *a: (warned.append(msg % a), warning(msg, *a)))
