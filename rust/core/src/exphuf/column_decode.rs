@@ -232,21 +232,31 @@ pub fn decode<const W: usize>(src: &[u8], at: &mut usize, dst: &mut [u8]) -> Res
                 unsafe { fast_avx512::<W>(src, lanes, scratch, multi) }
             })?;
         }
+        // Four side by side, then the last streams (fewer than four) alone, each without
+        // checks until its last round, as a lane does.
         if tables.multi.is_empty() {
+            let entry = |c, b| tables.single_entry::<W>(c, b);
             side_by_side::<LANES>(src.len(), &mut queue, scratch, &finish, |lanes, scratch| {
-                fast::<W, _>(src, lanes, scratch, |c, b| tables.single_entry::<W>(c, b))
+                fast::<W, LANES, _>(src, lanes, scratch, entry)
+            })?;
+            side_by_side::<1>(src.len(), &mut queue, scratch, &finish, |lanes, scratch| {
+                fast::<W, 1, _>(src, lanes, scratch, entry)
             })?;
         } else {
             let multi = &tables.multi;
             assert_eq!(multi.len(), (BAD_CONTEXT + 1) * TABLE_LEN);
+            let entry = |c: usize, b: u64| {
+                // SAFETY: `c` is a context of the table (the block's, below 16, or
+                // BAD_CONTEXT: what every entry's context field holds) times TABLE_LEN, and
+                // the index adds less than TABLE_LEN, so the entry lies inside `multi`
+                // (asserted above).
+                unsafe { *multi.get_unchecked(c + (b & MASK) as usize) }
+            };
             side_by_side::<LANES>(src.len(), &mut queue, scratch, &finish, |lanes, scratch| {
-                fast::<W, _>(src, lanes, scratch, |c, b| {
-                    // SAFETY: `c` is a context of the table (the block's, below 16, or
-                    // BAD_CONTEXT: what every entry's context field holds) times
-                    // TABLE_LEN, and the index adds less than TABLE_LEN, so the entry
-                    // lies inside `multi` (asserted above).
-                    unsafe { *multi.get_unchecked(c + (b & MASK) as usize) }
-                })
+                fast::<W, LANES, _>(src, lanes, scratch, entry)
+            })?;
+            side_by_side::<1>(src.len(), &mut queue, scratch, &finish, |lanes, scratch| {
+                fast::<W, 1, _>(src, lanes, scratch, entry)
             })?;
         }
         for mut s in queue.into_iter().rev() {
@@ -356,12 +366,12 @@ fn one_at_a_time<const W: usize>(
     Ok(())
 }
 
-/// Decodes the four streams `st` side by side, one lookup `entry(context, next bits)` a step
+/// Decodes the `N` streams `st` side by side, one lookup `entry(context, next bits)` a step
 /// (an entry of up to three codes), while each has more than a round's codes left and its
 /// reads stay inside `src`; the streams' positions are left where it stopped.
-fn fast<const W: usize, E: Fn(usize, u64) -> u64>(
+fn fast<const W: usize, const N: usize, E: Fn(usize, u64) -> u64>(
     src: &[u8],
-    st: &mut [Stream; LANES],
+    st: &mut [Stream; N],
     scratch: &mut [u16],
     entry: E,
 ) -> Result<(), String> {
@@ -373,22 +383,21 @@ fn fast<const W: usize, E: Fn(usize, u64) -> u64>(
     if !st.iter().all(|s| s.runs(src.len())) {
         return Ok(());
     }
-    let mut buf = [0u64; LANES];
-    let mut bit: [u64; LANES] = std::array::from_fn(|i| st[i].bit);
-    let mut out: [usize; LANES] = std::array::from_fn(|i| st[i].out);
-    let mut ctx: [usize; LANES] = std::array::from_fn(|i| st[i].ctx);
+    let mut buf = [0u64; N];
+    let mut bit: [u64; N] = std::array::from_fn(|i| st[i].bit);
+    let mut out: [usize; N] = std::array::from_fn(|i| st[i].out);
+    let mut ctx: [usize; N] = std::array::from_fn(|i| st[i].ctx);
     let scr = scratch.as_mut_ptr();
     loop {
-        if (0..LANES).any(|i| st[i].end - out[i] < ROUND || (bit[i] >> 3) as usize + 8 > src.len())
-        {
+        if (0..N).any(|i| st[i].end - out[i] < ROUND || (bit[i] >> 3) as usize + 8 > src.len()) {
             break;
         }
-        for i in 0..LANES {
+        for i in 0..N {
             // At least 57 of the stream's next bits: the STEPS steps below take at most 55.
             buf[i] = read((bit[i] >> 3) as usize) >> (bit[i] & 7);
         }
         for _ in 0..STEPS {
-            for i in 0..LANES {
+            for i in 0..N {
                 let e = entry(ctx[i], buf[i]);
                 // SAFETY: `out[i] + 4 <= st[i].end <= scratch.len()`: the round began with at
                 // least ROUND tops left and each step moves at most PER_STEP.
@@ -403,7 +412,7 @@ fn fast<const W: usize, E: Fn(usize, u64) -> u64>(
             }
         }
     }
-    for i in 0..LANES {
+    for i in 0..N {
         if ctx[i] == BAD_CONTEXT * TABLE_LEN {
             return Err("a stream holds a bit pattern that is no code".into());
         }
@@ -414,7 +423,7 @@ fn fast<const W: usize, E: Fn(usize, u64) -> u64>(
     Ok(())
 }
 
-/// [`fast`] for sixteen streams in AVX-512, one a 64-bit lane, in two vectors of eight whose
+/// [`fast`] for [`WIDE`] streams in AVX-512, one a 64-bit lane, in vectors of eight whose
 /// chains overlap: a gather of the eight entries (of up to three codes each) a step and
 /// vector, their tops stored lane by lane, and a gather of the streams' next bytes a round.
 /// Same stopping rule and result as [`fast`] on the multi-code tables `multi`.
