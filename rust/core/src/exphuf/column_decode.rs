@@ -232,31 +232,19 @@ pub fn decode<const W: usize>(src: &[u8], at: &mut usize, dst: &mut [u8]) -> Res
                 unsafe { fast_avx512::<W>(src, lanes, scratch, multi) }
             })?;
         }
-        // Four side by side, then the last streams (fewer than four) alone, each without
-        // checks until its last round, as a lane does.
         if tables.multi.is_empty() {
-            let entry = |c, b| tables.single_entry::<W>(c, b);
-            side_by_side::<LANES>(src.len(), &mut queue, scratch, &finish, |lanes, scratch| {
-                fast::<W, LANES, _>(src, lanes, scratch, entry)
-            })?;
-            side_by_side::<1>(src.len(), &mut queue, scratch, &finish, |lanes, scratch| {
-                fast::<W, 1, _>(src, lanes, scratch, entry)
+            narrowing::<W>(src, &mut queue, scratch, &finish, |c, b| {
+                tables.single_entry::<W>(c, b)
             })?;
         } else {
             let multi = &tables.multi;
             assert_eq!(multi.len(), (BAD_CONTEXT + 1) * TABLE_LEN);
-            let entry = |c: usize, b: u64| {
+            narrowing::<W>(src, &mut queue, scratch, &finish, |c, b| {
                 // SAFETY: `c` is a context of the table (the block's, below 16, or
                 // BAD_CONTEXT: what every entry's context field holds) times TABLE_LEN, and
                 // the index adds less than TABLE_LEN, so the entry lies inside `multi`
                 // (asserted above).
                 unsafe { *multi.get_unchecked(c + (b & MASK) as usize) }
-            };
-            side_by_side::<LANES>(src.len(), &mut queue, scratch, &finish, |lanes, scratch| {
-                fast::<W, LANES, _>(src, lanes, scratch, entry)
-            })?;
-            side_by_side::<1>(src.len(), &mut queue, scratch, &finish, |lanes, scratch| {
-                fast::<W, 1, _>(src, lanes, scratch, entry)
             })?;
         }
         for mut s in queue.into_iter().rev() {
@@ -271,6 +259,23 @@ pub fn decode<const W: usize>(src: &[u8], at: &mut usize, dst: &mut [u8]) -> Res
         put_rows::<W>(&scratch[..n], head.columns, plane, dst);
         *at = next;
         Ok(())
+    })
+}
+
+/// The streams of `queue` four side by side, then the last ones (fewer than four) alone, each
+/// without checks until its last round as a lane does, looking entries up with `entry`.
+fn narrowing<const W: usize>(
+    src: &[u8],
+    queue: &mut Vec<Stream>,
+    scratch: &mut [u16],
+    finish: &Finish<'_>,
+    entry: impl Fn(usize, u64) -> u64 + Copy,
+) -> Result<(), String> {
+    side_by_side::<LANES>(src.len(), queue, scratch, finish, |lanes, scratch| {
+        fast::<W, LANES, _>(src, lanes, scratch, entry)
+    })?;
+    side_by_side::<1>(src.len(), queue, scratch, finish, |lanes, scratch| {
+        fast::<W, 1, _>(src, lanes, scratch, entry)
     })
 }
 
