@@ -28,22 +28,30 @@ MIN_PIXELS = 28 * 28
 MAX_PIXELS = 112 * 112
 
 
-def build_tiny_qwen2_5_vl(path: str | os.PathLike, *, dtype: str = "float32", seed: int = 0) -> str:
-    """Writes a random ``Qwen2_5_VLForConditionalGeneration``, its tokenizer and its processor
-    into ``path`` and returns the path."""
-    from transformers import AutoTokenizer, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+def _vision_tokenizer(out: Path) -> tuple[dict[str, int], int, dict[str, int]]:
+    """Writes the tiny tokenizer with the vision tokens added into ``out``: its base vocabulary,
+    its size with them, and their ids."""
+    from transformers import AutoTokenizer
 
-    out = Path(path)
     vocab = write_tokenizer(out)
     tokenizer = AutoTokenizer.from_pretrained(out)
     tokenizer.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS)})
     tokenizer.save_pretrained(out)
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS}
+    return vocab, len(tokenizer), {t: tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS}
+
+
+def build_tiny_qwen2_5_vl(path: str | os.PathLike, *, dtype: str = "float32", seed: int = 0) -> str:
+    """Writes a random ``Qwen2_5_VLForConditionalGeneration``, its tokenizer and its processor
+    into ``path`` and returns the path."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    out = Path(path)
+    vocab, vocab_size, ids = _vision_tokenizer(out)
     hidden = 128
     config = Qwen2_5_VLConfig(
         text_config=dict(
-            vocab_size=len(tokenizer),
+            vocab_size=vocab_size,
             hidden_size=hidden,
             intermediate_size=256,
             num_hidden_layers=4,
@@ -101,19 +109,15 @@ def build_tiny_qwen3_vl(path: str | os.PathLike, *, dtype: str = "float32", seed
     size 64) with interleaved multimodal rotary positions; the vision tower has 3 blocks, and the
     outputs of its first two ("deepstack") are added to the image rows after the language
     model's layers 0 and 1, as Qwen3-VL does after its first three."""
-    from transformers import AutoTokenizer, Qwen3VLConfig, Qwen3VLForConditionalGeneration
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     out = Path(path)
-    vocab = write_tokenizer(out)
-    tokenizer = AutoTokenizer.from_pretrained(out)
-    tokenizer.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS)})
-    tokenizer.save_pretrained(out)
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS}
+    vocab, vocab_size, ids = _vision_tokenizer(out)
     hidden = 128
     config = Qwen3VLConfig(
         text_config=dict(
-            vocab_size=len(tokenizer),
+            vocab_size=vocab_size,
             hidden_size=hidden,
             intermediate_size=256,
             num_hidden_layers=4,
