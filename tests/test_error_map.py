@@ -41,49 +41,43 @@ def test_every_core_error_has_a_class_of_its_own():
     assert _mapped_class("InvalidOption") == "OptionError" and _mapped_class("Codec") == "CodecError"
 
 
-def _native_writer(path, **changes):
-    native = pytest.importorskip("layertap._native")
-    kwargs = {
-        "codec": "zstd",
-        "level": 1,
-        "shard_size": 1 << 20,
-        "durability": "close",
-        "threads": 1,
-        "max_inflight_bytes": 1 << 20,
-        "batch_bytes": 1 << 20,
-        "writer_id": None,
-        "io": "auto",
-        "direct": False,
-        "metadata": {},
-        "lossy": None,
-        "key_memory": None,
-    }
-    return native.NativeShardWriter(str(path), **{**kwargs, **changes})
-
-
 @pytest.mark.parametrize(
     ("changes", "option", "problem"),
     [
-        ({"threads": 0}, "threads", "must be an integer from 1 to 256, not 0"),
-        ({"threads": 257}, "threads", "must be an integer from 1 to 256, not 257"),
-        ({"shard_size": 0}, "shard_size", "must be a positive integer, not 0"),
-        ({"batch_bytes": 0}, "batch_bytes", "must be a positive integer, not 0"),
-        ({"level": 99}, "level", "must be a zstd level from"),
-        ({"key_memory": 0}, "key_memory", "must be a positive integer"),
-        ({"writer_id": "a/b"}, "writer_id", "must be None or 1 to 64 characters"),
-        ({"codec": "lz4"}, "codec", "must be one of 'none', 'zstd', 'bp16-zstd', 'exp-huf', not \"lz4\""),
-        ({"lossy": "int8"}, "lossy", "must be one of 'fp8-e4m3' or None, not \"int8\""),
-        ({"io": "mmap"}, "io", "must be one of 'auto', 'uring', 'pwrite', not \"mmap\""),
+        ({"threads": 0}, "threads", "must be None or an integer from 1 to 256, not 0"),
+        ({"threads": 257}, "threads", "must be None or an integer from 1 to 256, not 257"),
+        ({"shard_size": 0}, "shard_size", "must be a positive integer below 2**64, not 0"),
+        ({"batch_bytes": 0}, "batch_bytes", "must be a positive integer below 2**64, not 0"),
+        ({"level": 99}, "level", "must be a zstd level from -131072 to 22, not 99"),
+        ({"key_memory": 0}, "key_memory", "must be a positive integer below 2**64, not 0"),
+        ({"durability": 0}, "durability", "must be 'none', 'close' or a positive number of bytes, not 0"),
+        (
+            {"writer_id": "a/b"},
+            "writer_id",
+            "must be None or 1 to 64 characters from [A-Za-z0-9._-], not starting with '.', not 'a/b'",
+        ),
+        ({"codec": "lz4"}, "codec", "must be one of 'none', 'zstd', 'bp16-zstd', 'exp-huf', not 'lz4'"),
+        ({"lossy": "int8"}, "lossy", "must be None or 'fp8-e4m3', not 'int8'"),
+        ({"io": "mmap"}, "io", "must be one of 'auto', 'uring', 'pwrite', not 'mmap'"),
     ],
 )
-def test_an_option_the_core_refuses_is_an_option_error(tmp_path, changes, option, problem):
-    """What the Python checks (``WriterOptions``) would refuse first, given to the native writer
-    directly: the core names the option, as ``OptionError`` does."""
+def test_an_option_the_core_refuses_is_an_option_error(changes, option, problem):
+    """Values of the right type that the core's checks refuse (``WriterConfig::validate``, the
+    option parsers: rust/core/src/options.rs has the words): an ``OptionError`` naming the
+    option, worded as the binding's type checks word theirs."""
+    native = pytest.importorskip("layertap._native")
     with pytest.raises(OptionError) as info:
-        _native_writer(tmp_path, **changes)
-    assert info.value.option == option and info.value.problem.startswith(problem), info.value
-    assert str(info.value) == f"{option} {info.value.problem}"
-    assert not list(tmp_path.iterdir())
+        native.WriterOptions(**changes)
+    assert (info.value.option, info.value.problem) == (option, problem)
+    assert str(info.value) == f"{option} {problem}"
+
+
+def test_the_native_writer_takes_only_checked_options(tmp_path):
+    """No way around the checks: the native writer takes a ``WriterOptions``, not its fields."""
+    native = pytest.importorskip("layertap._native")
+    with pytest.raises(TypeError):
+        native.NativeShardWriter(str(tmp_path / "ds"), {"codec": "zstd", "threads": 0})
+    assert not (tmp_path / "ds").exists()
 
 
 def test_codec_error_carries_its_details_across_processes():

@@ -26,7 +26,8 @@ def _stub_tree() -> dict[str, ast.AST]:
 
 def _params(fn: ast.FunctionDef) -> list[str]:
     a = fn.args
-    return [p.arg for p in [*a.posonlyargs, *a.args, *a.kwonlyargs] if p.arg != "self"]
+    rest = [p for p in (a.vararg, a.kwarg) if p is not None]
+    return [p.arg for p in [*a.posonlyargs, *a.args, *a.kwonlyargs, *rest] if p.arg != "self"]
 
 
 def _runtime_params(obj) -> list[str] | None:
@@ -49,7 +50,10 @@ def test_class_members_and_signatures_match():
         obj = getattr(native, name)
         if isinstance(node, ast.ClassDef):
             stub_members = {n.name: n for n in node.body if isinstance(n, ast.FunctionDef)}
-            assert _public(stub_members) == _public(dir(obj)), f"{name}: members differ"
+            stub_attrs = {
+                n.target.id for n in node.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+            }
+            assert _public(stub_members) | stub_attrs == _public(dir(obj)), f"{name}: members differ"
             for member, fn in stub_members.items():
                 runtime = _runtime_params(obj if member == "__init__" else getattr(obj, member))
                 if runtime is not None and not any(

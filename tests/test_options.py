@@ -1,11 +1,14 @@
-"""``WriterOptions``' bound on shard metadata, measured as the shard header stores it."""
+"""``WriterOptions``, the core's options as a frozen class: its defaults, copies and pickling, and
+its bound on shard metadata, measured as the shard header stores it."""
 
 from __future__ import annotations
+
+import pickle
 
 import pytest
 
 import layertap
-from helpers import make_tensors, writer_class
+from helpers import make_tensors, run_python, writer_class
 from layertap._spec.format import MAX_META_LEN
 from layertap.errors import OptionError
 
@@ -42,3 +45,54 @@ def test_metadata_at_the_limit_is_written_and_read_back(tmp_path):
         (shard,) = ds.shards
         assert shard.complete and shard.meta["user"] == {"m": value}
         assert ds.keys() == ["a"]
+
+
+def test_defaults_copies_and_pickling():
+    o = layertap.WriterOptions()
+    assert o.as_dict() == {
+        "codec": "bp16-zstd",
+        "level": 1,
+        "shard_size": 1 << 30,
+        "durability": "close",
+        "threads": None,
+        "max_inflight_bytes": 1 << 30,
+        "batch_bytes": 8 << 20,
+        "writer_id": None,
+        "io": "auto",
+        "direct": False,
+        "metadata": {},
+        "lossy": None,
+        "key_memory": None,
+    }
+    assert tuple(o.as_dict()) == layertap.WriterOptions.FIELDS
+    changed = o.replace(durability=1 << 20, metadata={"run": "7"}, lossy="fp8-e4m3", writer_id="w")
+    assert changed.durability == 1 << 20 and dict(changed.metadata) == {"run": "7"} and o.lossy is None
+    # A copy is checked again, and the original stays as it was.
+    with pytest.raises(OptionError, match="durability must be") as info:
+        changed.replace(durability=-1)
+    assert info.value.option == "durability" and changed.durability == 1 << 20
+    # vLLM sends configurations between processes: the options travel as their values.
+    back = pickle.loads(pickle.dumps(changed))
+    assert back == changed and back is not changed and type(back) is layertap.WriterOptions
+    assert layertap.WriterOptions(**changed.as_dict()) == changed
+    assert repr(changed).startswith("WriterOptions(codec='bp16-zstd', level=1,") and "durability=1048576" in repr(
+        changed
+    )
+    assert eval(repr(changed), {"WriterOptions": layertap.WriterOptions}) == changed
+    assert (o == object()) is False and o != changed
+
+
+def test_without_the_extension_the_name_imports_and_says_what_to_do():
+    """A checkout not yet built still imports (the pure-Python readers work); making options
+    says how to build what they need."""
+    code = (
+        "import sys; sys.modules['layertap._native'] = None\n"
+        "import layertap\n"
+        "try:\n    layertap.WriterOptions(codec='zstd')\n"
+        "except ImportError as e:\n    print(e)\n"
+    )
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == (
+        "layertap.WriterOptions needs the compiled extension layertap._native (build it with `make build`)"
+    )

@@ -93,7 +93,21 @@ def _power(n: int) -> str:
     return f"2**{n.bit_length() - 1}" if n > 1 << 16 and n & (n - 1) == 0 else str(n)
 
 
+def check_str_map(metadata: object) -> dict[str, str]:
+    """A copy of ``metadata`` (None: empty) once it is checked to be a mapping of str to str:
+    what record metadata must be."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping):
+        raise InvalidInputError(f"metadata must be a mapping of str to str, not {type(metadata).__name__}")
+    for k, v in metadata.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise InvalidInputError(f"metadata entry {k!r}: {v!r}: keys and values must be str")
+    return dict(metadata)
+
+
 __all__ = [
+    "check_str_map",
     "choices_text",
     "error_for",
     "flag",

@@ -1,8 +1,9 @@
-"""The choices and limits of layertap's options, written once: the backends, the capture modes,
-the writers' modes and the largest thread count. Every module that checks or offers one of them
-(the writers' options, the readers, the connector, the command line, ``layertap generate``)
-takes it from here, with the checks of ``layertap._checks``; the Rust core names the same
-limits (``layertap_core::writer::MAX_THREADS``), and a test holds the two equal."""
+"""The choices and limits of layertap's Python-side options, written once: the backends, the
+capture modes, the readers' modes and the largest thread count. Every module that checks or
+offers one of them (the readers, the connector, the command line, ``layertap generate``) takes it
+from here, with the checks of ``layertap._checks``. The writer's options are the Rust core's
+(``layertap.WriterOptions``); the core names the same thread limit
+(``layertap_core::writer::WriterConfig::MAX_THREADS``), and a test holds the two equal."""
 
 from __future__ import annotations
 
@@ -18,13 +19,6 @@ READER_BACKENDS = ("auto", "rust", "python")
 CAPTURE_MODES = ("method", "in-model")
 DEFAULT_CAPTURE = "method"
 
-#: Values of the writers' ``io``; ``"io_uring"`` is taken for ``"uring"`` (the name
-#: ``stats["backend"]`` uses).
-IO_MODES = ("auto", "uring", "pwrite")
-#: Named values of the writers' ``durability`` (or a positive number of bytes).
-DURABILITY_MODES = ("none", "close")
-#: Values of the writers' ``lossy`` besides None (docs/FP8.md).
-LOSSY_MODES = ("fp8-e4m3",)
 #: Compression threads a writer starts at most (the Rust core's ``writer::MAX_THREADS``).
 MAX_THREADS = 256
 
@@ -36,10 +30,7 @@ TENSOR_KINDS = ("auto", "torch", "numpy")
 __all__ = [
     "CAPTURE_MODES",
     "DEFAULT_CAPTURE",
-    "DURABILITY_MODES",
     "ERROR_MODES",
-    "IO_MODES",
-    "LOSSY_MODES",
     "MAX_THREADS",
     "READER_BACKENDS",
     "TENSOR_KINDS",

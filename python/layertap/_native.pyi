@@ -3,32 +3,66 @@
 # round, with the same parameters.
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, final
 
 FORMAT_VERSION: int
 MAX_THREADS: int
 
 @final
-class NativeShardWriter:
+class WriterOptions:
+    """The writer's options (rust/python/src/options.rs over the core's WriterConfig)."""
+
+    FIELDS: tuple[str, ...]
     def __init__(
         self,
-        path: str | os.PathLike[str],
         *,
-        codec: str,
-        level: int,
-        shard_size: int,
-        durability: str | int,
-        threads: int | None,
-        max_inflight_bytes: int,
-        batch_bytes: int,
-        writer_id: str | None,
-        io: str,
-        direct: bool,
-        metadata: dict[str, str],
-        key_memory: int | None = None,
+        codec: str = "bp16-zstd",
+        level: int = 1,
+        shard_size: int = 1 << 30,
+        durability: str | int = "close",
+        threads: int | None = None,
+        max_inflight_bytes: int = 1 << 30,
+        batch_bytes: int = 8 << 20,
+        writer_id: str | None = None,
+        io: str = "auto",
+        direct: bool = False,
+        metadata: Mapping[str, str] | None = None,
         lossy: str | None = None,
+        key_memory: int | None = None,
     ) -> None: ...
+    def replace(self, **changes: Any) -> WriterOptions: ...
+    def as_dict(self) -> dict[str, Any]: ...
+    @property
+    def codec(self) -> str: ...
+    @property
+    def level(self) -> int: ...
+    @property
+    def shard_size(self) -> int: ...
+    @property
+    def durability(self) -> str | int: ...
+    @property
+    def threads(self) -> int | None: ...
+    @property
+    def max_inflight_bytes(self) -> int: ...
+    @property
+    def batch_bytes(self) -> int: ...
+    @property
+    def writer_id(self) -> str | None: ...
+    @property
+    def io(self) -> str: ...
+    @property
+    def direct(self) -> bool: ...
+    @property
+    def metadata(self) -> Mapping[str, str]: ...
+    @property
+    def lossy(self) -> str | None: ...
+    @property
+    def key_memory(self) -> int | None: ...
+
+@final
+class NativeShardWriter:
+    def __init__(self, path: str | os.PathLike[str], options: WriterOptions) -> None: ...
     def submit(
         self,
         key: str,

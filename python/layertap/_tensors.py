@@ -16,10 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from layertap._checks import one_of
+from layertap._checks import check_str_map, one_of
 from layertap._choices import TENSOR_KINDS
 from layertap._install import INSTALL_DOC
-from layertap._options import check_str_map
 from layertap._spec.dtypes import ITEMSIZE, NUMPY_DTYPES, TORCH_NAMES, numpy_dtype
 from layertap._spec.record import TOKEN_IDS
 from layertap.errors import InvalidInputError

@@ -1,7 +1,7 @@
 """``ShardWriter``: the Rust writer (docs/API.md, "Writers").
 
-A thin layer over ``layertap._native.NativeShardWriter``: it checks options
-(``layertap.WriterOptions``) and turns tensors into buffers (no copy, see ``layertap._tensors``);
+A thin layer over ``layertap._native.NativeShardWriter``: it takes the options
+(``layertap.WriterOptions``, the core's, checked when made) and turns tensors into buffers (no copy, see ``layertap._tensors``);
 the native writer checks each record, queues it and returns at once, and its own threads
 quantize (``lossy``, docs/FP8.md), compress, checksum and write, with the GIL released.
 """
@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from layertap._options import WriterOptions
+from layertap._options import WriterOptions, options_with
 from layertap._tensors import check_metadata, normalize, prepare_record
 from layertap._types import Completion
 from layertap._writer_protocol import BufferRecord
@@ -43,7 +43,7 @@ class ShardWriter:
         """Opens a writer on the dataset directory ``path`` (created if missing) with
         ``options`` (a ``layertap.WriterOptions``; None: the defaults) and any of its fields given
         as keyword arguments (``codec="zstd"``...), which take precedence."""
-        options = WriterOptions.of(options, overrides)
+        options = options_with(options, overrides)
         try:
             directory = os.fspath(path)
         except TypeError:
@@ -51,7 +51,7 @@ class ShardWriter:
         self._closed = False
         self.options = options
         """The checked options this writer was opened with."""
-        self._native = _native_class()(directory, **options.native_kwargs())
+        self._native = _native_class()(directory, options)
 
     def submit(self, key: str, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> int:
         """Queues one record and returns its sequence number (0, 1, 2...).

@@ -140,7 +140,7 @@ def test_every_option_parses(tmp_path):
     assert set(OPTION_NAMES) == {f for f in options.__dataclass_fields__ if f not in ("writer_options", "given")} | set(
         WRITER_KEYS
     )
-    assert set(WRITER_KEYS.values()) | set(WRITER_ONLY_FIELDS) == set(WriterOptions.__dataclass_fields__)
+    assert set(WRITER_KEYS.values()) | set(WRITER_ONLY_FIELDS) == set(WriterOptions.FIELDS)
     assert parse_options({"output_dir": "rel/dir"}).output_dir == os.path.abspath("rel/dir")
 
 

@@ -7,7 +7,6 @@ import argparse
 import os
 import sys
 
-from layertap._options import WriterOptions
 from layertap._text import plural, problem_line
 from layertap.cli.common import UsageError
 from layertap.errors import LayertapError
@@ -24,7 +23,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "out", metavar="DIR", help="the dataset directory to write shards into (records already there are skipped)"
     )
-    p.add_argument("--shard-size", type=int, default=WriterOptions.shard_size, help="bytes per shard (default 1 GiB)")
+    p.add_argument(
+        "--shard-size", type=int, default=None, help="bytes per shard (default: the writers' shard_size, 1 GiB)"
+    )
     p.set_defaults(func=cmd_pull)
 
 

@@ -22,9 +22,6 @@ from layertap._types import Problem
 from layertap.errors import CorruptRecordError, RecordMissingError
 from layertap.mooncake.backend import StoreShard
 
-#: Pulled shards are cut at this size, as the writers' default ``shard_size``.
-DEFAULT_SHARD_BYTES = WriterOptions.shard_size
-
 
 @dataclass
 class PullReport:
@@ -85,10 +82,13 @@ class _Out:
 
 
 def pull(
-    shards: list[StoreShard], directory: str, have: set[str], source: str, shard_bytes: int = DEFAULT_SHARD_BYTES
+    shards: list[StoreShard], directory: str, have: set[str], source: str, shard_bytes: int | None = None
 ) -> PullReport:
     """Copies every record of ``shards`` whose key is not in ``have`` into shards in
-    ``directory`` (which exists). Missing and corrupt records are reported, not copied."""
+    ``directory`` (which exists), cut at ``shard_bytes`` (None: the writers' default
+    ``shard_size``). Missing and corrupt records are reported, not copied."""
+    if shard_bytes is None:
+        shard_bytes = WriterOptions().shard_size
     report = PullReport()
     for shard in shards:
         out = _Out(directory, shard, source, shard_bytes, report)
@@ -114,4 +114,4 @@ def pull(
     return report
 
 
-__all__ = ["DEFAULT_SHARD_BYTES", "PullReport", "pull"]
+__all__ = ["PullReport", "pull"]

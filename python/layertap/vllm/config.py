@@ -8,7 +8,6 @@ which checks and defaults them as it does for the writers themselves. Nothing he
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -161,7 +160,7 @@ def writer_options_for(options: ConnectorOptions, writer_id: str, pool_bytes: in
         changes["max_inflight_bytes"] = 2 * pool_bytes
     if "key_memory" not in options.given:
         changes["key_memory"] = DEFAULT_KEY_MEMORY
-    return dataclasses.replace(options.writer_options, **changes)
+    return options.writer_options.replace(**changes)
 
 
 def _positive_or_none(option: str, value: Any) -> int | None:

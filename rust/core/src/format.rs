@@ -3,6 +3,7 @@
 //! I/O. What each codec does to a payload is in [`crate::codec`], which builds on this module.
 
 use crate::error::{Error, Result};
+use crate::options::{quoted, refused, Rule};
 
 /// First bytes of every shard.
 pub const FILE_MAGIC: [u8; 8] = *b"\x89LTAP\r\n\x1a";
@@ -123,12 +124,7 @@ impl Codec {
         Codec::ALL
             .into_iter()
             .find(|c| c.name() == name)
-            .ok_or_else(|| {
-                Error::option(
-                    "codec",
-                    format!("must be one of 'none', 'zstd', 'bp16-zstd', 'exp-huf', not {name:?}"),
-                )
-            })
+            .ok_or_else(|| refused("codec", Rule::Codec, &quoted(name)))
     }
 }
 

@@ -15,6 +15,7 @@
 
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
+use crate::options::{quoted, refused, Rule};
 
 /// The `lossy` option's values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,12 +41,7 @@ impl Lossy {
             .iter()
             .copied()
             .find(|l| l.name() == name)
-            .ok_or_else(|| {
-                Error::option(
-                    "lossy",
-                    format!("must be one of 'fp8-e4m3' or None, not {name:?}"),
-                )
-            })
+            .ok_or_else(|| refused("lossy", Rule::Lossy, &quoted(name)))
     }
 }
 

@@ -34,6 +34,7 @@ pub mod format;
 pub mod fp8;
 pub mod json_text;
 pub mod names;
+pub mod options;
 pub mod reader;
 pub mod record;
 pub mod recover;

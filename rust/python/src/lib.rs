@@ -7,6 +7,7 @@ mod buffers_in;
 mod buffers_out;
 mod codec;
 mod errors;
+mod options;
 mod reader;
 mod region;
 mod writer;
@@ -18,6 +19,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "MAX_THREADS",
         layertap_core::writer::WriterConfig::MAX_THREADS,
     )?;
+    options::register(m)?;
     writer::register(m)?;
     reader::register(m)?;
     region::register(m)?;

@@ -4,12 +4,10 @@
 
 use crate::buffers_in::{drain_graveyard, PyRecordBuffer};
 use crate::errors::{to_py, IntoPyResult};
+use crate::options::PyWriterOptions;
 use layertap_core::blob::TensorSpec;
-use layertap_core::fp8::Lossy;
-use layertap_core::writer::{
-    Completion, Durability, IoMode, RecordInput, ShardWriter, TensorInput, WriterConfig,
-};
-use layertap_core::{Codec, Dtype, Error};
+use layertap_core::writer::{Completion, RecordInput, ShardWriter, TensorInput};
+use layertap_core::{Dtype, Error};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use std::collections::BTreeMap;
@@ -22,21 +20,6 @@ const ENCODER_START_WAIT: Duration = Duration::from_secs(2);
 
 fn invalid(msg: impl Into<String>) -> PyErr {
     to_py(Error::invalid(msg))
-}
-
-/// `durability` as `layertap.WriterOptions` checked it: `"none"`, `"close"` or a number of bytes
-/// (`WriterConfig::validate` checks the value again, for Rust callers).
-fn durability(value: &Bound<'_, PyAny>) -> PyResult<Durability> {
-    if let Ok(bytes) = value.extract::<u64>() {
-        return Ok(Durability::EveryBytes(bytes));
-    }
-    match value.extract::<String>().as_deref() {
-        Ok("none") => Ok(Durability::None),
-        Ok("close") => Ok(Durability::OnClose),
-        _ => Err(invalid(format!(
-            "durability must be 'none', 'close' or a number of bytes, not {value}"
-        ))),
-    }
 }
 
 fn string_map(what: &str, value: Option<&Bound<'_, PyAny>>) -> PyResult<BTreeMap<String, String>> {
@@ -118,47 +101,14 @@ pub struct NativeShardWriter {
 
 #[pymethods]
 impl NativeShardWriter {
-    /// Opens a writer on a dataset directory (created if missing), with the options of
-    /// `layertap.WriterOptions` (docs/API.md), which checked them and holds their defaults:
-    /// every one is required here.
+    /// Opens a writer on a dataset directory (created if missing) with checked options.
     #[new]
-    #[pyo3(signature = (
-        path, *, codec, level, shard_size, durability, threads, max_inflight_bytes, batch_bytes,
-        writer_id, io, direct, metadata, key_memory = None, lossy = None
-    ))]
-    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         path: PathBuf,
-        codec: &str,
-        level: i32,
-        shard_size: u64,
-        durability: &Bound<'_, PyAny>,
-        threads: Option<usize>,
-        max_inflight_bytes: u64,
-        batch_bytes: u64,
-        writer_id: Option<String>,
-        io: &str,
-        direct: bool,
-        metadata: BTreeMap<String, String>,
-        key_memory: Option<u64>,
-        lossy: Option<&str>,
+        options: &Bound<'_, PyWriterOptions>,
     ) -> PyResult<NativeShardWriter> {
-        let cfg = WriterConfig {
-            codec: Codec::from_name(codec).py_err()?,
-            level,
-            shard_size,
-            durability: self::durability(durability)?,
-            threads,
-            max_inflight_bytes,
-            batch_bytes,
-            writer_id,
-            io: IoMode::from_name(io).py_err()?,
-            direct,
-            shard_metadata: metadata,
-            key_memory,
-            lossy: lossy.map(Lossy::from_name).transpose().py_err()?,
-        };
+        let cfg = options.get().config.clone();
         let writer = py.detach(|| ShardWriter::open(&path, cfg)).py_err()?;
         Ok(NativeShardWriter {
             writer,

@@ -4,6 +4,7 @@
 use crate::codec::{level_range, Codec};
 use crate::error::{Error, Result};
 use crate::names;
+use crate::options::{quoted, refused, Rule};
 use std::collections::BTreeMap;
 
 /// When the writer `fsync`s what it wrote.
@@ -35,10 +36,7 @@ impl IoMode {
             "auto" => Ok(IoMode::Auto),
             "uring" | "io_uring" => Ok(IoMode::Uring),
             "pwrite" => Ok(IoMode::Pwrite),
-            _ => Err(Error::option(
-                "io",
-                format!("must be one of 'auto', 'uring', 'pwrite', not {name:?}"),
-            )),
+            _ => Err(refused("io", Rule::Io, &quoted(name))),
         }
     }
 
@@ -79,8 +77,8 @@ impl Backend {
 }
 
 /// Options of a [`ShardWriter`](super::ShardWriter). `WriterConfig::default()` gives the
-/// documented defaults (docs/API.md).
-#[derive(Debug, Clone)]
+/// documented defaults (docs/API.md); Python's `layertap.WriterOptions` is this struct.
+#[derive(Debug, Clone, PartialEq)]
 pub struct WriterConfig {
     /// How payloads are stored.
     pub codec: Codec,
@@ -142,63 +140,34 @@ impl WriterConfig {
     /// `layertap._choices.MAX_THREADS`, which a test holds equal through `_native.MAX_THREADS`.
     pub const MAX_THREADS: usize = 256;
 
-    /// Checks every option; the error names the option.
+    /// Checks every option's value (its type is Rust's; the Python binding checks the types it
+    /// converts through [`crate::options`] too, so both refuse with the same words).
     pub fn validate(&self) -> Result<()> {
         if self.codec != Codec::None && !level_range().contains(&self.level) {
-            let range = level_range();
-            return Err(Error::option(
-                "level",
-                format!(
-                    "must be a zstd level from {} to {}, not {}",
-                    range.start(),
-                    range.end(),
-                    self.level
-                ),
-            ));
-        }
-        if self.key_memory == Some(0) {
-            return Err(Error::option(
-                "key_memory",
-                "must be a positive integer (or None: every key), not 0",
-            ));
+            return Err(refused("level", Rule::LevelRange, &self.level.to_string()));
         }
         let positive = [
-            ("shard_size", self.shard_size),
-            ("max_inflight_bytes", self.max_inflight_bytes),
-            ("batch_bytes", self.batch_bytes),
+            ("shard_size", Some(self.shard_size)),
+            ("max_inflight_bytes", Some(self.max_inflight_bytes)),
+            ("batch_bytes", Some(self.batch_bytes)),
+            ("key_memory", self.key_memory),
         ];
         for (name, v) in positive {
-            if v == 0 {
-                return Err(Error::option(name, "must be a positive integer, not 0"));
+            if v == Some(0) {
+                return Err(refused(name, Rule::Positive, "0"));
             }
         }
         if self.durability == Durability::EveryBytes(0) {
-            return Err(Error::option(
-                "durability",
-                "must be 'none', 'close' or a positive number of bytes, not 0",
-            ));
+            return Err(refused("durability", Rule::Durability, "0"));
         }
         if let Some(t) = self.threads {
             if t == 0 || t > Self::MAX_THREADS {
-                return Err(Error::option(
-                    "threads",
-                    format!(
-                        "must be an integer from 1 to {}, not {t}",
-                        Self::MAX_THREADS
-                    ),
-                ));
+                return Err(refused("threads", Rule::Threads, &t.to_string()));
             }
         }
         if let Some(id) = &self.writer_id {
             if names::check_writer_id(id).is_err() {
-                return Err(Error::option(
-                    "writer_id",
-                    format!(
-                        "must be None or 1 to {} characters from [A-Za-z0-9._-], not starting \
-                         with '.', not {id:?}",
-                        names::MAX_WRITER_ID_LEN
-                    ),
-                ));
+                return Err(refused("writer_id", Rule::WriterId, &quoted(id)));
             }
         }
         // Measured as written, escapes included: `"` and `\` take 2 bytes there and other
@@ -230,8 +199,7 @@ impl WriterConfig {
 
 /// Bytes the shard metadata may take as JSON: half of what readers accept of a shard header's
 /// JSON (`format::MAX_META_LEN`), the other half left to the writer's own entries (a writer id
-/// of at most 64 characters, numbers, the version: under 300 bytes). Python's
-/// `layertap._options` checks the same bound the same way.
+/// of at most 64 characters, numbers, the version: under 300 bytes).
 pub const MAX_SHARD_METADATA_JSON: usize = crate::format::MAX_META_LEN / 2;
 
 /// Bytes of `metadata` in the shard header as `shard.rs` writes it: serde_json's compact text,
