@@ -541,13 +541,23 @@ fn put_rows<const W: usize>(scratch: &[u16], columns: usize, plane: &[u8], dst: 
     assert_eq!(dst.len(), scratch.len() * W);
     #[cfg(target_arch = "x86_64")]
     {
+        let mut done = 0;
+        if W == 2
+            && columns >= 32
+            && columns.is_multiple_of(8)
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vbmi")
+        {
+            // SAFETY: the CPU has AVX-512F, BW and VBMI (detected above; BW implies F).
+            done = unsafe { put_rows_avx512(scratch, columns, plane, dst) };
+        }
         if W == 2 && columns.is_multiple_of(8) && std::arch::is_x86_feature_detected!("ssse3") {
             // SAFETY: the CPU has SSSE3 (detected above).
-            unsafe { put_rows_sse2::<W, true>(scratch, columns, plane, dst) };
+            unsafe { put_rows_sse2::<W, true>(scratch, columns, done, plane, dst) };
         } else {
             // SAFETY: SSE2 is part of x86_64 (the function's SSSE3 code runs only with
             // `SSSE3` true).
-            unsafe { put_rows_sse2::<W, false>(scratch, columns, plane, dst) };
+            unsafe { put_rows_sse2::<W, false>(scratch, columns, done, plane, dst) };
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -586,7 +596,103 @@ fn put_one<const W: usize>(
     dst[i * W..i * W + W].copy_from_slice(&v.to_le_bytes()[..W]);
 }
 
-/// [`put_rows`] in SSE2: 8 x 8 blocks of tops transposed in registers, each row of 8 ORed with
+/// [`put_rows`] of 2-byte elements in AVX-512, for the whole-8 rows and the columns left of the
+/// last whole 32 (it returns that column count; [`put_rows_sse2`] does the rest): 8 rows x 32
+/// columns at a time, four 8 x 8 blocks of tops transposed side by side (one per 128-bit lane of
+/// each vector, the unpacks of [`transpose8x8`] working lane by lane), so that each vector ends
+/// as 32 neighbouring elements of one row, ORed with their raw bits and stored at once. The raw
+/// bits of 32 elements (28 bytes of the plane from a byte boundary: rows hold whole 8s) are
+/// spread into 16-bit lanes by a byte permutation across the vector (VBMI), then a shift per
+/// lane.
+///
+/// The caller checked the CPU has AVX-512F, BW and VBMI, and that `columns` is a multiple of 8.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn put_rows_avx512(scratch: &[u16], columns: usize, plane: &[u8], dst: &mut [u8]) -> usize {
+    use std::arch::x86_64::*;
+    debug_assert!(columns.is_multiple_of(8));
+    let rows = scratch.len() / columns;
+    let (rows8, cols32) = (rows / 8 * 8, columns / 32 * 32);
+    // Lane k (of 32) takes bytes 7k / 8 and the next of the 28, and is shifted right by 7k mod 8.
+    let pick = _mm512_set_epi8(
+        28, 27, 27, 26, 26, 25, 25, 24, 24, 23, 23, 22, 22, 21, 22, 21, //
+        21, 20, 20, 19, 19, 18, 18, 17, 17, 16, 16, 15, 15, 14, 15, 14, //
+        14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8, 7, 8, 7, //
+        7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 1, 0,
+    );
+    let shift = _mm512_set_epi16(
+        1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, //
+        1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0,
+    );
+    let low7 = _mm512_set1_epi16(0x7F);
+    let ahead = columns * 7;
+    for r0 in (0..rows8).step_by(8) {
+        for c0 in (0..cols32).step_by(32) {
+            // SAFETY: the CPU has AVX-512F/BW/VBMI (the caller's contract). Each 16-byte load
+            // reads an 8-element slice of `scratch` (rows r0..r0 + 8 <= rows of column c0 + 8L
+            // + j < columns), each masked load 28 bytes of a slice of `plane` of that length,
+            // and each store 64 bytes of a 32-element (64-byte) slice of `dst`, all bounds
+            // checked when taken; the prefetch only hints.
+            unsafe {
+                let col = |c: usize| {
+                    _mm_loadu_si128(scratch[c * rows + r0..c * rows + r0 + 8].as_ptr().cast())
+                };
+                let a: [__m512i; 8] = std::array::from_fn(|j| {
+                    let v = _mm512_castsi128_si512(col(c0 + j));
+                    let v = _mm512_inserti32x4::<1>(v, col(c0 + 8 + j));
+                    let v = _mm512_inserti32x4::<2>(v, col(c0 + 16 + j));
+                    _mm512_inserti32x4::<3>(v, col(c0 + 24 + j))
+                });
+                let t: [__m512i; 8] = std::array::from_fn(|k| {
+                    let (x, y) = (a[k & !1], a[k | 1]);
+                    if k & 1 == 0 {
+                        _mm512_unpacklo_epi16(x, y)
+                    } else {
+                        _mm512_unpackhi_epi16(x, y)
+                    }
+                });
+                // t = [lo(0,1), hi(0,1), lo(2,3), hi(2,3), ...]: pair t[0],t[2] / t[1],t[3]...
+                let u = [
+                    _mm512_unpacklo_epi32(t[0], t[2]),
+                    _mm512_unpackhi_epi32(t[0], t[2]),
+                    _mm512_unpacklo_epi32(t[1], t[3]),
+                    _mm512_unpackhi_epi32(t[1], t[3]),
+                    _mm512_unpacklo_epi32(t[4], t[6]),
+                    _mm512_unpackhi_epi32(t[4], t[6]),
+                    _mm512_unpacklo_epi32(t[5], t[7]),
+                    _mm512_unpackhi_epi32(t[5], t[7]),
+                ];
+                let rows_of = [
+                    _mm512_unpacklo_epi64(u[0], u[4]),
+                    _mm512_unpackhi_epi64(u[0], u[4]),
+                    _mm512_unpacklo_epi64(u[1], u[5]),
+                    _mm512_unpackhi_epi64(u[1], u[5]),
+                    _mm512_unpacklo_epi64(u[2], u[6]),
+                    _mm512_unpackhi_epi64(u[2], u[6]),
+                    _mm512_unpacklo_epi64(u[3], u[7]),
+                    _mm512_unpackhi_epi64(u[3], u[7]),
+                ];
+                for (i, v) in rows_of.into_iter().enumerate() {
+                    let e = (r0 + i) * columns + c0;
+                    let p = e * 7 / 8;
+                    _mm_prefetch::<_MM_HINT_T0>(plane.as_ptr().wrapping_add(p + ahead).cast());
+                    let bytes = &plane[p..p + 28];
+                    let b = _mm512_maskz_loadu_epi8(0x0FFF_FFFF, bytes.as_ptr().cast());
+                    let raw = _mm512_and_si512(
+                        _mm512_srlv_epi16(_mm512_permutexvar_epi8(pick, b), shift),
+                        low7,
+                    );
+                    let out = &mut dst[2 * e..2 * e + 64];
+                    _mm512_storeu_si512(out.as_mut_ptr().cast(), _mm512_or_si512(v, raw));
+                }
+            }
+        }
+    }
+    cols32
+}
+
+/// [`put_rows`] in SSE2, from column `from` (a multiple of 8; the columns left of it in the
+/// whole-8 rows are done): 8 x 8 blocks of tops transposed in registers, each row of 8 ORed with
 /// its raw bits (2-byte elements: 56 bits, one read of the plane; 4-byte: 8 reads of 23 bits),
 /// 8 rows at a time over the whole width, so that the plane is read in order.
 ///
@@ -599,6 +705,7 @@ fn put_one<const W: usize>(
 unsafe fn put_rows_sse2<const W: usize, const SSSE3: bool>(
     scratch: &[u16],
     columns: usize,
+    from: usize,
     plane: &[u8],
     dst: &mut [u8],
 ) {
@@ -619,7 +726,7 @@ unsafe fn put_rows_sse2<const W: usize, const SSSE3: bool>(
     let r = raw_bits::<W>() as usize;
     let ahead = columns * r;
     for rb in (0..rows8).step_by(8) {
-        for cb in (0..cols8).step_by(cols8.max(1)) {
+        for cb in (from..cols8).step_by(cols8.max(1)) {
             for r0 in (rb..(rb + 8).min(rows8)).step_by(8) {
                 for c0 in (cb..cols8).step_by(8) {
                     let col = |j: usize| &scratch[(c0 + j) * rows + r0..(c0 + j) * rows + r0 + 8];
