@@ -3,7 +3,10 @@ its bound on shard metadata, measured as the shard header stores it."""
 
 from __future__ import annotations
 
+import ast
+import inspect
 import pickle
+from pathlib import Path
 
 import pytest
 
@@ -96,3 +99,16 @@ def test_without_the_extension_the_name_imports_and_says_what_to_do():
     assert proc.stdout.strip() == (
         "layertap.WriterOptions needs the compiled extension layertap._native (build it with `make build`)"
     )
+
+
+def test_the_written_signatures_hold_the_cores_defaults():
+    """The defaults are the core's (``WriterConfig::default``); the signature ``help()`` shows and
+    the type stub spell them out again, so both are held to it."""
+    defaults = layertap.WriterOptions().as_dict()
+    shown = {name: p.default for name, p in inspect.signature(layertap.WriterOptions).parameters.items()}
+    assert shown == defaults
+    stub = ast.parse(Path(layertap.__file__).with_name("_native.pyi").read_text())
+    (cls,) = [n for n in stub.body if isinstance(n, ast.ClassDef) and n.name == "WriterOptions"]
+    (init,) = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
+    stubbed = {a.arg: eval(ast.unparse(d), {}) for a, d in zip(init.args.kwonlyargs, init.args.kw_defaults)}
+    assert stubbed == {**defaults, "metadata": None}  # the stub's None: no metadata
