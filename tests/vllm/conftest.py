@@ -3,6 +3,7 @@ transformers reference. Helpers that tests import are in vllm_support.py."""
 
 from __future__ import annotations
 
+import gc
 import os
 import tempfile
 
@@ -51,6 +52,22 @@ def _model_classes_inspected_in_this_process(request):
 
     inspect_models_in_this_process()
     _inspected_here = True
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _collections_of_the_modules_objects(_model_classes_inspected_in_this_process):
+    """Each module's tests, its fixtures included, run inside
+    ``vllm_support.collections_of_young_objects``: the garbage collections of vLLM's engines
+    in this process (about twelve an engine) look at the objects made since the module began,
+    not at everything the test process has gathered. ``running_llm`` and ``in_process_command``
+    do it for their engines; this covers the rest (``layertap.generate`` called by a test or a
+    module fixture, vLLM's own imports), whose collections grew with the worker: a 4 s in-process
+    run of test_generate.py took 11.5 s after test_plugin_values.py in the same process."""
+    from vllm_support import collections_of_young_objects
+
+    with collections_of_young_objects():
+        yield
+    gc.collect()  # the module's garbage, here rather than in a later module's test (as running_llm does)
 
 
 @pytest.fixture(scope="session")
