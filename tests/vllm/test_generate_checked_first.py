@@ -41,12 +41,42 @@ sys.exit(status)
 """
 
 
+#: Runs several command lines, one after the other, in one child: each one's exit status, what
+#: it wrote to stderr (file descriptor 2, whoever wrote it) and, after it, which heavy modules the
+#: process holds. Modules stay imported: a command line that imported one shows it, and so does
+#: every later one. A command that raises (SystemExit included) ends the child, and the test.
+CHILD_MANY = """
+import json, os, sys, tempfile
+from layertap.cli import main
+results = []
+for args in json.loads(sys.argv[1]):
+    with tempfile.TemporaryFile() as err:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(err.fileno(), 2)
+        try:
+            status = main(args)
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+        err.seek(0)
+        said = err.read().decode()
+    results.append([status, said, sorted(m for m in ("vllm", "torch") if sys.modules.get(m) is not None)])
+print(json.dumps(results))
+"""
+
+
+def generate_args(model: str, data: str, out, *extra) -> list[str]:
+    args = ["generate", model, "--data", data, "--out", str(out), "--engine-args", json.dumps(TINY_ENGINE_ARGS)]
+    return [*args, *map(str, extra)]
+
+
 def refused(model: str, data: str, out, *extra: str, before: str = "", env: dict | None = None):
     """Runs ``layertap generate`` in a child process; returns its exit status, its stderr lines
     and the heavy modules it imported."""
-    args = ["generate", model, "--data", data, "--out", str(out), "--engine-args", json.dumps(TINY_ENGINE_ARGS)]
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD.format(before=before), *args, *extra],
+        [sys.executable, "-c", CHILD.format(before=before), *generate_args(model, data, out, *extra)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -56,12 +86,34 @@ def refused(model: str, data: str, out, *extra: str, before: str = "", env: dict
     return proc.returncode, proc.stderr.strip().splitlines(), imported
 
 
+def assert_one_early_refusal(status: int, lines: list[str], imported, message: str, case="") -> None:
+    assert status == 2, f"{case}\n" + "\n".join(lines[-20:])
+    assert len(lines) == 1 and lines[0].startswith("layertap generate: "), f"{case}\n" + "\n".join(lines[-20:])
+    assert message in lines[0], (case, lines[0])
+    assert imported == [], f"{case}: imported {imported} before refusing"
+
+
 def assert_refused_early(message: str, *args, **kw) -> None:
-    status, lines, imported = refused(*args, **kw)
-    assert status == 2, "\n".join(lines[-20:])
-    assert len(lines) == 1 and lines[0].startswith("layertap generate: "), "\n".join(lines[-20:])
-    assert message in lines[0], lines[0]
-    assert imported == [], f"imported {imported} before refusing"
+    assert_one_early_refusal(*refused(*args, **kw), message)
+
+
+def assert_each_refused_early(cases: list[tuple]) -> None:
+    """``assert_refused_early`` for each ``(message, model, data, out, *extra)``, the command
+    lines run one after the other in one child (``CHILD_MANY``): one import of layertap and
+    Python's start instead of one a case (half a second each here, 24 cases)."""
+    argv = [generate_args(*case[1:]) for case in cases]
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD_MANY, json.dumps(argv)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+    )
+    assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(results) == len(cases)
+    for (message, *case), (status, said, imported) in zip(cases, results):
+        assert_one_early_refusal(status, said.strip().splitlines(), imported, message, case=case)
 
 
 def tiny(path: Path, architecture: str, config_class: str) -> str:
@@ -108,24 +160,24 @@ def test_without_vllm(tiny_model, ids, tmp_path):
 
 def test_bad_input_before_any_import(tiny_model, ids, tmp_path):
     out = tmp_path / "out"
-    assert_refused_early(
-        "layer ids [5, 9] are out of range for a model of 4 layers", tiny_model, ids, out, "--layers", "2,5,9"
-    )
-    assert_refused_early("--layers must be comma-separated integers", tiny_model, ids, out, "--layers", "two")
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert_refused_early(f"cannot load model '{empty}': {empty} has no config.json", str(empty), ids, out)
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text('{"num_hidden_layers": 4,')
-    assert_refused_early(f"cannot load model '{broken}': {broken}/config.json: JSONDecodeError", str(broken), ids, out)
-    assert_refused_early("./no-such-model: no such directory", "./no-such-model", ids, out)
-    assert_refused_early(
-        f"{tmp_path}/none.jsonl: no such file or directory", tiny_model, str(tmp_path / "none.jsonl"), out
-    )
     nocol = write_jsonl(tmp_path / "nocol.jsonl", [{"text": "the water"}])
-    assert_refused_early("no prompt column", tiny_model, nocol, out)
-    assert_refused_early("--engine-args is not JSON", tiny_model, ids, out, "--engine-args", "{x")
+    assert_each_refused_early(
+        [
+            ("layer ids [5, 9] are out of range for a model of 4 layers", tiny_model, ids, out, "--layers", "2,5,9"),
+            ("--layers must be comma-separated integers", tiny_model, ids, out, "--layers", "two"),
+            (f"cannot load model '{empty}': {empty} has no config.json", str(empty), ids, out),
+            (f"cannot load model '{broken}': {broken}/config.json: JSONDecodeError", str(broken), ids, out),
+            ("./no-such-model: no such directory", "./no-such-model", ids, out),
+            (f"{tmp_path}/none.jsonl: no such file or directory", tiny_model, str(tmp_path / "none.jsonl"), out),
+            ("no prompt column", tiny_model, nocol, out),
+            ("--engine-args is not JSON", tiny_model, ids, out, "--engine-args", "{x"),
+        ]
+    )
     assert not out.exists()
 
 
@@ -136,26 +188,12 @@ def test_an_out_that_cannot_be_the_dataset_is_refused_first(tiny_model, ids, tmp
     out of range, the first check after --out's)."""
     a_file = tmp_path / "hs"
     a_file.write_text("not a directory")
-    assert_refused_early(f"--out {a_file} is a file, not a directory", tiny_model, ids, a_file)
-    assert a_file.read_text() == "not a directory"
     store = "mooncake://127.0.0.1:1/hs"  # no master there: the spool is refused before the store is asked
-    assert_refused_early(
-        f"--also-dir {a_file} is a file, not a directory", tiny_model, ids, store, "--also-dir", a_file
-    )
     home = tmp_path / "home"
     home.mkdir()
     for name in ("notes.txt", ".bashrc", "chats.jsonl", "old.lts.bak"):
         (home / name).write_text("mine")
-    assert_refused_early(
-        f"--out {home} holds files that are not a layertap dataset's (.bashrc, chats.jsonl, notes.txt and 1 more): "
-        "give an empty or new directory, or pass --allow-other-files",
-        tiny_model,
-        ids,
-        home,
-    )
-    assert sorted(p.name for p in home.iterdir()) == [".bashrc", "chats.jsonl", "notes.txt", "old.lts.bak"]
     later = "layer ids [5, 9] are out of range"
-    assert_refused_early(later, tiny_model, ids, home, "--allow-other-files", "--layers", "2,5,9")
     earlier = tmp_path / "earlier"  # what a run leaves (a killed one too), as docs/GENERATE.md lists it
     (earlier / "engine-0").mkdir(parents=True)
     for name in (
@@ -166,19 +204,43 @@ def test_an_out_that_cannot_be_the_dataset_is_refused_first(tiny_model, ids, tmp
         "gen-0.error",
     ):
         (earlier / name).write_text("")
-    assert_refused_early(later, tiny_model, ids, earlier, "--layers", "2,5,9")
+    assert_each_refused_early(
+        [
+            (f"--out {a_file} is a file, not a directory", tiny_model, ids, a_file),
+            (f"--also-dir {a_file} is a file, not a directory", tiny_model, ids, store, "--also-dir", a_file),
+            (
+                f"--out {home} holds files that are not a layertap dataset's (.bashrc, chats.jsonl, notes.txt and 1 "
+                "more): give an empty or new directory, or pass --allow-other-files",
+                tiny_model,
+                ids,
+                home,
+            ),
+            (later, tiny_model, ids, home, "--allow-other-files", "--layers", "2,5,9"),
+            (later, tiny_model, ids, earlier, "--layers", "2,5,9"),
+        ]
+    )
+    assert a_file.read_text() == "not a directory"
+    assert sorted(p.name for p in home.iterdir()) == [".bashrc", "chats.jsonl", "notes.txt", "old.lts.bak"]
 
 
 def test_a_window_that_holds_no_token_is_refused_first(tiny_model, ids, tmp_path):
     """Issue 34, item 7: such a window was refused only once the engine had started (40 s), and
     left an empty shard behind; the documented negative forms did not parse."""
     out = tmp_path / "out"
-    for window in ("10:5", "5:5", "-5:-10", ":0", "-64:0"):
-        assert_refused_early(f"--window {window} holds no token of any row", tiny_model, ids, out, "--window", window)
-    assert not out.exists()
     later = "layer ids [5, 9] are out of range"  # the window parsed and passed; the next check refused
-    for window in ("-64:", "-64:-1", "100:", ":-1", "0:64", "10:-5"):
-        assert_refused_early(later, tiny_model, ids, out, "--window", window, "--layers", "2,5,9")
+    assert_each_refused_early(
+        [
+            *(
+                (f"--window {window} holds no token of any row", tiny_model, ids, out, "--window", window)
+                for window in ("10:5", "5:5", "-5:-10", ":0", "-64:0")
+            ),
+            *(
+                (later, tiny_model, ids, out, "--window", window, "--layers", "2,5,9")
+                for window in ("-64:", "-64:-1", "100:", ":-1", "0:64", "10:-5")
+            ),
+        ]
+    )
+    assert not out.exists()
 
 
 def test_architecture_without_the_interface(ids, tmp_path):
