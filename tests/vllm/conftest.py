@@ -66,8 +66,8 @@ def _collections_of_the_modules_objects(_model_classes_inspected_in_this_process
 
     An engine's objects that vLLM freezes as it starts stay frozen (its unfreezing does nothing
     inside) until the module ends, and are collected there: test_plugin_values.py and
-    test_generate.py's in-process tests (about twenty engines) peaked at 1.86 GB, and at
-    1.81 GB with a full collection after each engine instead, which took 115 s -> 144 s."""
+    test_generate.py's in-process tests (about twenty engines) peaked at 1.86 GB in 115 s; with
+    a full collection after each engine instead, at 1.81 GB in 144 s."""
     from vllm_support import collections_of_young_objects
 
     with collections_of_young_objects():
