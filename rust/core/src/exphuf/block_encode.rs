@@ -47,9 +47,12 @@ pub fn encode<const W: usize>(data: &[u8], plan: &Plan, layout: Layout, out: &mu
         } else {
             n
         };
-        let ctx_of_top = contexts::<W>(data, plan.exp_shift);
+        let ctx = super::column_encode::Contexts {
+            mode: common_exponent::<W>(data, plan.exp_shift),
+            exp_shift: plan.exp_shift,
+        };
         let streams = super::column_encode::streams_for(n, columns);
-        super::column_encode::encode::<W>(data, columns, streams, &ctx_of_top, out);
+        super::column_encode::encode::<W>(data, columns, streams, ctx, out);
         if out.len() - start < data.len() + 1 {
             return;
         }
@@ -84,14 +87,18 @@ pub(crate) fn encode_with_streams<const W: usize>(
 /// sample), times the sign. Context 0, also that of elements without a context, is the most
 /// common exponent's, positive.
 pub(crate) fn contexts<const W: usize>(data: &[u8], exp_shift: u32) -> [u8; SYMBOLS] {
+    context_map(common_exponent::<W>(data, exp_shift), exp_shift)
+}
+
+/// The most common exponent of a sample of `data` (what [`context_map`] takes as `mode`).
+pub(crate) fn common_exponent<const W: usize>(data: &[u8], exp_shift: u32) -> u8 {
     let n = data.len() / W;
     let mut hist = [0u32; 256];
     for x in data.chunks_exact(W).step_by((n / 4096).max(1)) {
         hist[(top::<W>(x) & 0xFF) >> exp_shift] += 1;
     }
     // The last of tied counts (the torch encoder picks the same).
-    let mode = (0..256).max_by_key(|&e| hist[e]).unwrap_or(0) as u8;
-    context_map(mode, exp_shift)
+    (0..256).max_by_key(|&e| hist[e]).unwrap_or(0) as u8
 }
 
 /// Context of each top-9 value for the most common exponent `mode`: its exponent's bucket

@@ -3,7 +3,7 @@
 //! codes, the plane of raw bits, then the streams one after the other.
 
 use super::block::{raw_bits, symbol_of_top, top, top_of_symbol, value, MAX_CONTEXTS};
-use super::block_encode::Bits;
+use super::block_encode::{context_map, Bits};
 use super::column::{stream_columns, Head, MODE_COLUMNS};
 use super::huffman::{self, MAX_CODE_LEN, SYMBOLS};
 
@@ -21,108 +21,64 @@ pub fn streams_for(n: usize, columns: usize) -> usize {
     (n / ELEMENTS_PER_STREAM / 4 * 4).clamp(4.min(columns), columns)
 }
 
-/// The tops (top 9 bits) of `data`'s `W`-byte elements, `rows x columns` in row order, into
-/// `tops` in column order: `tops[c * rows + r]` is row `r`'s element of column `c`. In tiles,
-/// so that both sides are read and written a cache line at a time.
-pub(crate) fn tops_by_column<const W: usize>(data: &[u8], columns: usize, tops: &mut Vec<u16>) {
-    const TILE: usize = 32;
-    let n = data.len() / W;
-    let rows = n / columns;
-    tops.clear();
-    tops.resize(n, 0);
-    #[cfg(target_arch = "x86_64")]
-    if W == 2 {
-        tops_by_column_sse2(data, columns, tops);
-        return;
-    }
-    for r0 in (0..rows).step_by(TILE) {
-        let r1 = (r0 + TILE).min(rows);
-        for c0 in (0..columns).step_by(TILE) {
-            let c1 = (c0 + TILE).min(columns);
-            for c in c0..c1 {
-                let col = &mut tops[c * rows..(c + 1) * rows];
-                for (r, t) in col.iter_mut().enumerate().take(r1).skip(r0) {
-                    let i = (r * columns + c) * W;
-                    *t = top::<W>(&data[i..i + W]) as u16;
-                }
-            }
-        }
-    }
-}
-
-/// [`tops_by_column`] for 2-byte elements: 8 x 8 blocks transposed in SSE2 registers, rows of
-/// 8 at a time over the whole width (so that the rows are read in order).
-#[cfg(target_arch = "x86_64")]
-fn tops_by_column_sse2(data: &[u8], columns: usize, tops: &mut [u16]) {
-    use super::column::transpose8x8;
-    use std::arch::x86_64::*;
-    let n = data.len() / 2;
-    let rows = n / columns;
-    let (rows8, cols8) = (rows / 8 * 8, columns / 8 * 8);
-    let top_at = |r: usize, c: usize| top::<2>(&data[2 * (r * columns + c)..]) as u16;
-    for r0 in (0..rows8).step_by(8) {
-        for c0 in (0..cols8).step_by(8) {
-            // SAFETY: SSE2 is part of x86_64; every load reads the 16 bytes of an 8-element
-            // slice of `data` and every store writes those of an 8-element slice of `tops`,
-            // both bounds checked when taken.
-            unsafe {
-                let a: [__m128i; 8] = std::array::from_fn(|i| {
-                    let row =
-                        &data[2 * ((r0 + i) * columns + c0)..2 * ((r0 + i) * columns + c0 + 8)];
-                    _mm_srli_epi16::<7>(_mm_loadu_si128(row.as_ptr().cast()))
-                });
-                let cols_of = transpose8x8(a);
-                for (j, v) in cols_of.into_iter().enumerate() {
-                    let col = &mut tops[(c0 + j) * rows + r0..(c0 + j) * rows + r0 + 8];
-                    _mm_storeu_si128(col.as_mut_ptr().cast(), v);
-                }
-            }
-        }
-    }
-    for r in 0..rows8 {
-        for c in cols8..columns {
-            tops[c * rows + r] = top_at(r, c);
-        }
-    }
-    for r in rows8..rows {
-        for c in 0..columns {
-            tops[c * rows + r] = top_at(r, c);
-        }
-    }
+/// How the contexts follow from a top (see [`context_map`]): the most common exponent and the
+/// mantissa bits among the 8 after the sign.
+#[derive(Debug, Clone, Copy)]
+pub struct Contexts {
+    pub mode: u8,
+    pub exp_shift: u32,
 }
 
 /// Appends the column block of `data` (`W`-byte elements in rows of `columns`, which divides
-/// their count) in `streams` streams, mode byte included, with the context map `ctx_of_top`
-/// (indexed by top-9 value).
+/// their count) in `streams` streams, mode byte included, with the contexts of `ctx`.
 pub fn encode<const W: usize>(
     data: &[u8],
     columns: usize,
     streams: usize,
-    ctx_of_top: &[u8; SYMBOLS],
+    ctx: Contexts,
+    out: &mut Vec<u8>,
+) {
+    let n = data.len() / W;
+    debug_assert!(n > 0 && n.is_multiple_of(columns) && (1..=columns).contains(&streams));
+    INDEXES.with_borrow_mut(|kept| {
+        // A thread keeps its buffer up to KEEP_MAX elements (8 MiB), which saves faulting in
+        // and zeroing fresh pages for every block; a larger block's buffer is its own, so that
+        // a writer's threads do not each hold the largest tensor they ever encoded.
+        let mut own = Vec::new();
+        let at = if n <= KEEP_MAX { kept } else { &mut own };
+        if at.len() < n {
+            at.resize(n, 0);
+        }
+        encode_with::<W>(data, columns, streams, ctx, &mut at[..n], out);
+    });
+}
+
+/// Elements a thread's kept buffer of table indexes holds at most.
+const KEEP_MAX: usize = 1 << 22;
+
+thread_local! {
+    /// The table index of each element of the block being encoded, in stream order.
+    static INDEXES: std::cell::RefCell<Vec<u16>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// [`encode`] with `at` (one entry per element) to hold the table indexes.
+fn encode_with<const W: usize>(
+    data: &[u8],
+    columns: usize,
+    streams: usize,
+    ctx: Contexts,
+    at: &mut [u16],
     out: &mut Vec<u8>,
 ) {
     let n = data.len() / W;
     let rows = n / columns;
-    debug_assert!(n > 0 && n.is_multiple_of(columns) && (1..=columns).contains(&streams));
-    let mut tops = Vec::new();
-    tops_by_column::<W>(data, columns, &mut tops);
-    let ctx_off: [u16; SYMBOLS] = std::array::from_fn(|t| ctx_of_top[t] as u16 * SYMBOLS as u16);
+    let ctx_of_top = context_map(ctx.mode, ctx.exp_shift);
+    table_indexes::<W>(data, columns, streams, ctx, &ctx_of_top, at);
 
-    // Counts per (context, top): the first element of a stream has context 0, every other one
-    // the context of the top before it. Each top is replaced by its index in the tables,
-    // `ctx_off[top before] + top`, which the streams' coding then takes as it is; from the end
-    // of a stream backwards, so that the top before is still there.
+    // Counts per (context, top), indexed like the encoding table.
     let mut hist = vec![0u32; ENC_LEN];
-    for k in 0..streams {
-        let cols = stream_columns(columns, streams, k);
-        let seq = &mut tops[cols.start * rows..cols.end * rows];
-        for j in (1..seq.len()).rev() {
-            let at =
-                (ctx_off[seq[j - 1] as usize & (SYMBOLS - 1)] + seq[j]) as usize & (ENC_LEN - 1);
-            seq[j] = at as u16;
-            hist[at] += 1;
-        }
-        hist[seq[0] as usize & (SYMBOLS - 1)] += 1;
+    for &a in at.iter() {
+        hist[a as usize & (ENC_LEN - 1)] += 1;
     }
 
     // Codes per context; the encoding table holds `reversed code | length << 16`, indexed like
@@ -154,12 +110,119 @@ pub fn encode<const W: usize>(
     out.resize(out.len() + 8 * streams, 0);
     raw_plane::<W>(data, out);
     out.reserve((n * MAX_CODE_LEN as usize).div_ceil(8) + 8 * streams);
+    #[cfg(target_arch = "x86_64")]
+    let bmi2 = std::arch::is_x86_feature_detected!("bmi2");
+    #[cfg(not(target_arch = "x86_64"))]
+    let bmi2 = false;
     for k in 0..streams {
         let cols = stream_columns(columns, streams, k);
         let start = out.len();
-        encode_stream(&tops[cols.start * rows..cols.end * rows], &table, out);
+        encode_stream(&at[cols.start * rows..cols.end * rows], &table, bmi2, out);
         let len = (out.len() - start) as u64;
         out[lens_at + 8 * k..lens_at + 8 * k + 8].copy_from_slice(&len.to_le_bytes());
+    }
+}
+
+/// Each element's index in the encoding table, `at[c * rows + r]` for row `r`'s element of
+/// column `c` (stream order): its context's offset (`ctx_of_top` of the top before it in its
+/// stream, times [`SYMBOLS`]) plus its top, and its top alone for the first element of a
+/// stream (context 0). The top before an element is the same column's one row back, at a
+/// column's first row the previous column's last.
+pub(crate) fn table_indexes<const W: usize>(
+    data: &[u8],
+    columns: usize,
+    streams: usize,
+    ctx: Contexts,
+    ctx_of_top: &[u8; SYMBOLS],
+    at: &mut [u16],
+) {
+    let n = data.len() / W;
+    let rows = n / columns;
+    let ctx_off: [u16; SYMBOLS] = std::array::from_fn(|t| ctx_of_top[t] as u16 * SYMBOLS as u16);
+    let top_at = |r: usize, c: usize| top::<W>(&data[W * (r * columns + c)..]);
+    // Rows 1 and on: the SIMD tiles, then what they leave one element at a time.
+    let (rows8, cols8) = (rows / 8 * 8, columns / 8 * 8);
+    #[cfg(target_arch = "x86_64")]
+    let done = if W == 2 {
+        indexes_sse2(data, columns, ctx, at);
+        (rows8, cols8)
+    } else {
+        (0, 0)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = (0, 0);
+    let _ = ctx;
+    let index = |r: usize, c: usize| ctx_off[top_at(r - 1, c)] + top_at(r, c) as u16;
+    // What the tiles leave: their rows past their columns, then the rows below them (tiled,
+    // so that both sides are read and written a cache line at a time).
+    const TILE: usize = 32;
+    let mut fill = |rs: std::ops::Range<usize>, cs: std::ops::Range<usize>| {
+        for r0 in rs.clone().step_by(TILE) {
+            let r1 = (r0 + TILE).min(rs.end);
+            for c in cs.clone() {
+                for r in r0..r1 {
+                    at[c * rows + r] = index(r, c);
+                }
+            }
+        }
+    };
+    fill(1..done.0, done.1..columns);
+    fill(done.0.max(1)..rows, 0..columns);
+    // Row 0: the first column of a stream has no top before it, the others the previous
+    // column's last.
+    for k in 0..streams {
+        let cols = stream_columns(columns, streams, k);
+        at[cols.start * rows] = top_at(0, cols.start) as u16;
+        for c in cols.start + 1..cols.end {
+            at[c * rows] = ctx_off[top_at(rows - 1, c - 1)] + top_at(0, c) as u16;
+        }
+    }
+}
+
+/// [`table_indexes`] of 2-byte elements for rows `0..rows / 8 * 8` and columns
+/// `0..columns / 8 * 8` (row 0's left for the caller): 8 x 8 tiles whose contexts are
+/// computed in SSE2 registers from each row and the row before it, then transposed.
+#[cfg(target_arch = "x86_64")]
+fn indexes_sse2(data: &[u8], columns: usize, ctx: Contexts, at: &mut [u16]) {
+    use super::column::transpose8x8;
+    use std::arch::x86_64::*;
+    let n = data.len() / 2;
+    let rows = n / columns;
+    let (rows8, cols8) = (rows / 8 * 8, columns / 8 * 8);
+    // SAFETY: SSE2 is part of x86_64; every load reads the 16 bytes of an 8-element slice of
+    // `data` and every store writes those of an 8-element slice of `at`, both bounds checked
+    // when taken.
+    unsafe {
+        let mode = _mm_set1_epi16(ctx.mode as i16);
+        let shift = _mm_cvtsi32_si128(ctx.exp_shift as i32);
+        // The context offset of tops `t` (see `context_map`): the sign's 8 contexts, and the
+        // exponent's bucket around the mode, clamped to -4..3, times SYMBOLS.
+        let offset = |t: __m128i| {
+            let e = _mm_srl_epi16(_mm_and_si128(t, _mm_set1_epi16(0xFF)), shift);
+            let d = _mm_max_epi16(_mm_sub_epi16(e, mode), _mm_set1_epi16(-4));
+            let d = _mm_and_si128(_mm_min_epi16(d, _mm_set1_epi16(3)), _mm_set1_epi16(7));
+            _mm_or_si128(
+                _mm_slli_epi16::<12>(_mm_srli_epi16::<8>(t)),
+                _mm_slli_epi16::<9>(d),
+            )
+        };
+        let tops = |r: usize, c0: usize| {
+            let row = &data[2 * (r * columns + c0)..2 * (r * columns + c0 + 8)];
+            _mm_srli_epi16::<7>(_mm_loadu_si128(row.as_ptr().cast()))
+        };
+        for r0 in (0..rows8).step_by(8) {
+            for c0 in (0..cols8).step_by(8) {
+                let a: [__m128i; 8] = std::array::from_fn(|i| tops(r0 + i, c0));
+                let before = if r0 > 0 { tops(r0 - 1, c0) } else { a[0] };
+                let idx: [__m128i; 8] = std::array::from_fn(|i| {
+                    _mm_or_si128(offset(if i == 0 { before } else { a[i - 1] }), a[i])
+                });
+                for (j, v) in transpose8x8(idx).into_iter().enumerate() {
+                    let col = &mut at[(c0 + j) * rows + r0..(c0 + j) * rows + r0 + 8];
+                    _mm_storeu_si128(col.as_mut_ptr().cast(), v);
+                }
+            }
+        }
     }
 }
 
@@ -237,8 +300,28 @@ fn pack_low7(b: &[u8; 16]) -> u64 {
 }
 
 /// Appends the stream of `seq` (in stream order, each element's index in `table`: its
-/// context's offset plus its top) to `out`.
-fn encode_stream(seq: &[u16], table: &[u32], out: &mut Vec<u8>) {
+/// context's offset plus its top) to `out`; `bmi2`: the CPU has BMI2.
+fn encode_stream(seq: &[u16], table: &[u32], bmi2: bool, out: &mut Vec<u8>) {
+    #[cfg(target_arch = "x86_64")]
+    if bmi2 {
+        // SAFETY: the CPU has BMI2.
+        unsafe { encode_stream_bmi2(seq, table, out) };
+        return;
+    }
+    let _ = bmi2;
+    encode_stream_any(seq, table, out);
+}
+
+/// [`encode_stream`] compiled with BMI2 (shifts by a register without the flags): 3% faster.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "bmi2")]
+unsafe fn encode_stream_bmi2(seq: &[u16], table: &[u32], out: &mut Vec<u8>) {
+    encode_stream_any(seq, table, out);
+}
+
+/// [`encode_stream`]'s body.
+#[inline(always)]
+fn encode_stream_any(seq: &[u16], table: &[u32], out: &mut Vec<u8>) {
     let table: &[u32; ENC_LEN] = table.try_into().expect("encoder table size");
     let group = (57 / MAX_CODE_LEN) as usize;
     let most = (seq.len() * MAX_CODE_LEN as usize).div_ceil(8);

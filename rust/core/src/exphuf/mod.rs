@@ -21,6 +21,8 @@ mod column_decode;
 #[cfg(test)]
 mod column_decode_reference;
 mod column_encode;
+#[cfg(test)]
+mod column_encode_reference;
 pub mod huffman;
 pub mod tables;
 

@@ -416,11 +416,9 @@ proptest! {
         let streams = [1 + streams_at.index(cols), 4.min(cols), cols][seed as usize % 3];
         let mut block = Vec::new();
         if wide {
-            let map = block_encode::contexts::<4>(&data, 0);
-            column_encode::encode::<4>(&data, cols, streams, &map, &mut block);
+            column_encode::encode::<4>(&data, cols, streams, contexts::<4>(&data, 0), &mut block);
         } else {
-            let map = block_encode::contexts::<2>(&data, 3 * (seed % 2) as u32);
-            column_encode::encode::<2>(&data, cols, streams, &map, &mut block);
+            column_encode::encode::<2>(&data, cols, streams, contexts::<2>(&data, 3 * (seed % 2) as u32), &mut block);
         }
         if damage == 0 {
             let mut back = vec![0u8; n * width];
@@ -453,6 +451,59 @@ proptest! {
     }
 }
 
+/// The contexts the writer picks for `data`.
+fn contexts<const W: usize>(data: &[u8], exp_shift: u32) -> column_encode::Contexts {
+    column_encode::Contexts {
+        mode: block_encode::common_exponent::<W>(data, exp_shift),
+        exp_shift,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// The column encoder writes what its plain reference writes, byte for byte: for any shape
+    /// (few rows, one row, rows and columns that are and are not multiples of 8, the SIMD
+    /// tiles' edges), stream count, element width, context map and data.
+    #[test]
+    fn column_encoder_equals_its_reference(
+        rows in 1usize..70,
+        cols in 1usize..70,
+        streams_at in any::<prop::sample::Index>(),
+        wide in any::<bool>(),
+        random_bits in any::<bool>(),
+        exp_shift in 0u32..4,
+        mode in any::<Option<u8>>(),
+        seed in any::<u64>(),
+    ) {
+        let n = rows * cols;
+        let width = if wide { 4 } else { 2 };
+        let data = if random_bits {
+            noise(n * width, seed)
+        } else {
+            activations(rows, cols, width, seed)
+        };
+        let streams = 1 + streams_at.index(cols);
+        let (mut got, mut want) = (Vec::new(), Vec::new());
+        if wide {
+            let ctx = match mode {
+                Some(mode) => column_encode::Contexts { mode, exp_shift },
+                None => contexts::<4>(&data, exp_shift),
+            };
+            column_encode::encode::<4>(&data, cols, streams, ctx, &mut got);
+            column_encode_reference::encode::<4>(&data, cols, streams, ctx, &mut want);
+        } else {
+            let ctx = match mode {
+                Some(mode) => column_encode::Contexts { mode, exp_shift },
+                None => contexts::<2>(&data, exp_shift),
+            };
+            column_encode::encode::<2>(&data, cols, streams, ctx, &mut got);
+            column_encode_reference::encode::<2>(&data, cols, streams, ctx, &mut want);
+        }
+        prop_assert_eq!(got, want);
+    }
+}
+
 /// `check_block` (what the writer runs on blocks another encoder made) takes the column blocks
 /// this encoder writes, and refuses one cut short, one a byte too long, one for another size.
 #[test]
@@ -462,11 +513,9 @@ fn check_block_takes_column_blocks() {
         let data = activations(rows, cols, w, 9);
         let mut block = Vec::new();
         if w == 2 {
-            let map = block_encode::contexts::<2>(&data, 0);
-            column_encode::encode::<2>(&data, cols, 3, &map, &mut block);
+            column_encode::encode::<2>(&data, cols, 3, contexts::<2>(&data, 0), &mut block);
         } else {
-            let map = block_encode::contexts::<4>(&data, 0);
-            column_encode::encode::<4>(&data, cols, 3, &map, &mut block);
+            column_encode::encode::<4>(&data, cols, 3, contexts::<4>(&data, 0), &mut block);
         }
         assert_eq!(block[0], column::MODE_COLUMNS);
         let n = rows * cols;
