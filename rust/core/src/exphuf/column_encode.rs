@@ -114,12 +114,21 @@ fn encode_with<const W: usize>(
     let bmi2 = std::arch::is_x86_feature_detected!("bmi2");
     #[cfg(not(target_arch = "x86_64"))]
     let bmi2 = false;
-    for k in 0..streams {
+    let seq = |k: usize| {
         let cols = stream_columns(columns, streams, k);
-        let start = out.len();
-        encode_stream(&at[cols.start * rows..cols.end * rows], &table, bmi2, out);
-        let len = (out.len() - start) as u64;
-        out[lens_at + 8 * k..lens_at + 8 * k + 8].copy_from_slice(&len.to_le_bytes());
+        &at[cols.start * rows..cols.end * rows]
+    };
+    // Two streams at a time (their codes' chains side by side), then the last alone.
+    for k in (0..streams).step_by(2) {
+        let lens = if k + 1 < streams {
+            encode_streams(seq(k), seq(k + 1), &table, bmi2, out)
+        } else {
+            encode_streams(seq(k), &[], &table, bmi2, out)
+        };
+        for (j, len) in lens.iter().enumerate().take(streams - k) {
+            let at = lens_at + 8 * (k + j);
+            out[at..at + 8].copy_from_slice(&(*len as u64).to_le_bytes());
+        }
     }
 }
 
@@ -306,59 +315,114 @@ fn pack_low7(b: &[u8; 16]) -> u64 {
     }
 }
 
-/// Appends the stream of `seq` (in stream order, each element's index in `table`: its
-/// context's offset plus its top) to `out`; `bmi2`: the CPU has BMI2.
-fn encode_stream(seq: &[u16], table: &[u32], bmi2: bool, out: &mut Vec<u8>) {
+/// Appends the streams of `a` and `b` (in stream order, each element's index in `table`: its
+/// context's offset plus its top) to `out`, one after the other; returns their lengths.
+/// `bmi2`: the CPU has BMI2.
+fn encode_streams(
+    a: &[u16],
+    b: &[u16],
+    table: &[u32],
+    bmi2: bool,
+    out: &mut Vec<u8>,
+) -> [usize; 2] {
+    let table: &[u32; ENC_LEN] = table.try_into().expect("encoder table size");
     #[cfg(target_arch = "x86_64")]
     if bmi2 {
         // SAFETY: the CPU has BMI2.
-        unsafe { encode_stream_bmi2(seq, table, out) };
-        return;
+        return unsafe { encode_streams_bmi2(a, b, table, out) };
     }
     let _ = bmi2;
-    encode_stream_any(seq, table, out);
+    encode_streams_any(a, b, table, out)
 }
 
-/// [`encode_stream`] compiled with BMI2 (shifts by a register without the flags): 3% faster.
+/// [`encode_streams`] compiled with BMI2 (shifts by a register without the flags): 3% faster.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "bmi2")]
-unsafe fn encode_stream_bmi2(seq: &[u16], table: &[u32], out: &mut Vec<u8>) {
-    encode_stream_any(seq, table, out);
+unsafe fn encode_streams_bmi2(
+    a: &[u16],
+    b: &[u16],
+    table: &[u32; ENC_LEN],
+    out: &mut Vec<u8>,
+) -> [usize; 2] {
+    encode_streams_any(a, b, table, out)
 }
 
-/// [`encode_stream`]'s body.
+/// Codes put between stores: as many as fit in the 57 bits above the at most 7 left.
+const GROUP: usize = (57 / MAX_CODE_LEN) as usize;
+
+/// [`encode_streams`]' body: `b` is written after the room `a` may take at most, the two
+/// side by side while both have codes, then moved down behind `a`.
 #[inline(always)]
-fn encode_stream_any(seq: &[u16], table: &[u32], out: &mut Vec<u8>) {
-    let table: &[u32; ENC_LEN] = table.try_into().expect("encoder table size");
-    let group = (57 / MAX_CODE_LEN) as usize;
-    let most = (seq.len() * MAX_CODE_LEN as usize).div_ceil(8);
-    out.reserve(most + 8);
-    let mut bits = Bits {
-        dst: out.spare_capacity_mut().as_mut_ptr().cast::<u8>(),
+fn encode_streams_any(
+    a: &[u16],
+    b: &[u16],
+    table: &[u32; ENC_LEN],
+    out: &mut Vec<u8>,
+) -> [usize; 2] {
+    let most = |s: &[u16]| (s.len() * MAX_CODE_LEN as usize).div_ceil(8);
+    let (most_a, most_b) = (most(a), most(b));
+    out.reserve(most_a + most_b + 16);
+    let dst = out.spare_capacity_mut().as_mut_ptr().cast::<u8>();
+    let mut bits_a = Bits {
+        dst,
         pos: 0,
         acc: 0,
         nbits: 0,
     };
-    // Each store is safe: at most `group` codes of at most MAX_CODE_LEN bits follow at most 7
-    // bits held, and the codes put so far take at most `most` bytes, within `most + 8` reserved.
-    let groups = seq.chunks_exact(group);
-    let rest = groups.remainder();
-    for g in groups {
-        for &at in g {
-            let e = table[at as usize & (ENC_LEN - 1)];
-            bits.put((e & 0xFFFF) as u64, e >> 16);
-        }
-        // SAFETY: see above.
-        unsafe { bits.store() };
-    }
-    for &at in rest {
+    let mut bits_b = Bits {
+        dst: dst.wrapping_add(most_a + 8),
+        pos: 0,
+        acc: 0,
+        nbits: 0,
+    };
+    let put = |bits: &mut Bits, at: u16| {
         let e = table[at as usize & (ENC_LEN - 1)];
         bits.put((e & 0xFFFF) as u64, e >> 16);
+    };
+    // Each store is safe: at most GROUP codes of at most MAX_CODE_LEN bits follow at most 7
+    // bits held, and a stream's codes put so far take at most its `most` bytes, so that its 8
+    // bytes lie within the `most + 8` reserved for it (a's first, then b's).
+    let both = a.len().min(b.len()) / GROUP * GROUP;
+    for (ga, gb) in a[..both]
+        .chunks_exact(GROUP)
+        .zip(b[..both].chunks_exact(GROUP))
+    {
+        for (&x, &y) in ga.iter().zip(gb) {
+            put(&mut bits_a, x);
+            put(&mut bits_b, y);
+        }
         // SAFETY: see above.
-        unsafe { bits.store() };
+        unsafe {
+            bits_a.store();
+            bits_b.store();
+        }
     }
-    let len = bits.pos + (bits.nbits > 0) as usize;
-    assert!(len <= most);
-    // SAFETY: as in `raw_plane`.
-    unsafe { out.set_len(out.len() + len) };
+    for (s, bits) in [(&a[both..], &mut bits_a), (&b[both..], &mut bits_b)] {
+        let groups = s.chunks_exact(GROUP);
+        let rest = groups.remainder();
+        for g in groups {
+            for &at in g {
+                put(bits, at);
+            }
+            // SAFETY: see above.
+            unsafe { bits.store() };
+        }
+        for &at in rest {
+            put(bits, at);
+            // SAFETY: see above.
+            unsafe { bits.store() };
+        }
+    }
+    let len_a = bits_a.pos + (bits_a.nbits > 0) as usize;
+    let len_b = bits_b.pos + (bits_b.nbits > 0) as usize;
+    assert!(len_a <= most_a && len_b <= most_b);
+    // SAFETY: the stores above wrote every byte below each stream's length from its start
+    // (each store starts at the position before it advanced, by at most 7 bytes, and the last
+    // covers the padded byte), all within the capacity reserved; b's bytes move down to follow
+    // a's (`copy` allows the overlap), and both are then the vector's.
+    unsafe {
+        std::ptr::copy(bits_b.dst, dst.add(len_a), len_b);
+        out.set_len(out.len() + len_a + len_b);
+    }
+    [len_a, len_b]
 }
