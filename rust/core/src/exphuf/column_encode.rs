@@ -81,17 +81,22 @@ fn encode_with<const W: usize>(
         hist[a as usize & (ENC_LEN - 1)] += 1;
     }
 
-    // Codes per context; the encoding table holds `reversed code | length << 16`, indexed like
-    // the histogram.
+    // Codes per context: the encoding table holds each reversed code and its length, indexed
+    // like the histogram (two arrays: a code costs two loads instead of a load and two
+    // operations to split an entry).
     let mut lengths = vec![[0u8; SYMBOLS]; MAX_CONTEXTS];
-    let mut table = vec![0u32; ENC_LEN];
+    let mut table = Table {
+        code: vec![0u16; ENC_LEN],
+        len: vec![0u8; ENC_LEN],
+    };
     for (c, l) in lengths.iter_mut().enumerate() {
         let counts: [u32; SYMBOLS] = std::array::from_fn(|s| hist[c * SYMBOLS + top_of_symbol(s)]);
         *l = huffman::code_lengths(&counts);
         let codes = huffman::reversed_codes(l);
         for t in 0..SYMBOLS {
             let s = symbol_of_top(t);
-            table[c * SYMBOLS + t] = codes[s] as u32 | (l[s] as u32) << 16;
+            table.code[c * SYMBOLS + t] = codes[s];
+            table.len[c * SYMBOLS + t] = l[s];
         }
     }
 
@@ -315,17 +320,26 @@ fn pack_low7(b: &[u8; 16]) -> u64 {
     }
 }
 
+/// The encoding table: each (context, top)'s code, bit-reversed, and its length.
+struct Table {
+    code: Vec<u16>,
+    len: Vec<u8>,
+}
+
 /// Appends the streams of `a` and `b` (in stream order, each element's index in `table`: its
 /// context's offset plus its top) to `out`, one after the other; returns their lengths.
 /// `bmi2`: the CPU has BMI2.
 fn encode_streams(
     a: &[u16],
     b: &[u16],
-    table: &[u32],
+    table: &Table,
     bmi2: bool,
     out: &mut Vec<u8>,
 ) -> [usize; 2] {
-    let table: &[u32; ENC_LEN] = table.try_into().expect("encoder table size");
+    let table = (
+        table.code[..].try_into().expect("encoder table size"),
+        table.len[..].try_into().expect("encoder table size"),
+    );
     #[cfg(target_arch = "x86_64")]
     if bmi2 {
         // SAFETY: the CPU has BMI2.
@@ -341,7 +355,7 @@ fn encode_streams(
 unsafe fn encode_streams_bmi2(
     a: &[u16],
     b: &[u16],
-    table: &[u32; ENC_LEN],
+    table: (&[u16; ENC_LEN], &[u8; ENC_LEN]),
     out: &mut Vec<u8>,
 ) -> [usize; 2] {
     encode_streams_any(a, b, table, out)
@@ -356,7 +370,7 @@ const GROUP: usize = (57 / MAX_CODE_LEN) as usize;
 fn encode_streams_any(
     a: &[u16],
     b: &[u16],
-    table: &[u32; ENC_LEN],
+    table: (&[u16; ENC_LEN], &[u8; ENC_LEN]),
     out: &mut Vec<u8>,
 ) -> [usize; 2] {
     let most = |s: &[u16]| (s.len() * MAX_CODE_LEN as usize).div_ceil(8);
@@ -376,8 +390,8 @@ fn encode_streams_any(
         nbits: 0,
     };
     let put = |bits: &mut Bits, at: u16| {
-        let e = table[at as usize & (ENC_LEN - 1)];
-        bits.put((e & 0xFFFF) as u64, e >> 16);
+        let i = at as usize & (ENC_LEN - 1);
+        bits.put(table.0[i] as u64, table.1[i] as u32);
     };
     // Each store is safe: at most GROUP codes of at most MAX_CODE_LEN bits follow at most 7
     // bits held, and a stream's codes put so far take at most its `most` bytes, so that its 8
