@@ -158,7 +158,12 @@ pub(crate) fn table_indexes<const W: usize>(
     let (rows8, cols8) = (rows / 8 * 8, columns / 8 * 8);
     #[cfg(target_arch = "x86_64")]
     let done = if W == 2 {
-        indexes_sse2(data, columns, ctx, at);
+        let mut from = 0;
+        if std::arch::is_x86_feature_detected!("avx512bw") {
+            // SAFETY: the CPU has AVX-512F and BW.
+            from = unsafe { indexes_avx512(data, columns, ctx, at) };
+        }
+        indexes_sse2(data, columns, from, ctx, at);
         (rows8, cols8)
     } else {
         (0, 0)
@@ -194,10 +199,10 @@ pub(crate) fn table_indexes<const W: usize>(
 }
 
 /// [`table_indexes`] of 2-byte elements for rows `0..rows / 8 * 8` and columns
-/// `0..columns / 8 * 8` (row 0's left for the caller): 8 x 8 tiles whose contexts are
+/// `from..columns / 8 * 8` (row 0's left for the caller): 8 x 8 tiles whose contexts are
 /// computed in SSE2 registers from each row and the row before it, then transposed.
 #[cfg(target_arch = "x86_64")]
-fn indexes_sse2(data: &[u8], columns: usize, ctx: Contexts, at: &mut [u16]) {
+fn indexes_sse2(data: &[u8], columns: usize, from: usize, ctx: Contexts, at: &mut [u16]) {
     use super::column::transpose8x8;
     use std::arch::x86_64::*;
     let n = data.len() / 2;
@@ -230,7 +235,7 @@ fn indexes_sse2(data: &[u8], columns: usize, ctx: Contexts, at: &mut [u16]) {
             // hardware's prefetchers fell behind 8 rows read side by side (24% of the writer's
             // encode time). A prefetch past `data`'s end reads nothing and never faults.
             let ahead = data.as_ptr().wrapping_add(2 * (r0 + 16) * columns);
-            for c0 in (0..cols8).step_by(8) {
+            for c0 in (from..cols8).step_by(8) {
                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(16 * c0).cast());
                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(16 * c0 + 64).cast());
                 let a: [__m128i; 8] = std::array::from_fn(|i| tops(r0 + i, c0));
@@ -245,6 +250,95 @@ fn indexes_sse2(data: &[u8], columns: usize, ctx: Contexts, at: &mut [u16]) {
             }
         }
     }
+}
+
+/// [`indexes_sse2`] four tiles at a time, side by side in the 128-bit lanes of AVX-512
+/// vectors, for columns `0..columns / 32 * 32`; returns `columns / 32 * 32`.
+///
+/// # Safety
+/// The CPU must have AVX-512F and AVX-512BW.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn indexes_avx512(data: &[u8], columns: usize, ctx: Contexts, at: &mut [u16]) -> usize {
+    use std::arch::x86_64::*;
+    let n = data.len() / 2;
+    let rows = n / columns;
+    let (rows8, cols32) = (rows / 8 * 8, columns / 32 * 32);
+    let mode = _mm512_set1_epi16(ctx.mode as i16);
+    let shift = _mm_cvtsi32_si128(ctx.exp_shift as i32);
+    // As in `indexes_sse2`.
+    let offset = |t: __m512i| {
+        let e = _mm512_srl_epi16(_mm512_and_si512(t, _mm512_set1_epi16(0xFF)), shift);
+        let d = _mm512_max_epi16(_mm512_sub_epi16(e, mode), _mm512_set1_epi16(-4));
+        let d = _mm512_and_si512(
+            _mm512_min_epi16(d, _mm512_set1_epi16(3)),
+            _mm512_set1_epi16(7),
+        );
+        _mm512_or_si512(
+            _mm512_slli_epi16::<12>(_mm512_srli_epi16::<8>(t)),
+            _mm512_slli_epi16::<9>(d),
+        )
+    };
+    let tops = |r: usize, c0: usize| {
+        let row = &data[2 * (r * columns + c0)..2 * (r * columns + c0 + 32)];
+        // SAFETY: the load reads the 64 bytes of `row`.
+        _mm512_srli_epi16::<7>(unsafe { _mm512_loadu_si512(row.as_ptr().cast()) })
+    };
+    for r0 in (0..rows8).step_by(8) {
+        // As in `indexes_sse2`: 512 bytes a step of 32 columns.
+        let ahead = data.as_ptr().wrapping_add(2 * (r0 + 16) * columns);
+        for c0 in (0..cols32).step_by(32) {
+            for line in 0..8 {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(16 * c0 + 64 * line).cast());
+            }
+            let a: [__m512i; 8] = std::array::from_fn(|i| tops(r0 + i, c0));
+            let before = if r0 > 0 { tops(r0 - 1, c0) } else { a[0] };
+            let idx: [__m512i; 8] = std::array::from_fn(|i| {
+                _mm512_or_si512(offset(if i == 0 { before } else { a[i - 1] }), a[i])
+            });
+            // The transpose of `transpose8x8`, in each 128-bit lane: lane `q` of vector `j`
+            // is column `c0 + 8q + j`'s rows `r0..r0 + 8`.
+            let t: [__m512i; 8] = std::array::from_fn(|i| {
+                let (x, y) = (idx[i / 2 * 2], idx[i / 2 * 2 + 1]);
+                if i % 2 == 0 {
+                    _mm512_unpacklo_epi16(x, y)
+                } else {
+                    _mm512_unpackhi_epi16(x, y)
+                }
+            });
+            let u: [__m512i; 8] = std::array::from_fn(|i| {
+                let (x, y) = (t[i / 4 * 4 + i / 2 % 2], t[i / 4 * 4 + i / 2 % 2 + 2]);
+                if i % 2 == 0 {
+                    _mm512_unpacklo_epi32(x, y)
+                } else {
+                    _mm512_unpackhi_epi32(x, y)
+                }
+            });
+            let cols: [__m512i; 8] = std::array::from_fn(|j| {
+                let (x, y) = (u[j / 2], u[j / 2 + 4]);
+                if j % 2 == 0 {
+                    _mm512_unpacklo_epi64(x, y)
+                } else {
+                    _mm512_unpackhi_epi64(x, y)
+                }
+            });
+            for (j, v) in cols.into_iter().enumerate() {
+                let lanes = [
+                    _mm512_castsi512_si128(v),
+                    _mm512_extracti32x4_epi32::<1>(v),
+                    _mm512_extracti32x4_epi32::<2>(v),
+                    _mm512_extracti32x4_epi32::<3>(v),
+                ];
+                for (q, lane) in lanes.into_iter().enumerate() {
+                    let c = c0 + 8 * q + j;
+                    let col = &mut at[c * rows + r0..c * rows + r0 + 8];
+                    // SAFETY: the store writes the 16 bytes of `col`.
+                    unsafe { _mm_storeu_si128(col.as_mut_ptr().cast(), lane) };
+                }
+            }
+        }
+    }
+    cols32
 }
 
 /// Appends the raw plane: each element's low `8W - 9` bits in element order, least significant
