@@ -73,13 +73,10 @@ fn encode_with<const W: usize>(
     let n = data.len() / W;
     let rows = n / columns;
     let ctx_of_top = context_map(ctx.mode, ctx.exp_shift);
-    table_indexes::<W>(data, columns, streams, ctx, &ctx_of_top, at);
-
     // Counts per (context, top), indexed like the encoding table.
     let mut hist = vec![0u32; ENC_LEN];
-    for &a in at.iter() {
-        hist[a as usize & (ENC_LEN - 1)] += 1;
-    }
+    let counts: &mut [u32; ENC_LEN] = (&mut hist[..]).try_into().expect("histogram size");
+    table_indexes::<W>(data, columns, streams, ctx, &ctx_of_top, at, counts);
 
     // Codes per context: the encoding table holds each reversed code and its length, indexed
     // like the histogram (two arrays: a code costs two loads instead of a load and two
@@ -141,7 +138,7 @@ fn encode_with<const W: usize>(
 /// column `c` (stream order): its context's offset (`ctx_of_top` of the top before it in its
 /// stream, times [`SYMBOLS`]) plus its top, and its top alone for the first element of a
 /// stream (context 0). The top before an element is the same column's one row back, at a
-/// column's first row the previous column's last.
+/// column's first row the previous column's last. Adds each index's count to `counts`.
 pub(crate) fn table_indexes<const W: usize>(
     data: &[u8],
     columns: usize,
@@ -149,6 +146,7 @@ pub(crate) fn table_indexes<const W: usize>(
     ctx: Contexts,
     ctx_of_top: &[u8; SYMBOLS],
     at: &mut [u16],
+    counts: &mut [u32; ENC_LEN],
 ) {
     let n = data.len() / W;
     let rows = n / columns;
@@ -171,16 +169,56 @@ pub(crate) fn table_indexes<const W: usize>(
     #[cfg(not(target_arch = "x86_64"))]
     let done = (0, 0);
     let _ = ctx;
+    const TILE: usize = 32;
+    if done == (0, 0) {
+        // No SIMD tiles (4-byte elements): the tops in stream order first, in tiles so that
+        // both sides are read and written a cache line at a time, then each stream's from its
+        // end backwards, each top plus the offset of the one before it (reading an element's
+        // top and the one a row back from the data costs a row's stride each).
+        for r0 in (0..rows).step_by(TILE) {
+            for c0 in (0..columns).step_by(TILE) {
+                // The same columns' next tile down, prefetched (as the SIMD tiles do).
+                #[cfg(target_arch = "x86_64")]
+                for r in r0 + TILE..(r0 + 2 * TILE).min(rows) {
+                    let row = data.as_ptr().wrapping_add(W * (r * columns + c0));
+                    for line in (0..W * TILE).step_by(64) {
+                        // SAFETY: SSE is part of x86_64; a prefetch reads nothing and never
+                        // faults.
+                        unsafe {
+                            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                            _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(line).cast());
+                        }
+                    }
+                }
+                for c in c0..(c0 + TILE).min(columns) {
+                    for r in r0..(r0 + TILE).min(rows) {
+                        at[c * rows + r] = top_at(r, c) as u16;
+                    }
+                }
+            }
+        }
+        for k in 0..streams {
+            let cols = stream_columns(columns, streams, k);
+            let seq = &mut at[cols.start * rows..cols.end * rows];
+            for j in (1..seq.len()).rev() {
+                seq[j] += ctx_off[seq[j - 1] as usize & (SYMBOLS - 1)];
+                counts[seq[j] as usize & (ENC_LEN - 1)] += 1;
+            }
+            counts[seq[0] as usize & (SYMBOLS - 1)] += 1;
+        }
+        return;
+    }
     let index = |r: usize, c: usize| ctx_off[top_at(r - 1, c)] + top_at(r, c) as u16;
     // What the tiles leave: their rows past their columns, then the rows below them (tiled,
     // so that both sides are read and written a cache line at a time).
-    const TILE: usize = 32;
     let mut fill = |rs: std::ops::Range<usize>, cs: std::ops::Range<usize>| {
         for r0 in rs.clone().step_by(TILE) {
             let r1 = (r0 + TILE).min(rs.end);
-            for c in cs.clone() {
-                for r in r0..r1 {
-                    at[c * rows + r] = index(r, c);
+            for c0 in cs.clone().step_by(TILE) {
+                for c in c0..(c0 + TILE).min(cs.end) {
+                    for r in r0..r1 {
+                        at[c * rows + r] = index(r, c);
+                    }
                 }
             }
         }
@@ -195,6 +233,10 @@ pub(crate) fn table_indexes<const W: usize>(
         for c in cols.start + 1..cols.end {
             at[c * rows] = ctx_off[top_at(rows - 1, c - 1)] + top_at(0, c) as u16;
         }
+    }
+    for &a in at.iter() {
+        // The mask only tells the compiler what is already true (an index is below ENC_LEN).
+        counts[a as usize & (ENC_LEN - 1)] += 1;
     }
 }
 
