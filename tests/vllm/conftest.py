@@ -75,7 +75,7 @@ def _collections_of_the_modules_objects(_model_classes_inspected_in_this_process
     # runs, as before this fixture. One here found a client socket to test_trainers.py's vllm
     # serve left unclosed in a reference cycle (which vLLM's collections in later modules had
     # kept frozen) and failed the module's last test with its ResourceWarning (a fresh-clone CI
-    # run, /tmp/ci9.log).
+    # run at f710646; the test now closes that client).
 
 
 @pytest.fixture(scope="session")
