@@ -493,6 +493,7 @@ fn encode_streams(
 }
 
 /// [`encode_streams`] compiled with BMI2 (shifts by a register without the flags): 3% faster.
+/// The caller checked that the CPU has BMI2; nothing else differs from the safe version.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "bmi2")]
 unsafe fn encode_streams_bmi2(
