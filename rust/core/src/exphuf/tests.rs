@@ -484,24 +484,32 @@ proptest! {
             activations(rows, cols, width, seed)
         };
         let streams = 1 + streams_at.index(cols);
-        let (mut got, mut want) = (Vec::new(), Vec::new());
         if wide {
-            let ctx = match mode {
-                Some(mode) => column_encode::Contexts { mode, exp_shift },
-                None => contexts::<4>(&data, exp_shift),
-            };
-            column_encode::encode::<4>(&data, cols, streams, ctx, &mut got);
-            column_encode_reference::encode::<4>(&data, cols, streams, ctx, &mut want);
+            encoder_same_as_reference::<4>(&data, cols, streams, mode, exp_shift)?;
         } else {
-            let ctx = match mode {
-                Some(mode) => column_encode::Contexts { mode, exp_shift },
-                None => contexts::<2>(&data, exp_shift),
-            };
-            column_encode::encode::<2>(&data, cols, streams, ctx, &mut got);
-            column_encode_reference::encode::<2>(&data, cols, streams, ctx, &mut want);
+            encoder_same_as_reference::<2>(&data, cols, streams, mode, exp_shift)?;
         }
-        prop_assert_eq!(got, want);
     }
+}
+
+/// The column encoder's block of `data` equals its reference's, with the contexts of `mode`
+/// (None: the writer's pick).
+fn encoder_same_as_reference<const W: usize>(
+    data: &[u8],
+    cols: usize,
+    streams: usize,
+    mode: Option<u8>,
+    exp_shift: u32,
+) -> Result<(), TestCaseError> {
+    let ctx = match mode {
+        Some(mode) => column_encode::Contexts { mode, exp_shift },
+        None => contexts::<W>(data, exp_shift),
+    };
+    let (mut got, mut want) = (Vec::new(), Vec::new());
+    column_encode::encode::<W>(data, cols, streams, ctx, &mut got);
+    column_encode_reference::encode::<W>(data, cols, streams, ctx, &mut want);
+    prop_assert_eq!(got, want);
+    Ok(())
 }
 
 /// `check_block` (what the writer runs on blocks another encoder made) takes the column blocks
