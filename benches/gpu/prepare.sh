@@ -4,6 +4,7 @@
 #  - wheels/: layertap's abi3 wheel and the crc32c wheel for CPython 3.12 (the GPU image has
 #    the other dependencies, zstandard comes with the vLLM bundle);
 #  - wheels/ also holds py-spy (the engine core's sampling profile, run.sh's "+prof");
+#  - wheels/ also holds inotify_simple and loguru (pure Python; the installs are --no-deps);
 #  - wheels-old/: with OLD_COMMIT=<commit>, layertap's wheel built at that commit (run.sh's
 #    "+old": the build before a change, alternated with the current one in one device call);
 #  - wheels-nvcomp/: nvCOMP's wheels and lz4 (device.sh codecs, issue 21);
@@ -22,6 +23,10 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   -d .devbundle/wheels crc32c
 python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
   -d .devbundle/wheels py-spy==0.4.3
+# Pure-Python packages the installs (--no-deps) would miss: inotify_simple (layertap's dependency),
+# loguru (compressed_tensors imports it, and registering capture in the model imports vLLM's
+# qwen3_next, which imports compressed_tensors: without it check-inmodel stops at start-up).
+python3 -m pip download -q --no-deps --only-binary=:all: -d .devbundle/wheels inotify_simple loguru
 # nvCOMP (issue 21's codec measurement, device.sh codecs), and lz4 and zstandard to check its output on
 # the CPU (the call needs no vLLM bundle, which brings zstandard otherwise).
 mkdir -p .devbundle/wheels-nvcomp

@@ -264,17 +264,22 @@ def assert_hidden_states_match(
     transformers computes: float32 to ~1e-6, bfloat16 to bfloat16 precision. Returns the largest
     absolute difference from transformers' values in the record's dtype (for the support table,
     tests/vllm/support_table.py)."""
-    assert record.token_ids.dtype == torch.int64
-    assert record.token_ids.tolist() == token_ids
-    assert record.layer_ids == layers
+    # Each check says what it saw: the GPU check prints these messages, and a bare assert there
+    # leaves nothing to go on.
+    assert record.token_ids.dtype == torch.int64, f"token ids of dtype {record.token_ids.dtype}"
+    assert record.token_ids.tolist() == token_ids, f"token ids {record.token_ids.tolist()}, sent {token_ids}"
+    assert record.layer_ids == layers, f"layers {record.layer_ids}, asked for {layers}"
     got = record.hidden_states
-    assert got.shape == (len(token_ids), len(layers), hidden_size)
-    assert record.metadata["dtype"] == str(got.dtype).removeprefix("torch.")
-    assert record.metadata["num_tokens"] == str(len(token_ids))
+    assert got.shape == (len(token_ids), len(layers), hidden_size), f"shape {tuple(got.shape)}"
+    assert record.metadata["dtype"] == str(got.dtype).removeprefix("torch."), f"metadata {record.metadata}"
+    assert record.metadata["num_tokens"] == str(len(token_ids)), f"metadata {record.metadata}"
     ref = reference.hidden_states(token_ids, layers, got.dtype)
     worst = (got.float() - ref.float()).abs().max().item()
     if layers[0] == 0:  # the embedding lookup: exact in any dtype
-        assert torch.equal(got[:, 0], ref[:, 0])
+        diff = (got[:, 0].float() - ref[:, 0].float()).abs()
+        assert torch.equal(got[:, 0], ref[:, 0]), (
+            f"embedding rows differ from transformers' in {int((diff > 0).sum())} values, max {diff.max()}"
+        )
     if got.dtype == torch.float32:
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
         return worst
