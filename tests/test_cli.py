@@ -270,6 +270,27 @@ def test_import_layertap_loads_no_command_line():
     assert json.loads(proc.stdout) == []
 
 
+def test_only_generate_imports_layertap_generate(dataset):
+    """Issue 35, item 5: ``layertap inspect`` (and ``--help``, and ``import layertap``) imports
+    nothing of layertap.generate, whose import cost each such process a quarter of a second;
+    ``layertap generate --help`` and ``layertap.generate(...)`` still find it."""
+    proc = run_python(
+        "import contextlib, io, json, sys\n"
+        "import layertap\n"
+        "from layertap.cli import main\n"
+        "seen = ['layertap.generate' in sys.modules]\n"
+        "for argv in (['inspect', sys.argv[1]], ['verify', sys.argv[1]], ['--help'], ['generate', '--help']):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "        main(argv)\n"
+        "    seen.append('layertap.generate' in sys.modules)\n"
+        "seen.append(callable(layertap.generate) and layertap.generate is sys.modules['layertap.generate'])\n"
+        "print(json.dumps(seen))",
+        str(dataset),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [False, False, False, False, True, True]
+
+
 @pytest.mark.parametrize("args", [["inspect", "--json"], ["inspect"], ["verify", "--json"]])
 def test_closed_pipe_ends_quietly(dataset, args):
     """``layertap inspect --json DIR | head``: the reader has gone before the output is written.

@@ -11,9 +11,9 @@ a reference writer for tests) is imported only when it is asked for.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from layertap import generate  # a callable package: layertap.generate(model, data, out, ...)
 from layertap._options import WriterOptions
 from layertap._types import (
     Completion,
@@ -56,6 +56,11 @@ PY_SHARD_WRITER_REMOVED = (
 
 
 def __getattr__(name: str) -> Any:
+    # layertap.generate, a callable package (layertap.generate(model, data, out, ...)), is imported
+    # when first asked for: it costs a quarter of a second (numpy and the generate modules), which
+    # every ``layertap inspect`` or ``verify`` child process paid before (issue 35, item 5).
+    if name == "generate":
+        return importlib.import_module("layertap.generate")
     # An ImportError rather than an AttributeError: ``from layertap import PyShardWriter`` turns
     # an AttributeError into its own message, which would not say what to do (PEP 562).
     if name == "PyShardWriter":

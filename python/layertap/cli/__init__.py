@@ -25,7 +25,9 @@ from layertap.cli.common import UsageError
 SUBCOMMANDS = (generate, inspect, verify, recover, export, pull, doctor)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, deferred: bool = False) -> argparse.ArgumentParser:
+    """The ``layertap`` command's parser. ``deferred``: ``generate``'s arguments are added only when
+    that subcommand parses or shows its help (they import layertap.generate), as ``main`` does."""
     parser = argparse.ArgumentParser(
         prog="layertap",
         description="Generate hidden-states datasets with vLLM, inspect, verify and recover them, and export them "
@@ -38,7 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     for command in SUBCOMMANDS:
-        command.add_parser(sub)
+        if command is generate:
+            generate.add_parser(sub, deferred=deferred)
+        else:
+            command.add_parser(sub)
     return parser
 
 
@@ -58,7 +63,7 @@ def _closed_pipe() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the command line; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    args = build_parser(deferred=True).parse_args(argv)
     try:
         status = args.func(args)
         sys.stdout.flush()  # here, where a closed pipe can still be caught

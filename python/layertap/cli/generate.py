@@ -12,15 +12,14 @@ import re
 import sys
 import traceback
 
-from layertap.generate import GenerateError, generate, vllm_log
-from layertap.generate.errors import EngineStartError
-from layertap.generate.options import add_arguments, from_namespace
-from layertap.generate.progress import WriterFailedError
-from layertap.generate.summary import every_row_bad, most_common_reason, summary_text
+# layertap.generate (its options included) is imported only when ``generate`` is the command:
+# importing it costs a quarter of a second, which every other subcommand's process paid before.
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Adds ``generate`` to the ``layertap`` command's subcommands."""
+def add_parser(sub: argparse._SubParsersAction, *, deferred: bool = False) -> None:
+    """Adds ``generate`` to the ``layertap`` command's subcommands. ``deferred``: its arguments
+    are added when the subcommand parses its arguments or shows its help, not before (``layertap
+    inspect`` then imports nothing of layertap.generate); ``layertap --help`` shows the same."""
     p = sub.add_parser(
         "generate",
         help="write the hidden states of a prompt dataset (resumable)",
@@ -28,6 +27,32 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "layers into DIR, one record per row keyed by its index. Rerun with the same --out to "
         "resume. See docs/GENERATE.md.",
     )
+    p.set_defaults(func=run)
+    if not deferred:
+        _add_arguments(p)
+        return
+
+    def added_first(name: str):
+        def call(*args, **kwargs):
+            for each in _DEFERRING:
+                delattr(p, each)  # argparse's own methods again
+            _add_arguments(p)
+            return getattr(p, name)(*args, **kwargs)
+
+        return call
+
+    for name in _DEFERRING:
+        setattr(p, name, added_first(name))
+
+
+#: The parser's methods that need its arguments: parsing, and the usage and help it prints (for
+#: ``layertap generate --help`` and for its errors, both of which parse first).
+_DEFERRING = ("parse_known_args", "format_usage", "format_help")
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    from layertap.generate.options import add_arguments
+
     add_arguments(p)  # every option of a run: GenerateOptions' fields
     # argparse takes a value that begins with '-' and is not a number (-64:) for an option, so
     # `--window -64:` failed with "expected one argument": such a value is joined to its option.
@@ -38,10 +63,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="show vLLM's log on stderr (by default it goes to vllm.log in --out, and only its errors to stderr)",
     )
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from layertap.generate import GenerateError, generate, vllm_log
+    from layertap.generate.errors import EngineStartError
+    from layertap.generate.options import from_namespace
+    from layertap.generate.progress import WriterFailedError
+    from layertap.generate.summary import summary_text
+
     vllm_log.configure(args.verbose)  # before vLLM is imported (a run imports it)
     log = vllm_log.log_file  # where to look, named in the lines of a failed run (when it exists)
 
@@ -119,6 +149,8 @@ def _see(path: str | None) -> str:
 def _exit_status(summary: dict) -> int:
     """0 for a complete dataset; 2, with one line saying why, for data without a usable row (a
     rerun of the same command cannot succeed); 1 otherwise (rerun to resume)."""
+    from layertap.generate.summary import every_row_bad, most_common_reason
+
     if summary["complete"]:
         return 0
     if every_row_bad(summary):
