@@ -97,13 +97,14 @@ test-rust: ## Run the Rust core's tests
 	cargo test -p layertap-core --locked
 
 # Worker processes of the Python tests (pytest-xdist): each takes whole test files, in their order
-# (module fixtures, tests that must run first). 2 suits the 2-core CI machine; 0 runs them in
+# (module fixtures, tests that must run first), the longest files first (tests/conftest.py orders
+# them; --no-loadscope-reorder keeps that order). 2 suits the 2-core CI machine; 0 runs them in
 # this process, as a plain pytest does.
 PYTEST_WORKERS ?= 2
 
 .PHONY: test-python
 test-python: venv build ## Run the Python tests (real vLLM included; PYTEST_WORKERS=0 for one process)
-	$(BIN)/python -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 
 .PHONY: support-table
 support-table: ## Regenerate docs/CONNECTOR.md's support table, merging ROWS (the files of rows the value tests wrote where LAYERTAP_SUPPORT_TABLE_OUT said)
