@@ -179,6 +179,10 @@ def run_batch(sources, payloads, device, variant, reps) -> dict:
         "gbps": round(raw_bytes / best["wall_s"] / 1e9, 3),
         "host_cpu_s_per_gb": round(best["cpu_s"] / (raw_bytes / 1e9), 4),
         "parse_ms": round(1e3 * best["parse_s"], 2),
+        # its pieces: the payloads staged and copied, their heads parsed, the tables built
+        "stage_ms": round(1e3 * best.get("stage_s", 0.0), 2),
+        "records_ms": round(1e3 * best.get("records_s", 0.0), 2),
+        "tables_ms": round(1e3 * best.get("tables_s", 0.0), 2),
         "lanes": lanes,
         "longest_lane": longest,
     }
@@ -191,7 +195,7 @@ def run_batch(sources, payloads, device, variant, reps) -> dict:
 def markdown(result: dict) -> str:
     rows = result["batches"]
     cols = ["variant", "shape", "records", "tokens", "raw_mb", "ratio", "equal", "gbps", "kernel_gbps", "memcpy_gbps",
-            "host_cpu_s_per_gb", "parse_ms", "lanes", "longest_lane", "ns_per_element_lane"]  # fmt: skip
+            "host_cpu_s_per_gb", "parse_ms", "stage_ms", "records_ms", "tables_ms", "lanes", "longest_lane", "ns_per_element_lane"]  # fmt: skip
     lines = [
         f"# exp-huf decoder on {result['device']} ({result['source']})",
         "",
