@@ -68,6 +68,10 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    return sorted({*globals(), "generate"})  # listed before its first use imports it
+
+
 __all__ = [
     "ShardWriter",
     "WriterOptions",
