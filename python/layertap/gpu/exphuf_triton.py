@@ -458,11 +458,12 @@ def _code_lengths_kernel(
     The builds are the steps of one runtime loop with ``_huffman_build`` inlined once, the
     bisection's bounds carried from step to step: step 0 builds every table at ``h = 0``,
     steps 1 to 7 bisect the tables that did not fit (counts of at most 31 bits need 5), the
-    last builds them again at the ``h`` found (the last step tried may not have fit). Written
-    out, the build inlined nine times (seven of them in a ``tl.static_range``), the kernel came
-    to 9.5 M characters of PTX and took 6 minutes to compile for sm_90 (362 s on the CPU here):
-    the H100's calls that built tables on the device ran out of time before their first launch.
-    As one loop it takes 4 s (tests/triton_kernels/check_exphuf_encoder.py's PTX_LIMIT)."""
+    last builds again at the ``h`` found the tables whose last build was at another h (one that
+    did not fit). Written out, the build inlined nine times (seven of them in a
+    ``tl.static_range``), the kernel came to 9.5 M characters of PTX and took 6 minutes to
+    compile for sm_90 (362 s on the CPU here): the H100's calls that built tables on the device
+    ran out of time before their first launch. As one loop it takes 4 s
+    (tests/triton_kernels/check_exphuf_encoder.py's PTX_LIMIT)."""
     lane = tl.program_id(0).to(tl.int64) * TB + tl.arange(0, TB)
     live = lane < n_tables
     n = tl.load(n_ptr + lane, mask=live, other=0)
@@ -474,10 +475,11 @@ def _code_lengths_kernel(
         hi = tl.where((top >> bit) > 0, bit + 1, hi)
     lo = tl.zeros([TB], dtype=tl.int64)
     fit0 = tl.zeros([TB], dtype=tl.int1)
+    last = tl.full([TB], -1, tl.int64)  # the h of each table's last build
     for step in range(0, 9):
         bisect = (step > 0) & (step < 8)
         # The tables this step builds, and with which h.
-        act = tl.where(step == 0, live, live & ~fit0 & ((step == 8) | (hi - lo > 1)))
+        act = tl.where(step == 0, live, live & ~fit0 & (((step == 8) & (last != hi)) | (bisect & (hi - lo > 1))))
         h = tl.where(step == 0, 0, tl.where(bisect, (lo + hi) // 2, hi))
         most = tl.max(tl.where(act, n, 0), 0)  # the steps of the build: the most leaves it takes
         if most > 0:
@@ -485,6 +487,7 @@ def _code_lengths_kernel(
             fit0 = tl.where(step == 0, fits, fit0)
             hi = tl.where(bisect & act & fits, h, hi)
             lo = tl.where(bisect & act & ~fits, h, lo)
+            last = tl.where(act, h, last)
     for c0 in range(0, maxn, CH):
         idx = c0 + tl.arange(0, CH)[None, :]
         m = live[:, None] & (idx < n[:, None])
