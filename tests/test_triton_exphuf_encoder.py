@@ -3,7 +3,9 @@ Triton's interpreter on the CPU: bit for bit the Rust encoder's blocks on the ca
 tests/test_gpu_exphuf.py, its edge cases, a mode among tied counts, f32 values spanning three
 packing words, a batch, and real activations, and the same buffer as the torch operations; with the code tables
 built on the device too, and those tables against the Rust core's on counts with ties and
-counts whose codes need the bisection. The cases run in tests/triton_kernels/check_exphuf_encoder.py, in one
+counts whose codes need the bisection (among them tables whose last bisection step does not
+fit); and every kernel compiled for sm_90 without a GPU, none over the PTX size that takes
+minutes to compile (``PTX_LIMIT``). The cases run in tests/triton_kernels/check_exphuf_encoder.py, in one
 subprocess (torch and triton start once: seconds): triton lives outside the virtualenv
 (``.venv/triton``, installed from requirements-triton.txt) so that vLLM's CPU build in this
 process never sees it."""
