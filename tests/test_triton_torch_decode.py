@@ -1,8 +1,8 @@
 """``HiddenStatesDataset(..., decode_on=...)``: exp-huf records decoded by the Triton decoder give
 batches bit for bit equal to the CPU path's (items, pad_collate, pack_collate, layers, exp-huf
 and codec-none records mixed; the Rust writer's exp-huf records, coded by column, decoded by the
-kernel too), a damaged record raises CorruptRecordError or is skipped as the CPU
-path skips it, and a missing CUDA device, an unknown device and DataLoader workers are refused
+kernel too; a batch's payloads read straight into one staging buffer, ``Staging``), a damaged
+record raises CorruptRecordError or is skipped as the CPU path skips it, and a missing CUDA device, an unknown device and DataLoader workers are refused
 in one line. tests/triton_kernels/check_torch_gpu_decode.py does the work in a subprocess, in
 Triton's interpreter on CPU tensors (``decode_on="cpu"``; triton lives outside the virtualenv,
 ``.venv/triton``, so that vLLM's CPU build in this process never sees it): once for every case,
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.timeout(900)
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "triton_kernels" / "check_torch_gpu_decode.py"
 
-CASES = ["batches-equal", "by-column", "layers", "damaged-record", "damaged-by-column", "refused"]
+CASES = ["batches-equal", "by-column", "staged", "layers", "damaged-record", "damaged-by-column", "refused"]
 
 
 def run_check(*args: str) -> subprocess.CompletedProcess:

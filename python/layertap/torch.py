@@ -33,7 +33,6 @@ import torch
 
 from layertap._checks import one_of
 from layertap._choices import ERROR_MODES, MAX_THREADS
-from layertap._spec import json_text
 from layertap._spec.format import crc32c, frame_header_len
 from layertap._spec.record import HIDDEN_STATES, LAYER_IDS, LOSS_MASK, TOKEN_IDS
 from layertap._tensors import TORCH_DTYPES, to_torch
@@ -225,17 +224,15 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
         self._open()
         device = torch.device(self.decode_on)
         where = [self._where[i] for i in indices]
-        results: list[tuple[str, dict, dict] | LayertapError] = []
+        results: list[tuple[str, dict, dict] | LayertapError | None] = []
         coded: list[int] = []  # positions in the batch of the exp-huf records
-        payloads: list[bytearray] = []
         for shard, at in where:
             entry = shard.entries[at]
+            if entry.codec == "exp-huf":  # both block modes (by element, by column): below
+                coded.append(len(results))
+                results.append(None)
+                continue
             try:
-                if entry.codec == "exp-huf":  # both block modes (by element, by column)
-                    payloads.append(self._stored(shard, entry))
-                    coded.append(len(results))
-                    results.append((shard.path, {}, {}))  # filled in below
-                    continue
                 metadata, tensors = shard.read(at, verify=self.verify)
                 found = {name: to_torch(buf, dtype, shape) for name, dtype, shape, buf in tensors}
                 if HIDDEN_STATES in found:
@@ -243,8 +240,25 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
                 results.append((shard.path, metadata, found))
             except LayertapError as e:
                 results.append(e)
-        for j, decoded in zip(coded, _decode_payloads(payloads, [where[j] for j in coded], device)):
-            results[j] = decoded
+        if coded:
+            # The stored payloads read from the shards straight into the one (pinned) buffer
+            # that goes to the device: written once on the host, not into a buffer each and
+            # then copied into the staging one.
+            from layertap.gpu.exphuf_decode import Staging  # triton: imported on this path only
+
+            staging = Staging([where[j][0].entries[where[j][1]].stored_len for j in coded], device)
+            read, bad = [], False
+            for j, view in zip(coded, staging.views):
+                shard, at = where[j]
+                try:
+                    self._stored(shard, shard.entries[at], view)
+                    read.append(j)
+                except LayertapError as e:
+                    results[j], bad = e, True
+            # A payload that could not be read leaves a hole: the others go as a list (copied).
+            payloads = [staging.views[coded.index(j)] for j in read] if bad else staging
+            for j, decoded in zip(read, _decode_payloads(payloads, [where[j] for j in read], device)):
+                results[j] = decoded
         items: list[dict | None] = []
         for i, result in zip(indices, results):
             try:
@@ -258,26 +272,24 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
                 items.append(None)
         return _as_rows(items) if self.layers is None else items
 
-    def _stored(self, shard: Any, entry: Any) -> bytearray:
-        """Record ``entry``'s stored payload as the shard holds it, its checksum checked (with
-        ``verify``). Raises CorruptRecordError."""
+    def _stored(self, shard: Any, entry: Any, view: memoryview) -> None:
+        """Reads record ``entry``'s stored payload as the shard holds it into ``view`` (its
+        ``stored_len`` bytes), its checksum checked (with ``verify``). Raises
+        CorruptRecordError."""
         file = self._files.get(shard.path)
         if file is None:
             file = self._files[shard.path] = open(shard.path, "rb", buffering=0)  # noqa: SIM115
         offset = entry.frame_offset + frame_header_len(len(entry.key.encode("utf-8")))
-        stored = bytearray(entry.stored_len)
-        view, got = memoryview(stored), 0
-        while got < len(stored):
+        got = 0
+        while got < len(view):
             n = os.preadv(file.fileno(), [view[got:]], offset + got)
             if n == 0:
                 break
             got += n
-        del view
-        if got < len(stored):
+        if got < len(view):
             raise _corrupt(shard.path, entry, "payload is cut off by the end of the file")
-        if self.verify and crc32c(stored) != entry.payload_crc:
+        if self.verify and crc32c(view) != entry.payload_crc:
             raise _corrupt(shard.path, entry, "payload checksum mismatch")
-        return stored
 
     def _item(self, key: str, shard: str, metadata: dict, tensors: list, row: torch.Tensor | None = None) -> dict:
         found = {
@@ -351,20 +363,23 @@ def _corrupt(path: str, entry: Any, reason: str) -> CorruptRecordError:
 
 
 def _decode_payloads(
-    payloads: list[bytearray], where: list[tuple[Any, int]], device: torch.device
+    payloads: Any, where: list[tuple[Any, int]], device: torch.device
 ) -> list[tuple[str, dict, dict] | LayertapError]:
-    """``(shard path, metadata, tensors by name)`` of each exp-huf payload, decoded on
-    ``device`` in one call; ``hidden_states`` stays there, the other tensors (token ids, loss
-    mask) come back to the CPU in one copy. A batch with a damaged payload is decoded again a
-    record at a time, so that only the damaged ones fail (CorruptRecordError)."""
-    if not payloads:
+    """``(shard path, metadata, tensors by name)`` of each exp-huf payload (host buffers, or a
+    ``Staging`` holding them), decoded on ``device`` in one call; ``hidden_states`` stays there,
+    the other tensors (token ids, loss mask) come back to the CPU in one copy. A batch with a
+    damaged payload is decoded again a record at a time, so that only the damaged ones fail
+    (CorruptRecordError)."""
+    if not len(payloads):
         return []
-    from layertap.gpu.exphuf_decode import decode_records  # triton: imported on this path only
+    from layertap.gpu.exphuf_decode import Staging, decode_records, stored_metadata  # triton: this path only
 
     try:
         decoded: list = decode_records(payloads, device)
     except CorruptRecordError:
         decoded = []
+        if isinstance(payloads, Staging):
+            payloads = payloads.views
         for payload, (shard, at) in zip(payloads, where):
             try:
                 decoded.append(decode_records([payload], device)[0])
@@ -376,6 +391,8 @@ def _decode_payloads(
     flat = [decoded[r][name].reshape(-1).view(torch.uint8) for r, name in small]
     host = torch.cat(flat).cpu() if flat else None
     at_byte = 0
+    if isinstance(payloads, Staging):
+        payloads = payloads.views
     out: list[tuple[str, dict, dict] | LayertapError] = []
     for payload, (shard, at), d in zip(payloads, where, decoded):
         if isinstance(d, LayertapError):
@@ -396,8 +413,7 @@ def _decode_payloads(
                 _corrupt(shard.path, entry, f"decodes to {raw_len} bytes, not the {entry.raw_len} its index says")
             )
             continue
-        doc = json_text.parse(bytes(payload[8:head_len]))  # checked by decode_records
-        out.append((shard.path, dict(doc.get("__metadata__", {})), found))
+        out.append((shard.path, stored_metadata(payload), found))  # checked by decode_records
     return out
 
 

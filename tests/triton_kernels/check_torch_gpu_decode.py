@@ -186,6 +186,46 @@ def case_by_column(path: Path, device: str) -> str:
     return f"{sum(m == MODE_COLUMNS for m in first_block.values())} records coded by column, decoded on {device}"
 
 
+def case_staged(path: Path, device: str) -> str:
+    """Payloads placed in a ``Staging`` (one host buffer, as a reader fills it with preadv) decode
+    as the same payloads given as bytes do, and as the writer wrote them, both block modes mixed;
+    the buffer's gaps and tail are zero; the Dataset reads a batch's payloads straight into one
+    (no buffer a payload) and hands it to the decoder as it is."""
+    from layertap.gpu import exphuf_decode
+
+    payloads = {**stored_payloads(exphuf_shard(path)), **stored_payloads(exphuf_shard(path, "col"))}
+    keys = ["3", "15", "0", "14", "7"]  # by element (coded and raw blocks) and by column
+    staging = exphuf_decode.Staging([len(payloads[k]) for k in keys], torch.device(device))
+    for k, view in zip(keys, staging.views):
+        assert not view.readonly and len(view) == len(payloads[k])
+        view[:] = payloads[k]
+    host = staging.host.numpy()
+    ends = [b + n for b, n in zip(staging.bases, staging.lengths)]
+    assert all(b % 8 == 0 for b in staging.bases), staging.bases
+    assert not any(host[e:b].any() for e, b in zip(ends, [*staging.bases[1:], len(host)])), "gaps not zero"
+    got = exphuf_decode.decode_records(staging)
+    listed = exphuf_decode.decode_records([payloads[k] for k in keys], torch.device(device))
+    for k, a, b in zip(keys, got, listed):
+        same(record(int(k)), a, f"record {k} staged")
+        same(record(int(k)), b, f"record {k} as bytes")
+    given: list = []
+    real = exphuf_decode.decode_records
+
+    def recording(payloads, *args, **kwargs):
+        given.append(payloads)
+        return real(payloads, *args, **kwargs)
+
+    exphuf_decode.decode_records = recording
+    try:
+        cpu, dev = HiddenStatesDataset(path), HiddenStatesDataset(path, decode_on=device)
+        indices = BATCH[-1]
+        same(cpu.__getitems__(indices), dev.__getitems__(indices), f"items {indices}")
+    finally:
+        exphuf_decode.decode_records = real
+    assert [type(g).__name__ for g in given] == ["Staging"], f"the Dataset gave the decoder {given}"
+    return f"{len(keys)} payloads staged, both block modes; the Dataset stages a batch of {len(given[0])}"
+
+
 def case_layers(path: Path, device: str) -> str:
     cpu = HiddenStatesDataset(path, layers=[13, 2])
     dev = HiddenStatesDataset(path, layers=[13, 2], decode_on=device)
@@ -292,6 +332,7 @@ def case_refused(path: Path, device: str) -> str:
 CASES = {
     "batches-equal": case_batches_equal,
     "by-column": case_by_column,
+    "staged": case_staged,
     "layers": case_layers,
     "damaged-record": case_damaged_record,
     "damaged-by-column": case_damaged_by_column,

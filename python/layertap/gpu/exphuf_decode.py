@@ -3,7 +3,8 @@
 than the raw tensors) and decoded there into tensors bit for bit equal to what the writer took.
 
 ``decode_records(payloads)`` takes a batch of payloads (host buffers, or uint8 tensors already on
-the device) and returns, per record, its tensors (name -> tensor on the device).
+the device, or a ``Staging``: one host buffer, pinned, that a reader filled with them) and
+returns, per record, its tensors (name -> tensor on the device).
 
 Where the parallelism is. Each stream of a block is one sequential chain: an element's code
 length says where the next one starts, and its context comes from the element ``d`` back (the
@@ -64,6 +65,7 @@ records of both modes.
 
 from __future__ import annotations
 
+import functools
 import struct
 import time
 from dataclasses import dataclass, field
@@ -96,9 +98,12 @@ from layertap.gpu.exphuf_columns import check_stream_ends, stream_lanes
 
 TABLE_LEN = 1 << MAX_CODE_LEN
 _FIXED = struct.Struct("<BBHI")
+_TABLE_HEAD = struct.Struct("<HH")
 #: The longest block head: mode, fixed fields, context map, 16 full code-length tables, 8
 #: stream lengths. A device payload's head is read back in one copy of at most this.
 _MAX_HEAD = 1 + _FIXED.size + SYMBOLS // 2 + MAX_CONTEXTS * (4 + SYMBOLS // 2) + 8 * 8
+#: The longest header ``_parsed_head`` keeps in its cache (a record's is some 200 bytes).
+_CACHED_HEAD = 4096
 #: Bytes after the last payload in the device copy: the two words after a stream's last one.
 _PAD = 24
 #: Lane statuses the kernel writes (0: decoded and checked).
@@ -116,6 +121,11 @@ LANES = 32
 #: Lanes of a program of the mode-2 streams kernel on CUDA (4 warps): its lanes share nothing.
 COLUMN_LANES = 128
 _SYMBOL_OF_TOP = symbol_of_top(np.arange(SYMBOLS))
+#: Where a top's context lies in a packed context map: its symbol's byte and nibble.
+_TOP_BYTE, _TOP_SHIFT = _SYMBOL_OF_TOP >> 1, ((_SYMBOL_OF_TOP & 1) * 4).astype(np.uint8)
+#: A code length's share of the code space, 2^(11 - length) (0 for no code); lengths over 11
+#: (refused before this is looked at) count as 11.
+_KRAFT = np.array([0] + [1 << (MAX_CODE_LEN - min(n, MAX_CODE_LEN)) for n in range(1, 16)], np.int32)
 _REV11 = np.array([int(f"{x:011b}"[::-1], 2) for x in range(TABLE_LEN)], dtype=np.int64)
 
 
@@ -124,8 +134,11 @@ class _Batch:
     """What the host parsed of a batch: the lanes of each element width, the decode tables,
     the plain copies, and where each record's tensors come from."""
 
-    # per code-length table: its packed nibbles (a view of the payload), first symbol, count
+    # per coded block: its code-length tables' bytes (a view of the payload); per table: where
+    # its packed nibbles start in those blocks' bytes back to back, its first symbol and count
     packed: list[np.ndarray] = field(default_factory=list)
+    packed_len: int = 0
+    table_bytes: list[int] = field(default_factory=list)
     firsts: list[int] = field(default_factory=list)
     counts: list[int] = field(default_factory=list)
     table_first: list[int] = field(default_factory=list)  # per coded block: its first table
@@ -170,23 +183,6 @@ class _Source:
         return memoryview(self.tensor[a:b].cpu().numpy().tobytes())
 
 
-def _lengths(head: memoryview, at: int, batch: _Batch) -> int:
-    """Takes the code-length table at ``at`` into ``batch`` (checked with the batch's others, in
-    ``_check_lengths``); returns where it ends."""
-    if at + 4 > len(head):
-        raise FormatProblem("block is cut off")
-    first, count = struct.unpack_from("<HH", head, at)
-    if first + count > SYMBOLS:
-        raise FormatProblem(f"code lengths of symbols {first}..{first + count} are out of range")
-    nbytes = (count + 1) // 2
-    if at + 4 + nbytes > len(head):
-        raise FormatProblem("block is cut off")
-    batch.packed.append(np.frombuffer(head, np.uint8, nbytes, at + 4))
-    batch.firsts.append(first)
-    batch.counts.append(count)
-    return at + 4 + nbytes
-
-
 def _check_lengths(batch: _Batch) -> np.ndarray:
     """Every table's code lengths, ``[T, 512]`` uint8, checked as the format says (padding
     nibble, at most 11 bits, a prefix code); FormatProblem names the first bad table."""
@@ -194,19 +190,23 @@ def _check_lengths(batch: _Batch) -> np.ndarray:
     packed = np.concatenate(batch.packed) if batch.packed else np.zeros(0, np.uint8)
     nibbles = np.stack([packed & 15, packed >> 4], 1).reshape(-1)
     # Table t's nibbles start at 2 * (its packed bytes' offset); its count of them are lengths.
-    byte_at = np.cumsum((counts + 1) // 2) - (counts + 1) // 2
-    row = np.repeat(np.arange(len(counts)), counts)
-    j = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    byte_at = np.array(batch.table_bytes, np.int64)
     lengths = np.zeros((len(counts), SYMBOLS), np.uint8)
-    lengths[row, np.repeat(np.array(batch.firsts, np.int64), counts) + j] = nibbles[np.repeat(2 * byte_at, counts) + j]
+    starts = np.cumsum(counts) - counts
+    j = np.arange(int(counts.sum())) - np.repeat(starts, counts)
+    given = nibbles[np.repeat(2 * byte_at, counts) + j]  # the tables' lengths back to back
+    lengths[np.repeat(np.arange(len(counts)), counts), np.repeat(np.array(batch.firsts, np.int64), counts) + j] = given
+    # Per table, over its given lengths only (tens of a table, of 512): the longest and its
+    # codes' share of the code space. A 0 after them closes the last table's span (and stands
+    # for an empty table's, masked).
+    given = np.append(given, np.uint8(0))
+    longest = np.where(counts > 0, np.maximum.reduceat(given, starts), 0) if len(counts) else counts
+    kraft = np.where(counts > 0, np.add.reduceat(_KRAFT[given], starts), 0) if len(counts) else counts
     odd = counts % 2 == 1
     bad = [
         (odd & (nibbles[np.minimum(2 * byte_at + counts, len(nibbles) - 1)] != 0), "code lengths' padding nibble is not zero"),
-        (lengths.max(1, initial=0) > MAX_CODE_LEN, f"a code length is over {MAX_CODE_LEN}"),
-        (
-            np.where(lengths > 0, 1 << (MAX_CODE_LEN - np.minimum(lengths, MAX_CODE_LEN).astype(np.int64)), 0).sum(1) > TABLE_LEN,
-            "code lengths are over-subscribed (not a prefix code)",
-        ),
+        (longest > MAX_CODE_LEN, f"a code length is over {MAX_CODE_LEN}"),
+        (kraft > TABLE_LEN, "code lengths are over-subscribed (not a prefix code)"),
     ]  # fmt: skip
     for flags, problem in bad:
         if flags.any():
@@ -224,20 +224,38 @@ def _check_contexts(contexts: int) -> None:
 def _context_tables(head, p: int, contexts: int, batch: _Batch) -> tuple[np.ndarray, int, int]:
     """The context map at ``head[p:]`` (a 4-bit context a symbol) and the ``contexts`` code-length
     tables after it, as both block modes' heads hold them: checked, the tables added to
-    ``batch``. Returns the map, the offset after the tables and the batch's index of the
+    ``batch``. Returns the map (``[512]``, by an element's top 9 bits), the offset after the tables and the batch's index of the
     block's first table."""
     packed = np.frombuffer(head, np.uint8, SYMBOLS // 2, p)
-    cmap = np.stack([packed & 15, packed >> 4], 1).reshape(-1)
-    if cmap.max() >= contexts:
-        raise FormatProblem(f"context map names context {cmap.max()} of {contexts}")
+    # The map read in top-9-bits order straight from its nibbles (a permutation of the symbols:
+    # the same largest context as in symbol order).
+    ctx_of_top = ((packed[_TOP_BYTE] >> _TOP_SHIFT) & 15).astype(np.int64)
+    if ctx_of_top.max() >= contexts:
+        raise FormatProblem(f"context map names context {ctx_of_top.max()} of {contexts}")
     p += SYMBOLS // 2
     table_first = len(batch.counts)
+    # Each table's place follows from the one before (its count says its length): a short walk
+    # over the heads' fixed fields; the nibbles themselves are taken and checked with the
+    # batch's others, in one numpy pass (``_check_lengths``).
+    start, end, tables = p, len(head), []
     for c in range(contexts):
-        try:
-            p = _lengths(head, p, batch)
-        except FormatProblem as e:
-            raise FormatProblem(f"context {c}: {e}") from None
-    return cmap, p, table_first
+        if p + 4 > end:
+            raise FormatProblem(f"context {c}: block is cut off")
+        first, count = _TABLE_HEAD.unpack_from(head, p)
+        if first + count > SYMBOLS:
+            raise FormatProblem(f"context {c}: code lengths of symbols {first}..{first + count} are out of range")
+        tables.append((first, count, p + 4))
+        p += 4 + (count + 1) // 2
+        if p > end:
+            raise FormatProblem(f"context {c}: block is cut off")
+    shift = batch.packed_len - start
+    for first, count, at in tables:
+        batch.firsts.append(first)
+        batch.counts.append(count)
+        batch.table_bytes.append(at + shift)
+    batch.packed.append(np.frombuffer(head, np.uint8, p - start, start))
+    batch.packed_len += p - start
+    return ctx_of_top, p, table_first
 
 
 def _parse_block(src: _Source, at: int, base: int, n: int, width: int, batch: _Batch, out, where: str) -> int:
@@ -265,7 +283,7 @@ def _parse_block(src: _Source, at: int, base: int, n: int, width: int, batch: _B
         raise FormatProblem(f"block has {streams} streams (1, 2, 4 or 8 allowed)")
     if reserved:
         raise FormatProblem("block's reserved bytes are not zero")
-    cmap, p, table_first = _context_tables(head, 1 + _FIXED.size, contexts, batch)
+    ctx_of_top, p, table_first = _context_tables(head, 1 + _FIXED.size, contexts, batch)
     if p + 8 * streams > len(head):
         raise FormatProblem("block is cut off")
     sizes = struct.unpack_from(f"<{streams}Q", head, p)
@@ -274,7 +292,7 @@ def _parse_block(src: _Source, at: int, base: int, n: int, width: int, batch: _B
         raise FormatProblem("a stream runs past the payload")
     block = len(batch.table_first)
     batch.table_first.append(table_first)
-    batch.ctx_of_top.append(cmap[_SYMBOL_OF_TOP].astype(np.int64))
+    batch.ctx_of_top.append(ctx_of_top)
     batch.where.append(where)
     start = batch.elements[width]
     for k, size in enumerate(sizes):
@@ -288,6 +306,8 @@ def _parse_block(src: _Source, at: int, base: int, n: int, width: int, batch: _B
 
 
 _COLUMN_FIXED = struct.Struct("<B3sII")
+#: Stream numbers 0, 1, ... of a block coded by column (most have a few hundred at most).
+_STREAM_IDS = np.arange(4096, dtype=np.int64)
 
 
 def _parse_columns(src: _Source, at: int, base: int, n: int, width: int, batch: _Batch, out, where: str, head) -> int:
@@ -306,7 +326,7 @@ def _parse_columns(src: _Source, at: int, base: int, n: int, width: int, batch: 
         raise FormatProblem(f"block of {n} elements in rows of {columns} columns")
     if not 1 <= streams <= columns:
         raise FormatProblem(f"block has {streams} streams for {columns} columns (1 to {columns} allowed)")
-    cmap, p, table_first = _context_tables(head, p, contexts, batch)
+    ctx_of_top, p, table_first = _context_tables(head, p, contexts, batch)
     lengths_at = at + p
     if lengths_at + 8 * streams > src.length:
         raise FormatProblem("block is cut off")
@@ -325,17 +345,26 @@ def _parse_columns(src: _Source, at: int, base: int, n: int, width: int, batch: 
     sizes = sizes.astype(np.int64)
     block = len(batch.table_first)
     batch.table_first.append(table_first)
-    batch.ctx_of_top.append(cmap[_SYMBOL_OF_TOP].astype(np.int64))
+    batch.ctx_of_top.append(ctx_of_top)
     batch.where.append(where)
     batch.col_ids.append((block, table_first, contexts))
     rows = n // columns
-    k = np.arange(streams, dtype=np.int64)
-    first_col, end_col = k * columns // streams, (k + 1) * columns // streams
-    starts = 8 * (base + stream_at + np.cumsum(sizes) - sizes)
-    count = (end_col - first_col) * rows
-    longest = np.full(streams, count.max(initial=0))
-    fields = [starts, starts + 8 * sizes, batch.tops + first_col * rows, count, np.full(streams, block), k, longest]
-    batch.col_lanes.append(np.stack(fields, 1))
+    # The lanes' rows (see _Batch.col_lanes), filled column by column: fewer numpy steps than
+    # stacking them.
+    lanes = np.empty((streams, 7), np.int64)
+    k = _STREAM_IDS[:streams] if streams <= len(_STREAM_IDS) else np.arange(streams, dtype=np.int64)
+    lanes[:, 5] = k
+    first_col = k * columns // streams
+    lanes[:, 3] = ((k + 1) * columns // streams - first_col) * rows
+    lanes[:, 2] = first_col * rows + batch.tops
+    ends = np.cumsum(sizes)
+    lanes[:, 1] = ends
+    lanes[:, 0] = ends - sizes
+    lanes[:, :2] += base + stream_at
+    lanes[:, :2] *= 8
+    lanes[:, 4] = block
+    lanes[:, 6] = lanes[:, 3].max(initial=0)
+    batch.col_lanes.append(lanes)
     start = batch.elements[width]
     batch.col_blocks[width].append((8 * (base + plane_at), batch.tops, start, n, columns, rows))
     batch.tops += n
@@ -378,17 +407,51 @@ class _HeadOnly:
         return self.head[item]
 
 
-def _parse_record(src: _Source, base: int, batch: _Batch) -> None:
+@functools.lru_cache(maxsize=1024)
+def _parsed_head(head: bytes) -> tuple[int, tuple | FormatProblem]:
+    """A payload's safetensors header (length prefix and JSON) parsed: the raw length its data
+    offsets give, and ``parse_header``'s ``(metadata, tensors, data start)`` or the problem it
+    found. Cached by the header's bytes: a batch's records (and the next batch's) mostly share
+    their header, and ``stored_metadata`` reads the metadata again without a third JSON parse.
+    Raises FormatProblem where the JSON itself is bad (not cached)."""
+    raw_len = _raw_len(head)
+    try:
+        parsed = parse_header(_HeadOnly(head, raw_len))
+    except FormatProblem as e:
+        return raw_len, e
+    return raw_len, parsed
+
+
+def _head_bytes(src: _Source) -> bytes:
     if src.length < 8:
         raise FormatProblem("payload shorter than a safetensors header")
     head_len = 8 + int.from_bytes(src.read(0, 8), "little")
     if head_len > src.length:
         raise FormatProblem(f"safetensors header length {head_len - 8} does not fit the payload")
-    head = src.read(0, head_len)
-    raw_len = _raw_len(head)
+    return bytes(src.read(0, head_len))
+
+
+def stored_metadata(payload) -> dict[str, str]:
+    """The ``__metadata__`` of a payload ``decode_records`` decoded (its header was checked
+    then, and is read again here from the cache, without parsing)."""
+    _, parsed = _parsed_head(_head_bytes(_Source(payload)))
+    if isinstance(parsed, FormatProblem):
+        raise FormatProblem(str(parsed))
+    return dict(parsed[0])
+
+
+def _parse_record(src: _Source, base: int, batch: _Batch) -> None:
+    head = _head_bytes(src)
+    head_len = len(head)
+    if head_len > _CACHED_HEAD:
+        raw_len, parsed = _parsed_head.__wrapped__(head)  # not kept: the cache holds short ones
+    else:
+        raw_len, parsed = _parsed_head(head)
     if raw_len > 2 * src.length:
         raise FormatProblem(f"raw length {raw_len} is more than {src.length} stored bytes can decode to")
-    _, tensors, _ = parse_header(_HeadOnly(head, raw_len))
+    if isinstance(parsed, FormatProblem):
+        raise FormatProblem(str(parsed))
+    _, tensors, _ = parsed
     at, out = head_len, []
     for t in tensors:
         size = t.end - t.begin
@@ -467,25 +530,52 @@ def _upload(array: np.ndarray, device: torch.device) -> torch.Tensor:
     return t.to(device)
 
 
+class Staging:
+    """A batch's payloads laid out in one host buffer as ``decode_records`` copies them to the
+    device: back to back, each at a multiple of 8, the gaps and ``_PAD`` bytes after the last
+    zeroed (what a damaged stream reads past its end is then always the same); pinned where
+    the copy goes to a GPU (torch's host allocator keeps it for the next batch).
+
+    ``Staging(lengths, device)``, then fill ``views[i]`` (a writable memoryview of
+    ``lengths[i]`` bytes: ``os.preadv`` or ``readinto`` into it) with payload ``i`` and pass the
+    Staging to ``decode_records``: the stored bytes are then written on the host once, where
+    the file is read, and copied to the device as they are."""
+
+    def __init__(self, lengths, device):
+        self.device = torch.device(device)
+        self.lengths = [int(n) for n in lengths]
+        self.bases, at = [], 0
+        for n in self.lengths:
+            self.bases.append(at)
+            at = align8(at + n)
+        total = at + _PAD
+        self.host = torch.empty(total, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
+        array = self.host.numpy()
+        for b, n, e in zip(self.bases, self.lengths, [*self.bases[1:], total]):
+            array[b + n : e] = 0
+        whole = memoryview(array)
+        self.views = [whole[b : b + n] for b, n in zip(self.bases, self.lengths)]
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+
 def _device_copy(payloads, sources, device) -> tuple[torch.Tensor, list[int]]:
-    """The payloads back to back in one uint8 buffer on ``device`` (each at a multiple of 8),
-    ``_PAD`` bytes after the last; and where each starts."""
+    """The payloads back to back in one uint8 buffer on ``device`` (as ``Staging`` lays them
+    out); and where each starts. Host buffers are staged with one copy each, then copied to the
+    device in one; a ``Staging`` is copied as it is."""
+    if isinstance(payloads, Staging):
+        return payloads.host.to(device, non_blocking=True), payloads.bases
+    if all(s.host is not None for s in sources):
+        staging = Staging([s.length for s in sources], device)
+        for view, s in zip(staging.views, sources):
+            np.frombuffer(view, np.uint8)[:] = np.frombuffer(s.host, np.uint8)
+        return staging.host.to(device, non_blocking=True), staging.bases
     bases, at = [], 0
     for s in sources:
         bases.append(at)
         at = align8(at + s.length)
-    total = at + _PAD
-    if all(s.host is not None for s in sources):
-        # One staging buffer (pinned where the copy goes to a GPU: torch's host allocator keeps
-        # it for the next batch), one copy; the gaps and the end zeroed, so that what a damaged
-        # stream reads past its end is always the same.
-        host = torch.empty(total, dtype=torch.uint8, pin_memory=device.type == "cuda")
-        view = host.numpy()
-        for s, b, e in zip(sources, bases, [*bases[1:], total]):
-            view[b : b + s.length] = np.frombuffer(s.host, np.uint8)
-            view[b + s.length : e] = 0
-        return host.to(device, non_blocking=True), bases
-    buf = torch.zeros(total, dtype=torch.uint8, device=device)
+    buf = torch.zeros(at + _PAD, dtype=torch.uint8, device=device)
     for p, s, b in zip(payloads, sources, bases):
         buf[b : b + s.length].copy_(
             p if isinstance(p, torch.Tensor) else torch.frombuffer(bytearray(s.host), dtype=torch.uint8)
@@ -511,8 +601,9 @@ def decode_records(
     of one batch share the batch's output buffers. Raises CorruptRecordError naming the record,
     tensor and stream where a payload is not a valid exp-huf payload.
 
-    Host buffers are the fast way in: a device tensor's block heads are read back in one small
-    copy each. ``lanes_per_program`` (a multiple of 32 on CUDA; ``LANES`` there by default),
+    ``payloads`` may also be a ``Staging`` its caller filled (read from files straight into
+    it): its buffer is then copied to the device as it is, no host copy first. Host buffers are
+    the fast way in: a device tensor's block heads are read back in one small copy each. ``lanes_per_program`` (a multiple of 32 on CUDA; ``LANES`` there by default),
     ``live_lanes`` (the streams a program decodes, the others idle; by default as few as give
     each multiprocessor two programs, at least 4), ``ahead`` (the next element's context loaded a step early)
     and ``buffered`` (a stream's words kept from step to step, the next one loaded beside the
@@ -522,13 +613,17 @@ def decode_records(
     receives the host's parse and table time (``parse_s``: the payloads staged and copied,
     ``stage_s``; their heads parsed, ``records_s``; the tables checked and built, ``tables_s``)
     and, on CUDA, the kernels' time (seconds)."""
-    payloads = list(payloads)
-    if device is None:
-        on = [p.device for p in payloads if isinstance(p, torch.Tensor)]
-        device = on[0] if on else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(device)
     t0 = time.perf_counter()
-    sources = [_Source(p) for p in payloads]
+    if isinstance(payloads, Staging):
+        device = payloads.device if device is None else device
+        sources = [_Source(v) for v in payloads.views]
+    else:
+        payloads = list(payloads)
+        if device is None:
+            on = [p.device for p in payloads if isinstance(p, torch.Tensor)]
+            device = on[0] if on else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        sources = [_Source(p) for p in payloads]
+    device = torch.device(device)
     src_buf, bases = _device_copy(payloads, sources, device)
     t1 = time.perf_counter()
     batch = _Batch()
@@ -842,4 +937,4 @@ def _launch(src_buf, tables, table_of_top, out, desc, width, pos64, lanes_per_pr
     return status
 
 
-__all__ = ["LANES", "decode_records", "decode_tables"]
+__all__ = ["LANES", "Staging", "decode_records", "decode_tables", "stored_metadata"]
