@@ -66,6 +66,7 @@ records of both modes.
 from __future__ import annotations
 
 import functools
+import math
 import struct
 import time
 from dataclasses import dataclass, field
@@ -338,11 +339,12 @@ def _parse_columns(src: _Source, at: int, base: int, n: int, width: int, batch: 
         raise FormatProblem("the raw plane runs past the payload")
     stream_at = plane_at + plane_len
     room = src.length - stream_at
-    if (sizes > np.uint64(room)).any() or int(sizes.sum(dtype=np.uint64)) > room:
+    ends = np.cumsum(sizes)  # uint64; the last is the sizes' sum (streams >= 1, checked above)
+    if int(sizes.max()) > room or int(ends[-1]) > room:
         raise FormatProblem("a stream runs past the payload")
     if (n * raw_bits) % 8 and src.read(stream_at - 1, stream_at)[0] >> ((n * raw_bits) % 8):
         raise FormatProblem("the raw plane's padding bits are not zero")
-    sizes = sizes.astype(np.int64)
+    sizes, ends = sizes.astype(np.int64), ends.astype(np.int64)
     block = len(batch.table_first)
     batch.table_first.append(table_first)
     batch.ctx_of_top.append(ctx_of_top)
@@ -357,7 +359,6 @@ def _parse_columns(src: _Source, at: int, base: int, n: int, width: int, batch: 
     first_col = k * columns // streams
     lanes[:, 3] = ((k + 1) * columns // streams - first_col) * rows
     lanes[:, 2] = first_col * rows + batch.tops
-    ends = np.cumsum(sizes)
     lanes[:, 1] = ends
     lanes[:, 0] = ends - sizes
     lanes[:, :2] += base + stream_at
@@ -370,7 +371,7 @@ def _parse_columns(src: _Source, at: int, base: int, n: int, width: int, batch: 
     batch.tops += n
     batch.elements[width] += n
     out.append(("coded", width, start))
-    return stream_at + int(sizes.sum())
+    return stream_at + int(ends[-1])
 
 
 def _add_plain(batch: _Batch, src_byte: int, nbytes: int) -> int:
@@ -657,11 +658,11 @@ def decode_records(
         tensors = {}
         for name, dtype, shape, where in rec:
             tdtype = getattr(torch, TORCH_NAMES[dtype])
-            n = int(np.prod(shape, dtype=np.int64))
+            n = math.prod(shape)
             if where[0] == "coded":
                 flat = outs[where[1]][where[2] : where[2] + n]
             else:
-                flat = plain[where[1] : where[1] + n * torch.empty(0, dtype=tdtype).element_size()]
+                flat = plain[where[1] : where[1] + n * tdtype.itemsize]
             tensors[name] = flat.view(tdtype).reshape(shape)
         records.append(tensors)
     return records
