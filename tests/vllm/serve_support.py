@@ -112,6 +112,10 @@ def _start_on(
         "PYTHONPATH": os.path.join(ROOT, "python"),  # this tree's layertap
         # vLLM's periodic log line (with the connector's figures) every second instead of every 10 s.
         "VLLM_LOG_STATS_INTERVAL": "1",
+        # vLLM writes that line at INFO only while the engine is busy, else at DEBUG: figures that
+        # reach it after two quiet intervals (a loaded machine's late writer report) would not be
+        # in the log at INFO, and a test looking for them would depend on the machine's load.
+        "VLLM_LOGGING_LEVEL": "DEBUG",
         # vLLM kills its workers 5 s into their shutdown whatever --shutdown-timeout says
         # (docs/CONNECTOR.md, "Server"); a loaded CI machine can need longer to close a writer.
         "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": "60",
