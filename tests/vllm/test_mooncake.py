@@ -131,7 +131,9 @@ def test_a_run_whose_puts_failed_keeps_its_spool_and_a_rerun_puts_them(store, ti
         again.stop()
 
 
-def test_a_store_too_small_for_the_run_is_counted_and_fails_the_command(tiny_model, tmp_path, capfd, monkeypatch):
+def test_a_store_too_small_for_the_run_is_counted_and_fails_the_command(
+    tiny_model, tmp_path, capfd, monkeypatch, in_process_command
+):
     """The command into a store too small for the run (records of ~75 KiB each, 20 MiB of them,
     into 16 MiB): the later puts evict the first records, or fail. The summary counts every
     record the store no longer holds once the run is over (``store_missing``, the evicted among
@@ -142,7 +144,10 @@ def test_a_store_too_small_for_the_run_is_counted_and_fails_the_command(tiny_mod
     import layertap.generate as generate_module
     from layertap.cli import main as layertap_cli
 
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # in_process_command: the engine in this process, and the variables the command sets for
+    # vLLM's logging (VLLM_LOGGING_CONFIG_PATH) undone after it. Left set, they made a later
+    # test's engine, in a child process of this worker, load layertap's logging handler
+    # (test_config.py's test_no_cost_without_the_connector, when this file ran first).
     (tmp_path / "store").mkdir()
     # Leases of an hour: what the summary's check finds in the store is not evicted after it
     # (Mooncake's master evicts in a thread of its own, only objects whose lease has run out:
@@ -164,8 +169,7 @@ def test_a_store_too_small_for_the_run_is_counted_and_fails_the_command(tiny_mod
         engine_args = json.dumps({**TINY_ENGINE_ARGS, "dtype": "float32"})
         args = ["generate", tiny_model, "--data", data, "--out", address, "--max-len", "64", "--json"]
         args += ["--progress", "none", "--engine-args", engine_args, "--connector-args", '{"codec": "none"}']
-        with collections_of_young_objects():
-            status = layertap_cli(args)
+        status = layertap_cli(args)
         out, err = capfd.readouterr()
         summary = json.loads(out)
         with layertap.open(address) as ds:
