@@ -53,6 +53,16 @@ fn noise(n: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// A proptest's block of `rows` x `cols` elements of `width` bytes: random bits, or
+/// activation-like values.
+fn sample(rows: usize, cols: usize, width: usize, random_bits: bool, seed: u64) -> Vec<u8> {
+    if random_bits {
+        noise(rows * cols * width, seed)
+    } else {
+        activations(rows, cols, width, seed)
+    }
+}
+
 /// Activation-like bf16 (or f32) elements: a few exponents around 1.0, random signs and
 /// mantissas, channel `c` of each row scaled by `1 << (c % 5)` (outlier channels).
 fn activations(rows: usize, cols: usize, width: usize, seed: u64) -> Vec<u8> {
@@ -338,11 +348,7 @@ proptest! {
     ) {
         let n = rows * cols;
         let width = if wide { 4 } else { 2 };
-        let data = if random_bits {
-            noise(n * width, seed)
-        } else {
-            activations(rows, cols, width, seed)
-        };
+        let data = sample(rows, cols, width, random_bits, seed);
         let stride = [0, cols, 3 * cols + 1][stride_at];
         let mut block = if wide {
             coded_block::<4>(&data, stride, 0, streams)
@@ -407,11 +413,7 @@ proptest! {
     ) {
         let n = rows * cols;
         let width = if wide { 4 } else { 2 };
-        let data = if random_bits {
-            noise(n * width, seed)
-        } else {
-            activations(rows, cols, width, seed)
-        };
+        let data = sample(rows, cols, width, random_bits, seed);
         // Few streams and as many as there are columns both matter.
         let streams = [1 + streams_at.index(cols), 4.min(cols), cols][seed as usize % 3];
         let mut block = Vec::new();
@@ -476,13 +478,8 @@ proptest! {
         mode in any::<Option<u8>>(),
         seed in any::<u64>(),
     ) {
-        let n = rows * cols;
         let width = if wide { 4 } else { 2 };
-        let data = if random_bits {
-            noise(n * width, seed)
-        } else {
-            activations(rows, cols, width, seed)
-        };
+        let data = sample(rows, cols, width, random_bits, seed);
         let streams = 1 + streams_at.index(cols);
         if wide {
             encoder_same_as_reference::<4>(&data, cols, streams, mode, exp_shift)?;
