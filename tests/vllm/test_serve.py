@@ -182,8 +182,11 @@ def test_metrics_match_the_dataset(server):
     # connector's figures; those /metrics shows reached the same loggers.
     deadline = time.monotonic() + 60
     wanted = ("KV Transfer metrics: records_written=", "not_saved_not_requested=")
-    while not all(text in server.log_path.read_text(errors="replace") for text in wanted):
-        lines = [line for line in server.log_path.read_text(errors="replace").splitlines() if "KV Transfer" in line]
+    while True:
+        log = server.log_path.read_text(errors="replace")
+        if all(text in log for text in wanted):
+            break
+        lines = [line for line in log.splitlines() if "KV Transfer" in line]
         assert time.monotonic() < deadline, f"no line has {wanted}; vLLM's lines: {lines}"
         time.sleep(0.5)
 
