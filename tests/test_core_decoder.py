@@ -17,7 +17,7 @@ from layertap._decoder import record_decoder
 from layertap._rust_reader import RustShardReader
 from layertap._spec.format import CODECS, frame_header_len
 from layertap._spec.lock import is_locked
-from layertap.errors import CorruptRecordError, FormatError
+from layertap.errors import CorruptRecordError, FormatError, InvalidInputError
 
 VECTORS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vectors")
 
@@ -163,6 +163,53 @@ def test_a_batch_read_refuses_rows_that_overlap():
         RustShardReader.read_batch_into([(reader, 0, memory[:100]), (reader, 1, memory[50:300])], "hidden_states")
     with pytest.raises(TypeError, match="writable"):
         RustShardReader.read_batch_into([(reader, 0, b"read-only bytes")], "hidden_states")
+
+
+def test_stored_payloads_are_copied_as_the_file_holds_them():
+    """``RustShardReader.read_stored_into`` (what the Dataset's ``decode_on`` stages a batch's
+    payloads through, for the GPU decoder): every record of the shared vectors in one batch, on
+    one thread and on three, gets the bytes the file holds at its payload; a record whose bytes
+    do not match its checksum comes back as its ``CorruptRecordError`` (the bytes still copied)."""
+    readers = []
+    for path in sorted(glob.glob(os.path.join(VECTORS, "*.lts"))):
+        try:
+            readers.append(RustShardReader(path))
+        except FormatError:
+            continue
+    want = []
+    for r in readers:
+        with open(r.path, "rb") as f:
+            for i, e in enumerate(r.entries):
+                f.seek(e.frame_offset + frame_header_len(len(e.key.encode())))
+                want.append((r, i, f.read(e.stored_len)))
+    for threads in (1, 3):
+        out = [np.full(len(stored), 0xEE, np.uint8) for _, _, stored in want]
+        got = RustShardReader.read_stored_into([(r, i, o) for (r, i, _), o in zip(want, out)], threads=threads)
+        copied = corrupt = 0
+        for (r, i, stored), o, result in zip(want, out, got):
+            assert o.tobytes() == stored, (r.path, i)
+            if result is None:
+                copied += 1
+            else:
+                assert isinstance(result, CorruptRecordError), result
+                assert "payload checksum mismatch" in str(result) and result.key == r.entries[i].key
+                corrupt += 1
+        assert copied >= 20 and corrupt >= 1, (copied, corrupt)
+    for r in readers:
+        r.close()
+
+
+def test_stored_payloads_need_buffers_of_their_length_apart():
+    reader = RustShardReader(os.path.join(VECTORS, "bp16-zstd.lts"))
+    n = reader.entries[0].stored_len
+    (short,) = RustShardReader.read_stored_into([(reader, 0, np.zeros(n - 1, np.uint8))])
+    assert isinstance(short, InvalidInputError) and "stored_len" in str(short), short
+    memory = np.zeros(2 * n, np.uint8)
+    with pytest.raises(ValueError, match="overlap"):
+        RustShardReader.read_stored_into([(reader, 0, memory[:n]), (reader, 0, memory[n - 8 : 2 * n - 8])])
+    with pytest.raises(TypeError, match="writable"):
+        RustShardReader.read_stored_into([(reader, 0, bytes(n))])
+    reader.close()
 
 
 def test_batch_memory_comes_back_once_nothing_uses_it():

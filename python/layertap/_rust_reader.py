@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from layertap._native import NativeShardReader, batch_memory, is_being_written, read_batch_into
+from layertap._native import NativeShardReader, batch_memory, is_being_written, read_batch_into, read_stored_into
 from layertap._spec import json_text
 from layertap._types import IndexEntry, Problem, ProblemKind
 from layertap.errors import FormatError
@@ -87,6 +87,18 @@ class RustShardReader:
             else (r[0], [(n, d, s, None if b is None else np.asarray(b)) for n, d, s, b in r[1]])
             for r in results
         ]
+
+    @staticmethod
+    def read_stored_into(
+        reads: list[tuple[RustShardReader, int, object]], *, verify: bool = True, threads: int = 1
+    ) -> list[Exception | None]:
+        """Copies the stored payloads of a batch's records as the shards hold them (for a decoder
+        on a GPU): ``reads`` holds ``(reader, i, out)``, ``out`` a writable C-contiguous buffer of
+        exactly record ``i``'s ``stored_len`` bytes, no two overlapping (else ``ValueError``).
+        The copies run on up to ``threads`` threads with the GIL released, each checksum checked
+        as it is copied (with ``verify``). Returns, in order, None for each record copied or the
+        exception reading it raised (``CorruptRecordError``...)."""
+        return read_stored_into([(r._native, i, out) for r, i, out in reads], verify=verify, threads=threads)
 
     @staticmethod
     def batch_memory(nbytes: int) -> np.ndarray:

@@ -248,13 +248,11 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
 
             staging = Staging([where[j][0].entries[where[j][1]].stored_len for j in coded], device)
             read, bad = [], False
-            for j, view in zip(coded, staging.views):
-                shard, at = where[j]
-                try:
-                    self._stored(shard, shard.entries[at], view)
+            for j, problem in zip(coded, self._read_stored([where[j] for j in coded], staging.views)):
+                if problem is None:
                     read.append(j)
-                except LayertapError as e:
-                    results[j], bad = e, True
+                else:
+                    results[j], bad = problem, True
             # A payload that could not be read leaves a hole: the others go as a list (copied).
             payloads = [staging.views[coded.index(j)] for j in read] if bad else staging
             for j, decoded in zip(read, _decode_payloads(payloads, [where[j] for j in read], device)):
@@ -271,6 +269,27 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
                 self.skipped += 1
                 items.append(None)
         return _as_rows(items) if self.layers is None else items
+
+    def _read_stored(self, where: list[tuple[Any, int]], views: list[memoryview]) -> list[LayertapError | None]:
+        """Reads the stored payloads of records ``where`` into ``views`` (each its record's
+        ``stored_len`` bytes): by the Rust core on several threads with the GIL released, else a
+        record at a time. Returns, for each, None or the CorruptRecordError reading it raised."""
+        backend = type(where[0][0])
+        if all(type(shard) is backend for shard, _ in where) and hasattr(backend, "read_stored_into"):
+            reads = [(shard, at, view) for (shard, at), view in zip(where, views)]
+            results = backend.read_stored_into(reads, verify=self.verify, threads=_decode_threads(len(reads)))
+            for result in results:
+                if result is not None and not isinstance(result, LayertapError):
+                    raise result
+            return results
+        problems: list[LayertapError | None] = []
+        for (shard, at), view in zip(where, views):
+            try:
+                self._stored(shard, shard.entries[at], view)
+                problems.append(None)
+            except LayertapError as e:
+                problems.append(e)
+        return problems
 
     def _stored(self, shard: Any, entry: Any, view: memoryview) -> None:
         """Reads record ``entry``'s stored payload as the shard holds it into ``view`` (its

@@ -1,10 +1,14 @@
 //! A batch's records read together (`reader::read_batch`, what `layertap.torch` reads batches
 //! through): on every record of the shared vectors, from all the shards at once, on one thread
 //! and on several, the placed tensor (zeros after it in a longer row) and the others hold the
-//! bytes `ShardReader::read` gives, or the record is refused with its reason.
+//! bytes `ShardReader::read` gives, or the record is refused with its reason; and the stored
+//! payloads copied out as the file holds them (`reader::read_stored_batch`, what the Dataset's
+//! GPU decoding stages its batches through).
 
-use layertap_core::reader::{read_batch, BatchRead, ShardReader};
+use layertap_core::format::crc32c;
+use layertap_core::reader::{read_batch, read_stored_batch, BatchRead, ShardReader, StoredRead};
 use layertap_core::Error;
+use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
 fn vectors() -> Vec<PathBuf> {
@@ -90,5 +94,78 @@ fn a_batch_of_every_vector_reads_as_the_shard_reader_reads_each_record() {
             placed >= 20 && corrupt >= 1,
             "{placed} placed, {corrupt} corrupt"
         );
+    }
+}
+
+#[test]
+fn stored_payloads_of_every_vector_are_copied_as_the_file_holds_them() {
+    let readers: Vec<ShardReader> = vectors()
+        .iter()
+        .filter_map(|p| ShardReader::open(p).ok())
+        .collect();
+    // What the file holds at each record's payload, read apart from the reader's mapping.
+    let mut wanted = Vec::new();
+    for r in &readers {
+        let file = std::fs::File::open(r.path()).unwrap();
+        for (i, e) in r.entries().iter().enumerate() {
+            let mut stored = vec![0u8; e.stored_len as usize];
+            file.read_exact_at(&mut stored, e.payload_offset()).unwrap();
+            let intact = crc32c(&stored) == e.payload_crc;
+            wanted.push((r, i, stored, intact));
+        }
+    }
+    for (threads, verify) in [(1, true), (3, true), (3, false)] {
+        let mut out: Vec<Vec<u8>> = wanted.iter().map(|w| vec![0xEE; w.2.len()]).collect();
+        let mut batch: Vec<StoredRead<'_>> = wanted
+            .iter()
+            .zip(out.iter_mut())
+            .map(|((r, i, _, _), dst)| StoredRead {
+                reader: r,
+                index: *i,
+                dst,
+                result: None,
+            })
+            .collect();
+        read_stored_batch(&mut batch, verify, threads);
+        let (mut copied, mut mismatched) = (0, 0);
+        for (b, (r, i, stored, intact)) in batch.iter().zip(&wanted) {
+            assert_eq!(&b.dst[..], &stored[..], "{:?} #{i}", r.path());
+            match b.result.as_ref().expect("every result is set") {
+                Ok(()) => {
+                    assert!(
+                        *intact || !verify,
+                        "{:?} #{i}: a bad checksum passed",
+                        r.path()
+                    );
+                    copied += 1;
+                }
+                Err(Error::CorruptRecord { key, reason, .. }) => {
+                    assert!(verify && !intact, "{:?} #{i}: {reason}", r.path());
+                    assert!(reason.starts_with("payload checksum mismatch"), "{reason}");
+                    assert_eq!(key.as_deref(), Some(r.entries()[*i].key.as_str()));
+                    mismatched += 1;
+                }
+                Err(e) => panic!("{:?} #{i}: {e:?}", r.path()),
+            }
+        }
+        assert!(copied >= 20, "{copied} copied");
+        assert!(mismatched >= 1 || !verify, "no vector has a bad checksum");
+    }
+}
+
+#[test]
+fn a_stored_payload_needs_a_buffer_of_its_length() {
+    let path = vectors()
+        .into_iter()
+        .find(|p| p.ends_with("bp16-zstd.lts"))
+        .unwrap();
+    let reader = ShardReader::open(&path).unwrap();
+    let n = reader.entries()[0].stored_len as usize;
+    for len in [n - 1, n + 1] {
+        let mut dst = vec![0u8; len];
+        match reader.read_stored(0, true, &mut dst) {
+            Err(Error::InvalidInput(m)) => assert!(m.contains("stored_len"), "{m}"),
+            other => panic!("a buffer of {len} for {n} bytes: {other:?}"),
+        }
     }
 }

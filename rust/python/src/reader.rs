@@ -7,8 +7,8 @@ use crate::buffers_out::TensorBuffer;
 use crate::errors::{to_py, IntoPyResult};
 use layertap_core::blob::BlobHeader;
 use layertap_core::reader::{
-    decode_payload, read_batch, read_payload, BatchRead, PayloadInfo, Placed, Problem, RecordBytes,
-    ShardReader,
+    decode_payload, read_batch, read_payload, read_stored_batch, BatchRead, PayloadInfo, Placed,
+    Problem, RecordBytes, ShardReader, StoredRead,
 };
 use layertap_core::writer::RecordBuffer;
 use layertap_core::{Codec, Error};
@@ -289,16 +289,7 @@ fn read_batch_into<'py>(
         let buffer = PyRecordBuffer::get_writable(out).map_err(PyTypeError::new_err)?;
         jobs.push((r, at, buffer));
     }
-    let mut spans: Vec<(usize, usize)> = jobs.iter().map(|j| j.2.span()).collect();
-    spans.sort_unstable();
-    if spans
-        .windows(2)
-        .any(|w| w[0].1 > 0 && w[1].1 > 0 && w[0].0 + w[0].1 > w[1].0)
-    {
-        return Err(PyValueError::new_err(
-            "the out buffers of read_batch_into overlap: give each record a row of its own",
-        ));
-    }
+    check_apart(jobs.iter().map(|j| &j.2), "read_batch_into", "a row")?;
     let results = py.detach(move || {
         let mut batch: Vec<BatchRead<'_>> = jobs
             .iter_mut()
@@ -321,6 +312,78 @@ fn read_batch_into<'py>(
     for result in results {
         match result.expect("read_batch sets every result") {
             Ok(placed) => out.append(placed_tuple(py, placed)?)?,
+            Err(e) => out.append(to_py(e).into_value(py))?,
+        }
+    }
+    Ok(out)
+}
+
+/// `ValueError` when two of `buffers` overlap (`what` names the function, `each` what each
+/// record should get): each is written by its own thread, so no two may share memory.
+fn check_apart<'a>(
+    buffers: impl Iterator<Item = &'a PyRecordBuffer>,
+    what: &str,
+    each: &str,
+) -> PyResult<()> {
+    let mut spans: Vec<(usize, usize)> = buffers.map(PyRecordBuffer::span).collect();
+    spans.sort_unstable();
+    if spans
+        .windows(2)
+        .any(|w| w[0].1 > 0 && w[1].1 > 0 && w[0].0 + w[0].1 > w[1].0)
+    {
+        return Err(PyValueError::new_err(format!(
+            "the out buffers of {what} overlap: give each record {each} of its own"
+        )));
+    }
+    Ok(())
+}
+
+/// Copies the stored payloads of a batch's records, as their shards hold them (not decoded), for
+/// a decoder elsewhere (the GPU decoder's pinned staging buffer): `reads` is a list of
+/// `(reader, i, out)`, `out` a writable C-contiguous buffer of exactly record `i`'s `stored_len`
+/// bytes; no two `out` may overlap. The copies run on up to `threads` threads with the GIL
+/// released, each payload's checksum checked as it is copied (with `verify`). Returns, in
+/// order, None for each record copied, or the exception reading it raised
+/// (`CorruptRecordError`, `InvalidInputError` for an `out` of another length).
+#[pyfunction]
+#[pyo3(signature = (reads, *, verify = true, threads = 1))]
+fn read_stored_into<'py>(
+    py: Python<'py>,
+    reads: Vec<(Bound<'py, NativeShardReader>, isize, Bound<'py, PyAny>)>,
+    verify: bool,
+    threads: usize,
+) -> PyResult<Bound<'py, PyList>> {
+    let mut jobs = Vec::with_capacity(reads.len());
+    for (reader, i, out) in &reads {
+        let native = reader.get();
+        let r = native.reader()?;
+        let at = NativeShardReader::position(&r, *i)?;
+        let buffer = PyRecordBuffer::get_writable(out).map_err(PyTypeError::new_err)?;
+        jobs.push((r, at, buffer));
+    }
+    check_apart(jobs.iter().map(|j| &j.2), "read_stored_into", "a buffer")?;
+    let results = py.detach(move || {
+        let mut batch: Vec<StoredRead<'_>> = jobs
+            .iter_mut()
+            .map(|(r, at, buffer)| StoredRead {
+                reader: r,
+                index: *at,
+                // SAFETY: each buffer was taken writable, and no two overlap (checked above),
+                // so each slice is the only one of its memory while the batch is read.
+                dst: unsafe { buffer.bytes_mut() },
+                result: None,
+            })
+            .collect();
+        read_stored_batch(&mut batch, verify, threads);
+        let results: Vec<_> = batch.into_iter().map(|b| b.result).collect();
+        drop(jobs); // the buffers go to the graveyard, released below with the GIL
+        results
+    });
+    drain_graveyard(py);
+    let out = PyList::empty(py);
+    for result in results {
+        match result.expect("read_stored_batch sets every result") {
+            Ok(()) => out.append(py.None())?,
             Err(e) => out.append(to_py(e).into_value(py))?,
         }
     }
@@ -484,6 +547,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(decode_record, m)?)?;
     m.add_function(wrap_pyfunction!(read_record, m)?)?;
     m.add_function(wrap_pyfunction!(read_batch_into, m)?)?;
+    m.add_function(wrap_pyfunction!(read_stored_into, m)?)?;
     m.add_function(wrap_pyfunction!(batch_memory, m)?)?;
     m.add_function(wrap_pyfunction!(recover, m)?)?;
     m.add_function(wrap_pyfunction!(is_being_written, m)?)?;

@@ -1,6 +1,7 @@
 //! A training batch's records read together: each record's stored bytes asked of the kernel
 //! first (cold files are read while the first records decode), then the records decoded on a
-//! few threads, each tensor of the chosen name straight into its row of the batch.
+//! few threads, each tensor of the chosen name straight into its row of the batch; or, for a
+//! decoder on a GPU, each record's stored payload copied out as it is.
 
 use super::place::{Placed, Scratch};
 use super::ShardReader;
@@ -49,19 +50,65 @@ pub fn read_batch(batch: &mut [BatchRead<'_>], name: &str, verify: bool, threads
     for r in batch.iter() {
         r.reader.will_need(r.index);
     }
-    let threads = threads.clamp(1, batch.len().max(1));
-    let work = Mutex::new(batch.iter_mut());
+    on_threads(batch, threads, take_scratch, give_back, |scratch, r| {
+        r.reader.populate(r.index);
+        r.result = Some(r.reader.read_placed(r.index, verify, name, r.dst, scratch));
+    });
+}
+
+/// One record of a batch whose stored payload is copied out as the shard holds it.
+#[derive(Debug)]
+pub struct StoredRead<'a> {
+    /// The shard holding the record.
+    pub reader: &'a ShardReader,
+    /// Its position in the shard.
+    pub index: usize,
+    /// Where its stored payload goes: exactly its `stored_len` bytes.
+    pub dst: &'a mut [u8],
+    /// Set by [`read_stored_batch`].
+    pub result: Option<Result<()>>,
+}
+
+/// Copies the stored payload of every record of `batch` (see [`ShardReader::read_stored`]) on
+/// up to `threads` threads (the caller's among them), setting each one's `result`: a decoder
+/// that runs elsewhere (on a GPU) gets a batch's bytes, checksums checked, at the speed of
+/// several cores' copies.
+pub fn read_stored_batch(batch: &mut [StoredRead<'_>], verify: bool, threads: usize) {
+    for r in batch.iter() {
+        r.reader.will_need(r.index);
+    }
+    on_threads(
+        batch,
+        threads,
+        || (),
+        drop,
+        |(), r| {
+            r.result = Some(r.reader.read_stored(r.index, verify, r.dst));
+        },
+    );
+}
+
+/// Runs `each` on every item of `items` on up to `threads` threads (the caller's among them),
+/// each thread taking the next item when it finishes one, with a state of its own that `start`
+/// makes and `end` takes back.
+fn on_threads<T: Send, S>(
+    items: &mut [T],
+    threads: usize,
+    start: impl Fn() -> S + Sync,
+    end: impl Fn(S) + Sync,
+    each: impl Fn(&mut S, &mut T) + Sync,
+) {
+    let threads = threads.clamp(1, items.len().max(1));
+    let work = Mutex::new(items.iter_mut());
     let run = || {
-        let mut scratch = take_scratch();
+        let mut state = start();
         loop {
-            let Some(r) = work.lock().next() else { break };
-            r.reader.populate(r.index);
-            r.result = Some(
-                r.reader
-                    .read_placed(r.index, verify, name, r.dst, &mut scratch),
-            );
+            let Some(item) = work.lock().next() else {
+                break;
+            };
+            each(&mut state, item);
         }
-        give_back(scratch);
+        end(state);
     };
     std::thread::scope(|s| {
         for _ in 1..threads {

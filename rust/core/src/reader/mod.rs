@@ -16,7 +16,7 @@ mod record;
 mod scan;
 mod torn;
 
-pub use batch::{read_batch, BatchRead};
+pub use batch::{read_batch, read_stored_batch, BatchRead, StoredRead};
 pub use lock::is_being_written;
 pub(crate) use lock::lock_exclusive_now;
 pub use payload::{decode_payload, read_payload, PayloadInfo};
@@ -410,6 +410,47 @@ impl ShardReader {
             payload_crc: verify.then_some(e.payload_crc),
         };
         decode_placed(stored, &info, name, dst, scratch).map_err(|r| self.corrupt(e, r))
+    }
+
+    /// Copies record `i`'s stored payload, as the shard holds it (not decoded), into `dst`, which
+    /// must be exactly its `stored_len` bytes long: for a decoder elsewhere, such as the GPU
+    /// decoder's pinned staging buffer. With `verify` its checksum is checked as it is copied
+    /// (a piece at a time, while the piece is still in the cache); `dst` then holds the bytes
+    /// even when they do not match. Errors as [`ShardReader::raw`], and `InvalidInput` for a
+    /// `dst` of another length.
+    pub fn read_stored(&self, i: usize, verify: bool, dst: &mut [u8]) -> Result<()> {
+        let e = self.entry(i)?;
+        if dst.len() as u64 != e.stored_len {
+            return Err(Error::InvalidInput(format!(
+                "record {:?} of {} holds {} stored bytes, not {}: give it a buffer of its stored_len",
+                e.key,
+                self.path.display(),
+                e.stored_len,
+                dst.len()
+            )));
+        }
+        // Read from the file, not copied from the mapping: the kernel copies from its page
+        // cache without faulting the mapping's pages in. The range lies inside the file as it was when opened (`stored`
+        // checks), and shards are append-only, so the bytes are the mapping's.
+        self.stored(e)?;
+        let at = e.payload_offset();
+        /// Read, then checksummed while in the cache: a piece well under L2's size.
+        const PIECE: usize = 256 << 10;
+        let mut crc = 0;
+        for (n, piece) in dst.chunks_mut(PIECE).enumerate() {
+            std::os::unix::fs::FileExt::read_exact_at(&self.file, piece, at + (n * PIECE) as u64)
+                .map_err(|err| self.corrupt(e, format!("cannot read the payload: {err}")))?;
+            if verify {
+                crc = crate::format::crc32c_append(crc, piece);
+            }
+        }
+        if !verify {
+            return Ok(());
+        }
+        if crc != e.payload_crc {
+            return Err(self.corrupt(e, payload::crc_mismatch(e.payload_crc, crc)));
+        }
+        Ok(())
     }
 
     /// Asks the kernel to read record `i`'s stored bytes into the page cache in the background

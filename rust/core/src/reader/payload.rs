@@ -31,11 +31,14 @@ pub struct PayloadInfo<'a> {
 pub(crate) fn check_crc(stored: &[u8], want: u32) -> Result<(), String> {
     let crc = crc32c(stored);
     if crc != want {
-        return Err(format!(
-            "payload checksum mismatch (frame says {want:#010x}, payload has {crc:#010x})"
-        ));
+        return Err(crc_mismatch(want, crc));
     }
     Ok(())
+}
+
+/// What a payload whose checksum is `got` where its frame says `want` is told.
+pub(crate) fn crc_mismatch(want: u32, got: u32) -> String {
+    format!("payload checksum mismatch (frame says {want:#010x}, payload has {got:#010x})")
 }
 
 /// Checks that a blob's `__metadata__["key"]` is `key`.
