@@ -17,52 +17,52 @@ import pytest
 
 from helpers import run_in_triton_interpreter
 
-# The checks run once, in the first test's setup: about 40 s of CPU, minutes on a loaded machine.
+# The checks run once, in the first test's setup: about 30 s of CPU, a minute or more on a loaded machine.
 pytestmark = pytest.mark.timeout(900)
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "triton_kernels" / "check_exphuf_decoder.py"
 
 CASES = [
-    "BF16-8x3x256",
-    "BF16-33x2x100",
+    "BF16-2x3x256",
+    "BF16-7x2x100",
     "BF16-1000",
-    "F16-24x4x64",
-    "F32-40x50",
-    "BF16-2x3000",
-    "BF16-3000x1",
-    "BF16-1500x2",
-    "F32-1000x3",
+    "F16-6x4x64",
+    "F32-20x50",
+    "BF16-2x800",
+    "BF16-1200x1",
+    "BF16-600x2",
+    "F32-400x3",
     "one-symbol",
     "special-values",
     "incompressible",
     "short",
     "ids-only",
     "multi-tensor",
-    "cols-BF16-8x3x256",
-    "cols-BF16-400x13",
+    "cols-BF16-2x3x256",
+    "cols-BF16-100x13",
     "cols-BF16-1000",
-    "cols-F16-24x4x64",
-    "cols-F32-40x50",
-    "cols-F32-1000x3",
+    "cols-F16-6x4x64",
+    "cols-F32-20x50",
+    "cols-F32-400x3",
     "cols-special-values",
     "cols-multi-tensor",
-    "cols-BF16-200x20-streams-7",
+    "cols-BF16-60x20-streams-7",
     "cols-F32-300x9-streams-9",
     "cols-BF16-16x3x64-streams-16",
-    "cols-BF16-3000-streams-1",
+    "cols-BF16-800-streams-1",
     "BF16-1000-plain-kernel",
-    "BF16-1500x2-plain-kernel",
-    "F32-1000x3-plain-kernel",
+    "BF16-600x2-plain-kernel",
+    "F32-400x3-plain-kernel",
     "multi-tensor-plain-kernel",
     "BF16-1000-live-4",
-    "F32-40x50-live-4",
+    "F32-20x50-live-4",
     "multi-tensor-live-4",
-    "BF16-1500x2-pos64",
-    "F32-40x50-pos64",
-    "cols-BF16-400x13-pos64",
-    "cols-F32-40x50-pos64",
-    "cols-BF16-200x20-streams-7-column-lanes-4",
+    "BF16-600x2-pos64",
+    "F32-20x50-pos64",
+    "cols-BF16-100x13-pos64",
+    "cols-F32-20x50-pos64",
+    "cols-BF16-60x20-streams-7-column-lanes-4",
     "cols-multi-tensor-column-lanes-4",
     "tensor-payloads",
     "damaged-stream-lengths",
@@ -91,17 +91,26 @@ def run_check(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def checked() -> subprocess.CompletedProcess:
-    return run_check(*CASES)
+    """Every case the script has, in one run (``all``: torch and triton start once)."""
+    return run_check("all")
 
 
-def test_the_script_lists_the_cases_tested_here():
-    got = run_check()
-    assert got.returncode == 0, got.stdout + got.stderr
-    assert got.stdout.split() == CASES
+def case_lines(checked: subprocess.CompletedProcess) -> dict[str, str]:
+    """The first ``ok CASE: ...`` or ``FAIL CASE: ...`` line of each case, by case, in the order printed."""
+    out: dict[str, str] = {}
+    for line in checked.stdout.splitlines():
+        word, _, rest = line.partition(" ")
+        if word in ("ok", "FAIL") and rest.split(":")[0]:
+            out.setdefault(rest.split(":")[0], line)
+    return out
+
+
+def test_the_script_runs_the_cases_tested_here(checked):
+    assert checked.returncode in (0, 1), checked.stdout + checked.stderr
+    assert list(case_lines(checked)) == CASES, checked.stdout + checked.stderr
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_the_triton_decoder_gives_the_original_tensors_or_refuses_a_damaged_payload(checked, case):
-    lines = checked.stdout.splitlines()
-    mine = [ln for ln in lines if ln.startswith((f"ok {case}: ", f"FAIL {case}: "))]
-    assert mine and mine[0].startswith("ok "), checked.stdout + checked.stderr
+    line = case_lines(checked).get(case, "")
+    assert line.startswith(f"ok {case}: "), checked.stdout + checked.stderr
