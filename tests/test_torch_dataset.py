@@ -3,6 +3,7 @@ selection, DataLoader workers started by fork and by spawn, corrupt records skip
 
 from __future__ import annotations
 
+import gc
 import json
 import pickle
 import random
@@ -211,5 +212,18 @@ def test_a_batch_with_records_of_another_shape_or_damaged(tmp_path):
     assert [b and b["key"] for b in fresh.__getitems__([3, 0])] == [None, "0"] and fresh.skipped == 1
     raising = HiddenStatesDataset(path)
     raising[0]
-    with pytest.raises(CorruptRecordError):
-        raising.__getitems__([0, 3, 4])
+    # The raised error leaves no cycle holding the batch's memory (see torch._taken): freed at
+    # once, not when the garbage collector runs.
+    gc.collect()
+    gc.disable()
+    try:
+        with pytest.raises(CorruptRecordError):
+            raising.__getitems__([0, 3, 4])
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        left = [o for o in gc.garbage if isinstance(o, torch.Tensor)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert not left, f"{len(left)} tensors left to the cycle collector"

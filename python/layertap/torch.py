@@ -186,11 +186,11 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
             reads, HIDDEN_STATES, verify=self.verify, threads=_decode_threads(len(indices))
         )
         items: list[dict | None] = []
-        for i, (shard, _), row, result in zip(indices, where, rows, results):
+        for n, (i, (shard, _), row) in enumerate(zip(indices, where, rows)):
             try:
-                if isinstance(result, Exception):
-                    raise result
-                metadata, tensors = result
+                if isinstance(results[n], Exception):
+                    raise _taken(results, n)
+                metadata, tensors = results[n]
                 items.append(self._item(self._keys[i], shard.path, metadata, tensors, row))
             except LayertapError:
                 if self.errors == "raise":
@@ -239,7 +239,7 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
                     found[HIDDEN_STATES] = found[HIDDEN_STATES].to(device)
                 results.append((shard.path, metadata, found))
             except LayertapError as e:
-                results.append(e)
+                results.append(e.with_traceback(None))  # see _taken
         if coded:
             # The stored payloads read from the shards straight into the one (pinned) buffer
             # that goes to the device: written once on the host, not into a buffer each and
@@ -258,11 +258,11 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
             for j, decoded in zip(read, _decode_payloads(payloads, [where[j] for j in read], device)):
                 results[j] = decoded
         items: list[dict | None] = []
-        for i, result in zip(indices, results):
+        for n, i in enumerate(indices):
             try:
-                if isinstance(result, LayertapError):
-                    raise result
-                items.append(self._assemble(self._keys[i], *result))
+                if isinstance(results[n], LayertapError):
+                    raise _taken(results, n)
+                items.append(self._assemble(self._keys[i], *results[n]))
             except LayertapError:
                 if self.errors == "raise":
                     raise
@@ -288,7 +288,7 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
                 self._stored(shard, shard.entries[at], view)
                 problems.append(None)
             except LayertapError as e:
-                problems.append(e)
+                problems.append(e.with_traceback(None))  # see _taken
         return problems
 
     def _stored(self, shard: Any, entry: Any, view: memoryview) -> None:
@@ -379,6 +379,17 @@ def _corrupt(path: str, entry: Any, reason: str) -> CorruptRecordError:
         entry.frame_offset,
         entry.key,
     )
+
+
+def _taken(results: list, n: int) -> Any:
+    """``results[n]``, left None there: an error of a batch's results is raised as it is taken
+    out of the list. A raised error's traceback holds the frames it passes through, so a frame
+    that still held it (in a list or a variable) would make a reference cycle, which keeps the
+    batch's memory (pinned and on the device, with ``decode_on``) until the garbage collector
+    runs; a ``DataLoader`` worker forked before then frees the parent's CUDA memory there, and
+    aborts."""
+    taken, results[n] = results[n], None
+    return taken
 
 
 def _decode_payloads(

@@ -16,6 +16,8 @@ one that does not, and exits 1 if any failed.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import os
 import shutil
 import sys
@@ -252,20 +254,43 @@ def case_damaged_record(path: Path, device: str) -> str:
     messages = []
     for verify, word in ((True, "checksum mismatch"), (False, "stream 0 holds more bytes")):
         dev = HiddenStatesDataset(damaged, verify=verify, decode_on=device)
-        try:
-            dev.__getitems__(indices)
-        except CorruptRecordError as e:
-            assert e.key == "3" and word in str(e) and shard in str(e), f"verify={verify}: {e}"
-            messages.append(str(e))
-        else:
-            raise AssertionError(f"verify={verify}: no CorruptRecordError")
+        with no_tensors_left_to_the_cycle_collector(f"a CorruptRecordError raised, verify={verify}"):
+            try:
+                dev.__getitems__(indices)
+            except CorruptRecordError as e:
+                assert e.key == "3" and word in str(e) and shard in str(e), f"verify={verify}: {e}"
+                messages.append(str(e))
+            else:
+                raise AssertionError(f"verify={verify}: no CorruptRecordError")
         cpu = HiddenStatesDataset(damaged, verify=verify, errors="skip")
         dev = HiddenStatesDataset(damaged, verify=verify, errors="skip", decode_on=device)
-        want, got = cpu.__getitems__(indices), dev.__getitems__(indices)
+        with no_tensors_left_to_the_cycle_collector(f"a record skipped, verify={verify}"):
+            want, got = cpu.__getitems__(indices), dev.__getitems__(indices)
         assert got[0] is None and all(b is not None for b in got[1:]) and dev.skipped == 1, got
         same(want, got, f"skipped, verify={verify}")
         same(pad_collate(want), pad_collate(got), f"pad_collate skipped, verify={verify}")
     return " | ".join(messages)
+
+
+@contextlib.contextmanager
+def no_tensors_left_to_the_cycle_collector(what: str):
+    """Fails when what runs inside leaves a tensor in a reference cycle (a raised error's
+    traceback holding the frame that holds the error): such a batch's pinned and device memory
+    stays until the garbage collector runs, and where that is a DataLoader worker forked
+    afterwards, freeing the parent's CUDA memory aborts the worker (seen on an H100: this case
+    before "refused" in one process)."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        left = [type(o).__name__ for o in gc.garbage if isinstance(o, torch.Tensor)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert not left, f"{what}: {len(left)} tensors left to the cycle collector"
 
 
 def case_damaged_by_column(path: Path, device: str) -> str:
