@@ -87,8 +87,18 @@ def test_ctrl_c_then_the_documented_command_resumes(tiny_model, tmp_path, capfd,
     )
     assert "Traceback" in (out / "vllm.log").read_text()  # the engine's processes', as they stopped
 
+    # vLLM's CPU platform turns inductor's dynamic threads on through TORCHINDUCTOR_CPP_DYNAMIC_THREADS,
+    # which torch reads once, at import: the interrupted run's worker process compiled with them,
+    # an engine in this process (torch imported long before) would compile without, into another
+    # folder of vLLM's compile cache (its key hashes inductor's settings), all of it again (17 s
+    # here). With the setting vLLM's worker has, the key is the interrupted run's: vLLM's own load
+    # of its saved function fails on a CPU ("'function' object has no attribute
+    # 'finalize_loading'") and it compiles again, but inductor finds its kernels there (8 s).
+    import torch._inductor.config as inductor_config
+
     capfd.readouterr()
-    status = layertap_cli(documented(tiny_model, data, str(out), "--json")[3:])  # after `python -m layertap`
+    with inductor_config.patch({"cpp.dynamic_threads": True}):
+        status = layertap_cli(documented(tiny_model, data, str(out), "--json")[3:])  # after `python -m layertap`
     again = capfd.readouterr()
     assert status == 0, again.err[-3000:]
     final = json.loads(again.out)
