@@ -213,20 +213,24 @@ def test_unreachable_master_is_one_line_before_the_engine_starts(tiny_model, tmp
 
 
 FETCH = """
-import sys, torch
+import json, sys, torch
 from layertap.vllm import fetch
-import json
-r = fetch(json.loads(sys.argv[1]), timeout=60)
-torch.save({"key": r.key, "tensors": dict(r.tensors), "metadata": r.metadata, "shard": r.shard}, sys.argv[2])
+got = []
+for params in json.loads(sys.argv[1]):
+    r = fetch(params, timeout=60)
+    got.append({"key": r.key, "tensors": dict(r.tensors), "metadata": r.metadata, "shard": r.shard})
+torch.save(got, sys.argv[2])
 """
 
 
-def _fetch_elsewhere(params: dict, path) -> Record:
-    """The record, fetched by another process."""
+def _fetch_elsewhere(params: list[dict], path) -> list[Record]:
+    """The records, fetched by another process (one for all: each started one imports torch)."""
     env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "python")}
     subprocess.run([sys.executable, "-c", FETCH, json.dumps(params), str(path)], check=True, env=env, timeout=120)
-    got = torch.load(path)
-    return Record(got["key"], got["tensors"], got["metadata"], got["shard"], 0, len(got["tensors"]["token_ids"]))
+    return [
+        Record(g["key"], g["tensors"], g["metadata"], g["shard"], 0, len(g["tensors"]["token_ids"]))
+        for g in torch.load(path)
+    ]
 
 
 @pytest.mark.slow
@@ -240,11 +244,13 @@ def test_served_engine_through_the_store(store, tiny_model, reference, tmp_path)
     server = start_server(tiny_model, connector, speculative_config(), tmp_path, max_model_len=256)
     try:
         prompts = [prompt_ids(17, 1), prompt_ids(33, 2)]
-        for i, prompt in enumerate(prompts):
-            resp = server.complete(prompt, 2, {"sample_id": f"mc-{i}"})
-            params = resp["kv_transfer_params"]
-            assert params["layertap"]["store"] == address.split("?")[0]
-            record = _fetch_elsewhere(params, tmp_path / f"r{i}.pt")
+        params = [
+            server.complete(prompt, 2, {"sample_id": f"mc-{i}"})["kv_transfer_params"]
+            for i, prompt in enumerate(prompts)
+        ]
+        assert [p["layertap"]["store"] for p in params] == [address.split("?")[0]] * 2, params
+        records = _fetch_elsewhere(params, tmp_path / "records.pt")
+        for i, (record, prompt) in enumerate(zip(records, prompts, strict=True)):
             assert record.key == f"mc-{i}" and record.shard == f"{address.split('?')[0]}#serve-mc"
             assert_hidden_states_match(record, reference, prompt)
         # The master goes away: the engine keeps serving, the records stay in the spool and are
