@@ -73,7 +73,16 @@ def test_ctrl_c_then_the_documented_command_resumes(tiny_model, tmp_path, capfd,
     rows = id_rows(800, 100, 200, seed=11)
     data = write_jsonl(tmp_path / "ids.jsonl", rows)
     out = tmp_path / "out"
-    child = Child(documented(tiny_model, data, str(out), "--progress-interval", "0.2"), multiprocessing=True)
+    # The command starts with SIGINT handled, as from a terminal: a test process started as a
+    # shell's background job (`make test &`) ignores SIGINT, which a child keeps across exec (and
+    # Python then leaves ignored), while vLLM's engine processes set handlers of their own; the
+    # engine stopped and the command, still running, said "the run failed: EngineDeadError".
+    # A handler here while the child starts is reset to the default by exec.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        child = Child(documented(tiny_model, data, str(out), "--progress-interval", "0.2"), multiprocessing=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     line = child.wait_for(lambda s: (m := PROGRESS.match(s)) and m[1] != "0" and " 0 B written" not in s, 600)
     assert line is not None, f"no record written before the run ended:\n{child.stderr[-3000:]}"
     os.killpg(child.proc.pid, signal.SIGINT)
