@@ -396,11 +396,9 @@ fn read_stored_into<'py>(
 /// `MemoryError` when it cannot be allocated.
 #[pyfunction]
 fn batch_memory(py: Python<'_>, nbytes: usize) -> PyResult<Py<TensorBuffer>> {
-    let bytes = py
-        .detach(|| RecordBytes::for_batch(nbytes))
-        .ok_or_else(|| {
-            PyMemoryError::new_err(format!("cannot allocate {nbytes} bytes for a batch"))
-        })?;
+    let bytes = py.detach(|| RecordBytes::recycled(nbytes)).ok_or_else(|| {
+        PyMemoryError::new_err(format!("cannot allocate {nbytes} bytes for a batch"))
+    })?;
     let bytes = Arc::new(bytes);
     let buffer = TensorBuffer::new(bytes, 0, nbytes)
         .ok_or_else(|| PyValueError::new_err("batch memory shorter than asked"))?;

@@ -44,6 +44,14 @@ fn give_back(scratch: Scratch) {
     }
 }
 
+/// Runs `f` with a scratch buffer of the pool (kept for the next caller afterwards).
+pub(crate) fn with_scratch<T>(f: impl FnOnce(&mut Scratch) -> T) -> T {
+    let mut scratch = take_scratch();
+    let out = f(&mut scratch);
+    give_back(scratch);
+    out
+}
+
 /// Reads every record of `batch` (see [`ShardReader::read_placed`]) on up to `threads` threads
 /// (the caller's among them), setting each one's `result`.
 pub fn read_batch(batch: &mut [BatchRead<'_>], name: &str, verify: bool, threads: usize) {

@@ -20,7 +20,7 @@ pub use batch::{read_batch, read_stored_batch, BatchRead, StoredRead};
 pub use lock::is_being_written;
 pub(crate) use lock::lock_exclusive_now;
 pub use payload::{decode_payload, read_payload, PayloadInfo};
-pub use place::{decode_placed, Placed, Scratch};
+pub use place::{decode_into, decode_placed, Placed, Scratch};
 pub use problem::Problem;
 pub use record::{Record, RecordBytes, MAP_MIN_BYTES};
 pub use torn::{is_torn_empty, TORN_EMPTY_REASON};
@@ -339,7 +339,9 @@ impl ShardReader {
 
     /// Reads record `i` into bytes the caller owns and may modify (see [`RecordBytes`]): for
     /// codec `none`, records of at least [`MAP_MIN_BYTES`] get a private copy-on-write mapping of
-    /// their own (no copy), smaller ones a copy. Checks as [`ShardReader::raw`] does.
+    /// their own (no copy), smaller ones a copy; compressed ones are decoded into memory that a
+    /// dropped record or batch left ([`RecordBytes::recycled`]; a loop over records then
+    /// faults in no new pages). Checks as [`ShardReader::raw`] does.
     pub fn read(&self, i: usize, verify: bool) -> Result<Record> {
         let e = self.entry(i)?;
         let stored = self.stored(e)?;
@@ -356,8 +358,28 @@ impl ShardReader {
                 (bytes, header)
             }
             _ => {
-                let (blob, header) = self.decode(e, stored)?;
-                (RecordBytes::from_vec(blob), header)
+                // Into memory a dropped record left where there is some: its pages are
+                // faulted in already, and every byte of it is written.
+                payload::check_ratio(stored.len(), e.raw_len)
+                    .map_err(|reason| self.corrupt(e, reason))?;
+                let mut bytes = RecordBytes::recycled(e.raw_len as usize).ok_or_else(|| {
+                    let n = e.raw_len;
+                    self.corrupt(
+                        e,
+                        format!("cannot allocate {n} bytes to decode the payload into"),
+                    )
+                })?;
+                let info = PayloadInfo {
+                    key: &e.key,
+                    codec: e.codec,
+                    raw_len: e.raw_len,
+                    payload_crc: None, // checked above
+                };
+                let header = batch::with_scratch(|scratch| {
+                    decode_into(stored, &info, bytes.as_mut_slice(), scratch)
+                })
+                .map_err(|reason| self.corrupt(e, reason))?;
+                (bytes, header)
             }
         };
         Ok(Record {

@@ -50,19 +50,24 @@ pub(crate) fn check_key(key: &str, header: BlobHeader) -> Result<BlobHeader, Str
     }
 }
 
+/// `Err(reason)` when `raw_len` is more than `stored_len` stored bytes can decode to (see
+/// [`ZSTD_MAX_RATIO`]): checked before anything is allocated for the record.
+pub(crate) fn check_ratio(stored_len: usize, raw_len: u64) -> Result<(), String> {
+    if raw_len > (stored_len as u64).saturating_mul(ZSTD_MAX_RATIO) {
+        return Err(format!(
+            "raw length {raw_len} is more than {stored_len} stored bytes can decode to"
+        ));
+    }
+    Ok(())
+}
+
 /// Decodes a compressed payload (any codec but `none`, which [`decode_payload`] copies):
 /// the blob and its header, checked to name the record's key.
 pub(crate) fn decode_compressed(
     stored: &[u8],
     info: &PayloadInfo<'_>,
 ) -> Result<(Vec<u8>, BlobHeader), String> {
-    if info.raw_len > (stored.len() as u64).saturating_mul(ZSTD_MAX_RATIO) {
-        return Err(format!(
-            "raw length {} is more than {} stored bytes can decode to",
-            info.raw_len,
-            stored.len()
-        ));
-    }
+    check_ratio(stored.len(), info.raw_len)?;
     let decoded = codec::decode(info.codec, stored, info.raw_len)?;
     Ok((decoded.blob, check_key(info.key, decoded.header)?))
 }

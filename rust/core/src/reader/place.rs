@@ -3,7 +3,7 @@
 //! path for `layertap.torch`'s batches, which spares the decoded blob's allocation and the
 //! batch's copy of it. The checks are those of [`decode_payload`](super::decode_payload).
 
-use super::payload::{check_crc, check_key, PayloadInfo, ZSTD_MAX_RATIO};
+use super::payload::{check_crc, check_key, check_ratio, PayloadInfo};
 use crate::blob::{self, BlobHeader};
 use crate::codec::{self, Codec};
 
@@ -53,13 +53,7 @@ pub fn decode_placed(
     if let Some(want) = info.payload_crc {
         check_crc(stored, want)?;
     }
-    if info.raw_len > (stored.len() as u64).saturating_mul(ZSTD_MAX_RATIO) {
-        return Err(format!(
-            "raw length {} is more than {} stored bytes can decode to",
-            info.raw_len,
-            stored.len()
-        ));
-    }
+    check_ratio(stored.len(), info.raw_len)?;
     let raw_len = usize::try_from(info.raw_len).map_err(|_| "raw length too large".to_string())?;
     if info.codec == Codec::ExpHuf {
         return exphuf_placed(stored, info, name, dst);
@@ -94,6 +88,63 @@ pub fn decode_placed(
         rest,
         placed,
     })
+}
+
+/// Decodes the whole blob of the record whose stored payload is `stored` into `out`, which
+/// must be `info.raw_len` bytes long and is written in full (the header and every tensor's
+/// data, which cover the blob: `blob::parse_header` checks), with the checks of
+/// [`decode_placed`]; returns the blob's header. For [`ShardReader::read`](super::ShardReader::read)
+/// into memory a dropped record left (no page to fault in, no copy of the planes). `Err(reason)`
+/// says what is wrong with the payload; `out` may then hold part of the blob.
+pub fn decode_into(
+    stored: &[u8],
+    info: &PayloadInfo<'_>,
+    out: &mut [u8],
+    scratch: &mut Scratch,
+) -> Result<BlobHeader, String> {
+    if let Some(want) = info.payload_crc {
+        check_crc(stored, want)?;
+    }
+    codec::check_raw_len(out.len(), info.raw_len)?;
+    check_ratio(stored.len(), info.raw_len)?;
+    match info.codec {
+        Codec::ExpHuf => {
+            let (header, head_len) = crate::exphuf::parse_head(stored, info.raw_len)?;
+            let header = check_key(info.key, header)?;
+            out[..head_len].copy_from_slice(&stored[..head_len]);
+            let mut at = head_len;
+            for t in &header.tensors {
+                crate::exphuf::decode_tensor(stored, &mut at, t, &mut out[t.range.clone()])?;
+            }
+            crate::exphuf::check_end(stored, at)?;
+            Ok(header)
+        }
+        Codec::None => {
+            let header = check_key(info.key, blob::parse_header(stored)?)?;
+            out.copy_from_slice(stored);
+            Ok(header)
+        }
+        Codec::Zstd | Codec::Bp16Zstd => {
+            codec::zstd_frame_into(stored, out.len(), &mut scratch.blob, &mut scratch.dctx)?;
+            let blob = &scratch.blob;
+            codec::check_raw_len(blob.len(), info.raw_len)?;
+            let header = check_key(info.key, blob::parse_header(blob)?)?;
+            if info.codec == Codec::Zstd {
+                out.copy_from_slice(blob);
+                return Ok(header);
+            }
+            out[..header.data_start].copy_from_slice(&blob[..header.data_start]);
+            for t in &header.tensors {
+                let (from, to) = (&blob[t.range.clone()], &mut out[t.range.clone()]);
+                if t.spec.dtype.is_two_byte() {
+                    codec::join_planes(from, to);
+                } else {
+                    to.copy_from_slice(from);
+                }
+            }
+            Ok(header)
+        }
+    }
 }
 
 /// `exp-huf`: the header is stored as it is, and each tensor's block decodes straight into its

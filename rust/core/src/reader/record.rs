@@ -25,19 +25,56 @@ enum Owner {
     Mapping(#[allow(dead_code)] memmap2::MmapMut),
     /// A heap buffer from `Box::into_raw`, freed in `drop`.
     Heap(NonNull<[u8]>),
-    /// A heap buffer from `Box::into_raw` (at least `len` bytes), kept for the next batch in
-    /// `drop` (see [`RecordBytes::for_batch`]).
-    Batch(NonNull<[u8]>),
+    /// A heap buffer from `Box::into_raw` (at least `len` bytes), kept for a later batch or
+    /// record in `drop` (see [`RecordBytes::recycled`]).
+    Recycled(NonNull<[u8]>),
 }
 
-/// Memory of batches that callers dropped, kept for the next ones (their pages stay faulted in,
-/// so a batch decoded into them costs no page faults and no zeroing by the kernel). A process
-/// forked while another thread held the lock finds it taken, and allocates instead.
-static IDLE_BATCHES: parking_lot::Mutex<Vec<Box<[u8]>>> = parking_lot::Mutex::new(Vec::new());
+/// Memory of batches and records that callers dropped, kept for the next ones (their pages stay
+/// faulted in, so a batch or record decoded into them costs no page faults and no zeroing by
+/// the kernel). A process forked while another thread held the lock finds it taken, and
+/// allocates instead.
+static IDLE: IdleMemory = IdleMemory::new(2);
 
-/// At most this many dropped batches are kept: a training loop holds one batch while the next
-/// is read, so two idle ones are enough to read every batch into memory used before.
-const KEEP_IDLE_BATCHES: usize = 2;
+/// Dropped memory kept for later callers: at most `keep` pieces, the largest ones. Two are
+/// enough for a training loop, which holds one batch while the next is read, and for a loop
+/// over records, which drops each before it reads the next.
+struct IdleMemory {
+    kept: parking_lot::Mutex<Vec<Box<[u8]>>>,
+    keep: usize,
+}
+
+impl IdleMemory {
+    const fn new(keep: usize) -> IdleMemory {
+        IdleMemory {
+            kept: parking_lot::Mutex::new(Vec::new()),
+            keep,
+        }
+    }
+
+    /// The smallest kept piece of at least `len` bytes, taken out.
+    fn take(&self, len: usize) -> Option<Box<[u8]>> {
+        let mut kept = self.kept.try_lock()?;
+        let best = (0..kept.len())
+            .filter(|&i| kept[i].len() >= len)
+            .min_by_key(|&i| kept[i].len())?;
+        Some(kept.swap_remove(best))
+    }
+
+    /// Keeps `memory`: while fewer than `keep` pieces are kept, else in place of the smallest
+    /// one when it is larger (else it is freed).
+    fn give(&self, memory: Box<[u8]>) {
+        if let Some(mut kept) = self.kept.try_lock() {
+            if kept.len() < self.keep {
+                kept.push(memory);
+            } else if let Some(smallest) = kept.iter_mut().min_by_key(|m| m.len()) {
+                if smallest.len() < memory.len() {
+                    *smallest = memory;
+                }
+            }
+        }
+    }
+}
 
 // SAFETY: RecordBytes owns its memory exclusively (a mapping or a heap buffer no one else points
 // to) and has no thread-affine state; sharing it only shares a pointer. Writing through that
@@ -61,18 +98,13 @@ impl RecordBytes {
         }
     }
 
-    /// `len` bytes for a caller to decode a batch into, and to hand out as the batch's memory:
-    /// the smallest one a dropped batch left that is large enough (holding what that batch
-    /// held), else new zeroed memory. When dropped, the memory is kept for a later batch.
-    /// `None` when the memory cannot be allocated.
-    pub fn for_batch(len: usize) -> Option<RecordBytes> {
-        let reused = IDLE_BATCHES.try_lock().and_then(|mut idle| {
-            let best = (0..idle.len())
-                .filter(|&i| idle[i].len() >= len)
-                .min_by_key(|&i| idle[i].len())?;
-            Some(idle.swap_remove(best))
-        });
-        let memory = match reused {
+    /// `len` bytes for a caller to decode a batch or a record into, and to hand out as its
+    /// memory: the smallest one a dropped batch or record left that is large enough (holding
+    /// what that one held: the caller writes every byte it hands on), else new zeroed memory.
+    /// When dropped, the memory is kept for a later one. `None` when the memory cannot be
+    /// allocated.
+    pub fn recycled(len: usize) -> Option<RecordBytes> {
+        let memory = match IDLE.take(len) {
             Some(memory) => memory,
             None => zeroed(len)?,
         };
@@ -81,7 +113,7 @@ impl RecordBytes {
         Some(RecordBytes {
             ptr: heap.cast::<u8>(),
             len,
-            owner: Owner::Batch(heap),
+            owner: Owner::Recycled(heap),
         })
     }
 
@@ -96,6 +128,12 @@ impl RecordBytes {
             len,
             owner: Owner::Mapping(map),
         }
+    }
+
+    /// The bytes, to write into.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as for `as_slice`; `&mut self` makes this the only slice of them in use.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 
     /// The bytes.
@@ -151,19 +189,10 @@ impl Drop for RecordBytes {
                 // SAFETY: `heap` came from Box::into_raw in `from_vec` and is freed only here.
                 drop(unsafe { Box::from_raw(heap.as_ptr()) });
             }
-            Owner::Batch(heap) => {
-                // SAFETY: `heap` came from Box::into_raw in `for_batch` and is taken back only
+            Owner::Recycled(heap) => {
+                // SAFETY: `heap` came from Box::into_raw in `recycled` and is taken back only
                 // here; no pointer into it is left (whoever held this value has dropped it).
-                let memory = unsafe { Box::from_raw(heap.as_ptr()) };
-                if let Some(mut idle) = IDLE_BATCHES.try_lock() {
-                    if idle.len() < KEEP_IDLE_BATCHES {
-                        idle.push(memory);
-                    } else if let Some(smallest) = idle.iter_mut().min_by_key(|m| m.len()) {
-                        if smallest.len() < memory.len() {
-                            *smallest = memory;
-                        }
-                    }
-                }
+                IDLE.give(unsafe { Box::from_raw(heap.as_ptr()) });
             }
             Owner::Mapping(_) => {}
         }
@@ -207,31 +236,40 @@ mod tests {
     use super::*;
 
     #[test]
-    fn batch_memory_is_kept_for_the_next_batch_that_fits() {
-        // The only test that uses the idle batches (a process-wide list).
-        let a = RecordBytes::for_batch(1 << 20).unwrap();
-        assert!(a.as_slice().iter().all(|&b| b == 0), "new memory is zeroed");
-        // SAFETY: `a` is the only owner of its bytes and no slice of them is in use.
-        unsafe { a.as_mut_ptr().write(42) };
-        let at = a.as_mut_ptr();
-        drop(a);
-        let bigger = RecordBytes::for_batch(2 << 20).unwrap();
-        assert_ne!(bigger.as_mut_ptr(), at, "too small to be reused");
-        let b = RecordBytes::for_batch(1000).unwrap();
-        assert_eq!(
-            (b.as_mut_ptr(), b.len()),
-            (at, 1000),
-            "the dropped batch's memory"
-        );
-        assert_eq!(b.as_slice()[0], 42, "as the last batch left it");
-        drop((b, bigger));
-        let mut kept: Vec<usize> = IDLE_BATCHES.lock().iter().map(|m| m.len()).collect();
+    fn dropped_memory_is_kept_for_the_next_caller_it_fits() {
+        // A list of its own: the process-wide one is used by every read of the tests beside.
+        let idle = IdleMemory::new(2);
+        let a = zeroed(1 << 20).unwrap();
+        assert!(a.iter().all(|&b| b == 0), "new memory is zeroed");
+        let at = a.as_ptr();
+        idle.give(a);
+        assert!(idle.take(2 << 20).is_none(), "too small to be reused");
+        let b = idle.take(1000).unwrap();
+        assert_eq!(b.as_ptr(), at, "the dropped memory, whole");
+        idle.give(b);
+        idle.give(zeroed(2 << 20).unwrap());
+        idle.give(zeroed(1000).unwrap()); // two kept already, both larger: freed
+        let mut kept: Vec<usize> = idle.kept.lock().iter().map(|m| m.len()).collect();
         kept.sort_unstable();
-        assert_eq!(kept, [1 << 20, 2 << 20], "both kept, at their full size");
+        assert_eq!(
+            kept,
+            [1 << 20, 2 << 20],
+            "the two largest kept, at their full size"
+        );
+        idle.give(zeroed(3 << 20).unwrap()); // in place of the smallest
+        let mut kept: Vec<usize> = idle.kept.lock().iter().map(|m| m.len()).collect();
+        kept.sort_unstable();
+        assert_eq!(kept, [2 << 20, 3 << 20]);
+    }
+
+    #[test]
+    fn recycled_memory_is_as_long_as_asked() {
+        let a = RecordBytes::recycled(12345).unwrap();
+        assert_eq!(a.len(), 12345);
         assert!(
-            RecordBytes::for_batch(isize::MAX as usize - 8).is_none(),
+            RecordBytes::recycled(isize::MAX as usize - 8).is_none(),
             "not allocated"
         );
-        assert_eq!(RecordBytes::for_batch(0).unwrap().len(), 0);
+        assert_eq!(RecordBytes::recycled(0).unwrap().len(), 0);
     }
 }
