@@ -396,8 +396,39 @@ pub(crate) fn zstd_frame_into(
     out: &mut Vec<u8>,
     dctx: &mut Option<zstd::zstd_safe::DCtx<'static>>,
 ) -> std::result::Result<(), String> {
-    use zstd::zstd_safe;
     out.clear();
+    let declared = check_zstd_frame(stored, raw_len)?;
+    out.try_reserve_exact(raw_len)
+        .map_err(|_| format!("cannot allocate {raw_len} bytes to decode the payload into"))?;
+    // `decompress` writes into the spare capacity (at least `raw_len` bytes, more when the
+    // buffer held a longer record before) and sets the length.
+    match zstd_context(dctx)?.decompress(out, stored) {
+        Ok(_) if out.len() > raw_len => Err(too_long(raw_len)),
+        Ok(_) => Ok(()),
+        Err(code) => Err(zstd_error(code, declared, raw_len)),
+    }
+}
+
+/// [`zstd_frame`] into `out`, which must be as long as the frame's content: exactly the
+/// decoded payload's `raw_len` bytes.
+pub(crate) fn zstd_frame_into_slice(
+    stored: &[u8],
+    out: &mut [u8],
+    dctx: &mut Option<zstd::zstd_safe::DCtx<'static>>,
+) -> std::result::Result<(), String> {
+    let raw_len = out.len();
+    let declared = check_zstd_frame(stored, raw_len)?;
+    match zstd_context(dctx)?.decompress(out, stored) {
+        Ok(n) => check_raw_len(n, raw_len as u64),
+        Err(code) => Err(zstd_error(code, declared, raw_len)),
+    }
+}
+
+/// The checks of a stored zstd frame before it is decoded into `raw_len` bytes: one whole frame
+/// and nothing after it, a window no larger than [`ZSTD_MAX_WINDOW`], a content size (when the
+/// frame says one) of `raw_len`. Returns that content size.
+fn check_zstd_frame(stored: &[u8], raw_len: usize) -> std::result::Result<Option<u64>, String> {
+    use zstd::zstd_safe;
     if !stored.starts_with(&ZSTD_MAGIC) {
         return Err("payload is not a zstd frame".into());
     }
@@ -425,24 +456,29 @@ pub(crate) fn zstd_frame_into(
             ));
         }
     }
-    out.try_reserve_exact(raw_len)
-        .map_err(|_| format!("cannot allocate {raw_len} bytes to decode the payload into"))?;
+    Ok(declared)
+}
+
+/// The decompression context in `dctx`, made at the first call.
+fn zstd_context<'d>(
+    dctx: &'d mut Option<zstd::zstd_safe::DCtx<'static>>,
+) -> std::result::Result<&'d mut zstd::zstd_safe::DCtx<'static>, String> {
     if dctx.is_none() {
-        *dctx = Some(zstd_safe::DCtx::try_create().ok_or("cannot allocate a zstd context")?);
+        *dctx = Some(zstd::zstd_safe::DCtx::try_create().ok_or("cannot allocate a zstd context")?);
     }
-    let dctx = dctx.as_mut().expect("made above");
-    // `decompress` writes into the spare capacity (at least `raw_len` bytes, more when the
-    // buffer held a longer record before) and sets the length.
-    match dctx.decompress(out, stored) {
-        Ok(_) if out.len() > raw_len => Err(format!(
-            "zstd frame without a content size decodes to more than {raw_len} bytes"
-        )),
-        Ok(_) => Ok(()),
-        Err(code) if declared.is_none() && is_dst_too_small(code) => Err(format!(
-            "zstd frame without a content size decodes to more than {raw_len} bytes"
-        )),
-        Err(code) => Err(format!("zstd: {}", zstd_safe::get_error_name(code))),
+    Ok(dctx.as_mut().expect("made above"))
+}
+
+fn too_long(raw_len: usize) -> String {
+    format!("zstd frame without a content size decodes to more than {raw_len} bytes")
+}
+
+/// What a zstd error `code` decoding into `raw_len` bytes is reported as.
+fn zstd_error(code: usize, declared: Option<u64>, raw_len: usize) -> String {
+    if declared.is_none() && is_dst_too_small(code) {
+        return too_long(raw_len);
     }
+    format!("zstd: {}", zstd::zstd_safe::get_error_name(code))
 }
 
 fn is_dst_too_small(code: usize) -> bool {

@@ -124,15 +124,16 @@ pub fn decode_into(
             out.copy_from_slice(stored);
             Ok(header)
         }
-        Codec::Zstd | Codec::Bp16Zstd => {
+        Codec::Zstd => {
+            codec::zstd_frame_into_slice(stored, out, &mut scratch.dctx)?;
+            check_key(info.key, blob::parse_header(out)?)
+        }
+        Codec::Bp16Zstd => {
+            // The planes go to the scratch buffer, then joined into `out`.
             codec::zstd_frame_into(stored, out.len(), &mut scratch.blob, &mut scratch.dctx)?;
             let blob = &scratch.blob;
             codec::check_raw_len(blob.len(), info.raw_len)?;
             let header = check_key(info.key, blob::parse_header(blob)?)?;
-            if info.codec == Codec::Zstd {
-                out.copy_from_slice(blob);
-                return Ok(header);
-            }
             out[..header.data_start].copy_from_slice(&blob[..header.data_start]);
             for t in &header.tensors {
                 let (from, to) = (&blob[t.range.clone()], &mut out[t.range.clone()]);
