@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+import layertap
 from helpers import (
     HOLD_LOCK,
     VECTORS,
@@ -356,3 +357,26 @@ def test_agrees_with_the_python_reader_on_every_flipped_byte(tmp_path, complete)
         with py, RustShardReader(damaged, probe_lock=False) as rust:
             assert _summary(rust) == _summary(py), at
             assert _outcomes(rust) == _outcomes(py), at
+
+
+@pytest.mark.parametrize("codec", ["zstd", "bp16-zstd", "exp-huf"])
+def test_records_read_into_memory_other_records_left_hold_their_own(tmp_path, codec):
+    """``read`` decodes a compressed record of 64 KiB or more into memory that a dropped record
+    left (its bytes still there): every record, read forwards then backwards, each dropped
+    before the next, holds exactly what was written (its key, its tensors of its own sizes)."""
+    gen = torch.Generator().manual_seed(7)
+    written = {}
+    with layertap.ShardWriter(tmp_path, codec=codec) as w:
+        for i, tokens in enumerate([96, 400, 64, 256, 128]):  # 96 KiB to 400 KiB of bf16
+            hidden = (torch.randn(tokens, 2, 256, generator=gen) * (i + 1)).to(torch.bfloat16)
+            ids = torch.arange(tokens, dtype=torch.int64) * (i + 3)
+            written[f"r{i}"] = {"hidden_states": hidden, "token_ids": ids}
+            w.submit(f"r{i}", written[f"r{i}"])
+    with layertap.open(tmp_path, backend="rust") as ds:
+        keys = list(written)
+        for key in keys + keys[::-1]:
+            rec = ds[key]
+            assert rec.key == key
+            for name, want in written[key].items():
+                assert torch.equal(rec[name], want), (key, name)
+            del rec

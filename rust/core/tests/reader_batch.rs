@@ -169,31 +169,3 @@ fn a_stored_payload_needs_a_buffer_of_its_length() {
         }
     }
 }
-
-#[test]
-fn records_read_into_memory_other_records_left_hold_their_own_bytes() {
-    // `ShardReader::read` decodes into memory a dropped record or batch left (stale bytes of
-    // another record there); `raw` decodes into new memory, through the codec's own decoder.
-    let readers: Vec<ShardReader> = vectors()
-        .iter()
-        .filter_map(|p| ShardReader::open(p).ok())
-        .collect();
-    let mut checked = 0;
-    for pass in 0..2 {
-        for r in &readers {
-            let order: Vec<usize> = if pass == 0 {
-                (0..r.len()).collect()
-            } else {
-                (0..r.len()).rev().collect()
-            };
-            for i in order {
-                let (Ok(rec), Ok(raw)) = (r.read(i, true), r.raw(i, true)) else {
-                    continue;
-                };
-                assert_eq!(rec.bytes.as_slice(), &raw[..], "{:?} #{i}", r.path());
-                checked += 1;
-            }
-        }
-    }
-    assert!(checked >= 40, "{checked} records checked");
-}

@@ -288,3 +288,28 @@ fn codec_none_length_mismatch_is_corrupt() {
         }
     }
 }
+
+#[test]
+fn large_records_read_into_memory_other_records_left_hold_their_own_bytes() {
+    // `read` decodes a compressed record of at least MAP_MIN_BYTES into memory that a dropped
+    // record left, its bytes still there: each must come back whole, header included.
+    let mut records = Vec::new();
+    for (i, tokens) in [3000u64, 12_000, 2100, 6000].into_iter().enumerate() {
+        for codec in [Codec::Zstd, Codec::Bp16Zstd, Codec::ExpHuf] {
+            let key = format!("r{i}-{codec}");
+            records.push(RecordSpec::sample(&key, codec, tokens, i as u64 + 1));
+        }
+    }
+    let shard = build_shard(&records, true);
+    assert!(shard
+        .raws
+        .iter()
+        .all(|raw| raw.len() as u64 >= MAP_MIN_BYTES));
+    let dir = tempfile::tempdir().unwrap();
+    let r = ShardReader::open(write_file(dir.path(), "big.lts", &shard.bytes)).unwrap();
+    let order: Vec<usize> = (0..records.len()).chain((0..records.len()).rev()).collect();
+    for i in order {
+        let rec = r.read(i, true).unwrap();
+        assert_eq!(rec.bytes.as_slice(), &shard.raws[i][..], "read({i})");
+    }
+}

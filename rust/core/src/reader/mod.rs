@@ -359,11 +359,17 @@ impl ShardReader {
             }
             _ => {
                 // Into memory a dropped record left where there is some: its pages are
-                // faulted in already, and every byte of it is written.
+                // faulted in already, and every byte of it is written. Small records take new
+                // memory (cheap from the heap), leaving the kept pieces to large ones.
                 payload::check_ratio(stored.len(), e.raw_len)
                     .map_err(|reason| self.corrupt(e, reason))?;
-                let mut bytes = RecordBytes::recycled(e.raw_len as usize).ok_or_else(|| {
-                    let n = e.raw_len;
+                let n = e.raw_len as usize;
+                let recycled = if e.raw_len < MAP_MIN_BYTES {
+                    Some(RecordBytes::from_vec(vec![0; n]))
+                } else {
+                    RecordBytes::recycled(n)
+                };
+                let mut bytes = recycled.ok_or_else(|| {
                     self.corrupt(
                         e,
                         format!("cannot allocate {n} bytes to decode the payload into"),
@@ -452,8 +458,9 @@ impl ShardReader {
             )));
         }
         // Read from the file, not copied from the mapping: the kernel copies from its page
-        // cache without faulting the mapping's pages in. The range lies inside the file as it was when opened (`stored`
-        // checks), and shards are append-only, so the bytes are the mapping's.
+        // cache without faulting the mapping's pages in. The range lies inside the file as it
+        // was when opened (`stored` checks), and shards are append-only, so the bytes are the
+        // mapping's.
         self.stored(e)?;
         let at = e.payload_offset();
         /// Read, then checksummed while in the cache: a piece well under L2's size.
