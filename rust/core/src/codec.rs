@@ -98,15 +98,6 @@ fn spread(x: u64) -> u64 {
     (x | (x << 8)) & 0x00FF_00FF_00FF_00FF
 }
 
-/// Byte ranges of the 2-byte tensors of a blob, from its parsed header.
-fn two_byte_ranges(header: &blob::BlobHeader) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
-    header
-        .tensors
-        .iter()
-        .filter(|t| t.spec.dtype.is_two_byte())
-        .map(|t| t.range.clone())
-}
-
 // ---------------------------------------------------------------------------------------------
 // Encoding
 
@@ -319,22 +310,39 @@ pub struct Decoded {
 /// `Err(reason)` says why the payload cannot be decoded or is not a valid blob.
 pub fn decode(codec: Codec, stored: &[u8], raw_len: u64) -> std::result::Result<Decoded, String> {
     let raw_len = usize::try_from(raw_len).map_err(|_| "raw length too large".to_string())?;
-    let mut out = match codec {
+    let decoded = match codec {
         Codec::None => stored.to_vec(),
         Codec::ExpHuf => crate::exphuf::decode(stored, raw_len as u64)?,
         Codec::Zstd | Codec::Bp16Zstd => zstd_frame(stored, raw_len)?,
     };
-    check_raw_len(out.len(), raw_len as u64)?;
+    check_raw_len(decoded.len(), raw_len as u64)?;
     // The header is not transformed (only tensor data is split into planes), so it parses the
     // same before and after the planes are joined.
-    let header = blob::parse_header(&out)?;
-    if codec == Codec::Bp16Zstd {
-        for r in two_byte_ranges(&header) {
-            let planes = out[r.clone()].to_vec();
-            join_planes(&planes, &mut out[r]);
+    let header = blob::parse_header(&decoded)?;
+    if codec != Codec::Bp16Zstd {
+        return Ok(Decoded {
+            blob: decoded,
+            header,
+        });
+    }
+    let mut out = vec![0u8; raw_len];
+    join_blob(&decoded, &header, &mut out);
+    Ok(Decoded { blob: out, header })
+}
+
+/// Writes the blob whose `bp16-zstd` form (16-bit tensors split into planes) is `planes`, with
+/// its parsed `header`, into `out` (as long as `planes`): the header and the other tensors as
+/// they are, each 16-bit tensor's planes joined.
+pub(crate) fn join_blob(planes: &[u8], header: &blob::BlobHeader, out: &mut [u8]) {
+    out[..header.data_start].copy_from_slice(&planes[..header.data_start]);
+    for t in &header.tensors {
+        let (from, to) = (&planes[t.range.clone()], &mut out[t.range.clone()]);
+        if t.spec.dtype.is_two_byte() {
+            join_planes(from, to);
+        } else {
+            to.copy_from_slice(from);
         }
     }
-    Ok(Decoded { blob: out, header })
 }
 
 /// Checks that a decoded payload's length is what the frame promised.

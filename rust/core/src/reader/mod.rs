@@ -358,34 +358,13 @@ impl ShardReader {
                 (bytes, header)
             }
             _ => {
-                // Into memory a dropped record left where there is some: its pages are
-                // faulted in already, and every byte of it is written. Small records take new
-                // memory (cheap from the heap), leaving the kept pieces to large ones.
-                payload::check_ratio(stored.len(), e.raw_len)
-                    .map_err(|reason| self.corrupt(e, reason))?;
-                let n = e.raw_len as usize;
-                let recycled = if e.raw_len < MAP_MIN_BYTES {
-                    Some(RecordBytes::from_vec(vec![0; n]))
-                } else {
-                    RecordBytes::recycled(n)
-                };
-                let mut bytes = recycled.ok_or_else(|| {
-                    self.corrupt(
-                        e,
-                        format!("cannot allocate {n} bytes to decode the payload into"),
-                    )
-                })?;
                 let info = PayloadInfo {
                     key: &e.key,
                     codec: e.codec,
                     raw_len: e.raw_len,
                     payload_crc: None, // checked above
                 };
-                let header = batch::with_scratch(|scratch| {
-                    decode_into(stored, &info, bytes.as_mut_slice(), scratch)
-                })
-                .map_err(|reason| self.corrupt(e, reason))?;
-                (bytes, header)
+                payload::decode_owned(stored, &info).map_err(|reason| self.corrupt(e, reason))?
             }
         };
         Ok(Record {

@@ -3,6 +3,7 @@
 //! use (a shard still being written, read by `layertap.follow`; an object of Mooncake Store).
 //! [`ShardReader`](super::ShardReader) decodes through the same checks.
 
+use super::place::decode_into;
 use super::record::{RecordBytes, MAP_MIN_BYTES};
 use crate::blob::BlobHeader;
 use crate::codec::{self, Codec};
@@ -70,6 +71,29 @@ pub(crate) fn decode_compressed(
     check_ratio(stored.len(), info.raw_len)?;
     let decoded = codec::decode(info.codec, stored, info.raw_len)?;
     Ok((decoded.blob, check_key(info.key, decoded.header)?))
+}
+
+/// Decodes a compressed payload (with the checks of [`decode_payload`]) into bytes of the
+/// caller's own: for a record of at least [`MAP_MIN_BYTES`], memory that a dropped record or
+/// batch left ([`RecordBytes::recycled`]: its pages faulted in already; every byte is
+/// written), else new memory (cheap from the heap, and the kept pieces stay for large records).
+pub(crate) fn decode_owned(
+    stored: &[u8],
+    info: &PayloadInfo<'_>,
+) -> Result<(RecordBytes, BlobHeader), String> {
+    check_ratio(stored.len(), info.raw_len)?;
+    let n = usize::try_from(info.raw_len).map_err(|_| "raw length too large".to_string())?;
+    let memory = if info.raw_len < MAP_MIN_BYTES {
+        Some(RecordBytes::from_vec(vec![0; n]))
+    } else {
+        RecordBytes::recycled(n)
+    };
+    let mut bytes =
+        memory.ok_or_else(|| format!("cannot allocate {n} bytes to decode the payload into"))?;
+    let header = super::batch::with_scratch(|scratch| {
+        decode_into(stored, info, bytes.as_mut_slice(), scratch)
+    })?;
+    Ok((bytes, header))
 }
 
 /// The record whose stored payload is `stored`: checked against its checksum (unless
@@ -141,8 +165,11 @@ pub fn read_payload(
             Ok((RecordBytes::from_mapping(map), header))
         }
         _ => {
-            let (blob, header) = decode_compressed(&map, info)?;
-            Ok((RecordBytes::from_vec(blob), header))
+            let checked = PayloadInfo {
+                payload_crc: None, // checked above
+                ..*info
+            };
+            decode_owned(&map, &checked)
         }
     }
 }

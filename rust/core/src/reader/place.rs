@@ -134,15 +134,7 @@ pub fn decode_into(
             let blob = &scratch.blob;
             codec::check_raw_len(blob.len(), info.raw_len)?;
             let header = check_key(info.key, blob::parse_header(blob)?)?;
-            out[..header.data_start].copy_from_slice(&blob[..header.data_start]);
-            for t in &header.tensors {
-                let (from, to) = (&blob[t.range.clone()], &mut out[t.range.clone()]);
-                if t.spec.dtype.is_two_byte() {
-                    codec::join_planes(from, to);
-                } else {
-                    to.copy_from_slice(from);
-                }
-            }
+            codec::join_blob(blob, &header, out);
             Ok(header)
         }
     }
