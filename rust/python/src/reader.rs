@@ -281,15 +281,7 @@ fn read_batch_into<'py>(
     verify: bool,
     threads: usize,
 ) -> PyResult<Bound<'py, PyList>> {
-    let mut jobs = Vec::with_capacity(reads.len());
-    for (reader, i, out) in &reads {
-        let native = reader.get();
-        let r = native.reader()?;
-        let at = NativeShardReader::position(&r, *i)?;
-        let buffer = PyRecordBuffer::get_writable(out).map_err(PyTypeError::new_err)?;
-        jobs.push((r, at, buffer));
-    }
-    check_apart(jobs.iter().map(|j| &j.2), "read_batch_into", "a row")?;
+    let mut jobs = batch_jobs(&reads, "read_batch_into", "a row")?;
     let results = py.detach(move || {
         let mut batch: Vec<BatchRead<'_>> = jobs
             .iter_mut()
@@ -318,14 +310,22 @@ fn read_batch_into<'py>(
     Ok(out)
 }
 
-/// `ValueError` when two of `buffers` overlap (`what` names the function, `each` what each
-/// record should get): each is written by its own thread, so no two may share memory.
-fn check_apart<'a>(
-    buffers: impl Iterator<Item = &'a PyRecordBuffer>,
+/// The records of a batch read's `reads` (`(reader, i, out)`): each one's reader, position and
+/// `out` taken writable. `ValueError` when two `out` overlap (`what` names the function, `each`
+/// what each record should get): each is written by its own thread, so no two may share memory.
+fn batch_jobs(
+    reads: &[(Bound<'_, NativeShardReader>, isize, Bound<'_, PyAny>)],
     what: &str,
     each: &str,
-) -> PyResult<()> {
-    let mut spans: Vec<(usize, usize)> = buffers.map(PyRecordBuffer::span).collect();
+) -> PyResult<Vec<(Arc<ShardReader>, usize, PyRecordBuffer)>> {
+    let mut jobs = Vec::with_capacity(reads.len());
+    for (reader, i, out) in reads {
+        let r = reader.get().reader()?;
+        let at = NativeShardReader::position(&r, *i)?;
+        let buffer = PyRecordBuffer::get_writable(out).map_err(PyTypeError::new_err)?;
+        jobs.push((r, at, buffer));
+    }
+    let mut spans: Vec<(usize, usize)> = jobs.iter().map(|j| j.2.span()).collect();
     spans.sort_unstable();
     if spans
         .windows(2)
@@ -335,7 +335,7 @@ fn check_apart<'a>(
             "the out buffers of {what} overlap: give each record {each} of its own"
         )));
     }
-    Ok(())
+    Ok(jobs)
 }
 
 /// Copies the stored payloads of a batch's records, as their shards hold them (not decoded), for
@@ -353,15 +353,7 @@ fn read_stored_into<'py>(
     verify: bool,
     threads: usize,
 ) -> PyResult<Bound<'py, PyList>> {
-    let mut jobs = Vec::with_capacity(reads.len());
-    for (reader, i, out) in &reads {
-        let native = reader.get();
-        let r = native.reader()?;
-        let at = NativeShardReader::position(&r, *i)?;
-        let buffer = PyRecordBuffer::get_writable(out).map_err(PyTypeError::new_err)?;
-        jobs.push((r, at, buffer));
-    }
-    check_apart(jobs.iter().map(|j| &j.2), "read_stored_into", "a buffer")?;
+    let mut jobs = batch_jobs(&reads, "read_stored_into", "a buffer")?;
     let results = py.detach(move || {
         let mut batch: Vec<StoredRead<'_>> = jobs
             .iter_mut()
