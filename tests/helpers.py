@@ -168,6 +168,17 @@ def run_in_triton_interpreter(script: Path, *args: str) -> subprocess.CompletedP
     )
 
 
+def case_lines(checked: subprocess.CompletedProcess) -> dict[str, str]:
+    """The first ``ok CASE: ...`` or ``FAIL CASE: ...`` line of each case a check script of
+    tests/triton_kernels/ printed, by case, in the order printed."""
+    out: dict[str, str] = {}
+    for line in checked.stdout.splitlines():
+        word, _, rest = line.partition(" ")
+        if word in ("ok", "FAIL") and rest.split(":")[0]:
+            out.setdefault(rest.split(":")[0], line)
+    return out
+
+
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """Runs ``python -m layertap ARGS``."""
     return subprocess.run(

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_in_triton_interpreter
+from helpers import case_lines, run_in_triton_interpreter
 
 # The checks run once, in the first test's setup: about 30 s of CPU, a minute or more on a loaded machine.
 pytestmark = pytest.mark.timeout(900)
@@ -93,16 +93,6 @@ def run_check(*args: str) -> subprocess.CompletedProcess:
 def checked() -> subprocess.CompletedProcess:
     """Every case the script has, in one run (``all``: torch and triton start once)."""
     return run_check("all")
-
-
-def case_lines(checked: subprocess.CompletedProcess) -> dict[str, str]:
-    """The first ``ok CASE: ...`` or ``FAIL CASE: ...`` line of each case, by case, in the order printed."""
-    out: dict[str, str] = {}
-    for line in checked.stdout.splitlines():
-        word, _, rest = line.partition(" ")
-        if word in ("ok", "FAIL") and rest.split(":")[0]:
-            out.setdefault(rest.split(":")[0], line)
-    return out
 
 
 def test_the_script_runs_the_cases_tested_here(checked):
