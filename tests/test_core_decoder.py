@@ -110,6 +110,17 @@ def test_both_backends_follow_a_live_shard_alike(tmp_path, codec, lossy):
     assert not np.all(np.frombuffer(got["rust"][0][2][0][3], np.uint8) == 0)
 
 
+def _vector_readers() -> list[RustShardReader]:
+    """A Rust reader of each shared vector that opens as a shard."""
+    readers = []
+    for path in sorted(glob.glob(os.path.join(VECTORS, "*.lts"))):
+        try:
+            readers.append(RustShardReader(path))
+        except FormatError:
+            continue
+    return readers
+
+
 def _read_one(reader: RustShardReader, i: int) -> tuple:
     return _outcome(lambda: reader.read(i))
 
@@ -120,12 +131,7 @@ def test_a_batch_read_into_rows_gives_what_each_record_reads():
     batch, on one thread and on three: the tensor placed in its row (zeros after it in a longer
     row) and the others hold what ``read`` gives, a corrupt record comes back as its
     ``CorruptRecordError``."""
-    readers = []
-    for path in sorted(glob.glob(os.path.join(VECTORS, "*.lts"))):
-        try:
-            readers.append(RustShardReader(path))
-        except FormatError:
-            continue
+    readers = _vector_readers()
     want = [(r, i, _read_one(r, i)) for r in readers for i in range(len(r))]
 
     def row_len(outcome: tuple) -> int:
@@ -170,12 +176,7 @@ def test_stored_payloads_are_copied_as_the_file_holds_them():
     payloads through, for the GPU decoder): every record of the shared vectors in one batch, on
     one thread and on three, gets the bytes the file holds at its payload; a record whose bytes
     do not match its checksum comes back as its ``CorruptRecordError`` (the bytes still copied)."""
-    readers = []
-    for path in sorted(glob.glob(os.path.join(VECTORS, "*.lts"))):
-        try:
-            readers.append(RustShardReader(path))
-        except FormatError:
-            continue
+    readers = _vector_readers()
     want = []
     for r in readers:
         with open(r.path, "rb") as f:

@@ -22,12 +22,17 @@ fn vectors() -> Vec<PathBuf> {
     out
 }
 
-#[test]
-fn a_batch_of_every_vector_reads_as_the_shard_reader_reads_each_record() {
-    let readers: Vec<ShardReader> = vectors()
+/// A reader of each shared vector that opens as a shard.
+fn vector_readers() -> Vec<ShardReader> {
+    vectors()
         .iter()
         .filter_map(|p| ShardReader::open(p).ok())
-        .collect();
+        .collect()
+}
+
+#[test]
+fn a_batch_of_every_vector_reads_as_the_shard_reader_reads_each_record() {
+    let readers = vector_readers();
     // Every record, with a row as long as its hidden_states (or 16 bytes, where it has none or
     // is corrupt: nothing is placed there).
     let mut wanted = Vec::new();
@@ -99,10 +104,7 @@ fn a_batch_of_every_vector_reads_as_the_shard_reader_reads_each_record() {
 
 #[test]
 fn stored_payloads_of_every_vector_are_copied_as_the_file_holds_them() {
-    let readers: Vec<ShardReader> = vectors()
-        .iter()
-        .filter_map(|p| ShardReader::open(p).ok())
-        .collect();
+    let readers = vector_readers();
     // What the file holds at each record's payload, read apart from the reader's mapping.
     let mut wanted = Vec::new();
     for r in &readers {
