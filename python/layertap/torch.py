@@ -183,7 +183,7 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
         rows = list(batch)  # each record decoded at the start of its row, zeros after it
         reads = [(shard, at, row.view(torch.uint8).numpy()) for (shard, at), row in zip(where, rows)]
         results = backend.read_batch_into(
-            reads, HIDDEN_STATES, verify=self.verify, threads=_decode_threads(len(indices))
+            reads, HIDDEN_STATES, verify=self.verify, threads=_decode_threads(None)
         )
         items: list[dict | None] = []
         for n, (i, (shard, _), row) in enumerate(zip(indices, where, rows)):
@@ -467,12 +467,14 @@ def _as_rows(items: list[dict | None]) -> list[dict | None]:
     return items
 
 
-def _decode_threads(records: int) -> int:
-    """Threads that decode a batch: one in a ``DataLoader`` worker (the workers share the
-    CPUs), else up to one a CPU this process may run on, at most one a record."""
+def _decode_threads(records: int | None) -> int:
+    """Threads that read a batch: one in a ``DataLoader`` worker (the workers share the
+    CPUs), else up to one a CPU this process may run on, at most one a record where a record is
+    one thread's work (``records``; None for a decode, whose large exp-huf blocks the core
+    spreads over the threads a batch of fewer records leaves)."""
     if torch.utils.data.get_worker_info() is not None:
         return 1
-    return max(1, min(records, len(os.sched_getaffinity(0)), MAX_THREADS))
+    return max(1, min(records or MAX_THREADS, len(os.sched_getaffinity(0)), MAX_THREADS))
 
 
 def _padded_batch(backend: Any, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

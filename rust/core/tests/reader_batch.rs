@@ -3,11 +3,18 @@
 //! and on several, the placed tensor (zeros after it in a longer row) and the others hold the
 //! bytes `ShardReader::read` gives, or the record is refused with its reason; and the stored
 //! payloads copied out as the file holds them (`reader::read_stored_batch`, what the Dataset's
-//! GPU decoding stages its batches through).
+//! GPU decoding stages its batches through); and a batch of fewer records than threads, whose
+//! large exp-huf block and checksum spread over the threads left.
 
+mod reader_common;
+
+use layertap_core::codec::Codec;
 use layertap_core::format::crc32c;
 use layertap_core::reader::{read_batch, read_stored_batch, BatchRead, ShardReader, StoredRead};
+use layertap_core::Dtype;
 use layertap_core::Error;
+use reader_common::{build_shard, write_file, RecordSpec};
+use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
@@ -168,6 +175,90 @@ fn a_stored_payload_needs_a_buffer_of_its_length() {
         match reader.read_stored(0, true, &mut dst) {
             Err(Error::InvalidInput(m)) => assert!(m.contains("stored_len"), "{m}"),
             other => panic!("a buffer of {len} for {n} bytes: {other:?}"),
+        }
+    }
+}
+
+/// A record whose exp-huf block is coded by column in 64 streams of 2,048 rows (`[512, 4, 256]`
+/// bf16, values of a few exponents): enough for the decoder to split its streams over two
+/// threads and its rows over up to eight, and its checksum over up to four.
+fn wide_record(key: &str) -> RecordSpec {
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let hidden: Vec<u8> = (0..512 * 4 * 256)
+        .flat_map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            [(state >> 8) as u8, 0x3e + (state & 3) as u8]
+        })
+        .collect();
+    RecordSpec {
+        key: key.to_string(),
+        codec: Codec::ExpHuf,
+        tensors: vec![(
+            "hidden_states".into(),
+            Dtype::BF16,
+            vec![512, 4, 256],
+            hidden,
+        )],
+        metadata: BTreeMap::new(),
+    }
+}
+
+#[test]
+fn one_large_exphuf_record_on_several_threads_reads_as_on_one() {
+    let spec = wide_record("wide");
+    let data = spec.tensors[0].3.clone();
+    let mut shard = build_shard(&[spec], true);
+    // The block is coded by column (mode 2) in 64 streams: after the safetensors header, the
+    // mode byte, the contexts, 3 reserved bytes, then columns and streams (u32 each).
+    let payload = &shard.bytes[shard.payload_offsets[0] as usize..];
+    let block = 8 + u64::from_le_bytes(payload[..8].try_into().unwrap()) as usize;
+    let field = |at: usize| u32::from_le_bytes(payload[at..at + 4].try_into().unwrap());
+    assert_eq!(payload[block], 2, "block mode");
+    assert_eq!(
+        (field(block + 5), field(block + 9)),
+        (256, 64),
+        "columns, streams"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let intact = ShardReader::open(write_file(dir.path(), "wide.lts", &shard.bytes)).unwrap();
+    // The same shard with one byte of the payload's middle flipped.
+    let middle = shard.payload_offsets[0] + shard.entries[0].stored_len / 2;
+    shard.bytes[middle as usize] ^= 0x10;
+    let damaged = ShardReader::open(write_file(dir.path(), "damaged.lts", &shard.bytes)).unwrap();
+    for threads in [1, 2, 3, 8] {
+        let mut row = vec![0xEE; data.len()];
+        let mut batch = [BatchRead {
+            reader: &intact,
+            index: 0,
+            dst: &mut row,
+            result: None,
+        }];
+        read_batch(&mut batch, "hidden_states", true, threads);
+        let placed = batch[0].result.take().unwrap().unwrap();
+        assert_eq!(placed.placed, Some(0), "{threads} threads");
+        assert!(
+            row == data,
+            "{threads} threads: the data does not come back"
+        );
+
+        let mut row = vec![0xEE; data.len()];
+        let mut batch = [BatchRead {
+            reader: &damaged,
+            index: 0,
+            dst: &mut row,
+            result: None,
+        }];
+        read_batch(&mut batch, "hidden_states", true, threads);
+        match batch[0].result.take().unwrap() {
+            Err(Error::CorruptRecord { reason, .. }) => {
+                assert!(
+                    reason.starts_with("payload checksum mismatch"),
+                    "{threads} threads: {reason}"
+                );
+            }
+            other => panic!("{threads} threads: a flipped byte read as {other:?}"),
         }
     }
 }

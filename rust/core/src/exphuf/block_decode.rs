@@ -17,8 +17,14 @@ const TABLE_MASK: u64 = TABLE_LEN as u64 - 1;
 const NO_CODE: u16 = 16;
 
 /// Decodes the block at `*at` of `src` into `dst` (the tensor's bytes, `W`-byte elements),
-/// advancing `*at` past it. `Err` says what is wrong.
-pub fn decode<const W: usize>(src: &[u8], at: &mut usize, dst: &mut [u8]) -> Result<(), String> {
+/// advancing `*at` past it; a block coded by column on up to `threads` threads (the caller's
+/// among them). `Err` says what is wrong.
+pub fn decode<const W: usize>(
+    src: &[u8],
+    at: &mut usize,
+    dst: &mut [u8],
+    threads: usize,
+) -> Result<(), String> {
     let mode = *src.get(*at).ok_or("block is cut off")?;
     *at += 1;
     match mode {
@@ -31,7 +37,7 @@ pub fn decode<const W: usize>(src: &[u8], at: &mut usize, dst: &mut [u8]) -> Res
             Ok(())
         }
         MODE_CODED => decode_coded::<W>(src, at, dst),
-        super::column::MODE_COLUMNS => super::column_decode::decode::<W>(src, at, dst),
+        super::column::MODE_COLUMNS => super::column_decode::decode::<W>(src, at, dst, threads),
         m => Err(format!("block mode {m} is unknown")),
     }
 }

@@ -111,8 +111,15 @@ impl Tables {
 }
 
 /// Decodes the column block whose mode byte was just read (`*at` is past it) into `dst` (the
-/// tensor's bytes, `W`-byte elements), advancing `*at` past the block. `Err` says what is wrong.
-pub fn decode<const W: usize>(src: &[u8], at: &mut usize, dst: &mut [u8]) -> Result<(), String> {
+/// tensor's bytes, `W`-byte elements), advancing `*at` past the block, on up to `threads`
+/// threads (the caller's among them; a block gives each at least [`STREAMS_A_THREAD`] streams
+/// and [`ROWS_A_THREAD`] rows). `Err` says what is wrong.
+pub fn decode<const W: usize>(
+    src: &[u8],
+    at: &mut usize,
+    dst: &mut [u8],
+    threads: usize,
+) -> Result<(), String> {
     let n = dst.len() / W;
     let fixed = src.get(*at..*at + FIXED_LEN).ok_or("block is cut off")?;
     let head = Head::parse(fixed, n)?;
@@ -168,16 +175,39 @@ pub fn decode<const W: usize>(src: &[u8], at: &mut usize, dst: &mut [u8]) -> Res
     let src = &src[..next];
 
     if n >= MULTI_MIN {
-        // The block's contexts with codes (the others stay bad), then BAD_CONTEXT's table.
-        tables.multi = vec![bad_entry(); (BAD_CONTEXT + 1) * TABLE_LEN];
-        for (c, _) in has_codes.iter().enumerate().filter(|(_, &h)| h) {
-            for x in 0..TABLE_LEN {
-                tables.multi[c * TABLE_LEN + x] = tables.multi_entry::<W>(c, x);
+        // The block's contexts with codes (the others stay bad), then BAD_CONTEXT's table;
+        // each context's entries on a thread of their own where there are several.
+        let mut multi = vec![bad_entry(); (BAD_CONTEXT + 1) * TABLE_LEN];
+        let mut todo: Vec<(usize, &mut [u64])> = multi
+            .chunks_exact_mut(TABLE_LEN)
+            .enumerate()
+            .filter(|&(c, _)| c < BAD_CONTEXT && has_codes[c])
+            .collect();
+        let single = &tables;
+        let fill = |part: &mut [(usize, &mut [u64])]| {
+            for (c, entries) in part {
+                for (x, e) in entries.iter_mut().enumerate() {
+                    *e = single.multi_entry::<W>(*c, x);
+                }
             }
-        }
+        };
+        let per = todo.len().div_ceil(threads.clamp(1, todo.len().max(1)));
+        std::thread::scope(|s| {
+            let mut parts = todo.chunks_mut(per.max(1));
+            let first = parts.next();
+            for part in parts {
+                s.spawn(move || fill(part));
+            }
+            if let Some(part) = first {
+                fill(part);
+            }
+        });
+        tables.multi = multi;
     }
 
     let rows = n / head.columns;
+    let plane = &src[plane_at..plane_at + plane_len];
+    let raw_used = n as u64 * raw_bits::<W>() as u64;
     // Room for the fast loop's last 8-byte store (3 tops past a stream's last). Every top is
     // written before it is read, so a buffer left from an earlier block serves as it is.
     SCRATCH.with_borrow_mut(|kept| {
@@ -193,20 +223,123 @@ pub fn decode<const W: usize>(src: &[u8], at: &mut usize, dst: &mut [u8]) -> Res
         if scratch.len() < n + PER_STEP {
             scratch.resize(n + PER_STEP, 0);
         }
-        let scratch = &mut scratch[..];
+        let scratch = &mut scratch[..n + PER_STEP];
+        let job = Job {
+            src,
+            tables: &tables,
+            bases: &bases,
+            columns: head.columns,
+            streams,
+            rows,
+        };
+        let parts = threads.min(streams / STREAMS_A_THREAD).max(1);
+        if parts == 1 {
+            job.decode_streams::<W>(0..streams, scratch, 0)?;
+        } else {
+            // Each part's streams write only their own columns' tops (a step's store stays
+            // below its stream's end: `Stream::runs`), so the parts are disjoint slices.
+            let mut pieces = Vec::with_capacity(parts);
+            let mut rest = &mut scratch[..];
+            let mut from = 0;
+            for p in 0..parts {
+                let ks = p * streams / parts..(p + 1) * streams / parts;
+                let end = stream_columns(head.columns, streams, ks.end - 1).end * rows;
+                let (piece, tail) = rest.split_at_mut(end - from);
+                pieces.push((ks, piece, from));
+                rest = tail;
+                from = end;
+            }
+            let job = &job;
+            let results: Vec<Result<(), String>> = std::thread::scope(|s| {
+                let mut handles = Vec::with_capacity(parts);
+                let mut pieces = pieces.into_iter();
+                let first = pieces.next().expect("parts >= 2");
+                for (ks, piece, off) in pieces {
+                    handles.push(s.spawn(move || job.decode_streams::<W>(ks, piece, off)));
+                }
+                let mut results = vec![job.decode_streams::<W>(first.0, first.1, first.2)];
+                results.extend(
+                    handles
+                        .into_iter()
+                        .map(|h| h.join().expect("a decoding thread panicked")),
+                );
+                results
+            });
+            // The first part's error, as one thread would have met the streams in order.
+            results.into_iter().collect::<Result<(), String>>()?;
+        }
+
+        if !raw_used.is_multiple_of(8) && plane[plane_len - 1] >> (raw_used % 8) != 0 {
+            return Err("the raw plane's padding bits are not zero".into());
+        }
+        let scratch = &scratch[..n];
+        let parts = threads.min(rows / ROWS_A_THREAD).max(1);
+        if parts == 1 {
+            put_rows::<W>(scratch, head.columns, plane, 0..rows, dst);
+        } else {
+            // Whole 8s of rows a part (the SIMD loops' blocks), the last part the rest.
+            let per = rows.div_ceil(parts).next_multiple_of(8);
+            std::thread::scope(|s| {
+                let mut rest = &mut dst[..];
+                let mut r = 0;
+                while r < rows {
+                    let r1 = (r + per).min(rows);
+                    let (piece, tail) = rest.split_at_mut((r1 - r) * head.columns * W);
+                    rest = tail;
+                    if r1 == rows {
+                        put_rows::<W>(scratch, head.columns, plane, r..r1, piece);
+                    } else {
+                        s.spawn(move || put_rows::<W>(scratch, head.columns, plane, r..r1, piece));
+                    }
+                    r = r1;
+                }
+            });
+        }
+        *at = next;
+        Ok(())
+    })
+}
+
+/// Streams a thread decodes at least when a block's streams are split over threads (one
+/// AVX-512 group's worth: about a quarter millisecond of work, against some 20 us to start
+/// a thread), and rows a thread puts back at least. Tests split the smallest blocks.
+const STREAMS_A_THREAD: usize = if cfg!(test) { 1 } else { WIDE };
+const ROWS_A_THREAD: usize = if cfg!(test) { 8 } else { 64 };
+
+/// What the threads decoding one block's streams share.
+struct Job<'a> {
+    src: &'a [u8],
+    tables: &'a Tables,
+    /// Where each stream starts in `src`, and where the last one ends.
+    bases: &'a [usize],
+    columns: usize,
+    streams: usize,
+    rows: usize,
+}
+
+impl Job<'_> {
+    /// Decodes streams `ks` into `scratch`, which holds their tops from top `off` of the
+    /// block's on (in stream order, column by column), and checks each stream's end.
+    fn decode_streams<const W: usize>(
+        &self,
+        ks: std::ops::Range<usize>,
+        scratch: &mut [u16],
+        off: usize,
+    ) -> Result<(), String> {
+        let (src, tables, bases) = (self.src, self.tables, self.bases);
         let start = |k: usize| {
-            let cols = stream_columns(head.columns, streams, k);
+            let cols = stream_columns(self.columns, self.streams, k);
             Stream {
                 k,
                 bit: 8 * bases[k] as u64,
-                out: cols.start * rows,
-                end: cols.end * rows,
+                out: cols.start * self.rows - off,
+                end: cols.end * self.rows - off,
                 ctx: 0,
             }
         };
         // The rest of a stream one code at a time, then the checks of its end.
         let finish = |s: &mut Stream, scratch: &mut [u16]| -> Result<(), String> {
-            one_at_a_time::<W>(src, &tables, s, scratch)?;
+            one_at_a_time::<W>(src, tables, s, scratch)?;
             let k = s.k;
             let used = s.bit - 8 * bases[k] as u64;
             let len = (bases[k + 1] - bases[k]) as u64;
@@ -220,10 +353,10 @@ pub fn decode<const W: usize>(src: &[u8], at: &mut usize, dst: &mut [u8]) -> Res
             }
             Ok(())
         };
-        let mut queue: Vec<Stream> = (0..streams).rev().map(start).collect();
+        let mut queue: Vec<Stream> = ks.rev().map(start).collect();
         #[cfg(target_arch = "x86_64")]
         if !tables.multi.is_empty()
-            && streams >= WIDE
+            && queue.len() >= WIDE
             && std::arch::is_x86_feature_detected!("avx512f")
         {
             let multi = &tables.multi;
@@ -250,16 +383,8 @@ pub fn decode<const W: usize>(src: &[u8], at: &mut usize, dst: &mut [u8]) -> Res
         for mut s in queue.into_iter().rev() {
             finish(&mut s, scratch)?;
         }
-
-        let plane = &src[plane_at..plane_at + plane_len];
-        let raw_used = n as u64 * raw_bits::<W>() as u64;
-        if !raw_used.is_multiple_of(8) && plane[plane_len - 1] >> (raw_used % 8) != 0 {
-            return Err("the raw plane's padding bits are not zero".into());
-        }
-        put_rows::<W>(&scratch[..n], head.columns, plane, dst);
-        *at = next;
         Ok(())
-    })
+    }
 }
 
 /// The streams of `queue` four side by side, then the last ones (fewer than four) alone, each
@@ -535,10 +660,38 @@ unsafe fn fast_avx512<const W: usize>(
     Ok(())
 }
 
-/// Writes the elements into `dst` in row order: each top of `scratch` (column order, as
-/// [`lane`] puts it) with its raw bits from `plane`.
-fn put_rows<const W: usize>(scratch: &[u16], columns: usize, plane: &[u8], dst: &mut [u8]) {
-    assert_eq!(dst.len(), scratch.len() * W);
+/// The rows of a block that one call of [`put_rows`] writes: `range` (its start a multiple of
+/// 8) of the block's `total`, into a `dst` that holds just those rows.
+#[derive(Clone, Copy)]
+struct Rows {
+    start: usize,
+    end: usize,
+    total: usize,
+}
+
+impl Rows {
+    /// The end of the whole 8s of rows from `start` (the SIMD loops' blocks).
+    fn end8(self) -> usize {
+        self.start + (self.end - self.start) / 8 * 8
+    }
+}
+
+/// Writes rows `rows` of the elements into `dst` (those rows' bytes) in row order: each top of
+/// `scratch` (the block's, column order, as [`lane`] puts it) with its raw bits from `plane`.
+fn put_rows<const W: usize>(
+    scratch: &[u16],
+    columns: usize,
+    plane: &[u8],
+    rows: std::ops::Range<usize>,
+    dst: &mut [u8],
+) {
+    let rows = Rows {
+        start: rows.start,
+        end: rows.end,
+        total: scratch.len() / columns,
+    };
+    assert!(rows.start.is_multiple_of(8) && rows.end <= rows.total);
+    assert_eq!(dst.len(), (rows.end - rows.start) * columns * W);
     #[cfg(target_arch = "x86_64")]
     {
         let mut done = 0;
@@ -549,21 +702,20 @@ fn put_rows<const W: usize>(scratch: &[u16], columns: usize, plane: &[u8], dst: 
             && std::arch::is_x86_feature_detected!("avx512vbmi")
         {
             // SAFETY: the CPU has AVX-512F, BW and VBMI (detected above; BW implies F).
-            done = unsafe { put_rows_avx512(scratch, columns, plane, dst) };
+            done = unsafe { put_rows_avx512(scratch, columns, plane, rows, dst) };
         }
         if W == 2 && columns.is_multiple_of(8) && std::arch::is_x86_feature_detected!("ssse3") {
             // SAFETY: the CPU has SSSE3 (detected above).
-            unsafe { put_rows_sse2::<W, true>(scratch, columns, done, plane, dst) };
+            unsafe { put_rows_sse2::<W, true>(scratch, columns, done, plane, rows, dst) };
         } else {
             // SAFETY: SSE2 is part of x86_64 (the function's SSSE3 code runs only with
             // `SSSE3` true).
-            unsafe { put_rows_sse2::<W, false>(scratch, columns, done, plane, dst) };
+            unsafe { put_rows_sse2::<W, false>(scratch, columns, done, plane, rows, dst) };
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let rows = scratch.len() / columns;
-        for row in 0..rows {
+        for row in rows.start..rows.end {
             for c in 0..columns {
                 put_one::<W>(scratch, rows, columns, plane, dst, row, c);
             }
@@ -579,11 +731,11 @@ fn raw_of<const W: usize>(plane: &[u8], i: usize) -> u64 {
     (read_u64(plane, (bit >> 3) as usize) >> (bit & 7)) & ((1 << r) - 1)
 }
 
-/// Writes the element of `row` and column `c`.
+/// Writes the element of `row` and column `c` (`dst` holds `rows`' bytes).
 #[inline(always)]
 fn put_one<const W: usize>(
     scratch: &[u16],
-    rows: usize,
+    rows: Rows,
     columns: usize,
     plane: &[u8],
     dst: &mut [u8],
@@ -591,9 +743,10 @@ fn put_one<const W: usize>(
     c: usize,
 ) {
     let i = row * columns + c;
-    let t = scratch[c * rows + row] as u64;
+    let t = scratch[c * rows.total + row] as u64;
     let v = if W == 2 { t } else { t << raw_bits::<W>() } | raw_of::<W>(plane, i);
-    dst[i * W..i * W + W].copy_from_slice(&v.to_le_bytes()[..W]);
+    let o = i - rows.start * columns;
+    dst[o * W..o * W + W].copy_from_slice(&v.to_le_bytes()[..W]);
 }
 
 /// [`put_rows`] of 2-byte elements in AVX-512, for the whole-8 rows and the columns left of the
@@ -608,11 +761,18 @@ fn put_one<const W: usize>(
 /// The caller checked the CPU has AVX-512F, BW and VBMI, and that `columns` is a multiple of 8.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-unsafe fn put_rows_avx512(scratch: &[u16], columns: usize, plane: &[u8], dst: &mut [u8]) -> usize {
+unsafe fn put_rows_avx512(
+    scratch: &[u16],
+    columns: usize,
+    plane: &[u8],
+    part: Rows,
+    dst: &mut [u8],
+) -> usize {
     use std::arch::x86_64::*;
     debug_assert!(columns.is_multiple_of(8));
-    let rows = scratch.len() / columns;
-    let (rows8, cols32) = (rows / 8 * 8, columns / 32 * 32);
+    let rows = part.total;
+    let cols32 = columns / 32 * 32;
+    let first = part.start * columns;
     // Lane k (of 32) takes bytes 7k / 8 and the next of the 28, and is shifted right by 7k mod 8.
     let pick = _mm512_set_epi8(
         28, 27, 27, 26, 26, 25, 25, 24, 24, 23, 23, 22, 22, 21, 22, 21, //
@@ -626,13 +786,14 @@ unsafe fn put_rows_avx512(scratch: &[u16], columns: usize, plane: &[u8], dst: &m
     );
     let low7 = _mm512_set1_epi16(0x7F);
     let ahead = columns * 7;
-    for r0 in (0..rows8).step_by(8) {
+    for r0 in (part.start..part.end8()).step_by(8) {
         for c0 in (0..cols32).step_by(32) {
             // SAFETY: the CPU has AVX-512F/BW/VBMI (the caller's contract). Each 16-byte load
             // reads an 8-element slice of `scratch` (rows r0..r0 + 8 <= rows of column c0 + 8L
             // + j < columns), each masked load 28 bytes of a slice of `plane` of that length,
-            // and each store 64 bytes of a 32-element (64-byte) slice of `dst`, all bounds
-            // checked when taken; the prefetch only hints.
+            // and each store 64 bytes of a 32-element (64-byte) slice of `dst` (which holds
+            // the rows from `part.start` on), all bounds checked when taken; the prefetch only
+            // hints.
             unsafe {
                 let col = |c: usize| {
                     _mm_loadu_si128(scratch[c * rows + r0..c * rows + r0 + 8].as_ptr().cast())
@@ -682,7 +843,7 @@ unsafe fn put_rows_avx512(scratch: &[u16], columns: usize, plane: &[u8], dst: &m
                         _mm512_srlv_epi16(_mm512_permutexvar_epi8(pick, b), shift),
                         low7,
                     );
-                    let out = &mut dst[2 * e..2 * e + 64];
+                    let out = &mut dst[2 * (e - first)..2 * (e - first) + 64];
                     _mm512_storeu_si512(out.as_mut_ptr().cast(), _mm512_or_si512(v, raw));
                 }
             }
@@ -707,6 +868,7 @@ unsafe fn put_rows_sse2<const W: usize, const SSSE3: bool>(
     columns: usize,
     from: usize,
     plane: &[u8],
+    part: Rows,
     dst: &mut [u8],
 ) {
     use super::column::transpose8x8;
@@ -716,16 +878,16 @@ unsafe fn put_rows_sse2<const W: usize, const SSSE3: bool>(
     let pick = _mm_setr_epi8(0, 1, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7);
     let scale = _mm_setr_epi16(128, 1, 2, 4, 8, 16, 32, 64);
     let low7 = _mm_set1_epi16(0x7F);
-    let n = scratch.len();
-    let rows = n / columns;
-    let (rows8, cols8) = (rows / 8 * 8, columns / 8 * 8);
+    let rows = part.total;
+    let (rows8, cols8) = (part.end8(), columns / 8 * 8);
+    let first = part.start * columns;
     // 8 raw values of 7 bits (56 bits of `w`) as 4 + 4 lanes of 16 bits.
     let spread = |w: u64| -> u64 {
         (w & 0x7F) | (w >> 7 & 0x7F) << 16 | (w >> 14 & 0x7F) << 32 | (w >> 21 & 0x7F) << 48
     };
     let r = raw_bits::<W>() as usize;
     let ahead = columns * r;
-    for rb in (0..rows8).step_by(8) {
+    for rb in (part.start..rows8).step_by(8) {
         for cb in (from..cols8).step_by(cols8.max(1)) {
             for r0 in (rb..(rb + 8).min(rows8)).step_by(8) {
                 for c0 in (cb..cols8).step_by(8) {
@@ -755,7 +917,7 @@ unsafe fn put_rows_sse2<const W: usize, const SSSE3: bool>(
                                 let lo = _mm_or_si128(lo, _mm_loadu_si128(raw.as_ptr().cast()));
                                 let hi =
                                     _mm_or_si128(hi, _mm_loadu_si128(raw[4..].as_ptr().cast()));
-                                let out = &mut dst[4 * e..4 * e + 32];
+                                let out = &mut dst[4 * (e - first)..4 * (e - first) + 32];
                                 _mm_storeu_si128(out.as_mut_ptr().cast(), lo);
                                 _mm_storeu_si128(out[16..].as_mut_ptr().cast(), hi);
                                 continue;
@@ -774,7 +936,7 @@ unsafe fn put_rows_sse2<const W: usize, const SSSE3: bool>(
                                     _mm_set_epi64x(spread(w >> 28) as i64, spread(w) as i64)
                                 }
                             };
-                            let out = &mut dst[2 * e..2 * e + 16];
+                            let out = &mut dst[2 * (e - first)..2 * (e - first) + 16];
                             _mm_storeu_si128(out.as_mut_ptr().cast(), _mm_or_si128(v, raw));
                         }
                     }
@@ -783,14 +945,14 @@ unsafe fn put_rows_sse2<const W: usize, const SSSE3: bool>(
         }
     }
     // The columns right of the last whole 8, and the rows below the last whole 8.
-    for row in 0..rows8 {
+    for row in part.start..rows8 {
         for c in cols8..columns {
-            put_one::<W>(scratch, rows, columns, plane, dst, row, c);
+            put_one::<W>(scratch, part, columns, plane, dst, row, c);
         }
     }
-    for row in rows8..rows {
+    for row in rows8..part.end {
         for c in 0..columns {
-            put_one::<W>(scratch, rows, columns, plane, dst, row, c);
+            put_one::<W>(scratch, part, columns, plane, dst, row, c);
         }
     }
 }

@@ -301,7 +301,7 @@ pub fn decode(stored: &[u8], raw_len: u64) -> Result<Vec<u8>, String> {
     out[..head_len].copy_from_slice(&stored[..head_len]);
     let mut at = head_len;
     for t in &header.tensors {
-        decode_tensor(stored, &mut at, t, &mut out[t.range.clone()])?;
+        decode_tensor(stored, &mut at, t, &mut out[t.range.clone()], 1)?;
     }
     check_end(stored, at)?;
     Ok(out)
@@ -335,16 +335,18 @@ pub fn parse_head(stored: &[u8], raw_len: u64) -> Result<(blob::BlobHeader, usiz
 
 /// Decodes tensor `t`, whose stored form starts at `*at` of `stored`, into `dst` (its
 /// `t.range.len()` bytes; tensors come in the header's order, the first at the end of the
-/// head), and moves `*at` past it.
+/// head), and moves `*at` past it; a large block on up to `threads` threads (the caller's among
+/// them).
 pub fn decode_tensor(
     stored: &[u8],
     at: &mut usize,
     t: &blob::TensorInfo,
     dst: &mut [u8],
+    threads: usize,
 ) -> Result<(), String> {
     match coded(t.spec.dtype) {
-        Some((2, _)) => block_decode::decode::<2>(stored, at, dst),
-        Some(_) => block_decode::decode::<4>(stored, at, dst),
+        Some((2, _)) => block_decode::decode::<2>(stored, at, dst, threads),
+        Some(_) => block_decode::decode::<4>(stored, at, dst, threads),
         None => match stored.get(*at..*at + dst.len()) {
             Some(src) => {
                 dst.copy_from_slice(src);

@@ -158,7 +158,7 @@ fn every_stream_count_decodes() {
         );
         let mut back = vec![0u8; data.len()];
         let mut at = 0;
-        block_decode::decode::<2>(&out, &mut at, &mut back).unwrap();
+        block_decode::decode::<2>(&out, &mut at, &mut back, 1).unwrap();
         assert_eq!(at, out.len());
         assert_eq!(back, data, "{streams} streams");
     }
@@ -304,7 +304,7 @@ proptest! {
 fn same_as_reference<const W: usize>(stored: &[u8], n: usize) -> Result<(), TestCaseError> {
     let (mut got, mut want) = (vec![0u8; n * W], vec![0u8; n * W]);
     let (mut at_got, mut at_want) = (0, 0);
-    let r_got = block_decode::decode::<W>(stored, &mut at_got, &mut got);
+    let r_got = block_decode::decode::<W>(stored, &mut at_got, &mut got, 1);
     let r_want = block_decode_reference::decode::<W>(stored, &mut at_want, &mut want);
     prop_assert_eq!(&r_got, &r_want);
     if r_want.is_ok() {
@@ -375,14 +375,18 @@ proptest! {
     }
 }
 
-/// Decodes the column block `stored` of `n` `W`-byte elements with the decoder and with its
-/// plain reference: the same elements and the same end, or both an error (not always the same
-/// one: the decoder meets the streams' faults side by side, the reference one stream after the
-/// other).
-fn column_same_as_reference<const W: usize>(stored: &[u8], n: usize) -> Result<(), TestCaseError> {
+/// Decodes the column block `stored` of `n` `W`-byte elements with the decoder (on up to
+/// `threads` threads) and with its plain reference: the same elements and the same end, or both
+/// an error (not always the same one: the decoder meets the streams' faults side by side, the
+/// reference one stream after the other).
+fn column_same_as_reference<const W: usize>(
+    stored: &[u8],
+    n: usize,
+    threads: usize,
+) -> Result<(), TestCaseError> {
     let (mut got, mut want) = (vec![0u8; n * W], vec![0u8; n * W]);
     let (mut at_got, mut at_want) = (1, 1);
-    let r_got = column_decode::decode::<W>(stored, &mut at_got, &mut got);
+    let r_got = column_decode::decode::<W>(stored, &mut at_got, &mut got, threads);
     let r_want = column_decode_reference::decode::<W>(stored, &mut at_want, &mut want);
     prop_assert_eq!(r_got.is_ok(), r_want.is_ok(), "{:?} vs {:?}", r_got, r_want);
     if r_want.is_ok() {
@@ -395,8 +399,9 @@ fn column_same_as_reference<const W: usize>(stored: &[u8], n: usize) -> Result<(
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
 
-    /// The column decoder (four streams side by side, up to three codes a lookup, SSE2 rows)
-    /// decodes every width, column count and stream count as its plain reference does, the
+    /// The column decoder (four streams side by side, up to three codes a lookup, SSE2 rows;
+    /// streams and rows split over 1 to 4 threads, in tests from one stream and 8 rows a
+    /// thread) decodes every width, column count and stream count as its plain reference does, the
     /// data comes back, and damaged blocks (a flipped byte anywhere, a block cut short, a byte
     /// too many) are refused with the same error.
     #[test]
@@ -410,6 +415,7 @@ proptest! {
         damage in 0usize..4,
         at in any::<prop::sample::Index>(),
         flip in 1u8..=255,
+        threads in 1usize..5,
     ) {
         let n = rows * cols;
         let width = if wide { 4 } else { 2 };
@@ -426,9 +432,9 @@ proptest! {
             let mut back = vec![0u8; n * width];
             let mut at = 1;
             if wide {
-                column_decode::decode::<4>(&block, &mut at, &mut back).unwrap();
+                column_decode::decode::<4>(&block, &mut at, &mut back, threads).unwrap();
             } else {
-                column_decode::decode::<2>(&block, &mut at, &mut back).unwrap();
+                column_decode::decode::<2>(&block, &mut at, &mut back, threads).unwrap();
             }
             prop_assert!(back == data, "the data does not come back");
             prop_assert_eq!(at, block.len());
@@ -446,9 +452,9 @@ proptest! {
             _ => {}
         }
         if wide {
-            column_same_as_reference::<4>(&block, n)?;
+            column_same_as_reference::<4>(&block, n, threads)?;
         } else {
-            column_same_as_reference::<2>(&block, n)?;
+            column_same_as_reference::<2>(&block, n, threads)?;
         }
     }
 }

@@ -53,12 +53,16 @@ pub(crate) fn with_scratch<T>(f: impl FnOnce(&mut Scratch) -> T) -> T {
 }
 
 /// Reads every record of `batch` (see [`ShardReader::read_placed`]) on up to `threads` threads
-/// (the caller's among them), setting each one's `result`.
+/// (the caller's among them), setting each one's `result`. With fewer records than threads,
+/// each record's large `exp-huf` blocks spread over the threads left (a trainer's batch of a
+/// few long records on a many-core host).
 pub fn read_batch(batch: &mut [BatchRead<'_>], name: &str, verify: bool, threads: usize) {
     for r in batch.iter() {
         r.reader.will_need(r.index);
     }
+    let per_record = (threads / batch.len().max(1)).max(1);
     on_threads(batch, threads, take_scratch, give_back, |scratch, r| {
+        scratch.threads = per_record;
         r.reader.populate(r.index);
         r.result = Some(r.reader.read_placed(r.index, verify, name, r.dst, scratch));
     });

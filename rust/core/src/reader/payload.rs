@@ -30,7 +30,39 @@ pub struct PayloadInfo<'a> {
 
 /// `Err(reason)` when `stored` does not match the checksum `want`.
 pub(crate) fn check_crc(stored: &[u8], want: u32) -> Result<(), String> {
-    let crc = crc32c(stored);
+    check_crc_on(stored, want, 1)
+}
+
+/// A checksum piece a thread takes at least: some 20 us of work, as long as starting a thread.
+const CRC_PIECE: usize = 1 << 18;
+
+/// [`check_crc`] on up to `threads` threads (the caller's among them): the payload in pieces of
+/// at least [`CRC_PIECE`] bytes, their checksums combined.
+pub(crate) fn check_crc_on(stored: &[u8], want: u32, threads: usize) -> Result<(), String> {
+    let parts = threads.min(stored.len() / CRC_PIECE).max(1);
+    let crc = if parts == 1 {
+        crc32c(stored)
+    } else {
+        let per = stored.len().div_ceil(parts);
+        let crcs: Vec<(u32, usize)> = std::thread::scope(|s| {
+            let mut pieces = stored.chunks(per);
+            let first = pieces.next().expect("parts >= 2");
+            let handles: Vec<_> = pieces
+                .map(|p| s.spawn(move || (crc32c(p), p.len())))
+                .collect();
+            let mut crcs = vec![(crc32c(first), first.len())];
+            crcs.extend(
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("a checksum thread panicked")),
+            );
+            crcs
+        });
+        crcs.into_iter()
+            .reduce(|(a, _), (b, len)| (::crc32c::crc32c_combine(a, b, len), 0))
+            .expect("parts >= 2")
+            .0
+    };
     if crc != want {
         return Err(crc_mismatch(want, crc));
     }

@@ -3,17 +3,22 @@
 //! path for `layertap.torch`'s batches, which spares the decoded blob's allocation and the
 //! batch's copy of it. The checks are those of [`decode_payload`](super::decode_payload).
 
-use super::payload::{check_crc, check_key, check_ratio, PayloadInfo};
+use super::payload::{check_crc_on, check_key, check_ratio, PayloadInfo};
 use crate::blob::{self, BlobHeader};
 use crate::codec::{self, Codec};
 
 /// Reusable buffers of one decoding thread: the decompressed blob of a `zstd` or `bp16-zstd`
 /// record (kept from record to record, so that its pages are not allocated and faulted in for
-/// each) and the zstd context.
+/// each) and the zstd context; and the threads its record's large `exp-huf` blocks may spread
+/// over.
 #[derive(Default)]
 pub struct Scratch {
     blob: Vec<u8>,
     dctx: Option<zstd::zstd_safe::DCtx<'static>>,
+    /// Threads (this one among them; 0 counts as 1) that decode one `exp-huf` block coded by
+    /// column: a batch with fewer records than threads gives each record the rest (a
+    /// `bp16-zstd` or `zstd` record is one frame, decoded by one thread).
+    pub(crate) threads: usize,
 }
 
 impl std::fmt::Debug for Scratch {
@@ -51,12 +56,12 @@ pub fn decode_placed(
     scratch: &mut Scratch,
 ) -> Result<Placed, String> {
     if let Some(want) = info.payload_crc {
-        check_crc(stored, want)?;
+        check_crc_on(stored, want, scratch.threads.max(1))?;
     }
     check_ratio(stored.len(), info.raw_len)?;
     let raw_len = usize::try_from(info.raw_len).map_err(|_| "raw length too large".to_string())?;
     if info.codec == Codec::ExpHuf {
-        return exphuf_placed(stored, info, name, dst);
+        return exphuf_placed(stored, info, name, dst, scratch.threads.max(1));
     }
     let blob: &[u8] = match info.codec {
         Codec::None => stored,
@@ -103,7 +108,7 @@ pub fn decode_into(
     scratch: &mut Scratch,
 ) -> Result<BlobHeader, String> {
     if let Some(want) = info.payload_crc {
-        check_crc(stored, want)?;
+        check_crc_on(stored, want, scratch.threads.max(1))?;
     }
     codec::check_raw_len(out.len(), info.raw_len)?;
     check_ratio(stored.len(), info.raw_len)?;
@@ -114,7 +119,13 @@ pub fn decode_into(
             out[..head_len].copy_from_slice(&stored[..head_len]);
             let mut at = head_len;
             for t in &header.tensors {
-                crate::exphuf::decode_tensor(stored, &mut at, t, &mut out[t.range.clone()])?;
+                crate::exphuf::decode_tensor(
+                    stored,
+                    &mut at,
+                    t,
+                    &mut out[t.range.clone()],
+                    scratch.threads.max(1),
+                )?;
             }
             crate::exphuf::check_end(stored, at)?;
             Ok(header)
@@ -147,6 +158,7 @@ fn exphuf_placed(
     info: &PayloadInfo<'_>,
     name: &str,
     dst: &mut [u8],
+    threads: usize,
 ) -> Result<Placed, String> {
     let (header, head_len) = crate::exphuf::parse_head(stored, info.raw_len)?;
     let header = check_key(info.key, header)?;
@@ -159,7 +171,7 @@ fn exphuf_placed(
             Some(p) if p == i => &mut *dst,
             _ => &mut rest[t.range.clone()],
         };
-        crate::exphuf::decode_tensor(stored, &mut at, t, to)?;
+        crate::exphuf::decode_tensor(stored, &mut at, t, to, threads)?;
     }
     crate::exphuf::check_end(stored, at)?;
     Ok(Placed {
