@@ -136,10 +136,14 @@ def warm_cache(d: Path) -> None:
                 pass
 
 
-def dataset(kind: str, d: Path, n: int):
+def dataset(kind: str, d: Path, n: int, batch: int):
     if kind == "safetensors":
         return SafetensorsFiles(str(d), n)
-    return HiddenStatesDataset(d, verify=not kind.endswith("-noverify"))
+    # "-per-record": a thread a record at most (threads=batch), what the reader did before a
+    # batch of fewer records than CPUs spread each record over the threads left.
+    return HiddenStatesDataset(
+        d, verify=not kind.endswith("-noverify"), threads=batch if kind.endswith("-per-record") else None
+    )
 
 
 def _cpu_seconds() -> float:
@@ -151,7 +155,7 @@ def _cpu_seconds() -> float:
 
 def epoch(kind: str, d: Path, n: int, workers: int, batch: int, seed: int) -> dict:
     """One shuffled epoch as a training loop runs it; returns seconds, CPU seconds, records."""
-    ds = dataset(kind, d, n)
+    ds = dataset(kind, d, n, batch)
     loader = torch.utils.data.DataLoader(
         ds,
         batch_size=batch,
@@ -194,6 +198,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--keep", action="store_true", help="keep the data in --dir")
     ap.add_argument(
+        "--per-record-too",
+        action="store_true",
+        help="also read the layertap shards with a thread a record at most (threads=--batch)",
+    )
+    ap.add_argument(
         "--no-verify-too",
         action="store_true",
         help="also read the layertap shards with verify=False (no checksum pass)",
@@ -206,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_verify_too:  # the same shards read without the checksum pass
         for kind in ("layertap-bp16", "layertap-exphuf", "layertap-none"):
             dirs[f"{kind}-noverify"] = dirs[kind]
+    if args.per_record_too:  # the same shards read a thread a record at most
+        for kind in ("layertap-bp16", "layertap-exphuf"):
+            dirs[f"{kind}-per-record"] = dirs[kind]
     kinds = list(dirs)
     runs = []
     for rnd in range(args.rounds):

@@ -227,3 +227,35 @@ def test_a_batch_with_records_of_another_shape_or_damaged(tmp_path):
         gc.garbage.clear()
         gc.enable()
     assert not left, f"{len(left)} tensors left to the cycle collector"
+
+
+def test_threads_read_the_same_batches_and_are_checked(tmp_path):
+    """``threads`` caps the threads that read a batch: the same items with one and with three
+    (the core spreads a batch of fewer records over the threads left: rust/core's
+    reader_batch.rs checks those bytes); the default is one a CPU (one a record for stored
+    payloads); a bad value is refused with the option's name."""
+    import os
+
+    from layertap.errors import InvalidInputError
+    from layertap.torch import _decode_threads
+
+    path = tmp_path / "ds"
+    with layertap.ShardWriter(str(path), writer_id="gen-0", codec="exp-huf") as w:
+        for r in range(ROWS):
+            w.submit(str(r), record(r), {"layer_ids": "[2, 8, 13]"})
+    want = [HiddenStatesDataset(path)[i] for i in (5, 2)]
+    for threads in (1, 3):
+        got = HiddenStatesDataset(path, threads=threads).__getitems__([5, 2])
+        for g, w in zip(got, want):
+            assert torch.equal(g["hidden_states"], w["hidden_states"]), threads
+    cpus = len(os.sched_getaffinity(0))
+    assert (_decode_threads(None, None), _decode_threads(None, 3), _decode_threads(2, 3), _decode_threads(9, None)) == (
+        min(cpus, 256),
+        3,
+        2,
+        min(9, cpus),
+    )
+    assert pickle.loads(pickle.dumps(HiddenStatesDataset(path, threads=2))).threads == 2
+    for bad in (0, 257, 1.5, "2"):
+        with pytest.raises(InvalidInputError, match=r"threads must be a positive integer below 257, not "):
+            HiddenStatesDataset(path, threads=bad)

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from layertap._checks import one_of
+from layertap._checks import one_of, positive_int
 from layertap._choices import ERROR_MODES, MAX_THREADS
 from layertap._spec.format import crc32c, frame_header_len
 from layertap._spec.record import HIDDEN_STATES, LAYER_IDS, LOSS_MASK, TOKEN_IDS
@@ -66,6 +66,10 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
       ``loss_mask`` stay on the CPU). Only in the main process: CUDA in forked ``DataLoader``
       workers is unsafe, so a worker's first item raises (use ``num_workers=0``). ``"cpu"`` runs
       the same kernel on CPU tensors in Triton's interpreter (``TRITON_INTERPRET=1``): for tests.
+    - ``threads``: threads that read a batch in this process (1 to 256): by default one a CPU
+      this process may run on, one in a ``DataLoader`` worker (the workers share the CPUs). A
+      batch of fewer records than threads spreads each record's checksum and its large exp-huf
+      tensors over the rest. A number caps it, for a training loop that keeps CPUs for itself.
 
     An item is ``{"hidden_states": [T, L, H], "token_ids": int64 [T], "loss_mask": uint8 [T],
     "key": str}``; ``loss_mask`` is all ones for a record stored without one.
@@ -81,8 +85,10 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
         backend: str = "auto",
         verify: bool = True,
         decode_on: str | None = None,
+        threads: int | None = None,
     ):
         one_of("errors", errors, ERROR_MODES)
+        self.threads = None if threads is None else positive_int("threads", threads, below=MAX_THREADS + 1)
         self.decode_on = _decode_device(decode_on)
         # A list of paths (parts of one dataset) stays a list: layertap.open takes it as it is.
         self.path = [os.fspath(p) for p in path] if isinstance(path, (list, tuple)) else os.fspath(path)
@@ -183,7 +189,7 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
         rows = list(batch)  # each record decoded at the start of its row, zeros after it
         reads = [(shard, at, row.view(torch.uint8).numpy()) for (shard, at), row in zip(where, rows)]
         results = backend.read_batch_into(
-            reads, HIDDEN_STATES, verify=self.verify, threads=_decode_threads(None)
+            reads, HIDDEN_STATES, verify=self.verify, threads=_decode_threads(None, self.threads)
         )
         items: list[dict | None] = []
         for n, (i, (shard, _), row) in enumerate(zip(indices, where, rows)):
@@ -277,7 +283,9 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
         backend = type(where[0][0])
         if all(type(shard) is backend for shard, _ in where) and hasattr(backend, "read_stored_into"):
             reads = [(shard, at, view) for (shard, at), view in zip(where, views)]
-            results = backend.read_stored_into(reads, verify=self.verify, threads=_decode_threads(len(reads)))
+            results = backend.read_stored_into(
+                reads, verify=self.verify, threads=_decode_threads(len(reads), self.threads)
+            )
             for result in results:
                 if result is not None and not isinstance(result, LayertapError):
                     raise result
@@ -467,14 +475,16 @@ def _as_rows(items: list[dict | None]) -> list[dict | None]:
     return items
 
 
-def _decode_threads(records: int | None) -> int:
-    """Threads that read a batch: one in a ``DataLoader`` worker (the workers share the
-    CPUs), else up to one a CPU this process may run on, at most one a record where a record is
-    one thread's work (``records``; None for a decode, whose large exp-huf blocks the core
-    spreads over the threads a batch of fewer records leaves)."""
-    if torch.utils.data.get_worker_info() is not None:
-        return 1
-    return max(1, min(records or MAX_THREADS, len(os.sched_getaffinity(0)), MAX_THREADS))
+def _decode_threads(records: int | None, given: int | None) -> int:
+    """Threads that read a batch: ``given`` (the Dataset's ``threads``), else one in a
+    ``DataLoader`` worker (the workers share the CPUs) and up to one a CPU this process may run
+    on elsewhere; at most one a record where a record is one thread's work (``records``; None
+    for a decode, whose checksums and large exp-huf blocks the core spreads over the threads a
+    batch of fewer records leaves)."""
+    if given is None:
+        in_worker = torch.utils.data.get_worker_info() is not None
+        given = 1 if in_worker else min(len(os.sched_getaffinity(0)), MAX_THREADS)
+    return max(1, min(records or given, given))
 
 
 def _padded_batch(backend: Any, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
