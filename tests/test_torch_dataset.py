@@ -229,11 +229,24 @@ def test_a_batch_with_records_of_another_shape_or_damaged(tmp_path):
     assert not left, f"{len(left)} tensors left to the cycle collector"
 
 
+class _ThreadsSeen(torch.utils.data.Dataset):
+    """Items: the threads a batch read would take where the item is made."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> int:
+        from layertap.torch import _decode_threads
+
+        return _decode_threads(None, None)
+
+
 def test_threads_read_the_same_batches_and_are_checked(tmp_path):
     """``threads`` caps the threads that read a batch: the same items with one and with three
     (the core spreads a batch of fewer records over the threads left: rust/core's
     reader_batch.rs checks those bytes); the default is one a CPU (one a record for stored
-    payloads); a bad value is refused with the option's name."""
+    payloads), shared out among DataLoader workers; a bad value is refused with the option's
+    name."""
     import os
 
     from layertap.errors import InvalidInputError
@@ -255,6 +268,12 @@ def test_threads_read_the_same_batches_and_are_checked(tmp_path):
         2,
         min(9, cpus),
     )
+    # In a DataLoader's workers the CPUs are shared out among them (at least one each).
+    for workers in (1, 2):
+        seen = torch.utils.data.DataLoader(
+            _ThreadsSeen(), batch_size=None, num_workers=workers, multiprocessing_context="fork"
+        )
+        assert list(seen) == [max(1, min(cpus // workers, 256))] * 2, workers
     assert pickle.loads(pickle.dumps(HiddenStatesDataset(path, threads=2))).threads == 2
     for bad in (0, 257, 1.5, "2"):
         with pytest.raises(InvalidInputError, match=r"threads must be a positive integer below 257, not "):

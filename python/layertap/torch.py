@@ -67,7 +67,7 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
       workers is unsafe, so a worker's first item raises (use ``num_workers=0``). ``"cpu"`` runs
       the same kernel on CPU tensors in Triton's interpreter (``TRITON_INTERPRET=1``): for tests.
     - ``threads``: threads that read a batch in this process (1 to 256): by default one a CPU
-      this process may run on, one in a ``DataLoader`` worker (the workers share the CPUs). A
+      this process may run on, the CPUs shared out among a ``DataLoader``'s workers. A
       batch of fewer records than threads spreads each record's checksum and its large exp-huf
       tensors over the rest. A number caps it, for a training loop that keeps CPUs for itself.
 
@@ -476,14 +476,14 @@ def _as_rows(items: list[dict | None]) -> list[dict | None]:
 
 
 def _decode_threads(records: int | None, given: int | None) -> int:
-    """Threads that read a batch: ``given`` (the Dataset's ``threads``), else one in a
-    ``DataLoader`` worker (the workers share the CPUs) and up to one a CPU this process may run
-    on elsewhere; at most one a record where a record is one thread's work (``records``; None
-    for a decode, whose checksums and large exp-huf blocks the core spreads over the threads a
-    batch of fewer records leaves)."""
+    """Threads that read a batch: ``given`` (the Dataset's ``threads``), else one a CPU this
+    process may run on, the CPUs shared out among a ``DataLoader``'s workers (at least one a
+    worker); at most one a record where a record is one thread's work (``records``; None for a
+    decode, whose checksums and large exp-huf blocks the core spreads over the threads a batch
+    of fewer records leaves)."""
     if given is None:
-        in_worker = torch.utils.data.get_worker_info() is not None
-        given = 1 if in_worker else min(len(os.sched_getaffinity(0)), MAX_THREADS)
+        worker = torch.utils.data.get_worker_info()
+        given = min(len(os.sched_getaffinity(0)) // (worker.num_workers if worker else 1), MAX_THREADS)
     return max(1, min(records or given, given))
 
 
