@@ -1,12 +1,13 @@
 //! Encode and decode throughput of each codec on a realistic record: bf16 hidden states
 //! `[512 tokens, 4 layers, 1024]` (4 MiB) drawn from normal(0, 1) and rounded to bf16, plus
-//! i64 token ids. Throughput is in raw (decoded) bytes per second.
+//! i64 token ids. Throughput is in raw (decoded) bytes per second; then `bp16-zstd`'s byte
+//! planes split and joined alone.
 //!
 //! Run with `cargo bench -p layertap-core --bench codecs`.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use layertap_core::blob::{build_header, TensorSpec};
-use layertap_core::codec::{decode, Encoder};
+use layertap_core::codec::{decode, join_planes, split_planes, Encoder};
 use layertap_core::format::crc32c;
 use layertap_core::{Codec, Dtype};
 use std::collections::BTreeMap;
@@ -143,6 +144,19 @@ fn codecs(c: &mut Criterion) {
             });
         }
     }
+    g.finish();
+
+    // bp16-zstd's byte planes alone (its writer splits them, its readers join them).
+    let mut g = c.benchmark_group("byte planes");
+    g.throughput(Throughput::Bytes(sample.hidden.len() as u64));
+    let mut planes = vec![0u8; sample.hidden.len()];
+    let mut back = vec![0u8; sample.hidden.len()];
+    g.bench_function("split", |b| {
+        b.iter(|| split_planes(black_box(&sample.hidden), &mut planes));
+    });
+    g.bench_function("join", |b| {
+        b.iter(|| join_planes(black_box(&planes), &mut back));
+    });
     g.finish();
 }
 

@@ -26,6 +26,7 @@
 #![cfg_attr(not(test), warn(clippy::print_stdout, clippy::print_stderr))]
 
 pub mod blob;
+pub mod byte_planes;
 pub mod codec;
 pub mod dtype;
 pub mod error;
