@@ -167,40 +167,34 @@ struct Arrays(Vec<(&'static str, Vec<u8>)>);
 
 impl Arrays {
     fn of(h: &BatchHeads) -> Arrays {
-        fn rows<const N: usize>(rows: &[[i64; N]]) -> Vec<u8> {
-            rows.iter()
-                .flatten()
-                .flat_map(|x| x.to_le_bytes())
-                .collect()
+        fn ints(xs: impl ExactSizeIterator<Item = i64>) -> Vec<u8> {
+            let mut out = Vec::with_capacity(8 * xs.len());
+            for x in xs {
+                out.extend_from_slice(&x.to_le_bytes());
+            }
+            out
         }
-        let ints = |xs: &mut dyn Iterator<Item = i64>| -> Vec<u8> {
-            xs.flat_map(|x| x.to_le_bytes()).collect()
-        };
-        let as_i64 = |x: usize| x as i64;
+        fn rows<const N: usize>(rows: &[[i64; N]]) -> Vec<u8> {
+            ints(rows.as_flattened().iter().copied())
+        }
+        let tensors = &h.tensors;
+        let places: Vec<[i64; 2]> = tensors
+            .iter()
+            .map(|t| [t.width as i64, t.start as i64])
+            .collect();
+        let blocks: Vec<[i64; 3]> = h
+            .blocks
+            .iter()
+            .map(|b| [b.tensor, b.first_table, b.contexts].map(|x| x as i64))
+            .collect();
         Arrays(vec![
             (
                 "record_tensors",
-                ints(&mut h.record_tensors.iter().map(|&x| as_i64(x))),
+                ints(h.record_tensors.iter().map(|&x| x as i64)),
             ),
-            (
-                "places",
-                ints(
-                    &mut h
-                        .tensors
-                        .iter()
-                        .flat_map(|t| [t.width as i64, t.start as i64]),
-                ),
-            ),
-            ("lengths", h.lengths.concat()),
-            (
-                "blocks",
-                ints(
-                    &mut h
-                        .blocks
-                        .iter()
-                        .flat_map(|b| [b.tensor, b.first_table, b.contexts].map(as_i64)),
-                ),
-            ),
+            ("places", rows(&places)),
+            ("lengths", h.lengths.as_flattened().to_vec()),
+            ("blocks", rows(&blocks)),
             (
                 "context_of_top",
                 h.blocks.iter().flat_map(|b| b.context_of_top).collect(),
