@@ -55,9 +55,9 @@ map, code-length tables, stream lengths and raw plane, checked as the core's own
 them), then uploads the lengths, a 512-entry map per block from an element's top 9 bits to the
 table of the context it gives, and the lanes' descriptors, one copy each; the decode tables are
 built on the device from the lengths (``decode_tables``: canonical codes as in RFC 1951, read
-least significant bit first). The Python parse before it took 7 ms a batch of 64 MiniLM-sized
+least significant bit first). The Python parse before it took 7.7 ms a batch of 64 MiniLM-sized
 records on this project's CPU (33 ms on the H100's host), what bounded records/s for narrow
-records; ``benches/gpu/host_parse_exphuf_decode.py`` measures it.
+records; the core's takes 0.8 (``benches/gpu/host_parse_exphuf_decode.py`` measures both).
 Raw blocks (mode 0) and tensors of other dtypes are copied as they are.
 
 Blocks coded by column (mode 2, what the Rust writer writes since 2026-12-05) are parsed there
