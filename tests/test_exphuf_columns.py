@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
 import pytest
 import torch
 
@@ -15,7 +16,7 @@ from layertap._py import exphuf as py_encoder
 from layertap._spec import exphuf as spec
 from layertap._spec.blob import build_header
 from layertap._spec.format import CODEC_EXP_HUF, FormatProblem
-from layertap.errors import CorruptRecordError
+from layertap.errors import CorruptRecordError, InvalidInputError
 
 NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
 
@@ -162,6 +163,55 @@ def test_every_must_reject_case_is_refused_by_both_decoders(case, stored, raw_le
     with pytest.raises(FormatProblem, match=says):
         spec.decode(stored, raw_len)
     assert _rust_decode(stored, raw_len) == "corrupt", case
+
+
+#: The MUST-reject cases only a stream's decode finds: the Triton decoder's kernels check them,
+#: not its host's parse of the heads.
+IN_THE_STREAMS = {"no code", "no code in stream 2", "stream padding"}
+#: Where the parse finds a case by other means: a stream's length off by one moves the end of
+#: the last stream off the payload's.
+PARSE_SAYS = {"stream longer": "a stream runs past the payload", "stream shorter": "1 bytes after the last tensor's"}
+
+
+def _staged(stored: bytes, at: int = 16) -> np.ndarray:
+    """``stored`` at byte ``at`` of a buffer, as the Triton decoder's Staging lays a batch out."""
+    staged = np.full(at + len(stored) + 24, 0xAB, np.uint8)
+    staged[at : at + len(stored)] = np.frombuffer(stored, np.uint8)
+    return staged
+
+
+@pytest.mark.parametrize("case,stored,raw_len,says", _damaged(), ids=lambda v: v if isinstance(v, str) else "")
+def test_the_device_decoders_parse_refuses_every_case_the_heads_show(case, stored, raw_len, says):
+    # The Triton decoder's host part (``_native.exphuf_batch_heads``) in the reference's words,
+    # naming the record of the batch; the cases in the streams are the kernels' to find.
+    sound, _, _, _ = _block()
+    staged = np.concatenate([_staged(sound), _staged(stored)])
+    bases, lengths = [16, len(sound) + 40 + 16], [len(sound), len(stored)]
+    if case in IN_THE_STREAMS:
+        heads = _native.exphuf_batch_heads(staged, bases, lengths)
+        assert heads["names"] == ["t0", "t0"]
+        return
+    with pytest.raises(CorruptRecordError, match=PARSE_SAYS.get(case, says)) as info:
+        _native.exphuf_batch_heads(staged, bases, lengths)
+    assert str(info.value).startswith("record 1 of the batch is not a valid exp-huf payload: "), info.value
+
+
+def test_the_device_decoders_parse_takes_payloads_inside_its_buffer():
+    stored, _, _, f = _block()
+    staged = _staged(stored)
+    heads = _native.exphuf_batch_heads(staged, [16, 16], [len(stored), len(stored)])
+    assert heads["metadata"] == [{"key": "k"}] * 2 and heads["shapes"] == [[64, 24]] * 2
+    # each stream's bits in the buffer: after the 3 stream lengths and the raw plane
+    first = 16 + f["lens"] + 3 * 8 + 64 * 24 * 7 // 8
+    ends = first + np.cumsum(f["stream_lens"])
+    lanes = np.frombuffer(heads["column_lanes"], np.int64).reshape(-1, 7)
+    assert lanes[:3, :2].tolist() == [[8 * (e - n), 8 * e] for e, n in zip(ends, f["stream_lens"])]
+    with pytest.raises(InvalidInputError, match="payload 1 .* lies outside the"):
+        _native.exphuf_batch_heads(staged, [16, 41], [len(stored), len(stored)])
+    with pytest.raises(InvalidInputError, match="2 bases for 1 lengths"):
+        _native.exphuf_batch_heads(staged, [16, 16], [len(stored)])
+    with pytest.raises(TypeError, match="buffer protocol"):
+        _native.exphuf_batch_heads(3, [], [])
 
 
 @pytest.mark.parametrize("rows,columns,streams", [(5, 9, 1), (5, 9, 4), (8, 8, 8), (1, 64, 3)])

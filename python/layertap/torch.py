@@ -372,6 +372,8 @@ def _decode_device(decode_on: str | None) -> str | None:
         missing.append("torch sees no CUDA device")
     if importlib.util.find_spec("triton") is None:
         missing.append("triton is not installed (it comes with torch's CUDA builds)")
+    if importlib.util.find_spec("layertap._native") is None:  # it parses the records' heads
+        missing.append("the native extension is not built (make build)")
     if missing:
         raise InvalidInputError(
             f"decode_on={decode_on!r} needs a CUDA device and triton; {' and '.join(missing)}: "
@@ -410,18 +412,20 @@ def _decode_payloads(
     (CorruptRecordError)."""
     if not len(payloads):
         return []
-    from layertap.gpu.exphuf_decode import Staging, decode_records, stored_metadata  # triton: this path only
+    from layertap.gpu.exphuf_decode import Staging, decode_records  # triton: this path only
 
+    metadata: list = []
     try:
-        decoded: list = decode_records(payloads, device)
+        decoded: list = decode_records(payloads, device, metadata=metadata)
     except CorruptRecordError:
-        decoded = []
+        decoded, metadata = [], []
         if isinstance(payloads, Staging):
             payloads = payloads.views
         for payload, (shard, at) in zip(payloads, where):
             try:
-                decoded.append(decode_records([payload], device)[0])
+                decoded.append(decode_records([payload], device, metadata=metadata)[0])
             except CorruptRecordError as e:
+                metadata.append(None)
                 reason = str(e).removeprefix("record 0 of the batch, ").removeprefix("record 0 of the batch is ")
                 decoded.append(_corrupt(shard.path, shard.entries[at], reason))
     # the small tensors of every record in one copy to the host
@@ -432,7 +436,7 @@ def _decode_payloads(
     if isinstance(payloads, Staging):
         payloads = payloads.views
     out: list[tuple[str, dict, dict] | LayertapError] = []
-    for payload, (shard, at), d in zip(payloads, where, decoded):
+    for payload, (shard, at), d, meta in zip(payloads, where, decoded, metadata):
         if isinstance(d, LayertapError):
             out.append(d)
             continue
@@ -451,7 +455,7 @@ def _decode_payloads(
                 _corrupt(shard.path, entry, f"decodes to {raw_len} bytes, not the {entry.raw_len} its index says")
             )
             continue
-        out.append((shard.path, stored_metadata(payload), found))  # checked by decode_records
+        out.append((shard.path, meta, found))
     return out
 
 

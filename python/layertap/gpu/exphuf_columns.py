@@ -1,6 +1,6 @@
 """The Triton kernels that decode exp-huf blocks coded by column (docs/FORMAT.md, "Codec 3",
-"Mode 2, coded by column"; what the Rust writer writes since 2026-12-05). The host side (parsing
-the block heads, building the tables, reporting a lane's problem) is
+"Mode 2, coded by column"; what the Rust writer writes since 2026-12-05). The host side (the
+block heads, parsed by the Rust core, the tables built, a lane's problem reported) is
 ``layertap.gpu.exphuf_decode``'s, shared with mode 1; these are the two kernels and their
 launches, kept apart from the mode-1 kernel because they share nothing with it but the way a
 stream's bits are read.
@@ -170,7 +170,7 @@ def _merge_kernel(
 def chain_tables(tables: torch.Tensor, ctx_of_top: torch.Tensor) -> torch.Tensor:
     """The streams kernel's ``[T, 2048]`` int32 tables from the mode-1 decoder's (``tables``,
     ``[T, 2048]`` int16 ``top9 << 4 | length``) and, per table, the context each top 9 bits give
-    in its block (``ctx_of_top``, ``[T, 512]`` int64): the next context put in each entry."""
+    in its block (``ctx_of_top``, ``[T, 512]``, any integer dtype): the next context put in each entry."""
     entries = tables.to(torch.int32)
     top = ((entries >> 4) & 511).long()
     ctx = torch.gather(ctx_of_top, 1, top).to(torch.int32)

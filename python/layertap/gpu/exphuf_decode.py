@@ -48,15 +48,19 @@ a warp would leave threads holding copies of a lane, reading back what another t
 an order PTX's memory model does not promise). The benchmark compares 4 to 32 streams a program,
 and the kernel without the word buffer or the early context.
 
-The host parses each block's head (mode, contexts, streams, stride, context map, code-length
-tables, stream lengths, checked as ``layertap._spec.exphuf.decode_block`` checks them), unpacks
-and checks every code-length table of the batch in one numpy pass, then uploads the lengths, a
-512-entry map per block from an element's top 9 bits to the table of the context it gives, and
-the lanes' descriptors, one copy each; the decode tables are built on the device from the
-lengths (``decode_tables``: canonical codes as in RFC 1951, read least significant bit first).
+The host has the Rust core parse the batch (``_native.exphuf_batch_heads``,
+``rust/core/src/exphuf/batch_heads.rs``, one call with the GIL released: each record's
+safetensors header and each block's head, mode, contexts, streams, stride or columns, context
+map, code-length tables, stream lengths and raw plane, checked as the core's own decoder checks
+them), then uploads the lengths, a 512-entry map per block from an element's top 9 bits to the
+table of the context it gives, and the lanes' descriptors, one copy each; the decode tables are
+built on the device from the lengths (``decode_tables``: canonical codes as in RFC 1951, read
+least significant bit first). The Python parse before it took 7.7 ms a batch of 64 MiniLM-sized
+records on this project's CPU (33 ms on the H100's host), what bounded records/s for narrow
+records; the core's takes 0.8 (``benches/gpu/host_parse_exphuf_decode.py`` measures both).
 Raw blocks (mode 0) and tensors of other dtypes are copied as they are.
 
-Blocks coded by column (mode 2, what the Rust writer writes since 2026-12-05) are parsed here
+Blocks coded by column (mode 2, what the Rust writer writes since 2026-12-05) are parsed there
 too (their tables join the batch's) and decoded by ``layertap.gpu.exphuf_columns``'s kernels: one
 lane a stream (4 streams a 32,768 elements, so tens of thousands in a trainer's batch), then an
 elementwise pass that puts the raw plane's bits beside each element's top 9 bits. A batch may mix
@@ -65,46 +69,24 @@ records of both modes.
 
 from __future__ import annotations
 
-import functools
+import itertools
 import math
-import struct
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import triton
 import triton.language as tl
 
-from layertap._spec import json_text
-from layertap._spec.blob import parse_header
+from layertap._native import exphuf_batch_heads
 from layertap._spec.dtypes import TORCH_NAMES
-from layertap._spec.exphuf import (
-    CODED,
-    MAX_CODE_LEN,
-    MAX_CONTEXTS,
-    MODE_CODED,
-    MODE_COLUMNS,
-    MODE_RAW,
-    STREAM_COUNTS,
-    SYMBOLS,
-    segment,
-    symbol_of_top,
-    top_of_symbol,
-)
-from layertap._spec.format import FormatProblem, align8
+from layertap._spec.exphuf import MAX_CODE_LEN, SYMBOLS, top_of_symbol
+from layertap._spec.format import align8
 from layertap.errors import CorruptRecordError, InvalidInputError
 from layertap.gpu import exphuf_columns
 from layertap.gpu.exphuf_columns import check_stream_ends, stream_lanes
 
 TABLE_LEN = 1 << MAX_CODE_LEN
-_FIXED = struct.Struct("<BBHI")
-_TABLE_HEAD = struct.Struct("<HH")
-#: The longest block head: mode, fixed fields, context map, 16 full code-length tables, 8
-#: stream lengths. A device payload's head is read back in one copy of at most this.
-_MAX_HEAD = 1 + _FIXED.size + SYMBOLS // 2 + MAX_CONTEXTS * (4 + SYMBOLS // 2) + 8 * 8
-#: The longest header ``_parsed_head`` keeps in its cache (a record's is some 200 bytes).
-_CACHED_HEAD = 4096
 #: Bytes after the last payload in the device copy: the two words after a stream's last one.
 _PAD = 24
 #: Lane statuses the kernel writes (0: decoded and checked).
@@ -121,364 +103,59 @@ _PROBLEMS = {
 LANES = 32
 #: Lanes of a program of the mode-2 streams kernel on CUDA (4 warps): its lanes share nothing.
 COLUMN_LANES = 128
-_SYMBOL_OF_TOP = symbol_of_top(np.arange(SYMBOLS))
-#: Where a top's context lies in a packed context map: its symbol's byte and nibble.
-_TOP_BYTE, _TOP_SHIFT = _SYMBOL_OF_TOP >> 1, ((_SYMBOL_OF_TOP & 1) * 4).astype(np.uint8)
-#: A code length's share of the code space, 2^(11 - length) (0 for no code); lengths over 11
-#: (refused before this is looked at) count as 11.
-_KRAFT = np.array([0] + [1 << (MAX_CODE_LEN - min(n, MAX_CODE_LEN)) for n in range(1, 16)], np.int32)
 _REV11 = np.array([int(f"{x:011b}"[::-1], 2) for x in range(TABLE_LEN)], dtype=np.int64)
 
 
-@dataclass
-class _Batch:
-    """What the host parsed of a batch: the lanes of each element width, the decode tables,
-    the plain copies, and where each record's tensors come from."""
+class _Heads:
+    """What the Rust core parsed of a batch (``_native.exphuf_batch_heads``, see
+    ``rust/core/src/exphuf/batch_heads.rs``), as numpy arrays over the bytes it returned."""
 
-    # per coded block: its code-length tables' bytes (a view of the payload); per table: where
-    # its packed nibbles start in those blocks' bytes back to back, its first symbol and count
-    packed: list[np.ndarray] = field(default_factory=list)
-    packed_len: int = 0
-    table_bytes: list[int] = field(default_factory=list)
-    firsts: list[int] = field(default_factory=list)
-    counts: list[int] = field(default_factory=list)
-    table_first: list[int] = field(default_factory=list)  # per coded block: its first table
-    ctx_of_top: list[np.ndarray] = field(default_factory=list)  # per coded block: [512] context
-    where: list[str] = field(default_factory=list)  # per coded block: "record r, tensor 'name'"
-    # per width: lists of lane fields; elements of the width's output buffer so far
-    lanes: dict[int, list[tuple]] = field(default_factory=lambda: {2: [], 4: []})
-    elements: dict[int, int] = field(default_factory=lambda: {2: 0, 4: 0})
-    # blocks coded by column (mode 2): per block its lanes ([S, 7] rows of bit, end bit, tops
-    # start, count, block, stream, longest), its first table, and per width the merge rows
-    # (raw plane's bit, tops start, out start, n, columns, rows)
-    col_lanes: list[np.ndarray] = field(default_factory=list)
-    col_ids: list[tuple[int, int, int]] = field(default_factory=list)  # (block, first table, contexts)
-    col_blocks: dict[int, list[tuple]] = field(default_factory=lambda: {2: [], 4: []})
-    tops: int = 0  # mode-2 elements so far (the streams kernel's output)
-    plain: list[tuple[int, int, int]] = field(default_factory=list)  # (src byte, nbytes, out byte)
-    plain_bytes: int = 0
-    # per record: (name, dtype, shape, ("coded", width, start) | ("plain", out byte))
-    records: list[list[tuple]] = field(default_factory=list)
+    def __init__(self, parsed: dict):
+        def rows(name: str, width: int) -> np.ndarray:
+            return np.frombuffer(parsed[name], np.int64).reshape(-1, width)
 
+        # per record: its tensors are ``record_tensors[r]`` to ``record_tensors[r + 1]``, and its
+        # __metadata__; per tensor: name, dtype, shape, and where its data will be (width 2 or 4:
+        # its first element in that width's output; 0: its first byte in the copies' output)
+        self.record_tensors = np.frombuffer(parsed["record_tensors"], np.int64)
+        self.metadata: list[dict[str, str]] = parsed["metadata"]
+        self.names, self.dtypes, self.shapes = parsed["names"], parsed["dtypes"], parsed["shapes"]
+        self.places = rows("places", 2)
+        # every table's code lengths ([T, 512], checked); per coded block: its tensor, first
+        # table and contexts, and its map from an element's top 9 bits to the next context
+        self.lengths = np.frombuffer(parsed["lengths"], np.uint8).reshape(-1, SYMBOLS)
+        self.blocks = rows("blocks", 3)
+        self.ctx_of_top = np.frombuffer(parsed["context_of_top"], np.uint8).reshape(-1, SYMBOLS)
+        # per width, the lanes of blocks coded by element (mode 1): rows of bit, end bit, out
+        # start, count, stride, block, stream; elements of the width's output
+        self.lanes = {2: rows("element_lanes_2", 7), 4: rows("element_lanes_4", 7)}
+        self.elements = dict(zip((2, 4), parsed["elements"]))
+        # blocks coded by column (mode 2): their streams' lanes (rows of bit, end bit, tops
+        # start, count, block, stream, longest), the blocks (block, first table, contexts), and
+        # per width the merge rows (raw plane's bit, tops start, out start, n, columns, rows)
+        self.col_lanes = rows("column_lanes", 7)
+        self.col_ids = rows("column_blocks", 3)
+        self.col_blocks = {2: rows("merges_2", 6), 4: rows("merges_4", 6)}
+        self.tops: int = parsed["tops"]  # mode-2 elements (the streams kernel's output)
+        self.plain = rows("plain", 3)  # (src byte, nbytes, out byte)
+        self.plain_bytes: int = parsed["plain_bytes"]
 
-class _Source:
-    """A payload's bytes for the parser: a host buffer, or a device tensor whose heads are read
-    back in a few small copies."""
-
-    def __init__(self, payload):
-        if isinstance(payload, torch.Tensor):
-            if payload.dtype != torch.uint8 or payload.dim() != 1:
-                raise InvalidInputError(
-                    f"payload must be a 1-D uint8 tensor or a bytes-like object, not a {payload.dtype} tensor of shape {tuple(payload.shape)}"
-                )
-            self.tensor, self.host = payload, None
-            self.length = payload.numel()
-        else:
-            self.tensor, self.host = None, memoryview(payload).cast("B")
-            self.length = len(self.host)
-
-    def read(self, a: int, b: int) -> memoryview:
-        b = min(b, self.length)
-        if self.host is not None:
-            return self.host[a:b]
-        return memoryview(self.tensor[a:b].cpu().numpy().tobytes())
+    def where(self, block: int) -> str:
+        """``record r of the batch, tensor 'name'`` of coded block ``block``."""
+        tensor = int(self.blocks[block, 0])
+        record = int(np.searchsorted(self.record_tensors, tensor, side="right")) - 1
+        return f"record {record} of the batch, tensor {self.names[tensor]!r}"
 
 
-def _check_lengths(batch: _Batch) -> np.ndarray:
-    """Every table's code lengths, ``[T, 512]`` uint8, checked as the format says (padding
-    nibble, at most 11 bits, a prefix code); FormatProblem names the first bad table."""
-    counts = np.array(batch.counts, np.int64)
-    packed = np.concatenate(batch.packed) if batch.packed else np.zeros(0, np.uint8)
-    nibbles = np.stack([packed & 15, packed >> 4], 1).reshape(-1)
-    # Table t's nibbles start at 2 * (its packed bytes' offset); its count of them are lengths.
-    byte_at = np.array(batch.table_bytes, np.int64)
-    lengths = np.zeros((len(counts), SYMBOLS), np.uint8)
-    starts = np.cumsum(counts) - counts
-    j = np.arange(int(counts.sum())) - np.repeat(starts, counts)
-    given = nibbles[np.repeat(2 * byte_at, counts) + j]  # the tables' lengths back to back
-    lengths[np.repeat(np.arange(len(counts)), counts), np.repeat(np.array(batch.firsts, np.int64), counts) + j] = given
-    # Per table, over its given lengths only (tens of a table, of 512): the longest and its
-    # codes' share of the code space. A 0 after them closes the last table's span (and stands
-    # for an empty table's, masked).
-    given = np.append(given, np.uint8(0))
-    longest = np.where(counts > 0, np.maximum.reduceat(given, starts), 0) if len(counts) else counts
-    kraft = np.where(counts > 0, np.add.reduceat(_KRAFT[given], starts), 0) if len(counts) else counts
-    odd = counts % 2 == 1
-    bad = [
-        (odd & (nibbles[np.minimum(2 * byte_at + counts, len(nibbles) - 1)] != 0), "code lengths' padding nibble is not zero"),
-        (longest > MAX_CODE_LEN, f"a code length is over {MAX_CODE_LEN}"),
-        (kraft > TABLE_LEN, "code lengths are over-subscribed (not a prefix code)"),
-    ]  # fmt: skip
-    for flags, problem in bad:
-        if flags.any():
-            t = int(np.argmax(flags))
-            block = int(np.searchsorted(batch.table_first, t, side="right")) - 1
-            raise FormatProblem(f"{batch.where[block]}: context {t - batch.table_first[block]}: {problem}")
-    return lengths
-
-
-def _check_contexts(contexts: int) -> None:
-    if not 1 <= contexts <= MAX_CONTEXTS:
-        raise FormatProblem(f"block has {contexts} contexts (1 to 16 allowed)")
-
-
-def _context_tables(head, p: int, contexts: int, batch: _Batch) -> tuple[np.ndarray, int, int]:
-    """The context map at ``head[p:]`` (a 4-bit context a symbol) and the ``contexts`` code-length
-    tables after it, as both block modes' heads hold them: checked, the tables added to
-    ``batch``. Returns the map (``[512]``, by an element's top 9 bits), the offset after the tables and the batch's index of the
-    block's first table."""
-    packed = np.frombuffer(head, np.uint8, SYMBOLS // 2, p)
-    # The map read in top-9-bits order straight from its nibbles (a permutation of the symbols:
-    # the same largest context as in symbol order).
-    ctx_of_top = ((packed[_TOP_BYTE] >> _TOP_SHIFT) & 15).astype(np.int64)
-    if ctx_of_top.max() >= contexts:
-        raise FormatProblem(f"context map names context {ctx_of_top.max()} of {contexts}")
-    p += SYMBOLS // 2
-    table_first = len(batch.counts)
-    # Each table's place follows from the one before (its count says its length): a short walk
-    # over the heads' fixed fields; the nibbles themselves are taken and checked with the
-    # batch's others, in one numpy pass (``_check_lengths``).
-    start, end, tables = p, len(head), []
-    for c in range(contexts):
-        if p + 4 > end:
-            raise FormatProblem(f"context {c}: block is cut off")
-        first, count = _TABLE_HEAD.unpack_from(head, p)
-        if first + count > SYMBOLS:
-            raise FormatProblem(f"context {c}: code lengths of symbols {first}..{first + count} are out of range")
-        tables.append((first, count, p + 4))
-        p += 4 + (count + 1) // 2
-        if p > end:
-            raise FormatProblem(f"context {c}: block is cut off")
-    shift = batch.packed_len - start
-    for first, count, at in tables:
-        batch.firsts.append(first)
-        batch.counts.append(count)
-        batch.table_bytes.append(at + shift)
-    batch.packed.append(np.frombuffer(head, np.uint8, p - start, start))
-    batch.packed_len += p - start
-    return ctx_of_top, p, table_first
-
-
-def _parse_block(src: _Source, at: int, base: int, n: int, width: int, batch: _Batch, out, where: str) -> int:
-    """Parses the block at ``at`` (payload offset; ``base``: the payload's offset in the device
-    copy) of ``n`` elements and adds its lanes or plain copy to ``batch``; ``out`` receives where
-    the tensor's data will be. Returns where the block ends."""
-    if at >= src.length:
-        raise FormatProblem("block is cut off")
-    head = src.read(at, at + _MAX_HEAD)
-    mode = head[0]
-    if mode == MODE_RAW:
-        if at + 1 + n * width > src.length:
-            raise FormatProblem("raw block is cut off")
-        out.append(("plain", _add_plain(batch, base + at + 1, n * width)))
-        return at + 1 + n * width
-    if mode == MODE_COLUMNS:
-        return _parse_columns(src, at, base, n, width, batch, out, where, head)
-    if mode != MODE_CODED:
-        raise FormatProblem(f"block mode {mode} is unknown")
-    if 1 + _FIXED.size + SYMBOLS // 2 > len(head):
-        raise FormatProblem("block is cut off")
-    contexts, streams, reserved, stride = _FIXED.unpack_from(head, 1)
-    _check_contexts(contexts)
-    if streams not in STREAM_COUNTS:
-        raise FormatProblem(f"block has {streams} streams (1, 2, 4 or 8 allowed)")
-    if reserved:
-        raise FormatProblem("block's reserved bytes are not zero")
-    ctx_of_top, p, table_first = _context_tables(head, 1 + _FIXED.size, contexts, batch)
-    if p + 8 * streams > len(head):
-        raise FormatProblem("block is cut off")
-    sizes = struct.unpack_from(f"<{streams}Q", head, p)
-    stream_at = at + p + 8 * streams
-    if sum(sizes) > src.length - stream_at:
-        raise FormatProblem("a stream runs past the payload")
-    block = len(batch.table_first)
-    batch.table_first.append(table_first)
-    batch.ctx_of_top.append(ctx_of_top)
-    batch.where.append(where)
-    start = batch.elements[width]
-    for k, size in enumerate(sizes):
-        seg = segment(n, streams, k)
-        bit = 8 * (base + stream_at)
-        batch.lanes[width].append((bit, bit + 8 * size, start + seg.start, len(seg), stride, block, k))
-        stream_at += size
-    batch.elements[width] += n
-    out.append(("coded", width, start))
-    return stream_at
-
-
-_COLUMN_FIXED = struct.Struct("<B3sII")
-#: Stream numbers 0, 1, ... of a block coded by column (most have a few hundred at most).
-_STREAM_IDS = np.arange(4096, dtype=np.int64)
-
-
-def _parse_columns(src: _Source, at: int, base: int, n: int, width: int, batch: _Batch, out, where: str, head) -> int:
-    """``_parse_block`` for a block coded by column (mode 2), whose first bytes are ``head``:
-    checked as the Rust decoder checks it (``column.rs``'s ``Head::parse``, the raw plane and
-    the streams inside the payload, the raw plane's padding); its streams' lanes and its merge
-    row go to ``batch``."""
-    p = 1 + _COLUMN_FIXED.size
-    if p + SYMBOLS // 2 > len(head):
-        raise FormatProblem("block is cut off")
-    contexts, reserved, columns, streams = _COLUMN_FIXED.unpack_from(head, 1)
-    _check_contexts(contexts)
-    if reserved != b"\0\0\0":
-        raise FormatProblem("block's reserved bytes are not zero")
-    if columns == 0 or n % columns:
-        raise FormatProblem(f"block of {n} elements in rows of {columns} columns")
-    if not 1 <= streams <= columns:
-        raise FormatProblem(f"block has {streams} streams for {columns} columns (1 to {columns} allowed)")
-    ctx_of_top, p, table_first = _context_tables(head, p, contexts, batch)
-    lengths_at = at + p
-    if lengths_at + 8 * streams > src.length:
-        raise FormatProblem("block is cut off")
-    sizes = np.frombuffer(src.read(lengths_at, lengths_at + 8 * streams), "<u8").astype(np.uint64)
-    raw_bits = 8 * width - 9
-    plane_at = lengths_at + 8 * streams
-    plane_len = (n * raw_bits + 7) // 8
-    if plane_at + plane_len > src.length:
-        raise FormatProblem("the raw plane runs past the payload")
-    stream_at = plane_at + plane_len
-    room = src.length - stream_at
-    ends = np.cumsum(sizes)  # uint64; the last is the sizes' sum (streams >= 1, checked above)
-    if int(sizes.max()) > room or int(ends[-1]) > room:
-        raise FormatProblem("a stream runs past the payload")
-    if (n * raw_bits) % 8 and src.read(stream_at - 1, stream_at)[0] >> ((n * raw_bits) % 8):
-        raise FormatProblem("the raw plane's padding bits are not zero")
-    sizes, ends = sizes.astype(np.int64), ends.astype(np.int64)
-    block = len(batch.table_first)
-    batch.table_first.append(table_first)
-    batch.ctx_of_top.append(ctx_of_top)
-    batch.where.append(where)
-    batch.col_ids.append((block, table_first, contexts))
-    rows = n // columns
-    # The lanes' rows (see _Batch.col_lanes), filled column by column: fewer numpy steps than
-    # stacking them.
-    lanes = np.empty((streams, 7), np.int64)
-    k = _STREAM_IDS[:streams] if streams <= len(_STREAM_IDS) else np.arange(streams, dtype=np.int64)
-    lanes[:, 5] = k
-    first_col = k * columns // streams
-    lanes[:, 3] = ((k + 1) * columns // streams - first_col) * rows
-    lanes[:, 2] = first_col * rows + batch.tops
-    lanes[:, 1] = ends
-    lanes[:, 0] = ends - sizes
-    lanes[:, :2] += base + stream_at
-    lanes[:, :2] *= 8
-    lanes[:, 4] = block
-    lanes[:, 6] = lanes[:, 3].max(initial=0)
-    batch.col_lanes.append(lanes)
-    start = batch.elements[width]
-    batch.col_blocks[width].append((8 * (base + plane_at), batch.tops, start, n, columns, rows))
-    batch.tops += n
-    batch.elements[width] += n
-    out.append(("coded", width, start))
-    return stream_at + int(ends[-1])
-
-
-def _add_plain(batch: _Batch, src_byte: int, nbytes: int) -> int:
-    out = batch.plain_bytes
-    batch.plain.append((src_byte, nbytes, out))
-    batch.plain_bytes += align8(nbytes)
-    return out
-
-
-def _raw_len(head: memoryview) -> int:
-    """The raw blob's length as the header's data offsets give it (checked by parse_header)."""
-    n = int.from_bytes(head[:8], "little")
-    try:
-        doc = json_text.parse(head[8 : 8 + n])
-    except ValueError as e:
-        raise FormatProblem(f"safetensors header: {e}") from None
-    if not isinstance(doc, dict):
-        raise FormatProblem("safetensors header is not a JSON object")
-    ends = [v["data_offsets"][1] for k, v in doc.items() if k != "__metadata__" and isinstance(v, dict) and isinstance(v.get("data_offsets"), list) and len(v["data_offsets"]) == 2 and isinstance(v["data_offsets"][1], int)]  # fmt: skip
-    return 8 + n + max(ends, default=0)
-
-
-class _HeadOnly:
-    """A blob as ``parse_header`` reads it: its header bytes, and the length the data would
-    give it (the data itself is still coded)."""
-
-    def __init__(self, head: memoryview, length: int):
-        self.head, self.length = head, length
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, item):
-        return self.head[item]
-
-
-@functools.lru_cache(maxsize=1024)
-def _parsed_head(head: bytes) -> tuple[int, tuple | FormatProblem]:
-    """A payload's safetensors header (length prefix and JSON) parsed: the raw length its data
-    offsets give, and ``parse_header``'s ``(metadata, tensors, data start)`` or the problem it
-    found. Cached by the header's bytes: a batch's records (and the next batch's) mostly share
-    their header, and ``stored_metadata`` reads the metadata again without a third JSON parse.
-    Raises FormatProblem where the JSON itself is bad (not cached)."""
-    raw_len = _raw_len(head)
-    try:
-        parsed = parse_header(_HeadOnly(head, raw_len))
-    except FormatProblem as e:
-        return raw_len, e
-    return raw_len, parsed
-
-
-def _head_bytes(src: _Source) -> bytes:
-    if src.length < 8:
-        raise FormatProblem("payload shorter than a safetensors header")
-    head_len = 8 + int.from_bytes(src.read(0, 8), "little")
-    if head_len > src.length:
-        raise FormatProblem(f"safetensors header length {head_len - 8} does not fit the payload")
-    return bytes(src.read(0, head_len))
-
-
-def stored_metadata(payload) -> dict[str, str]:
-    """The ``__metadata__`` of a payload ``decode_records`` decoded (its header was checked
-    then, and is read again here from the cache, without parsing)."""
-    _, parsed = _parsed_head(_head_bytes(_Source(payload)))
-    if isinstance(parsed, FormatProblem):
-        raise FormatProblem(str(parsed))
-    return dict(parsed[0])
-
-
-def _parse_record(src: _Source, base: int, batch: _Batch) -> None:
-    head = _head_bytes(src)
-    head_len = len(head)
-    if head_len > _CACHED_HEAD:
-        raw_len, parsed = _parsed_head.__wrapped__(head)  # not kept: the cache holds short ones
-    else:
-        raw_len, parsed = _parsed_head(head)
-    if raw_len > 2 * src.length:
-        raise FormatProblem(f"raw length {raw_len} is more than {src.length} stored bytes can decode to")
-    if isinstance(parsed, FormatProblem):
-        raise FormatProblem(str(parsed))
-    _, tensors, _ = parsed
-    at, out = head_len, []
-    for t in tensors:
-        size = t.end - t.begin
-        try:
-            if t.dtype in CODED:
-                width = CODED[t.dtype][0]
-                at = _parse_block(
-                    src,
-                    at,
-                    base,
-                    size // width,
-                    width,
-                    batch,
-                    out,
-                    f"record {len(batch.records)} of the batch, tensor {t.name!r}",
-                )
-            else:
-                if at + size > src.length:
-                    raise FormatProblem("payload is cut off")
-                out.append(("plain", _add_plain(batch, base + at, size)))
-                at += size
-        except FormatProblem as e:
-            raise FormatProblem(f"tensor {t.name!r}: {e}") from None
-    if at != src.length:
-        raise FormatProblem(f"{src.length - at} bytes after the last tensor's block")
-    batch.records.append([(t.name, t.dtype, t.shape, where) for t, where in zip(tensors, out)])
+def _host_bytes(payload) -> memoryview | torch.Tensor:
+    """A payload as a flat host buffer, or the 1-D uint8 device tensor it is."""
+    if isinstance(payload, torch.Tensor):
+        if payload.dtype != torch.uint8 or payload.dim() != 1:
+            raise InvalidInputError(
+                f"payload must be a 1-D uint8 tensor or a bytes-like object, not a {payload.dtype} tensor of shape {tuple(payload.shape)}"
+            )
+        return payload
+    return memoryview(payload).cast("B")
 
 
 def decode_tables(lengths: torch.Tensor) -> torch.Tensor:
@@ -561,27 +238,29 @@ class Staging:
         return len(self.lengths)
 
 
-def _device_copy(payloads, sources, device) -> tuple[torch.Tensor, list[int]]:
+def _device_copy(payloads, device) -> tuple[torch.Tensor, np.ndarray, list[int], list[int]]:
     """The payloads back to back in one uint8 buffer on ``device`` (as ``Staging`` lays them
-    out); and where each starts. Host buffers are staged with one copy each, then copied to the
-    device in one; a ``Staging`` is copied as it is."""
+    out), the same bytes on the host (what the heads are parsed from), where each starts, and
+    their lengths. Host buffers are staged with one copy each, then copied to the device in
+    one; a ``Staging`` is copied as it is; a batch holding device tensors is put together on
+    the device and copied back whole."""
     if isinstance(payloads, Staging):
-        return payloads.host.to(device, non_blocking=True), payloads.bases
-    if all(s.host is not None for s in sources):
-        staging = Staging([s.length for s in sources], device)
-        for view, s in zip(staging.views, sources):
-            np.frombuffer(view, np.uint8)[:] = np.frombuffer(s.host, np.uint8)
-        return staging.host.to(device, non_blocking=True), staging.bases
+        host = payloads.host
+        return host.to(device, non_blocking=True), host.numpy(), payloads.bases, payloads.lengths
+    lengths = [p.numel() if isinstance(p, torch.Tensor) else len(p) for p in payloads]
+    if not any(isinstance(p, torch.Tensor) for p in payloads):
+        staging = Staging(lengths, device)
+        for view, p in zip(staging.views, payloads):
+            np.frombuffer(view, np.uint8)[:] = np.frombuffer(p, np.uint8)
+        return staging.host.to(device, non_blocking=True), staging.host.numpy(), staging.bases, lengths
     bases, at = [], 0
-    for s in sources:
+    for n in lengths:
         bases.append(at)
-        at = align8(at + s.length)
+        at = align8(at + n)
     buf = torch.zeros(at + _PAD, dtype=torch.uint8, device=device)
-    for p, s, b in zip(payloads, sources, bases):
-        buf[b : b + s.length].copy_(
-            p if isinstance(p, torch.Tensor) else torch.frombuffer(bytearray(s.host), dtype=torch.uint8)
-        )
-    return buf, bases
+    for p, b, n in zip(payloads, bases, lengths):
+        buf[b : b + n].copy_(p if isinstance(p, torch.Tensor) else torch.frombuffer(bytearray(p), dtype=torch.uint8))
+    return buf, buf.cpu().numpy(), bases, lengths
 
 
 def decode_records(
@@ -594,6 +273,7 @@ def decode_records(
     buffered: bool = True,
     column_lanes: int | None = None,
     timings: dict | None = None,
+    metadata: list | None = None,
 ) -> list[dict[str, torch.Tensor]]:
     """Decodes exp-huf record payloads (each a bytes-like object, or a 1-D uint8 tensor; the
     ``stored`` bytes of a codec-3 record: safetensors header then blocks) on ``device`` (the
@@ -604,7 +284,8 @@ def decode_records(
 
     ``payloads`` may also be a ``Staging`` its caller filled (read from files straight into
     it): its buffer is then copied to the device as it is, no host copy first. Host buffers are
-    the fast way in: a device tensor's block heads are read back in one small copy each. ``lanes_per_program`` (a multiple of 32 on CUDA; ``LANES`` there by default),
+    the fast way in: a batch holding device tensors is copied back to the host whole for its
+    heads to be parsed. ``lanes_per_program`` (a multiple of 32 on CUDA; ``LANES`` there by default),
     ``live_lanes`` (the streams a program decodes, the others idle; by default as few as give
     each multiprocessor two programs, at least 4), ``ahead`` (the next element's context loaded a step early)
     and ``buffered`` (a stream's words kept from step to step, the next one loaded beside the
@@ -612,30 +293,25 @@ def decode_records(
     ``column_lanes`` (a power of two, a multiple of 32 on CUDA; ``COLUMN_LANES`` there by
     default) chooses the lanes of a program of the mode-2 streams kernel; ``timings``, if given,
     receives the host's parse and table time (``parse_s``: the payloads staged and copied,
-    ``stage_s``; their heads parsed, ``records_s``; the tables checked and built, ``tables_s``)
-    and, on CUDA, the kernels' time (seconds)."""
+    ``stage_s``; their heads parsed, ``records_s``; the tables built, ``tables_s``)
+    and, on CUDA, the kernels' time (seconds); ``metadata``, if given, is extended with each
+    record's ``__metadata__`` (a dict), read with its header."""
     t0 = time.perf_counter()
     if isinstance(payloads, Staging):
         device = payloads.device if device is None else device
-        sources = [_Source(v) for v in payloads.views]
     else:
-        payloads = list(payloads)
+        payloads = [_host_bytes(p) for p in payloads]
         if device is None:
             on = [p.device for p in payloads if isinstance(p, torch.Tensor)]
             device = on[0] if on else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        sources = [_Source(p) for p in payloads]
     device = torch.device(device)
-    src_buf, bases = _device_copy(payloads, sources, device)
+    src_buf, host, bases, lengths = _device_copy(payloads, device)
     t1 = time.perf_counter()
-    batch = _Batch()
-    for r, (s, b) in enumerate(zip(sources, bases)):
-        try:
-            _parse_record(s, b, batch)
-        except FormatProblem as e:
-            raise CorruptRecordError(f"record {r} of the batch is not a valid exp-huf payload: {e}") from None
+    batch = _Heads(exphuf_batch_heads(host, bases, lengths))
     if timings is not None:
         # parse_s is the host's whole part before the kernels; its pieces say which to work on
-        # (the H100 run of 2026-12-05 measured it at 4-8x the kernels' time).
+        # (the H100 run of 2026-12-05 measured it at 4-8x the kernels' time, before the heads
+        # were parsed by the core).
         timings["stage_s"], timings["records_s"] = t1 - t0, time.perf_counter() - t1
         timings["parse_s"] = timings["stage_s"] + timings["records_s"]
         timings.pop("kernel_s", None)
@@ -651,41 +327,42 @@ def decode_records(
         raise InvalidInputError(f"column_lanes must be a power of two (at least 32 on CUDA), not {column_lanes}")
     outs = _run(batch, src_buf, device, (lanes_per_program, live_lanes, ahead, buffered), timings, column_lanes)
     plain = torch.empty(batch.plain_bytes, dtype=torch.uint8, device=device)
-    for src_byte, nbytes, out_byte in batch.plain:
+    for src_byte, nbytes, out_byte in batch.plain.tolist():
         plain[out_byte : out_byte + nbytes].copy_(src_buf[src_byte : src_byte + nbytes])
     records = []
-    for rec in batch.records:
+    bounds, places = batch.record_tensors.tolist(), batch.places.tolist()
+    for first, end in itertools.pairwise(bounds):
         tensors = {}
-        for name, dtype, shape, where in rec:
-            tdtype = getattr(torch, TORCH_NAMES[dtype])
+        for t in range(first, end):
+            tdtype = getattr(torch, TORCH_NAMES[batch.dtypes[t]])
+            shape = batch.shapes[t]
             n = math.prod(shape)
-            if where[0] == "coded":
-                flat = outs[where[1]][where[2] : where[2] + n]
+            width, start = places[t]
+            if width:
+                flat = outs[width][start : start + n]
             else:
-                flat = plain[where[1] : where[1] + n * tdtype.itemsize]
-            tensors[name] = flat.view(tdtype).reshape(shape)
+                flat = plain[start : start + n * tdtype.itemsize]
+            tensors[batch.names[t]] = flat.view(tdtype).reshape(shape)
         records.append(tensors)
+    if metadata is not None:
+        metadata.extend(batch.metadata)
     return records
 
 
 def _run(
-    batch: _Batch, src_buf: torch.Tensor, device, tuning: tuple[int, int | None, bool, bool], timings, column_lanes: int
+    batch: _Heads, src_buf: torch.Tensor, device, tuning: tuple[int, int | None, bool, bool], timings, column_lanes: int
 ) -> dict[int, torch.Tensor]:
     """Launches the kernel for each element width's lanes; returns the output buffers (int16,
     int32). Raises CorruptRecordError when a lane reports a problem."""
     outs = {2: torch.empty(batch.elements[2], dtype=torch.int16, device=device),
             4: torch.empty(batch.elements[4], dtype=torch.int32, device=device)}  # fmt: skip
-    if not batch.table_first:
+    if not len(batch.blocks):
         return outs
     t0 = time.perf_counter()
-    try:
-        lengths = _check_lengths(batch)
-    except FormatProblem as e:
-        raise CorruptRecordError(f"not a valid exp-huf payload: {e}") from None
-    table_first = np.array(batch.table_first, np.int64) * TABLE_LEN
-    tables_d = decode_tables(_upload(lengths, device)).reshape(-1)
+    table_first = batch.blocks[:, 1] * TABLE_LEN
+    tables_d = decode_tables(_upload(batch.lengths, device)).reshape(-1)
     # Per block, top 9 bits -> the offset of its context's table in ``tables``.
-    table_of_top = (np.stack(batch.ctx_of_top) * TABLE_LEN + table_first[:, None]).astype(np.int32)
+    table_of_top = (batch.ctx_of_top.astype(np.int64) * TABLE_LEN + table_first[:, None]).astype(np.int32)
     table_of_top_d = _upload(table_of_top.reshape(-1), device)
     if timings is not None:
         timings["tables_s"] = time.perf_counter() - t0
@@ -696,14 +373,13 @@ def _run(
         start.record()
     launched = []
     for width, lanes in batch.lanes.items():
-        if not lanes:
+        if not len(lanes):
             continue
         # Blocks by their longest segment, a block's streams together: a program's lanes run about
         # as many steps, and share their tables.
-        longest = {}
-        for lane in lanes:
-            longest[lane[5]] = max(longest.get(lane[5], 0), lane[3])
-        order = sorted(range(len(lanes)), key=lambda i: (-longest[lanes[i][5]], lanes[i][5], lanes[i][6]))
+        longest = np.zeros(len(batch.blocks), np.int64)
+        np.maximum.at(longest, lanes[:, 5], lanes[:, 3])
+        order = np.lexsort((lanes[:, 6], lanes[:, 5], -longest[lanes[:, 5]]))
         per, live, ahead, buffered = tuning
         live = live or _live_lanes(len(lanes), per, device)
         # Program p's lanes are slots p * per to p * per + live; the others idle (count 0).
@@ -711,14 +387,14 @@ def _run(
         at = np.arange(len(order))
         slots[(at // live) * per + at % live] = order
         arr = np.zeros((len(slots), 7), dtype=np.int64)
-        arr[slots >= 0] = np.array([lanes[i] for i in order], dtype=np.int64)
+        arr[slots >= 0] = lanes[order]
         desc = _descriptors(arr, table_first, width)
         desc_d = _upload(desc, device)
         pos64 = int(desc[2].max()) >= _POS32_LIMIT
         status = _launch(src_buf, tables_d, table_of_top_d, outs[width], desc_d, width, pos64, per, ahead, buffered)
         launched.append((width, lanes, slots, status))
     col_status = None
-    if batch.col_lanes:
+    if len(batch.col_lanes):
         col_status = _run_columns(batch, src_buf, tables_d, outs, column_lanes)
         launched.append((None, None, None, col_status[1]))
     if cuda and timings is not None:
@@ -749,29 +425,29 @@ def _run(
     return outs
 
 
-def _run_columns(batch: _Batch, src_buf, tables_d, outs, lanes_per_program: int):
+def _run_columns(batch: _Heads, src_buf, tables_d, outs, lanes_per_program: int):
     """Launches the kernels of the blocks coded by column (``exphuf_columns``): the streams
     kernel once over every such block's streams, then the merge kernel per element width.
-    Returns the lanes (rows as ``_Batch.col_lanes``, in launch order) and their statuses."""
+    Returns the lanes (rows as ``_Heads.col_lanes``, in launch order) and their statuses."""
     device = src_buf.device
     words = src_buf.view(torch.int32)
-    lanes = np.concatenate(batch.col_lanes)
+    lanes = batch.col_lanes
     # Blocks by their longest stream, a block's streams together: a program's lanes run about as
     # many steps and share their tables.
     lanes = lanes[np.lexsort((lanes[:, 5], lanes[:, 4], -lanes[:, 6]))]
     # The blocks' own tables, with the context each code leads to in its entries.
-    ids, firsts, contexts = (np.array(c, np.int64) for c in zip(*batch.col_ids))
+    ids, firsts, contexts = batch.col_ids.T
     rows = (
         np.repeat(firsts, contexts)
         + np.arange(int(contexts.sum()))
         - np.repeat(np.cumsum(contexts) - contexts, contexts)
     )
-    ctx_of_top = np.stack([batch.ctx_of_top[b] for b in ids])[np.repeat(np.arange(len(ids)), contexts)]
+    ctx_of_top = batch.ctx_of_top[ids][np.repeat(np.arange(len(ids)), contexts)]
     chain = exphuf_columns.chain_tables(
         tables_d.view(-1, TABLE_LEN)[_upload(rows, device)], _upload(ctx_of_top, device)
     )
     # Per block number, its context 0's table in ``chain``.
-    table0 = np.zeros(len(batch.table_first), np.int64)
+    table0 = np.zeros(len(batch.blocks), np.int64)
     table0[ids] = (np.cumsum(contexts) - contexts) * TABLE_LEN
     first_word = lanes[:, 0] >> 5
     base = first_word << 5
@@ -783,25 +459,20 @@ def _run_columns(batch: _Batch, src_buf, tables_d, outs, lanes_per_program: int)
         words, chain.reshape(-1), tops, _upload(desc, device), pos64, lanes_per_program
     )
     for width, blocks in batch.col_blocks.items():
-        if blocks:
-            jobs = exphuf_columns.merge_jobs(np.array(blocks, dtype=np.int64))
+        if len(blocks):
+            jobs = exphuf_columns.merge_jobs(blocks)
             exphuf_columns.launch_merge(words, tops, outs[width], _upload(jobs, device), width)
     return lanes, status
 
 
-def _describe(batch: _Batch, problem) -> str:
-    if problem[0] is None:  # a stream of a block coded by column
-        _, (_, _, _, _, block, k, _), code, j = problem
-        at = f"after its {j} codes" if code >= 3 else f"at code {j}"
-        return f"{batch.where[block]} is corrupt: its exp-huf stream {k} {_PROBLEMS.get(code, f'fails check {code}')} ({at})"
-    width, (_, _, start, _, _, _, k), code, j = problem
-    where = "a tensor"
-    for r, rec in enumerate(batch.records):
-        for name, _, shape, w in rec:
-            if w[0] == "coded" and w[2] <= start < w[2] + int(np.prod(shape, dtype=np.int64)) and w[1] == width:
-                where = f"record {r} of the batch, tensor {name!r}"
-    at = f"after its {j} elements" if code >= 3 else f"at element {j} of its segment"
-    return f"{where} is corrupt: its exp-huf stream {k} {_PROBLEMS.get(code, f'fails check {code}')} ({at})"
+def _describe(batch: _Heads, problem) -> str:
+    mode, lane, code, j = problem
+    if mode is None:  # a stream of a block coded by column: rows as _Heads.col_lanes
+        block, k, at = lane[4], lane[5], f"after its {j} codes" if code >= 3 else f"at code {j}"
+    else:
+        block, k, at = lane[5], lane[6], f"after its {j} elements" if code >= 3 else f"at element {j} of its segment"
+    problem = _PROBLEMS.get(code, f"fails check {code}")
+    return f"{batch.where(int(block))} is corrupt: its exp-huf stream {k} {problem} ({at})"
 
 
 @triton.jit
@@ -938,4 +609,4 @@ def _launch(src_buf, tables, table_of_top, out, desc, width, pos64, lanes_per_pr
     return status
 
 
-__all__ = ["LANES", "Staging", "decode_records", "decode_tables", "stored_metadata"]
+__all__ = ["LANES", "Staging", "decode_records", "decode_tables"]

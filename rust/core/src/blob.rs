@@ -175,11 +175,29 @@ pub fn parse_header_of(blob: &[u8], blob_len: usize) -> std::result::Result<Blob
         ));
     }
     let data_start = 8 + n as usize;
-    let json = match crate::json_text::parse(&blob[8..data_start]) {
-        Ok(serde_json::Value::Object(json)) => json,
-        Ok(_) => return Err("safetensors header is not a JSON object".into()),
-        Err(e) => return Err(format!("safetensors header: {e}")),
-    };
+    header_of_json(header_json(&blob[8..data_start])?, data_start, blob_len)
+}
+
+/// The JSON text of a safetensors header (the bytes after its length prefix) parsed, as the
+/// object it must be. `Err(reason)` says what is wrong.
+pub fn header_json(
+    text: &[u8],
+) -> std::result::Result<serde_json::Map<String, serde_json::Value>, String> {
+    match crate::json_text::parse(text) {
+        Ok(serde_json::Value::Object(json)) => Ok(json),
+        Ok(_) => Err("safetensors header is not a JSON object".into()),
+        Err(e) => Err(format!("safetensors header: {e}")),
+    }
+}
+
+/// The rest of [`parse_header_of`], once the header's JSON (`json`, from [`header_json`]) is
+/// parsed: its metadata and tensors checked for a blob of `blob_len` bytes whose data starts at
+/// `data_start`.
+pub fn header_of_json(
+    json: serde_json::Map<String, serde_json::Value>,
+    data_start: usize,
+    blob_len: usize,
+) -> std::result::Result<BlobHeader, String> {
     let mut metadata = BTreeMap::new();
     let mut tensors = Vec::new();
     for (name, v) in json {

@@ -70,6 +70,17 @@ pub fn to_py(e: Error) -> PyErr {
     Python::attach(|py| build(py, e).unwrap_or_else(|import_failed| import_failed))
 }
 
+/// A record of a batch that is not a valid exp-huf payload (the device decoder's parse,
+/// `exphuf::batch_heads`): a `CorruptRecordError` whose message names the record of the batch,
+/// without a shard or offset (the caller knows where its records come from).
+pub fn batch_problem(e: layertap_core::exphuf::batch_heads::BatchProblem) -> PyErr {
+    Python::attach(|py| {
+        class(py, "CorruptRecordError")
+            .and_then(|c| c.call1((e.to_string(),)))
+            .map_or_else(|import_failed| import_failed, PyErr::from_value)
+    })
+}
+
 /// `.map_err(to_py)` as a trait, for `?` on core results.
 pub trait IntoPyResult<T> {
     /// Maps the error to its Python exception.

@@ -11,6 +11,7 @@
 //! writes), and mode 2 by column, the raw bits in a plane of their own ([`column`], what the
 //! writer writes, which decodes several codes a lookup).
 
+pub mod batch_heads;
 mod block;
 mod block_decode;
 #[cfg(test)]
