@@ -9,6 +9,7 @@
 #   bash benches/gpu/device.sh exphuf                  exp-huf in torch on the GPU (issue 21)
 #   bash benches/gpu/device.sh kernels                 issue 32's Triton kernels (encoder, decoder)
 #   bash benches/gpu/device.sh decoder                 issue 32's decoder: mode-2 kernels, the Dataset
+#   bash benches/gpu/device.sh dataset-ab              the Dataset's device path, .devbundle/old against this tree
 #   bash benches/gpu/device.sh generate 1b|8b          layertap generate against the bare connector
 #   bash benches/gpu/device.sh check-inmodel [ARCH...] capture in the model against transformers,
 #                                                      CUDA graphs and eager (default: Llama, Gemma 2)
@@ -104,6 +105,33 @@ case $what in
     timeout 120 python3 benches/gpu/bench_gpu_dataset_decode.py --synthetic --shape 4x4096 --tokens 256 \
       --records 256 --batch 64 --dir "$SCRATCH" --out "$results/gpu-dataset-decode" > "$results/gpu-dataset-decode.log" 2>&1
     tail -n 10 "$results/gpu-dataset-decode.log" ;;
+  dataset-ab)
+    # The Dataset's device path before and after a change to its host side, no vLLM: the
+    # decoder's checks on CUDA with this tree, then bench_gpu_dataset_decode.py on the three shapes
+    # of benches/RESULTS.md's tables (--reps 5), the tree before the change (.devbundle/old/python:
+    # `git archive` of its python/ with its stripped extension inside) and this one in turns.
+    cp .devbundle/kern/_native.abi3.so python/layertap/ || exit 1
+    new=$PWD/python old=$PWD/.devbundle/old/python
+    [ -f "$old/layertap/_native.abi3.so" ] || { echo "no .devbundle/old/python/layertap/_native.abi3.so" >&2; exit 1; }
+    PYTHONPATH=$new:$PYTHONPATH timeout 150 python3 tests/triton_kernels/check_exphuf_decoder.py --device cuda > "$results/check-decoder.log" 2>&1
+    grep -a -e FAIL -e 'cases ok' "$results/check-decoder.log" | cut -c1-200 | tail -5
+    PYTHONPATH=$new:$PYTHONPATH timeout 100 python3 tests/triton_kernels/check_torch_gpu_decode.py --device cuda all > "$results/check-torch-decode.log" 2>&1
+    grep -a -e '^ok' -e FAIL "$results/check-torch-decode.log" | cut -c1-160
+    ab() {  # tag, variant, bench arguments...
+      local tag=$1 v=$2 py=$new; shift 2
+      [ "$v" = old ] && py=$old
+      mkdir -p "$SCRATCH/$tag"
+      PYTHONPATH=$py:$PYTHONPATH timeout 150 python3 benches/gpu/bench_gpu_dataset_decode.py "$@" --reps 5 \
+        --dir "$SCRATCH/$tag" --out "$results/dataset-$tag-$v" > "$results/dataset-$tag-$v.log" 2>&1
+      echo "$tag $v: $(grep -a -e 'on device' -e 'safetensors |' "$results/dataset-$tag-$v.md" | tr -s ' ' | tr '\n' ' ')"
+    }
+    for v in old new old new; do
+      ab minilm $v --activations .devbundle/acts/activations-2k.safetensors --tokens 256 --records 512 --batch 64
+      ab s256 $v --synthetic --shape 4x4096 --tokens 256 --records 256 --batch 64
+    done
+    for v in old new; do
+      ab s2048 $v --synthetic --shape 4x4096 --tokens 2048 --records 64 --batch 16
+    done ;;
   writer)
     python3 benches/bench_writer.py --dir "$SCRATCH/writer" --total 4GiB --threads 8 \
       --activations .devbundle/acts/activations.safetensors --out "$results/writer-h200" ;;
