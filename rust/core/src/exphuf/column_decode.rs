@@ -795,23 +795,30 @@ unsafe fn put_rows_avx512(
             // the rows from `part.start` on), all bounds checked when taken; the prefetch only
             // hints.
             unsafe {
-                let col = |c: usize| {
-                    _mm_loadu_si128(scratch[c * rows + r0..c * rows + r0 + 8].as_ptr().cast())
-                };
-                let a: [__m512i; 8] = std::array::from_fn(|j| {
-                    let v = _mm512_castsi128_si512(col(c0 + j));
-                    let v = _mm512_inserti32x4::<1>(v, col(c0 + 8 + j));
-                    let v = _mm512_inserti32x4::<2>(v, col(c0 + 16 + j));
-                    _mm512_inserti32x4::<3>(v, col(c0 + 24 + j))
-                });
-                let t: [__m512i; 8] = std::array::from_fn(|k| {
-                    let (x, y) = (a[k & !1], a[k | 1]);
-                    if k & 1 == 0 {
-                        _mm512_unpacklo_epi16(x, y)
-                    } else {
-                        _mm512_unpackhi_epi16(x, y)
+                // No closures here: they do not inherit the function's target features, and
+                // one left out of line (seen after an unrelated change) cost 20% of a decode.
+                let mut a = [_mm512_setzero_si512(); 8];
+                for (j, v) in a.iter_mut().enumerate() {
+                    let mut lanes = [_mm_setzero_si128(); 4];
+                    for (l, lane) in lanes.iter_mut().enumerate() {
+                        let at = (c0 + 8 * l + j) * rows + r0;
+                        *lane = _mm_loadu_si128(scratch[at..at + 8].as_ptr().cast());
                     }
-                });
+                    let w = _mm512_castsi128_si512(lanes[0]);
+                    let w = _mm512_inserti32x4::<1>(w, lanes[1]);
+                    let w = _mm512_inserti32x4::<2>(w, lanes[2]);
+                    *v = _mm512_inserti32x4::<3>(w, lanes[3]);
+                }
+                let t = [
+                    _mm512_unpacklo_epi16(a[0], a[1]),
+                    _mm512_unpackhi_epi16(a[0], a[1]),
+                    _mm512_unpacklo_epi16(a[2], a[3]),
+                    _mm512_unpackhi_epi16(a[2], a[3]),
+                    _mm512_unpacklo_epi16(a[4], a[5]),
+                    _mm512_unpackhi_epi16(a[4], a[5]),
+                    _mm512_unpacklo_epi16(a[6], a[7]),
+                    _mm512_unpackhi_epi16(a[6], a[7]),
+                ];
                 // t = [lo(0,1), hi(0,1), lo(2,3), hi(2,3), ...]: pair t[0],t[2] / t[1],t[3]...
                 let u = [
                     _mm512_unpacklo_epi32(t[0], t[2]),
