@@ -125,12 +125,15 @@ case $what in
         --dir "$SCRATCH/$tag" --out "$results/dataset-$tag-$v" > "$results/dataset-$tag-$v.log" 2>&1
       echo "$tag $v: $(grep -a -e 'on device' -e 'safetensors |' "$results/dataset-$tag-$v.md" | tr -s ' ' | tr '\n' ' ')"
     }
-    for v in old new old new; do
-      ab minilm $v --activations .devbundle/acts/activations-2k.safetensors --tokens 256 --records 512 --batch 64
-      ab s256 $v --synthetic --shape 4x4096 --tokens 256 --records 256 --batch 64
-    done
-    for v in old new; do
-      ab s2048 $v --synthetic --shape 4x4096 --tokens 2048 --records 64 --batch 16
+    # AB_SHAPES: which of the shapes to run (all three by default), each old, new, old, new.
+    for tag in ${AB_SHAPES:-minilm s256 s2048}; do
+      for v in old new old new; do
+        case $tag in
+          minilm) ab minilm $v --activations .devbundle/acts/activations-2k.safetensors --tokens 256 --records 512 --batch 64 ;;
+          s256) ab s256 $v --synthetic --shape 4x4096 --tokens 256 --records 256 --batch 64 ;;
+          s2048) ab s2048 $v --synthetic --shape 4x4096 --tokens 2048 --records 64 --batch 16 ;;
+        esac
+      done
     done ;;
   writer)
     python3 benches/bench_writer.py --dir "$SCRATCH/writer" --total 4GiB --threads 8 \
