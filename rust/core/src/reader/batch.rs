@@ -36,7 +36,9 @@ fn take_scratch() -> Scratch {
         .unwrap_or_default()
 }
 
-fn give_back(scratch: Scratch) {
+fn give_back(mut scratch: Scratch) {
+    // A batch's spread is its own: a read that takes this buffer next decodes on its thread.
+    scratch.threads = 0;
     if let Some(mut kept) = SCRATCH.try_lock() {
         if kept.len() < KEEP_SCRATCH {
             kept.push(scratch);
@@ -128,4 +130,20 @@ fn on_threads<T: Send, S>(
         }
         run();
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scratch_buffer_goes_back_without_its_batch_spread() {
+        let mut scratch = Scratch::default();
+        scratch.threads = 4;
+        give_back(scratch);
+        // The pool is the process's: other tests' buffers may be in it too, none with a spread.
+        let kept = SCRATCH.lock();
+        assert!(!kept.is_empty());
+        assert!(kept.iter().all(|s| s.threads == 0));
+    }
 }
