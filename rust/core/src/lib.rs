@@ -36,6 +36,7 @@ pub mod fp8;
 pub mod json_text;
 pub mod names;
 pub mod options;
+mod parallel;
 pub mod reader;
 pub mod record;
 pub mod recover;

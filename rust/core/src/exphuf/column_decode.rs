@@ -13,6 +13,7 @@
 use super::block::{parse_lengths, peek, raw_bits, read_u64, symbol_of_top, top_of_symbol};
 use super::column::{stream_columns, Head, FIXED_LEN};
 use super::huffman::{self, MAX_CODE_LEN, SYMBOLS};
+use crate::parallel::in_parts;
 
 /// Entries of one context's tables: indexed by the stream's next `MAX_CODE_LEN` bits.
 const TABLE_LEN: usize = 1 << MAX_CODE_LEN;
@@ -232,21 +233,6 @@ impl Tables {
     }
 }
 
-/// Runs `job` on every item of `todo`, `per` items a thread (the caller's the first part).
-fn in_parts<T: Send>(todo: &mut [T], per: usize, job: impl Fn(&mut T) + Sync) {
-    let job = &job;
-    std::thread::scope(|s| {
-        let mut parts = todo.chunks_mut(per);
-        let first = parts.next();
-        for part in parts {
-            s.spawn(move || part.iter_mut().for_each(job));
-        }
-        if let Some(part) = first {
-            part.iter_mut().for_each(job);
-        }
-    });
-}
-
 /// Decodes the column block whose mode byte was just read (`*at` is past it) into `dst` (the
 /// tensor's bytes, `W`-byte elements), advancing `*at` past the block, on up to `threads`
 /// threads (the caller's among them; a block gives each at least [`STREAMS_A_THREAD`] streams
@@ -335,69 +321,45 @@ pub fn decode<const W: usize>(
             streams,
             rows,
         };
+        // Streams in parts of whole streams, a part a thread. Each part's streams write only
+        // their own columns' tops (a step's store stays below its stream's end:
+        // `Stream::runs`), so the parts are disjoint slices.
         let parts = threads.min(streams / STREAMS_A_THREAD).max(1);
-        if parts == 1 {
-            job.decode_streams::<W>(0..streams, scratch, 0)?;
-        } else {
-            // Each part's streams write only their own columns' tops (a step's store stays
-            // below its stream's end: `Stream::runs`), so the parts are disjoint slices.
-            let mut pieces = Vec::with_capacity(parts);
-            let mut rest = &mut scratch[..];
-            let mut from = 0;
-            for p in 0..parts {
-                let ks = p * streams / parts..(p + 1) * streams / parts;
-                let end = stream_columns(head.columns, streams, ks.end - 1).end * rows;
-                let (piece, tail) = rest.split_at_mut(end - from);
-                pieces.push((ks, piece, from));
-                rest = tail;
-                from = end;
-            }
-            let job = &job;
-            let results: Vec<Result<(), String>> = std::thread::scope(|s| {
-                let mut handles = Vec::with_capacity(parts);
-                let mut pieces = pieces.into_iter();
-                let first = pieces.next().expect("parts >= 2");
-                for (ks, piece, off) in pieces {
-                    handles.push(s.spawn(move || job.decode_streams::<W>(ks, piece, off)));
-                }
-                let mut results = vec![job.decode_streams::<W>(first.0, first.1, first.2)];
-                results.extend(
-                    handles
-                        .into_iter()
-                        .map(|h| h.join().expect("a decoding thread panicked")),
-                );
-                results
-            });
-            // The first part's error, as one thread would have met the streams in order.
-            results.into_iter().collect::<Result<(), String>>()?;
+        let mut pieces = Vec::with_capacity(parts);
+        let (mut rest, mut from) = (&mut scratch[..], 0);
+        for p in 0..parts {
+            let ks = p * streams / parts..(p + 1) * streams / parts;
+            let end = stream_columns(head.columns, streams, ks.end - 1).end * rows;
+            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(end - from);
+            pieces.push((ks, piece, from, Ok(())));
+            rest = tail;
+            from = end;
         }
+        in_parts(&mut pieces, 1, |(ks, piece, off, result)| {
+            *result = job.decode_streams::<W>(ks.clone(), piece, *off);
+        });
+        // The first part's error, as one thread would have met the streams in order.
+        pieces.into_iter().try_for_each(|p| p.3)?;
 
         if !raw_used.is_multiple_of(8) && plane[plane_len - 1] >> (raw_used % 8) != 0 {
             return Err("the raw plane's padding bits are not zero".into());
         }
         let scratch = &scratch[..n];
+        // Rows in parts of whole 8s (the SIMD loops' blocks), the last part the rest.
         let parts = threads.min(rows / ROWS_A_THREAD).max(1);
-        if parts == 1 {
-            put_rows::<W>(scratch, head.columns, plane, 0..rows, dst);
-        } else {
-            // Whole 8s of rows a part (the SIMD loops' blocks), the last part the rest.
-            let per = rows.div_ceil(parts).next_multiple_of(8);
-            std::thread::scope(|s| {
-                let mut rest = &mut dst[..];
-                let mut r = 0;
-                while r < rows {
-                    let r1 = (r + per).min(rows);
-                    let (piece, tail) = rest.split_at_mut((r1 - r) * head.columns * W);
-                    rest = tail;
-                    if r1 == rows {
-                        put_rows::<W>(scratch, head.columns, plane, r..r1, piece);
-                    } else {
-                        s.spawn(move || put_rows::<W>(scratch, head.columns, plane, r..r1, piece));
-                    }
-                    r = r1;
-                }
-            });
+        let per = rows.div_ceil(parts).next_multiple_of(8);
+        let mut pieces = Vec::with_capacity(parts);
+        let (mut rest, mut r) = (&mut dst[..], 0);
+        while r < rows {
+            let r1 = (r + per).min(rows);
+            let (piece, tail) = std::mem::take(&mut rest).split_at_mut((r1 - r) * head.columns * W);
+            pieces.push((r..r1, piece));
+            rest = tail;
+            r = r1;
         }
+        in_parts(&mut pieces, 1, |(range, piece)| {
+            put_rows::<W>(scratch, head.columns, plane, range.clone(), piece);
+        });
         *at = next;
         Ok(())
     })

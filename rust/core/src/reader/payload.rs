@@ -8,6 +8,7 @@ use super::record::{RecordBytes, MAP_MIN_BYTES};
 use crate::blob::BlobHeader;
 use crate::codec::{self, Codec};
 use crate::format::crc32c;
+use crate::parallel::in_parts;
 
 /// How far zstd can expand its input: a block of at most 128 KiB takes at least 4 bytes stored
 /// (a 3-byte block header and one byte of an RLE block). A record whose `raw_len` is larger than
@@ -43,25 +44,14 @@ pub(crate) fn check_crc_on(stored: &[u8], want: u32, threads: usize) -> Result<(
     let crc = if parts == 1 {
         crc32c(stored)
     } else {
-        let per = stored.len().div_ceil(parts);
-        let crcs: Vec<(u32, usize)> = std::thread::scope(|s| {
-            let mut pieces = stored.chunks(per);
-            let first = pieces.next().expect("parts >= 2");
-            let handles: Vec<_> = pieces
-                .map(|p| s.spawn(move || (crc32c(p), p.len())))
-                .collect();
-            let mut crcs = vec![(crc32c(first), first.len())];
-            crcs.extend(
-                handles
-                    .into_iter()
-                    .map(|h| h.join().expect("a checksum thread panicked")),
-            );
-            crcs
-        });
-        crcs.into_iter()
-            .reduce(|(a, _), (b, len)| (::crc32c::crc32c_combine(a, b, len), 0))
-            .expect("parts >= 2")
-            .0
+        let mut pieces: Vec<(&[u8], u32)> = stored
+            .chunks(stored.len().div_ceil(parts))
+            .map(|p| (p, 0))
+            .collect();
+        in_parts(&mut pieces, 1, |(p, crc)| *crc = crc32c(p));
+        pieces[1..].iter().fold(pieces[0].1, |a, &(p, b)| {
+            ::crc32c::crc32c_combine(a, b, p.len())
+        })
     };
     if crc != want {
         return Err(crc_mismatch(want, crc));
