@@ -123,13 +123,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=32768, help="tokens of activations to use per dtype")
     ap.add_argument("--passes", type=int, default=3, help="times each record is written (distinct keys)")
     ap.add_argument("--levels", default="-3,1,3")
+    ap.add_argument("--dtypes", default="bf16,f16,f32", help="which dtypes' activations to measure")
+    ap.add_argument(
+        "--activations",
+        type=Path,
+        help="a safetensors file holding a tensor per dtype measured (default: benches/activations.py's, made on first "
+        "use; a GPU machine gets .devbundle/acts/activations.safetensors, bf16 only)",
+    )
     args = ap.parse_args(argv)
     cpus = os.cpu_count() or 1
     scratch = Path(tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
     rows = []
     try:
-        for dtype in ("bf16", "f16", "f32"):
-            acts = load_activations(dtype)[: args.tokens].contiguous()
+        for dtype in args.dtypes.split(","):
+            acts = load_activations(dtype, args.activations)[: args.tokens].contiguous()
             rows.append(dict(measure(acts, "none", 1, 1, scratch, args.passes), dtype=dtype))
             print(rows[-1], flush=True)
             for codec in ("zstd", "bp16-zstd", "exp-huf"):
