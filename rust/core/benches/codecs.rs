@@ -8,7 +8,7 @@
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use layertap_core::blob::{build_header, TensorSpec};
 use layertap_core::codec::{decode, join_planes, split_planes, Encoder};
-use layertap_core::format::crc32c;
+use layertap_core::format::{crc32c, crc32c_append};
 use layertap_core::{Codec, Dtype};
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -98,8 +98,8 @@ fn codecs(c: &mut Criterion) {
     g.bench_function("none (crc32c only)", |b| {
         b.iter(|| {
             let mut crc = crc32c(&sample.header);
-            crc = crc32c::crc32c_append(crc, &sample.hidden);
-            black_box(crc32c::crc32c_append(crc, &sample.ids))
+            crc = crc32c_append(crc, &sample.hidden);
+            black_box(crc32c_append(crc, &sample.ids))
         });
     });
     for codec in [Codec::Zstd, Codec::Bp16Zstd] {

@@ -27,13 +27,28 @@ pub const MAX_META_LEN: usize = 1 << 20;
 /// CRC32C (Castagnoli) of `bytes`.
 #[inline]
 pub fn crc32c(bytes: &[u8]) -> u32 {
-    crc32c::crc32c(bytes)
+    crc_fast::crc32_iscsi(bytes)
 }
 
-/// Continues a CRC32C over more bytes.
+/// Continues a CRC32C over more bytes: from the register the checksum `crc` was taken from
+/// (the final xor, all ones, undone).
 #[inline]
 pub fn crc32c_append(crc: u32, bytes: &[u8]) -> u32 {
-    crc32c::crc32c_append(crc, bytes)
+    let mut digest =
+        crc_fast::Digest::new_with_init_state(crc_fast::CrcAlgorithm::Crc32Iscsi, u64::from(!crc));
+    digest.update(bytes);
+    digest.finalize() as u32
+}
+
+/// The CRC32C of `a`'s bytes followed by `b`'s, from their checksums and `b`'s length.
+#[inline]
+pub fn crc32c_combine(a: u32, b: u32, b_len: usize) -> u32 {
+    crc_fast::checksum_combine(
+        crc_fast::CrcAlgorithm::Crc32Iscsi,
+        u64::from(a),
+        u64::from(b),
+        b_len as u64,
+    ) as u32
 }
 
 /// `n` rounded up to a multiple of 8.
@@ -555,6 +570,33 @@ mod tests {
     #[test]
     fn crc_check_value() {
         assert_eq!(crc32c(b"123456789"), 0xE306_9283);
+    }
+
+    /// A checksum continued or combined over a split equals the whole's, for lengths on both
+    /// sides of the folding loops' block sizes (and the empty piece).
+    #[test]
+    fn crc_append_and_combine_equal_the_whole() {
+        let bytes: Vec<u8> = (0..20_000u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        for n in [0, 1, 7, 8, 63, 64, 255, 256, 1000, 4096, 20_000] {
+            let whole = crc32c(&bytes[..n]);
+            for cut in [0, 1, n / 3, n / 2, n.saturating_sub(1), n] {
+                let (a, b) = bytes[..n].split_at(cut.min(n));
+                assert_eq!(
+                    crc32c_append(crc32c(a), b),
+                    whole,
+                    "append, {n} bytes cut at {cut}"
+                );
+                assert_eq!(
+                    crc32c_combine(crc32c(a), crc32c(b), b.len()),
+                    whole,
+                    "combine, {n} bytes cut at {cut}"
+                );
+            }
+        }
+        // Known value: RFC 3720's 32 bytes of zeros, in two pieces.
+        assert_eq!(crc32c_append(crc32c(&[0; 5]), &[0; 27]), 0x8A91_36AA);
     }
 
     #[test]

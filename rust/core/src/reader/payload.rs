@@ -7,7 +7,7 @@ use super::place::decode_into;
 use super::record::{RecordBytes, MAP_MIN_BYTES};
 use crate::blob::BlobHeader;
 use crate::codec::{self, Codec};
-use crate::format::crc32c;
+use crate::format::{crc32c, crc32c_combine};
 use crate::parallel::in_parts;
 
 /// How far zstd can expand its input: a block of at most 128 KiB takes at least 4 bytes stored
@@ -49,9 +49,9 @@ pub(crate) fn check_crc_on(stored: &[u8], want: u32, threads: usize) -> Result<(
             .map(|p| (p, 0))
             .collect();
         in_parts(&mut pieces, 1, |(p, crc)| *crc = crc32c(p));
-        pieces[1..].iter().fold(pieces[0].1, |a, &(p, b)| {
-            ::crc32c::crc32c_combine(a, b, p.len())
-        })
+        pieces[1..]
+            .iter()
+            .fold(pieces[0].1, |a, &(p, b)| crc32c_combine(a, b, p.len()))
     };
     if crc != want {
         return Err(crc_mismatch(want, crc));
