@@ -94,7 +94,12 @@ def test_ctrl_c_then_the_documented_command_resumes(tiny_model, tmp_path, capfd,
     assert re.search(
         r"engine: kv_cache_memory_bytes [\d.]+ MiB \(chosen for a CPU engine: room for about \d+ sequences", summary
     )
-    assert "Traceback" in (out / "vllm.log").read_text()  # the engine's processes', as they stopped
+    # The engine's processes stop in the log, not on stderr (checked above). Whether they print
+    # tracebacks as they go depends on where the interrupt finds them: seen once (make test,
+    # 2026-12-06), the engine core took SIGINT in the middle of a step whose worker had stopped,
+    # waited, and was killed by vLLM's client after its 60 s shutdown timeout, with no traceback.
+    log = (out / "vllm.log").read_text()
+    assert "[shutdown] EngineCore: trigger received signal=SIGINT" in log, log[-3000:]
 
     # vLLM's CPU platform turns inductor's dynamic threads on through TORCHINDUCTOR_CPP_DYNAMIC_THREADS,
     # which torch reads once, at import: the interrupted run's worker process compiled with them,
