@@ -10,6 +10,7 @@
 #   bash benches/gpu/device.sh kernels                 issue 32's Triton kernels (encoder, decoder)
 #   bash benches/gpu/device.sh decoder                 issue 32's decoder: mode-2 kernels, the Dataset
 #   bash benches/gpu/device.sh dataset-ab              the Dataset's device path, .devbundle/old against this tree
+#   bash benches/gpu/device.sh host                    the codecs and the CPU Dataset on the host's cores, no vLLM
 #   bash benches/gpu/device.sh generate 1b|8b          layertap generate against the bare connector
 #   bash benches/gpu/device.sh check-inmodel [ARCH...] capture in the model against transformers,
 #                                                      CUDA graphs and eager (default: Llama, Gemma 2)
@@ -137,6 +138,19 @@ case $what in
         esac
       done
     done ;;
+  host)
+    # No vLLM, no GPU: the codecs through the writer and reader on 1 and all of the host's cores
+    # (is exp-huf's writer ahead of bp16-zstd's there too?), then the torch Dataset with its
+    # default threads, 0 and 4 workers. BENCH_WHEELS holds layertap's wheel and the cp312 wheels
+    # of crc32c, zstandard and inotify_simple (no bundle brings zstandard here).
+    a=.devbundle/acts/activations-2k.safetensors
+    lscpu | grep -E 'Model name|^CPU\(s\)'
+    timeout 200 python3 benches/bench_codecs.py --out "$results/codecs-host" --tokens 2048 --passes 8 --levels 1 \
+      --dtypes bf16 --activations "$a" > "$results/codecs-host.log" 2>&1
+    tail -n 9 "$results/codecs-host.md"
+    timeout 250 python3 benches/bench_torch_dataset.py --dir "$SCRATCH/dataset" --out "$results/torch-dataset-host" \
+      --activations "$a" --workers 0 4 --rounds 2 > "$results/torch-dataset-host.log" 2>&1
+    grep -a '^| [04] |' "$results/torch-dataset-host.md" ;;
   writer)
     python3 benches/bench_writer.py --dir "$SCRATCH/writer" --total 4GiB --threads 8 \
       --activations .devbundle/acts/activations.safetensors --out "$results/writer-h200" ;;
