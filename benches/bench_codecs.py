@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         "--activations",
         type=Path,
         help="a safetensors file holding a tensor per dtype measured (default: benches/activations.py's, made on first "
-        "use; a GPU machine gets .devbundle/acts/activations.safetensors, bf16 only)",
+        "use; on a GPU machine, device.sh host passes .devbundle/acts/activations-2k.safetensors, bf16 only)",
     )
     args = ap.parse_args(argv)
     cpus = os.cpu_count() or 1
