@@ -42,7 +42,12 @@ fn payloads_decode_as_the_shard_reader_reads_them() {
             match reader.read(i, true) {
                 Ok(record) => {
                     let (blob, header) = decoded.unwrap();
-                    assert_eq!(blob, record.bytes.as_slice(), "{path:?} {}", e.key);
+                    assert_eq!(
+                        blob.as_slice(),
+                        record.bytes.as_slice(),
+                        "{path:?} {}",
+                        e.key
+                    );
                     assert_eq!(header, record.header);
                     let (mapped, header) = read.unwrap();
                     assert_eq!(mapped.as_slice(), record.bytes.as_slice());

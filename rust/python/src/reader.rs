@@ -427,7 +427,7 @@ fn decode_record<'py>(
     // waits in the graveyard for the GIL, drained just after.
     let decoded = py.detach(move || decode_payload(buffer.bytes(), &info));
     drain_graveyard(py);
-    let (blob, header) = decoded.map_err(|reason| {
+    let (bytes, header) = decoded.map_err(|reason| {
         to_py(Error::CorruptRecord {
             path,
             offset,
@@ -435,7 +435,7 @@ fn decode_record<'py>(
             reason,
         })
     })?;
-    record_tuple(py, &header, RecordBytes::from_vec(blob))
+    record_tuple(py, &header, bytes)
 }
 
 /// Reads and decodes the record whose stored payload (`stored_len` bytes) lies at
