@@ -25,6 +25,10 @@ from layertap._backends import resolve_backend
 class RecordDecoder(NamedTuple):
     decode: Callable[..., tuple]
     read: Callable[..., tuple]
+    owns_output: bool
+    """Whether ``decode`` always returns tensors in memory of their own, never views of
+    ``stored``: then ``stored`` may be memory that is lent for the call (the Mooncake client's
+    transfer buffer)."""
 
 
 def _rust() -> RecordDecoder:
@@ -41,13 +45,15 @@ def _rust() -> RecordDecoder:
     return RecordDecoder(
         decode=lambda stored, **frame: arrays(decode_record(stored, **frame)),
         read=lambda path, payload_offset, **frame: arrays(read_record(path, payload_offset, **frame)),
+        owns_output=True,  # decode_record copies a codec none payload too
     )
 
 
 def _python() -> RecordDecoder:
     from layertap._py.decode import decode_stored, read_stored
 
-    return RecordDecoder(decode=decode_stored, read=read_stored)
+    # Its codec none tensors are views of the stored payload.
+    return RecordDecoder(decode=decode_stored, read=read_stored, owns_output=False)
 
 
 def record_decoder(backend: str = "auto") -> RecordDecoder:

@@ -149,15 +149,36 @@ class StoreClient:
         StoreUnavailableError when the store cannot say: a read that failed is never taken for
         an object that is not there (a follower would skip records, a reader report them
         missing)."""
+        return self._read(name, self.store.get)
+
+    def get_view(self, name: str) -> memoryview | None:
+        """``get`` without the copy into ``bytes``: a read-only view of the object where
+        Mooncake's ``get`` received it, in this client's transfer buffer (``buffer``), which
+        holds the object until the view and every slice of it are gone. For reads that decode
+        the object at once into memory of their own (a record through the Rust core's decoder);
+        an object held longer takes room that later gets and puts need. Same answers and errors
+        as ``get``."""
+        return self._read(name, self._view)
+
+    def _view(self, name: str) -> memoryview | None:
+        # Mooncake's get is this get_buffer and a copy of the handle's bytes into a new bytes
+        # object (store_py.cpp); the handle gives its memory as a buffer of signed chars, and
+        # frees it when the last view of it is gone.
+        handle = self.store.get_buffer(name)
+        return None if handle is None else memoryview(handle).cast("B").toreadonly()
+
+    def _read(self, name: str, read):
+        """``read(name)`` (the object, or None or empty when Mooncake could not give it), with
+        ``get``'s checks and retries."""
         for _ in range(GET_TRIES):
             if self._master_gone():
                 break
-            data = self.store.get(name)
+            data = read(name)
             if data:  # layertap puts no empty object
                 self._failing = False
                 return data
-            # Mooncake's get returns empty bytes for an object that is not there and for a call
-            # that failed alike: whether the object exists tells them apart.
+            # Mooncake's get returns empty bytes (get_buffer None) for an object that is not there
+            # and for a call that failed alike: whether the object exists tells them apart.
             there = self.store.is_exist(name)
             self._failing = there < 0
             if there == 0:

@@ -202,7 +202,7 @@ def fetch_from_store(
     earlier run's with the same ``sample_id``), the forwarder refused this request's record, and
     the one under the key is another request's; that raises DuplicateKeyError instead of
     returning it as this response's."""
-    from layertap.errors import DuplicateKeyError, StoreUnavailableError
+    from layertap.errors import DuplicateKeyError, RecordMissingError, StoreUnavailableError
     from layertap.mooncake.address import parse_address
     from layertap.mooncake.backend import read_object, writer_path
     from layertap.mooncake.layout import record_name
@@ -211,20 +211,33 @@ def fetch_from_store(
     address = parse_address(store)
     client = connect(address)
     name = record_name(address.prefix, key)
+    path = writer_path(address, writer_id)
     deadline = None if timeout is None else time.monotonic() + timeout
     pause = FETCH_FIRST_POLL
-    while not (there := client.exists(name)):
-        if there is None:
-            raise StoreUnavailableError(
-                f"{address}: cannot look for record {key!r}: the Mooncake master at {address.master} does not "
-                "answer; check that it runs, then fetch again"
-            )
-        if deadline is not None and time.monotonic() >= deadline:
-            raise TimeoutError(f"record {key!r} of writer {writer_id} did not appear in {address} within {timeout} s")
-        time.sleep(pause)
-        pause = min(FETCH_MAX_POLL, pause * 2)
-    path = writer_path(address, writer_id)
-    metadata, tensors = read_object(client, address, key, None, path, 0)
+    unavailable = (
+        f"{address}: cannot look for record {key!r}: the Mooncake master at {address.master} or the store node "
+        "holding it does not answer; check that they run, then fetch again"
+    )
+    # A response's record is most often in the store by the time it is fetched: it is read at
+    # once (one lookup in the master, where a look first took two), and looked for with the
+    # existence check, which moves no data, only while it is not there.
+    while True:
+        try:
+            metadata, tensors = read_object(client, address, key, None, path, 0)
+            break
+        except RecordMissingError:
+            pass
+        except StoreUnavailableError:
+            raise StoreUnavailableError(unavailable) from None
+        while not (there := client.exists(name)):
+            if there is None:
+                raise StoreUnavailableError(unavailable)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"record {key!r} of writer {writer_id} did not appear in {address} within {timeout} s"
+                )
+            time.sleep(pause)
+            pause = min(FETCH_MAX_POLL, pause * 2)
     tokens = int(metadata.get("num_tokens", "0"))
     theirs = metadata.get("request_id")
     if (request_id is not None and theirs != request_id) or (num_tokens is not None and tokens != num_tokens):
