@@ -82,6 +82,43 @@ def check_master(address: StoreAddress, timeout: float = CONNECT_TIMEOUT) -> Non
         )
 
 
+def _node_socket(port: int) -> str:
+    """The abstract Unix socket a store node listening on ``port`` takes dummy clients' shared
+    memory at (Mooncake's ``real_client_main.cpp`` and the binding's ``setup_dummy`` name it
+    ``@mooncake_client_PORT.sock``, and its ``uds_transport.cpp`` puts a NUL before that name),
+    as ``/proc/net/unix`` lists it (an abstract name after a ``@``)."""
+    return f"@@mooncake_client_{port}.sock"
+
+
+def check_node(address: StoreAddress, timeout: float = CONNECT_TIMEOUT) -> None:
+    """Raises StoreUnavailableError, one line naming ``node=`` and the fix, unless a store node
+    answers at ``address.node`` on this host: its port accepts a connection within ``timeout``
+    seconds and its shared-memory socket is in this host's (network namespace's) list of Unix
+    sockets. (Mooncake's ``setup_dummy`` spends about 4 s on a port where nothing listens, and
+    a node on another host takes the RPC but not the memory.)"""
+    host, _, port = address.node.rpartition(":")
+    fix = (
+        f"start mooncake_client -host={host} -port={port} -master_server_address={address.master} on this host, "
+        "or remove node= to read over the network"
+    )
+    try:
+        socket.create_connection((host, int(port)), timeout).close()
+    except OSError as e:
+        raise StoreUnavailableError(
+            f"{address}: no store node answers at node={address.node} ({e.strerror or type(e).__name__}): {fix}"
+        ) from None
+    try:
+        with open("/proc/net/unix") as f:
+            sockets = {line.split()[-1] for line in f.read().splitlines()[1:] if len(line.split()) > 7}
+    except OSError:
+        sockets = None  # no procfs: Mooncake's set-up says, if the node is elsewhere
+    if sockets is not None and _node_socket(int(port)) not in sockets:
+        raise StoreUnavailableError(
+            f"{address}: node={address.node} answers but is not a store node on this host (no Unix socket "
+            f"{_node_socket(int(port))[1:]} here; node= reads through shared memory): {fix}"
+        )
+
+
 class StoreClient:
     """A set-up ``MooncakeDistributedStore``. Thread-safe (Mooncake's client is).
 
@@ -90,10 +127,18 @@ class StoreClient:
     workers and is killed before it reports. So once a call has failed, each later call first
     checks that the master's port accepts a connection (refused at once on a host that is up,
     ``PROBE_TIMEOUT`` at most) and fails at once (``RPC_FAIL``, None, or StoreUnavailableError
-    from ``get``) while it does not; a call that succeeds ends the checks."""
+    from ``get``) while it does not; a call that succeeds ends the checks.
+
+    With ``node=`` (``address.node``) the client is Mooncake's dummy client: it sets up no
+    transfer engine of its own, and the store node on this host does each call for it, moving
+    the objects through memory the two share. The node's port is then checked as well: a node
+    that stopped (killed, or restarted without this client) fails each call at once, where
+    Mooncake's dummy client spends about 4 s on each until its own ping notices."""
 
     def __init__(self, address: StoreAddress):
         check_master(address)
+        if address.node is not None:
+            check_node(address)
         with logs.into_files() as log_dir:
             try:
                 from mooncake.store import MooncakeDistributedStore, ReplicateConfig
@@ -106,15 +151,25 @@ class StoreClient:
             self.address = address
             self.store = MooncakeDistributedStore()
             with logs.setup_output(log_dir, quiet):
-                status = self.store.setup(
-                    address.local_host(),
-                    address.metadata,
-                    address.segment,
-                    address.buffer,
-                    address.protocol,
-                    address.device,
-                    address.master,
-                )
+                if address.node is not None:
+                    # The pool for put_from's memory: unused by what layertap calls.
+                    status = self.store.setup_dummy(0, address.buffer, address.node)
+                else:
+                    status = self.store.setup(
+                        address.local_host(),
+                        address.metadata,
+                        address.segment,
+                        address.buffer,
+                        address.protocol,
+                        address.device,
+                        address.master,
+                    )
+        if status != 0 and address.node is not None:
+            raise StoreUnavailableError(
+                f"{address}: attaching to the store node at node={address.node} failed (status {status}): check that it "
+                f"is a mooncake_client on this host with -port={address.node.rpartition(':')[2]}, or remove node= to "
+                f"read over the network ({logs.where()})"
+            )
         if status != 0:
             raise StoreUnavailableError(
                 f"{address}: Mooncake client set-up failed (status {status}) with master {address.master}, "
@@ -178,7 +233,11 @@ class StoreClient:
                 self._failing = False
                 return data
             # Mooncake's get returns empty bytes (get_buffer None) for an object that is not there
-            # and for a call that failed alike: whether the object exists tells them apart.
+            # and for a call that failed alike: whether the object exists tells them apart (a
+            # node= that is gone would take Mooncake's dummy client seconds to say so).
+            if self._node_gone():
+                self._failing = True
+                break
             there = self.store.is_exist(name)
             self._failing = there < 0
             if there == 0:
@@ -186,9 +245,17 @@ class StoreClient:
             if there < 0:
                 break
         raise StoreUnavailableError(
-            f"{self.address}: cannot read {name!r}: the Mooncake master at {self.address.master} or the store node "
-            "holding it does not answer; check that they run, then try again"
+            f"{self.address}: cannot read {name!r}: {self.who()} does not answer; check that they run, then try again"
         )
+
+    def who(self) -> str:
+        """What must answer for a call to succeed, for messages."""
+        if self.address.node is not None:
+            return (
+                f"the store node at node={self.address.node} (this host), the Mooncake master at "
+                f"{self.address.master} or the store node holding it"
+            )
+        return f"the Mooncake master at {self.address.master} or the store node holding it"
 
     def exists(self, name: str) -> bool | None:
         """Whether the object is there; None when the store cannot say."""
@@ -213,12 +280,26 @@ class StoreClient:
         return out
 
     def _master_gone(self) -> bool:
-        """After a failed call: whether the master's port refuses connections (see the class)."""
+        """After a failed call: whether the master's port refuses connections, or with
+        ``node=`` the node's (see the class)."""
         if not self._failing:
             return False
+        if self._node_gone():
+            return True
         try:
             _connect(self.address, PROBE_TIMEOUT).close()
         except StoreUnavailableError:
+            return True
+        return False
+
+    def _node_gone(self) -> bool:
+        """With ``node=``: whether the node's port refuses connections (on this host: at once)."""
+        if self.address.node is None:
+            return False
+        host, _, port = self.address.node.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), PROBE_TIMEOUT).close()
+        except OSError:
             return True
         return False
 
@@ -236,6 +317,7 @@ def connect(address: StoreAddress) -> StoreClient:
         address.local,
         address.segment,
         address.buffer,
+        address.node,
     )
     with _lock:
         client = _clients.get(k)
@@ -244,4 +326,4 @@ def connect(address: StoreAddress) -> StoreClient:
         return client
 
 
-__all__ = ["GET_TRIES", "HANDSHAKE_TIMEOUT", "RPC_FAIL", "StoreClient", "check_master", "connect"]
+__all__ = ["GET_TRIES", "HANDSHAKE_TIMEOUT", "RPC_FAIL", "StoreClient", "check_master", "check_node", "connect"]

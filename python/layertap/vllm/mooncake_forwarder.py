@@ -215,8 +215,8 @@ def fetch_from_store(
     deadline = None if timeout is None else time.monotonic() + timeout
     pause = FETCH_FIRST_POLL
     unavailable = (
-        f"{address}: cannot look for record {key!r}: the Mooncake master at {address.master} or the store node "
-        "holding it does not answer; check that they run, then fetch again"
+        f"{address}: cannot look for record {key!r}: {client.who()} does not answer; check that they run, then fetch "
+        "again"
     )
     # A response's record is most often in the store by the time it is fetched: it is read at
     # once (one lookup in the master, where a look first took two), and looked for with the
