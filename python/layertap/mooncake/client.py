@@ -82,6 +82,11 @@ def check_master(address: StoreAddress, timeout: float = CONNECT_TIMEOUT) -> Non
         )
 
 
+class BufferTooSmallError(StoreUnavailableError):
+    """An object the store has that this client could not read into its transfer buffer (the
+    address's ``buffer``): too small for it, or full of objects still held."""
+
+
 def _node_socket(port: int) -> str:
     """The abstract Unix socket a store node listening on ``port`` takes dummy clients' shared
     memory at (Mooncake's ``real_client_main.cpp`` and the binding's ``setup_dummy`` name it
@@ -244,8 +249,29 @@ class StoreClient:
                 return None
             if there < 0:
                 break
+        else:
+            raise self._unread(name)
         raise StoreUnavailableError(
             f"{self.address}: cannot read {name!r}: {self.who()} does not answer; check that they run, then try again"
+        )
+
+    def _unread(self, name: str) -> BufferTooSmallError:
+        """The error for an object that is there (the master says so each time) but that
+        ``GET_TRIES`` reads could not get: Mooncake's get places an object in this client's
+        transfer buffer, and gives nothing, as for a failed call, when there is no room."""
+        size = self.store.get_size(name)
+        room = f"buffer={self.address.buffer >> 20}MiB"
+        if size > self.address.buffer:
+            return BufferTooSmallError(
+                f"{self.address}: cannot read {name!r}: the object is {size} bytes, more than this client's transfer "
+                f"buffer holds ({room}): raise buffer= in the address above {-(-size >> 20)}MiB"
+            )
+        held = f"{size} bytes" if size > 0 else "it"
+        return BufferTooSmallError(
+            f"{self.address}: cannot read {name!r}: the store has it but {GET_TRIES} reads failed: this client's "
+            f"transfer buffer ({room}) had no room for {held} (objects read earlier and still held take room there), "
+            "or the store node holding it answered later than the read's lease; raise buffer= in the address, or "
+            "hold fewer objects at once"
         )
 
     def who(self) -> str:
@@ -326,4 +352,13 @@ def connect(address: StoreAddress) -> StoreClient:
         return client
 
 
-__all__ = ["GET_TRIES", "HANDSHAKE_TIMEOUT", "RPC_FAIL", "StoreClient", "check_master", "check_node", "connect"]
+__all__ = [
+    "BufferTooSmallError",
+    "GET_TRIES",
+    "HANDSHAKE_TIMEOUT",
+    "RPC_FAIL",
+    "StoreClient",
+    "check_master",
+    "check_node",
+    "connect",
+]

@@ -22,7 +22,7 @@ from layertap._spec.lock import is_locked
 from layertap.follow import DatasetTail, ShardTail
 from layertap.mooncake.address import StoreAddress
 from layertap.mooncake.backend import local_frame
-from layertap.mooncake.client import connect
+from layertap.mooncake.client import BufferTooSmallError, connect
 from layertap.mooncake.publisher import INDEX_INTERVAL, StorePublisher
 
 logger = logging.getLogger("vllm.layertap")
@@ -227,6 +227,8 @@ def fetch_from_store(
             break
         except RecordMissingError:
             pass
+        except BufferTooSmallError:
+            raise  # it says what to change; the store answers
         except StoreUnavailableError:
             raise StoreUnavailableError(unavailable) from None
         while not (there := client.exists(name)):
