@@ -111,3 +111,14 @@ def test_a_transfer_buffer_full_of_held_objects_says_so(store):
         client.get_view("t/full/a")
     del held
     assert client.get_view("t/full/a") == data
+
+
+def test_errors_name_the_address_the_caller_gave(store):
+    """Datasets of one master share its client (one Mooncake client per master and options);
+    each one's errors name its own address, not the first one connected."""
+    first = connect(parse_address(store.address("t/first", buffer="16MiB")))
+    second = connect(parse_address(store.address("t/second", buffer="16MiB")))
+    assert second.store is first.store and second is connect(parse_address(store.address("t/second", buffer="16MiB")))
+    assert connect(parse_address(store.address("t/second"))).put("t/second/big", bytes(20 << 20)) == 0
+    with pytest.raises(BufferTooSmallError, match=rf"^mooncake://127.0.0.1:{store.port}/t/second: cannot read"):
+        second.get("t/second/big")

@@ -5,6 +5,7 @@ file (``logs``); ``StoreClient`` turns Mooncake's status codes into what layerta
 
 from __future__ import annotations
 
+import copy
 import logging
 import socket
 import struct
@@ -33,6 +34,9 @@ GET_TRIES = 3
 EXIST_BATCH = 1000
 
 _clients: dict[tuple, StoreClient] = {}
+"""The client of each master and client options."""
+_datasets: dict[StoreAddress, StoreClient] = {}
+"""That client for each address (dataset) given: what its errors name."""
 _lock = threading.Lock()
 
 
@@ -124,6 +128,13 @@ def check_node(address: StoreAddress, timeout: float = CONNECT_TIMEOUT) -> None:
         )
 
 
+class _Failing:
+    """Whether the last call of a Mooncake client failed: shared by its ``StoreClient`` for
+    each dataset (``StoreClient.for_address``)."""
+
+    value = False
+
+
 class StoreClient:
     """A set-up ``MooncakeDistributedStore``. Thread-safe (Mooncake's client is).
 
@@ -181,12 +192,27 @@ class StoreClient:
                 f"metadata {address.metadata!r}, protocol {address.protocol}: check the master and these options "
                 f"({logs.where()})"
             )
-        self._failing = False
-        """Whether the last call failed (then the next one checks the master's port first)."""
+        self._state = _Failing()
         self._pinned = ReplicateConfig()
         # The small objects that list the records are never evicted: without them a reader
         # cannot find the records that are still there.
         self._pinned.with_hard_pin = True
+
+    def for_address(self, address: StoreAddress) -> StoreClient:
+        """This client for another dataset (prefix) of the same master and options: the same
+        Mooncake client and failure state, its messages naming ``address``."""
+        other = copy.copy(self)
+        other.address = address
+        return other
+
+    @property
+    def _failing(self) -> bool:
+        """Whether the last call failed (then the next one checks the master's port first)."""
+        return self._state.value
+
+    @_failing.setter
+    def _failing(self, value: bool) -> None:
+        self._state.value = value
 
     def put(self, name: str, data, pinned: bool = False) -> int:
         """Puts a new object; 0 or Mooncake's negative status. An existing object is left as it
@@ -334,7 +360,8 @@ class StoreClient:
 
 
 def connect(address: StoreAddress) -> StoreClient:
-    """This process's client for ``address``'s master and client options (made once)."""
+    """This process's client for ``address``: one Mooncake client for its master and client
+    options (made once), named by each dataset's address in what it reports."""
     k = (
         address.master,
         address.metadata,
@@ -346,9 +373,12 @@ def connect(address: StoreAddress) -> StoreClient:
         address.node,
     )
     with _lock:
-        client = _clients.get(k)
+        client = _datasets.get(address)
         if client is None:
-            client = _clients[k] = StoreClient(address)
+            shared = _clients.get(k)
+            if shared is None:
+                shared = _clients[k] = StoreClient(address)
+            client = _datasets[address] = shared.for_address(address)
         return client
 
 
