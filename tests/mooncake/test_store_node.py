@@ -111,8 +111,13 @@ def test_a_node_that_is_not_there_is_one_line_naming_node(store):
 
 
 def test_writers_refuse_node(store):
+    from layertap.generate.errors import GenerateError
+    from layertap.generate.store import store_output
+
     with pytest.raises(ConfigError, match="node= is for readers"):
         parse_options({"output_dir": "/tmp/x", "mooncake": store.node_address("t/w")})
+    with pytest.raises(GenerateError, match="node= is for readers"), store_output(store.node_address("t/w"), None, {}):
+        pass
 
 
 def test_a_node_killed_while_attached_is_unavailable_not_missing(tmp_path):
