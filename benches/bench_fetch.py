@@ -11,6 +11,8 @@ a time is read through:
 - ``fetch store``: ``fetch`` from Mooncake Store (``mooncake://``; a real ``mooncake_master`` and
   store node on loopback, tests/store_support.py's ``LoopbackStore``), the records forwarded by
   the connector's forwarder;
+- ``fetch node``: the same through the store node (the address option ``node=``: Mooncake's
+  dummy client, the object in memory shared with the node), in turns with ``fetch store``;
 - ``open``: ``layertap.open`` of the dataset once the writer closed it, then ``ds[key]``, per
   call (opening included, as fetch finds its shard on every call).
 
@@ -58,18 +60,34 @@ def touch(record) -> None:
         t.reshape(-1).view(torch.uint8)[::4096].sum()
 
 
-def timed(fn, repeats: int, keys: list[str]) -> tuple[float, float]:
+def thread_cpu(pid: int) -> float:
+    """CPU seconds the threads of process ``pid`` alive now have run (their schedstat: ns)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError):
+            pass  # a thread that ended meanwhile
+    return total / 1e9
+
+
+def timed(fn, repeats: int, keys: list[str], node_pid: int | None = None) -> tuple[float, ...]:
     """Median wall seconds and median CPU seconds of ``fn(key)`` over ``repeats`` calls for each
     key. CPU: this process's, all its threads (Mooncake's transfer threads and its waiting
     caller among them; the store node's and the master's not), less disturbed than wall time
-    on a shared machine."""
+    on a shared machine. With ``node_pid`` (the store node's process) a third value: the
+    node's CPU seconds over all the calls (its threads' schedstat), per call: a mean, since the
+    node does the work of a call partly after it returns (releasing the buffer)."""
     wall, cpu = [], []
+    n0 = thread_cpu(node_pid) if node_pid else 0.0
     for _ in range(repeats):
         for key in keys:
             c0, t0 = time.process_time(), time.perf_counter()
             touch(fn(key))
             wall.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
+    if node_pid:
+        return statistics.median(wall), statistics.median(cpu), (thread_cpu(node_pid) - n0) / len(wall)
     return statistics.median(wall), statistics.median(cpu)
 
 
@@ -129,9 +147,28 @@ def measure(codec: str, records: list, scratch: Path, store, repeats: int, refer
         def fetch_store(key):
             return fetch(RecordLocation(str(directory), WRITER, key, store=address), timeout=30, durable=False)
 
+        def fetch_node(key):  # through the store node on this host (node=: shared memory)
+            return fetch(
+                RecordLocation(str(directory), WRITER, key, store=address),
+                timeout=30,
+                durable=False,
+                store=store.node_address(f"bench/{codec}"),
+            )
+
         fetch_store(keys[0])
-        row["fetch_store_s"], row["fetch_store_cpu_s"] = timed(fetch_store, repeats, keys)
-    for name in ("fetch_live", "follow_live", "fetch_store", "follow_live_python"):
+        fetch_node(keys[0])
+        pid = store.node.pid
+        # in turns, so that both see the same load
+        for _ in range(2):
+            tcp = timed(fetch_store, max(1, repeats // 2), keys, pid)
+            node = timed(fetch_node, max(1, repeats // 2), keys, pid)
+            for name, got in (("fetch_store", tcp), ("fetch_node", node)):
+                for unit, value in zip(("s", "cpu_s", "node_cpu_s"), got):
+                    row.setdefault(f"{name}_{unit}_turns", []).append(value)
+        for name in ("fetch_store", "fetch_node"):
+            for unit in ("s", "cpu_s", "node_cpu_s"):
+                row[f"{name}_{unit}"] = statistics.mean(row[f"{name}_{unit}_turns"])
+    for name in ("fetch_live", "follow_live", "fetch_store", "fetch_node", "follow_live_python"):
         if f"{name}_s" in row:
             row[f"{name}_ratio"] = row[f"{name}_s"] / row["open_s"]
         if f"{name}_cpu_s" in row:
@@ -201,8 +238,8 @@ def main(argv: list[str] | None = None) -> int:
 
     lines = [
         "| codec | raw MB | stored MB | open ms | fetch live ms (ratio) | follow live ms (ratio) "
-        "| fetch store ms (ratio) | follow live, backend python, ms (ratio) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| fetch store ms (ratio) | fetch node ms (ratio) | follow live, backend python, ms (ratio) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
@@ -210,24 +247,31 @@ def main(argv: list[str] | None = None) -> int:
             f"| {ms(r, 'fetch_live_s')} ({ratio(r, 'fetch_live_ratio')}) "
             f"| {ms(r, 'follow_live_s')} ({ratio(r, 'follow_live_ratio')}) "
             f"| {ms(r, 'fetch_store_s')} ({ratio(r, 'fetch_store_ratio')}) "
+            f"| {ms(r, 'fetch_node_s')} ({ratio(r, 'fetch_node_ratio')}) "
             f"| {ms(r, 'follow_live_python_s')} ({ratio(r, 'follow_live_python_ratio')}) |"
         )
     cpu = [
-        "| codec | open CPU ms | fetch live CPU ms (ratio) | fetch store CPU ms (ratio) |",
-        "|---|---:|---:|---:|",
+        "| codec | open CPU ms | fetch live CPU ms (ratio) | fetch store CPU ms (ratio) | fetch node CPU ms (ratio) "
+        "| store node's CPU ms a fetch: store, node |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         cpu.append(
             f"| {r['codec']} | {ms(r, 'open_cpu_s')} | {ms(r, 'fetch_live_cpu_s')} ({ratio(r, 'fetch_live_cpu_ratio')}) "
-            f"| {ms(r, 'fetch_store_cpu_s')} ({ratio(r, 'fetch_store_cpu_ratio')}) |"
+            f"| {ms(r, 'fetch_store_cpu_s')} ({ratio(r, 'fetch_store_cpu_ratio')}) "
+            f"| {ms(r, 'fetch_node_cpu_s')} ({ratio(r, 'fetch_node_cpu_ratio')}) "
+            f"| {ms(r, 'fetch_store_node_cpu_s')}, {ms(r, 'fetch_node_node_cpu_s')} |"
         )
     note = (
         "Per record, median; ratio: against `open` (layertap.open of the closed shard, then ds[key]) "
-        "of the same record. Target (issue 33): within 2x for every codec.\n\n"
+        "of the same record. Target (issue 33): within 2x for every codec. `fetch store` (the reader's own "
+        "Mooncake client, loopback TCP) and `fetch node` (`node=`: through the store node on this host, shared "
+        "memory) ran in turns, two of each: the mean of the two turns' medians.\n\n"
     )
     cpu_note = (
         "\nCPU time of this process (all its threads: Mooncake's transfer threads and its waiting caller "
-        "among them; the store node's and the master's not), median per record:\n\n"
+        "among them; the store node's and the master's not), median per record; the store node's: its "
+        "threads' CPU over the calls, per call (the mean):\n\n"
     )
     md = (
         f"# fetch against layertap.open, {machine['date']}\n\n{json.dumps(machine)}\n\n{note}"

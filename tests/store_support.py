@@ -124,7 +124,7 @@ class LoopbackStore:
         self.procs.append(self.master)
         _wait_port(self.port, self.master, "mooncake_master", log)
         _wait_port(self.metrics_port, self.master, "mooncake_master's metrics port", log)
-        node_port = free_port()
+        self.node_port = node_port = free_port()
         log = os.path.join(self.workdir, "mooncake_client.log")
         self.node = subprocess.Popen(
             [
@@ -188,6 +188,11 @@ class LoopbackStore:
         query = "&".join(f"{k}={v}" for k, v in {"local": "127.0.0.1", "buffer": "64MiB", **options}.items())
         return f"mooncake://127.0.0.1:{self.port}/{prefix}?{query}"
 
+    def node_address(self, prefix: str, **options: str) -> str:
+        """``address(prefix)`` read through the store node (``node=``: shared memory)."""
+        query = "&".join(f"{k}={v}" for k, v in {"buffer": "64MiB", **options}.items())
+        return f"mooncake://127.0.0.1:{self.port}/{prefix}?{query}&node=127.0.0.1:{self.node_port}"
+
     def _log(self, path: str):
         f = open(path, "w")  # noqa: SIM115 - open as long as the process writes to it
         self.logs.append(f)
@@ -196,6 +201,10 @@ class LoopbackStore:
     def kill_master(self) -> None:
         os.kill(self.master.pid, signal.SIGKILL)
         self.master.wait()
+
+    def kill_node(self) -> None:
+        os.kill(self.node.pid, signal.SIGKILL)
+        self.node.wait()
 
     def stop(self) -> None:
         for p in reversed(self.procs):

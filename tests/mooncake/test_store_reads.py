@@ -13,7 +13,7 @@ import pytest
 
 import layertap
 from layertap.mooncake.address import parse_address
-from layertap.mooncake.client import connect
+from layertap.mooncake.client import BufferTooSmallError, connect
 from layertap.mooncake.layout import record_name
 from layertap.vllm import fetch
 from layertap.vllm.mooncake_forwarder import Forwarder
@@ -76,3 +76,49 @@ def test_fetch_reads_a_record_there_and_waits_for_one_that_is_not(store, tmp_pat
     assert np.array_equal(got[0]["x"].numpy(), np.arange(8, dtype=np.float32))
     assert connect(parse_address(address)).get_view(record_name("t/fetch-reads", "k0")) is not None
     assert fetch(location, timeout=0)["x"][7] == 7
+
+
+def test_an_object_larger_than_the_transfer_buffer_says_so(store, tmp_path):
+    """A record larger than the reader's transfer buffer: the error names the buffer and the size
+    to raise it to (where Mooncake's get answers as for a store that does not answer)."""
+    address = store.address("t/small-buffer")
+    spool = tmp_path / "spool"
+    with layertap.ShardWriter(spool, writer_id="w", codec="none") as w:
+        w.submit("big", {"x": np.arange(ROWS, dtype=np.float32)}, {})
+    _forward(address, spool, "w")
+    small = store.address("t/small-buffer", buffer="16MiB")
+    with (
+        layertap.open(small) as ds,
+        pytest.raises(
+            BufferTooSmallError, match=r"more than .*\(buffer=16MiB\): raise buffer= in the address above 21MiB"
+        ),
+    ):
+        ds["big"]
+    location = {"layertap": {"dataset": str(tmp_path), "writer_id": "w", "key": "big", "store": address}}
+    with pytest.raises(BufferTooSmallError, match="raise buffer="):
+        fetch(location, timeout=10, store=small)
+    assert fetch(location, timeout=10)["x"].shape == (ROWS,)  # the default buffer, 256 MiB
+
+
+def test_a_transfer_buffer_full_of_held_objects_says_so(store):
+    """Views held fill the 64 MiB transfer buffer: the next read names the buffer, not a store
+    that does not answer; once they are gone it reads."""
+    client = connect(parse_address(store.address("t/full")))
+    data = bytes(20 << 20)
+    assert client.put("t/full/a", data) == 0
+    held = [client.get_view("t/full/a") for _ in range(3)]
+    with pytest.raises(BufferTooSmallError, match=r"transfer buffer \(buffer=64MiB\) had no room for 20971520 bytes"):
+        client.get_view("t/full/a")
+    del held
+    assert client.get_view("t/full/a") == data
+
+
+def test_errors_name_the_address_the_caller_gave(store):
+    """Datasets of one master share its client (one Mooncake client per master and options);
+    each one's errors name its own address, not the first one connected."""
+    first = connect(parse_address(store.address("t/first", buffer="16MiB")))
+    second = connect(parse_address(store.address("t/second", buffer="16MiB")))
+    assert second.store is first.store and second is connect(parse_address(store.address("t/second", buffer="16MiB")))
+    assert connect(parse_address(store.address("t/second"))).put("t/second/big", bytes(20 << 20)) == 0
+    with pytest.raises(BufferTooSmallError, match=rf"^mooncake://127.0.0.1:{store.port}/t/second: cannot read"):
+        second.get("t/second/big")

@@ -27,7 +27,7 @@ from layertap._spec.format import FormatProblem
 from layertap.errors import FormatError, InvalidInputError, StoreUnavailableError
 from layertap.generate.errors import GenerateError
 from layertap.generate.summary import Summary
-from layertap.mooncake.address import is_store_address, parse_address
+from layertap.mooncake.address import is_store_address, parse_address, refuse_node
 from layertap.mooncake.backend import local_frame
 from layertap.mooncake.client import check_master, connect
 from layertap.mooncake.layout import decode_head, head_name, record_name
@@ -63,6 +63,7 @@ def store_output(out: str, also_dir: str | None, connector_args: dict) -> Iterat
     removed afterwards unless the caller set its ``keep``."""
     try:
         address = parse_address(out)
+        refuse_node(address, out)
         check_master(address)
     except (InvalidInputError, StoreUnavailableError) as e:
         raise GenerateError(str(e)) from None

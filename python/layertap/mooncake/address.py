@@ -26,7 +26,9 @@ DEFAULT_METADATA = "P2PHANDSHAKE"
 PROTOCOLS = ("tcp", "rdma")
 _SIZE = re.compile(r"(\d+)([KMG]i?B?)?", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-OPTIONS = ("metadata", "protocol", "device", "local", "segment", "buffer")
+OPTIONS = ("metadata", "protocol", "device", "local", "segment", "buffer", "node")
+#: ``node=HOST:PORT``: a store node's ``mooncake_client -host`` and ``-port``.
+_NODE = re.compile(r"([A-Za-z0-9.-]+):(\d{1,5})")
 
 
 def _size(option: str, text: str) -> int:
@@ -54,6 +56,10 @@ class StoreAddress:
     that routes to the master."""
     segment: int = DEFAULT_SEGMENT_BYTES
     buffer: int = DEFAULT_BUFFER_BYTES
+    node: str | None = None
+    """``HOST:PORT`` of a store node on this host (its ``mooncake_client -host`` and ``-port``)
+    that reads go through, over shared memory (Mooncake's dummy client); None: this process's
+    own client, over the network."""
 
     @property
     def master(self) -> str:
@@ -76,6 +82,16 @@ class StoreAddress:
                 return s.getsockname()[0]
             except OSError:
                 return "127.0.0.1"
+
+
+def refuse_node(address: StoreAddress, text: str) -> None:
+    """Raises InvalidInputError when a writer's address has ``node=``: it is for readers (what a
+    writer puts goes through its own client, which ``node`` would replace; docs/MOONCAKE.md)."""
+    if address.node is not None:
+        raise InvalidInputError(
+            f"{text}: node= is for readers (fetch, layertap.open, pull, follow); a writer puts through its own "
+            "client: remove node= from the address it writes to"
+        )
 
 
 def is_store_address(path: object) -> bool:
@@ -127,9 +143,21 @@ def parse_address(text: str) -> StoreAddress:
             values[name] = _size(name, values[name])
     if values.get("buffer", DEFAULT_BUFFER_BYTES) < 16 << 20:
         raise InvalidInputError(f"{text}: buffer must be at least 16MiB (Mooncake's smallest transfer buffer)")
+    if "node" in values:
+        m = _NODE.fullmatch(values["node"])
+        if m is None or not 0 < int(m.group(2)) < 65536:
+            raise InvalidInputError(
+                f"{text}: node must be HOST:PORT, a store node on this host as its mooncake_client -host and -port "
+                f"give it (e.g. node=127.0.0.1:50052), not {values['node']!r}"
+            )
+        if "segment" in values or "local" in values or "protocol" in values or "device" in values:
+            raise InvalidInputError(
+                f"{text}: with node= this process reads through the store node and sets up no client of its own: "
+                "leave out segment, local, protocol and device"
+            )
     if 0 < values.get("segment", 0) < 16 << 20:
         raise InvalidInputError(f"{text}: segment must be 0 (lend no memory) or at least 16MiB")
     return StoreAddress(host, port, prefix, **values)
 
 
-__all__ = ["SCHEME", "StoreAddress", "is_store_address", "parse_address"]
+__all__ = ["SCHEME", "StoreAddress", "is_store_address", "parse_address", "refuse_node"]

@@ -5,6 +5,7 @@ file (``logs``); ``StoreClient`` turns Mooncake's status codes into what layerta
 
 from __future__ import annotations
 
+import copy
 import logging
 import socket
 import struct
@@ -33,6 +34,9 @@ GET_TRIES = 3
 EXIST_BATCH = 1000
 
 _clients: dict[tuple, StoreClient] = {}
+"""The client of each master and client options."""
+_datasets: dict[StoreAddress, StoreClient] = {}
+"""That client for each address (dataset) given: what its errors name."""
 _lock = threading.Lock()
 
 
@@ -82,6 +86,55 @@ def check_master(address: StoreAddress, timeout: float = CONNECT_TIMEOUT) -> Non
         )
 
 
+class BufferTooSmallError(StoreUnavailableError):
+    """An object the store has that this client could not read into its transfer buffer (the
+    address's ``buffer``): too small for it, or full of objects still held."""
+
+
+def _node_socket(port: int) -> str:
+    """The abstract Unix socket a store node listening on ``port`` takes dummy clients' shared
+    memory at (Mooncake's ``real_client_main.cpp`` and the binding's ``setup_dummy`` name it
+    ``@mooncake_client_PORT.sock``, and its ``uds_transport.cpp`` puts a NUL before that name),
+    as ``/proc/net/unix`` lists it (an abstract name after a ``@``)."""
+    return f"@@mooncake_client_{port}.sock"
+
+
+def check_node(address: StoreAddress, timeout: float = CONNECT_TIMEOUT) -> None:
+    """Raises StoreUnavailableError, one line naming ``node=`` and the fix, unless a store node
+    answers at ``address.node`` on this host: its port accepts a connection within ``timeout``
+    seconds and its shared-memory socket is in this host's (network namespace's) list of Unix
+    sockets. (Mooncake's ``setup_dummy`` spends about 4 s on a port where nothing listens, and
+    a node on another host takes the RPC but not the memory.)"""
+    host, _, port = address.node.rpartition(":")
+    fix = (
+        f"start mooncake_client -host={host} -port={port} -master_server_address={address.master} on this host, "
+        "or remove node= to read over the network"
+    )
+    try:
+        socket.create_connection((host, int(port)), timeout).close()
+    except OSError as e:
+        raise StoreUnavailableError(
+            f"{address}: no store node answers at node={address.node} ({e.strerror or type(e).__name__}): {fix}"
+        ) from None
+    try:
+        with open("/proc/net/unix") as f:
+            sockets = {line.split()[-1] for line in f.read().splitlines()[1:] if len(line.split()) > 7}
+    except OSError:
+        sockets = None  # no procfs: Mooncake's set-up says, if the node is elsewhere
+    if sockets is not None and _node_socket(int(port)) not in sockets:
+        raise StoreUnavailableError(
+            f"{address}: node={address.node} answers but is not a store node on this host (no Unix socket "
+            f"{_node_socket(int(port))[1:]} here; node= reads through shared memory): {fix}"
+        )
+
+
+class _Failing:
+    """Whether the last call of a Mooncake client failed: shared by its ``StoreClient`` for
+    each dataset (``StoreClient.for_address``)."""
+
+    value = False
+
+
 class StoreClient:
     """A set-up ``MooncakeDistributedStore``. Thread-safe (Mooncake's client is).
 
@@ -90,10 +143,18 @@ class StoreClient:
     workers and is killed before it reports. So once a call has failed, each later call first
     checks that the master's port accepts a connection (refused at once on a host that is up,
     ``PROBE_TIMEOUT`` at most) and fails at once (``RPC_FAIL``, None, or StoreUnavailableError
-    from ``get``) while it does not; a call that succeeds ends the checks."""
+    from ``get``) while it does not; a call that succeeds ends the checks.
+
+    With ``node=`` (``address.node``) the client is Mooncake's dummy client: it sets up no
+    transfer engine of its own, and the store node on this host does each call for it, moving
+    the objects through memory the two share. The node's port is then checked as well: a node
+    that stopped (killed, or restarted without this client) fails each call at once, where
+    Mooncake's dummy client spends about 4 s on each until its own ping notices."""
 
     def __init__(self, address: StoreAddress):
         check_master(address)
+        if address.node is not None:
+            check_node(address)
         with logs.into_files() as log_dir:
             try:
                 from mooncake.store import MooncakeDistributedStore, ReplicateConfig
@@ -106,27 +167,52 @@ class StoreClient:
             self.address = address
             self.store = MooncakeDistributedStore()
             with logs.setup_output(log_dir, quiet):
-                status = self.store.setup(
-                    address.local_host(),
-                    address.metadata,
-                    address.segment,
-                    address.buffer,
-                    address.protocol,
-                    address.device,
-                    address.master,
-                )
+                if address.node is not None:
+                    # The pool for put_from's memory: unused by what layertap calls.
+                    status = self.store.setup_dummy(0, address.buffer, address.node)
+                else:
+                    status = self.store.setup(
+                        address.local_host(),
+                        address.metadata,
+                        address.segment,
+                        address.buffer,
+                        address.protocol,
+                        address.device,
+                        address.master,
+                    )
+        if status != 0 and address.node is not None:
+            raise StoreUnavailableError(
+                f"{address}: attaching to the store node at node={address.node} failed (status {status}): check that it "
+                f"is a mooncake_client on this host with -port={address.node.rpartition(':')[2]}, or remove node= to "
+                f"read over the network ({logs.where()})"
+            )
         if status != 0:
             raise StoreUnavailableError(
                 f"{address}: Mooncake client set-up failed (status {status}) with master {address.master}, "
                 f"metadata {address.metadata!r}, protocol {address.protocol}: check the master and these options "
                 f"({logs.where()})"
             )
-        self._failing = False
-        """Whether the last call failed (then the next one checks the master's port first)."""
+        self._state = _Failing()
         self._pinned = ReplicateConfig()
         # The small objects that list the records are never evicted: without them a reader
         # cannot find the records that are still there.
         self._pinned.with_hard_pin = True
+
+    def for_address(self, address: StoreAddress) -> StoreClient:
+        """This client for another dataset (prefix) of the same master and options: the same
+        Mooncake client and failure state, its messages naming ``address``."""
+        other = copy.copy(self)
+        other.address = address
+        return other
+
+    @property
+    def _failing(self) -> bool:
+        """Whether the last call failed (then the next one checks the master's port first)."""
+        return self._state.value
+
+    @_failing.setter
+    def _failing(self, value: bool) -> None:
+        self._state.value = value
 
     def put(self, name: str, data, pinned: bool = False) -> int:
         """Puts a new object; 0 or Mooncake's negative status. An existing object is left as it
@@ -178,17 +264,50 @@ class StoreClient:
                 self._failing = False
                 return data
             # Mooncake's get returns empty bytes (get_buffer None) for an object that is not there
-            # and for a call that failed alike: whether the object exists tells them apart.
+            # and for a call that failed alike: whether the object exists tells them apart (a
+            # node= that is gone would take Mooncake's dummy client seconds to say so).
+            if self._node_gone():
+                self._failing = True
+                break
             there = self.store.is_exist(name)
             self._failing = there < 0
             if there == 0:
                 return None
             if there < 0:
                 break
+        else:
+            raise self._unread(name)
         raise StoreUnavailableError(
-            f"{self.address}: cannot read {name!r}: the Mooncake master at {self.address.master} or the store node "
-            "holding it does not answer; check that they run, then try again"
+            f"{self.address}: cannot read {name!r}: {self.who()} does not answer; check that they run, then try again"
         )
+
+    def _unread(self, name: str) -> BufferTooSmallError:
+        """The error for an object that is there (the master says so each time) but that
+        ``GET_TRIES`` reads could not get: Mooncake's get places an object in this client's
+        transfer buffer, and gives nothing, as for a failed call, when there is no room."""
+        size = self.store.get_size(name)
+        room = f"buffer={self.address.buffer >> 20}MiB"
+        if size > self.address.buffer:
+            return BufferTooSmallError(
+                f"{self.address}: cannot read {name!r}: the object is {size} bytes, more than this client's transfer "
+                f"buffer holds ({room}): raise buffer= in the address above {-(-size >> 20)}MiB"
+            )
+        held = f"{size} bytes" if size > 0 else "it"
+        return BufferTooSmallError(
+            f"{self.address}: cannot read {name!r}: the store has it but {GET_TRIES} reads failed: this client's "
+            f"transfer buffer ({room}) had no room for {held} (objects read earlier and still held take room there), "
+            "or the store node holding it answered later than the read's lease; raise buffer= in the address, or "
+            "hold fewer objects at once"
+        )
+
+    def who(self) -> str:
+        """What must answer for a call to succeed, for messages."""
+        if self.address.node is not None:
+            return (
+                f"the store node at node={self.address.node} (this host), the Mooncake master at "
+                f"{self.address.master} or the store node holding it"
+            )
+        return f"the Mooncake master at {self.address.master} or the store node holding it"
 
     def exists(self, name: str) -> bool | None:
         """Whether the object is there; None when the store cannot say."""
@@ -213,12 +332,26 @@ class StoreClient:
         return out
 
     def _master_gone(self) -> bool:
-        """After a failed call: whether the master's port refuses connections (see the class)."""
+        """After a failed call: whether the master's port refuses connections, or with
+        ``node=`` the node's (see the class)."""
         if not self._failing:
             return False
+        if self._node_gone():
+            return True
         try:
             _connect(self.address, PROBE_TIMEOUT).close()
         except StoreUnavailableError:
+            return True
+        return False
+
+    def _node_gone(self) -> bool:
+        """With ``node=``: whether the node's port refuses connections (on this host: at once)."""
+        if self.address.node is None:
+            return False
+        host, _, port = self.address.node.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), PROBE_TIMEOUT).close()
+        except OSError:
             return True
         return False
 
@@ -227,7 +360,8 @@ class StoreClient:
 
 
 def connect(address: StoreAddress) -> StoreClient:
-    """This process's client for ``address``'s master and client options (made once)."""
+    """This process's client for ``address``: one Mooncake client for its master and client
+    options (made once), named by each dataset's address in what it reports."""
     k = (
         address.master,
         address.metadata,
@@ -236,12 +370,25 @@ def connect(address: StoreAddress) -> StoreClient:
         address.local,
         address.segment,
         address.buffer,
+        address.node,
     )
     with _lock:
-        client = _clients.get(k)
+        client = _datasets.get(address)
         if client is None:
-            client = _clients[k] = StoreClient(address)
+            shared = _clients.get(k)
+            if shared is None:
+                shared = _clients[k] = StoreClient(address)
+            client = _datasets[address] = shared.for_address(address)
         return client
 
 
-__all__ = ["GET_TRIES", "HANDSHAKE_TIMEOUT", "RPC_FAIL", "StoreClient", "check_master", "connect"]
+__all__ = [
+    "BufferTooSmallError",
+    "GET_TRIES",
+    "HANDSHAKE_TIMEOUT",
+    "RPC_FAIL",
+    "StoreClient",
+    "check_master",
+    "check_node",
+    "connect",
+]

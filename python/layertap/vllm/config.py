@@ -244,12 +244,12 @@ def in_model_layer_ids(extra_config: Any) -> tuple[int, ...] | None:
 
 
 def _store_address(value: Any) -> str:
-    from layertap.mooncake.address import parse_address
+    from layertap.mooncake.address import parse_address, refuse_node
 
     if not isinstance(value, str):
         raise ConfigError("mooncake", f"must be an address mooncake://MASTER_HOST:PORT/PREFIX, not {value!r}")
     try:
-        parse_address(value)
+        refuse_node(parse_address(value), value)
     except InvalidInputError as e:
         raise ConfigError("mooncake", str(e)) from None
     return value

@@ -22,7 +22,7 @@ from layertap._spec.lock import is_locked
 from layertap.follow import DatasetTail, ShardTail
 from layertap.mooncake.address import StoreAddress
 from layertap.mooncake.backend import local_frame
-from layertap.mooncake.client import connect
+from layertap.mooncake.client import BufferTooSmallError, connect
 from layertap.mooncake.publisher import INDEX_INTERVAL, StorePublisher
 
 logger = logging.getLogger("vllm.layertap")
@@ -215,8 +215,8 @@ def fetch_from_store(
     deadline = None if timeout is None else time.monotonic() + timeout
     pause = FETCH_FIRST_POLL
     unavailable = (
-        f"{address}: cannot look for record {key!r}: the Mooncake master at {address.master} or the store node "
-        "holding it does not answer; check that they run, then fetch again"
+        f"{address}: cannot look for record {key!r}: {client.who()} does not answer; check that they run, then fetch "
+        "again"
     )
     # A response's record is most often in the store by the time it is fetched: it is read at
     # once (one lookup in the master, where a look first took two), and looked for with the
@@ -227,6 +227,8 @@ def fetch_from_store(
             break
         except RecordMissingError:
             pass
+        except BufferTooSmallError:
+            raise  # it says what to change; the store answers
         except StoreUnavailableError:
             raise StoreUnavailableError(unavailable) from None
         while not (there := client.exists(name)):

@@ -102,10 +102,25 @@ def record_location(kv_transfer_params: Mapping[str, Any] | None) -> RecordLocat
     )
 
 
+def _check_same_store(store: str, theirs: str | None) -> None:
+    """Raises InvalidInputError unless ``store`` names the dataset the response's record is in."""
+    from layertap.mooncake.address import parse_address
+
+    if theirs is None:
+        raise InvalidInputError(
+            f"fetch(store={store!r}): this response's record is not in Mooncake Store (the connector has no mooncake "
+            "option): leave store out"
+        )
+    mine = parse_address(store).dataset
+    if mine != parse_address(theirs).dataset:
+        raise InvalidInputError(f"fetch(store={store!r}): the response's record is in {theirs}, not {mine}")
+
+
 def fetch(
     kv_transfer_params: Mapping[str, Any] | RecordLocation,
     timeout: float | None = None,
     durable: bool = True,
+    store: str | None = None,
 ):
     """The ``layertap.Record`` of a finished request, once its writer has written it.
 
@@ -117,13 +132,18 @@ def fetch(
     record is on stable storage whatever the connector's ``durability`` option (``durable=False``
     skips that, for callers that only need the tensors). Raises ``LayertapError`` if the
     server's writer failed. With the connector's ``mooncake`` option the record is read from
-    Mooncake Store once it is there (``durable`` does not apply: docs/MOONCAKE.md, "Durability")."""
+    Mooncake Store once it is there (``durable`` does not apply: docs/MOONCAKE.md, "Durability");
+    ``store``: that dataset's address with the options to read it through (the response's has
+    none), e.g. ``mooncake://HOST:PORT/PREFIX?node=127.0.0.1:50052`` to read through the store
+    node on this host (docs/MOONCAKE.md, "Addresses")."""
     loc = kv_transfer_params if isinstance(kv_transfer_params, RecordLocation) else record_location(kv_transfer_params)
+    if store is not None:
+        _check_same_store(store, loc.store)
     if loc.store is not None:
         from layertap.vllm.mooncake_forwarder import fetch_from_store
 
         return fetch_from_store(
-            loc.store,
+            store or loc.store,
             loc.writer_id,
             loc.key,
             timeout,
