@@ -246,8 +246,9 @@ pub(crate) fn table_indexes<const W: usize>(
 /// Adds each index of `at` to `counts`, counting in [`COUNT_TABLES`] tables summed at the end:
 /// neighbouring elements mostly share their index (activations' exponents vary little), and in
 /// one table each increment of an entry waits for the store of the one before it (that loop
-/// took 60% of the encoder's time outside the streams; four tables: the core's encode 1.04-1.07x
-/// bp16-zstd's speed -> 1.12-1.14x, `benches/exphuf.rs` quick, MiniLM, in turns). The tables lie
+/// took about 13% of a block's encode, perf through the writer; four tables: the core's encode
+/// 1.04-1.07x bp16-zstd's speed -> 1.12-1.14x, `benches/exphuf.rs` quick, MiniLM, in turns;
+/// counting four far-apart parts of `at` in rotation did no better). The tables lie
 /// `SPACED` entries apart, not a power of two: the same entry of tables 32 KiB apart shares its
 /// address's low 12 bits, and the CPU then holds each load back behind the other tables' stores
 /// (the encoder took twice its time, measured).
