@@ -66,6 +66,12 @@ class StoreAddress:
         return f"{self.host}:{self.port}"
 
     @property
+    def node_endpoint(self) -> tuple[str, int]:
+        """``node``'s host and port (an address with ``node``: ``parse_address`` checked its form)."""
+        host, _, port = self.node.rpartition(":")
+        return host, int(port)
+
+    @property
     def dataset(self) -> str:
         """The address without the client options: what names the dataset."""
         return f"{SCHEME}{self.master}/{self.prefix}"

@@ -105,27 +105,37 @@ def check_node(address: StoreAddress, timeout: float = CONNECT_TIMEOUT) -> None:
     seconds and its shared-memory socket is in this host's (network namespace's) list of Unix
     sockets. (Mooncake's ``setup_dummy`` spends about 4 s on a port where nothing listens, and
     a node on another host takes the RPC but not the memory.)"""
-    host, _, port = address.node.rpartition(":")
+    host, port = address.node_endpoint
     fix = (
         f"start mooncake_client -host={host} -port={port} -master_server_address={address.master} on this host, "
         "or remove node= to read over the network"
     )
-    try:
-        socket.create_connection((host, int(port)), timeout).close()
-    except OSError as e:
+    refused = _node_refuses(address, timeout)
+    if refused is not None:
         raise StoreUnavailableError(
-            f"{address}: no store node answers at node={address.node} ({e.strerror or type(e).__name__}): {fix}"
-        ) from None
+            f"{address}: no store node answers at node={address.node} ({refused.strerror or type(refused).__name__}): "
+            f"{fix}"
+        )
     try:
         with open("/proc/net/unix") as f:
             sockets = {line.split()[-1] for line in f.read().splitlines()[1:] if len(line.split()) > 7}
     except OSError:
         sockets = None  # no procfs: Mooncake's set-up says, if the node is elsewhere
-    if sockets is not None and _node_socket(int(port)) not in sockets:
+    if sockets is not None and _node_socket(port) not in sockets:
         raise StoreUnavailableError(
             f"{address}: node={address.node} answers but is not a store node on this host (no Unix socket "
-            f"{_node_socket(int(port))[1:]} here; node= reads through shared memory): {fix}"
+            f"{_node_socket(port)[1:]} here; node= reads through shared memory): {fix}"
         )
+
+
+def _node_refuses(address: StoreAddress, timeout: float) -> OSError | None:
+    """Why the port of ``address``'s store node accepts no connection within ``timeout`` seconds;
+    None when it does."""
+    try:
+        socket.create_connection(address.node_endpoint, timeout).close()
+    except OSError as e:
+        return e
+    return None
 
 
 class _Failing:
@@ -183,7 +193,7 @@ class StoreClient:
         if status != 0 and address.node is not None:
             raise StoreUnavailableError(
                 f"{address}: attaching to the store node at node={address.node} failed (status {status}): check that it "
-                f"is a mooncake_client on this host with -port={address.node.rpartition(':')[2]}, or remove node= to "
+                f"is a mooncake_client on this host with -port={address.node_endpoint[1]}, or remove node= to "
                 f"read over the network ({logs.where()})"
             )
         if status != 0:
@@ -346,14 +356,7 @@ class StoreClient:
 
     def _node_gone(self) -> bool:
         """With ``node=``: whether the node's port refuses connections (on this host: at once)."""
-        if self.address.node is None:
-            return False
-        host, _, port = self.address.node.rpartition(":")
-        try:
-            socket.create_connection((host, int(port)), PROBE_TIMEOUT).close()
-        except OSError:
-            return True
-        return False
+        return self.address.node is not None and _node_refuses(self.address, PROBE_TIMEOUT) is not None
 
     def close(self) -> None:
         self.store.close()
