@@ -110,6 +110,39 @@ def test_a_node_that_is_not_there_is_one_line_naming_node(store):
         layertap.open(address)
 
 
+def test_a_node_of_another_master_is_refused_before_any_read(store, tmp_path):
+    """A node whose process serves another master than the address's would hand the reader that
+    store's objects under the dataset's names: refused, one line naming both masters and node=,
+    before anything is read (the address's master here is not even running). The same master
+    spelled another way (``localhost``) is the node's, and reads."""
+    with unreachable_port() as other:
+        address = f"mooncake://127.0.0.1:{other}/t/other?buffer=64MiB&node=127.0.0.1:{store.node_port}"
+        with pytest.raises(
+            InvalidInputError,
+            match=rf"node=127.0.0.1:{store.node_port} is a store node of the master at 127.0.0.1:{store.port}, "
+            rf"not of this address's 127.0.0.1:{other} .*-master_server_address=127.0.0.1:{other} "
+            r".*remove node= to read over the network$",
+        ):
+            layertap.open(address)
+    want = _write_and_forward(store.address("t/spelled"), tmp_path / "spool", "ws", "bp16-zstd", n=2)
+    spelled = f"mooncake://localhost:{store.port}/t/spelled?buffer=64MiB&node=127.0.0.1:{store.node_port}"
+    with layertap.open(spelled, tensors="numpy") as ds:
+        assert ds.keys() == list(want)
+
+
+def test_a_nodes_master_from_its_command_line(tmp_path):
+    """gflags' spellings of the node's flags, its flag file, and what is not one master."""
+    from layertap.mooncake.node_process import _flags, same_master
+
+    assert _flags(["-port=7", "--master_server_address", "h:1", "-v"]) == {"port": "7", "master_server_address": "h:1"}
+    flagfile = tmp_path / "flags"
+    flagfile.write_text("# node\n--master_server_address=10.0.0.2:50051\n-port=9\n")
+    assert _flags([f"--flagfile={flagfile}", "-port=8"]) == {"master_server_address": "10.0.0.2:50051", "port": "8"}
+    assert "flagfile unreadable" in _flags([f"--flagfile={tmp_path / 'absent'}"])
+    assert same_master("localhost:5", "127.0.0.1:5") and not same_master("127.0.0.1:5", "127.0.0.1:6")
+    assert not same_master("127.0.0.1:5", "192.0.2.1:5")
+
+
 def test_writers_refuse_node(store):
     from layertap.generate.errors import GenerateError
     from layertap.generate.store import store_output

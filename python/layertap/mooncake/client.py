@@ -11,9 +11,10 @@ import socket
 import struct
 import threading
 
-from layertap.errors import StoreUnavailableError
+from layertap.errors import InvalidInputError, StoreUnavailableError
 from layertap.mooncake import logs
 from layertap.mooncake.address import StoreAddress
+from layertap.mooncake.node_process import node_master, same_master
 
 logger = logging.getLogger("layertap.mooncake")
 
@@ -104,7 +105,8 @@ def check_node(address: StoreAddress, timeout: float = CONNECT_TIMEOUT) -> None:
     answers at ``address.node`` on this host: its port accepts a connection within ``timeout``
     seconds and its shared-memory socket is in this host's (network namespace's) list of Unix
     sockets. (Mooncake's ``setup_dummy`` spends about 4 s on a port where nothing listens, and
-    a node on another host takes the RPC but not the memory.)"""
+    a node on another host takes the RPC but not the memory.) InvalidInputError where the node's
+    process shows it serves another master than ``address``'s (``node_process.py``)."""
     host, port = address.node_endpoint
     fix = (
         f"start mooncake_client -host={host} -port={port} -master_server_address={address.master} on this host, "
@@ -125,6 +127,14 @@ def check_node(address: StoreAddress, timeout: float = CONNECT_TIMEOUT) -> None:
         raise StoreUnavailableError(
             f"{address}: node={address.node} answers but is not a store node on this host (no Unix socket "
             f"{_node_socket(port)[1:]} here; node= reads through shared memory): {fix}"
+        )
+    master = node_master(port)
+    if master is not None and not same_master(master, address.master):
+        raise InvalidInputError(
+            f"{address}: node={address.node} is a store node of the master at {master}, not of this address's "
+            f"{address.master} (it would read that store's objects under this dataset's names): name a node of "
+            f"{address.master} in node= (mooncake_client -master_server_address={address.master} -port=P on this "
+            "host), or remove node= to read over the network"
         )
 
 
@@ -162,9 +172,9 @@ class StoreClient:
     Mooncake's dummy client spends about 4 s on each until its own ping notices."""
 
     def __init__(self, address: StoreAddress):
-        check_master(address)
-        if address.node is not None:
+        if address.node is not None:  # first: a node of another master is a wrong address
             check_node(address)
+        check_master(address)
         with logs.into_files() as log_dir:
             try:
                 from mooncake.store import MooncakeDistributedStore, ReplicateConfig
