@@ -6,6 +6,12 @@
 //! bytes per second; compare the two codecs within one run (the machine may be loaded).
 //!
 //! Run with `cargo bench -p layertap-core --bench exphuf`.
+//!
+//! Comparing two builds: each decode allocates its output, and whether those pages are faulted
+//! in anew every time depends on glibc's dynamic mmap and trim thresholds, which a change of a
+//! few kilobytes in another allocation can tip (seen: 310,000 page faults against 49,000, the
+//! decode of both codecs at half speed, with no change to their code). Pin them for an A/B:
+//! `MALLOC_MMAP_THRESHOLD_=268435456 MALLOC_TRIM_THRESHOLD_=1073741824`.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use layertap_core::blob::{build_header, TensorSpec};
