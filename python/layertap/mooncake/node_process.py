@@ -5,7 +5,9 @@ another master would hand it another store's objects under the same names. Moonc
 client cannot ask the node which master it serves, so ``node_master`` finds the
 ``mooncake_client`` process listening on the node's port in ``/proc`` and reads its
 ``-master_server_address`` (gflags' spellings: ``-flag=v``, ``--flag=v``, ``-flag v``, and lines of a
-``--flagfile``), or Mooncake's default where the flag is not given.
+``--flagfile``), or Mooncake's default where the flag is not given. The look reads every process's
+command line (about 50 us a process on the CPU machine), once a client: each process makes one
+client per address.
 """
 
 from __future__ import annotations
