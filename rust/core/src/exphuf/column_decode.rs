@@ -835,8 +835,8 @@ fn put_one<const W: usize>(
 /// `dst` first. Tried (2026-12-06), no gain: rows in tiles of 32 (each line of `scratch` used
 /// whole while in L1); each 256 columns put back as soon as their streams were decoded, their
 /// tops still in L2 (this function's share of a read did not fall: what it waits for is most
-/// likely `dst` and the plane, not `scratch`); non-temporal stores need 64-byte aligned rows, which a tensor
-/// placed after a blob's header (8-byte aligned) seldom has.
+/// likely `dst` and the plane, not `scratch`); non-temporal stores need 64-byte aligned rows,
+/// which a tensor placed after a blob's header (8-byte aligned) seldom has.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 unsafe fn put_rows_avx512(
