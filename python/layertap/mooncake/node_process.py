@@ -21,9 +21,10 @@ DEFAULT_PORT = 50052
 _CLIENT = "mooncake_client"
 
 
-def _flags(argv: list[str]) -> dict[str, str]:
+def _flags(argv: list[str]) -> dict[str, str] | None:
     """gflags' ``-name=value``, ``--name=value`` and ``-name value`` (last one wins), with the
-    lines of each ``--flagfile`` read where they stand."""
+    lines of each ``--flagfile`` read where they stand; None where a flag file cannot be read
+    (the flags are then not known)."""
     flags: dict[str, str] = {}
     i = 0
     while i < len(argv):
@@ -41,16 +42,21 @@ def _flags(argv: list[str]) -> dict[str, str]:
         if name == "flagfile":
             try:
                 with open(value) as f:
-                    flags.update(_flags([line.strip() for line in f if line.strip() and not line.startswith("#")]))
+                    lines = [line.strip() for line in f if line.strip() and not line.startswith("#")]
             except OSError:
-                flags["flagfile unreadable"] = value
+                return None
+            inner = _flags(lines)
+            if inner is None:
+                return None
+            flags.update(inner)
             continue
         flags[name] = value
     return flags
 
 
 def _clients() -> list[dict[str, str]]:
-    """The flags of every ``mooncake_client`` process this host's ``/proc`` shows."""
+    """The flags of every ``mooncake_client`` process this host's ``/proc`` shows (those whose
+    flags can be read)."""
     found = []
     try:
         pids = [p for p in os.listdir("/proc") if p.isdigit()]
@@ -62,8 +68,8 @@ def _clients() -> list[dict[str, str]]:
                 argv = f.read().decode(errors="replace").split("\0")
         except OSError:
             continue  # gone, or hidden from this user
-        if argv and os.path.basename(argv[0]) == _CLIENT:
-            found.append(_flags(argv[1:]))
+        if argv and os.path.basename(argv[0]) == _CLIENT and (flags := _flags(argv[1:])) is not None:
+            found.append(flags)
     return found
 
 
@@ -74,8 +80,6 @@ def node_master(port: int) -> str | None:
     claim the port, or its master is not one ``HOST:PORT`` (found through etcd)."""
     masters = set()
     for flags in _clients():
-        if "flagfile unreadable" in flags:
-            continue
         try:
             if int(flags.get("port", DEFAULT_PORT)) != port:
                 continue
