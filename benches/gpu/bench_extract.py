@@ -121,10 +121,11 @@ class ReadableCount:
     """Records of a layertap dataset directory readable so far, found incrementally: each look
     reads only the frame headers written since the last (``layertap.follow``'s ``DatasetTail``)
     and checks each new record's payload against its checksum once (crc32c, the GIL released),
-    so that a look costs what was written since, not the dataset's size. (``layertap.open`` of
-    open shards checks every payload at each look: 0.60-0.66 s on the H100 host for 8.8 GB, which
-    made `t_readable` an upper bound by that much.) A record is readable once its payload matches
-    its checksum: what the readers require of a record in an open shard."""
+    so that a look costs what was written since, not the dataset's size. (A look through
+    ``layertap.open``, which checks every payload of the open shards each time, took 0.60-0.66 s
+    on the H100 host with 8.8 GB written, and `t_readable` was an upper bound by that much.) A
+    record is readable once its payload matches its checksum: what the readers require of a
+    record in an open shard."""
 
     def __init__(self, out: Path):
         self.out = out
