@@ -170,6 +170,25 @@ class ReadableCount:
             self.tail.close()
 
 
+def open_look(out: Path) -> dict:
+    """How long one ``layertap.open`` of ``out`` and a count of its records take, and how many
+    of its shards are still open (no trailer: the reader scans them, checking every payload)."""
+    import layertap
+
+    t = time.perf_counter()
+    with layertap.open(out) as ds:
+        n = len(ds)
+    seconds = time.perf_counter() - t
+    shards = sorted(out.glob("*.lts"))
+    still_open = []
+    for path in shards:
+        with open(path, "rb") as f:
+            f.seek(max(0, path.stat().st_size - 4))
+            if f.read(4) != b"TAIL":
+                still_open.append((path.name, path.stat().st_size))
+    return {"seconds": seconds, "records": n, "shards": len(shards), "open_shards": still_open}
+
+
 class Watch:
     """A thread that keeps a ``ReadableCount`` current while generate runs (a look every 50 ms:
     the bench's process only waits for the engine's outputs then), so that the looks after
@@ -518,6 +537,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu1, ipi1, threads1 = threads.cpu_times(), threads.interrupts(), threads.snapshot(pids)
         prof = stop_profiler(profiler, profile_path)
         disk = dir_bytes(args.out) - bytes_before
+        opened = open_look(args.out) if watch is not None else None
         rows = threads.diff(threads0, threads1)
         # Every token the engine processed: the prompts and the generated tokens.
         tokens = sum(lengths[WARMUP:]) + timed * case.max_tokens
@@ -544,6 +564,9 @@ def main(argv: list[str] | None = None) -> int:
                 # Every look after generate returned: (seconds after, records readable of
                 # `written_total`, the warm-up's included).
                 "readable_looks": looks,
+                # One `layertap.open` of the output once everything is durable (outside the
+                # window): what a look through it costs, and the shards it found open.
+                "open_look": opened,
                 "written_total": written,
                 "t_durable": t_dur - t0,
                 "tok_s_generate": tokens / (t_gen - t0),
