@@ -125,7 +125,8 @@ class ReadableCount:
     ``layertap.open``, which checks every payload of the open shards each time, took 0.60-0.66 s
     on the H100 host with 8.8 GB written, and `t_readable` was an upper bound by that much.) A
     record is readable once its payload matches its checksum: what the readers require of a
-    record in an open shard."""
+    record in an open shard. (A corrupt record that the scan of a damaged shard lists, with an
+    empty payload, would count too: the benchmark's writer leaves none.)"""
 
     def __init__(self, out: Path):
         self.out = out
