@@ -129,6 +129,27 @@ def test_a_torn_empty_shard_is_recoverable_and_recover_removes_it(tmp_path, back
 
 
 @pytest.mark.parametrize("backend", ["rust", "python"])
+def test_a_shard_whose_meta_len_was_damaged_is_not_removed(tmp_path, backend):
+    """One flipped bit can raise a complete shard's meta_len past the end of a file under 1 MiB,
+    which then looks like a header that was never finished; its frames say otherwise. It is not a
+    torn empty shard: verify reports it as not a shard and recover leaves it for a person to
+    repair (it removed it, and its records, before)."""
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    shutil.copyfile(VECTORS / "none.lts", ds / "w-000000.lts")
+    damaged = ds / "w-000001.lts"
+    data = bytearray((VECTORS / "none.lts").read_bytes())
+    data[14] ^= 0x10  # meta_len + 1 MiB: a header longer than the file
+    damaged.write_bytes(bytes(data))
+    verify = run_cli("verify", "--backend", backend, ds)
+    assert verify.returncode == 1
+    assert f"not_a_shard: {damaged}" in verify.stderr and "torn empty shard" not in verify.stderr, verify.stderr
+    recover = run_cli("recover", "--backend", backend, damaged)
+    assert recover.returncode == 2 and "not a layertap shard" in recover.stderr, recover.stdout + recover.stderr
+    assert damaged.read_bytes() == bytes(data)
+
+
+@pytest.mark.parametrize("backend", ["rust", "python"])
 def test_a_directory_whose_only_lts_file_is_garbage_is_not_a_dataset(tmp_path, backend):
     (tmp_path / "x.lts").write_bytes(b"this is not a shard at all, it is text\n")
     with pytest.raises(FormatError, match="no shards in this directory") as info:

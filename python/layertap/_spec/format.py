@@ -177,8 +177,8 @@ TORN_EMPTY_REASON = (
 def is_torn_empty(data) -> bool:
     """Whether ``data``, a whole file, is a torn empty shard (docs/FORMAT.md, "File header"):
     shorter than the header it begins (before the end of its checksum), every byte present being
-    what a header holds there (magic, version 1, no flags, a metadata length readers accept). An
-    empty file is one. It holds no record: ``recover`` removes it."""
+    what a header holds there (magic, version 1, no flags, a metadata length readers accept), and
+    no frame header following. An empty file is one. It holds no record: ``recover`` removes it."""
     fixed = _FILE_FIXED.pack(FILE_MAGIC, VERSION, 0, 0, bytes(16))[:12]
     n = min(len(data), len(fixed))
     if bytes(data[:n]) != fixed[:n]:
@@ -186,7 +186,27 @@ def is_torn_empty(data) -> bool:
     if len(data) < 16:
         return True  # the metadata length is not all there: the header ends later
     meta_len = int.from_bytes(data[12:16], "little")
-    return meta_len <= MAX_META_LEN and len(data) < FILE_HEADER_FIXED_LEN + meta_len + 4
+    return meta_len <= MAX_META_LEN and len(data) < FILE_HEADER_FIXED_LEN + meta_len + 4 and not _holds_a_frame(data)
+
+
+def _holds_a_frame(data) -> bool:
+    """Whether a frame header (magic and checksum right) starts at a multiple of 8 after the
+    header's fixed part. A writer that died in its header wrote no frame; a shard whose
+    ``meta_len`` was damaged later (one flipped bit can make a complete shard of under 1 MiB
+    look shorter than its header) still holds its frames, and ``recover`` must not remove it."""
+    data = bytes(data)
+    at = data.find(FRAME_MAGIC, FILE_HEADER_FIXED_LEN)
+    while at >= 0:
+        if at % 8 == 0 and at + FRAME_HEADER_LEN <= len(data):
+            key_end = at + FRAME_HEADER_LEN + int.from_bytes(data[at + 6 : at + 8], "little")
+            crc = int.from_bytes(data[at + 44 : at + 48], "little")
+            if (
+                key_end <= len(data)
+                and crc32c(data[at + FRAME_HEADER_LEN : key_end], crc32c(data[at : at + 44])) == crc
+            ):
+                return True
+        at = data.find(FRAME_MAGIC, at + 1)
+    return False
 
 
 # ---------------------------------------------------------------------------------------------

@@ -94,7 +94,7 @@ pub(crate) fn scan(bytes: &[u8], header_len: u64) -> Scan {
 
 /// Whether `bytes` start with a frame header (key included) whose magic and checksum are right,
 /// whether or not its frame fits in `bytes`.
-fn header_is_intact(bytes: &[u8]) -> bool {
+pub(super) fn header_is_intact(bytes: &[u8]) -> bool {
     if bytes.len() < FRAME_HEADER_LEN || bytes[..4] != FRAME_MAGIC {
         return false;
     }
