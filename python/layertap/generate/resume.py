@@ -10,7 +10,7 @@ is in a shard. Before a run:
    tail is cut), after waiting a little for a writer that is still shutting down to let go of it;
    a file of an earlier run that died before its shard header was complete holds no record and is
    removed (a torn empty shard: ``recover`` removes it) or set aside as ``NAME.torn`` (bytes
-   that do not begin a header);
+   that do not begin a header, or a header damaged after frames were written);
 3. every shard must come from ``layertap generate`` with the same model and layers;
 4. every record's frame header and payload checksum are checked as ``layertap verify`` checks
    them (payloads are read, not decoded), and a shard holding one that fails is re-indexed without
@@ -117,8 +117,9 @@ def recover_shard(shard: str) -> bool:
 
 
 def _set_aside(shard: str, state: OutputState) -> None:
-    """A file of a killed run whose header is not a shard's beginning (``recover`` removes the
-    torn empty shards, an empty file among them): it holds no record."""
+    """A file of a run whose header is not a shard's (``recover`` removes the torn empty shards,
+    an empty file among them): what a killed writer left, or a shard whose header was damaged
+    later, whose frames may hold records. Kept as ``NAME.torn``; its rows are written again."""
     os.replace(shard, shard + ".torn")
     state.set_aside.append(shard)
 
