@@ -328,6 +328,28 @@ def test_resume_completes_what_killed_runs_left(tmp_path):
         prepare_output(str(out), "m", [1, 3])
 
 
+def test_resume_keeps_a_shard_whose_header_was_damaged(tmp_path):
+    """A run's shard whose meta_len was damaged after its frames were written (one bit) looks
+    shorter than its header; it is not a torn empty shard (recover would remove it and its
+    records): set aside as NAME.torn, bytes unchanged, its rows written again."""
+    out = tmp_path / "out"
+    with layertap.ShardWriter(str(out), writer_id="gen-0", metadata=shard_meta()) as w:
+        for i in (0, 1):
+            w.submit(str(i), make_tensors(i))
+    with layertap.ShardWriter(str(out), writer_id="gen-1", metadata=shard_meta()) as w:
+        w.submit("2", make_tensors(2))
+    [damaged] = out.glob("gen-1-*.lts")
+    data = bytearray(damaged.read_bytes())
+    data[14] ^= 0x10  # meta_len + 1 MiB, past the end of the file
+    damaged.write_bytes(bytes(data))
+    state = prepare_output(str(out), "m", [1, 2])
+    try:
+        assert state.done.tolist() == [0, 1] and state.set_aside == [str(damaged)]
+    finally:
+        state.release()
+    assert (out / (damaged.name + ".torn")).read_bytes() == bytes(data)
+
+
 def test_resume_refuses_foreign_content(tmp_path):
     out = tmp_path / "out"
     with layertap.ShardWriter(str(out), writer_id="vllm-x", metadata={"source": "layertap.vllm"}) as w:
