@@ -139,13 +139,21 @@ def test_a_shard_whose_meta_len_was_damaged_is_not_removed(tmp_path, backend):
     shutil.copyfile(VECTORS / "none.lts", ds / "w-000000.lts")
     damaged = ds / "w-000001.lts"
     data = bytearray((VECTORS / "none.lts").read_bytes())
-    data[14] ^= 0x10  # meta_len + 1 MiB: a header longer than the file
+    meta_len = int.from_bytes(data[12:16], "little")
+    k = len(data).bit_length()  # one bit of meta_len: a header longer than the file, under 1 MiB
+    data[12 + k // 8] ^= 1 << (k % 8)
+    assert int.from_bytes(data[12:16], "little") == meta_len + 2**k <= 1 << 20
     damaged.write_bytes(bytes(data))
     verify = run_cli("verify", "--backend", backend, ds)
     assert verify.returncode == 1
     assert f"not_a_shard: {damaged}" in verify.stderr and "torn empty shard" not in verify.stderr, verify.stderr
+    said = (
+        f"its header's metadata length ({meta_len + 2**k} bytes) runs past the end of the file: the header was damaged"
+    )
+    assert said in verify.stderr, verify.stderr
     recover = run_cli("recover", "--backend", backend, damaged)
-    assert recover.returncode == 2 and "not a layertap shard" in recover.stderr, recover.stdout + recover.stderr
+    assert recover.returncode == 2 and said in recover.stderr, recover.stdout + recover.stderr
+    assert len(recover.stderr.strip().splitlines()) == 1, recover.stderr
     assert damaged.read_bytes() == bytes(data)
 
 

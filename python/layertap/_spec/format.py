@@ -155,7 +155,12 @@ def decode_file_header(data: bytes, file_len: int) -> FileHeader:
         raise FormatProblem(f"shard metadata of {meta_len} bytes is larger than {MAX_META_LEN}")
     crc_at = FILE_HEADER_FIXED_LEN + meta_len
     if len(data) < crc_at + 4:
-        raise FormatProblem("file ends inside its header")
+        # A file a writer left inside its header is a torn empty shard, which the readers tell
+        # apart before they say this: here the header was damaged or the file cut.
+        raise FormatProblem(
+            f"its header's metadata length ({meta_len} bytes) runs past the end of the file: the header was "
+            "damaged or the file cut (restore the shard from a copy; `layertap recover` leaves it)"
+        )
     if crc32c(data[:crc_at]) != int.from_bytes(data[crc_at : crc_at + 4], "little"):
         raise FormatProblem("header checksum mismatch")
     try:

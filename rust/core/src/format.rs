@@ -208,7 +208,11 @@ impl FileHeader {
         }
         let crc_at = FILE_HEADER_FIXED_LEN + meta_len;
         if bytes.len() < crc_at + 4 {
-            return Err("file ends inside its header".into());
+            // A file a writer left inside its header is a torn empty shard, which the readers
+            // tell apart before they say this: here the header was damaged or the file cut.
+            return Err(format!(
+                "its header's metadata length ({meta_len} bytes) runs past the end of the file: the header was damaged or the file cut (restore the shard from a copy; `layertap recover` leaves it)"
+            ));
         }
         if crc32c(&bytes[..crc_at]) != u32_at(bytes, crc_at) {
             return Err("header checksum mismatch".into());
