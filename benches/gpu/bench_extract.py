@@ -172,21 +172,16 @@ class ReadableCount:
 
 
 def open_look(out: Path) -> dict:
-    """How long one ``layertap.open`` of ``out`` and a count of its records take, and how many
-    of its shards are still open (no trailer: the reader scans them, checking every payload)."""
+    """How long one ``layertap.open`` of ``out`` and a count of its records take, and which of
+    its shards are still open (no trailer: the reader scans them, checking every payload)."""
     import layertap
 
     t = time.perf_counter()
     with layertap.open(out) as ds:
         n = len(ds)
-    seconds = time.perf_counter() - t
-    shards = sorted(out.glob("*.lts"))
-    still_open = []
-    for path in shards:
-        with open(path, "rb") as f:
-            f.seek(max(0, path.stat().st_size - 4))
-            if f.read(4) != b"TAIL":
-                still_open.append((path.name, path.stat().st_size))
+        seconds = time.perf_counter() - t
+        shards = ds.shards
+        still_open = [(os.path.basename(s.path), s.file_bytes) for s in shards if not s.complete]
     return {"seconds": seconds, "records": n, "shards": len(shards), "open_shards": still_open}
 
 
