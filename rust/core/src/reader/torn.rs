@@ -46,15 +46,20 @@ fn holds_a_frame(bytes: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::FileHeader;
+    use crate::format::{crc32c, Codec, FileHeader, FrameHeader, FrameKind};
 
-    #[test]
-    fn prefixes_of_a_header_are_torn_and_nothing_else_is() {
-        let header = FileHeader {
+    /// A file header with 17 bytes of metadata.
+    fn header() -> Vec<u8> {
+        FileHeader {
             shard_id: [3; 16],
             meta_json: r#"{"writer_id":"w"}"#.into(),
         }
-        .encode();
+        .encode()
+    }
+
+    #[test]
+    fn prefixes_of_a_header_are_torn_and_nothing_else_is() {
+        let header = header();
         let crc_end = FILE_HEADER_FIXED_LEN + 17 + 4;
         for cut in 0..crc_end {
             assert!(is_torn_empty(&header[..cut]), "cut at {cut}");
@@ -78,19 +83,15 @@ mod tests {
     fn a_shard_whose_meta_len_grew_is_not_torn_empty() {
         // A header and one frame, then meta_len raised past the file's length: the frame says
         // it is a shard with data, not a header that was never finished.
-        let header = FileHeader {
-            shard_id: [3; 16],
-            meta_json: r#"{"writer_id":"w"}"#.into(),
-        }
-        .encode();
-        let frame = crate::format::FrameHeader {
-            kind: crate::format::FrameKind::Record,
-            codec: crate::format::Codec::None,
+        let header = header();
+        let frame = FrameHeader {
+            kind: FrameKind::Record,
+            codec: Codec::None,
             key: "k".into(),
             stored_len: 8,
             raw_len: 8,
             num_tokens: 0,
-            payload_crc: crate::format::crc32c(&[0; 8]),
+            payload_crc: crc32c(&[0; 8]),
         }
         .encode();
         let mut file = [header.as_slice(), frame.as_slice(), &[0; 8]].concat();
