@@ -172,6 +172,12 @@ def test_every_request_has_exactly_one_record(engine, reference):
     from vllm_support import shutdown
 
     shutdown(engine.llm)
+    # The sockets of vLLM's output thread are its own to close: shutdown waits for the thread
+    # before destroying the context (else libzmq can abort the process, closing one socket from
+    # two threads).
+    client = engine.llm.llm_engine.engine_core
+    assert not client.output_queue_thread.is_alive()
+    assert client.ctx.closed
     with layertap.open(engine.output_dir) as ds:
         assert sorted(ds.keys()) == sorted(engine.expected)
         assert ds.verify().ok

@@ -154,13 +154,11 @@ def _fresh_distributed_state() -> None:
 
 
 def shutdown(llm: Any) -> None:
-    """Shuts an engine down now (vLLM would only do it when the object is collected)."""
-    client = llm.llm_engine.engine_core
-    client.shutdown()
-    # vLLM's client leaves its ZMQ context open; it would warn whenever it is collected.
-    ctx = getattr(client, "ctx", None)
-    if ctx is not None and not ctx.closed:
-        ctx.destroy(linger=0)
+    """Shuts an engine down now (vLLM would only do it when the object is collected), as
+    ``layertap generate`` does."""
+    from layertap.generate.engine import shutdown as shutdown_engine
+
+    shutdown_engine(llm)
 
 
 @contextlib.contextmanager

@@ -27,6 +27,8 @@ from layertap.generate.errors import GenerateError
 from layertap.vllm.config import ConfigError, parse_options
 from layertap.vllm.models import IN_MODEL_ENV_VAR, register_in_model
 
+#: How long ``shutdown`` waits for vLLM's output thread to close its sockets (it does at once).
+OUTPUT_THREAD_SECONDS = 10.0
 #: Requests kept in the engine per ``max_num_seqs``.
 WINDOW_PER_SEQ = 2
 #: A CPU engine's KV cache, when the user sizes none: room for this many sequences of
@@ -272,13 +274,26 @@ def _model_defaults(engine: Any) -> dict:
     return dict(get() or {}) if get else {}
 
 
-def shutdown(llm: Any, timeout: float) -> None:
-    """Stops the engine: the connector writes what it holds and closes its shards."""
+def shutdown(llm: Any, timeout: float | None = None) -> None:
+    """Stops the engine: the connector writes what it holds and closes its shards. ``timeout``:
+    vLLM's for its engine processes (None: its default)."""
     client = llm.llm_engine.engine_core
     try:
         client.shutdown(timeout=timeout)
     except TypeError:  # vLLM versions whose shutdown takes no timeout
         client.shutdown()
-    ctx = getattr(client, "ctx", None)  # vLLM leaves its ZMQ context open (it warns when collected)
+    # vLLM leaves its ZMQ context open (it warns when collected), so it is destroyed here, which
+    # closes the sockets still open. The sync client's output thread closes its own two sockets
+    # once shutdown signals it, and shutdown returns without waiting: a socket closed from this
+    # thread while that thread closes or polls it is what libzmq forbids, and it aborted a run
+    # after its last row (SIGABRT, "Assertion failed: _state == term_ack_sent ||
+    # _state == term_req_sent2 (src/pipe.cpp:355)"). So the thread is waited for first, and a
+    # context whose thread does not end is left to vLLM.
+    thread = getattr(client, "output_queue_thread", None)
+    if thread is not None:
+        thread.join(OUTPUT_THREAD_SECONDS)
+        if thread.is_alive():
+            return
+    ctx = getattr(client, "ctx", None)
     if ctx is not None and not ctx.closed:
         ctx.destroy(linger=0)
