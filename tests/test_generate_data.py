@@ -15,6 +15,7 @@ import pytest
 
 import layertap
 from helpers import cut_footer, make_tensors
+from layertap._spec import format as fmt
 from layertap._spec.format import FILE_MAGIC
 from layertap.generate.data import BadRow, Row, open_rows
 from layertap.generate.errors import GenerateError
@@ -350,6 +351,32 @@ def test_resume_keeps_a_shard_whose_header_was_damaged(tmp_path):
     finally:
         state.release()
     assert (out / (damaged.name + ".torn")).read_bytes() == bytes(data)
+
+
+def _empty_shard(path, meta: dict) -> None:
+    """A complete shard of no records whose metadata is ``meta`` (any JSON object is a shard's
+    metadata to a reader: another tool may write what layertap's writers do not)."""
+    out = bytearray(fmt.encode_file_header(bytes(16), meta))
+    index = fmt.encode_index([])
+    at = len(out)
+    out += fmt.encode_frame_header(fmt.KIND_INDEX, 0, b"", len(index), len(index), 0, fmt.crc32c(index))
+    out += index + bytes(-len(index) % 8) + fmt.encode_trailer(at, 0)
+    path.write_bytes(bytes(out))
+
+
+@pytest.mark.parametrize(
+    "user, problem",
+    [
+        ("not an object", "not written by layertap generate"),
+        ({**shard_meta(), "layer_ids": 5}, r"with layers None, not \[1, 2\]"),
+    ],
+)
+def test_resume_refuses_shard_metadata_of_other_types_with_one_line(tmp_path, user, problem):
+    out = tmp_path / "out"
+    out.mkdir()
+    _empty_shard(out / "gen-0-000000.lts", {"writer_id": "gen-0", "user": user})
+    with pytest.raises(GenerateError, match=problem):
+        prepare_output(str(out), "m", [1, 2])
 
 
 def test_resume_refuses_foreign_content(tmp_path):

@@ -125,7 +125,10 @@ def _set_aside(shard: str, state: OutputState) -> None:
 
 
 def _check_meta(info, model: str, layer_ids: list[int]) -> None:
+    # A shard's metadata is any JSON object to a reader (docs/FORMAT.md): what another tool
+    # wrote may hold other types where layertap's writers put an object and strings.
     user = info.meta.get("user", {})
+    user = user if isinstance(user, dict) else {}
     name = os.path.basename(info.path)
     if user.get("source") != SOURCE:
         raise GenerateError(
@@ -137,7 +140,7 @@ def _check_meta(info, model: str, layer_ids: list[int]) -> None:
         )
     try:
         theirs = json.loads(user.get(LAYER_IDS, "null"))
-    except ValueError:
+    except (TypeError, ValueError):
         theirs = None
     if theirs != sorted(layer_ids):
         raise GenerateError(f"--out holds {name} with layers {theirs}, not {sorted(layer_ids)}; use another --out")
