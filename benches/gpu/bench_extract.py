@@ -197,7 +197,10 @@ class Watch:
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="bench-watch", daemon=True)
-        self.thread.start()
+        # BENCH_WATCH=0: no looks while generate runs (the looks after it check everything), to
+        # see what the thread costs the front end it shares a process with.
+        if os.environ.get("BENCH_WATCH", "1") != "0":
+            self.thread.start()
 
     def _run(self) -> None:
         while not self.stop.wait(0.05):
@@ -210,7 +213,8 @@ class Watch:
 
     def close(self) -> None:
         self.stop.set()
-        self.thread.join()
+        if self.thread.is_alive():
+            self.thread.join()
 
 
 def upstream_count(out: Path, seen: set[str]) -> int:
