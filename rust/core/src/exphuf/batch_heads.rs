@@ -4,8 +4,8 @@
 //! host is here, in flat arrays it uploads as they are: each record's tensors and where their
 //! data will be, every block's code-length tables (checked: a prefix code each) and context
 //! map, and one row per stream (a lane of its kernels) with the stream's bit range in the
-//! device buffer. The checks are the core decoder's (the same [`Head::parse`](block::Head),
-//! [`parse_lengths`](block::parse_lengths), [`check_lengths`](huffman::check_lengths), stream
+//! device buffer. The checks are the core decoder's (the same `block::Head::parse`,
+//! `block::parse_lengths`, [`check_lengths`](huffman::check_lengths), stream
 //! and plane bounds, in the same order); what a stream holds is the kernels' to check.
 //!
 //! A batch of 64 records of a small model (`[256, 7, 384]` bf16) is parsed in well under a

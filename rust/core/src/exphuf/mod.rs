@@ -7,8 +7,8 @@
 //! unchanged: in activations the exponent holds nearly all the redundancy, and the mantissa
 //! bits are close to random, so no match finding is spent on them. The code table is chosen by
 //! the same channel's element one row back, which predicts sign and exponent. Two layouts:
-//! mode 1 in element order, codes and raw bits together ([`block`], what the GPU encoder
-//! writes), and mode 2 by column, the raw bits in a plane of their own ([`column`], what the
+//! mode 1 in element order, codes and raw bits together (`block.rs`, what the GPU encoder
+//! writes), and mode 2 by column, the raw bits in a plane of their own (`column.rs`, what the
 //! writer writes, which decodes several codes a lookup).
 
 pub mod batch_heads;
