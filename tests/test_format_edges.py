@@ -216,6 +216,26 @@ def test_keys_outside_the_writers_rule_are_read_like_any_other(tmp_path, backend
         assert report.ok and report.records_ok == 4
 
 
+def test_a_corrupt_records_message_quotes_its_key_as_json_in_both_readers(tmp_path):
+    """Both readers word a corrupt record alike, its key a JSON string (a control character as
+    \\u0001), and verify's problem leaves out what the problem names anyway (path, offset, key)."""
+    path = tmp_path / "s.lts"
+    _shard(path, [_record("a\x01b")])
+    data = bytearray(path.read_bytes())
+    data[data.index(I64)] ^= 1  # the tensor's bytes: the payload's checksum no longer matches
+    path.write_bytes(bytes(data))
+    messages = {}
+    for backend in BACKENDS:
+        with layertap.open(str(path), backend=backend) as ds:
+            with pytest.raises(CorruptRecordError) as raised:
+                ds["a\x01b"]
+            messages[backend] = str(raised.value)
+            [problem] = ds.verify().problems
+            assert problem.key == "a\x01b" and problem.message.startswith("payload checksum mismatch"), problem
+    assert messages["rust"] == messages["python"]
+    assert '(key "a\\u0001b"): payload checksum mismatch' in messages["rust"]
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_an_index_entry_that_points_to_another_frame_makes_its_record_corrupt(tmp_path, backend):
     # The index lists one record: a's fields, at b's frame (a valid index otherwise).

@@ -7,6 +7,8 @@ the details as attributes, not only in its message.
 
 from __future__ import annotations
 
+import json
+
 
 class LayertapError(Exception):
     """Base class of every layertap error."""
@@ -58,6 +60,20 @@ class CorruptRecordError(FormatError):
         super().__init__(message, path)
         self.offset = offset
         self.key = key
+
+    @classmethod
+    def at(cls, path: str, offset: int, key: str | None, reason: str) -> CorruptRecordError:
+        """The readers' one message for a corrupt record, whichever reader or path found it:
+        ``PATH: corrupt record at offset N (key "K"): REASON``, the key as ``quote_key`` writes it
+        (None: a frame header that could not be read, no key part), as the Rust core words it."""
+        where = "" if key is None else f" (key {quote_key(key)})"
+        return cls(f"{path}: corrupt record at offset {offset}{where}: {reason}", path, offset, key)
+
+
+def quote_key(key: str) -> str:
+    """A record key in a message: a JSON string (control characters escaped, other characters
+    as they are), as the Rust core quotes keys (``error.rs``)."""
+    return json.dumps(key, ensure_ascii=False)
 
 
 class CodecError(LayertapError):

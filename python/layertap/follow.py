@@ -20,7 +20,6 @@ report writes made on another machine).
 from __future__ import annotations
 
 import errno
-import json
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -260,13 +259,7 @@ class ShardTail:
 
     def _corrupt_error(self, e: IndexEntry, reason: str) -> CorruptRecordError:
         # The words of the readers' errors, so that messages do not depend on who found it.
-        key = f" (key {json.dumps(e.key, ensure_ascii=False)})" if e.key else ""
-        return CorruptRecordError(
-            f"{self.path}: corrupt record at offset {e.frame_offset}{key}: {reason}",
-            self.path,
-            e.frame_offset,
-            e.key or None,
-        )
+        return CorruptRecordError.at(self.path, e.frame_offset, e.key, reason)
 
     def _pread(self, offset: int, n: int) -> bytes:
         return pread_fully(self._fd, offset, n)

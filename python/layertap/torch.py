@@ -383,12 +383,7 @@ def _decode_device(decode_on: str | None) -> str | None:
 
 
 def _corrupt(path: str, entry: Any, reason: str) -> CorruptRecordError:
-    return CorruptRecordError(
-        f"{path}: corrupt record at offset {entry.frame_offset} (key {json.dumps(entry.key, ensure_ascii=False)}): {reason}",
-        path,
-        entry.frame_offset,
-        entry.key,
-    )
+    return CorruptRecordError.at(path, entry.frame_offset, entry.key, reason)
 
 
 def _taken(results: list, n: int) -> Any:

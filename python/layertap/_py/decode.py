@@ -6,7 +6,6 @@ production path decodes through the Rust core (``layertap._native.decode_record`
 
 from __future__ import annotations
 
-import json
 import os
 from typing import NamedTuple
 
@@ -45,10 +44,7 @@ def decode_stored(
     try:
         return decode_record(stored, key=key, codec=codec, raw_len=raw_len, payload_crc=payload_crc)
     except FormatProblem as problem:
-        quoted = json.dumps(key, ensure_ascii=False)
-        raise CorruptRecordError(
-            f"{path}: corrupt record at offset {offset} (key {quoted}): {problem}", path, offset, key
-        ) from None
+        raise CorruptRecordError.at(path, offset, key, str(problem)) from None
 
 
 def read_stored(
@@ -73,13 +69,7 @@ def read_stored(
         if own != fd:
             os.close(own)
     if got != stored_len:
-        quoted = json.dumps(key, ensure_ascii=False)
-        raise CorruptRecordError(
-            f"{path}: corrupt record at offset {offset} (key {quoted}): payload is cut off by the end of the file",
-            path,
-            offset,
-            key,
-        )
+        raise CorruptRecordError.at(path, offset, key, "payload is cut off by the end of the file")
     return decode_stored(
         stored, key=key, codec=codec, raw_len=raw_len, payload_crc=payload_crc, path=path, offset=offset
     )

@@ -7,7 +7,6 @@ there when it was opened is what the reader sees.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 
@@ -26,11 +25,6 @@ from layertap._spec.format import (
 from layertap._spec.lock import is_locked
 from layertap._types import IndexEntry, Problem, ProblemKind
 from layertap.errors import CorruptRecordError, FormatError, LayertapError
-
-
-def _quoted(key: str) -> str:
-    """A key in double quotes, as the Rust core quotes it in its messages."""
-    return json.dumps(key, ensure_ascii=False)
 
 
 class PyShardReader:
@@ -153,12 +147,7 @@ class PyShardReader:
     # -- records ------------------------------------------------------------------------------
 
     def _corrupt(self, e: RawEntry, reason: str) -> CorruptRecordError:
-        return CorruptRecordError(
-            f"{self.path}: corrupt record at offset {e.frame_offset} (key {_quoted(e.key)}): {reason}",
-            self.path,
-            e.frame_offset,
-            e.key,
-        )
+        return CorruptRecordError.at(self.path, e.frame_offset, e.key, reason)
 
     def read(self, i: int, verify: bool = True):
         """``(metadata, [(name, dtype, shape, buffer)])`` of record ``i``; the tensors in the

@@ -14,13 +14,11 @@ a dataset whose writer list could not be read absent.
 
 from __future__ import annotations
 
-import json
-
 from layertap._cursor import pread_fully
 from layertap._decoder import RecordDecoder, record_decoder
 from layertap._spec.format import CODECS, FormatProblem, crc32c, decode_frame_header
 from layertap._types import IndexEntry, Problem
-from layertap.errors import CorruptRecordError, FormatError, RecordMissingError
+from layertap.errors import CorruptRecordError, FormatError, RecordMissingError, quote_key
 from layertap.mooncake.address import StoreAddress
 from layertap.mooncake.client import StoreClient
 from layertap.mooncake.layout import (
@@ -98,10 +96,9 @@ def read_object(
     # 11 MB less to copy (and to fault in) per 11 MB record (benches/RESULTS.md, "fetch").
     name = record_name(address.prefix, key)
     obj = client.get_view(name) if decode.owns_output else client.get(name)
-    quoted = json.dumps(key, ensure_ascii=False)
     if obj is None:
         raise RecordMissingError(
-            f"{path}: record {quoted} is not in the store (evicted, lost with the node that held it, or never put)",
+            f"{path}: record {quote_key(key)} is not in the store (evicted, lost with the node that held it, or never put)",
             path,
             offset,
             key,
@@ -109,9 +106,7 @@ def read_object(
     try:
         entry, payload = check_frame(obj, key, want, path)
     except FormatProblem as problem:
-        raise CorruptRecordError(
-            f"{path}: corrupt record at offset {offset} (key {quoted}): {problem}", path, offset, key
-        ) from None
+        raise CorruptRecordError.at(path, offset, key, str(problem)) from None
     return decode.decode(
         payload,
         key=key,
@@ -167,13 +162,11 @@ class StoreShard:
         e = self._store_entries[i]
         obj = self.client.get(record_name(self.address.prefix, e.key))
         if obj is None:
-            raise RecordMissingError(f"{self.path}: record {e.key!r} is not in the store", self.path, i, e.key)
+            raise RecordMissingError(f"{self.path}: record {quote_key(e.key)} is not in the store", self.path, i, e.key)
         try:
             check_intact_frame(obj, e.key, e, self.path)
         except FormatProblem as problem:
-            raise CorruptRecordError(
-                f"{self.path}: corrupt record at offset {i} (key {e.key!r}): {problem}", self.path, i, e.key
-            ) from None
+            raise CorruptRecordError.at(self.path, i, e.key, str(problem)) from None
         return obj
 
     def close(self) -> None:

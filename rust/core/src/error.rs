@@ -5,6 +5,13 @@
 
 use std::path::PathBuf;
 
+/// A record key in a message: a JSON string (control characters escaped, other characters as
+/// they are), as the Python readers quote keys (`layertap.errors.quote_key`), so that a message
+/// reads the same whichever reader wrote it. Rust's `{:?}` escapes differently (`\u{1}`).
+pub fn quote_key(key: &str) -> String {
+    serde_json::to_string(key).expect("a str always serializes")
+}
+
 /// Everything that can go wrong in layertap's core.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -23,7 +30,10 @@ pub enum Error {
     },
 
     /// A key was submitted twice to the same writer.
-    #[error("duplicate key {key:?}: this writer already wrote a record with this key")]
+    #[error(
+        "duplicate key {}: this writer already wrote a record with this key",
+        quote_key(key)
+    )]
     DuplicateKey {
         /// The repeated key.
         key: String,
@@ -39,7 +49,7 @@ pub enum Error {
     },
 
     /// A record failed its checksum or could not be decoded.
-    #[error("{path}: corrupt record at offset {offset}{}: {reason}", key.as_ref().map(|k| format!(" (key {k:?})")).unwrap_or_default())]
+    #[error("{path}: corrupt record at offset {offset}{}: {reason}", key.as_ref().map(|k| format!(" (key {})", quote_key(k))).unwrap_or_default())]
     CorruptRecord {
         /// The shard holding it.
         path: PathBuf,
@@ -219,3 +229,23 @@ fn file_name(path: &std::path::Path) -> String {
 
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_quoted_as_json_in_messages() {
+        assert_eq!(quote_key("a\u{1}b\"é\n"), r#""a\u0001b\"é\n""#);
+        let e = Error::CorruptRecord {
+            path: "s.lts".into(),
+            offset: 32,
+            key: Some("k\u{7}".into()),
+            reason: "payload checksum mismatch".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            r#"s.lts: corrupt record at offset 32 (key "k\u0007"): payload checksum mismatch"#
+        );
+    }
+}
