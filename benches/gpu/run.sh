@@ -24,6 +24,8 @@
 #   +gpu    compress_on="gpu": exp-huf encoded on the GPU before the copy (issue 21)
 #   +prof   py-spy the engine core over each case's window, native stacks (BENCH_PROFILE
 #           sets the kind: native or python)
+#   +load<N> N busy processes (a Python loop each) beside the engine for the mode's run: does
+#           load alone on the host's other cores slow the engine thread as the writer's does?
 #   +<word> a label only (a second round: +r2)
 # e.g. run.sh 1b,short,decode R none+prof layertap-rust-bp16+prof layertap-rust-bp16+t4
 # BENCH_EXTRA (a JSON object of more connector options) and BENCH_TAG apply to every mode;
@@ -39,7 +41,7 @@ scratch=${SCRATCH:-/var/tmp/layertap-bench}
 mkdir -p "$results" "$scratch"
 for spec in "${modes[@]}"; do
   IFS=+ read -r -a parts <<< "$spec"
-  m=${parts[0]} extra=${BENCH_EXTRA:-{\}} profile=off pypath=${PYTHONPATH:-} tag=${BENCH_TAG:-} pin=0
+  m=${parts[0]} extra=${BENCH_EXTRA:-{\}} profile=off pypath=${PYTHONPATH:-} tag=${BENCH_TAG:-} pin=0 load=0
   for v in "${parts[@]:1}"; do
     case $v in
       t[0-9]*) extra=$(python3 -c "import json,sys; d=json.loads(sys.argv[1]); d['writer_threads']=int(sys.argv[2]); print(json.dumps(d))" "$extra" "${v#t}") ;;
@@ -49,16 +51,20 @@ for spec in "${modes[@]}"; do
       raw) extra=$(python3 -c "import json,sys; d=json.loads(sys.argv[1]); d['codec']='none'; print(json.dumps(d))" "$extra") ;;
       exphuf) extra=$(python3 -c "import json,sys; d=json.loads(sys.argv[1]); d['codec']='exp-huf'; print(json.dumps(d))" "$extra") ;;
       gpu) extra=$(python3 -c "import json,sys; d=json.loads(sys.argv[1]); d.update(codec='exp-huf', compress_on='gpu'); print(json.dumps(d))" "$extra") ;;
+      load[0-9]*) load=${v#load} ;;
       aff) pin=$(python3 -c "import json,os,sys; print(json.loads(sys.argv[1]).get('writer_threads') or max(4, min(16, len(os.sched_getaffinity(0)) // 2)))" "$extra") ;;
     esac
     tag=${tag:+$tag-}$v
   done
   name=${cases//,/+}-$m${tag:+-$tag}
   echo "== $name $(date -u +%T)"
+  busy=()
+  for _ in $(seq 1 "$load"); do python3 -c 'while True: pass' & busy+=($!); done
   # shellcheck disable=SC2086
   PYTHONPATH=$pypath python3 "$here/bench_extract.py" --mode "$m" --cases "$cases" --results "$results" --out "$scratch/out" \
     --extra "$extra" --tag "$tag" --profile "$profile" --pin-writer "$pin" ${BENCH_ARGS:-} > "$results/$name.log" 2>&1
   echo "rc=$? $(grep -a -e '^[a-z0-9]*: [0-9,]* tok/s' "$results/$name.log" | tr '\n' ' ' | cut -c1-400)"
+  [ ${#busy[@]} -eq 0 ] || kill "${busy[@]}"
   grep -a -e 'Error' -e 'Traceback' "$results/$name.log" | grep -v 'skip_tokenizer_init' | tail -n 3 | cut -c1-300
   # Which CUDA graphs the engine captured (vLLM's method holds it to PIECEWISE).
   echo "graphs: $(grep -ao 'Capturing CUDA graphs ([^)]*)' "$results/$name.log" | sort -u | tr '\n' ' ')"
