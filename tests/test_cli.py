@@ -228,6 +228,33 @@ def test_usage_error_exits_2():
     assert proc.returncode == 2 and "usage:" in proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "want"),
+    [
+        (
+            ["generate", "MODEL", "--data", "d.jsonl", "--out", "hs/", "--layres", "1,2"],
+            "layertap generate: unrecognized argument: --layres (did you mean --layers?); see layertap generate --help",
+        ),
+        (
+            ["generate", "MODEL", "--data", "d.jsonl", "--out", "hs/", "--max-rows", "3"],
+            "layertap generate: unrecognized argument: --max-rows; see layertap generate --help",
+        ),
+        (
+            ["verify", "hs/", "--quite"],
+            "layertap verify: unrecognized argument: --quite (did you mean --quiet?); see layertap verify --help",
+        ),
+    ],
+)
+def test_a_misspelled_option_is_one_line_naming_the_subcommand(args, want):
+    """A new user's typo got argparse's usage of the top-level ``layertap`` (not of the subcommand)
+    and 'layertap: error: unrecognized arguments: --layres 1,2', three lines without the option
+    meant. Now one line: the subcommand, the unknown option (its value left out), the closest
+    option of that subcommand when one is close, and where the options are listed."""
+    proc = run_cli(*args)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == want
+
+
 def test_verify_progress_bar(dataset):
     proc = run_cli("verify", "--progress", dataset)
     assert proc.returncode == 0

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import layertap
-from helpers import cut_footer, make_tensors
+from helpers import Holder, cut_footer, make_tensors
 from layertap._spec import format as fmt
 from layertap._spec.format import FILE_MAGIC
 from layertap.generate.data import BadRow, Row, open_rows
@@ -416,6 +416,39 @@ def test_resume_refuses_foreign_content(tmp_path):
     finally:
         resume.LOCK_WAIT_SECONDS = old
         os.close(fd)
+
+
+HOLD_AS_VLLM_WORKER = (
+    "import fcntl, sys, setproctitle\n"
+    "setproctitle.setproctitle('VLLM::Worker')\n"  # as vLLM names its worker process
+    "f = open(sys.argv[1], 'rb')\n"
+    "fcntl.flock(f, fcntl.LOCK_EX)\n"
+    "print('locked', flush=True)\n"
+    "sys.stdin.readline()\n"
+)
+
+
+def test_a_held_shard_names_the_process_that_holds_it(tmp_path, monkeypatch):
+    """After ``kill -9`` of the command alone, vLLM's engine processes go on (vLLM 0.32 does not
+    watch its parent) and hold the shard; the rerun said "is a process of an earlier run still
+    running? Stop it" without saying which. It names the holder and the kill that frees it."""
+    import layertap.generate.resume as resume
+
+    held = tmp_path / "held"
+    with layertap.ShardWriter(str(held), writer_id="gen-0", metadata=shard_meta()) as w:
+        w.submit("0", make_tensors(0))
+    [shard] = held.glob("*.lts")
+    cut_footer(shard)
+    monkeypatch.setattr(resume, "LOCK_WAIT_SECONDS", 0.3)
+    with Holder(HOLD_AS_VLLM_WORKER, str(shard)) as holder:
+        assert holder.ready == "locked"
+        pid = holder.proc.pid
+        with pytest.raises(GenerateError) as e:
+            prepare_output(str(held), "m", [1, 2])
+    assert str(e.value) == (
+        f"{shard}: a live writer holds this shard (process {pid} VLLM::Worker); is a process of an earlier "
+        f"run still running? Stop it (kill {pid}), then run again"
+    )
 
 
 def test_optional_packages_missing(tmp_path, monkeypatch):

@@ -10,11 +10,14 @@ import inspect
 import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import layertap
+from helpers import subprocess_env
 from layertap.cli import build_parser
 from layertap.cli import main as layertap_cli
 from layertap.generate import GenerateError, GenerateOptions
@@ -161,3 +164,42 @@ def test_window_values():
     ]:
         with pytest.raises(GenerateError, match=why):
             check_window(bad, reduction)
+
+
+UNGUARDED_SCRIPT = """
+import multiprocessing, sys
+import layertap
+
+if __name__ == "__main__":
+    # vLLM starts its engine process so (spawn): the child imports this script again.
+    child = multiprocessing.get_context("spawn").Process(target=print)
+    child.start()
+    child.join()
+    sys.exit(child.exitcode)
+
+# What docs/GENERATE.md's example did, written at a script's top level: in the spawned child this
+# line runs again, while the child imports the script.
+try:
+    layertap.generate("MODEL", "missing.jsonl", "hs/")
+except layertap.generate.GenerateError as e:
+    print(e)
+    sys.exit(3)
+"""
+
+
+def test_a_call_in_a_spawned_processs_import_of_the_script_says_to_guard_it(tmp_path):
+    """A user's script calling ``layertap.generate`` at its top level, as the docs' example was
+    written: vLLM starts its engine core with spawn, which imports the script again, so the call
+    ran a second time in that process and failed with "another layertap generate is writing into
+    this directory" (the first call's lock), and the first call with vLLM's "Engine core
+    initialization failed". The second call now says what is wrong, before anything else."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED_SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=subprocess_env()
+    )
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout.strip() == (
+        "layertap.generate was called while a process that multiprocessing started (vLLM's engine) imported "
+        f'{script} again: call it under `if __name__ == "__main__":`'
+    )

@@ -175,6 +175,39 @@ def test_the_start_error_reads_this_runs_part_of_the_log(tmp_path):
     )  # hence the offset
 
 
+def test_the_start_error_of_a_setting_vllm_refuses_names_the_setting():
+    """vLLM checks its configuration with pydantic while ``LLM(...)`` starts, in this process:
+    ``--max-len 100000`` for a model of 4096 positions ended with "vLLM's engine did not start:
+    ValidationError: 1 validation error for ModelConfig", the first line of pydantic's message,
+    which names no setting; what vLLM refused is on the next line."""
+    import pydantic
+
+    from layertap.generate import vllm_log
+
+    refusal = "User-specified max_model_len (100001) is greater than the derived max_model_len (4096)"
+
+    class ModelConfig(pydantic.BaseModel):
+        max_model_len: int = 0
+
+        @pydantic.model_validator(mode="after")
+        def check(self):
+            if self.max_model_len > 4096:
+                raise ValueError(refusal)
+            return self
+
+    lines = []
+    for given in (100001, "many"):
+        try:
+            ModelConfig(max_model_len=given)
+        except pydantic.ValidationError as e:
+            lines.append(vllm_log.start_error(e))
+    assert lines == [
+        f"ValidationError: ModelConfig: {refusal}",
+        "ValidationError: ModelConfig: max_model_len: Input should be a valid integer, unable to parse string as an "
+        "integer",
+    ]
+
+
 def test_the_engine_output_relay_ends_with_its_run_and_keeps_the_last_lines(capfd):
     """Each engine run sets up a relay of its processes' stderr (a pipe, a dup of stderr, a
     thread); a user calling ``layertap.generate`` in a loop must get all of it back each time,

@@ -124,6 +124,31 @@ def test_ctrl_c_then_the_documented_command_resumes(tiny_model, tmp_path, capfd,
         assert sorted(ds.keys(), key=int) == [str(i) for i in range(len(rows))] and ds.verify().ok
 
 
+@pytest.mark.timeout(600)
+def test_sigterm_stops_the_engine_as_ctrl_c_does(tiny_model, tmp_path):
+    """SIGTERM to the command alone (``kill PID``, ``timeout``, a job scheduler): it ended the
+    command at once (exit 143, no summary), and vLLM's engine processes went on, holding the
+    shard they wrote, so that the same command stopped on "a live writer holds this shard". Now
+    the run stops its engine as on Ctrl-C: the interrupted line, the summary, exit 143, every
+    shard complete and held by no process."""
+    from layertap.generate.holders import flock_holders
+
+    data = write_jsonl(tmp_path / "ids.jsonl", id_rows(800, 100, 200, seed=12))
+    out = tmp_path / "out"
+    child = Child(generate_cmd(tiny_model, data, str(out), "--progress-interval", "0.2"), multiprocessing=True)
+    line = child.wait_for(lambda s: (m := PROGRESS.match(s)) and m[1] != "0" and " 0 B written" not in s, 300)
+    assert line is not None, f"no record written before the run ended:\n{child.stderr[-3000:]}"
+    child.proc.send_signal(signal.SIGTERM)  # the command's process only, not its group
+    assert child.finish(timeout=300) == 128 + signal.SIGTERM, child.stderr
+    said = not_progress(child.lines)  # vLLM's start-up errors of this machine's triton may come first
+    assert said[-1] == "layertap generate: interrupted; run the same command again to resume", child.stderr
+    assert "Traceback" not in child.stderr, child.stderr
+    assert "rows written this run" in child.stdout.decode(), child.stdout
+    with layertap.open(str(out)) as ds:
+        assert ds.shards and all(s.complete for s in ds.shards), ds.shards
+        assert not [s.path for s in ds.shards if flock_holders(s.path)]
+
+
 def test_a_context_no_cpu_cache_can_hold_is_refused_before_the_engine(tiny_model, tmp_path):
     """On a CPU, without a KV cache size of the user's: a --max-len for which two sequences need
     more than 90% of the memory free is refused, naming --max-len, before any engine starts."""

@@ -15,6 +15,7 @@ head``), quietly, as for any Unix tool ended by SIGPIPE.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 
@@ -63,7 +64,11 @@ def _closed_pipe() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the command line; returns the exit status."""
-    args = build_parser(deferred=True).parse_args(argv)
+    parser = build_parser(deferred=True)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        print(_unrecognized(parser, args.command, unknown), file=sys.stderr)
+        return 2
     try:
         status = args.func(args)
         sys.stdout.flush()  # here, where a closed pipe can still be caught
@@ -77,6 +82,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _unrecognized(parser: argparse.ArgumentParser, command: str, unknown: list[str]) -> str:
+    """The line for arguments ``command`` does not take. argparse's own error printed the usage
+    of the top-level ``layertap`` (the subcommand leaves unknown arguments to its parent) and
+    named none of the subcommand's options; this names the unknown options (without the values
+    that followed them), the closest option of the subcommand for a misspelling, and --help."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    known = [s for action in sub._actions for s in action.option_strings if s.startswith("--")]
+    options = [u.split("=", 1)[0] for u in unknown if u.startswith("-") and not u.lstrip("-")[:1].isdigit()]
+    named = options or unknown
+    close = difflib.get_close_matches(options[0], known, n=1, cutoff=0.8) if options else []
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    plural = "s" if len(named) > 1 else ""
+    return f"layertap {command}: unrecognized argument{plural}: {' '.join(named)}{hint}; see layertap {command} --help"
 
 
 __all__ = ["CLOSED_PIPE_STATUS", "SUBCOMMANDS", "build_parser", "main"]

@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import sys
 import traceback
 
@@ -75,6 +76,16 @@ def run(args: argparse.Namespace) -> int:
     vllm_log.configure(args.verbose)  # before vLLM is imported (a run imports it)
     log = vllm_log.log_file  # where to look, named in the lines of a failed run (when it exists)
 
+    terminated = []
+
+    def stop_as_on_ctrl_c(signum, frame):
+        # SIGTERM (kill PID, timeout, a job scheduler) ended the process at once: vLLM 0.32's
+        # engine processes, which watch nothing of it, went on holding the shard (as after kill
+        # -9). Ctrl-C's path stops the engine and prints the summary; here it does the same.
+        terminated.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop_as_on_ctrl_c)
     try:
         summary = generate(from_namespace(args))
     except GenerateError as e:
@@ -85,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         summary = getattr(e, "summary", None)  # GenerateInterrupted: the engine stopped, its records read back
         if summary is not None:
             print(json.dumps(summary, indent=2) if args.json else summary_text(summary))
-        return 130
+        return 128 + terminated[0] if terminated else 130
     except EngineStartError as e:
         if not vllm_log.write_traceback():  # into vLLM's log, beside vLLM's own, when there is one
             traceback.print_exc()
@@ -107,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:

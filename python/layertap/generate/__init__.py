@@ -12,7 +12,8 @@ every input checked, then the engine over the rows not done); and what a run is 
 engines are given), ``data``
 (reading rows), ``render`` (rows to token ids), ``model`` (the model's facts and layer ids),
 ``capture`` (what vLLM can record of the model, checked before it is imported; ``vllm_source``
-reads vLLM's model classes from its source), ``resume`` (what the output directory holds; ``repair``, its damaged records),
+reads vLLM's model classes from its source), ``resume`` (what the output directory holds; ``repair``, its damaged records; ``holders``, the
+processes that hold a shard),
 ``engine`` (the vLLM loop), ``progress``, ``summary``, ``vllm_log`` (where vLLM's log goes). The
 command line is ``layertap.cli.generate``. vLLM and transformers are imported only when a run
 starts, after the checks that need neither.
@@ -54,12 +55,38 @@ def generate(*args: Any, **options: Any) -> Summary:
 
     ``out`` must not be a file, nor a directory that holds files no layertap dataset holds
     unless ``allow_other_files`` (``--allow-other-files``): GenerateError, before anything else."""
+    _refuse_in_a_spawned_import()
     given = args[0] if len(args) == 1 and not options else None
     return _generate(given if isinstance(given, GenerateOptions) else GenerateOptions(*args, **options))
 
 
 # help() and editors show the options' names and defaults, as if written out here.
 __signature__ = generate.__signature__ = inspect.signature(GenerateOptions).replace(return_annotation="Summary")  # type: ignore[attr-defined]
+
+
+#: multiprocessing.spawn's functions that import the parent's main module in a child, and the
+#: name of their argument that names it.
+_SPAWN_IMPORTS = {"_fixup_main_from_path": "main_path", "_fixup_main_from_name": "mod_name"}
+
+
+def _refuse_in_a_spawned_import() -> None:
+    """A script that calls generate at its top level, without ``if __name__ == "__main__":``,
+    calls it again in vLLM's engine process: vLLM starts it with spawn, which imports the script
+    (``multiprocessing.spawn``'s ``_fixup_main_from_path``) before the engine runs. That second
+    call would fail on the first one's lock, and the first with vLLM's "Engine core
+    initialization failed", neither naming the cause; this says it. Only during that import: a
+    process of the user's own, spawned, may call generate from its target."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        argument = _SPAWN_IMPORTS.get(code.co_name)  # the script's path, or its module (python -m)
+        if argument is not None and code.co_filename.endswith("spawn.py"):
+            script = frame.f_locals.get(argument, "the script")
+            raise GenerateError(
+                "layertap.generate was called while a process that multiprocessing started (vLLM's engine) "
+                f'imported {script} again: call it under `if __name__ == "__main__":`'
+            )
+        frame = frame.f_back
 
 
 def _generate(o: GenerateOptions) -> Summary:

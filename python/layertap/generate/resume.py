@@ -36,6 +36,7 @@ from layertap._spec.record import LAYER_IDS
 from layertap._types import Problem
 from layertap.errors import FormatError, ShardLockedError
 from layertap.generate.errors import GenerateError
+from layertap.generate.holders import describe_holders
 from layertap.generate.repair import damaged_records, reindex_without_damaged, remove_stale_copies
 from layertap.generate.vllm_log import LOG_NAME
 from layertap.parts import MANIFEST_NAME
@@ -109,9 +110,12 @@ def recover_shard(shard: str) -> bool:
             return not recover(shard).removed
         except ShardLockedError:
             if time.monotonic() > deadline:
+                holders, pids = describe_holders(shard)
+                held_by = f" ({holders})" if holders else ""
+                kill = f" (kill {' '.join(map(str, pids))})" if pids else ""
                 raise GenerateError(
-                    f"{shard}: a live writer holds this shard; is a process of an earlier run still "
-                    "running? Stop it, then run again"
+                    f"{shard}: a live writer holds this shard{held_by}; is a process of an earlier run still "
+                    f"running? Stop it{kill}, then run again"
                 ) from None
             time.sleep(0.2)
 

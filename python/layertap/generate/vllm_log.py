@@ -316,8 +316,29 @@ def start_error(e: BaseException) -> str:
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
+    text = _validation_errors(e) or str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _validation_errors(e: BaseException) -> list[str]:
+    """A pydantic ``ValidationError``'s errors as one line ("ModelConfig: User-specified
+    max_model_len (100001) is greater than ..."), in a list; [] for any other exception. vLLM's
+    configurations are pydantic dataclasses, whose error's first line says only "1 validation
+    error for ModelConfig": what it refuses is on the next lines. Duck-typed: pydantic is vLLM's."""
+    errors, title = getattr(e, "errors", None), getattr(e, "title", None)
+    if not callable(errors) or not isinstance(title, str):
+        return []
+    try:
+        found = errors(include_url=False)
+    except Exception:  # not pydantic's after all
+        return []
+    parts = []
+    for error in found:
+        message = str(error.get("msg", "")).strip().splitlines() or [""]
+        message = message[0].removeprefix("Value error, ")
+        where = ".".join(str(part) for part in error.get("loc", ()))
+        parts.append(f"{where}: {message}" if where else message)
+    return [f"{title}: {'; '.join(parts)}"] if parts else []
 
 
 #: What ``EngineOutput.close`` writes after the output of the stopped processes.
