@@ -27,8 +27,11 @@ from layertap.generate.errors import GenerateError
 from layertap.vllm.config import ConfigError, parse_options
 from layertap.vllm.models import IN_MODEL_ENV_VAR, register_in_model
 
-#: How long ``shutdown`` waits for vLLM's output thread to close its sockets (it does at once).
-OUTPUT_THREAD_SECONDS = 10.0
+#: How long ``shutdown`` waits for vLLM's output thread to close its sockets: it does within
+#: milliseconds of vLLM's shutdown signalling it, but a shutdown that an interrupt cut short
+#: (Ctrl-C or SIGTERM as the engine stopped) never signals it, and the second call does nothing
+#: (vLLM's finalizer is gone): the whole wait is then spent, and the context left to vLLM.
+OUTPUT_THREAD_SECONDS = 2.0
 #: Requests kept in the engine per ``max_num_seqs``.
 WINDOW_PER_SEQ = 2
 #: A CPU engine's KV cache, when the user sizes none: room for this many sequences of
