@@ -157,6 +157,13 @@ class Child:
                     continue
                 self._cond.wait(0.1)
 
+    def outputs_closed(self, timeout: float) -> bool:
+        """Whether every process holding the child's stdout and stderr has ended (its engine's
+        processes inherit them) within ``timeout`` s: the readers see their ends."""
+        for t in self._threads:
+            t.join(timeout)
+        return not any(t.is_alive() for t in self._threads)
+
     def finish(self, timeout: float) -> int:
         rc = self.proc.wait(timeout)
         for t in self._threads:

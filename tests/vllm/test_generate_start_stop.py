@@ -7,6 +7,7 @@ the same command resumes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -147,6 +148,35 @@ def test_sigterm_stops_the_engine_as_ctrl_c_does(tiny_model, tmp_path):
     with layertap.open(str(out)) as ds:
         assert ds.shards and all(s.complete for s in ds.shards), ds.shards
         assert not [s.path for s in ds.shards if flock_holders(s.path)]
+
+
+@pytest.mark.timeout(600)
+def test_sigkill_of_the_command_alone_stops_its_engine(tiny_model, tmp_path):
+    """``kill -9`` of the command alone, not its process group (the kernel's OOM killer does the
+    same): vLLM 0.32's engine processes do not stop with the process that started them, and went
+    on holding the shard their writer had open. The connector's watch in the engine core
+    (``vllm/parent_watch.py``) stops them: they end, and every shard is complete and held by no
+    process, so the same command can resume at once."""
+    from layertap.generate.holders import flock_holders
+
+    data = write_jsonl(tmp_path / "ids.jsonl", id_rows(800, 100, 200, seed=13))
+    out = tmp_path / "out"
+    child = Child(generate_cmd(tiny_model, data, str(out), "--progress-interval", "0.2"), multiprocessing=True)
+    try:
+        line = child.wait_for(lambda s: (m := PROGRESS.match(s)) and m[1] != "0" and " 0 B written" not in s, 300)
+        assert line is not None, f"no record written before the run ended:\n{child.stderr[-3000:]}"
+        child.proc.kill()  # the command's process only
+        assert child.proc.wait(60) == -signal.SIGKILL
+        # The engine's processes hold the command's stdout and stderr while they run.
+        assert child.outputs_closed(240), "the engine's processes outlived the command"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.proc.pid, signal.SIGKILL)  # what is left of the group, if the watch failed
+        child.finish(timeout=60)
+    with layertap.open(str(out)) as ds:
+        assert ds.shards and all(s.complete for s in ds.shards), ds.shards
+        assert not [s.path for s in ds.shards if flock_holders(s.path)]
+        assert len(ds) > 0 and ds.verify().ok
 
 
 def test_a_context_no_cpu_cache_can_hold_is_refused_before_the_engine(tiny_model, tmp_path):

@@ -21,6 +21,7 @@ from layertap.vllm import registry
 from layertap.vllm.config import parse_options
 from layertap.vllm.metadata import LayertapMetadata
 from layertap.vllm.metrics import LayertapConnectorStats, LayertapPromMetrics, stats_from_payload
+from layertap.vllm.parent_watch import watch_parent
 from layertap.vllm.scheduler import SchedulerSide
 from layertap.vllm.worker_side import WorkerSide
 
@@ -39,6 +40,7 @@ class LayertapConnector(KVConnectorBase_V1, SupportsHMA):
         self._worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = SchedulerSide(vllm_config, kv_cache_config, options)
+            watch_parent()  # in vLLM's engine-core process: stop it if the one that started it dies
         else:
             self._worker = WorkerSide(vllm_config, kv_cache_config, options)
 
