@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import layertap
-from helpers import subprocess_env
+from helpers import run_python, subprocess_env
 from layertap.cli import build_parser
 from layertap.cli import main as layertap_cli
 from layertap.generate import GenerateError, GenerateOptions
@@ -202,4 +202,30 @@ def test_a_call_in_a_spawned_processs_import_of_the_script_says_to_guard_it(tmp_
     assert proc.stdout.strip() == (
         "layertap.generate was called while a process that multiprocessing started (vLLM's engine) imported "
         f'{script} again: call it under `if __name__ == "__main__":`'
+    )
+
+
+REFUSED_BEFORE_VLLM = """
+import sys
+from layertap.cli import main
+status = main(sys.argv[1:])
+print("status", status, "vllm imported", "vllm" in sys.modules, "transformers imported", "transformers" in sys.modules)
+"""
+
+
+def test_bad_connector_args_are_refused_before_vllm_is_imported(tmp_path):
+    """A misspelled codec in --connector-args was refused after vLLM and transformers were
+    imported (8 s of CPU here): the connector's options need neither, so they are checked with
+    the other checks that come first."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 4}))
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"input_ids": [5, 6, 7]}\n')
+    argv = ["generate", str(model), "--data", str(data), "--out", str(tmp_path / "out")]
+    proc = run_python(REFUSED_BEFORE_VLLM, *argv, "--connector-args", '{"codec": "zsdt"}')
+    assert proc.stdout.strip() == "status 2 vllm imported False transformers imported False", proc.stderr
+    assert proc.stderr.strip() == (
+        "layertap generate: --connector-args: layertap connector: codec: must be one of 'none', 'zstd', "
+        "'bp16-zstd', 'exp-huf', not 'zsdt'"
     )

@@ -387,6 +387,8 @@ def check_options(options: GenerateOptions, engines_here: int = 1) -> Checked:
         _check_generated_rows(o, o.capture, list(config.get("architectures") or []))
     rows = open_rows(o.data, o.limit)
     check_loss_mask(o.loss_mask, rows.column, rows.has_loss_mask, o.reduction)
+    out_dir = os.path.abspath(o.out)
+    connector = check_connector_args(o.connector_args, out_dir)  # the connector's options need no vLLM
     # From here on, vLLM and transformers are imported.
     check_engine_args(engine_args)
     sampling = sampling_kwargs(o.sampling_args, o.max_tokens)
@@ -397,8 +399,6 @@ def check_options(options: GenerateOptions, engines_here: int = 1) -> Checked:
     renderer = Renderer(
         info.tokenizer, rows.column, info.vocab_size, max_len, o.loss_mask, rows.has_loss_mask, o.reduction
     )
-    out_dir = os.path.abspath(o.out)
-    connector = check_connector_args(o.connector_args, out_dir)
     progress = o.progress
     if progress == "auto":
         progress = "bar" if sys.stderr.isatty() else "lines"
