@@ -35,7 +35,7 @@ from layertap._spec.lock import is_locked
 from layertap._spec.record import HIDDEN_STATES, LAYER_IDS, TOKEN_IDS
 from layertap._tensors import tensor_maker
 from layertap._types import IndexEntry, Problem, ProblemKind, ShardBackend, ShardInfo, VerifyReport
-from layertap.errors import CorruptRecordError, FormatError, RecordMissingError, RecordNotFoundError, quote_key
+from layertap.errors import CorruptRecordError, FormatError, RecordMissingError, RecordNotFoundError
 
 if TYPE_CHECKING:
     from layertap.parts import Parts
@@ -468,7 +468,7 @@ def problem_message(err: Exception, path: str) -> str:
     text = str(err)
     offset, key = getattr(err, "offset", None), getattr(err, "key", None)
     if key is not None:
-        prefix = f"{path}: corrupt record at offset {offset} (key {quote_key(key)}): "
+        prefix = str(CorruptRecordError.at(path, offset, key, ""))  # the message's words, without a reason
         if text.startswith(prefix):
             return text[len(prefix) :]
     return text[len(path) + 2 :] if text.startswith(path + ": ") else text

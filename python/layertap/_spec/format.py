@@ -200,15 +200,12 @@ def _holds_a_frame(data) -> bool:
     ``meta_len`` was damaged later (one flipped bit can make a complete shard of under 1 MiB
     look shorter than its header) still holds its frames, and ``recover`` must not remove it."""
     data = bytes(data)
+    view = memoryview(data)
     at = data.find(FRAME_MAGIC, FILE_HEADER_FIXED_LEN)
     while at >= 0:
         if at % 8 == 0 and at + FRAME_HEADER_LEN <= len(data):
-            key_end = at + FRAME_HEADER_LEN + int.from_bytes(data[at + 6 : at + 8], "little")
-            crc = int.from_bytes(data[at + 44 : at + 48], "little")
-            if (
-                key_end <= len(data)
-                and crc32c(data[at + FRAME_HEADER_LEN : key_end], crc32c(data[at : at + 44])) == crc
-            ):
+            key_len = int.from_bytes(data[at + 6 : at + 8], "little")
+            if at + FRAME_HEADER_LEN + key_len <= len(data) and _header_crc_matches(view[at:], key_len):
                 return True
         at = data.find(FRAME_MAGIC, at + 1)
     return False
@@ -261,6 +258,13 @@ class FrameCutOff(Truncated):
     the end of the file: the frame a writer is (or was) writing."""
 
 
+def _header_crc_matches(data, key_len: int) -> bool:
+    """Whether the frame header at the start of ``data`` (its key included, ``key_len`` bytes,
+    all in ``data``) matches its ``header_crc``: bytes 0-43, then the key."""
+    key = data[FRAME_HEADER_LEN : FRAME_HEADER_LEN + key_len]
+    return crc32c(key, crc32c(data[:44])) == int.from_bytes(data[44:48], "little")
+
+
 def decode_frame_header(data, remaining: int) -> FrameHeader:
     """Decodes the frame header at the start of ``data``, where ``remaining`` bytes are left in
     the file from the frame's start. ``data`` holds at least ``min(remaining, 48 + 65535)``
@@ -273,10 +277,9 @@ def decode_frame_header(data, remaining: int) -> FrameHeader:
     _, kind, codec, key_len, stored_len, raw_len, num_tokens, payload_crc = _FRAME.unpack_from(data, 0)
     if remaining < FRAME_HEADER_LEN + key_len or len(data) < FRAME_HEADER_LEN + key_len:
         raise Truncated("frame key is cut off by the end of the file")
-    key_bytes = bytes(data[FRAME_HEADER_LEN : FRAME_HEADER_LEN + key_len])
-    want = crc32c(key_bytes, crc32c(data[:44]))
-    if want != int.from_bytes(data[44:48], "little"):
+    if not _header_crc_matches(data, key_len):
         raise FormatProblem("frame header checksum mismatch")
+    key_bytes = bytes(data[FRAME_HEADER_LEN : FRAME_HEADER_LEN + key_len])
     if kind not in (KIND_RECORD, KIND_INDEX):
         raise FormatProblem(f"unknown frame kind {kind}")
     if codec >= len(CODECS):
