@@ -143,13 +143,43 @@ def test_verify_corrupt_payload(dataset):
     proc = run_cli("verify", dataset)
     assert proc.returncode == 1
     assert proc.stdout.startswith("FAILED:") and "1 bad" in proc.stdout
-    (line,) = proc.stderr.splitlines()
+    line, hint = proc.stderr.splitlines()
     assert line.startswith(f"corrupt_record: {path} offset {offset_of_frame} key 'b1': ")
     assert "checksum" in line
+    assert hint == (
+        "hint: 1 shard with damaged records came from another writer: reading a damaged record raises "
+        "CorruptRecordError; write those records again from their source (`layertap recover` leaves "
+        "complete shards as they are)"
+    )
+    assert run_cli("verify", "--quiet", dataset).stderr == line + "\n"
     doc = json.loads(run_cli("verify", "--json", dataset).stdout)
     assert not doc["ok"] and doc["records_bad"] == 1 and doc["records_ok"] == 7
     assert doc["problems"][0]["kind"] == "corrupt_record" and doc["problems"][0]["key"] == "b1"
     assert doc["problems"][0]["offset"] == offset_of_frame
+
+
+def test_a_damaged_record_of_generate_says_a_rerun_writes_it_again(tmp_path):
+    """A new user's walk: verify failed on a flipped byte of a `layertap generate` output and
+    recover said "already complete"; neither said that rerunning generate rewrites the row."""
+    out = tmp_path / "out"
+    write_records(out, 3, writer_id="gen-0", prefix="", metadata={"source": "layertap.generate"})
+    write_records(out, 2, writer_id="other", prefix="x")
+    (path, other) = shard_files(out)
+    at, n, _key = payload_offset(path, 1)
+    flip_bit(path, at + n - 2)
+    proc = run_cli("verify", out)
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines()[1:] == [
+        "hint: 1 shard with damaged records came from `layertap generate`: run the same command again (same "
+        "--out) and it writes those rows again"
+    ]
+    assert json.loads(run_cli("verify", "--json", out).stdout)["hints"] == [proc.stderr.splitlines()[1][6:]]
+    recovered = run_cli("recover", path, other)
+    assert recovered.returncode == 0, recovered.stderr
+    assert recovered.stdout.splitlines()[0] == (
+        f"{path}: already complete (3 records); left as it is (recover completes shards whose writer died; "
+        "`layertap verify` checks every record)"
+    )
 
 
 def test_verify_truncated_file(dataset):

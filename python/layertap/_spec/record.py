@@ -19,6 +19,9 @@ KEY = "key"
 LAYER_IDS = "layer_ids"
 #: Metadata: the model's name or path as the engine was given it.
 MODEL = "model"
+#: Shard metadata: ``user["source"]`` of every shard ``layertap generate`` writes. Here, not in
+#: ``layertap.generate``, so that ``verify`` can tell such shards apart without importing it.
+GENERATE_SOURCE = "layertap.generate"
 #: Metadata: the engine's dtype as torch names it, without ``torch.`` (``"bfloat16"``).
 DTYPE = "dtype"
 #: Metadata: tokens in the record, a decimal string.

@@ -84,7 +84,10 @@ def cmd_recover(args) -> int:
                         "its header: its writer died before writing it); it held no records"
                     )
                 elif report.was_complete:
-                    print(f"{path}: already complete ({report.records:,} records); left as it is")
+                    print(
+                        f"{path}: already complete ({report.records:,} records); left as it is (recover completes "
+                        "shards whose writer died; `layertap verify` checks every record)"
+                    )
                 else:
                     line = (
                         f"{path}: recovered: {report.records:,} records indexed, "

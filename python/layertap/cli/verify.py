@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 
+from layertap._spec.record import GENERATE_SOURCE
 from layertap._text import plural, problem_line
 from layertap.cli.common import PATHS_HELP, add_backend_argument, open_dataset, problem_json
 from layertap.dataset_stats import dataset_stats
@@ -49,6 +50,32 @@ def _value_warnings(ds, progress: bool) -> list[str]:
         return [f"the records' values were not all looked at: {e}"]
 
 
+def _repair_hints(report, shards) -> list[str]:
+    """What to do about damaged records, by who wrote their shards: ``layertap generate``'s rerun
+    re-indexes a shard without its damaged records and writes their rows again (generate/resume.py);
+    ``recover`` leaves complete shards as they are, so nothing else rewrites a record."""
+    damaged = {p.shard for p in report.problems if p.kind == "corrupt_record"}
+    if not damaged:
+        return []
+    meta = {s.path: s.meta.get("user") for s in shards}
+    by_generate = sum(
+        1 for path in damaged if isinstance(meta.get(path), dict) and meta[path].get("source") == GENERATE_SOURCE
+    )
+    hints = []
+    if by_generate:
+        hints.append(
+            f"{plural(by_generate, 'shard')} with damaged records came from `layertap generate`: run the same "
+            "command again (same --out) and it writes those rows again"
+        )
+    if by_generate < len(damaged):
+        hints.append(
+            f"{plural(len(damaged) - by_generate, 'shard')} with damaged records came from another writer: "
+            "reading a damaged record raises CorruptRecordError; write those records again from their source "
+            "(`layertap recover` leaves complete shards as they are)"
+        )
+    return hints
+
+
 def cmd_verify(args) -> int:
     with open_dataset(args.paths, args.backend, tensors="numpy") as ds:
         large = len(ds) >= PROGRESS_MIN_RECORDS or sum(s.raw_bytes for s in ds.shards) >= PROGRESS_MIN_BYTES
@@ -57,10 +84,13 @@ def cmd_verify(args) -> int:
         warnings = None if args.no_values else _value_warnings(ds, progress)
         shards = len(ds.backends)
         name, parts = ds.path, len(ds.parts)
+        hints = _repair_hints(report, ds.shards)
     for p in report.problems:
         print(problem_line(p), file=sys.stderr)
     for p in report.notes:
         print(f"note: {problem_line(p)}", file=sys.stderr)
+    for h in [] if args.quiet else hints:
+        print(f"hint: {h}", file=sys.stderr)
     if args.json:
         print(
             json.dumps(
@@ -76,6 +106,7 @@ def cmd_verify(args) -> int:
                     "duplicate_keys": len(report.duplicates),
                     "notes": [problem_json(p) for p in report.notes],
                     "warnings": warnings,
+                    "hints": hints,
                 },
                 indent=2,
             )
