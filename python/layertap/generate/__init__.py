@@ -13,7 +13,7 @@ engines are given), ``data``
 (reading rows), ``render`` (rows to token ids), ``model`` (the model's facts and layer ids),
 ``capture`` (what vLLM can record of the model, checked before it is imported; ``vllm_source``
 reads vLLM's model classes from its source), ``resume`` (what the output directory holds; ``repair``, its damaged records; ``holders``, the
-processes that hold a shard),
+processes that hold a shard; ``same_data``, whether its rows are the data's),
 ``engine`` (the vLLM loop), ``progress``, ``summary``, ``vllm_log`` (where vLLM's log goes). The
 command line is ``layertap.cli.generate``. vLLM and transformers are imported only when a run
 starts, after the checks that need neither.

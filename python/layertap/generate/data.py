@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from layertap._install import pip_install_keeping_torch
 from layertap.generate.errors import GenerateError
 
@@ -67,6 +69,18 @@ class RowSource:
         """Every row from the first, in order, but those whose ``skip[index]`` is true (rows
         already done: not even parsed)."""
         raise NotImplementedError
+
+    def pick(self, indices: list[int]) -> Iterator[Row | BadRow]:
+        """The rows at ``indices`` (sorted, each below ``num_rows``), in order: the file is read
+        up to the last of them, only they are parsed."""
+        if not indices:
+            return
+        wanted = np.ones(indices[-1] + 1, dtype=bool)
+        wanted[indices] = False
+        for row in self.rows(wanted):
+            yield row
+            if row.index == indices[-1]:
+                return
 
     def _limited(self, n: int) -> int:
         return n if self.limit is None else min(n, self.limit)

@@ -24,6 +24,7 @@ import numpy as np
 from layertap._choices import DEFAULT_CAPTURE
 from layertap.generate.data import BadRow
 from layertap.generate.errors import GenerateError
+from layertap.generate.same_data import PROMPT_HASH, prompt_hash
 from layertap.vllm.config import ConfigError, parse_options
 from layertap.vllm.models import IN_MODEL_ENV_VAR, register_in_model
 
@@ -236,7 +237,8 @@ def run_rows(
                 bad += 1
                 continue
             row, ids, mask = item
-            kv: dict[str, Any] = {"sample_id": str(row), "record_metadata": {"row": str(row)}, **record_params}
+            metadata = {"row": str(row), PROMPT_HASH: prompt_hash(ids)}  # the fingerprint: same_data.py
+            kv: dict[str, Any] = {"sample_id": str(row), "record_metadata": metadata, **record_params}
             if mask is not None:
                 kv["loss_mask"] = mask
             params = copy.copy(base)  # vLLM clones it again for its own use

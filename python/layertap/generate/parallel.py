@@ -43,6 +43,7 @@ from layertap.generate.ray_engines import connect, default_engines, disconnect, 
 from layertap.generate.repair import damaged_entries
 from layertap.generate.resume import SOURCE, lock_directory, make_output_directory, prepare_output
 from layertap.generate.run import Checked, assigned_mask, check_options, run_one
+from layertap.generate.same_data import check_same_data
 from layertap.generate.summary import EngineEntry, Summary, is_complete
 from layertap.parts import MANIFEST_NAME, read_manifest, write_manifest
 
@@ -126,6 +127,7 @@ def prepare_parts(c: Checked, engines: int) -> PartsState:
         for p in parts:
             part = prepare_output(p, c.options.model, c.layer_ids, lock=p != out)
             part.release()
+            check_same_data(p, part.done, c.rows, c.renderer, os.path.abspath(c.options.data))
             rows = part.done[part.done < n]
             state.duplicates += part.duplicates + int(state.done[rows].sum())
             state.done[rows] = True

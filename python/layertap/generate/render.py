@@ -123,6 +123,11 @@ class Renderer:
             return ids, None
         return ids, _check_mask(loss_mask, len(ids))
 
+    def token_ids(self, value: Any) -> list[int]:
+        """The row's token ids as ``render`` gives them, without its checks of the length
+        (an earlier run may have had another --max-len); BadRowError when it cannot be rendered."""
+        return self._render(value)[0]
+
     def _ids(self, value: Any) -> tuple[list[int], None]:
         if isinstance(value, np.ndarray):
             value = value.tolist()

@@ -45,6 +45,7 @@ from layertap.generate.progress import Progress, ShardFollower, Totals, WriterFa
 from layertap.generate.render import BadRowError, Renderer, check_loss_mask
 from layertap.generate.repair import damaged_entries
 from layertap.generate.resume import SOURCE, OutputState, prepare_output, recover_shard
+from layertap.generate.same_data import check_same_data
 from layertap.generate.summary import Summary, is_complete
 from layertap.reader import open as open_dataset
 from layertap.vllm.models.conv_state import method_generated_rows_problem, vllm_runs_on_cpu
@@ -437,6 +438,7 @@ def run_one(
     connector = dict(c.connector)
     state = prepare_output(out_dir, model, layer_ids, first_run=first_run)
     try:
+        check_same_data(out_dir, state.done, rows, c.renderer, os.path.abspath(o.data))
         vllm_log.start(out_dir)  # the directory exists and is this run's now
         vllm_log.watch_writer(error_marker_path(out_dir, state.writer_id))
         done = np.zeros(rows.num_rows, dtype=bool)

@@ -1,0 +1,77 @@
+"""Whether the rows an output directory holds records of are the rows of this run's data.
+
+Rows are known by their index alone, so a rerun with another data file (or the same file
+reordered or edited) into an existing ``--out`` would take the new file's rows for done and mix
+two datasets without a word. Each record of ``layertap generate`` holds ``prompt_hash``, a
+fingerprint of the row's prompt token ids as the engine was given them (whatever the record
+keeps of them: a window, one reduced row, output tokens too); before a run starts, a few done
+rows (the first, the last and some between: never the whole directory) are rendered from the
+data again and their fingerprints compared. Records written before the fingerprint existed
+have none: nothing to compare, the run goes on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+
+from layertap.generate.data import BadRow, RowSource
+from layertap.generate.errors import GenerateError
+from layertap.generate.render import BadRowError, Renderer
+from layertap.reader import open as open_dataset
+
+#: The record metadata member that holds the fingerprint (``record_metadata`` of each request).
+PROMPT_HASH = "prompt_hash"
+#: How many done rows are compared: the first, the last and evenly spaced ones between.
+SAMPLED_ROWS = 5
+
+
+def prompt_hash(ids: list[int]) -> str:
+    """The fingerprint of a row's prompt token ids: BLAKE2b (8 bytes, hex) of them as
+    little-endian int64."""
+    return hashlib.blake2b(np.asarray(ids, dtype="<i8").tobytes(), digest_size=8).hexdigest()
+
+
+def sampled_rows(done: np.ndarray, num_rows: int, count: int = SAMPLED_ROWS) -> list[int]:
+    """Up to ``count`` of the ``done`` rows (sorted) that the data has: the first, the last and
+    evenly spaced ones between."""
+    done = done[done < num_rows]
+    if not len(done):
+        return []
+    picks = np.linspace(0, len(done) - 1, min(count, len(done))).round().astype(np.int64)
+    return sorted({int(done[i]) for i in picks})
+
+
+def check_same_data(directory: str, done: np.ndarray, rows: RowSource, renderer: Renderer, data: str) -> None:
+    """Raises GenerateError when a sampled done row of ``directory``'s shards has a fingerprint
+    that the same row of ``rows`` (rendered by ``renderer``) does not give."""
+    sample = sampled_rows(done, rows.num_rows)
+    shards = sorted(os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(".lts"))
+    if not sample or not shards:
+        return
+    with open_dataset(shards, tensors="numpy") as ds:
+        stored = {row: (ds.get(str(row)).metadata.get(PROMPT_HASH)) for row in sample}  # type: ignore[union-attr]
+    wanted = [row for row, h in stored.items() if h is not None]
+    if not wanted:
+        return  # written before records held the fingerprint
+    for row in rows.pick(wanted):
+        if isinstance(row, BadRow):
+            differs = f"is a bad row there ({row.reason})"
+        else:
+            try:
+                ids = renderer.token_ids(row.value)
+            except BadRowError as e:
+                differs = f"is a bad row there ({e})"
+            else:
+                if prompt_hash(ids) == stored[row.index]:
+                    continue
+                differs = "has other prompt tokens there"
+        raise GenerateError(
+            f"--out {directory} holds records of other data: row {row.index}, done there, {differs} ({data}); "
+            "rows are known by their index: give the data the dataset was written from, or another --out"
+        )
+
+
+__all__ = ["PROMPT_HASH", "check_same_data", "prompt_hash", "sampled_rows"]
