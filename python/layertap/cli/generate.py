@@ -86,6 +86,13 @@ def run(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, stop_as_on_ctrl_c)
+    # A command started with SIGINT ignored (`layertap generate ... &` in a script: the shell
+    # ignores it in background jobs, and Python then installs no KeyboardInterrupt) still had
+    # its engine stopped by SIGINT to its process group, since vLLM's engine processes set
+    # handlers of their own: the run failed with EngineDeadError and a traceback. It is Ctrl-C.
+    sigint_ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if sigint_ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         summary = generate(from_namespace(args))
     except GenerateError as e:
@@ -120,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if sigint_ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
