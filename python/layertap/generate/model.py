@@ -83,6 +83,57 @@ def read_config(model: str, engine_args: dict) -> dict | None:
     return config
 
 
+#: The configuration keys vLLM takes the model's context length from, the smallest present
+#: (vLLM 0.32's ``derive_max_model_len_and_key``; ``model_max_length``, which may raise it, is
+#: left out: a configuration with it is not checked early).
+_POSITION_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "max_target_positions",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+
+
+def _text_config(config: dict) -> dict:
+    """The language model's part of a raw configuration (transformers' ``get_text_config``)."""
+    for key in _TEXT_CONFIG_KEYS:
+        part = config.get(key)
+        if isinstance(part, dict):
+            return part
+    return config
+
+
+def _scales_rope(part: Any) -> bool:
+    """Whether a configuration's RoPE settings hold a scaling ``factor`` (vLLM multiplies the
+    context length by some kinds of it), at any depth."""
+    if isinstance(part, dict):
+        return "factor" in part or any(_scales_rope(v) for v in part.values())
+    return False
+
+
+def local_max_positions(model: str, config: dict | None, engine_args: dict) -> tuple[int, str] | None:
+    """The context length vLLM will derive for a model in a local directory, read from its raw
+    ``config.json`` (``read_config``), with the key that gives it; None where it cannot be told
+    without vLLM and transformers (a hub name, settings that change it: ``hf_overrides``, RoPE
+    scaling, ``model_max_length``, ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``), for the engine to check."""
+    source = engine_args.get("hf_config_path") or model
+    if config is None or not os.path.isdir(source) or engine_args.get("hf_overrides"):
+        return None
+    if os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").strip().lower() not in ("", "0", "false"):
+        return None
+    text = _text_config(config)
+    if any("model_max_length" in part for part in (text, config)):
+        return None
+    if any(_scales_rope(part.get(k)) for part in (text, config) for k in ("rope_scaling", "rope_parameters")):
+        return None
+    found = [(n, k) for k in _POSITION_KEYS if isinstance(n := text.get(k), int) and not isinstance(n, bool) and n > 0]
+    return min(found) if found else None
+
+
 def config_num_layers(config: dict) -> int | None:
     """The number of decoder layers a raw configuration gives, or None: a count, or the length
     of a per-layer list where a hybrid gives only that (Nemotron-H's ``config.json`` has

@@ -150,6 +150,33 @@ def _check_meta(info, model: str, layer_ids: list[int]) -> None:
         raise GenerateError(f"--out holds {name} with layers {theirs}, not {sorted(layer_ids)}; use another --out")
 
 
+def _check_shards_meta(ds, model: str, layer_ids: list[int]) -> None:
+    """``_check_meta`` for each shard of ``ds`` that holds records: a live writer's header may
+    not be there yet, and a torn empty shard (its writer died before the header was complete)
+    has none; neither holds a record."""
+    for info in ds.shards:
+        if info.complete or info.torn_tail_bytes != info.file_bytes:
+            _check_meta(info, model, layer_ids)
+
+
+def check_earlier_runs(path: str, model: str, layer_ids: list[int]) -> None:
+    """Refuses, before vLLM and transformers are imported (8-20 s) and before anything is
+    written, an output directory whose shards (its parts' too) were made with another model
+    or other layers: the check ``prepare_output`` makes again, under the lock, before a run.
+    A directory the reader cannot open as a dataset is left to those later checks, which say
+    what is wrong with it."""
+    if not os.path.isdir(path):
+        return
+    if not any(n.endswith(".lts") or n == MANIFEST_NAME for n in os.listdir(path)):
+        return
+    try:
+        ds = open_dataset(path)
+    except (FormatError, OSError):
+        return
+    with ds:
+        _check_shards_meta(ds, model, layer_ids)
+
+
 #: What a dataset directory of ``layertap generate`` holds besides its shards (docs/GENERATE.md,
 #: "The dataset"): the lock, vLLM's log, a manifest of parts and the parts' directories
 #: (``parallel.PART_PREFIX``), files set aside by an earlier run, the error file a writer that
@@ -262,12 +289,7 @@ def _complete_shards(state: OutputState, model: str, layer_ids: list[int]) -> No
     if ds is not None:
         # Everything is checked before anything is changed: a directory of another kind is left as it is.
         with ds:
-            for info in ds.shards:
-                # A live writer's header may not be there yet, and a torn empty shard (its writer
-                # died before the header was complete) has none: neither holds a record.
-                headerless = not info.complete and info.torn_tail_bytes == info.file_bytes
-                if not headerless:
-                    _check_meta(info, model, layer_ids)
+            _check_shards_meta(ds, model, layer_ids)
             open_shards = [i.path for i in ds.shards if not i.complete]
             unreadable = [(p.shard, f"{p.shard}: {p.message}") for p in ds.unreadable]
     for shard, message in unreadable:

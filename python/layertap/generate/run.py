@@ -39,12 +39,18 @@ from layertap.generate.engine import (
     shutdown,
 )
 from layertap.generate.errors import EngineStartError, GenerateError, GenerateInterrupted
-from layertap.generate.model import config_num_layers, load_model_info, parse_layers, read_config
+from layertap.generate.model import (
+    config_num_layers,
+    load_model_info,
+    local_max_positions,
+    parse_layers,
+    read_config,
+)
 from layertap.generate.options import GenerateOptions
 from layertap.generate.progress import Progress, ShardFollower, Totals, WriterFailedError
 from layertap.generate.render import BadRowError, Renderer, check_loss_mask
 from layertap.generate.repair import damaged_entries
-from layertap.generate.resume import SOURCE, OutputState, prepare_output, recover_shard
+from layertap.generate.resume import SOURCE, OutputState, check_earlier_runs, prepare_output, recover_shard
 from layertap.generate.same_data import check_same_data
 from layertap.generate.summary import Summary, is_complete
 from layertap.reader import open as open_dataset
@@ -91,6 +97,21 @@ def _max_lengths(max_len: int | None, max_tokens: int, engine_args: dict, max_po
             f"--max-len {max_len} plus --max-tokens {max_tokens} exceeds the engine's max_model_len {model_len}"
         )
     return max_len, model_len
+
+
+def _check_context(positions: tuple[int, str], max_len: int | None, max_tokens: int, engine_args: dict) -> None:
+    """The context the engine is asked for (``--max-len`` plus ``--max-tokens``, or a
+    ``max_model_len`` in ``--engine-args``) against the model's ``positions`` (its length and
+    the configuration key that gives it, ``local_max_positions``): vLLM refuses a longer one as
+    its engine starts, after 10-20 s of imports and with --out created."""
+    n, key = positions
+    where = f"the model's context of {n:,} tokens ({key} in its config.json)"
+    model_len = engine_args.get("max_model_len")
+    if isinstance(model_len, int) and model_len > n:
+        raise GenerateError(f"--engine-args max_model_len {model_len} exceeds {where}: give {n} or less")
+    if model_len is None and max_len is not None and max_len + max_tokens > n:
+        fix = f"pass --max-len {n - max_tokens} or less" if n > max_tokens else "pass a smaller --max-tokens"
+        raise GenerateError(f"--max-len {max_len} plus --max-tokens {max_tokens} exceeds {where}: {fix}")
 
 
 def _rendered(rows, skip: np.ndarray, renderer: Renderer) -> Iterator:
@@ -381,9 +402,13 @@ def check_options(options: GenerateOptions, engines_here: int = 1) -> Checked:
     engine_args = dict(o.engine_args)
     require_vllm()
     config = read_config(o.model, engine_args)
+    positions = local_max_positions(o.model, config, engine_args)
+    if positions is not None:
+        _check_context(positions, o.max_len, o.max_tokens, engine_args)
     early = config_num_layers(config) if config is not None else None
     if early is not None:
-        _check_layers(o, engine_args, list(config.get("architectures") or []), early)  # type: ignore[union-attr]
+        early_layers, _ = _check_layers(o, engine_args, list(config.get("architectures") or []), early)  # type: ignore[union-attr]
+        check_earlier_runs(os.path.abspath(o.out), o.model, early_layers)  # the layers of its shards
     elif config is not None:  # no layer count under a known key (Nemotron-H's layers_block_type)
         _check_generated_rows(o, o.capture, list(config.get("architectures") or []))
     rows = open_rows(o.data, o.limit)
