@@ -2,7 +2,7 @@
 command with another input file and it resumed ("24 done before"), mixing two datasets, since
 rows are known by their index. Records now hold the fingerprint of their row's prompt token ids
 (``prompt_hash``) and the rerun compares a few of them with the new data before any engine
-starts (tests/test_generate_fingerprints.py covers the comparison without an engine)."""
+starts, each part's in a run of many (tests/test_generate_fingerprints.py covers the comparison without an engine)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,17 @@ import pytest
 from generate_support import TINY_ENGINE_ARGS, id_rows, write_jsonl
 
 import layertap
-from layertap.generate import GenerateError
+from layertap.generate import GenerateError, GenerateOptions
+from layertap.generate.parallel import prepare_parts
+from layertap.generate.run import check_options
 from layertap.generate.same_data import PROMPT_HASH, prompt_hash
 from vllm_support import VLLM_WARNINGS, pytest_env
 
 pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
+
+
+def options(model, data, out) -> GenerateOptions:
+    return GenerateOptions(model, data, out, reduction="last", engine_args=TINY_ENGINE_ARGS)
 
 
 def generate(model, data, out, **options):
@@ -39,3 +45,10 @@ def test_a_rerun_with_other_data_is_refused_before_its_engine(tiny_model, tmp_pa
         generate(tiny_model, other, out, reduction="last")
     again = generate(tiny_model, data, out, reduction="last")  # the data it was written from resumes
     assert again["complete"] and again["rows_done_before"] == 6 and again["run"] is None, again
+    # A run of many engines checks each part (this run's shards become its part "."), before any engine.
+    state = prepare_parts(check_options(options(tiny_model, data, out)), 2)
+    state.release()
+    assert state.parts == [str(out), str(out / "engine-0"), str(out / "engine-1")]
+    assert state.done.sum() == 6 and state.duplicates == 0
+    with pytest.raises(GenerateError, match=r"holds records of other data: row 0, done there, has other prompt"):
+        prepare_parts(check_options(options(tiny_model, other, out)), 2)

@@ -121,6 +121,9 @@ def prepare_parts(c: Checked, engines: int) -> PartsState:
             p = os.path.join(out, f"{PART_PREFIX}{i}")
             if p not in parts:
                 parts.append(p)
+            # Before the manifest lists it: a part "." (a single run's shards) is read through
+            # the manifest, which names every part, and a missing one stopped the run.
+            make_output_directory(p)
         write_manifest(out, parts, source=SOURCE)
         state.parts = parts
         n = c.rows.num_rows

@@ -97,9 +97,16 @@ def _run_number(names: list[str]) -> int:
     return max(runs, default=-1) + 1
 
 
-def _open_dataset(path: str):
-    names = [n for n in os.listdir(path) if n.endswith(".lts")]
-    return open_dataset(path) if names else None
+def open_own_shards(path: str, **options):
+    """The shards of directory ``path`` as a dataset, or None when it has none. Its own shards
+    only: ``--out`` holding a single run's shards and a manifest is part "." of a dataset of
+    parts (``parallel``), which a reader opens as the manifest's every part."""
+    names = sorted(n for n in os.listdir(path) if n.endswith(".lts"))
+    if not names:
+        return None
+    if not os.path.exists(os.path.join(path, MANIFEST_NAME)):
+        return open_dataset(path, **options)
+    return open_dataset([os.path.join(path, n) for n in names], **options)
 
 
 def recover_shard(shard: str) -> bool:
@@ -246,7 +253,7 @@ def prepare_output(path: str, model: str, layer_ids: list[int], lock: bool = Tru
         remove_stale_copies(path)
         _complete_shards(state, model, layer_ids)
         state.run = max(first_run, _run_number(os.listdir(path)))
-        ds = _open_dataset(path)
+        ds = open_own_shards(path)
         if ds is not None:
             with ds:
                 for info in ds.shards:
@@ -255,7 +262,7 @@ def prepare_output(path: str, model: str, layer_ids: list[int], lock: bool = Tru
                 state.damaged = damaged_records(ds)
             for shard in dict.fromkeys(p.shard for p in state.damaged):
                 reindex_without_damaged(shard)  # every reader of it closed above
-            with _open_dataset(path) as ds:
+            with open_own_shards(path) as ds:
                 _check_repaired(ds, state.damaged)
                 rows = np.fromiter((_row_of(e.key, path) for b in ds.backends for e in b.entries), dtype=np.int64)
                 state.done = np.unique(rows)
@@ -282,7 +289,7 @@ def _complete_shards(state: OutputState, model: str, layer_ids: list[int]) -> No
     open_shards: list[str] = []
     unreadable: list[tuple[str, str]] = []
     try:
-        ds = _open_dataset(state.path)
+        ds = open_own_shards(state.path)
     except FormatError:
         # None of the directory's *.lts files is a shard: each is judged on its own below.
         ds, unreadable = None, _not_shards(state.path)

@@ -13,14 +13,14 @@ have none: nothing to compare, the run goes on.
 from __future__ import annotations
 
 import hashlib
-import os
 
 import numpy as np
 
+from layertap.errors import LayertapError
 from layertap.generate.data import BadRow, RowSource
 from layertap.generate.errors import GenerateError
 from layertap.generate.render import BadRowError, Renderer
-from layertap.reader import open as open_dataset
+from layertap.generate.resume import open_own_shards
 
 #: The record metadata member that holds the fingerprint (``record_metadata`` of each request).
 PROMPT_HASH = "prompt_hash"
@@ -48,11 +48,17 @@ def check_same_data(directory: str, done: np.ndarray, rows: RowSource, renderer:
     """Raises GenerateError when a sampled done row of ``directory``'s shards has a fingerprint
     that the same row of ``rows`` (rendered by ``renderer``) does not give."""
     sample = sampled_rows(done, rows.num_rows)
-    shards = sorted(os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(".lts"))
-    if not sample or not shards:
+    ds = open_own_shards(directory, tensors="numpy") if sample else None  # as prepare_output read ``done``
+    if ds is None:
         return
-    with open_dataset(shards, tensors="numpy") as ds:
-        stored = {row: (ds.get(str(row)).metadata.get(PROMPT_HASH)) for row in sample}  # type: ignore[union-attr]
+    stored: dict[int, str | None] = {}
+    with ds:
+        for row in sample:
+            try:
+                record = ds.get(str(row))
+            except LayertapError:  # a record written damaged (resume counts it as done): not compared
+                record = None
+            stored[row] = record.metadata.get(PROMPT_HASH) if record is not None else None
     wanted = [row for row, h in stored.items() if h is not None]
     if not wanted:
         return  # written before records held the fingerprint
