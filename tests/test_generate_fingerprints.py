@@ -93,3 +93,21 @@ def test_records_without_the_fingerprint_resume_unchecked(tmp_path):
     """A dataset written before records held ``prompt_hash``: nothing to compare."""
     write_run(tmp_path / "out", ROWS, range(9), fingerprints=False)
     check(tmp_path / "out", write_data(tmp_path / "d.jsonl", ROWS[::-1]))
+
+
+def test_the_rows_compared_are_read_alone_from_every_format(tmp_path):
+    """``pick``: the rows at some indices, as ``rows`` gives them (a null one a bad row); Parquet
+    reads their row groups only, a datasets directory selects them."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist([{"input_ids": r} for r in ROWS[:6]] + [{"input_ids": None}] + [{"input_ids": [1]}])
+    pq.write_table(table, tmp_path / "d.parquet", row_group_size=3)
+    datasets.Dataset(table).save_to_disk(str(tmp_path / "hf"))
+    jsonl = write_data(tmp_path / "d.jsonl", [*ROWS[:6], None, [1]])
+    for path in (jsonl, tmp_path / "d.parquet", tmp_path / "hf"):
+        source = open_rows(path)
+        every = list(source.rows())
+        assert list(source.pick([0, 4, 6, 7])) == [every[0], every[4], every[6], every[7]], path
+        assert list(source.pick([])) == []

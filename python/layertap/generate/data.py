@@ -169,10 +169,24 @@ class _Columnar(RowSource):
                     return
                 if skip is not None and skip[index]:
                     continue
-                if value is None:
-                    yield BadRow(index, f"no {self.column!r} (null)")
-                else:
-                    yield Row(index, value, mask)
+                yield self._row(index, value, mask)
+
+    def _row(self, index: int, value: Any, mask: Any) -> Row | BadRow:
+        return BadRow(index, f"no {self.column!r} (null)") if value is None else Row(index, value, mask)
+
+    def _taken(self, indices: list[int]) -> dict[str, list]:
+        """The needed columns of the rows at ``indices`` (sorted), in that order."""
+        raise NotImplementedError
+
+    def pick(self, indices: list[int]) -> Iterator[Row | BadRow]:
+        """The rows at ``indices``, read alone (for Parquet, the row groups that hold them), not
+        the table up to the last of them."""
+        if not indices:
+            return
+        taken = self._taken(indices)
+        masks = taken.get(LOSS_MASK) or [None] * len(indices)
+        for index, value, mask in zip(indices, taken[self.column], masks):
+            yield self._row(index, value, mask)
 
 
 class ParquetRows(_Columnar):
@@ -190,6 +204,22 @@ class ParquetRows(_Columnar):
     def _batches(self) -> Iterator[dict[str, list]]:
         for batch in self._file.iter_batches(batch_size=_BATCH_ROWS, columns=self._columns):
             yield batch.to_pydict()
+
+    def _taken(self, indices: list[int]) -> dict[str, list]:
+        taken: dict[str, list] = {c: [] for c in self._columns}
+        meta, start, i = self._file.metadata, 0, 0
+        for group in range(meta.num_row_groups):
+            end = start + meta.row_group(group).num_rows
+            here = []
+            while i < len(indices) and indices[i] < end:
+                here.append(indices[i] - start)
+                i += 1
+            if here:
+                rows = self._file.read_row_group(group, columns=self._columns).take(here).to_pydict()
+                for c in self._columns:
+                    taken[c] += rows[c]
+            start = end
+        return taken
 
 
 class HfDatasetRows(_Columnar):
@@ -219,6 +249,9 @@ class HfDatasetRows(_Columnar):
         ds = self._ds.select_columns(self._columns).with_format(None)
         for start in range(0, self.num_rows, _BATCH_ROWS):
             yield ds[start : min(start + _BATCH_ROWS, self.num_rows)]
+
+    def _taken(self, indices: list[int]) -> dict[str, list]:
+        return self._ds.select_columns(self._columns).with_format(None).select(indices)[:]
 
 
 def open_rows(path: str | os.PathLike, limit: int | None = None) -> RowSource:
