@@ -835,8 +835,21 @@ fn put_one<const W: usize>(
 /// `dst` first. Tried (2026-12-06), no gain: rows in tiles of 32 (each line of `scratch` used
 /// whole while in L1); each 256 columns put back as soon as their streams were decoded, their
 /// tops still in L2 (this function's share of a read did not fall: what it waits for is most
-/// likely `dst` and the plane, not `scratch`); non-temporal stores need 64-byte aligned rows,
-/// which a tensor placed after a blob's header (8-byte aligned) seldom has.
+/// likely `dst` and the plane, not `scratch`). Tried (2026-12-06, stop 44), slower:
+/// non-temporal (streaming) stores of `dst`, which skip fetching its lines: the reader's
+/// tensors start 56 bytes past a line (after the blob's header), so each whole line of a row
+/// was joined from its two vectors (`vpermt2b`) and streamed, the row's two partial lines
+/// stored masked at the line (a masked store at the vector's own place, spanning a line just
+/// streamed, stalls: the decode fell to 1.0 GB per CPU-second). Through the reader
+/// (`bench_codecs.py`'s loop, MiniLM bf16 records of 2.75 MB, 6 turns each): 1.61-1.76 GB per
+/// CPU-second against 1.74-1.88 without (0.78-0.91 of bp16-zstd's in the same runs, against
+/// 0.84-1.01), this function still 20% of a perf profile against 19%; decoding then summing
+/// each tensor 0.92-1.17 against 0.96-1.35. The reader decodes into the memory of the record
+/// dropped before (`RecordBytes::recycled`), most likely still in the L3 cache: ordinary
+/// stores into two such buffers in turn ran at 33 GB/s and streaming ones at 25 (a C loop;
+/// 12.8 against 25 only over 64 buffers). The hottest instructions here (perf annotate of a
+/// read; no hardware counters in this VM) sit at the loads of `scratch`, not the stores;
+/// prefetching each column's line of `scratch` 64 rows ahead was 3-5% slower too.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 unsafe fn put_rows_avx512(
