@@ -830,12 +830,13 @@ fn put_one<const W: usize>(
 ///
 /// The caller checked the CPU has AVX-512F, BW and VBMI, and that `columns` is a multiple of 8.
 ///
-/// In a read of records not seen before this is about a fifth of the decode (5% in the core
-/// bench, which decodes one record again and again from cache): its stores fetch each line of
-/// `dst` first. Tried (2026-12-06), no gain: rows in tiles of 32 (each line of `scratch` used
-/// whole while in L1); each 256 columns put back as soon as their streams were decoded, their
-/// tops still in L2 (this function's share of a read did not fall: what it waits for is most
-/// likely `dst` and the plane, not `scratch`). Tried (2026-12-06, stop 44), slower:
+/// In a read through the reader this takes about a fifth of the samples, as many as
+/// `fast_avx512` (0.94-1.0 of its, a record not seen before or the same one again); in the
+/// core bench 0.85 of its (the 5% of that bench's profile is of a run that encodes as well):
+/// much the same share of the decode either way (perf, stop 44). Tried (2026-12-06), no
+/// gain: rows in tiles of 32 (each line of `scratch` used whole while in L1); each 256
+/// columns put back as soon as their streams were decoded, their tops still in L2 (this
+/// function's share of a read did not fall). Tried (2026-12-06, stop 44), slower:
 /// non-temporal (streaming) stores of `dst`, which skip fetching its lines: the reader's
 /// tensors start 56 bytes past a line (after the blob's header), so each whole line of a row
 /// was joined from its two vectors (`vpermt2b`) and streamed, the row's two partial lines
