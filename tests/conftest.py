@@ -22,7 +22,7 @@ import pytest
 #: the loaded 2-core machine, 2026-12-05; only their order matters). A file not listed counts
 #: ``SECONDS_A_TEST`` a test (that run's mean over the others).
 LONGEST_FILES = {
-    "vllm/test_generate_start_stop.py": 270,  # 170 before its SIGTERM and SIGKILL tests (2026-12-06)
+    "vllm/test_generate_start_stop.py": 235,  # its SIGKILL test went into test_generate_resume.py
     "vllm/test_mooncake.py": 155,  # 160 before its served test fetched both records in one process
     "vllm/test_generate_parallel.py": 130,
     "vllm/test_generate.py": 115,  # 169 before its progress test without a terminal ran in-process
@@ -31,7 +31,7 @@ LONGEST_FILES = {
     "test_triton_torch_decode.py": 78,  # 94 before its records were sized for the interpreter
     "vllm/test_generate_prepared_data.py": 68,
     "test_triton_exphuf_encoder.py": 63,  # 81 before its cases were sized for the interpreter
-    "vllm/test_generate_resume.py": 62,
+    "vllm/test_generate_resume.py": 82,  # 62 before one kill was of the command alone
     "vllm/test_generate_disk_full.py": 59,
     "vllm/test_trainers.py": 58,
     "vllm/test_plugin_values.py": 55,  # 99 while OpenMP threads spun
