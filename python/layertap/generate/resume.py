@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from layertap._spec.record import LAYER_IDS
+from layertap._spec.record import GENERATE_SOURCE, LAYER_IDS
 from layertap._types import Problem
 from layertap.errors import FormatError, ShardLockedError
 from layertap.generate.errors import GenerateError
@@ -44,7 +44,7 @@ from layertap.reader import open as open_dataset
 from layertap.recover import recover
 
 LOCK_NAME = ".layertap-generate.lock"
-SOURCE = "layertap.generate"
+SOURCE = GENERATE_SOURCE  # every shard's metadata user["source"]
 #: Shard names of generate runs: ``gen-{run}-{n:06}.lts``.
 _RUN_SHARD = re.compile(r"^gen-(\d+)-\d{6}\.lts(\.torn)?$")
 #: How long to wait for a shard still locked by a dying writer (io_uring teardown takes a moment).
