@@ -297,6 +297,8 @@ pub fn decode<const W: usize>(
     let rows = n / head.columns;
     let plane = &src[plane_at..plane_at + plane_len];
     let raw_used = n as u64 * raw_bits::<W>() as u64;
+    let at_of = |k: usize| stream_at(head.columns, streams, rows, k);
+    let total = at_of(streams);
     // Room for the fast loop's last 8-byte store (3 tops past a stream's last). Every top is
     // written before it is read, so a buffer left from an earlier block serves as it is.
     SCRATCH.with_borrow_mut(|kept| {
@@ -304,15 +306,15 @@ pub fn decode<const W: usize>(
         // pages for every block; a larger block's buffer is its own, so that a reader's
         // threads do not each hold the largest tensor they ever decoded.
         let mut own = Vec::new();
-        let scratch = if n + PER_STEP <= KEEP_MAX {
+        let scratch = if total + PER_STEP <= KEEP_MAX {
             kept
         } else {
             &mut own
         };
-        if scratch.len() < n + PER_STEP {
-            scratch.resize(n + PER_STEP, 0);
+        if scratch.len() < total + PER_STEP {
+            scratch.resize(total + PER_STEP, 0);
         }
-        let scratch = &mut scratch[..n + PER_STEP];
+        let scratch = &mut scratch[..total + PER_STEP];
         let job = Job {
             src,
             tables: &tables,
@@ -329,7 +331,7 @@ pub fn decode<const W: usize>(
         let (mut rest, mut from) = (&mut scratch[..], 0);
         for p in 0..parts {
             let ks = p * streams / parts..(p + 1) * streams / parts;
-            let end = stream_columns(head.columns, streams, ks.end - 1).end * rows;
+            let end = at_of(ks.end);
             let (piece, tail) = std::mem::take(&mut rest).split_at_mut(end - from);
             pieces.push((ks, piece, from, Ok(())));
             rest = tail;
@@ -344,7 +346,17 @@ pub fn decode<const W: usize>(
         if !raw_used.is_multiple_of(8) && plane[plane_len - 1] >> (raw_used % 8) != 0 {
             return Err("the raw plane's padding bits are not zero".into());
         }
-        let scratch = &scratch[..n];
+        // Where each column's tops start: a stream's columns one after the other.
+        let mut col_at = Vec::with_capacity(head.columns);
+        for k in 0..streams {
+            let cols = stream_columns(head.columns, streams, k).len();
+            col_at.extend((0..cols).map(|j| at_of(k) + j * rows));
+        }
+        let tops = Tops {
+            scratch: &scratch[..total],
+            at: &col_at,
+            rows,
+        };
         // Rows in parts of whole 8s (the SIMD loops' blocks), the last part the rest.
         let parts = threads.min(rows / ROWS_A_THREAD).max(1);
         let per = rows.div_ceil(parts).next_multiple_of(8);
@@ -358,7 +370,7 @@ pub fn decode<const W: usize>(
             r = r1;
         }
         in_parts(&mut pieces, 1, |(range, piece)| {
-            put_rows::<W>(scratch, head.columns, plane, range.clone(), piece);
+            put_rows::<W>(tops, plane, range.clone(), piece);
         });
         *at = next;
         Ok(())
@@ -383,8 +395,8 @@ struct Job<'a> {
 }
 
 impl Job<'_> {
-    /// Decodes streams `ks` into `scratch`, which holds their tops from top `off` of the
-    /// block's on (in stream order, column by column), and checks each stream's end.
+    /// Decodes streams `ks` into `scratch`, the block's buffer from top `off` on (each stream's
+    /// tops from [`stream_at`], column by column), and checks each stream's end.
     fn decode_streams<const W: usize>(
         &self,
         ks: std::ops::Range<usize>,
@@ -393,12 +405,12 @@ impl Job<'_> {
     ) -> Result<(), String> {
         let (src, tables, bases) = (self.src, self.tables, self.bases);
         let start = |k: usize| {
-            let cols = stream_columns(self.columns, self.streams, k);
+            let out = stream_at(self.columns, self.streams, self.rows, k) - off;
             Stream {
                 k,
                 bit: 8 * bases[k] as u64,
-                out: cols.start * self.rows - off,
-                end: cols.end * self.rows - off,
+                out,
+                end: out + stream_columns(self.columns, self.streams, k).len() * self.rows,
                 ctx: 0,
             }
         };
@@ -746,19 +758,58 @@ impl Rows {
     }
 }
 
+/// Tops left free after each stream's in `scratch` where columns of `rows` tops would share
+/// sets of the L1 cache: one cache line. A column's tops lie a column length apart, which at
+/// 512 tokens of 7 layers (3,584 rows, 7,168 bytes) puts neighbouring columns in only 4 of the
+/// cache's 64 sets (2 at 1,024 tokens), so the 32 columns [`put_rows_avx512`] reads side by
+/// side evict each other's lines before the next 8 rows use them. Streams hold a few columns
+/// each (the writer's 8,192 elements), so a line more between streams spreads those 32 columns
+/// over 32 sets. Columns of a multiple of 128 rows (256 bytes) are the ones that share sets
+/// within 16 columns; the others keep their layout: a gap at 500 tokens (3,500 rows, whose
+/// columns spread by themselves) measured 2% slower.
+///
+/// Measured (2026-12-06, stop 44; MiniLM bf16 records read with `layertap.open`, this machine
+/// loaded by a CI run, the builds alternated turn by turn, two batches of 10 and 8 turns; a
+/// turn's exp-huf GB per CPU-second over bp16-zstd's in the same turn, medians): 512 tokens
+/// 0.897 and 0.905 against 0.852 and 0.832 without gaps (6.5% and 7.5% over the turn beside it),
+/// 1,024 tokens 0.965 and 0.929 against 0.898 and 0.887 (6.6%, 5.8%), 500 tokens (no gap)
+/// 0.864 and 0.854 against 0.851 and 0.866 (+0.8%, -1.3%). The turns:
+/// benches/results/exphuf-stream-gap-2026-12-06.md.
+fn stream_gap(rows: usize) -> usize {
+    if rows.is_multiple_of(128) {
+        32
+    } else {
+        0
+    }
+}
+
+/// Where stream `k`'s tops start in `scratch` (of a block of `rows` rows cut into `streams`
+/// streams), its columns one after the other; `k == streams` gives the tops' end.
+fn stream_at(columns: usize, streams: usize, rows: usize, k: usize) -> usize {
+    stream_columns(columns, streams, k).start * rows + k * stream_gap(rows)
+}
+
+/// A block's decoded tops: column `c`'s `rows` rows from `at[c]` of `scratch` on.
+#[derive(Clone, Copy)]
+struct Tops<'a> {
+    scratch: &'a [u16],
+    at: &'a [usize],
+    rows: usize,
+}
+
 /// Writes rows `rows` of the elements into `dst` (those rows' bytes) in row order: each top of
-/// `scratch` (the block's, column order, as [`lane`] puts it) with its raw bits from `plane`.
+/// `tops` (as [`lane`] puts it) with its raw bits from `plane`.
 fn put_rows<const W: usize>(
-    scratch: &[u16],
-    columns: usize,
+    tops: Tops<'_>,
     plane: &[u8],
     rows: std::ops::Range<usize>,
     dst: &mut [u8],
 ) {
+    let columns = tops.at.len();
     let rows = Rows {
         start: rows.start,
         end: rows.end,
-        total: scratch.len() / columns,
+        total: tops.rows,
     };
     assert!(rows.start.is_multiple_of(8) && rows.end <= rows.total);
     assert_eq!(dst.len(), (rows.end - rows.start) * columns * W);
@@ -772,22 +823,28 @@ fn put_rows<const W: usize>(
             && std::arch::is_x86_feature_detected!("avx512vbmi")
         {
             // SAFETY: the CPU has AVX-512F, BW and VBMI (detected above; BW implies F).
-            done = unsafe { put_rows_avx512(scratch, columns, plane, rows, dst) };
+            done = unsafe {
+                if stream_gap(tops.rows) == 0 {
+                    put_rows_avx512::<false>(tops, plane, rows, dst)
+                } else {
+                    put_rows_avx512::<true>(tops, plane, rows, dst)
+                }
+            };
         }
         if W == 2 && columns.is_multiple_of(8) && std::arch::is_x86_feature_detected!("ssse3") {
             // SAFETY: the CPU has SSSE3 (detected above).
-            unsafe { put_rows_sse2::<W, true>(scratch, columns, done, plane, rows, dst) };
+            unsafe { put_rows_sse2::<W, true>(tops, done, plane, rows, dst) };
         } else {
             // SAFETY: SSE2 is part of x86_64 (the function's SSSE3 code runs only with
             // `SSSE3` true).
-            unsafe { put_rows_sse2::<W, false>(scratch, columns, done, plane, rows, dst) };
+            unsafe { put_rows_sse2::<W, false>(tops, done, plane, rows, dst) };
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         for row in rows.start..rows.end {
             for c in 0..columns {
-                put_one::<W>(scratch, rows, columns, plane, dst, row, c);
+                put_one::<W>(tops, rows, plane, dst, row, c);
             }
         }
     }
@@ -804,16 +861,16 @@ fn raw_of<const W: usize>(plane: &[u8], i: usize) -> u64 {
 /// Writes the element of `row` and column `c` (`dst` holds `rows`' bytes).
 #[inline(always)]
 fn put_one<const W: usize>(
-    scratch: &[u16],
+    tops: Tops<'_>,
     rows: Rows,
-    columns: usize,
     plane: &[u8],
     dst: &mut [u8],
     row: usize,
     c: usize,
 ) {
+    let columns = tops.at.len();
     let i = row * columns + c;
-    let t = scratch[c * rows.total + row] as u64;
+    let t = tops.scratch[tops.at[c] + row] as u64;
     let v = if W == 2 { t } else { t << raw_bits::<W>() } | raw_of::<W>(plane, i);
     let o = i - rows.start * columns;
     dst[o * W..o * W + W].copy_from_slice(&v.to_le_bytes()[..W]);
@@ -829,6 +886,9 @@ fn put_one<const W: usize>(
 /// lane.
 ///
 /// The caller checked the CPU has AVX-512F, BW and VBMI, and that `columns` is a multiple of 8.
+/// `GAPS`: the block's streams lie apart ([`stream_gap`]), so each column's first top is read
+/// from `tops.at`; without, it is the column times the rows, as it was before the gaps, so that
+/// blocks without gaps pay no load more.
 ///
 /// In a read through the reader this takes about a fifth of the samples, as many as
 /// `fast_avx512` (0.94-1.0 of its, a record not seen before or the same one again); in the
@@ -853,16 +913,15 @@ fn put_one<const W: usize>(
 /// prefetching each column's line of `scratch` 64 rows ahead was 3-5% slower too.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-unsafe fn put_rows_avx512(
-    scratch: &[u16],
-    columns: usize,
+unsafe fn put_rows_avx512<const GAPS: bool>(
+    tops: Tops<'_>,
     plane: &[u8],
     part: Rows,
     dst: &mut [u8],
 ) -> usize {
     use std::arch::x86_64::*;
+    let (scratch, columns, rows) = (tops.scratch, tops.at.len(), tops.rows);
     debug_assert!(columns.is_multiple_of(8));
-    let rows = part.total;
     let cols32 = columns / 32 * 32;
     let first = part.start * columns;
     // Lane k (of 32) takes bytes 7k / 8 and the next of the 28, and is shifted right by 7k mod 8.
@@ -880,6 +939,7 @@ unsafe fn put_rows_avx512(
     let ahead = columns * 7;
     for r0 in (part.start..part.end8()).step_by(8) {
         for c0 in (0..cols32).step_by(32) {
+            let col_at = &tops.at[c0..c0 + 32];
             // SAFETY: the CPU has AVX-512F/BW/VBMI (the caller's contract). Each 16-byte load
             // reads an 8-element slice of `scratch` (rows r0..r0 + 8 <= rows of column c0 + 8L
             // + j < columns), each masked load 28 bytes of a slice of `plane` of that length,
@@ -893,7 +953,11 @@ unsafe fn put_rows_avx512(
                 for (j, v) in a.iter_mut().enumerate() {
                     let mut lanes = [_mm_setzero_si128(); 4];
                     for (l, lane) in lanes.iter_mut().enumerate() {
-                        let at = (c0 + 8 * l + j) * rows + r0;
+                        let at = if GAPS {
+                            col_at[8 * l + j] + r0
+                        } else {
+                            (c0 + 8 * l + j) * rows + r0
+                        };
                         *lane = _mm_loadu_si128(scratch[at..at + 8].as_ptr().cast());
                     }
                     let w = _mm512_castsi128_si512(lanes[0]);
@@ -963,8 +1027,7 @@ unsafe fn put_rows_avx512(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "ssse3")]
 unsafe fn put_rows_sse2<const W: usize, const SSSE3: bool>(
-    scratch: &[u16],
-    columns: usize,
+    tops: Tops<'_>,
     from: usize,
     plane: &[u8],
     part: Rows,
@@ -977,7 +1040,7 @@ unsafe fn put_rows_sse2<const W: usize, const SSSE3: bool>(
     let pick = _mm_setr_epi8(0, 1, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7);
     let scale = _mm_setr_epi16(128, 1, 2, 4, 8, 16, 32, 64);
     let low7 = _mm_set1_epi16(0x7F);
-    let rows = part.total;
+    let (scratch, columns) = (tops.scratch, tops.at.len());
     let (rows8, cols8) = (part.end8(), columns / 8 * 8);
     let first = part.start * columns;
     // 8 raw values of 7 bits (56 bits of `w`) as 4 + 4 lanes of 16 bits.
@@ -990,7 +1053,7 @@ unsafe fn put_rows_sse2<const W: usize, const SSSE3: bool>(
         for cb in (from..cols8).step_by(cols8.max(1)) {
             for r0 in (rb..(rb + 8).min(rows8)).step_by(8) {
                 for c0 in (cb..cols8).step_by(8) {
-                    let col = |j: usize| &scratch[(c0 + j) * rows + r0..(c0 + j) * rows + r0 + 8];
+                    let col = |j: usize| &scratch[tops.at[c0 + j] + r0..][..8];
                     // SAFETY: SSE2 is part of x86_64; every load reads the 16 bytes of an
                     // 8-element slice of `scratch` and every store writes those of an
                     // 8-element (16-byte) slice of `dst`, both bounds checked when taken.
@@ -1046,12 +1109,12 @@ unsafe fn put_rows_sse2<const W: usize, const SSSE3: bool>(
     // The columns right of the last whole 8, and the rows below the last whole 8.
     for row in part.start..rows8 {
         for c in cols8..columns {
-            put_one::<W>(scratch, part, columns, plane, dst, row, c);
+            put_one::<W>(tops, part, plane, dst, row, c);
         }
     }
     for row in rows8..part.end {
         for c in 0..columns {
-            put_one::<W>(scratch, part, columns, plane, dst, row, c);
+            put_one::<W>(tops, part, plane, dst, row, c);
         }
     }
 }
