@@ -405,15 +405,15 @@ def check_options(options: GenerateOptions, engines_here: int = 1) -> Checked:
     positions = local_max_positions(o.model, config, engine_args)
     if positions is not None:
         _check_context(positions, o.max_len, o.max_tokens, engine_args)
+    out_dir = os.path.abspath(o.out)
     early = config_num_layers(config) if config is not None else None
     if early is not None:
         early_layers, _ = _check_layers(o, engine_args, list(config.get("architectures") or []), early)  # type: ignore[union-attr]
-        check_earlier_runs(os.path.abspath(o.out), o.model, early_layers)  # the layers of its shards
+        check_earlier_runs(out_dir, o.model, early_layers)  # the layers of its shards
     elif config is not None:  # no layer count under a known key (Nemotron-H's layers_block_type)
         _check_generated_rows(o, o.capture, list(config.get("architectures") or []))
     rows = open_rows(o.data, o.limit)
     check_loss_mask(o.loss_mask, rows.column, rows.has_loss_mask, o.reduction)
-    out_dir = os.path.abspath(o.out)
     connector = check_connector_args(o.connector_args, out_dir)  # the connector's options need no vLLM
     # From here on, vLLM and transformers are imported.
     check_engine_args(engine_args)
@@ -463,7 +463,8 @@ def run_one(
     connector = dict(c.connector)
     state = prepare_output(out_dir, model, layer_ids, first_run=first_run)
     try:
-        check_same_data(out_dir, state.done, rows, c.renderer, os.path.abspath(o.data))
+        if assigned is None:  # an engine of a parallel run: its orchestrator checked each part (prepare_parts)
+            check_same_data(out_dir, state.done, rows, c.renderer, os.path.abspath(o.data))
         vllm_log.start(out_dir)  # the directory exists and is this run's now
         vllm_log.watch_writer(error_marker_path(out_dir, state.writer_id))
         done = np.zeros(rows.num_rows, dtype=bool)
