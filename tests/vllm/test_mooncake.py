@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -139,8 +142,6 @@ def test_a_store_too_small_for_the_run_is_counted_and_fails_the_command(
     record the store no longer holds once the run is over (``store_missing``, the evicted among
     them in ``store_evicted``), the exit status is 1, the spool is kept, and nothing of
     Mooncake's own log is in the command's output."""
-    import re
-
     import layertap.generate as generate_module
     from layertap.cli import main as layertap_cli
 
@@ -233,10 +234,53 @@ def _fetch_elsewhere(params: list[dict], path) -> list[Record]:
     ]
 
 
+#: Seconds into the server's stop after which a worker that has not written its statistics
+#: prints every thread's Python stack into server.log (``_stop``). vLLM's server kills the engine
+#: and its worker 30 s into the stop: once in fresh-clone CI (2026-12-06) the worker's shutdown
+#: stalled before its writer's close, and the log did not say where.
+STALL_DUMP_AFTER = 25.0
+
+
+def _worker_pid(server) -> int | None:
+    """The pid of the server's (one) worker, as its log lines name it, if it still runs."""
+    found = re.search(r"\(Worker pid=(\d+)\)", server.log_path.read_text(errors="replace"))
+    if found is None:
+        return None
+    pid = int(found.group(1))
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return pid if f.read().strip() == "VLLM::Worker" else None  # not a pid taken since
+    except OSError:
+        return None
+
+
+def _stop(server, stats) -> int:
+    """``server.stop()``; where the worker has not written ``stats`` ``STALL_DUMP_AFTER`` s into
+    it, the worker is sent SIGABRT first: with PYTHONFAULTHANDLER set (the test sets it before
+    the start), Python prints every thread's stack, whatever thread holds the GIL, then aborts."""
+    stopped = threading.Event()
+
+    def dump_if_stalled() -> None:
+        if stopped.wait(STALL_DUMP_AFTER) or stats.exists():
+            return
+        pid = _worker_pid(server)
+        if pid is not None:
+            os.kill(pid, signal.SIGABRT)
+
+    watch = threading.Thread(target=dump_if_stalled, name="stall-dump")
+    watch.start()
+    try:
+        return server.stop()
+    finally:
+        stopped.set()
+        watch.join()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)  # a store, a server start (up to 240 s), requests, a clean stop
-def test_served_engine_through_the_store(store, tiny_model, reference, tmp_path):
+def test_served_engine_through_the_store(store, tiny_model, reference, tmp_path, monkeypatch):
     spool, stats = tmp_path / "spool", tmp_path / "stats.json"
+    monkeypatch.setenv("PYTHONFAULTHANDLER", "1")  # a stalled stop prints the stacks (_stop)
     address = store.address("serve")
     connector = connector_config(
         spool, stats_path=str(stats), writer_id="serve-mc", mooncake=address, mooncake_keep_shards=True
@@ -270,7 +314,7 @@ def test_served_engine_through_the_store(store, tiny_model, reference, tmp_path)
             time.sleep(0.5)
         assert one_value(samples, "layertap_store_records_put_total") == 2
     finally:
-        assert server.stop() == 0, server.log_tail()
+        assert _stop(server, stats) == 0, server.log_tail()
     mooncake = read_stats(stats)["mooncake"]
     assert mooncake["records_put"] == 2 and mooncake["records_failed"] == 2, mooncake
     r = _cli("verify", str(spool))
