@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import layertap
-from helpers import BUSY_WRITER, busy_record, make_tensors, python_runs_during, writer_class
+from helpers import BUSY_WRITER, make_tensors, python_runs_during, writer_class
 from layertap.errors import InvalidInputError, WriterClosedError
 
 
@@ -108,32 +108,50 @@ def test_codec_none_ignores_level_and_env_overrides_io(tmp_path, monkeypatch):
 # The GIL
 
 
+#: Sizes (MiB) of the record a GIL check waits for, one try each until the check sees what it
+#: looks for: random bytes that keep ``BUSY_WRITER``'s one compression thread busy (0.2, 0.6
+#: and 4 s on the 2-core machine; 16 MiB is ``helpers.busy_record``'s). A wait that keeps the
+#: GIL lets the probe thread run 0 times however long it lasts (``python_runs_during``), so it
+#: fails every try; a longer try is for a loaded machine, where the test's thread may not get
+#: to its call, or the probe to the released GIL, before a short record is written.
+BUSY_MIB = (1, 4, 16)
+
+
+def busy(mib: int) -> dict:
+    """A record of ``mib`` MiB of random bytes, as numpy (made before the watched call: torch's
+    methods and os.urandom let the GIL go by themselves, a release that is not the writer's)."""
+    return {"x": np.frombuffer(bytearray(os.urandom(mib << 20)), dtype=np.uint8)}
+
+
 def test_gil_is_released_during_flush_and_blocked_submit(tmp_path):
     """Another Python thread runs while ``flush`` waits and while ``submit`` waits for budget,
     watched without a clock (``helpers.python_runs_during``). Each waits for a record that keeps
-    the writer's one compression thread busy for about a second (``BUSY_WRITER``)."""
-    # numpy, made first: torch's methods (the writer's view of a tensor) and os.urandom let the
-    # GIL go by themselves, so they would show a release that is not the writer's
-    busy = {"x": busy_record()["x"].numpy()}
+    the writer's one compression thread busy (``BUSY_MIB``)."""
     small = {"x": np.zeros(1 << 10, dtype=np.uint16)}
-    with Writer(tmp_path / "a", **BUSY_WRITER) as w:
-        w.submit("first", busy)
-        ran = python_runs_during(w.flush)
-    assert ran > 0, "no other Python thread ran while flush waited: it kept the GIL"
+    flushes = []
+    for mib in BUSY_MIB:
+        record = busy(mib)
+        with Writer(tmp_path / f"a{mib}", **BUSY_WRITER) as w:
+            w.submit("first", record)
+            flushes.append((mib, python_runs_during(w.flush)))
+        if flushes[-1][1] > 0:
+            break
+    assert flushes[-1][1] > 0, f"no other Python thread ran while flush waited (MiB, runs: {flushes}): it kept the GIL"
 
     # A try in which the test's thread was held up until "first" was written has no wait to
-    # look at (blocked_seconds 0): up to three tries.
+    # look at (blocked_seconds 0): the next, longer, try.
     tries = []
-    for attempt in range(3):
-        with Writer(tmp_path / f"b{attempt}", max_inflight_bytes=1, **BUSY_WRITER) as w:
-            w.submit("first", busy)
+    for mib in BUSY_MIB:
+        record = busy(mib)
+        with Writer(tmp_path / f"b{mib}", max_inflight_bytes=1, **BUSY_WRITER) as w:
+            w.submit("first", record)
             ran = python_runs_during(lambda w=w: w.submit("second", small))  # waits for "first"
-            tries.append((w.stats["blocked_seconds"], ran))
-        if tries[-1][0] > 0:
+            tries.append((mib, w.stats["blocked_seconds"], ran))
+        if tries[-1][1] > 0 and ran > 0:
             break
-    blocked, ran = tries[-1]
-    assert blocked > 0, f"no try waited for the budget: {tries}"
-    assert ran > 0, "no other Python thread ran while submit waited for budget: it kept the GIL"
+    _, blocked, ran = tries[-1]
+    assert blocked > 0, f"no try waited for the budget (MiB, blocked s, runs): {tries}"
+    assert ran > 0, f"no other Python thread ran while submit waited for budget: it kept the GIL {tries}"
 
 
 # ---------------------------------------------------------------------------------------------
