@@ -3,6 +3,7 @@ engine arguments for the tiny model, and running the command in a child process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -182,3 +183,83 @@ def _now() -> float:
     import time
 
     return time.monotonic()
+
+
+class RowsHeldBack:
+    """A JSONL dataset at ``path`` served through named pipes, its last row held back until
+    ``release()``: a run cannot finish before then, however fast its engine (800 rows took 0.9 s
+    on this machine's CPU), so an interrupt sent once a handshake shows records written lands in
+    a run with work left, by construction rather than by a margin of rows. The command reads the
+    file twice (``JsonlRows`` counts the lines, then streams them): the first pipe gives every
+    line, the second, which ``path`` names by the time the run opens it again, all but the last.
+    ``as_file()`` then puts the same rows in a plain file at ``path``, for the same command to
+    resume."""
+
+    def __init__(self, path: Path, rows: list):
+        self.path = str(path)
+        self.lines = [(r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows]
+        self._released = threading.Event()
+        os.mkfifo(self.path)
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        try:
+            with open(self.path, "w") as counted:  # returns once the run opened it to count
+                # The pipe of the second read replaces this one's name now: the run holds this
+                # one open, so its count sees this one's end, never the other's lines.
+                second = self.path + ".next"
+                os.mkfifo(second)
+                os.replace(second, self.path)
+                counted.writelines(self.lines)
+            with open(self.path, "w") as streamed:
+                streamed.writelines(self.lines[:-1])
+                streamed.flush()
+                self._released.wait()
+        except BrokenPipeError:  # the run ended (interrupted, killed) before it read them all
+            pass
+
+    def release(self) -> None:
+        """Ends the pipe without the held-back row (the run is over by now)."""
+        self._released.set()
+        deadline = _now() + 10
+        while self._thread.is_alive() and _now() < deadline:
+            # A run that ended before it opened a pipe: open and close the other end, so that
+            # the writer's open returns and its writes fail (BrokenPipeError).
+            with contextlib.suppress(OSError):
+                os.close(os.open(self.path, os.O_RDONLY | os.O_NONBLOCK))
+            self._thread.join(0.1)
+        assert not self._thread.is_alive(), "the rows' writer did not end"
+
+    def as_file(self) -> str:
+        """Releases the pipe and leaves the same rows in a plain file at ``path``."""
+        self.release()
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            f.writelines(self.lines)
+        os.replace(tmp, self.path)
+        return self.path
+
+
+def wait_for_records(child: Child, out: Path, timeout: float, writer_id: str = "gen-0") -> int:
+    """Waits until the shards of the run's writer in ``out`` hold a record (counted as the run's
+    progress counts them, from the frames in the files); returns how many there are, or 0 if the
+    child ended or the time ran out first."""
+    from layertap.generate.progress import ShardFollower
+
+    deadline = _now() + timeout
+    follower = None
+    try:
+        while child.proc.poll() is None and _now() < deadline:
+            if follower is None and out.is_dir():
+                follower = ShardFollower(str(out), writer_id)
+            if follower is not None:
+                follower.poll()
+                if follower.records:
+                    return follower.records
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.proc.wait(0.05)  # or until it ends
+    finally:
+        if follower is not None:
+            follower.close()
+    return 0

@@ -1,7 +1,8 @@
 """``layertap generate`` through real vLLM engines: records equal transformers' hidden states
 for the rendered tokens, bad rows skipped and listed, loss masks and output tokens, and the
 progress output on a terminal and without one (its last figures final and timed to the last
-row), vLLM's log in the dataset's directory rather than on stderr, and on stderr with --verbose."""
+row), vLLM's log in the dataset's directory rather than on stderr (on stderr with --verbose:
+test_generate_start_stop.py's SIGTERM test)."""
 
 from __future__ import annotations
 
@@ -279,15 +280,3 @@ def test_progress_bar_on_a_terminal(tiny_model, tmp_path):
     assert 60 * minutes + seconds <= summary["seconds"]["generate"] + 1, (bars[-1], summary["seconds"])
     assert_no_vllm_log(child.lines)
     assert_vllm_log_in(out)
-
-
-def test_verbose_shows_vllms_log(tiny_model, tmp_path):
-    """--verbose: vLLM's log on stderr at its own level, as without layertap; stdout still holds
-    the summary alone, and no log file is written."""
-    data = write_jsonl(tmp_path / "ids.jsonl", id_rows(4, 3, 8))
-    out = tmp_path / "out"
-    child = Child(generate_cmd(tiny_model, data, str(out), "--verbose", "--json"), multiprocessing=False)
-    assert child.finish(timeout=240) == 0, child.stderr
-    assert json.loads(child.stdout)["rows_written"] == 4
-    assert any(re.search(r"\(MainProcess pid=\d+\) INFO ", line) for line in child.lines), child.stderr
-    assert not (out / "vllm.log").exists()
