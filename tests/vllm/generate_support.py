@@ -220,7 +220,8 @@ class RowsHeldBack:
             pass
 
     def release(self) -> None:
-        """Ends the pipe without the held-back row (the run is over by now)."""
+        """Ends the pipe without the held-back row, once the run is over (a run still reading, a
+        failed test's, keeps the writer: the test reports what failed, not this)."""
         self._released.set()
         deadline = _now() + 10
         while self._thread.is_alive() and _now() < deadline:
@@ -229,11 +230,11 @@ class RowsHeldBack:
             with contextlib.suppress(OSError):
                 os.close(os.open(self.path, os.O_RDONLY | os.O_NONBLOCK))
             self._thread.join(0.1)
-        assert not self._thread.is_alive(), "the rows' writer did not end"
 
     def as_file(self) -> str:
         """Releases the pipe and leaves the same rows in a plain file at ``path``."""
         self.release()
+        assert not self._thread.is_alive(), "the rows' writer did not end"
         tmp = self.path + ".tmp"
         with open(tmp, "w") as f:
             f.writelines(self.lines)
