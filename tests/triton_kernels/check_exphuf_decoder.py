@@ -44,6 +44,11 @@ from layertap.errors import CorruptRecordError, InvalidInputError  # noqa: E402
 from layertap.gpu import exphuf_columns, exphuf_decode  # noqa: E402
 from layertap.gpu.exphuf_decode import decode_records  # noqa: E402
 
+if os.environ.get("TRITON_INTERPRET") == "1":  # its frontend cheaper a step, same results: faster_interpreter.py
+    import faster_interpreter
+
+    faster_interpreter.install()
+
 ACTIVATIONS = TESTS.parent / ".devbundle" / "acts" / "activations-2k.safetensors"
 NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.int64: "I64"}
 

@@ -35,6 +35,11 @@ from test_gpu_exphuf import CASES, NAMES, activations_like, reference  # noqa: E
 from layertap._spec import exphuf as spec  # noqa: E402
 from layertap.gpu import exphuf, exphuf_triton  # noqa: E402
 
+if os.environ.get("TRITON_INTERPRET") == "1":  # its frontend cheaper a step, same results: faster_interpreter.py
+    import faster_interpreter
+
+    faster_interpreter.install()
+
 #: 64 tokens of all-MiniLM-L6-v2's bf16 hidden states ([64, 7, 384]), committed beside this
 #: script (made by benches/activations.py) so that the real case runs wherever the suite runs.
 ACTIVATIONS = Path(__file__).resolve().parent / "minilm-bf16-64-tokens.safetensors"
