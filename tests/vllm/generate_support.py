@@ -74,6 +74,20 @@ def generate_cmd(model: str, data: str, out: str, *extra: str, engine_args: dict
     ]
 
 
+#: tests/, on the test process's path for the tests' imports.
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def engine_processes_in_default_layout(monkeypatch) -> None:
+    """For ``layertap generate`` run in the test's process: its engine in vLLM's default layout
+    (engine core and worker in processes of their own), which multiprocessing starts with this
+    process's path, less tests/: there tests/triton_kernels (checks of our kernels) is the
+    package vLLM probes by that name, and they logged "Failed to import Triton kernels" on
+    stderr, which a command's own processes do not."""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if os.path.abspath(p or ".") != TESTS])
+
+
 def child_env(multiprocessing: bool) -> dict:
     env = dict(os.environ)
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocessing else "0"

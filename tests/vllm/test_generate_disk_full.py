@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from generate_support import Child, chat_rows, generate_cmd, write_jsonl
+from generate_support import chat_rows, engine_processes_in_default_layout, generate_cmd, write_jsonl
 
 import layertap
 from helpers import mounted_tmpfs
@@ -23,42 +23,46 @@ from vllm_support import VLLM_WARNINGS
 pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
 
 
-def test_generate_stops_at_a_full_disk_with_one_line(tiny_model, tmp_path, capsys, in_process_command):
+def test_generate_stops_at_a_full_disk_with_one_line(tiny_model, tmp_path, capfd, in_process_command, monkeypatch):
+    # The command in this process (a child's import of vLLM saved: 10 s of CPU), its engine in
+    # vLLM's default layout, whose processes' stderr is this process's.
+    engine_processes_in_default_layout(monkeypatch)
     data = write_jsonl(tmp_path / "chat.jsonl", chat_rows(50, seed=1))
     with mounted_tmpfs(tmp_path / "hs", "600k") as out:
-        child = Child(
-            generate_cmd(tiny_model, data, out, "--progress", "lines", "--progress-interval", "0.2"),
-            multiprocessing=True,
+        capfd.readouterr()
+        status = layertap_cli(
+            generate_cmd(tiny_model, data, out, "--progress", "lines", "--progress-interval", "0.2")[3:]
         )
-        # The one line comes as the run stops; the drain's path never prints it (it ends with
-        # a summary on stdout instead), so seeing it is seeing that path was not taken.
-        line = child.wait_for(lambda text: text.startswith("layertap generate: "), timeout=600)
-        assert child.finish(timeout=120) == 1, child.stderr
-        assert line is not None, child.stderr
-        assert child.stdout == b"", child.stdout  # no summary: the run did not go on to one
-        # Besides the progress lines, that line alone: not vLLM's errors as its engine stops.
-        others = [text for text in child.lines if not text.startswith("generate: ")]
-        assert others == [line], child.stderr
+        got = capfd.readouterr()
+        lines = got.err.replace("\r", "\n").splitlines()
+        assert status == 1, got.err[-3000:]
+        assert got.out == "", got.out  # no summary: the run did not go on to one
+        # Besides the progress lines, one line: not vLLM's errors as its engine stops. (The drain's
+        # path never prints it: it ends with a summary on stdout instead.)
+        others = [text for text in lines if not text.startswith("generate: ")]
+        assert len(others) == 1, got.err[-3000:]
+        line = others[0]
         assert line.startswith(f"layertap generate: {out}: disk full, "), line
         free = re.search(r"disk full, (.+?) free \(write of gen-0-000000\.lts failed: ", line)
         assert free, line
         assert line.endswith("then run the same command again to resume"), line
-        assert "Traceback" not in child.stderr, child.stderr
+        assert "Traceback" not in got.err, got.err[-3000:]
         # What was written before the failure is there, whole, and the progress counted it.
         with layertap.open(out) as ds:
             written = len(ds)
             assert all(ds[k]["hidden_states"].shape[0] > 0 for k in ds.keys())
         assert 0 < written < 50
-        progress = [text for text in child.lines if text.startswith("generate: ")]
+        progress = [text for text in lines if text.startswith("generate: ")]
         assert progress and progress[-1].startswith(f"generate: {written}/50 rows "), (progress, written)
         verified = subprocess.run([sys.executable, "-m", "layertap", "verify", out], capture_output=True, text=True)
         assert verified.returncode == 0, verified.stdout + verified.stderr
         assert os.path.exists(os.path.join(out, "gen-0.error"))
-        # With room, the same command resumes after them (the error file left is the run's).
+        # With room, the same command resumes after them (the error file left is the run's), its
+        # engine in this process too.
         subprocess.run(["mount", "-o", "remount,size=8m", out], check=True)
-        # (In this process, engine too: the resume is the run's, and the child's import is saved.)
+        monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         status = layertap_cli(generate_cmd(tiny_model, data, out, "--progress", "none")[3:])
-        captured = capsys.readouterr()
+        captured = capfd.readouterr()
         assert status == 0, captured.err[-3000:]
         assert "dataset complete: 50 of 50 usable rows" in captured.out, captured.out
         with layertap.open(out) as ds:

@@ -16,7 +16,15 @@ import sys
 import warnings
 
 import pytest
-from generate_support import Child, RowsHeldBack, generate_cmd, id_rows, wait_for_records, write_jsonl
+from generate_support import (
+    Child,
+    RowsHeldBack,
+    engine_processes_in_default_layout,
+    generate_cmd,
+    id_rows,
+    wait_for_records,
+    write_jsonl,
+)
 
 import layertap
 from layertap.cli import main as layertap_cli
@@ -45,7 +53,7 @@ def test_an_engine_that_does_not_start_is_one_line_naming_vllms_error(
     and none of the processes' tracebacks reach stderr (they are in the log). The command runs in
     this process (a child's import of vLLM saved: 10 s of CPU), its engine in vLLM's default
     layout, the engine core and its worker each in a process of its own."""
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    engine_processes_in_default_layout(monkeypatch)
     data = write_jsonl(tmp_path / "ids.jsonl", id_rows(4, 3, 8))
     out = tmp_path / "out"
     capfd.readouterr()
