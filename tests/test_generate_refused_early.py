@@ -8,6 +8,7 @@ tests/test_generate_options.py checks --connector-args."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -94,3 +95,23 @@ def test_the_context_is_told_early_only_where_the_configuration_settles_it(model
     assert local_max_positions(name, config, {"hf_overrides": {"max_position_embeddings": 4096}}) is None
     monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
     assert local_max_positions(name, config, {}) is None
+
+
+def test_data_from_a_pipe_is_refused_before_vllm(model, tmp_path):
+    """``--data <(zcat rows.jsonl.gz)`` hands generate a pipe it can read once: it counted the rows
+    in it, then streamed none (the pipe was drained) and resumed none. Refused, naming the fix."""
+    read, write = os.pipe()
+    os.write(write, b'{"input_ids": [5, 6, 7]}\n')
+    os.close(write)
+    try:
+        argv = ["generate", str(model), "--data", f"/dev/fd/{read}", "--out", str(tmp_path / "out")]
+        proc = run_python(REFUSED_BEFORE_VLLM, *argv, pass_fds=(read,))
+    finally:
+        os.close(read)
+    assert proc.stdout.strip() == NOT_IMPORTED, proc.stderr
+    assert proc.stderr.strip() == (
+        f"layertap generate: /dev/fd/{read}: is a pipe (as `<(...)` or stdin give), which can be read once; "
+        "generate reads --data more than once (to count its rows, to stream them, to resume): write it to a "
+        "file first, e.g. `zcat rows.jsonl.gz > rows.jsonl`"
+    )
+    assert not (tmp_path / "out").exists()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -254,12 +255,30 @@ class HfDatasetRows(_Columnar):
         return self._ds.select_columns(self._columns).with_format(None).select(indices)[:]
 
 
+def _is_anonymous_pipe(path: str) -> bool:
+    """Whether ``path`` names a pipe without a name of its own (``/dev/fd/63`` of a shell's
+    ``<(zcat ...)``, ``/dev/stdin`` fed by ``|``): opening it again gives the same pipe, already
+    drained. A named FIFO (mkfifo) can be opened again and written again, so it is let through."""
+    try:
+        if not stat.S_ISFIFO(os.stat(path).st_mode):
+            return False
+    except OSError:
+        return False
+    return not os.path.exists(os.path.realpath(path))  # /proc/PID/fd/pipe:[INODE] is no path
+
+
 def open_rows(path: str | os.PathLike, limit: int | None = None) -> RowSource:
     """The rows of ``path``: a directory is a ``datasets`` directory, ``*.parquet`` a Parquet
     file, anything else JSON Lines. Raises GenerateError (one line) when it cannot be read."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise GenerateError(f"{path}: no such file or directory")
+    if _is_anonymous_pipe(path):
+        raise GenerateError(
+            f"{path}: is a pipe (as `<(...)` or stdin give), which can be read once; generate reads --data "
+            "more than once (to count its rows, to stream them, to resume): write it to a file first, "
+            "e.g. `zcat rows.jsonl.gz > rows.jsonl`"
+        )
     if os.path.isdir(path):
         return HfDatasetRows(path, limit)
     if path.endswith((".parquet", ".pq")):
