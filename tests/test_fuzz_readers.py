@@ -47,7 +47,7 @@ def test_a_short_fuzz_run_finds_nothing(tmp_path):
     )
     # The uncaught exception (a disagreement, with what each reader found) comes before
     # libFuzzer's last lines of progress and statistics: show the end of both streams.
-    tail = f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-8000:]}"
+    tail = f"libFuzzer -seed={SEED} -runs={RUNS}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-8000:]}"
     assert proc.returncode == 0, tail
     assert "stat::number_of_executed_units" in proc.stderr, tail
     runs = int(proc.stderr.split("stat::number_of_executed_units:")[1].split()[0])
