@@ -9,7 +9,8 @@ recovery), ``rust`` is the Rust core through the bindings (``RustShardReader``,
 ``layertap.recover``). Then the shard is recovered and read again. Any exception other than the
 reader's own errors (``FormatError`` and its ``CorruptRecordError``) is a failure, and so is a
 Rust panic (``PanicException``). With ``both``, the two readers must also agree on what they
-find: the records, the problems, which records read, and the bytes their recoveries leave.
+find: the records, the problems, what each record reads as (metadata and tensors' bytes, or a
+refusal), and the bytes their recoveries leave.
 
 libFuzzer enforces the rest: a case running past ``-timeout`` is a hang, and the process may
 not grow past ``-rss_limit_mb`` (4 GiB past the peak it inherited from the process that started
@@ -74,7 +75,8 @@ def _probe(cls, path: str) -> dict | None:
             try:
                 metadata, tensors = r.read(i)
                 assert metadata.get("key") == r.entries[i].key
-                ok = [(n, d, tuple(s), bytes(memoryview(b).cast("B"))) for n, d, s, b in tensors]
+                # What it read, values included: two readers that read a record must read the same.
+                ok = (metadata, [(n, d, tuple(s), bytes(memoryview(b).cast("B"))) for n, d, s, b in tensors])
             except FormatError:
                 ok = None
             try:
@@ -86,7 +88,7 @@ def _probe(cls, path: str) -> dict | None:
                 checked = True
             except FormatError:
                 checked = False
-            found["reads"].append((ok is not None, checked))
+            found["reads"].append((ok, checked))
         return found
     finally:
         r.close()
