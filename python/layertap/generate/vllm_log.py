@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import logging
+import logging.config
 import os
 import re
 import signal
@@ -52,6 +54,12 @@ def configure(verbose: bool) -> None:
         os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
         return
     os.environ["VLLM_LOGGING_CONFIG_PATH"] = CONFIG
+    if "vllm.logger" in sys.modules:
+        # vLLM reads the variable when it configures its logging, and not again while its
+        # configuration is unchanged: a process where vLLM ran before (the command run from
+        # Python, a second run in one process) gets the file's handlers here.
+        with open(CONFIG, encoding="utf-8") as f:
+            logging.config.dictConfig(json.load(f))
     # torch's C++ warnings (NUMA binding on a CPU) bypass Python's logging: they cannot go to the
     # file, so only errors are shown.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
