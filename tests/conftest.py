@@ -18,40 +18,48 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np
 import pytest
 
-#: Seconds the suite's longest files took (their tests' ``--durations`` summed, in a whole run on
-#: the loaded 2-core machine, 2026-12-05; only their order matters). A file not listed counts
-#: ``SECONDS_A_TEST`` a test (that run's mean over the others).
+#: Seconds the suite's longest files took (their tests' ``--durations`` summed, in a whole
+#: fresh-clone run on the 2-core machine beside other work, 2026-12-06; only their order
+#: matters). A file not listed counts ``SECONDS_A_TEST`` a test (that run's mean over the others).
 LONGEST_FILES = {
-    "vllm/test_generate_start_stop.py": 235,  # its SIGKILL test went into test_generate_resume.py
-    "vllm/test_mooncake.py": 155,  # 160 before its served test fetched both records in one process
-    "vllm/test_generate_parallel.py": 130,
-    "vllm/test_generate.py": 115,  # 169 before its progress test without a terminal ran in-process
-    "vllm/test_in_model.py": 99,
-    "vllm/test_serve.py": 90,
-    "test_triton_torch_decode.py": 78,  # 94 before its records were sized for the interpreter
-    "vllm/test_generate_prepared_data.py": 68,
-    "test_triton_exphuf_encoder.py": 63,  # 81 before its cases were sized for the interpreter
-    "vllm/test_generate_resume.py": 82,  # 62 before one kill was of the command alone
-    "vllm/test_generate_disk_full.py": 59,
-    "vllm/test_trainers.py": 58,
-    "vllm/test_plugin_values.py": 55,  # 99 while OpenMP threads spun
-    "test_triton_exphuf_decoder.py": 54,  # 104 before its cases were sized for the interpreter
-    "vllm/test_values.py": 45,  # 61 while OpenMP threads spun
-    "vllm/test_tensor_parallel.py": 44,
-    "trainers/test_speculators.py": 42,
-    "test_torn_shards.py": 41,
-    "test_writers.py": 40,
-    "vllm/test_generate_checked_first.py": 39,
-    "vllm/test_vision_language.py": 39,
-    "trainers/test_modelopt.py": 39,
-    "vllm/test_config.py": 36,
-    "test_fuzz_readers.py": 36,  # one 34-37 s test: unweighted it was among the last files to start
-    "trainers/test_speculators_fp8.py": 32,
-    "test_writer.py": 32,
-    "mooncake/test_store.py": 25,
-    "vllm/test_hybrid_values.py": 23,  # 127 while OpenMP threads spun (OMP_WAIT_POLICY above)
-    "mooncake/test_faults.py": 16,
-    "vllm/test_kernel_replaced_values.py": 11,  # 47 while OpenMP threads spun
+    "vllm/test_generate_start_stop.py": 158,
+    "vllm/test_trainers.py": 92,
+    "vllm/test_generate_resume.py": 74,
+    "vllm/test_generate_parallel.py": 68,
+    "vllm/test_serve.py": 59,
+    "vllm/test_values.py": 56,
+    "vllm/test_in_model.py": 54,
+    "vllm/test_plugin_values.py": 53,
+    "vllm/test_generate.py": 53,
+    "vllm/test_mooncake.py": 50,
+    "vllm/test_generate_checked_first.py": 47,
+    "test_torn_shards.py": 45,
+    "vllm/test_generate_prepared_data.py": 42,
+    "vllm/test_tensor_parallel.py": 36,
+    "mooncake/test_store.py": 34,
+    "vllm/test_generate_disk_full.py": 34,
+    "test_triton_exphuf_decoder.py": 32,
+    "test_writers.py": 30,
+    "mooncake/test_faults.py": 29,
+    "vllm/test_vision_language.py": 28,
+    "trainers/test_modelopt.py": 25,
+    "trainers/test_speculators.py": 24,
+    "test_cli.py": 24,
+    "test_triton_torch_decode.py": 23,
+    "test_triton_exphuf_encoder.py": 23,
+    "vllm/test_config.py": 22,
+    "test_doctor.py": 21,
+    "test_fuzz_readers.py": 18,
+    "test_dataset.py": 17,
+    "test_inspect_stats.py": 16,
+    "trainers/test_specforge.py": 14,
+    "vllm/test_vllm_interface.py": 14,
+    "test_lost_in_recovery.py": 12,
+    "test_crash.py": 11,
+    "trainers/test_export.py": 11,
+    "test_makefile.py": 10,
+    "vllm/test_hybrid_values.py": 10,
+    "test_writer_gil.py": 9,
 }
 SECONDS_A_TEST = 0.4
 
