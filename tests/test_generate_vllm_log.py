@@ -68,6 +68,38 @@ print(json.dumps({"path": path, "log_file": vllm_log.log_file(sys.argv[1])}))
     ], proc.stderr
 
 
+def test_a_run_after_an_interrupted_one_or_a_full_disk_logs_and_shows_errors_again(tmp_path):
+    """``layertap.generate`` called again in one process: a run that filled its disk stopped
+    writing its log, an interrupted run stopped showing vLLM's errors, and both stayed so for the
+    process's life, so the next run's ``vllm.log`` stayed empty (fresh-clone CI: an in-process
+    full-disk run, then another run's log empty on the same xdist worker)."""
+    code = (
+        SETUP
+        + """
+configure_as_vllm_does()
+log = logging.getLogger("vllm.engine")
+os.mkdir("full")
+os.symlink("/dev/full", "full/vllm.log")  # every write fails as on a full disk
+vllm_log.start("full")
+log.info("lost: the disk is full")
+vllm_log.silence()  # the run is interrupted
+log.error("not shown: the run was interrupted")
+os.mkdir("next")
+vllm_log.start("next")
+log.info("the next run's line")
+log.error("the next run's error")
+print(open("next/vllm.log").read(), end="")
+"""
+    )
+    proc = run_python(code, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert [line.split("] ", 1)[1] for line in proc.stdout.splitlines()] == [
+        "the next run's line",
+        "the next run's error",
+    ]
+    assert "the next run's error" in proc.stderr and "not shown" not in proc.stderr, proc.stderr
+
+
 def test_refused_input_leaves_no_log(tmp_path):
     """Nothing is written before the run has its directory: input refused then leaves no file."""
     code = SETUP + "configure_as_vllm_does()\nlogging.getLogger('vllm').warning('checking')\n"
@@ -208,7 +240,7 @@ def test_the_start_error_of_a_setting_vllm_refuses_names_the_setting():
     ]
 
 
-def test_the_engine_output_relay_ends_with_its_run_and_keeps_the_last_lines(capfd):
+def test_the_engine_output_relay_ends_with_its_run_and_keeps_the_last_lines(capfd, tmp_path):
     """Each engine run sets up a relay of its processes' stderr (a pipe, a dup of stderr, a
     thread); a user calling ``layertap.generate`` in a loop must get all of it back each time,
     although a process that outlives the engine (multiprocessing's resource tracker) still holds
@@ -217,8 +249,10 @@ def test_the_engine_output_relay_ends_with_its_run_and_keeps_the_last_lines(capf
     import os
     import threading
 
+    from layertap.generate import vllm_log
     from layertap.generate.vllm_log import EngineOutput
 
+    vllm_log.start(str(tmp_path))  # a run begins (an earlier test's run may have been interrupted)
     hold_r, hold_w = os.pipe()  # the long-lived process lives until this closes
     threads, fds = set(threading.enumerate()), sorted(os.listdir("/proc/self/fd"))
     survivors = []

@@ -85,6 +85,7 @@ def start(directory: str) -> str | None:
     """vLLM's log of this process, and of the processes it starts from now on, goes to
     ``directory/vllm.log`` (appended to: a rerun's log follows the earlier runs'). Returns the
     file, or None when vLLM logs elsewhere."""
+    _LOG.new_run()
     if not in_use():
         return None
     path = os.path.join(directory, LOG_NAME)
@@ -129,12 +130,21 @@ class _RunLog:
         """Set once the run is interrupted: nothing more of vLLM's on stderr (``silence``)."""
         atexit.register(self.close)
 
+    def new_run(self) -> None:
+        """A run begins in this process (``layertap.generate`` called again, a run after an
+        interrupted one or one that filled its disk): it writes its lines and shows vLLM's errors
+        until it is interrupted or its own disk fills."""
+        with self._lock:
+            self._full = False
+            self.quiet = False
+
     def open(self, path: str) -> None:
         with self._lock:
             if self._file is not None:
                 if self._file.name == path:
                     return
-                self._file.close()
+                with contextlib.suppress(OSError):  # what an earlier run's full disk did not take
+                    self._file.close()
             self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the process's life
             self.path, self.run_offset = path, self._file.tell()
             self._file.writelines(self._pending)
