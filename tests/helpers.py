@@ -298,9 +298,10 @@ def takes_o_direct(directory) -> bool:
 BUSY_WRITER = {"codec": "zstd", "level": 19, "threads": 1}
 
 
-def busy_record() -> dict[str, torch.Tensor]:
-    """A record's tensors that take ``BUSY_WRITER``'s thread seconds to compress."""
-    return {"x": torch.frombuffer(bytearray(os.urandom(16 << 20)), dtype=torch.uint8)}
+def busy_record(mib: int = 16) -> dict[str, torch.Tensor]:
+    """A record's tensors (``mib`` MiB of random bytes) that take ``BUSY_WRITER``'s thread seconds
+    to compress (16 MiB: about 4 s on the 2-core machine)."""
+    return {"x": torch.frombuffer(bytearray(os.urandom(mib << 20)), dtype=torch.uint8)}
 
 
 #: The switch interval while ``python_runs_during`` watches: longer than any test, so that a

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import layertap
-from helpers import BUSY_WRITER, make_tensors, python_runs_during, writer_class
+from helpers import BUSY_WRITER, busy_record, make_tensors, python_runs_during, writer_class
 from layertap.errors import InvalidInputError, WriterClosedError
 
 
@@ -110,7 +110,7 @@ def test_codec_none_ignores_level_and_env_overrides_io(tmp_path, monkeypatch):
 
 #: Sizes (MiB) of the record a GIL check waits for, one try each until the check sees what it
 #: looks for: random bytes that keep ``BUSY_WRITER``'s one compression thread busy (0.2, 0.6
-#: and 4 s on the 2-core machine; 16 MiB is ``helpers.busy_record``'s). A wait that keeps the
+#: and 4 s on the 2-core machine; ``helpers.busy_record``). A wait that keeps the
 #: GIL lets the probe thread run 0 times however long it lasts (``python_runs_during``), so it
 #: fails every try; a longer try is for a loaded machine, where the test's thread may not get
 #: to its call, or the probe to the released GIL, before a short record is written.
@@ -118,9 +118,9 @@ BUSY_MIB = (1, 4, 16)
 
 
 def busy(mib: int) -> dict:
-    """A record of ``mib`` MiB of random bytes, as numpy (made before the watched call: torch's
-    methods and os.urandom let the GIL go by themselves, a release that is not the writer's)."""
-    return {"x": np.frombuffer(bytearray(os.urandom(mib << 20)), dtype=np.uint8)}
+    """``helpers.busy_record`` as numpy (made before the watched call: torch's methods and
+    os.urandom let the GIL go by themselves, a release that is not the writer's)."""
+    return {"x": busy_record(mib)["x"].numpy()}
 
 
 def test_gil_is_released_during_flush_and_blocked_submit(tmp_path):
