@@ -92,9 +92,8 @@ def _table(lengths, shift: int) -> list[int]:
     table = [0] * (1 << MAX_CODE_LEN)
     for s, (ln, code) in enumerate(zip(lengths, reversed_codes(lengths))):
         if ln:
-            entry = top_of_symbol(s) << shift | ln
-            for x in range(code, len(table), 1 << ln):
-                table[x] = entry
+            # Every entry whose low `ln` bits are the (reversed) code.
+            table[code :: 1 << ln] = [top_of_symbol(s) << shift | ln] * (len(table) >> ln)
     return table
 
 
