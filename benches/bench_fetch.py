@@ -182,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--records", type=int, default=3, help="records of each codec")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--no-store", action="store_true", help="skip Mooncake Store")
+    p.add_argument("--codecs", default=",".join(CODECS), help="codecs to measure, comma-separated (default: all)")
     p.add_argument(
         "--reference", action="store_true", help="also follow once with backend='python' (the reference decoder)"
     )
@@ -208,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
 
             store = LoopbackStore(str(scratch), segment="512MB")
         try:
-            for codec in CODECS:
+            for codec in args.codecs.split(","):
                 rows.append(measure(codec, records, scratch / "data", store, args.repeats, args.reference))
                 print(json.dumps(rows[-1]), flush=True)
         finally:
