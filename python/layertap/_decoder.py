@@ -12,9 +12,7 @@ copied, by the core, as ``layertap.open`` reads them). ``codec`` is the wire id,
 None is not checked, ``offset`` is the frame's. Both return ``(metadata, [(name, dtype, shape,
 buffer)])`` as a shard backend's ``read`` does, and raise CorruptRecordError naming ``path``,
 ``offset`` and ``key`` when the payload is not that record intact (or is cut off by the end of
-the file). The core's decoder also has ``views(stored, *, key, raw_len, payload_crc, path,
-offset)``: a codec ``none`` payload checked as ``decode`` checks it, its tensors views of
-``stored`` (for memory lent to the record, ``StoreClient.lend``)."""
+the file)."""
 
 from __future__ import annotations
 
@@ -31,11 +29,6 @@ class RecordDecoder(NamedTuple):
     """Whether ``decode`` always returns tensors in memory of their own, never views of
     ``stored``: then ``stored`` may be memory that is lent for the call (the Mooncake client's
     transfer buffer)."""
-    views: Callable[..., tuple] | None = None
-    """``decode``'s checks for a codec ``none`` payload, with tensors that are views of
-    ``stored`` instead of a copy (numpy ``uint8`` arrays, holding ``stored``): for memory lent
-    to the record for as long as its tensors live (a Mooncake buffer handle's, ``StoreClient.lend``).
-    Same arguments but ``codec``; None where the decoder has none."""
 
 
 def _rust() -> RecordDecoder:
@@ -53,21 +46,7 @@ def _rust() -> RecordDecoder:
         decode=lambda stored, **frame: arrays(decode_record(stored, **frame)),
         read=lambda path, payload_offset, **frame: arrays(read_record(path, payload_offset, **frame)),
         owns_output=True,  # decode_record copies a codec none payload too
-        views=_views,
     )
-
-
-def _views(stored, **frame) -> tuple:
-    """A codec ``none`` payload checked by the core as ``decode_record`` checks it (CRC-32C,
-    length, safetensors header, ``__metadata__`` key; ``_native.check_stored``), its tensors
-    ``uint8`` numpy views of ``stored``."""
-    import numpy as np
-
-    from layertap._native import check_stored
-
-    metadata, tensors = check_stored(stored, **frame)
-    data = np.frombuffer(stored, dtype=np.uint8)
-    return metadata, [(name, dtype, shape, data[start:end]) for name, dtype, shape, start, end in tensors]
 
 
 def _python() -> RecordDecoder:

@@ -90,24 +90,12 @@ def read_object(
 ):
     """``(metadata, tensors)`` of the record ``key`` read from the store (``want``: what the
     index says of it), decoded by ``decode`` (``layertap._decoder``; None: the Rust core's where
-    it is built); raises RecordMissingError, CorruptRecordError or StoreUnavailableError.
-
-    With the Rust core's decoder, a codec ``none`` record's tensors are views of its object where
-    Mooncake received it, checked as the core checks it (CRC-32C, length, header, key), when the
-    client can lend that memory (``StoreClient.lend``): the tensors hold the object, and its room
-    in the client's transfer buffer, until the last of them is gone. Other codecs, and objects
-    the client cannot lend, are decoded into memory of the record's own, the object's room free
-    again when this returns."""
+    it is built); raises RecordMissingError, CorruptRecordError or StoreUnavailableError."""
     decode = decode or record_decoder()
     # A decoder whose tensors own their memory reads the object where Mooncake received it:
-    # 11 MB less to copy (and to fault in) per 11 MB record (benches/RESULTS.md, "fetch"). One
-    # that can view a codec none record's tensors there is lent the object: no copy at all.
+    # 11 MB less to copy (and to fault in) per 11 MB record (benches/RESULTS.md, "fetch").
     name = record_name(address.prefix, key)
-    lent = False
-    if decode.views is not None:
-        obj, lent = client.lend(name) or (None, False)
-    else:
-        obj = client.get_view(name) if decode.owns_output else client.get(name)
+    obj = client.get_view(name) if decode.owns_output else client.get(name)
     if obj is None:
         raise RecordMissingError(
             f"{path}: record {quote_key(key)} is not in the store (evicted, lost with the node that held it, or never put)",
@@ -119,10 +107,6 @@ def read_object(
         entry, payload = check_frame(obj, key, want, path)
     except FormatProblem as problem:
         raise CorruptRecordError.at(path, offset, key, str(problem)) from None
-    if lent and CODECS[entry.codec] == "none":
-        return decode.views(
-            payload, key=key, raw_len=entry.raw_len, payload_crc=entry.payload_crc, path=path, offset=offset
-        )
     return decode.decode(
         payload,
         key=key,

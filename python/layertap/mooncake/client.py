@@ -5,18 +5,16 @@ file (``logs``); ``StoreClient`` turns Mooncake's status codes into what layerta
 
 from __future__ import annotations
 
-import atexit
 import copy
 import logging
 import socket
 import struct
 import threading
-import weakref
 
 from layertap.errors import InvalidInputError, StoreUnavailableError
 from layertap.mooncake import logs
 from layertap.mooncake.address import StoreAddress
-from layertap.mooncake.node_process import node_identity, node_master, same_master, same_process
+from layertap.mooncake.node_process import node_master, same_master
 
 logger = logging.getLogger("layertap.mooncake")
 
@@ -35,9 +33,6 @@ PROBE_TIMEOUT = 0.5
 GET_TRIES = 3
 #: Names ``exist_many`` asks the master about in one call.
 EXIST_BATCH = 1000
-#: The share of the transfer buffer (``buffer``) that ``lend`` lends to objects held at once:
-#: past it objects are read for a copy, so that records kept never leave later reads without room.
-LEND_SHARE = 0.5
 
 _clients: dict[tuple, StoreClient] = {}
 """The client of each master and client options."""
@@ -95,13 +90,6 @@ def check_master(address: StoreAddress, timeout: float = CONNECT_TIMEOUT) -> Non
 class BufferTooSmallError(StoreUnavailableError):
     """An object the store has that this client could not read into its transfer buffer (the
     address's ``buffer``): too small for it, or full of objects still held."""
-
-
-class NodeRestartedError(BufferTooSmallError):
-    """The store node (``node=``) that shares this client's transfer buffer stopped or was
-    restarted while records it lent are held (``StoreClient.lend``): a read through a restarted
-    node could land under them, so none is made until they are gone. (A BufferTooSmallError:
-    the buffer has no room that is safe to read into; ``fetch`` passes it on as it is.)"""
 
 
 def _node_socket(port: int) -> str:
@@ -167,75 +155,6 @@ class _Failing:
     value = False
 
 
-def _mapping(start: int, end: int) -> tuple[int, int, bool] | None:
-    """``(start, end, writable)`` of the mapping of this process that holds the addresses
-    ``[start, end)`` (``/proc/self/maps``; about 0.25 ms with torch loaded); None if none does."""
-    try:
-        with open("/proc/self/maps") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        span, perms = line.split(maxsplit=2)[:2]
-        lo, hi = (int(x, 16) for x in span.split("-"))
-        if lo <= start and end <= hi:
-            return lo, hi, perms[1] == "w"
-    return None
-
-
-def _keep_at_exit(lending: _Lending, store) -> None:
-    """At exit (before Python tears its modules down): the Mooncake client ``store`` is never
-    destroyed while objects it lent are held (by records alive then), so that their handles,
-    released as Python frees what is left, give their memory back through a client that is there.
-    The process ends without its destructor; the node or master notices the client gone, as when
-    a process is killed."""
-    if len(lending.held):
-        import ctypes
-
-        ctypes.pythonapi.Py_IncRef(ctypes.py_object(store))
-
-
-class _Lending:
-    """The objects a Mooncake client has lent to records (``StoreClient.lend``), shared by its
-    ``StoreClient`` for each dataset."""
-
-    def __init__(self):
-        self.held: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-        """The lent objects (numpy arrays over Mooncake's buffer handles) still referred to, by id."""
-        self.mappings: list[tuple[int, int, bool]] = []
-        """The mappings lent objects were found in, and whether each is writable: Mooncake maps
-        its transfer buffer (and a node's read-only hot cache) once, for the client's life."""
-        self.node: tuple[int, int] | None = None
-        """With ``node=``: the store node that lent the objects held (``node_identity``)."""
-        self.node_known = False
-        """Whether ``node`` was looked for (a node not found there is never lent from)."""
-        self.exit_checked = False
-
-    def lend(self, obj, store) -> None:
-        """Counts ``obj`` (over a buffer handle of ``store``) as held."""
-        if not self.held and not self.exit_checked:
-            # Each buffer handle gives its memory back through the Mooncake client that made it:
-            # one released after that client (a record alive when Python exits, its module's
-            # client torn down first) writes into freed memory.
-            atexit.register(_keep_at_exit, self, store)
-            self.exit_checked = True
-        self.held[id(obj)] = obj
-
-    def held_bytes(self) -> int:
-        return sum(obj.nbytes for obj in self.held.values())
-
-    def writable(self, start: int, end: int) -> bool:
-        """Whether ``[start, end)`` lies in a writable mapping of this process."""
-        for lo, hi, w in self.mappings:
-            if lo <= start and end <= hi:
-                return w
-        found = _mapping(start, end)
-        if found is None:
-            return False
-        self.mappings.append(found)
-        return found[2]
-
-
 class StoreClient:
     """A set-up ``MooncakeDistributedStore``. Thread-safe (Mooncake's client is).
 
@@ -294,7 +213,6 @@ class StoreClient:
                 f"({logs.where()})"
             )
         self._state = _Failing()
-        self._lending = _Lending()
         self._pinned = ReplicateConfig()
         # The small objects that list the records are never evicted: without them a reader
         # cannot find the records that are still there.
@@ -348,57 +266,6 @@ class StoreClient:
         as ``get``."""
         return self._read(name, self._view)
 
-    def lend(self, name: str):
-        """The object for a record to keep: ``(view, True)`` where ``view`` is a writable
-        memoryview (format ``B``) of the memory where Mooncake's ``get_buffer`` received it, which
-        stays the caller's, unshared, for as long as ``view`` or anything made from it (a slice, a
-        tensor) is referred to: that long the object holds its room in this client's transfer
-        buffer (``buffer``), which later gets and puts need. ``(view, False)`` (``get_view``'s
-        read-only view, for a read that copies what it keeps) where the objects lent and still
-        held would take more than ``LEND_SHARE`` of the buffer with this one, or where the memory
-        is not safe to hand out: read-only (a store node's hot cache, which it shares with its
-        other readers), or with ``node=`` a node whose process cannot be read here
-        (``node_process``: a node restarted meanwhile would place later gets over the held
-        objects). None when the store has no such object; errors as ``get``, and
-        NodeRestartedError when the store node has stopped or been restarted while objects it
-        lent are held."""
-        import numpy as np
-
-        lending = self._lending
-        node_safe = self.address.node is None or self._same_node()
-        handle = self._read(name, self.store.get_buffer)
-        if handle is None:
-            return None
-        if node_safe and lending.held_bytes() + len(handle) <= self.address.buffer * LEND_SHARE:
-            obj = np.frombuffer(handle, dtype=np.uint8)
-            start = obj.ctypes.data
-            if obj.flags.writeable and lending.writable(start, start + obj.nbytes):
-                lending.lend(obj, self.store)
-                return memoryview(obj), True
-        return memoryview(handle).cast("B").toreadonly(), False
-
-    def _same_node(self) -> bool:
-        """Whether the store node (``node=``) is the process that lent the objects still held,
-        found once (a node whose process cannot be read here lends nothing: False); a node found
-        again after one restarted while none was held. Raises NodeRestartedError when it has
-        stopped or been restarted while objects it lent are held: a restarted node places later
-        gets anywhere in the memory it shares with this client, over them."""
-        lending = self._lending
-        if not lending.node_known:
-            lending.node = node_identity(self.address.node_endpoint[1])
-            lending.node_known = True
-        if lending.node is None or same_process(lending.node):
-            return lending.node is not None
-        if len(lending.held):
-            raise NodeRestartedError(
-                f"{self.address}: the store node at node={self.address.node} stopped or was restarted while "
-                f"{len(lending.held)} objects read through it are held (records of codec none, whose tensors view the "
-                "memory it lent them: a restarted node would place later reads over them): drop those records or "
-                "keep copies of their tensors (.clone()), then read again"
-            )
-        lending.node = node_identity(self.address.node_endpoint[1])
-        return lending.node is not None
-
     def _view(self, name: str) -> memoryview | None:
         # Mooncake's get is this get_buffer and a copy of the handle's bytes into a new bytes
         # object (store_py.cpp); the handle gives its memory as a buffer of signed chars, and
@@ -409,8 +276,6 @@ class StoreClient:
     def _read(self, name: str, read):
         """``read(name)`` (the object, or None or empty when Mooncake could not give it), with
         ``get``'s checks and retries."""
-        if self.address.node is not None and len(self._lending.held):
-            self._same_node()  # a restarted node would place this read over what is held
         for _ in range(GET_TRIES):
             if self._master_gone():
                 break
@@ -448,13 +313,11 @@ class StoreClient:
                 f"buffer holds ({room}): raise buffer= in the address above {-(-size >> 20)}MiB"
             )
         held = f"{size} bytes" if size > 0 else "it"
-        lent = len(self._lending.held)
-        lent = f", {lent} of them records of codec none whose tensors view it" if lent else ""
         return BufferTooSmallError(
             f"{self.address}: cannot read {name!r}: the store has it but {GET_TRIES} reads failed: this client's "
-            f"transfer buffer ({room}) had no room for {held} (objects read earlier and still held take room there"
-            f"{lent}), or the store node holding it answered later than the read's lease; raise buffer= in the "
-            "address, or hold fewer objects at once"
+            f"transfer buffer ({room}) had no room for {held} (objects read earlier and still held take room there), "
+            "or the store node holding it answered later than the read's lease; raise buffer= in the address, or "
+            "hold fewer objects at once"
         )
 
     def who(self) -> str:
@@ -506,14 +369,6 @@ class StoreClient:
         return self.address.node is not None and _node_refuses(self.address, PROBE_TIMEOUT) is not None
 
     def close(self) -> None:
-        """Closes the Mooncake client; raises InvalidInputError while records whose tensors view
-        its transfer buffer (``lend``) are held: closing frees that memory under them."""
-        if held := len(self._lending.held):
-            raise InvalidInputError(
-                f"{self.address}: cannot close the store client while {held} records read through it are held (records "
-                "of codec none, whose tensors view its transfer buffer): drop them, or keep copies of their tensors, "
-                "first"
-            )
         self.store.close()
 
 
@@ -544,8 +399,6 @@ __all__ = [
     "BufferTooSmallError",
     "GET_TRIES",
     "HANDSHAKE_TIMEOUT",
-    "LEND_SHARE",
-    "NodeRestartedError",
     "RPC_FAIL",
     "StoreClient",
     "check_master",

@@ -7,9 +7,7 @@ client cannot ask the node which master it serves, so ``node_master`` finds the
 ``-master_server_address`` (gflags' spellings: ``-flag=v``, ``--flag=v``, ``-flag v``, and lines of a
 ``--flagfile``), or Mooncake's default where the flag is not given. The look reads every process's
 command line (about 50 us a process on the CPU machine), once a client: each process makes one
-client per address. ``node_identity`` finds that process the same way, and ``same_process``
-tells whether it still runs: a reader whose records view memory the node lent them reads
-nothing through a node restarted since (``StoreClient.lend``).
+client per address.
 """
 
 from __future__ import annotations
@@ -56,9 +54,9 @@ def _flags(argv: list[str]) -> dict[str, str] | None:
     return flags
 
 
-def _clients() -> list[tuple[int, dict[str, str]]]:
-    """The pid and flags of every ``mooncake_client`` process this host's ``/proc`` shows (those
-    whose flags can be read)."""
+def _clients() -> list[dict[str, str]]:
+    """The flags of every ``mooncake_client`` process this host's ``/proc`` shows (those whose
+    flags can be read)."""
     found = []
     try:
         pids = [p for p in os.listdir("/proc") if p.isdigit()]
@@ -71,15 +69,8 @@ def _clients() -> list[tuple[int, dict[str, str]]]:
         except OSError:
             continue  # gone, or hidden from this user
         if argv and os.path.basename(argv[0]) == _CLIENT and (flags := _flags(argv[1:])) is not None:
-            found.append((int(pid), flags))
+            found.append(flags)
     return found
-
-
-def _listens_on(flags: dict[str, str], port: int) -> bool:
-    try:
-        return int(flags.get("port", DEFAULT_PORT)) == port
-    except ValueError:
-        return False
 
 
 def node_master(port: int) -> str | None:
@@ -87,41 +78,19 @@ def node_master(port: int) -> str | None:
     None where no ``mooncake_client`` process with that port can be read here (another user's
     processes hidden, a node started some other way, a flag file that cannot be read), several
     claim the port, or its master is not one ``HOST:PORT`` (found through etcd)."""
-    masters = {
-        flags.get("master_server_address", DEFAULT_MASTER) for _, flags in _clients() if _listens_on(flags, port)
-    }
+    masters = set()
+    for flags in _clients():
+        try:
+            if int(flags.get("port", DEFAULT_PORT)) != port:
+                continue
+        except ValueError:
+            continue
+        masters.add(flags.get("master_server_address", DEFAULT_MASTER))
     if len(masters) != 1:
         return None
     master = masters.pop()
     # A master found through etcd (high availability), or a list: not one HOST:PORT to compare.
     return None if "://" in master or "," in master else master
-
-
-def _started(pid: int) -> int | None:
-    """When process ``pid`` started (clock ticks after boot: ``/proc/PID/stat``'s 22nd field); None
-    when there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(b")") + 2 :].split()[19])  # the fields after the name, from the 3rd
-
-
-def node_identity(port: int) -> tuple[int, int] | None:
-    """``(pid, start time)`` of the store node listening on ``port`` on this host: what tells it
-    from a node restarted on the port (``same_process``). None where ``node_master`` cannot read
-    the process, or several claim the port."""
-    pids = [pid for pid, flags in _clients() if _listens_on(flags, port)]
-    if len(pids) != 1:
-        return None
-    started = _started(pids[0])
-    return None if started is None else (pids[0], started)
-
-
-def same_process(identity: tuple[int, int]) -> bool:
-    """Whether the process ``node_identity`` found still runs (about 10 us: one small read)."""
-    return _started(identity[0]) == identity[1]
 
 
 def _endpoints(address: str) -> tuple[int, set[str]] | None:

@@ -438,71 +438,6 @@ fn decode_record<'py>(
     record_tuple(py, &header, bytes)
 }
 
-/// The checks of `decode_record` on a codec `none` payload (`stored`: any C-contiguous buffer),
-/// with the GIL released, without its copy: checked against `payload_crc` (unless None), its
-/// length against `raw_len`, its safetensors header parsed and its key checked. Returns
-/// `(metadata, [(name, dtype, shape, start, end)])`, each tensor's bytes `stored[start:end]`, for
-/// a caller whose tensors view `stored` (a Mooncake buffer lent to the record); raises
-/// `CorruptRecordError` naming `path`, `offset` and `key` as `decode_record` does.
-#[pyfunction]
-#[pyo3(signature = (stored, *, key, raw_len, payload_crc, path, offset))]
-fn check_stored<'py>(
-    py: Python<'py>,
-    stored: &Bound<'py, PyAny>,
-    key: String,
-    raw_len: u64,
-    payload_crc: Option<u32>,
-    path: PathBuf,
-    offset: u64,
-) -> PyResult<Bound<'py, PyTuple>> {
-    let buffer = PyRecordBuffer::get(stored).map_err(PyTypeError::new_err)?;
-    let want_key = key.clone();
-    // As in `decode_record`, the buffer moves into the closure and is released after it.
-    let checked = py.detach(move || -> Result<BlobHeader, String> {
-        let bytes = buffer.bytes();
-        if let Some(want) = payload_crc {
-            let got = layertap_core::format::crc32c(bytes);
-            if got != want {
-                return Err(format!(
-                    "payload checksum mismatch (frame says {want:#010x}, payload has {got:#010x})"
-                ));
-            }
-        }
-        layertap_core::codec::check_raw_len(bytes.len(), raw_len)?;
-        let header = layertap_core::blob::parse_header(bytes)?;
-        match header.metadata.get("key") {
-            Some(k) if *k == want_key => Ok(header),
-            Some(k) => Err(format!("the payload's __metadata__ names key {k:?}")),
-            None => Err("the payload's __metadata__ has no key".to_string()),
-        }
-    });
-    drain_graveyard(py);
-    let header = checked.map_err(|reason| {
-        to_py(Error::CorruptRecord {
-            path,
-            offset,
-            key: Some(key),
-            reason,
-        })
-    })?;
-    let metadata = PyDict::new(py);
-    for (k, v) in &header.metadata {
-        metadata.set_item(k, v)?;
-    }
-    let tensors = PyList::empty(py);
-    for t in &header.tensors {
-        let shape = PyTuple::new(py, &t.spec.shape)?;
-        tensors.append((
-            t.spec.name.as_str(),
-            t.spec.dtype.name(),
-            shape,
-            t.range.start,
-            t.range.end,
-        ))?;
-    }
-    PyTuple::new(py, [metadata.into_any(), tensors.into_any()])
-}
-
 /// Reads and decodes the record whose stored payload (`stored_len` bytes) lies at
 /// `payload_offset` of the file at `path` (a shard still being written, whose frame the caller
 /// found), with the GIL released and the checks of `decode_record`: codec `none` records of at
@@ -600,7 +535,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeShardReader>()?;
     m.add_class::<TensorBuffer>()?;
     m.add_function(wrap_pyfunction!(decode_record, m)?)?;
-    m.add_function(wrap_pyfunction!(check_stored, m)?)?;
     m.add_function(wrap_pyfunction!(read_record, m)?)?;
     m.add_function(wrap_pyfunction!(read_batch_into, m)?)?;
     m.add_function(wrap_pyfunction!(read_stored_into, m)?)?;
