@@ -75,15 +75,11 @@ class PyShardReader:
         else:
             self.complete = False
             if footer is not None:
-                self.scan_problems.append(
-                    Problem(
-                        self.path,
-                        footer.index_offset,
-                        None,
-                        ProblemKind.BAD_INDEX,
-                        f"index at offset {footer.index_offset} is unusable ({footer.problem}); "
-                        "the shard was scanned instead",
-                    )
+                self._problem(
+                    footer.index_offset,
+                    ProblemKind.BAD_INDEX,
+                    f"index at offset {footer.index_offset} is unusable ({footer.problem}); "
+                    "the shard was scanned instead",
                 )
             found = scan.scan(self)
             self._raw = found.entries
@@ -97,30 +93,25 @@ class PyShardReader:
             # an open shard without records or torn tail (docs/FORMAT.md, "File header").
             self.torn_tail_bytes = max(0, tail_end - found.data_end)
             if self.torn_tail_bytes:
-                self.scan_problems.append(
-                    Problem(
-                        self.path,
-                        found.data_end,
-                        None,
-                        ProblemKind.TORN_TAIL,
-                        f"torn tail of {self.torn_tail_bytes} bytes at offset {found.data_end}: "
-                        "an unfinished frame after the last valid one",
-                    )
+                self._problem(
+                    found.data_end,
+                    ProblemKind.TORN_TAIL,
+                    f"torn tail of {self.torn_tail_bytes} bytes at offset {found.data_end}: "
+                    "an unfinished frame after the last valid one",
                 )
             if found.stopped_at_index and footer is None:
-                self.scan_problems.append(
-                    Problem(
-                        self.path,
-                        found.stop,
-                        None,
-                        ProblemKind.BAD_INDEX,
-                        "an index frame without a valid trailer after it (the writer died while closing the shard?)",
-                    )
+                self._problem(
+                    found.stop,
+                    ProblemKind.BAD_INDEX,
+                    "an index frame without a valid trailer after it (the writer died while closing the shard?)",
                 )
         self.entries = [
             IndexEntry(e.key, e.frame_offset, e.stored_len, e.raw_len, e.num_tokens, CODECS[e.codec], e.payload_crc)
             for e in self._raw
         ]
+
+    def _problem(self, offset: int, kind: ProblemKind, text: str) -> None:
+        self.scan_problems.append(Problem(self.path, offset, None, kind, text))
 
     # -- bytes --------------------------------------------------------------------------------
 

@@ -165,16 +165,10 @@ def scan(shard: _Shard) -> ScanResult:
             cursor.pos = _next_candidate(shard, pos + 8)  # resynchronise past the damage
             continue
         if damaged_from is not None:
-            pending.append(
-                Problem(
-                    shard.path,
-                    damaged_from,
-                    None,
-                    ProblemKind.DAMAGED_REGION,
-                    f"damaged region of {pos - damaged_from} bytes at [{damaged_from}, {pos}): "
-                    "no valid frame header in it",
-                )
+            text = (
+                f"damaged region of {pos - damaged_from} bytes at [{damaged_from}, {pos}): no valid frame header in it"
             )
+            pending.append(Problem(shard.path, damaged_from, None, ProblemKind.DAMAGED_REGION, text))
             damaged_from = None
         if h.kind == KIND_INDEX:
             stop, stopped_at_index = pos, True
@@ -188,15 +182,8 @@ def scan(shard: _Shard) -> ScanResult:
             entries.append(RawEntry(pos, h.stored_len, h.raw_len, h.num_tokens, h.payload_crc, h.codec, h.key))
             data_end = nxt
         else:
-            pending.append(
-                Problem(
-                    shard.path,
-                    pos,
-                    h.key,
-                    ProblemKind.CORRUPT_RECORD,
-                    f"payload checksum mismatch (frame says {h.payload_crc:#010x}, payload has {crc:#010x})",
-                )
-            )
+            text = f"payload checksum mismatch (frame says {h.payload_crc:#010x}, payload has {crc:#010x})"
+            pending.append(Problem(shard.path, pos, h.key, ProblemKind.CORRUPT_RECORD, text))
     return ScanResult(entries, data_end, stop, stopped_at_index, problems)
 
 

@@ -14,7 +14,7 @@ import struct
 from collections.abc import Callable
 from typing import NamedTuple
 
-import crc32c as _crc32c
+from crc32c import crc32c  # crc32c(data, value=0): the CRC continued from ``value``
 
 from layertap._spec import json_text
 from layertap.errors import InvalidInputError
@@ -45,11 +45,6 @@ _FRAME = struct.Struct("<4sBBHQQII12x")
 _ENTRY = struct.Struct("<QQQIIBxH4x")
 _TRAILER = struct.Struct("<QQI")
 _FILE_FIXED = struct.Struct("<8sHHI16s")
-
-
-def crc32c(data, value: int = 0) -> int:
-    """CRC32C of ``data``, continuing from ``value`` (the CRC of what came before)."""
-    return _crc32c.crc32c(data, value)
 
 
 def align8(n: int) -> int:
@@ -332,15 +327,8 @@ class RawEntry(NamedTuple):
 
     def matches(self, h: FrameHeader) -> bool:
         """Whether this entry agrees with the frame header found at its offset."""
-        return (
-            h.kind == KIND_RECORD
-            and h.key == self.key
-            and h.stored_len == self.stored_len
-            and h.raw_len == self.raw_len
-            and h.num_tokens == self.num_tokens
-            and h.payload_crc == self.payload_crc
-            and h.codec == self.codec
-        )
+        mine = (self.key, self.stored_len, self.raw_len, self.num_tokens, self.payload_crc, self.codec)
+        return h.kind == KIND_RECORD and (h.key, h.stored_len, h.raw_len, h.num_tokens, h.payload_crc, h.codec) == mine
 
 
 def encode_index(entries: list[RawEntry]) -> bytes:
