@@ -52,8 +52,6 @@ _RPC_MAGIC = 21
 
 
 def _connect(address: StoreAddress, timeout: float) -> socket.socket:
-    """A connection to the master's port; raises StoreUnavailableError unless the port accepts
-    one within ``timeout`` seconds."""
     try:
         return socket.create_connection((address.host, address.port), timeout)
     except OSError as e:
@@ -65,10 +63,9 @@ def _connect(address: StoreAddress, timeout: float) -> socket.socket:
 
 
 def check_master(address: StoreAddress, timeout: float = CONNECT_TIMEOUT) -> None:
-    """Raises StoreUnavailableError, one line saying what to do, unless a Mooncake master
-    answers at the address: its port accepts a connection within ``timeout`` seconds and
-    answers an RPC request within ``HANDSHAKE_TIMEOUT``. (Mooncake's client, set up against a
-    port that is no master, retries for minutes, logging each try.)"""
+    """Raises StoreUnavailableError, one line saying what to do, unless a Mooncake master answers
+    an RPC request at the address: Mooncake's client, set up against a port that is no master,
+    retries for minutes, logging each try."""
     sock = _connect(address, timeout)
     with sock:
         try:
@@ -139,8 +136,7 @@ def check_node(address: StoreAddress, timeout: float = CONNECT_TIMEOUT) -> None:
 
 
 def _node_refuses(address: StoreAddress, timeout: float) -> OSError | None:
-    """Why the port of ``address``'s store node accepts no connection within ``timeout`` seconds;
-    None when it does."""
+    """Why the store node's port refuses a connection; None when it takes one."""
     try:
         socket.create_connection(address.node_endpoint, timeout).close()
     except OSError as e:
@@ -234,7 +230,7 @@ class StoreClient:
         self._state.failing = status != 0
         return status
 
-    def upsert(self, name: str, data) -> int:
+    def upsert(self, name: str, data) -> int:  # always pinned: only the heads are upserted
         if self._master_gone():
             return RPC_FAIL
         status = self.store.upsert(name, data, self._pinned)
@@ -265,8 +261,7 @@ class StoreClient:
         return None if handle is None else memoryview(handle).cast("B").toreadonly()
 
     def _read(self, name: str, read):
-        """``read(name)`` (the object, or None or empty when Mooncake could not give it), with
-        ``get``'s checks and retries."""
+        """``read(name)``, with ``get``'s checks and retries."""
         for _ in range(GET_TRIES):
             if self._master_gone():
                 break
@@ -312,7 +307,7 @@ class StoreClient:
         )
 
     def who(self) -> str:
-        """What must answer for a call to succeed, for messages."""
+        """What must answer for a call to succeed (for messages)."""
         if self.address.node is not None:
             return (
                 f"the store node at node={self.address.node} (this host), the Mooncake master at "
@@ -355,8 +350,7 @@ class StoreClient:
             return True
         return False
 
-    def _node_gone(self) -> bool:
-        """With ``node=``: whether the node's port refuses connections (on this host: at once)."""
+    def _node_gone(self) -> bool:  # on this host a refusal comes at once
         return self.address.node is not None and _node_refuses(self.address, PROBE_TIMEOUT) is not None
 
     def close(self) -> None:
