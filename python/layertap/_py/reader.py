@@ -28,13 +28,9 @@ from layertap.errors import CorruptRecordError, FormatError, LayertapError
 
 
 class PyShardReader:
-    """The shard-backend protocol (see ``layertap.reader``) over one shard file.
-
-    Attributes: ``path``, ``complete``, ``meta``, ``file_bytes``, ``torn_tail_bytes``,
-    ``being_written``, ``scan_problems``, ``entries`` (records in file order),
-    ``lost_in_recovery``, ``data_end``
-    (the end of the record data: the index frame's offset of a complete shard, the end of the
-    last valid record frame of an open one)."""
+    """The shard-backend protocol (see ``layertap.reader``) over one shard file. ``data_end``: the
+    end of the record data (the index frame's offset of a complete shard, the end of the last
+    valid record frame of an open one)."""
 
     def __init__(self, path: str | os.PathLike, *, probe_lock: bool = True):
         self.path = os.fspath(path)

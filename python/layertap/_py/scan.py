@@ -44,13 +44,10 @@ class _Shard(Protocol):
 
 
 def read_frame_header(shard: _Shard, pos: int) -> FrameHeader:
-    """The valid frame header at ``pos`` (the whole frame inside the file), else raises
-    FormatProblem (``Truncated`` when the file ends first)."""
     return fmt.read_frame_header(shard.pread, pos, shard.file_bytes)
 
 
 def payload_crc(shard: _Shard, offset: int, length: int) -> int:
-    """CRC32C of ``length`` bytes at ``offset``, read in chunks."""
     crc = 0
     end = offset + length
     while offset < end:
@@ -145,7 +142,6 @@ class ScanResult(NamedTuple):
 
 
 def scan(shard: _Shard) -> ScanResult:
-    """Scans the frames of a shard from its header on."""
     size = shard.file_bytes
     cursor = ShardCursor(shard.pread, shard.header_len)
     data_end = shard.header_len
