@@ -11,7 +11,7 @@ import os
 import stat
 
 from layertap._py import scan
-from layertap._py.decode import decode_record
+from layertap._py.decode import decode_stored
 from layertap._spec.format import (
     CODECS,
     FILE_HEADER_FIXED_LEN,
@@ -21,6 +21,7 @@ from layertap._spec.format import (
     RawEntry,
     decode_file_header,
     is_torn_empty,
+    read_frame_header,
 )
 from layertap._spec.lock import is_locked
 from layertap._types import IndexEntry, Problem, ProblemKind
@@ -143,19 +144,17 @@ class PyShardReader:
         stored = self.pread(e.payload_offset, e.stored_len)
         if len(stored) != e.stored_len:
             raise self._corrupt(e, "payload is cut off by the end of the file")
-        try:
-            return decode_record(
-                stored, key=e.key, codec=e.codec, raw_len=e.raw_len, payload_crc=e.payload_crc if verify else None
-            )
-        except FormatProblem as problem:
-            raise self._corrupt(e, str(problem)) from None
+        crc = e.payload_crc if verify else None
+        return decode_stored(
+            stored, key=e.key, codec=e.codec, raw_len=e.raw_len, payload_crc=crc, path=self.path, offset=e.frame_offset
+        )
 
     def check(self, i: int) -> None:
         """Full check of record ``i``: its frame header agrees with the entry, then everything
         ``read`` checks. Raises CorruptRecordError."""
         e = self._raw[i]
         try:
-            h = scan.read_frame_header(self, e.frame_offset)
+            h = read_frame_header(self.pread, e.frame_offset, self.file_bytes)
         except FormatProblem as problem:
             raise self._corrupt(e, f"no valid frame header at the indexed offset: {problem}") from None
         if not e.matches(h):

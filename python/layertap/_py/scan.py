@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import NamedTuple, Protocol
 
 from layertap._cursor import ShardCursor
-from layertap._spec import format as fmt
 from layertap._spec.format import (
     FRAME_HEADER_LEN,
     FRAME_MAGIC,
@@ -24,11 +23,11 @@ from layertap._spec.format import (
     TRAILER_LEN,
     FormatProblem,
     FrameCutOff,
-    FrameHeader,
     RawEntry,
     crc32c,
     decode_index,
     decode_trailer,
+    read_frame_header,
 )
 from layertap._types import Problem, ProblemKind
 
@@ -41,10 +40,6 @@ class _Shard(Protocol):
     header_len: int
 
     def pread(self, offset: int, n: int) -> bytearray: ...
-
-
-def read_frame_header(shard: _Shard, pos: int) -> FrameHeader:
-    return fmt.read_frame_header(shard.pread, pos, shard.file_bytes)
 
 
 def payload_crc(shard: _Shard, offset: int, length: int) -> int:
@@ -94,7 +89,7 @@ def _index_entries(shard: _Shard, index_offset: int, record_count: int) -> list[
     if index_offset % 8 or not shard.header_len <= index_offset <= size - TRAILER_LEN - FRAME_HEADER_LEN:
         raise FormatProblem(f"the trailer points at offset {index_offset}, where no index frame can be")
     end = size - TRAILER_LEN
-    h = read_frame_header(_Prefix(shard, end), index_offset)
+    h = read_frame_header(shard.pread, index_offset, end)  # the index frame ends before the trailer
     if h.kind != KIND_INDEX or h.codec != 0 or h.key or h.num_tokens or h.raw_len != h.stored_len:
         raise FormatProblem("the frame at the trailer's index offset is not an index frame")
     if index_offset + h.frame_len != end:
@@ -111,19 +106,6 @@ def _index_entries(shard: _Shard, index_offset: int, record_count: int) -> list[
             raise FormatProblem(f"entry for key {e.key!r} points at offset {e.frame_offset}, outside the records")
         at = e.frame_offset + e.frame_len
     return entries
-
-
-class _Prefix:
-    """A view of a shard that ends at ``end`` (the index frame must end before the trailer)."""
-
-    def __init__(self, shard: _Shard, end: int):
-        self.path = shard.path
-        self.file_bytes = end
-        self.header_len = shard.header_len
-        self._shard = shard
-
-    def pread(self, offset: int, n: int) -> bytearray:
-        return self._shard.pread(offset, max(0, min(n, self.file_bytes - offset)))
 
 
 # ---------------------------------------------------------------------------------------------

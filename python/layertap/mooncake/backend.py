@@ -19,8 +19,8 @@ from layertap._decoder import RecordDecoder, record_decoder
 from layertap._spec.format import CODECS, FormatProblem, crc32c, decode_frame_header
 from layertap._types import IndexEntry, Problem
 from layertap.errors import CorruptRecordError, FormatError, RecordMissingError, quote_key
-from layertap.mooncake.address import StoreAddress
-from layertap.mooncake.client import StoreClient
+from layertap.mooncake.address import StoreAddress, parse_address
+from layertap.mooncake.client import StoreClient, connect
 from layertap.mooncake.layout import (
     Head,
     LayoutProblem,
@@ -225,13 +225,16 @@ def open_writer_shard(
     return StoreShard(client, address, head, entries, problems, decode)
 
 
-def open_store(
-    address: StoreAddress, client: StoreClient, until_gap: bool = False, backend: str = "auto"
-) -> tuple[list[StoreShard], list[Problem]]:
-    """Every writer of the dataset as a shard backend, and the writers that cannot be read
-    (``until_gap``: see ``open_writer_shard``; ``backend``: the record decoder's, as for
-    ``layertap.open``). Raises FormatError when no writer has published
-    under the prefix, StoreUnavailableError when the store cannot be read."""
+def open_address(
+    text: str, until_gap: bool = False, backend: str = "auto"
+) -> tuple[StoreAddress, list[StoreShard], list[Problem]]:
+    """The address of the dataset ``text`` names (``mooncake://...``), its writers as shard
+    backends, and the writers that cannot be read (``until_gap``: see ``open_writer_shard``;
+    ``backend``: the record decoder's, as for ``layertap.open``); connects this process's client
+    first. Raises FormatError when no writer has published under the prefix,
+    StoreUnavailableError when the store cannot be read."""
+    address = parse_address(text)
+    client = connect(address)
     decode = record_decoder(backend)
     shards: list[StoreShard] = []
     problems: list[Problem] = []
@@ -242,30 +245,16 @@ def open_store(
         raise FormatError(
             f"{address}: no dataset there: no writer has published under prefix {address.prefix!r}", address.dataset
         )
-    return shards, problems
+    return address, shards, problems
 
 
 __all__ = [
     "StoreShard",
     "check_frame",
     "local_frame",
-    "open_store",
+    "open_address",
     "open_writer_shard",
     "read_object",
     "writer_ids",
     "writer_path",
 ]
-
-
-def open_address(
-    text: str, until_gap: bool = False, backend: str = "auto"
-) -> tuple[StoreAddress, list[StoreShard], list[Problem]]:
-    """The address, writers and unreadable writers of the dataset ``text`` names
-    (``mooncake://...``), records decoded by ``backend``'s decoder; connects this process's
-    client first."""
-    from layertap.mooncake.address import parse_address
-    from layertap.mooncake.client import connect
-
-    address = parse_address(text)
-    shards, problems = open_store(address, connect(address), until_gap, backend)
-    return address, shards, problems
