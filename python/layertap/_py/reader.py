@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import stat
 
+from layertap._cursor import pread_fully
 from layertap._py import scan
 from layertap._py.decode import decode_stored
 from layertap._spec.format import (
@@ -113,21 +114,11 @@ class PyShardReader:
     # -- bytes --------------------------------------------------------------------------------
 
     def pread(self, offset: int, n: int) -> bytearray:
-        """``n`` bytes at ``offset`` (fewer only at the end of the file)."""
+        """``n`` bytes at ``offset`` (fewer only at the end of the file), writable: the tensors of
+        a record stored with codec ``none`` are views of them, writable as the Rust reader's."""
         if self._fd < 0:
             raise LayertapError(f"{self.path}: the shard reader is closed")
-        buf = bytearray(n)
-        view = memoryview(buf)
-        got = 0
-        while got < n:
-            k = os.preadv(self._fd, [view[got:]], offset + got)
-            if k == 0:
-                break
-            got += k
-        del view
-        if got < n:
-            del buf[got:]
-        return buf
+        return bytearray(pread_fully(self._fd, offset, n))
 
     def raw_entries(self) -> list[RawEntry]:
         return list(self._raw)

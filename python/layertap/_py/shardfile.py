@@ -76,8 +76,6 @@ def _write_all(fd: int, data: bytes, path: str, offset: int = 0) -> None:
 
 def _unnamed(directory: str, path: str, header: bytes) -> int | None:
     """``O_TMPFILE``, header and lock, then ``linkat`` to ``path``; None where refused."""
-    if not hasattr(os, "O_TMPFILE"):
-        return None
     try:
         fd = os.open(directory, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o644)
     except OSError as e:
@@ -97,11 +95,7 @@ def _unnamed(directory: str, path: str, header: bytes) -> int | None:
                 return None
             raise io_error(e, path, "link") from None
     except BaseException:
-        if fd >= 0:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        os.close(fd)
         raise
     return fd
 
