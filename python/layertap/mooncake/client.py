@@ -308,12 +308,8 @@ class StoreClient:
 
     def who(self) -> str:
         """What must answer for a call to succeed (for messages)."""
-        if self.address.node is not None:
-            return (
-                f"the store node at node={self.address.node} (this host), the Mooncake master at "
-                f"{self.address.master} or the store node holding it"
-            )
-        return f"the Mooncake master at {self.address.master} or the store node holding it"
+        node = "" if self.address.node is None else f"the store node at node={self.address.node} (this host), "
+        return f"{node}the Mooncake master at {self.address.master} or the store node holding it"
 
     def exists(self, name: str) -> bool | None:
         """Whether the object is there; None when the store cannot say."""
