@@ -20,31 +20,23 @@ class DecodedRecord(NamedTuple):
     """``(name, dtype, shape, bytes)`` of each tensor, in the order of their data."""
 
 
-def decode_record(stored, *, key: str, codec: int, raw_len: int, payload_crc: int | None) -> DecodedRecord:
-    """Checks the stored payload of the record ``key`` against its checksum (unless
-    ``payload_crc`` is None: not asked), decodes it and parses its safetensors header. Raises
-    FormatProblem saying what is wrong."""
-    if payload_crc is not None:
-        crc = crc32c(stored)
-        if crc != payload_crc:
-            raise FormatProblem(f"payload checksum mismatch (frame says {payload_crc:#010x}, payload has {crc:#010x})")
-    raw, metadata, tensors = decode(codec, stored, raw_len)
-    if metadata.get("key") != key:
-        raise FormatProblem(f"__metadata__ key {metadata.get('key')!r} differs from the frame key")
-    view = raw if isinstance(raw, memoryview) else memoryview(raw).cast("B")
-    return DecodedRecord(metadata, [(t.name, t.dtype, t.shape, view[t.begin : t.end]) for t in tensors])
-
-
 def decode_stored(
     stored, *, key: str, codec: int, raw_len: int, payload_crc: int | None, path: str, offset: int
 ) -> DecodedRecord:
-    """``decode_record``, with what is wrong raised as the Rust core's
-    ``layertap._native.decode_record`` raises it: CorruptRecordError naming ``path``, ``offset``
-    and ``key``, in the readers' words."""
+    """Checks the stored payload of the record ``key`` against its checksum (unless
+    ``payload_crc`` is None: not asked), decodes it and parses its safetensors header. What is
+    wrong is raised as the Rust core's ``layertap._native.decode_record`` raises it:
+    CorruptRecordError naming ``path``, ``offset`` and ``key``, in the readers' words."""
     try:
-        return decode_record(stored, key=key, codec=codec, raw_len=raw_len, payload_crc=payload_crc)
+        if payload_crc is not None and (crc := crc32c(stored)) != payload_crc:
+            raise FormatProblem(f"payload checksum mismatch (frame says {payload_crc:#010x}, payload has {crc:#010x})")
+        raw, metadata, tensors = decode(codec, stored, raw_len)
+        if metadata.get("key") != key:
+            raise FormatProblem(f"__metadata__ key {metadata.get('key')!r} differs from the frame key")
     except FormatProblem as problem:
         raise CorruptRecordError.at(path, offset, key, str(problem)) from None
+    view = raw if isinstance(raw, memoryview) else memoryview(raw).cast("B")
+    return DecodedRecord(metadata, [(t.name, t.dtype, t.shape, view[t.begin : t.end]) for t in tensors])
 
 
 def read_stored(
@@ -75,4 +67,4 @@ def read_stored(
     )
 
 
-__all__ = ["DecodedRecord", "decode_record", "decode_stored", "read_stored"]
+__all__ = ["DecodedRecord", "decode_stored", "read_stored"]

@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import stat
 
+from layertap._cursor import pread_fully
 from layertap._py import scan
-from layertap._py.decode import decode_record
+from layertap._py.decode import decode_stored
 from layertap._spec.format import (
     CODECS,
     FILE_HEADER_FIXED_LEN,
@@ -21,6 +22,7 @@ from layertap._spec.format import (
     RawEntry,
     decode_file_header,
     is_torn_empty,
+    read_frame_header,
 )
 from layertap._spec.lock import is_locked
 from layertap._types import IndexEntry, Problem, ProblemKind
@@ -28,13 +30,9 @@ from layertap.errors import CorruptRecordError, FormatError, LayertapError
 
 
 class PyShardReader:
-    """The shard-backend protocol (see ``layertap.reader``) over one shard file.
-
-    Attributes: ``path``, ``complete``, ``meta``, ``file_bytes``, ``torn_tail_bytes``,
-    ``being_written``, ``scan_problems``, ``entries`` (records in file order),
-    ``lost_in_recovery``, ``data_end``
-    (the end of the record data: the index frame's offset of a complete shard, the end of the
-    last valid record frame of an open one)."""
+    """The shard-backend protocol (see ``layertap.reader``) over one shard file. ``data_end``: the
+    end of the record data (the index frame's offset of a complete shard, the end of the last
+    valid record frame of an open one)."""
 
     def __init__(self, path: str | os.PathLike, *, probe_lock: bool = True):
         self.path = os.fspath(path)
@@ -75,15 +73,11 @@ class PyShardReader:
         else:
             self.complete = False
             if footer is not None:
-                self.scan_problems.append(
-                    Problem(
-                        self.path,
-                        footer.index_offset,
-                        None,
-                        ProblemKind.BAD_INDEX,
-                        f"index at offset {footer.index_offset} is unusable ({footer.problem}); "
-                        "the shard was scanned instead",
-                    )
+                self._problem(
+                    footer.index_offset,
+                    ProblemKind.BAD_INDEX,
+                    f"index at offset {footer.index_offset} is unusable ({footer.problem}); "
+                    "the shard was scanned instead",
                 )
             found = scan.scan(self)
             self._raw = found.entries
@@ -97,49 +91,34 @@ class PyShardReader:
             # an open shard without records or torn tail (docs/FORMAT.md, "File header").
             self.torn_tail_bytes = max(0, tail_end - found.data_end)
             if self.torn_tail_bytes:
-                self.scan_problems.append(
-                    Problem(
-                        self.path,
-                        found.data_end,
-                        None,
-                        ProblemKind.TORN_TAIL,
-                        f"torn tail of {self.torn_tail_bytes} bytes at offset {found.data_end}: "
-                        "an unfinished frame after the last valid one",
-                    )
+                self._problem(
+                    found.data_end,
+                    ProblemKind.TORN_TAIL,
+                    f"torn tail of {self.torn_tail_bytes} bytes at offset {found.data_end}: "
+                    "an unfinished frame after the last valid one",
                 )
             if found.stopped_at_index and footer is None:
-                self.scan_problems.append(
-                    Problem(
-                        self.path,
-                        found.stop,
-                        None,
-                        ProblemKind.BAD_INDEX,
-                        "an index frame without a valid trailer after it (the writer died while closing the shard?)",
-                    )
+                self._problem(
+                    found.stop,
+                    ProblemKind.BAD_INDEX,
+                    "an index frame without a valid trailer after it (the writer died while closing the shard?)",
                 )
         self.entries = [
             IndexEntry(e.key, e.frame_offset, e.stored_len, e.raw_len, e.num_tokens, CODECS[e.codec], e.payload_crc)
             for e in self._raw
         ]
 
+    def _problem(self, offset: int, kind: ProblemKind, text: str) -> None:
+        self.scan_problems.append(Problem(self.path, offset, None, kind, text))
+
     # -- bytes --------------------------------------------------------------------------------
 
     def pread(self, offset: int, n: int) -> bytearray:
-        """``n`` bytes at ``offset`` (fewer only at the end of the file)."""
+        """``n`` bytes at ``offset`` (fewer only at the end of the file), writable: the tensors of
+        a record stored with codec ``none`` are views of them, writable as the Rust reader's."""
         if self._fd < 0:
             raise LayertapError(f"{self.path}: the shard reader is closed")
-        buf = bytearray(n)
-        view = memoryview(buf)
-        got = 0
-        while got < n:
-            k = os.preadv(self._fd, [view[got:]], offset + got)
-            if k == 0:
-                break
-            got += k
-        del view
-        if got < n:
-            del buf[got:]
-        return buf
+        return bytearray(pread_fully(self._fd, offset, n))
 
     def raw_entries(self) -> list[RawEntry]:
         return list(self._raw)
@@ -156,19 +135,17 @@ class PyShardReader:
         stored = self.pread(e.payload_offset, e.stored_len)
         if len(stored) != e.stored_len:
             raise self._corrupt(e, "payload is cut off by the end of the file")
-        try:
-            return decode_record(
-                stored, key=e.key, codec=e.codec, raw_len=e.raw_len, payload_crc=e.payload_crc if verify else None
-            )
-        except FormatProblem as problem:
-            raise self._corrupt(e, str(problem)) from None
+        crc = e.payload_crc if verify else None
+        return decode_stored(
+            stored, key=e.key, codec=e.codec, raw_len=e.raw_len, payload_crc=crc, path=self.path, offset=e.frame_offset
+        )
 
     def check(self, i: int) -> None:
         """Full check of record ``i``: its frame header agrees with the entry, then everything
         ``read`` checks. Raises CorruptRecordError."""
         e = self._raw[i]
         try:
-            h = scan.read_frame_header(self, e.frame_offset)
+            h = read_frame_header(self.pread, e.frame_offset, self.file_bytes)
         except FormatProblem as problem:
             raise self._corrupt(e, f"no valid frame header at the indexed offset: {problem}") from None
         if not e.matches(h):

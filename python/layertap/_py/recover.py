@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import errno as _errno
 import fcntl
 import os
 
@@ -28,12 +27,10 @@ def recover(path: str | os.PathLike) -> RecoverReport:
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno in (_errno.EWOULDBLOCK, _errno.EAGAIN):
-                raise ShardLockedError(
-                    f"{path}: locked by another process (a live writer?); refusing to modify it", path
-                ) from None
-            raise
+        except BlockingIOError:  # EWOULDBLOCK
+            raise ShardLockedError(
+                f"{path}: locked by another process (a live writer?); refusing to modify it", path
+            ) from None
         size = os.fstat(fd).st_size
         if size < FILE_HEADER_FIXED_LEN + 4 + MAX_META_LEN and is_torn_empty(os.pread(fd, size, 0)):
             _remove(fd, path)

@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import NamedTuple, Protocol
 
 from layertap._cursor import ShardCursor
-from layertap._spec import format as fmt
 from layertap._spec.format import (
     FRAME_HEADER_LEN,
     FRAME_MAGIC,
@@ -24,11 +23,11 @@ from layertap._spec.format import (
     TRAILER_LEN,
     FormatProblem,
     FrameCutOff,
-    FrameHeader,
     RawEntry,
     crc32c,
     decode_index,
     decode_trailer,
+    read_frame_header,
 )
 from layertap._types import Problem, ProblemKind
 
@@ -43,14 +42,7 @@ class _Shard(Protocol):
     def pread(self, offset: int, n: int) -> bytearray: ...
 
 
-def read_frame_header(shard: _Shard, pos: int) -> FrameHeader:
-    """The valid frame header at ``pos`` (the whole frame inside the file), else raises
-    FormatProblem (``Truncated`` when the file ends first)."""
-    return fmt.read_frame_header(shard.pread, pos, shard.file_bytes)
-
-
 def payload_crc(shard: _Shard, offset: int, length: int) -> int:
-    """CRC32C of ``length`` bytes at ``offset``, read in chunks."""
     crc = 0
     end = offset + length
     while offset < end:
@@ -97,7 +89,7 @@ def _index_entries(shard: _Shard, index_offset: int, record_count: int) -> list[
     if index_offset % 8 or not shard.header_len <= index_offset <= size - TRAILER_LEN - FRAME_HEADER_LEN:
         raise FormatProblem(f"the trailer points at offset {index_offset}, where no index frame can be")
     end = size - TRAILER_LEN
-    h = read_frame_header(_Prefix(shard, end), index_offset)
+    h = read_frame_header(shard.pread, index_offset, end)  # the index frame ends before the trailer
     if h.kind != KIND_INDEX or h.codec != 0 or h.key or h.num_tokens or h.raw_len != h.stored_len:
         raise FormatProblem("the frame at the trailer's index offset is not an index frame")
     if index_offset + h.frame_len != end:
@@ -116,19 +108,6 @@ def _index_entries(shard: _Shard, index_offset: int, record_count: int) -> list[
     return entries
 
 
-class _Prefix:
-    """A view of a shard that ends at ``end`` (the index frame must end before the trailer)."""
-
-    def __init__(self, shard: _Shard, end: int):
-        self.path = shard.path
-        self.file_bytes = end
-        self.header_len = shard.header_len
-        self._shard = shard
-
-    def pread(self, offset: int, n: int) -> bytearray:
-        return self._shard.pread(offset, max(0, min(n, self.file_bytes - offset)))
-
-
 # ---------------------------------------------------------------------------------------------
 # Step 3: the scan
 
@@ -145,7 +124,6 @@ class ScanResult(NamedTuple):
 
 
 def scan(shard: _Shard) -> ScanResult:
-    """Scans the frames of a shard from its header on."""
     size = shard.file_bytes
     cursor = ShardCursor(shard.pread, shard.header_len)
     data_end = shard.header_len
@@ -165,16 +143,10 @@ def scan(shard: _Shard) -> ScanResult:
             cursor.pos = _next_candidate(shard, pos + 8)  # resynchronise past the damage
             continue
         if damaged_from is not None:
-            pending.append(
-                Problem(
-                    shard.path,
-                    damaged_from,
-                    None,
-                    ProblemKind.DAMAGED_REGION,
-                    f"damaged region of {pos - damaged_from} bytes at [{damaged_from}, {pos}): "
-                    "no valid frame header in it",
-                )
+            text = (
+                f"damaged region of {pos - damaged_from} bytes at [{damaged_from}, {pos}): no valid frame header in it"
             )
+            pending.append(Problem(shard.path, damaged_from, None, ProblemKind.DAMAGED_REGION, text))
             damaged_from = None
         if h.kind == KIND_INDEX:
             stop, stopped_at_index = pos, True
@@ -188,15 +160,8 @@ def scan(shard: _Shard) -> ScanResult:
             entries.append(RawEntry(pos, h.stored_len, h.raw_len, h.num_tokens, h.payload_crc, h.codec, h.key))
             data_end = nxt
         else:
-            pending.append(
-                Problem(
-                    shard.path,
-                    pos,
-                    h.key,
-                    ProblemKind.CORRUPT_RECORD,
-                    f"payload checksum mismatch (frame says {h.payload_crc:#010x}, payload has {crc:#010x})",
-                )
-            )
+            text = f"payload checksum mismatch (frame says {h.payload_crc:#010x}, payload has {crc:#010x})"
+            pending.append(Problem(shard.path, pos, h.key, ProblemKind.CORRUPT_RECORD, text))
     return ScanResult(entries, data_end, stop, stopped_at_index, problems)
 
 

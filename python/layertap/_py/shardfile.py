@@ -12,12 +12,10 @@ import errno as _errno
 import fcntl
 import os
 
+from layertap import _files
 from layertap._spec.format import RawEntry, encode_file_header, encode_footer
 from layertap._text import human_bytes
 from layertap.errors import DiskFullError, WriterIOError
-
-# Linux caps the buffers of one writev at IOV_MAX.
-_IOV_MAX = 1024
 
 
 def io_error(e: OSError, path: str, op: str) -> WriterIOError:
@@ -41,17 +39,11 @@ def io_error(e: OSError, path: str, op: str) -> WriterIOError:
 
 
 def fsync_dir(path: str) -> None:
-    """fsyncs a directory so that a file created in it survives a crash."""
+    """``_files.fsync_dir``, its errors raised as ``WriterIOError`` naming the directory."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as e:
-        raise io_error(e, path, "open") from None
-    try:
-        os.fsync(fd)
+        _files.fsync_dir(path)
     except OSError as e:
         raise io_error(e, path, "fsync") from None
-    finally:
-        os.close(fd)
 
 
 def _refused(e: OSError) -> bool:
@@ -72,19 +64,18 @@ def _lock(fd: int, path: str) -> None:
         raise io_error(e, path, "flock") from None
 
 
-def _write_all(fd: int, data: bytes, path: str) -> None:
-    done = 0
+def _write_all(fd: int, data: bytes, path: str, offset: int = 0) -> None:
+    view = memoryview(data).cast("B")
     try:
-        while done < len(data):
-            done += os.pwrite(fd, data[done:], done)
+        while view:
+            n = os.pwrite(fd, view, offset)
+            view, offset = view[n:], offset + n
     except OSError as e:
         raise io_error(e, path, "write") from None
 
 
 def _unnamed(directory: str, path: str, header: bytes) -> int | None:
     """``O_TMPFILE``, header and lock, then ``linkat`` to ``path``; None where refused."""
-    if not hasattr(os, "O_TMPFILE"):
-        return None
     try:
         fd = os.open(directory, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o644)
     except OSError as e:
@@ -104,11 +95,7 @@ def _unnamed(directory: str, path: str, header: bytes) -> int | None:
                 return None
             raise io_error(e, path, "link") from None
     except BaseException:
-        if fd >= 0:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        os.close(fd)
         raise
     return fd
 
@@ -197,7 +184,6 @@ class ShardFile:
     def __init__(self, path: str, shard_id: bytes, meta: dict, sync_dir: bool):
         self.path = path
         self.entries: list[RawEntry] = []
-        self.synced_to = 0
         header = encode_file_header(shard_id, meta)
         # A writer never overwrites or appends to a shard it did not create.
         self.fd = create_shard_file(path, header)
@@ -207,37 +193,9 @@ class ShardFile:
 
     def write(self, buffers: list) -> None:
         """Appends ``buffers`` at the end of the shard."""
-        buffers = [b for b in buffers if len(b)]
-        while buffers:
-            chunk = buffers[:_IOV_MAX]
-            want = sum(memoryview(b).nbytes for b in chunk)
-            try:
-                done = os.pwritev(self.fd, chunk, self.offset)
-            except OSError as e:
-                raise io_error(e, self.path, "write") from None
-            self.offset += done
-            if done == want:
-                buffers = buffers[_IOV_MAX:]
-                continue
-            if done == 0:
-                raise WriterIOError(_errno.EIO, f"{self.path}: write failed: wrote 0 bytes", self.path)
-            # A short write: drop what was written and go on with the rest.
-            rest = []
-            for b in buffers:
-                n = memoryview(b).nbytes
-                if done >= n:
-                    done -= n
-                    continue
-                rest.append(memoryview(b).cast("B")[done:] if done else b)
-                done = 0
-            buffers = rest
-
-    def fsync(self) -> None:
-        try:
-            os.fsync(self.fd)
-        except OSError as e:
-            raise io_error(e, self.path, "fsync") from None
-        self.synced_to = self.offset
+        for b in buffers:
+            _write_all(self.fd, b, self.path, self.offset)
+            self.offset += memoryview(b).nbytes
 
     def finish(self, sync: bool) -> None:
         """Writes the index frame and trailer, releases the lock, fsyncs if asked, and closes the
@@ -246,12 +204,10 @@ class ShardFile:
         writer, which fsyncs on another thread)."""
         self.write([encode_footer(self.entries, self.offset)])
         fcntl.flock(self.fd, fcntl.LOCK_UN)
-        if sync:
-            self.fsync()
-        self.release()
-
-    def release(self) -> None:
-        """Closes the file, which releases the lock (the shard stays as it is)."""
-        if self.fd >= 0:
-            fd, self.fd = self.fd, -1
-            os.close(fd)
+        try:
+            if sync:
+                os.fsync(self.fd)
+        except OSError as e:
+            raise io_error(e, self.path, "fsync") from None
+        finally:
+            os.close(self.fd)

@@ -28,20 +28,11 @@ TORCH_NAMES: dict[str, str] = {
 #: Dtypes whose elements the byte-plane transform of codec ``bp16-zstd`` splits.
 TWO_BYTE = frozenset(name for name, size in ITEMSIZE.items() if size == 2)
 
-#: numpy's little-endian dtype of each safetensors dtype numpy has itself (not BF16).
+#: numpy's little-endian dtype of each safetensors dtype numpy has itself (not BF16, F8_E4M3).
 NUMPY_DTYPES: dict[str, np.dtype] = {
-    "BOOL": np.dtype(np.bool_),
-    "U8": np.dtype(np.uint8),
-    "I8": np.dtype(np.int8),
-    "U16": np.dtype("<u2"),
-    "I16": np.dtype("<i2"),
-    "F16": np.dtype("<f2"),
-    "U32": np.dtype("<u4"),
-    "I32": np.dtype("<i4"),
-    "F32": np.dtype("<f4"),
-    "U64": np.dtype("<u8"),
-    "I64": np.dtype("<i8"),
-    "F64": np.dtype("<f8"),
+    name: np.dtype(torch_name).newbyteorder("<")
+    for name, torch_name in TORCH_NAMES.items()
+    if name not in ("BF16", "F8_E4M3")
 }
 
 

@@ -123,9 +123,11 @@ def _context_map(src, at: int, contexts: int) -> list[int]:
     return cmap
 
 
-def _code_tables(src, at: int, contexts: int, shift: int) -> tuple[list[list[int]], int]:
-    """The decoding tables (see ``_table``) of the ``contexts`` code-length tables at ``at``,
-    and where they end."""
+def _code_tables(src, at: int, contexts: int, shift: int) -> tuple[list[int], list[list[int]], int]:
+    """The context map at ``at``, the decoding tables (see ``_table``) of the ``contexts``
+    code-length tables after it, and where they end."""
+    cmap = _context_map(src, at, contexts)
+    at += SYMBOLS // 2
     tables = []
     for c in range(contexts):
         try:
@@ -133,7 +135,22 @@ def _code_tables(src, at: int, contexts: int, shift: int) -> tuple[list[list[int
         except FormatProblem as e:
             raise FormatProblem(f"context {c}: {e}") from None
         tables.append(_table(lengths, shift))
-    return tables, at
+    return cmap, tables, at
+
+
+def _stream_sizes(src, at: int, streams: int) -> tuple[tuple[int, ...], int]:
+    if at + 8 * streams > len(src):
+        raise FormatProblem("block is cut off")
+    return struct.unpack_from(f"<{streams}Q", src, at), at + 8 * streams
+
+
+def _check_stream_end(src, at: int, size: int, used: int, k: int) -> None:
+    """Stream ``k`` (``size`` bytes at ``at``) holds exactly the ``used`` bits its elements
+    took, padded with zero bits."""
+    if (used + 7) // 8 != size:
+        raise FormatProblem(f"stream {k} holds {size} bytes but its elements take {used} bits")
+    if used % 8 and src[at + size - 1] >> (used % 8):
+        raise FormatProblem(f"stream {k}: padding bits are not zero")
 
 
 def decode_block(src, at: int, n: int, width: int) -> tuple[np.ndarray, int]:
@@ -161,18 +178,12 @@ def decode_block(src, at: int, n: int, width: int) -> tuple[np.ndarray, int]:
         raise FormatProblem(f"block has {streams} streams (1, 2, 4 or 8 allowed)")
     if reserved:
         raise FormatProblem("block's reserved bytes are not zero")
-    at += _FIXED.size
-    cmap = _context_map(src, at, contexts)
-    at += SYMBOLS // 2
     raw_bits = 8 * width - 9
     raw_mask = (1 << raw_bits) - 1
-    tables, at = _code_tables(src, at, contexts, raw_bits)
+    cmap, tables, at = _code_tables(src, at + _FIXED.size, contexts, raw_bits)
     # The table of the context each top-9 value picks.
     table_of_top = [tables[cmap[symbol_of_top(t)]] for t in range(SYMBOLS)]
-    if at + 8 * streams > len(src):
-        raise FormatProblem("block is cut off")
-    sizes = struct.unpack_from(f"<{streams}Q", src, at)
-    at += 8 * streams
+    sizes, at = _stream_sizes(src, at, streams)
     out = [0] * n
     for k, size in enumerate(sizes):
         if size > len(src) - at:
@@ -188,11 +199,7 @@ def decode_block(src, at: int, n: int, width: int) -> tuple[np.ndarray, int]:
                 raise FormatProblem("a stream holds a bit pattern that is no code")
             out[i] = (e & ~raw_mask) | ((word >> length) & raw_mask)
             bit += length + raw_bits
-        used = bit - 8 * at
-        if (used + 7) // 8 != size:
-            raise FormatProblem(f"stream {k} holds {size} bytes but its elements take {used} bits")
-        if used % 8 and src[at + size - 1] >> (used % 8):
-            raise FormatProblem(f"stream {k}: padding bits are not zero")
+        _check_stream_end(src, at, size, bit - 8 * at, k)
         at += size
     return np.array(out, dtype=udtype), at
 
@@ -210,16 +217,10 @@ def _decode_columns(src, at: int, n: int, width: int) -> tuple[np.ndarray, int]:
         raise FormatProblem(f"block of {n} elements in rows of {columns} columns")
     if not 1 <= streams <= columns:
         raise FormatProblem(f"block has {streams} streams for {columns} columns (1 to {columns} allowed)")
-    at += _COLUMN_FIXED.size
-    cmap = _context_map(src, at, contexts)
-    at += SYMBOLS // 2
-    tables, at = _code_tables(src, at, contexts, 4)
+    cmap, tables, at = _code_tables(src, at + _COLUMN_FIXED.size, contexts, 4)
     # The context each top-9 value gives the element after it in its stream.
     ctx_of_top = [cmap[symbol_of_top(t)] for t in range(SYMBOLS)]
-    if at + 8 * streams > len(src):
-        raise FormatProblem("block is cut off")
-    sizes = struct.unpack_from(f"<{streams}Q", src, at)
-    at += 8 * streams
+    sizes, at = _stream_sizes(src, at, streams)
     raw_bits = 8 * width - 9
     plane_len = (n * raw_bits + 7) // 8
     if plane_len > len(src) - at:
@@ -246,11 +247,7 @@ def _decode_columns(src, at: int, n: int, width: int) -> tuple[np.ndarray, int]:
             tops[i] = e >> 4
             ctx = ctx_of_top[tops[i]]
             bit += length
-        used = bit - 8 * at
-        if (used + 7) // 8 != size:
-            raise FormatProblem(f"stream {k} holds {size} bytes but its elements take {used} bits")
-        if used % 8 and src[at + size - 1] >> (used % 8):
-            raise FormatProblem(f"stream {k}: padding bits are not zero")
+        _check_stream_end(src, at, size, bit - 8 * at, k)
         at += size
 
     # The raw plane: element i's raw bits at bits [i * raw_bits, (i + 1) * raw_bits).

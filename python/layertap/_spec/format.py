@@ -14,7 +14,7 @@ import struct
 from collections.abc import Callable
 from typing import NamedTuple
 
-import crc32c as _crc32c
+from crc32c import crc32c  # crc32c(data, value=0): the CRC continued from ``value``
 
 from layertap._spec import json_text
 from layertap.errors import InvalidInputError
@@ -47,13 +47,7 @@ _TRAILER = struct.Struct("<QQI")
 _FILE_FIXED = struct.Struct("<8sHHI16s")
 
 
-def crc32c(data, value: int = 0) -> int:
-    """CRC32C of ``data``, continuing from ``value`` (the CRC of what came before)."""
-    return _crc32c.crc32c(data, value)
-
-
 def align8(n: int) -> int:
-    """``n`` rounded up to a multiple of 8."""
     return (n + 7) & ~7
 
 
@@ -101,7 +95,6 @@ def writer_id_problem(writer_id: object) -> str | None:
 
 
 def shard_file_name(writer_id: str, index: int) -> str:
-    """The file name of shard ``index`` of writer ``writer_id``."""
     return f"{writer_id}-{index:06}{SHARD_SUFFIX}"
 
 
@@ -235,14 +228,13 @@ class FrameHeader(NamedTuple):
 
 
 def frame_header_len(key_len: int) -> int:
-    """``align8(48 + key_len)``: bytes from a frame's start to its payload."""
+    """Bytes from a frame's start to its payload."""
     return align8(FRAME_HEADER_LEN + key_len)
 
 
 def encode_frame_header(
     kind: int, codec: int, key: bytes, stored_len: int, raw_len: int, num_tokens: int, payload_crc: int
 ) -> bytes:
-    """The bytes that precede a payload: fixed header, key and padding."""
     fixed = _FRAME.pack(FRAME_MAGIC, kind, codec, len(key), stored_len, raw_len, num_tokens, payload_crc)
     crc = crc32c(key, crc32c(fixed))
     out = fixed + crc.to_bytes(4, "little") + key
@@ -259,8 +251,8 @@ class FrameCutOff(Truncated):
 
 
 def _header_crc_matches(data, key_len: int) -> bool:
-    """Whether the frame header at the start of ``data`` (its key included, ``key_len`` bytes,
-    all in ``data``) matches its ``header_crc``: bytes 0-43, then the key."""
+    """Whether the frame header at the start of ``data`` (its key all there) matches its
+    ``header_crc``: bytes 0-43, then the key."""
     key = data[FRAME_HEADER_LEN : FRAME_HEADER_LEN + key_len]
     return crc32c(key, crc32c(data[:44])) == int.from_bytes(data[44:48], "little")
 
@@ -332,15 +324,8 @@ class RawEntry(NamedTuple):
 
     def matches(self, h: FrameHeader) -> bool:
         """Whether this entry agrees with the frame header found at its offset."""
-        return (
-            h.kind == KIND_RECORD
-            and h.key == self.key
-            and h.stored_len == self.stored_len
-            and h.raw_len == self.raw_len
-            and h.num_tokens == self.num_tokens
-            and h.payload_crc == self.payload_crc
-            and h.codec == self.codec
-        )
+        mine = (self.key, self.stored_len, self.raw_len, self.num_tokens, self.payload_crc, self.codec)
+        return h.kind == KIND_RECORD and (h.key, h.stored_len, h.raw_len, h.num_tokens, h.payload_crc, h.codec) == mine
 
 
 def encode_index(entries: list[RawEntry]) -> bytes:
@@ -355,7 +340,6 @@ def encode_index(entries: list[RawEntry]) -> bytes:
 
 
 def decode_index(data) -> list[RawEntry]:
-    """Decodes an index payload. Raises FormatProblem saying what is malformed."""
     if len(data) < 8:
         raise FormatProblem("index shorter than its entry count")
     count = int.from_bytes(data[:8], "little")
@@ -401,7 +385,6 @@ def encode_trailer(index_offset: int, record_count: int, lost_in_recovery: int =
 
 
 def decode_trailer(data) -> Trailer | None:
-    """The trailer, if ``data`` (32 bytes) is a valid one."""
     if len(data) != TRAILER_LEN or data[24:32] != TRAILER_MAGIC:
         return None
     if crc32c(data[:20]) != int.from_bytes(data[20:24], "little"):

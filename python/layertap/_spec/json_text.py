@@ -31,7 +31,12 @@ def parse(data: bytes) -> object:
     text = bytes(data).decode("utf-8")
     _check_depth(text)
     value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_integer)
-    _check_strings(value)
+    try:
+        # Refuses strings holding an unpaired surrogate (``"\\ud800"``): they are not Unicode
+        # text, and serde_json refuses them.
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("a string holds an unpaired surrogate escape") from None
     return value
 
 
@@ -63,20 +68,3 @@ def _integer(s: str) -> int | float:
 
 def _shown(number: str) -> str:
     return number if len(number) <= 24 else f"{number[:20]}... ({len(number)} characters)"
-
-
-def _check_strings(value) -> None:
-    """Refuses strings holding an unpaired surrogate (``"\\ud800"``): they are not Unicode text,
-    and serde_json refuses them. The depth is bounded, so the recursion is too."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError("a string holds an unpaired surrogate escape") from None
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            _check_strings(k)
-            _check_strings(v)
-    elif isinstance(value, list):
-        for v in value:
-            _check_strings(v)

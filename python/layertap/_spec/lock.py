@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import errno as _errno
 import fcntl
 import os
 
@@ -13,10 +12,8 @@ def is_locked(path: str) -> bool:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError as e:
-        if e.errno in (_errno.EWOULDBLOCK, _errno.EAGAIN):
-            return True
-        raise
+    except BlockingIOError:  # EWOULDBLOCK
+        return True
     else:
         fcntl.flock(fd, fcntl.LOCK_UN)
         return False

@@ -19,8 +19,8 @@ from layertap._decoder import RecordDecoder, record_decoder
 from layertap._spec.format import CODECS, FormatProblem, crc32c, decode_frame_header
 from layertap._types import IndexEntry, Problem
 from layertap.errors import CorruptRecordError, FormatError, RecordMissingError, quote_key
-from layertap.mooncake.address import StoreAddress
-from layertap.mooncake.client import StoreClient
+from layertap.mooncake.address import StoreAddress, parse_address
+from layertap.mooncake.client import StoreClient, connect
 from layertap.mooncake.layout import (
     Head,
     LayoutProblem,
@@ -40,10 +40,10 @@ def writer_path(address: StoreAddress, writer_id: str) -> str:
     return f"{address.dataset}#{writer_id}"
 
 
-def check_frame(obj, key: str, want: StoreEntry | None, where: str) -> tuple[StoreEntry, memoryview]:
-    """The frame header of a record object (checked by the format's code, key and all) and its
-    stored payload; raises FormatProblem when the object is not the frame of ``key`` that
-    ``want`` (the index's entry, if any) describes."""
+def check_frame(obj, key: str, want: StoreEntry | None, where: str, intact: bool = False):
+    """The frame header of the record object ``obj`` (checked by the format's code) and its stored
+    payload; raises FormatProblem unless ``obj`` is the frame of ``key`` that ``want`` (the index's
+    entry, if any) describes, its payload's CRC checked too where ``intact``."""
     h = decode_frame_header(obj, len(obj))
     got = StoreEntry(h.key, h.stored_len, h.raw_len, h.num_tokens, h.codec, h.payload_crc)
     if h.key != key:
@@ -55,17 +55,10 @@ def check_frame(obj, key: str, want: StoreEntry | None, where: str) -> tuple[Sto
             f"the object is another record than the index lists (frame {got}, index {want}): "
             f"another writer put the key first ({where})"
         )
-    start = h.header_len
-    return got, memoryview(obj)[start : start + h.stored_len]
-
-
-def check_intact_frame(obj, key: str, want: StoreEntry, where: str) -> None:
-    """``check_frame``, and the stored payload against the CRC that ``want`` (the index's
-    entry) gives: ``obj`` is exactly the frame of the record ``want`` describes. Raises
-    FormatProblem."""
-    _, payload = check_frame(obj, key, want, where)
-    if crc32c(payload) != want.payload_crc:
+    payload = memoryview(obj)[h.header_len : h.header_len + h.stored_len]
+    if intact and crc32c(payload) != want.payload_crc:
         raise FormatProblem("payload checksum mismatch")
+    return got, payload
 
 
 def local_frame(fd: int, e: IndexEntry, where: str) -> tuple[StoreEntry, bytes]:
@@ -75,8 +68,26 @@ def local_frame(fd: int, e: IndexEntry, where: str) -> tuple[StoreEntry, bytes]:
     damaged)."""
     entry = StoreEntry(e.key, e.stored_len, e.raw_len, e.num_tokens, CODECS.index(e.codec), e.payload_crc)
     frame = pread_fully(fd, e.frame_offset, entry.frame_len)
-    check_intact_frame(frame, e.key, entry, where)
+    check_frame(frame, e.key, entry, where, intact=True)
     return entry, frame
+
+
+def _checked_object(client, address, key, want, path, offset, view=False, intact=False):
+    """The object of record ``key`` (``get_view``'s where ``view``) and ``check_frame``'s answer;
+    raises RecordMissingError, CorruptRecordError or StoreUnavailableError."""
+    name = record_name(address.prefix, key)
+    obj = client.get_view(name) if view else client.get(name)
+    if obj is None:
+        raise RecordMissingError(
+            f"{path}: record {quote_key(key)} is not in the store (evicted, lost with the node that held it, or never put)",
+            path,
+            offset,
+            key,
+        )
+    try:
+        return obj, *check_frame(obj, key, want, path, intact)
+    except FormatProblem as problem:
+        raise CorruptRecordError.at(path, offset, key, str(problem)) from None
 
 
 def read_object(
@@ -89,24 +100,11 @@ def read_object(
     decode: RecordDecoder | None = None,
 ):
     """``(metadata, tensors)`` of the record ``key`` read from the store (``want``: what the
-    index says of it), decoded by ``decode`` (``layertap._decoder``; None: the Rust core's where
-    it is built); raises RecordMissingError, CorruptRecordError or StoreUnavailableError."""
+    index says of it), decoded by ``decode`` (None: the Rust core's where it is built)."""
     decode = decode or record_decoder()
     # A decoder whose tensors own their memory reads the object where Mooncake received it:
     # 11 MB less to copy (and to fault in) per 11 MB record (benches/RESULTS.md, "fetch").
-    name = record_name(address.prefix, key)
-    obj = client.get_view(name) if decode.owns_output else client.get(name)
-    if obj is None:
-        raise RecordMissingError(
-            f"{path}: record {quote_key(key)} is not in the store (evicted, lost with the node that held it, or never put)",
-            path,
-            offset,
-            key,
-        )
-    try:
-        entry, payload = check_frame(obj, key, want, path)
-    except FormatProblem as problem:
-        raise CorruptRecordError.at(path, offset, key, str(problem)) from None
+    _, entry, payload = _checked_object(client, address, key, want, path, offset, view=decode.owns_output)
     return decode.decode(
         payload,
         key=key,
@@ -160,14 +158,7 @@ class StoreShard:
     def frame(self, i: int) -> bytes:
         """Record ``i``'s frame as stored, checked against the index and its payload's CRC."""
         e = self._store_entries[i]
-        obj = self.client.get(record_name(self.address.prefix, e.key))
-        if obj is None:
-            raise RecordMissingError(f"{self.path}: record {quote_key(e.key)} is not in the store", self.path, i, e.key)
-        try:
-            check_intact_frame(obj, e.key, e, self.path)
-        except FormatProblem as problem:
-            raise CorruptRecordError.at(self.path, i, e.key, str(problem)) from None
-        return obj
+        return _checked_object(self.client, self.address, e.key, e, self.path, i, intact=True)[0]
 
     def close(self) -> None:
         pass
@@ -202,52 +193,48 @@ def open_writer_shard(
     listed; with ``until_gap`` (``follow``, which counts a writer's records by position and
     looks again later) the records end before it, so that they are the same at every look."""
     path = writer_path(address, writer_id)
+
+    def problem(text: str, kind: str = "bad_index") -> Problem:
+        return Problem(path, None, None, kind, text)
+
     data = client.get(head_name(address.prefix, writer_id))
     if data is None:
-        return Problem(path, None, None, "bad_index", "the writer's head object is not in the store")
+        return problem("the writer's head object is not in the store")
     try:
         head = decode_head(data)
     except LayoutProblem as p:
-        return Problem(path, None, None, "bad_index", str(p))
+        return problem(str(p))
     entries: list[StoreEntry] = []
     problems: list[Problem] = []
     for c in range(head.chunks):
         chunk = client.get(chunk_name(address.prefix, writer_id, c))
-        if chunk is None:
-            problems.append(
-                Problem(
-                    path, None, None, "bad_index", f"index chunk {c} is not in the store: its records cannot be listed"
-                )
-            )
-            if until_gap:
-                break
-            continue
         try:
+            if chunk is None:
+                raise LayoutProblem(f"index chunk {c} is not in the store: its records cannot be listed")
             entries += decode_chunk(chunk, writer_id, c)
         except LayoutProblem as p:
-            problems.append(Problem(path, None, None, "bad_index", str(p)))
+            problems.append(problem(str(p)))
             if until_gap:
                 break
     if head.failed:
         problems.append(
-            Problem(
-                path,
-                None,
-                None,
-                "missing_record",
-                f"the writer could not put {head.failed} records into the store (its log names them)",
+            problem(
+                f"the writer could not put {head.failed} records into the store (its log names them)", "missing_record"
             )
         )
     return StoreShard(client, address, head, entries, problems, decode)
 
 
-def open_store(
-    address: StoreAddress, client: StoreClient, until_gap: bool = False, backend: str = "auto"
-) -> tuple[list[StoreShard], list[Problem]]:
-    """Every writer of the dataset as a shard backend, and the writers that cannot be read
-    (``until_gap``: see ``open_writer_shard``; ``backend``: the record decoder's, as for
-    ``layertap.open``). Raises FormatError when no writer has published
-    under the prefix, StoreUnavailableError when the store cannot be read."""
+def open_address(
+    text: str, until_gap: bool = False, backend: str = "auto"
+) -> tuple[StoreAddress, list[StoreShard], list[Problem]]:
+    """The address of the dataset ``text`` names (``mooncake://...``), its writers as shard
+    backends, and the writers that cannot be read (``until_gap``: see ``open_writer_shard``;
+    ``backend``: the record decoder's, as for ``layertap.open``); connects this process's client
+    first. Raises FormatError when no writer has published under the prefix,
+    StoreUnavailableError when the store cannot be read."""
+    address = parse_address(text)
+    client = connect(address)
     decode = record_decoder(backend)
     shards: list[StoreShard] = []
     problems: list[Problem] = []
@@ -258,31 +245,16 @@ def open_store(
         raise FormatError(
             f"{address}: no dataset there: no writer has published under prefix {address.prefix!r}", address.dataset
         )
-    return shards, problems
+    return address, shards, problems
 
 
 __all__ = [
     "StoreShard",
     "check_frame",
-    "check_intact_frame",
     "local_frame",
-    "open_store",
+    "open_address",
     "open_writer_shard",
     "read_object",
     "writer_ids",
     "writer_path",
 ]
-
-
-def open_address(
-    text: str, until_gap: bool = False, backend: str = "auto"
-) -> tuple[StoreAddress, list[StoreShard], list[Problem]]:
-    """The address, writers and unreadable writers of the dataset ``text`` names
-    (``mooncake://...``), records decoded by ``backend``'s decoder; connects this process's
-    client first."""
-    from layertap.mooncake.address import parse_address
-    from layertap.mooncake.client import connect
-
-    address = parse_address(text)
-    shards, problems = open_store(address, connect(address), until_gap, backend)
-    return address, shards, problems

@@ -6,6 +6,7 @@ file (``logs``); ``StoreClient`` turns Mooncake's status codes into what layerta
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import socket
 import struct
@@ -34,7 +35,7 @@ GET_TRIES = 3
 #: Names ``exist_many`` asks the master about in one call.
 EXIST_BATCH = 1000
 
-_clients: dict[tuple, StoreClient] = {}
+_clients: dict[StoreAddress, StoreClient] = {}
 """The client of each master and client options."""
 _datasets: dict[StoreAddress, StoreClient] = {}
 """That client for each address (dataset) given: what its errors name."""
@@ -51,8 +52,6 @@ _RPC_MAGIC = 21
 
 
 def _connect(address: StoreAddress, timeout: float) -> socket.socket:
-    """A connection to the master's port; raises StoreUnavailableError unless the port accepts
-    one within ``timeout`` seconds."""
     try:
         return socket.create_connection((address.host, address.port), timeout)
     except OSError as e:
@@ -64,10 +63,9 @@ def _connect(address: StoreAddress, timeout: float) -> socket.socket:
 
 
 def check_master(address: StoreAddress, timeout: float = CONNECT_TIMEOUT) -> None:
-    """Raises StoreUnavailableError, one line saying what to do, unless a Mooncake master
-    answers at the address: its port accepts a connection within ``timeout`` seconds and
-    answers an RPC request within ``HANDSHAKE_TIMEOUT``. (Mooncake's client, set up against a
-    port that is no master, retries for minutes, logging each try.)"""
+    """Raises StoreUnavailableError, one line saying what to do, unless a Mooncake master answers
+    an RPC request at the address: Mooncake's client, set up against a port that is no master,
+    retries for minutes, logging each try."""
     sock = _connect(address, timeout)
     with sock:
         try:
@@ -92,12 +90,11 @@ class BufferTooSmallError(StoreUnavailableError):
     address's ``buffer``): too small for it, or full of objects still held."""
 
 
-def _node_socket(port: int) -> str:
-    """The abstract Unix socket a store node listening on ``port`` takes dummy clients' shared
-    memory at (Mooncake's ``real_client_main.cpp`` and the binding's ``setup_dummy`` name it
-    ``@mooncake_client_PORT.sock``, and its ``uds_transport.cpp`` puts a NUL before that name),
-    as ``/proc/net/unix`` lists it (an abstract name after a ``@``)."""
-    return f"@@mooncake_client_{port}.sock"
+#: The abstract Unix socket a store node listening on port P takes dummy clients' shared memory
+#: at, as ``/proc/net/unix`` lists it: Mooncake's ``real_client_main.cpp`` and the binding's
+#: ``setup_dummy`` name it ``@mooncake_client_P.sock``, its ``uds_transport.cpp`` puts a NUL
+#: before that name, and procfs shows an abstract name after a ``@``.
+_NODE_SOCKET = "@@mooncake_client_{}.sock"
 
 
 def check_node(address: StoreAddress, timeout: float = CONNECT_TIMEOUT) -> None:
@@ -123,10 +120,10 @@ def check_node(address: StoreAddress, timeout: float = CONNECT_TIMEOUT) -> None:
             sockets = {line.split()[-1] for line in f.read().splitlines()[1:] if len(line.split()) > 7}
     except OSError:
         sockets = None  # no procfs: Mooncake's set-up says, if the node is elsewhere
-    if sockets is not None and _node_socket(port) not in sockets:
+    if sockets is not None and _NODE_SOCKET.format(port) not in sockets:
         raise StoreUnavailableError(
             f"{address}: node={address.node} answers but is not a store node on this host (no Unix socket "
-            f"{_node_socket(port)[1:]} here; node= reads through shared memory): {fix}"
+            f"{_NODE_SOCKET.format(port)[1:]} here; node= reads through shared memory): {fix}"
         )
     master = node_master(port)
     if master is not None and not same_master(master, address.master):
@@ -139,8 +136,7 @@ def check_node(address: StoreAddress, timeout: float = CONNECT_TIMEOUT) -> None:
 
 
 def _node_refuses(address: StoreAddress, timeout: float) -> OSError | None:
-    """Why the port of ``address``'s store node accepts no connection within ``timeout`` seconds;
-    None when it does."""
+    """Why the store node's port refuses a connection; None when it takes one."""
     try:
         socket.create_connection(address.node_endpoint, timeout).close()
     except OSError as e:
@@ -149,10 +145,10 @@ def _node_refuses(address: StoreAddress, timeout: float) -> OSError | None:
 
 
 class _Failing:
-    """Whether the last call of a Mooncake client failed: shared by its ``StoreClient`` for
-    each dataset (``StoreClient.for_address``)."""
+    """Whether the last call of a Mooncake client failed (then the next one checks the master's
+    port first): shared by its ``StoreClient`` for each dataset (``StoreClient.for_address``)."""
 
-    value = False
+    failing = False
 
 
 class StoreClient:
@@ -225,29 +221,20 @@ class StoreClient:
         other.address = address
         return other
 
-    @property
-    def _failing(self) -> bool:
-        """Whether the last call failed (then the next one checks the master's port first)."""
-        return self._state.value
-
-    @_failing.setter
-    def _failing(self, value: bool) -> None:
-        self._state.value = value
-
     def put(self, name: str, data, pinned: bool = False) -> int:
         """Puts a new object; 0 or Mooncake's negative status. An existing object is left as it
         is (Mooncake ignores the put: see ``exists``)."""
         if self._master_gone():
             return RPC_FAIL
         status = self.store.put(name, data, self._pinned) if pinned else self.store.put(name, data)
-        self._failing = status != 0
+        self._state.failing = status != 0
         return status
 
-    def upsert(self, name: str, data) -> int:
+    def upsert(self, name: str, data) -> int:  # always pinned: only the heads are upserted
         if self._master_gone():
             return RPC_FAIL
         status = self.store.upsert(name, data, self._pinned)
-        self._failing = status != 0
+        self._state.failing = status != 0
         return status
 
     def get(self, name: str) -> bytes | None:
@@ -274,23 +261,22 @@ class StoreClient:
         return None if handle is None else memoryview(handle).cast("B").toreadonly()
 
     def _read(self, name: str, read):
-        """``read(name)`` (the object, or None or empty when Mooncake could not give it), with
-        ``get``'s checks and retries."""
+        """``read(name)``, with ``get``'s checks and retries."""
         for _ in range(GET_TRIES):
             if self._master_gone():
                 break
             data = read(name)
             if data:  # layertap puts no empty object
-                self._failing = False
+                self._state.failing = False
                 return data
             # Mooncake's get returns empty bytes (get_buffer None) for an object that is not there
             # and for a call that failed alike: whether the object exists tells them apart (a
             # node= that is gone would take Mooncake's dummy client seconds to say so).
             if self._node_gone():
-                self._failing = True
+                self._state.failing = True
                 break
             there = self.store.is_exist(name)
-            self._failing = there < 0
+            self._state.failing = there < 0
             if there == 0:
                 return None
             if there < 0:
@@ -321,20 +307,16 @@ class StoreClient:
         )
 
     def who(self) -> str:
-        """What must answer for a call to succeed, for messages."""
-        if self.address.node is not None:
-            return (
-                f"the store node at node={self.address.node} (this host), the Mooncake master at "
-                f"{self.address.master} or the store node holding it"
-            )
-        return f"the Mooncake master at {self.address.master} or the store node holding it"
+        """What must answer for a call to succeed (for messages)."""
+        node = "" if self.address.node is None else f"the store node at node={self.address.node} (this host), "
+        return f"{node}the Mooncake master at {self.address.master} or the store node holding it"
 
     def exists(self, name: str) -> bool | None:
         """Whether the object is there; None when the store cannot say."""
         if self._master_gone():
             return None
         r = self.store.is_exist(name)
-        self._failing = r < 0
+        self._state.failing = r < 0
         return None if r < 0 else bool(r)
 
     def exist_many(self, names: list[str]) -> list[bool] | None:
@@ -345,8 +327,8 @@ class StoreClient:
             if self._master_gone():
                 return None
             got = self.store.batch_is_exist(names[i : i + EXIST_BATCH])
-            self._failing = any(r < 0 for r in got)
-            if self._failing:
+            self._state.failing = any(r < 0 for r in got)
+            if self._state.failing:
                 return None
             out += [r == 1 for r in got]
         return out
@@ -354,7 +336,7 @@ class StoreClient:
     def _master_gone(self) -> bool:
         """After a failed call: whether the master's port refuses connections, or with
         ``node=`` the node's (see the class)."""
-        if not self._failing:
+        if not self._state.failing:
             return False
         if self._node_gone():
             return True
@@ -364,8 +346,7 @@ class StoreClient:
             return True
         return False
 
-    def _node_gone(self) -> bool:
-        """With ``node=``: whether the node's port refuses connections (on this host: at once)."""
+    def _node_gone(self) -> bool:  # on this host a refusal comes at once
         return self.address.node is not None and _node_refuses(self.address, PROBE_TIMEOUT) is not None
 
     def close(self) -> None:
@@ -375,16 +356,7 @@ class StoreClient:
 def connect(address: StoreAddress) -> StoreClient:
     """This process's client for ``address``: one Mooncake client for its master and client
     options (made once), named by each dataset's address in what it reports."""
-    k = (
-        address.master,
-        address.metadata,
-        address.protocol,
-        address.device,
-        address.local,
-        address.segment,
-        address.buffer,
-        address.node,
-    )
+    k = dataclasses.replace(address, prefix="")  # the master and the client options
     with _lock:
         client = _datasets.get(address)
         if client is None:

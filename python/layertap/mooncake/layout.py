@@ -83,18 +83,7 @@ class Head(NamedTuple):
 
 
 def encode_head(head: Head) -> bytes:
-    return json.dumps(
-        {
-            "layertap_mooncake_head": LAYOUT_VERSION,
-            "writer_id": head.writer_id,
-            "chunks": head.chunks,
-            "records": head.records,
-            "closed": head.closed,
-            "failed": head.failed,
-            "meta": head.meta,
-        },
-        separators=(",", ":"),
-    ).encode()
+    return json.dumps({"layertap_mooncake_head": LAYOUT_VERSION, **head._asdict()}, separators=(",", ":")).encode()
 
 
 def decode_head(data: bytes) -> Head:

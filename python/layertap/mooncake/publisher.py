@@ -128,14 +128,8 @@ class StorePublisher:
         """Publishes the records put since the last call as an index chunk, then the head."""
         if self._pending:
             c = self._head.chunks
-            if (
-                self.client.put(
-                    chunk_name(self.address.prefix, self.writer_id, c),
-                    encode_chunk(self.writer_id, c, self._pending),
-                    pinned=True,
-                )
-                != 0
-            ):
+            chunk = encode_chunk(self.writer_id, c, self._pending)
+            if self.client.put(chunk_name(self.address.prefix, self.writer_id, c), chunk, pinned=True) != 0:
                 self.stats["index_failures"] += 1
                 self._log("index", "index chunk %d of writer %s not put; retried with the next", c, self.writer_id)
                 return  # kept, tried again next time

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 from layertap._options import WriterOptions
 from layertap._py.shardfile import ShardFile
-from layertap._py.version import package_version
 from layertap._spec.format import CODECS, RawEntry, parse_shard_index, shard_file_name
 from layertap._types import Problem
+from layertap._version import __version__
 from layertap.errors import CorruptRecordError, RecordMissingError
 from layertap.mooncake.backend import StoreShard
 
@@ -45,7 +45,7 @@ class _Out:
         self.directory = directory
         self.writer_id = shard.head.writer_id
         self.user = shard.head.meta.get("user", {})
-        self.writer = shard.head.meta.get("writer") or f"layertap-python {package_version()}"
+        self.writer = shard.head.meta.get("writer") or f"layertap-python {__version__}"
         self.source = source
         self.shard_bytes = shard_bytes
         self.report = report
