@@ -9,6 +9,7 @@ import json
 import os
 import re
 import sys
+from collections import Counter
 from typing import Any
 
 from layertap._spec.dtypes import TORCH_NAMES
@@ -81,26 +82,29 @@ def _agreed(values: list) -> Any:
     return seen[0] if all(v == seen[0] for v in seen) else "mixed"
 
 
+def _ratio(raw: int, stored: int) -> float | None:
+    return round(raw / stored, 4) if stored else None
+
+
+#: What a shard's and the dataset's summary agree on or add up, in the order ``--json`` prints them.
+_COUNTED = ("records", "tokens")
+_SHAPE = ("layers", "hidden_size", "dtype", "layer_ids")
+_BYTES = ("raw_bytes", "stored_bytes", "file_bytes")
+
+
 def inspect_summary(ds) -> dict:
     """What ``layertap inspect --json`` prints."""
     shards = []
     for info, backend in zip(ds.shards, ds.backends):
-        shape = _first_record_shape(backend)
         shards.append(
             {
                 "path": info.path,
                 "name": ds.shard_name(info.path),
                 "state": _state(info).replace(" ", "_"),
-                "complete": info.complete,
-                "being_written": info.being_written,
-                "records": info.records,
-                "tokens": info.tokens,
-                **shape,
-                "codecs": info.codecs,
-                "raw_bytes": info.raw_bytes,
-                "stored_bytes": info.stored_bytes,
-                "file_bytes": info.file_bytes,
-                "ratio": round(info.raw_bytes / info.stored_bytes, 4) if info.stored_bytes else None,
+                **{k: getattr(info, k) for k in ("complete", "being_written", *_COUNTED)},
+                **_first_record_shape(backend),
+                **{k: getattr(info, k) for k in ("codecs", *_BYTES)},
+                "ratio": _ratio(info.raw_bytes, info.stored_bytes),
                 "torn_tail_bytes": info.torn_tail_bytes,
                 "lost_in_recovery": info.lost_in_recovery,
                 "writer": info.meta.get("writer"),
@@ -108,33 +112,25 @@ def inspect_summary(ds) -> dict:
                 "problems": [problem_json(p) for p in backend.scan_problems],
             }
         )
-    codecs: dict[str, int] = {}
+    codecs: Counter[str] = Counter()
     for s in shards:
-        for c, n in s["codecs"].items():
-            codecs[c] = codecs.get(c, 0) + n
-    raw = sum(s["raw_bytes"] for s in shards)
-    stored = sum(s["stored_bytes"] for s in shards)
+        codecs.update(s["codecs"])
     total = {
         "path": ds.path,
-        "records": sum(s["records"] for s in shards),
-        "tokens": sum(s["tokens"] for s in shards),
-        "layers": _agreed([s["layers"] for s in shards]),
-        "hidden_size": _agreed([s["hidden_size"] for s in shards]),
-        "dtype": _agreed([s["dtype"] for s in shards]),
-        "layer_ids": _agreed([s["layer_ids"] for s in shards]),
-        "codecs": codecs,
-        "raw_bytes": raw,
-        "stored_bytes": stored,
-        "file_bytes": sum(s["file_bytes"] for s in shards),
-        "lost_in_recovery": sum(s["lost_in_recovery"] for s in shards),
-        "ratio": round(raw / stored, 4) if stored else None,
-        "shards": shards,
-        "unreadable": [problem_json(p) for p in ds.unreadable],
-        "parts": ds.parts,
-        "manifest": ds.manifest,
-        "duplicate_keys": len(ds.duplicates),
+        **{k: sum(s[k] for s in shards) for k in _COUNTED},
+        **{k: _agreed([s[k] for s in shards]) for k in _SHAPE},
+        "codecs": dict(codecs),
+        **{k: sum(s[k] for s in shards) for k in (*_BYTES, "lost_in_recovery")},
     }
-    for key in ("layers", "hidden_size", "dtype", "layer_ids"):
+    total.update(
+        ratio=_ratio(total["raw_bytes"], total["stored_bytes"]),
+        shards=shards,
+        unreadable=[problem_json(p) for p in ds.unreadable],
+        parts=ds.parts,
+        manifest=ds.manifest,
+        duplicate_keys=len(ds.duplicates),
+    )
+    for key in _SHAPE:
         if total[key] == "mixed":
             total[key] = None  # JSON readers get null; the table says "mixed"
             total[f"{key}_mixed"] = True

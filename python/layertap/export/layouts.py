@@ -196,6 +196,18 @@ def _compact(t: Any) -> Any:
     return t if t.untyped_storage().nbytes() == t.nbytes else t.clone()
 
 
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _torch_saved(tensors: dict) -> bytes:
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(tensors, buf)
+    return buf.getvalue()
+
+
 class SpeculatorsLayout:
     """speculators' cached hidden states: ``hs_{row}.safetensors`` under ``OUT/hidden_states``."""
 
@@ -226,11 +238,7 @@ class SpeculatorsLayout:
             )
         self.dtype = torch.float8_e4m3fn if dtype == "stored" and fp8_stored else _dtype(dtype, stored_dtype, self.name)
         self.fp8 = self.dtype == torch.float8_e4m3fn
-        self.settings = {
-            "format": "speculators",
-            "layer_ids": self.layer_ids,
-            "dtype": str(self.dtype).removeprefix("torch."),
-        }
+        self.settings = {"format": "speculators", "layer_ids": self.layer_ids, "dtype": _dtype_name(self.dtype)}
         self.describe = (
             f"hs_{{row}}.safetensors: hidden_states [T, {len(self.layer_ids)}, H] {self.settings['dtype']} "
             f"(layers {self.layer_ids}), token_ids [T]" + (f", {SPECULATORS_SCALES} [T, 1, 1]" if self.fp8 else "")
@@ -240,25 +248,26 @@ class SpeculatorsLayout:
         return f"hs_{row}.safetensors"
 
     def build(self, r: Row) -> dict:
-        every = self.take == list(range(r.hidden_states.shape[1]))
+        def exported(hs: Any) -> Any:  # no copy when every layer is exported
+            return hs if self.take == list(range(hs.shape[1])) else hs[:, self.take]
+
+        token_ids = r.token_ids.contiguous()
         if not self.fp8:
-            hs = r.floats() if every else r.floats()[:, self.take]
-            return {"hidden_states": hs.to(self.dtype).contiguous(), "token_ids": r.token_ids.contiguous()}
+            return {"hidden_states": exported(r.floats()).to(self.dtype).contiguous(), "token_ids": token_ids}
         if r.scale is None:
             # Quantized as hs-connectors' quantize_tensor_to_fp8 does (the same e4m3 bytes and
             # scales, tests/trainers/test_speculators_fp8.py), over the exported layers.
             from layertap.fp8 import quantize
 
-            q, scale, _ = quantize(r.hidden_states if every else r.hidden_states[:, self.take])
+            q, scale, _ = quantize(exported(r.hidden_states))
         else:
             # The stored bytes and scales, whose tokens' largest magnitudes may lie in a layer
             # left out: the values dequantize all the same.
-            q = r.hidden_states if every else r.hidden_states[:, self.take]
-            scale = r.scale
+            q, scale = exported(r.hidden_states), r.scale
         return {
             "hidden_states": q.contiguous(),
             SPECULATORS_SCALES: scale.reshape(-1, 1, 1).contiguous(),
-            "token_ids": r.token_ids.contiguous(),
+            "token_ids": token_ids,
         }
 
     def serialize(self, tensors: dict, row: int) -> bytes:
@@ -292,12 +301,10 @@ class SpecForgeLayout:
     ):
         """``compress``: a gzip level (1-9) to write ``.ckpt.gz`` files, as SpecForge's
         ``--compress --compression-level`` do; None writes ``.ckpt``."""
-        self.root = out
-        self.strategy = strategy
-        self.compress = compress
+        self.root, self.strategy, self.compress, self.norm = out, strategy, compress, norm
         self.suffix = ".ckpt" if compress is None else ".ckpt.gz"
         self.dtype = _dtype(dtype, stored_dtype, self.name)
-        self.norm = norm
+        file = "data_{row}.ckpt:" if compress is None else f"data_{{row}}.ckpt.gz (gzip level {compress}):"
         if strategy == "eagle3":
             if norm is None or num_layers is None:
                 raise InvalidInputError("--strategy eagle3 needs --model (the final norm's weights)")
@@ -313,14 +320,14 @@ class SpecForgeLayout:
                 )
             self.take = _pick(layer_ids, aux, "")
             self.last = layer_ids.index(num_layers)
+            self.layer_ids = [layer_ids[i] for i in self.take]
             if len(self.take) != 3:
                 raise InvalidInputError(
                     f"EAGLE-3 takes 3 auxiliary layers, the dataset gives {len(self.take)} "
-                    f"({[layer_ids[i] for i in self.take]}): choose them with --layers"
+                    f"({self.layer_ids}): choose them with --layers"
                 )
-            self.layer_ids = [layer_ids[i] for i in self.take]
             self.describe = (
-                f"data_{{row}}.ckpt: input_ids, loss_mask, aux_hidden_state [1, S, 3H] (vLLM layers "
+                f"{file} input_ids, loss_mask, aux_hidden_state [1, S, 3H] (vLLM layers "
                 f"{self.layer_ids} = SpecForge {specforge_ids(self.layer_ids)}), hidden_state [1, S, H] "
                 f"(layer {num_layers} after {norm.kind})"
             )
@@ -328,9 +335,8 @@ class SpecForgeLayout:
             self.take = _pick(layer_ids, layers, "")
             self.layer_ids = [layer_ids[i] for i in self.take]
             self.describe = (
-                f"data_{{row}}.ckpt: input_ids, loss_mask, hidden_states [1, S, {len(self.layer_ids)}H] "
-                f"(vLLM layers {self.layer_ids} = SpecForge target_layer_ids "
-                f"{specforge_ids(self.layer_ids)})"
+                f"{file} input_ids, loss_mask, hidden_states [1, S, {len(self.layer_ids)}H] "
+                f"(vLLM layers {self.layer_ids} = SpecForge target_layer_ids {specforge_ids(self.layer_ids)})"
             )
         else:
             raise InvalidInputError(f"--strategy must be eagle3 or dflash, not {strategy!r}")
@@ -348,12 +354,11 @@ class SpecForgeLayout:
             "strategy": strategy,
             "layer_ids": self.layer_ids,
             "specforge_layer_ids": specforge_ids(self.layer_ids),
-            "dtype": str(self.dtype).removeprefix("torch."),
+            "dtype": _dtype_name(self.dtype),
             "compress": None if compress is None else "gzip",
         }
         if compress is not None:
             self.settings["compression_level"] = compress
-            self.describe = self.describe.replace("data_{row}.ckpt:", f"data_{{row}}.ckpt.gz (gzip level {compress}):")
         if strategy == "eagle3":
             self.settings["final_norm"] = norm.kind
 
@@ -377,15 +382,10 @@ class SpecForgeLayout:
         return {"input_ids": ids, "loss_mask": mask, "aux_hidden_state": side_by_side, "hidden_state": last}
 
     def serialize(self, tensors: dict, row: int) -> bytes:
-        import torch
-
-        buf = io.BytesIO()
-        torch.save(tensors, buf)
-        if self.compress is None:
-            return buf.getvalue()
+        data = _torch_saved(tensors)
         # What SpecForge's gzip.open(path, "wb") around torch.save writes (torch's zip writer
         # never seeks, so the stream holds the .ckpt's bytes), without the timestamp.
-        return gzipped(buf.getbuffer(), f"data_{row}.ckpt", self.compress)
+        return data if self.compress is None else gzipped(data, f"data_{row}.ckpt", self.compress)
 
 
 class ModelOptLayout:
@@ -407,22 +407,23 @@ class ModelOptLayout:
         norm: Any = None,
         prenorm: bool = False,
     ):
-        self.root = out
+        self.root, self.prenorm = out, prenorm
         self.dtype = _dtype(dtype, stored_dtype, self.name)
         self.norm = None if prenorm else norm
         if not prenorm and norm is None:
             raise InvalidInputError("--to modelopt needs the final norm (--model) unless --prenorm")
+        example = f"--layers 2,{num_layers // 2},{num_layers - 3},{num_layers}"
         if num_layers not in layer_ids:
             raise InvalidInputError(
                 f"Model-Optimizer's hidden_states is the verifier's last layer: the dataset needs layer "
                 f"{num_layers} (N, the last decoder layer's output) but has {layer_ids}: generate with it "
-                f"(e.g. --layers 2,{num_layers // 2},{num_layers - 3},{num_layers})"
+                f"(e.g. {example})"
             )
         aux = [i for i in layer_ids if i != num_layers] if layers is None else layers
         if not aux:
             raise InvalidInputError(
                 f"the dataset holds only layer {num_layers} (N): EAGLE-3's aux_hidden_states need auxiliary "
-                f"layers, e.g. generate with --layers 2,{num_layers // 2},{num_layers - 3},{num_layers}"
+                f"layers, e.g. generate with {example}"
             )
         # Ascending whatever --layers says: Model-Optimizer's capture scripts sort them, and its
         # draft (forward hooks) and the serving engines collect them in layer order.
@@ -436,9 +437,7 @@ class ModelOptLayout:
             )
         if max(self.layer_ids) > num_layers:
             raise InvalidInputError(f"layer ids {self.layer_ids} exceed the model's {num_layers} layers")
-        self.prenorm = prenorm
-        ids = modelopt_ids(self.layer_ids)
-        default = modelopt_default_aux(num_layers)
+        ids, default = modelopt_ids(self.layer_ids), modelopt_default_aux(num_layers)
         config_note = (
             "its default"
             if ids == default
@@ -455,7 +454,7 @@ class ModelOptLayout:
             "layer_ids": self.layer_ids,
             "modelopt_layer_ids": ids,
             "last_layer": num_layers,
-            "dtype": str(self.dtype).removeprefix("torch."),
+            "dtype": _dtype_name(self.dtype),
             "final_norm": "left to Model-Optimizer (hidden_states_prenorm)" if prenorm else norm.kind,
         }
 
@@ -482,11 +481,7 @@ class ModelOptLayout:
         return tensors
 
     def serialize(self, tensors: dict, row: int) -> bytes:
-        import torch
-
-        buf = io.BytesIO()
-        torch.save(tensors, buf)
-        return buf.getvalue()
+        return _torch_saved(tensors)
 
 
 __all__ = [
