@@ -204,20 +204,15 @@ def examine() -> dict[str, Any]:
         "torch": None,
         "vllm": vllm_facts(),
         "transformers": installed("transformers"),
-        "companions": {},
     }
     torch_version = installed("torch")
     companions = {name: version for name in (*TORCH_COMPANIONS, "triton") if (version := installed(name))}
+    seen = probe([name for name in companions if name in TORCH_COMPANIONS]) if torch_version is not None else {}
     if torch_version is not None:
-        seen = probe([name for name in companions if name in TORCH_COMPANIONS])
         report["torch"] = {"version": torch_version, **seen.pop("torch")}
-        report["companions"] = {
-            name: {"version": version, "import_error": seen.get(name)} for name, version in companions.items()
-        }
-    else:
-        report["companions"] = {
-            name: {"version": version, "import_error": None} for name, version in companions.items()
-        }
+    report["companions"] = {
+        name: {"version": version, "import_error": seen.get(name)} for name, version in companions.items()
+    }
     report["problems"], report["notes"] = diagnose(report)
     report["ok"] = not report["problems"]
     return report

@@ -36,11 +36,6 @@ def model_dims(model_dir: str) -> tuple[int, int]:
     return int(text.num_hidden_layers), int(text.hidden_size)
 
 
-def num_hidden_layers(model_dir: str) -> int:
-    """N, the number of decoder layers of the model in ``model_dir`` (its text model's)."""
-    return model_dims(model_dir)[0]
-
-
 def _checkpoint_files(model_dir: str) -> dict[str, str]:
     """Weight name -> safetensors file holding it, from the checkpoint's index or its one file."""
     index = os.path.join(model_dir, "model.safetensors.index.json")
@@ -117,4 +112,4 @@ class FinalNorm:
             return self.module(states.float()).to(dtype)
 
 
-__all__ = ["FinalNorm", "model_dims", "num_hidden_layers"]
+__all__ = ["FinalNorm", "model_dims"]
