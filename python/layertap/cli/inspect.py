@@ -183,50 +183,40 @@ def _tail(n: int) -> str:
     return human_bytes(n) if n else "-"
 
 
+#: The columns said once above the table when every shard with records shows the same: (head, key).
+_SHARED_COLUMNS = (("layers", "layers"), ("hidden", "hidden_size"), ("dtype", "dtype"), ("codecs", "codecs"))
+
+
+def _column_cell(key: str, value: Any) -> str:
+    return (",".join(sorted(value)) or "-") if key == "codecs" else _cell(value)
+
+
 def inspect_table(summary: dict) -> str:
     """What ``layertap inspect`` prints: a summary, then one row per shard and a total, within
     ``TABLE_WIDTH`` columns."""
-
-    def ratio(r):
-        return f"{r:.2f}x" if r else "-"
-
-    def codecs(c):
-        return ",".join(sorted(c)) or "-"
-
-    def total(key):
-        return "mixed" if summary.get(f"{key}_mixed") else _cell(summary[key])
-
     shards = summary["shards"]
     # Columns that differ between shards stay in the table; the others are said once above it.
     varying = [
-        (head, key, fmt)
-        for head, key, fmt in (
-            ("layers", "layers", _cell),
-            ("hidden", "hidden_size", _cell),
-            ("dtype", "dtype", _cell),
-            ("codecs", "codecs", codecs),
-        )
-        if len({fmt(s[key]) for s in shards if s["records"]}) > 1
+        (h, key) for h, key in _SHARED_COLUMNS if len({_column_cell(key, s[key]) for s in shards if s["records"]}) > 1
     ]
     torn = any(s["torn_tail_bytes"] for s in shards)
     lost = any(s["lost_in_recovery"] for s in shards)
-    head = ["shard", "state", "records", "tokens", *(h for h, _, _ in varying), "raw", "stored", "ratio"]
+    head = ["shard", "state", "records", "tokens", *(h for h, _ in varying), "raw", "stored", "ratio"]
     head += ["torn tail"] * torn + ["lost"] * lost
+
+    def row(s: dict, first: list[str], middle: list[str], torn_bytes: int) -> list[str]:
+        cells = [*first, _cell(s["records"]), _cell(s["tokens"]), *middle, human_bytes(s["raw_bytes"])]
+        cells += [human_bytes(s["stored_bytes"]), f"{s['ratio']:.2f}x" if s["ratio"] else "-"]
+        return cells + [_tail(torn_bytes)] * torn + [_cell(s["lost_in_recovery"] or None)] * lost
+
     rows = [head]
     for s in shards:
-        row = [s["name"], s["state"].replace("_", " "), _cell(s["records"]), _cell(s["tokens"])]
-        row += [fmt(s[key]) for _, key, fmt in varying]
-        row += [human_bytes(s["raw_bytes"]), human_bytes(s["stored_bytes"]), ratio(s["ratio"])]
-        rows.append(row + [_tail(s["torn_tail_bytes"])] * torn + [_cell(s["lost_in_recovery"] or None)] * lost)
+        name_state = [s["name"], s["state"].replace("_", " ")]
+        rows.append(row(s, name_state, [_column_cell(k, s[k]) for _, k in varying], s["torn_tail_bytes"]))
+    rows.append(row(summary, ["total", ""], ["mixed"] * len(varying), sum(s["torn_tail_bytes"] for s in shards)))
     states = [s["state"] for s in shards]
     counts = ", ".join(
         f"{states.count(k)} {k.replace('_', ' ')}" for k in ("complete", "open", "being_written") if k in states
-    )
-    row = ["total", "", _cell(summary["records"]), _cell(summary["tokens"])]
-    row += ["mixed" for _ in varying]
-    row += [human_bytes(summary["raw_bytes"]), human_bytes(summary["stored_bytes"]), ratio(summary["ratio"])]
-    rows.append(
-        row + [_tail(sum(s["torn_tail_bytes"] for s in shards))] * torn + [_cell(summary["lost_in_recovery"])] * lost
     )
     title = (
         f"{summary['path']}: {plural(len(shards), 'shard')}{f' ({counts})' if counts else ''}, "
@@ -234,15 +224,12 @@ def inspect_table(summary: dict) -> str:
         f"{human_bytes(summary['file_bytes'])} on disk"
     )
     shared = [
-        f"{h} {total(key)}"
-        for h, key in (("layers", "layers"), ("hidden", "hidden_size"), ("dtype", "dtype"))
-        if h not in {v[0] for v in varying}
+        f"{h} {'mixed' if summary.get(f'{key}_mixed') else _cell(summary[key])}"
+        for h, key in _SHARED_COLUMNS[:3]
+        if (h, key) not in varying
     ]
-    shared.append(
-        "codecs " + ", ".join(f"{c} ({n:,})" for c, n in sorted(summary["codecs"].items()))
-        if summary["codecs"]
-        else "codecs -"
-    )
+    codecs = ", ".join(f"{c} ({n:,})" for c, n in sorted(summary["codecs"].items()))
+    shared.append(f"codecs {codecs or '-'}")
     out = [title]
     if len(summary.get("parts", [])) > 1 or summary.get("manifest"):
         listed = f" (manifest {summary['manifest']})" if summary.get("manifest") else ""
@@ -254,24 +241,15 @@ def inspect_table(summary: dict) -> str:
         )
     if summary["layer_ids"] is not None:
         shared.append(f"layer ids {summary['layer_ids']}")
-    if shared:
-        out.append(", ".join(shared))
-    out += [
-        "",
-        _table(
-            rows,
-            right=set(range(2, len(head))) - {4 + i for i, (h, _, _) in enumerate(varying) if h in ("dtype", "codecs")},
-        ),
-    ]
+    out += [", ".join(shared), ""]
+    out.append(_table(rows, right={i for i, h in enumerate(head) if i >= 2 and h not in ("dtype", "codecs")}))
     for s in shards:
-        if s.get("lossy"):
-            lossy = s["lossy"]
+        if lossy := s.get("lossy"):
             out.append(
                 f"lossy {lossy.get('lossy')}: {s['name']}, first record's relative error "
                 f"max {lossy.get('fp8_max_rel_err', '?')}, mean {lossy.get('fp8_mean_rel_err', '?')}"
             )
-    for u in summary["unreadable"]:
-        out.append(f"not a shard: {u['shard']}: {u['message']}")
+    out += [f"not a shard: {u['shard']}: {u['message']}" for u in summary["unreadable"]]
     if lost:
         n = summary["lost_in_recovery"]
         out.append(
