@@ -64,7 +64,6 @@ print(json.dumps(out))
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Adds ``doctor`` to the ``layertap`` command's subcommands."""
     p = sub.add_parser(
         "doctor",
         help="name layertap's extension, torch, vLLM and transformers here, and what is wrong between them",

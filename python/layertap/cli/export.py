@@ -28,7 +28,6 @@ def _layer_list(text: str) -> list[int]:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Adds ``export`` to the ``layertap`` command's subcommands."""
     p = sub.add_parser(
         "export",
         help="write a dataset as speculators', SpecForge's or Model-Optimizer's training files",

@@ -26,7 +26,6 @@ STATS_PROGRESS_MIN_RECORDS = 10_000
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Adds ``inspect`` to the ``layertap`` command's subcommands."""
     p = sub.add_parser("inspect", help="summarise a dataset or shard")
     p.add_argument("paths", nargs="+", metavar="PATH", help=PATHS_HELP)
     p.add_argument("--json", action="store_true", help="print a JSON object")

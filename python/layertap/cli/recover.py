@@ -16,7 +16,6 @@ from layertap.recover import recover as native_recover
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Adds ``recover`` to the ``layertap`` command's subcommands."""
     p = sub.add_parser("recover", help="complete shards whose writer died")
     p.add_argument("shards", nargs="+", metavar="SHARD", help="shard files")
     p.add_argument("--json", action="store_true", help="print a JSON report")

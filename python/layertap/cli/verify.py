@@ -21,7 +21,6 @@ PROGRESS_MIN_BYTES = 1 << 30
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Adds ``verify`` to the ``layertap`` command's subcommands."""
     p = sub.add_parser("verify", help="check every record; exit 1 if anything is wrong")
     p.add_argument("paths", nargs="+", metavar="PATH", help=PATHS_HELP)
     p.add_argument(

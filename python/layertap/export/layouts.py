@@ -1,36 +1,22 @@
-"""What an export writes for each row: the file layouts of speculators, SpecForge and
-NVIDIA Model-Optimizer.
+"""What an export writes for each row: the file layouts of speculators, SpecForge and NVIDIA
+Model-Optimizer, whose tensors docs/TRAINING.md tabulates.
 
 Layer ids are vLLM's throughout (docs/CONNECTOR.md): for a model of N decoder layers, id k < N is
 the input of decoder layer k and id N the last decoder layer's output before the final norm.
-SGLang and SpecForge number the same states one lower: their layer j is the output of decoder
-layer j, vLLM's j + 1 (SpecForge's EAGLE-3 default ``[1, N//2-1, N-4]`` is vLLM's
-``[2, N//2, N-3]``).
+SGLang, SpecForge and Model-Optimizer number the same states one lower: their layer j is the
+output of decoder layer j, vLLM's j + 1 (SpecForge's EAGLE-3 default ``[1, N//2-1, N-4]`` is
+vLLM's ``[2, N//2, N-3]``).
 
-- ``SpeculatorsLayout``: ``{root}/hs_{row}.safetensors`` with ``hidden_states`` ``[T, L, H]``
-  and ``token_ids`` int64 ``[T]``, which speculators' file backend reads for row ``row``
-  (``root`` is ``OUT/hidden_states``, OUT being speculators' ``--data-path``); in fp8
-  (``float8_e4m3fn``, the default for a dataset stored as fp8) its fp8 backend's layout:
-  ``hidden_states`` float8_e4m3fn ``[T, L, H]`` and ``hidden_states_scales`` float32
-  ``[T, 1, 1]`` (hs-connectors' ``fp8_hidden_states_connector``).
-- ``SpecForgeLayout``: ``{root}/rows_{g}-{g+2000}/data_{row}.ckpt`` (``g`` = row rounded down to
-  a multiple of 2000) written with ``torch.save``, as SpecForge's
-  ``scripts/prepare_hidden_states.py`` writes them: for EAGLE-3 ``input_ids`` int64 ``[S]``,
-  ``loss_mask`` int64 ``[S]``, ``aux_hidden_state`` ``[1, S, 3H]`` (three layers side by side)
-  and ``hidden_state`` ``[1, S, H]`` (the last layer *after* the model's final norm); for
-  DFlash ``input_ids``, ``loss_mask`` and ``hidden_states`` ``[1, S, K*H]``. With ``compress``
-  (``prepare_hidden_states.py --compress``) each is ``data_{row}.ckpt.gz`` instead: the same
-  ``torch.save`` bytes as one gzip member, which SpecForge's loaders (``load_feature_file``,
-  ``OfflineEagle3Dataset``) recognise by the ``.gz`` ending and gunzip before ``torch.load``.
-- ``ModelOptLayout``: ``{root}/{row}.pt`` written with ``torch.save``, as Model-Optimizer's
-  ``examples/speculative_decoding/collect_hidden_states/compute_hidden_states_hf.py`` writes them
-  and ``modelopt.torch.speculative.eagle.utils.OfflineSupervisedDataset`` reads them (EAGLE-3
-  offline training): ``input_ids`` int64 ``[T]``, ``hidden_states`` ``[T, H]`` (layer N *after*
-  the final norm, transformers' ``hidden_states[-1]``; or before it, with
-  ``hidden_states_prenorm=True``, for Model-Optimizer 0.46 and later to apply the norm
-  themselves), ``aux_hidden_states`` ``[T, k*H]`` (the k auxiliary layers side by side, ascending),
-  ``loss_mask`` int64 ``[T]`` and ``conversation_id`` (the row, as a string).
-  Model-Optimizer numbers layers as SGLang does (its aux id j is the output of decoder layer j).
+- ``SpeculatorsLayout``: ``OUT/hidden_states/hs_{row}.safetensors``, which speculators' file
+  backend reads (OUT its ``--data-path``); in fp8, its fp8 backend's layout, with a scale per
+  token (hs-connectors' ``fp8_hidden_states_connector``).
+- ``SpecForgeLayout``: ``OUT/rows_{g}-{g+2000}/data_{row}.ckpt``, the ``torch.save`` files of
+  SpecForge's ``scripts/prepare_hidden_states.py`` (EAGLE-3 or DFlash); with ``compress``
+  (its ``--compress``) ``data_{row}.ckpt.gz``, which its loaders gunzip before ``torch.load``.
+- ``ModelOptLayout``: ``OUT/{row}.pt``, as Model-Optimizer's ``compute_hidden_states_hf.py``
+  writes them and its ``OfflineSupervisedDataset`` reads them (EAGLE-3 offline training); the
+  last layer after the final norm, or before it with ``hidden_states_prenorm=True``, for
+  Model-Optimizer 0.46 and later to apply the norm themselves.
 
 A dataset stored as fp8 (docs/FP8.md) reaches SpecForge and Model-Optimizer dequantized, in the
 dtype the writer was given (its ``fp8_source_dtype``, else bfloat16) unless ``dtype`` says
