@@ -330,26 +330,17 @@ def _vllm_problems(vllm: dict, torch: dict | None, transformers: str | None, pro
         elif vllm["build"] == "cuda" and not torch.get("cuda_available"):
             notes.append(f"torch sees no GPU here: {here} (the CUDA build) cannot start an engine on this machine")
     versions = {"torch": torch["version"] if torch else None, "transformers": transformers}
-    for requirement in _unmet(vllm["requires"], versions):
-        package = re.match(r"[A-Za-z0-9_.-]+", requirement).group(0).lower()
+    for text in vllm["requires"]:
+        from packaging.requirements import Requirement  # _requirements found it, or returned none
+
+        requirement = Requirement(text)
+        package = requirement.name.lower()
+        have = versions[package]
+        if have is not None and requirement.specifier.contains(have, prereleases=True):
+            continue
         if package == "torch" and build_mismatch:
             continue
-        problems.append(
-            f"{here} requires {requirement}, but {_have(package, versions[package])}; fix: {_reinstall(vllm, package)}"
-        )
-
-
-def _unmet(requirements: list[str], versions: dict[str, str | None]) -> list[str]:
-    """Those of ``requirements`` (on torch or transformers) that the installed versions miss."""
-    from packaging.requirements import Requirement  # _requirements found it, or returned none
-
-    unmet = []
-    for text in requirements:
-        requirement = Requirement(text)
-        have = versions.get(requirement.name.lower())
-        if have is None or not requirement.specifier.contains(have, prereleases=True):
-            unmet.append(text)
-    return unmet
+        problems.append(f"{here} requires {text}, but {_have(package, have)}; fix: {_reinstall(vllm, package)}")
 
 
 def _have(package: str, version: str | None) -> str:

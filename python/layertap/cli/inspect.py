@@ -12,11 +12,12 @@ import sys
 from collections import Counter
 from typing import Any
 
+from layertap._files import write_atomic
 from layertap._spec.dtypes import TORCH_NAMES
 from layertap._spec.record import HIDDEN_STATES, LAYER_IDS
 from layertap._text import human_bytes, plural
-from layertap.cli.common import PATHS_HELP, UsageError, add_backend_argument, open_dataset, problem_json
-from layertap.cli.stats_html import write_stats_html
+from layertap.cli.common import PATHS_HELP, UsageError, add_backend_argument, open_dataset
+from layertap.cli.stats_html import stats_html
 from layertap.cli.stats_text import stats_text
 from layertap.dataset_stats import dataset_stats
 from layertap.errors import LayertapError
@@ -108,7 +109,7 @@ def inspect_summary(ds) -> dict:
                 "lost_in_recovery": info.lost_in_recovery,
                 "writer": info.meta.get("writer"),
                 "writer_id": info.meta.get("writer_id"),
-                "problems": [problem_json(p) for p in backend.scan_problems],
+                "problems": [p._asdict() for p in backend.scan_problems],
             }
         )
     codecs: Counter[str] = Counter()
@@ -124,7 +125,7 @@ def inspect_summary(ds) -> dict:
     total.update(
         ratio=_ratio(total["raw_bytes"], total["stored_bytes"]),
         shards=shards,
-        unreadable=[problem_json(p) for p in ds.unreadable],
+        unreadable=[p._asdict() for p in ds.unreadable],
         parts=ds.parts,
         manifest=ds.manifest,
         duplicate_keys=len(ds.duplicates),
@@ -272,7 +273,8 @@ def cmd_inspect(args) -> int:
             summary["stats"] = dataset_stats(ds, progress=progress).to_json()
     if args.html is not None:
         try:
-            write_stats_html(args.html, summary["stats"], f"layertap inspect --stats: {summary['path']}")
+            # Through a temporary file beside it, renamed when whole.
+            write_atomic(args.html, stats_html(summary["stats"], f"layertap inspect --stats: {summary['path']}"))
         except OSError as e:
             raise UsageError(f"--html {args.html}: cannot write it: {e.strerror or e}") from None
     if args.json:

@@ -10,7 +10,7 @@ from typing import Any
 
 from layertap._backends import resolve_backend
 from layertap._text import human_bytes, problem_line
-from layertap.cli.common import UsageError, add_backend_argument, problem_json
+from layertap.cli.common import UsageError, add_backend_argument
 from layertap.errors import FormatError, LayertapError, ShardLockedError
 from layertap.recover import recover as native_recover
 
@@ -70,7 +70,7 @@ def cmd_recover(args) -> int:
                 removed=report.removed,
                 records=report.records,
                 truncated_bytes=report.truncated_bytes,
-                problems=[problem_json(p) for p in report.problems],
+                problems=[p._asdict() for p in report.problems],
             )
             for p in report.problems:
                 print(problem_line(p), file=sys.stderr)

@@ -11,7 +11,7 @@ import sys
 
 from layertap._spec.record import GENERATE_SOURCE
 from layertap._text import plural, problem_line
-from layertap.cli.common import PATHS_HELP, add_backend_argument, open_dataset, problem_json
+from layertap.cli.common import PATHS_HELP, add_backend_argument, open_dataset
 from layertap.dataset_stats import dataset_stats
 from layertap.errors import LayertapError
 
@@ -101,9 +101,9 @@ def cmd_verify(args) -> int:
                     "records_ok": report.records_ok,
                     "records_bad": report.records_bad,
                     "lost_in_recovery": report.lost_in_recovery,
-                    "problems": [problem_json(p) for p in report.problems],
+                    "problems": [p._asdict() for p in report.problems],
                     "duplicate_keys": len(report.duplicates),
-                    "notes": [problem_json(p) for p in report.notes],
+                    "notes": [p._asdict() for p in report.notes],
                     "warnings": warnings,
                     "hints": hints,
                 },
