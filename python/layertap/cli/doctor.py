@@ -86,10 +86,7 @@ def cmd_doctor(args) -> int:
         print(constraints(), end="")
         return 0
     report = examine()
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(render(report), end="")
+    print(json.dumps(report, indent=2) + "\n" if args.json else render(report), end="")
     return 0 if report["ok"] else 1
 
 
