@@ -148,13 +148,13 @@ def _dtype(name: str, stored: Any, layout: str = "") -> Any:
     return stored if name == "stored" else getattr(torch, name)
 
 
-def _pick(layer_ids: list[int], wanted: list[int] | None, what: str) -> list[int]:
+def _pick(layer_ids: list[int], wanted: list[int] | None) -> list[int]:
     """Positions in ``layer_ids`` of the ``wanted`` layers (all when None)."""
     if wanted is None:
         return list(range(len(layer_ids)))
     absent = [w for w in wanted if w not in layer_ids]
     if absent:
-        raise InvalidInputError(f"--layers: the dataset has no layer {absent} (it has {layer_ids}) {what}")
+        raise InvalidInputError(f"--layers: the dataset has no layer {absent} (it has {layer_ids})")
     if len(set(wanted)) != len(wanted):
         raise InvalidInputError(f"--layers {wanted}: a layer is named twice")
     return [layer_ids.index(w) for w in wanted]
@@ -215,7 +215,7 @@ class SpeculatorsLayout:
         import torch
 
         self.root = os.path.join(out, "hidden_states")
-        self.take = _pick(layer_ids, layers, "")
+        self.take = _pick(layer_ids, layers)
         self.layer_ids = [layer_ids[i] for i in self.take]
         if num_layers is not None and self.layer_ids[-1] != num_layers:
             raise InvalidInputError(
@@ -304,7 +304,7 @@ class SpecForgeLayout:
                 raise InvalidInputError(
                     f"--layers {aux}: layer {num_layers} (N) is the hidden_state, not an auxiliary layer"
                 )
-            self.take = _pick(layer_ids, aux, "")
+            self.take = _pick(layer_ids, aux)
             self.last = layer_ids.index(num_layers)
             self.layer_ids = [layer_ids[i] for i in self.take]
             if len(self.take) != 3:
@@ -318,7 +318,7 @@ class SpecForgeLayout:
                 f"(layer {num_layers} after {norm.kind})"
             )
         elif strategy == "dflash":
-            self.take = _pick(layer_ids, layers, "")
+            self.take = _pick(layer_ids, layers)
             self.layer_ids = [layer_ids[i] for i in self.take]
             self.describe = (
                 f"{file} input_ids, loss_mask, hidden_states [1, S, {len(self.layer_ids)}H] "
@@ -413,7 +413,7 @@ class ModelOptLayout:
             )
         # Ascending whatever --layers says: Model-Optimizer's capture scripts sort them, and its
         # draft (forward hooks) and the serving engines collect them in layer order.
-        self.take = sorted(_pick(layer_ids, aux, ""), key=lambda i: layer_ids[i])
+        self.take = sorted(_pick(layer_ids, aux), key=lambda i: layer_ids[i])
         self.last = layer_ids.index(num_layers)
         self.layer_ids = [layer_ids[i] for i in self.take]
         if 0 in self.layer_ids:
