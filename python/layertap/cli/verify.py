@@ -91,25 +91,19 @@ def cmd_verify(args) -> int:
     for h in [] if args.quiet else hints:
         print(f"hint: {h}", file=sys.stderr)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "path": name,
-                    "ok": report.ok,
-                    "parts": parts,
-                    "shards": shards,
-                    "records_ok": report.records_ok,
-                    "records_bad": report.records_bad,
-                    "lost_in_recovery": report.lost_in_recovery,
-                    "problems": [p._asdict() for p in report.problems],
-                    "duplicate_keys": len(report.duplicates),
-                    "notes": [p._asdict() for p in report.notes],
-                    "warnings": warnings,
-                    "hints": hints,
-                },
-                indent=2,
-            )
-        )
+        said = {
+            "path": name,
+            "ok": report.ok,
+            "parts": parts,
+            "shards": shards,
+            **{k: getattr(report, k) for k in ("records_ok", "records_bad", "lost_in_recovery")},
+            "problems": [p._asdict() for p in report.problems],
+            "duplicate_keys": len(report.duplicates),
+            "notes": [p._asdict() for p in report.notes],
+            "warnings": warnings,
+            "hints": hints,
+        }
+        print(json.dumps(said, indent=2))
     elif not args.quiet:
         verdict = "OK" if report.ok else "FAILED"
         where = f" of {parts} parts" if parts > 1 else ""

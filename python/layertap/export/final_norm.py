@@ -83,8 +83,7 @@ class FinalNorm:
                 f"--model {model_dir}: the {family!r} model ({type(model).__name__}) has no final norm at "
                 "model.get_decoder().norm; this model family is not supported by the export"
             )
-        names = {id(m): n for n, m in model.named_modules()}
-        prefix = names[id(norm)]
+        prefix = next(name for name, module in model.named_modules() if module is norm)
         files = _checkpoint_files(model_dir)
         state = {}
         for pname, _ in norm.named_parameters():
