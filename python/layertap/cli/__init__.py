@@ -2,9 +2,8 @@
 datasets and shards, ``export`` them to a drafter trainer's files, ``pull`` one out of Mooncake Store,
 and ``doctor``: what this environment holds and what is wrong between its parts.
 
-One module per subcommand (``generate``, ``inspect``, ``verify``, ``recover``, ``export``, ``pull``,
-``doctor``), each with ``add_parser(subparsers)``, which adds its arguments and the function that
-runs it; ``common`` holds what they share. Here: the top-level parser and ``main``.
+Here: the top-level parser and ``main``; each subcommand's module adds its arguments and the
+function that runs it with ``add_parser(subparsers)``, and ``common`` holds what they share.
 
 Exit status: 0 all good; 1 problems found (corrupt records, torn tails, a shard that could not
 be recovered, a problem ``doctor`` found); 2 the command could not run (missing path, not a

@@ -1,12 +1,11 @@
 """What the subcommands of ``layertap`` share: the usage error, opening the paths a command is
-given, the ``PATH`` and ``--backend`` arguments, problems as JSON."""
+given, the ``PATH`` and ``--backend`` arguments."""
 
 from __future__ import annotations
 
 import argparse
 
 from layertap._choices import READER_BACKENDS
-from layertap._types import Problem
 from layertap.errors import LayertapError
 from layertap.reader import open as layertap_open
 
@@ -36,10 +35,6 @@ def _listed_in(e: FileNotFoundError) -> str:
     return text[text.index(" (") :] if " (a part listed in" in text else ""
 
 
-def problem_json(p: Problem) -> dict:
-    return p._asdict()
-
-
 def open_dataset(paths: list[str], backend: str, tensors: str = "auto"):
     """The dataset that one path, or several (parts of one dataset), name; its records hold
     ``tensors`` (``layertap.open``'s)."""
@@ -51,4 +46,4 @@ def open_dataset(paths: list[str], backend: str, tensors: str = "auto"):
         raise UsageError(str(e)) from None
 
 
-__all__ = ["PATHS_HELP", "UsageError", "add_backend_argument", "open_dataset", "problem_json"]
+__all__ = ["PATHS_HELP", "UsageError", "add_backend_argument", "open_dataset"]

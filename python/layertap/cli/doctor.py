@@ -64,7 +64,6 @@ print(json.dumps(out))
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Adds ``doctor`` to the ``layertap`` command's subcommands."""
     p = sub.add_parser(
         "doctor",
         help="name layertap's extension, torch, vLLM and transformers here, and what is wrong between them",
@@ -87,10 +86,7 @@ def cmd_doctor(args) -> int:
         print(constraints(), end="")
         return 0
     report = examine()
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(render(report), end="")
+    print(json.dumps(report, indent=2) + "\n" if args.json else render(report), end="")
     return 0 if report["ok"] else 1
 
 
@@ -204,20 +200,15 @@ def examine() -> dict[str, Any]:
         "torch": None,
         "vllm": vllm_facts(),
         "transformers": installed("transformers"),
-        "companions": {},
     }
     torch_version = installed("torch")
     companions = {name: version for name in (*TORCH_COMPANIONS, "triton") if (version := installed(name))}
+    seen = probe([name for name in companions if name in TORCH_COMPANIONS]) if torch_version is not None else {}
     if torch_version is not None:
-        seen = probe([name for name in companions if name in TORCH_COMPANIONS])
         report["torch"] = {"version": torch_version, **seen.pop("torch")}
-        report["companions"] = {
-            name: {"version": version, "import_error": seen.get(name)} for name, version in companions.items()
-        }
-    else:
-        report["companions"] = {
-            name: {"version": version, "import_error": None} for name, version in companions.items()
-        }
+    report["companions"] = {
+        name: {"version": version, "import_error": seen.get(name)} for name, version in companions.items()
+    }
     report["problems"], report["notes"] = diagnose(report)
     report["ok"] = not report["problems"]
     return report
@@ -336,26 +327,17 @@ def _vllm_problems(vllm: dict, torch: dict | None, transformers: str | None, pro
         elif vllm["build"] == "cuda" and not torch.get("cuda_available"):
             notes.append(f"torch sees no GPU here: {here} (the CUDA build) cannot start an engine on this machine")
     versions = {"torch": torch["version"] if torch else None, "transformers": transformers}
-    for requirement in _unmet(vllm["requires"], versions):
-        package = re.match(r"[A-Za-z0-9_.-]+", requirement).group(0).lower()
+    for text in vllm["requires"]:
+        from packaging.requirements import Requirement  # _requirements found it, or returned none
+
+        requirement = Requirement(text)
+        package = requirement.name.lower()
+        have = versions[package]
+        if have is not None and requirement.specifier.contains(have, prereleases=True):
+            continue
         if package == "torch" and build_mismatch:
             continue
-        problems.append(
-            f"{here} requires {requirement}, but {_have(package, versions[package])}; fix: {_reinstall(vllm, package)}"
-        )
-
-
-def _unmet(requirements: list[str], versions: dict[str, str | None]) -> list[str]:
-    """Those of ``requirements`` (on torch or transformers) that the installed versions miss."""
-    from packaging.requirements import Requirement  # _requirements found it, or returned none
-
-    unmet = []
-    for text in requirements:
-        requirement = Requirement(text)
-        have = versions.get(requirement.name.lower())
-        if have is None or not requirement.specifier.contains(have, prereleases=True):
-            unmet.append(text)
-    return unmet
+        problems.append(f"{here} requires {text}, but {_have(package, have)}; fix: {_reinstall(vllm, package)}")
 
 
 def _have(package: str, version: str | None) -> str:

@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from layertap._choices import READER_BACKENDS
+from layertap.cli.common import UsageError, add_backend_argument
 from layertap.errors import LayertapError
 from layertap.export.layouts import DTYPES, SPECFORGE_GZIP_LEVEL
 from layertap.export.rows import parse_keys
@@ -28,7 +28,6 @@ def _layer_list(text: str) -> list[int]:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Adds ``export`` to the ``layertap`` command's subcommands."""
     p = sub.add_parser(
         "export",
         help="write a dataset as speculators', SpecForge's or Model-Optimizer's training files",
@@ -99,7 +98,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--progress", action="store_true", help="always show a progress bar (default: on a terminal)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--backend", choices=READER_BACKENDS, default="auto", help="reader implementation")
+    add_backend_argument(p)
     p.set_defaults(func=cmd_export)
 
 
@@ -124,43 +123,29 @@ def summary_text(s: ExportSummary) -> str:
     return "\n".join(lines)
 
 
+#: export()'s keyword arguments that are the options of the same name.
+_PASSED_ON = ("model", "strategy", "layers", "dtype", "limit", "workers", "fsync", "backend", "prenorm")
+
+
 def cmd_export(args: argparse.Namespace) -> int:
-    progress = args.progress or (sys.stderr.isatty() and not args.json)
     if args.compression_level is not None and not args.compress:
-        print("layertap export: --compression-level needs --compress", file=sys.stderr)
-        return 2
-    compress = (
-        (SPECFORGE_GZIP_LEVEL if args.compression_level is None else args.compression_level) if args.compress else None
-    )
+        raise UsageError("--compression-level needs --compress")
+    level = SPECFORGE_GZIP_LEVEL if args.compression_level is None else args.compression_level
     try:
-        keys = parse_keys(args.keys) if args.keys else None
         summary = export(
             args.path,
             args.out,
             args.to,
-            model=args.model,
-            strategy=args.strategy,
-            layers=args.layers,
-            dtype=args.dtype,
-            keys=keys,
-            limit=args.limit,
-            workers=args.workers,
-            fsync=args.fsync,
-            progress=progress,
-            backend=args.backend,
-            prenorm=args.prenorm,
-            compress=compress,
+            keys=parse_keys(args.keys) if args.keys else None,
+            progress=args.progress or (sys.stderr.isatty() and not args.json),
+            compress=level if args.compress else None,
+            **{name: getattr(args, name) for name in _PASSED_ON},
         )
     except FileNotFoundError as e:
-        print(f"layertap export: {e.filename or args.path}: no such file or directory", file=sys.stderr)
-        return 2
+        raise UsageError(f"{e.filename or args.path}: no such file or directory") from None
     except (LayertapError, OSError, ImportError) as e:
-        print(f"layertap export: {e}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(summary.as_dict(), indent=2))
-    else:
-        print(summary_text(summary))
+        raise UsageError(str(e)) from None
+    print(json.dumps(summary.as_dict(), indent=2) if args.json else summary_text(summary))
     return 0 if summary.ok else 1
 
 

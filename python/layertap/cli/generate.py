@@ -146,20 +146,11 @@ def _windows_joined(parse_known_args):
 
     def parse(args=None, namespace=None):
         args = list(sys.argv[1:] if args is None else args)
-        joined: list[str] = []
-        i = 0
-        while i < len(args):
-            arg = args[i]
-            if arg == "--":
-                joined += args[i:]
-                break
-            if len(arg) > 3 and "--window".startswith(arg) and i + 1 < len(args) and _WINDOW_VALUE.match(args[i + 1]):
-                joined.append(f"{arg}={args[i + 1]}")
-                i += 2
-                continue
-            joined.append(arg)
-            i += 1
-        return parse_known_args(joined, namespace)
+        end = args.index("--") if "--" in args else len(args)
+        for i in reversed(range(end - 1)):  # from the end, so that joining keeps the earlier indices
+            if len(args[i]) > 3 and "--window".startswith(args[i]) and _WINDOW_VALUE.match(args[i + 1]):
+                args[i : i + 2] = [f"{args[i]}={args[i + 1]}"]
+        return parse_known_args(args, namespace)
 
     return parse
 

@@ -9,13 +9,15 @@ import json
 import os
 import re
 import sys
+from collections import Counter
 from typing import Any
 
+from layertap._files import write_atomic
 from layertap._spec.dtypes import TORCH_NAMES
 from layertap._spec.record import HIDDEN_STATES, LAYER_IDS
 from layertap._text import human_bytes, plural
-from layertap.cli.common import PATHS_HELP, UsageError, add_backend_argument, open_dataset, problem_json
-from layertap.cli.stats_html import write_stats_html
+from layertap.cli.common import PATHS_HELP, UsageError, add_backend_argument, open_dataset
+from layertap.cli.stats_html import stats_html
 from layertap.cli.stats_text import stats_text
 from layertap.dataset_stats import dataset_stats
 from layertap.errors import LayertapError
@@ -25,7 +27,6 @@ STATS_PROGRESS_MIN_RECORDS = 10_000
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Adds ``inspect`` to the ``layertap`` command's subcommands."""
     p = sub.add_parser("inspect", help="summarise a dataset or shard")
     p.add_argument("paths", nargs="+", metavar="PATH", help=PATHS_HELP)
     p.add_argument("--json", action="store_true", help="print a JSON object")
@@ -81,60 +82,55 @@ def _agreed(values: list) -> Any:
     return seen[0] if all(v == seen[0] for v in seen) else "mixed"
 
 
+def _ratio(raw: int, stored: int) -> float | None:
+    return round(raw / stored, 4) if stored else None
+
+
+#: What a shard's and the dataset's summary agree on or add up, in the order ``--json`` prints them.
+_COUNTED = ("records", "tokens")
+_SHAPE = ("layers", "hidden_size", "dtype", "layer_ids")
+_BYTES = ("raw_bytes", "stored_bytes", "file_bytes")
+
+
 def inspect_summary(ds) -> dict:
     """What ``layertap inspect --json`` prints."""
     shards = []
     for info, backend in zip(ds.shards, ds.backends):
-        shape = _first_record_shape(backend)
         shards.append(
             {
                 "path": info.path,
                 "name": ds.shard_name(info.path),
                 "state": _state(info).replace(" ", "_"),
-                "complete": info.complete,
-                "being_written": info.being_written,
-                "records": info.records,
-                "tokens": info.tokens,
-                **shape,
-                "codecs": info.codecs,
-                "raw_bytes": info.raw_bytes,
-                "stored_bytes": info.stored_bytes,
-                "file_bytes": info.file_bytes,
-                "ratio": round(info.raw_bytes / info.stored_bytes, 4) if info.stored_bytes else None,
+                **{k: getattr(info, k) for k in ("complete", "being_written", *_COUNTED)},
+                **_first_record_shape(backend),
+                **{k: getattr(info, k) for k in ("codecs", *_BYTES)},
+                "ratio": _ratio(info.raw_bytes, info.stored_bytes),
                 "torn_tail_bytes": info.torn_tail_bytes,
                 "lost_in_recovery": info.lost_in_recovery,
                 "writer": info.meta.get("writer"),
                 "writer_id": info.meta.get("writer_id"),
-                "problems": [problem_json(p) for p in backend.scan_problems],
+                "problems": [p._asdict() for p in backend.scan_problems],
             }
         )
-    codecs: dict[str, int] = {}
+    codecs: Counter[str] = Counter()
     for s in shards:
-        for c, n in s["codecs"].items():
-            codecs[c] = codecs.get(c, 0) + n
-    raw = sum(s["raw_bytes"] for s in shards)
-    stored = sum(s["stored_bytes"] for s in shards)
+        codecs.update(s["codecs"])
     total = {
         "path": ds.path,
-        "records": sum(s["records"] for s in shards),
-        "tokens": sum(s["tokens"] for s in shards),
-        "layers": _agreed([s["layers"] for s in shards]),
-        "hidden_size": _agreed([s["hidden_size"] for s in shards]),
-        "dtype": _agreed([s["dtype"] for s in shards]),
-        "layer_ids": _agreed([s["layer_ids"] for s in shards]),
-        "codecs": codecs,
-        "raw_bytes": raw,
-        "stored_bytes": stored,
-        "file_bytes": sum(s["file_bytes"] for s in shards),
-        "lost_in_recovery": sum(s["lost_in_recovery"] for s in shards),
-        "ratio": round(raw / stored, 4) if stored else None,
-        "shards": shards,
-        "unreadable": [problem_json(p) for p in ds.unreadable],
-        "parts": ds.parts,
-        "manifest": ds.manifest,
-        "duplicate_keys": len(ds.duplicates),
+        **{k: sum(s[k] for s in shards) for k in _COUNTED},
+        **{k: _agreed([s[k] for s in shards]) for k in _SHAPE},
+        "codecs": dict(codecs),
+        **{k: sum(s[k] for s in shards) for k in (*_BYTES, "lost_in_recovery")},
     }
-    for key in ("layers", "hidden_size", "dtype", "layer_ids"):
+    total.update(
+        ratio=_ratio(total["raw_bytes"], total["stored_bytes"]),
+        shards=shards,
+        unreadable=[p._asdict() for p in ds.unreadable],
+        parts=ds.parts,
+        manifest=ds.manifest,
+        duplicate_keys=len(ds.duplicates),
+    )
+    for key in _SHAPE:
         if total[key] == "mixed":
             total[key] = None  # JSON readers get null; the table says "mixed"
             total[f"{key}_mixed"] = True
@@ -187,50 +183,40 @@ def _tail(n: int) -> str:
     return human_bytes(n) if n else "-"
 
 
+#: The columns said once above the table when every shard with records shows the same: (head, key).
+_SHARED_COLUMNS = (("layers", "layers"), ("hidden", "hidden_size"), ("dtype", "dtype"), ("codecs", "codecs"))
+
+
+def _column_cell(key: str, value: Any) -> str:
+    return (",".join(sorted(value)) or "-") if key == "codecs" else _cell(value)
+
+
 def inspect_table(summary: dict) -> str:
     """What ``layertap inspect`` prints: a summary, then one row per shard and a total, within
     ``TABLE_WIDTH`` columns."""
-
-    def ratio(r):
-        return f"{r:.2f}x" if r else "-"
-
-    def codecs(c):
-        return ",".join(sorted(c)) or "-"
-
-    def total(key):
-        return "mixed" if summary.get(f"{key}_mixed") else _cell(summary[key])
-
     shards = summary["shards"]
     # Columns that differ between shards stay in the table; the others are said once above it.
     varying = [
-        (head, key, fmt)
-        for head, key, fmt in (
-            ("layers", "layers", _cell),
-            ("hidden", "hidden_size", _cell),
-            ("dtype", "dtype", _cell),
-            ("codecs", "codecs", codecs),
-        )
-        if len({fmt(s[key]) for s in shards if s["records"]}) > 1
+        (h, key) for h, key in _SHARED_COLUMNS if len({_column_cell(key, s[key]) for s in shards if s["records"]}) > 1
     ]
     torn = any(s["torn_tail_bytes"] for s in shards)
     lost = any(s["lost_in_recovery"] for s in shards)
-    head = ["shard", "state", "records", "tokens", *(h for h, _, _ in varying), "raw", "stored", "ratio"]
+    head = ["shard", "state", "records", "tokens", *(h for h, _ in varying), "raw", "stored", "ratio"]
     head += ["torn tail"] * torn + ["lost"] * lost
+
+    def row(s: dict, first: list[str], middle: list[str], torn_bytes: int) -> list[str]:
+        cells = [*first, _cell(s["records"]), _cell(s["tokens"]), *middle, human_bytes(s["raw_bytes"])]
+        cells += [human_bytes(s["stored_bytes"]), f"{s['ratio']:.2f}x" if s["ratio"] else "-"]
+        return cells + [_tail(torn_bytes)] * torn + [_cell(s["lost_in_recovery"] or None)] * lost
+
     rows = [head]
     for s in shards:
-        row = [s["name"], s["state"].replace("_", " "), _cell(s["records"]), _cell(s["tokens"])]
-        row += [fmt(s[key]) for _, key, fmt in varying]
-        row += [human_bytes(s["raw_bytes"]), human_bytes(s["stored_bytes"]), ratio(s["ratio"])]
-        rows.append(row + [_tail(s["torn_tail_bytes"])] * torn + [_cell(s["lost_in_recovery"] or None)] * lost)
+        name_state = [s["name"], s["state"].replace("_", " ")]
+        rows.append(row(s, name_state, [_column_cell(k, s[k]) for _, k in varying], s["torn_tail_bytes"]))
+    rows.append(row(summary, ["total", ""], ["mixed"] * len(varying), sum(s["torn_tail_bytes"] for s in shards)))
     states = [s["state"] for s in shards]
     counts = ", ".join(
         f"{states.count(k)} {k.replace('_', ' ')}" for k in ("complete", "open", "being_written") if k in states
-    )
-    row = ["total", "", _cell(summary["records"]), _cell(summary["tokens"])]
-    row += ["mixed" for _ in varying]
-    row += [human_bytes(summary["raw_bytes"]), human_bytes(summary["stored_bytes"]), ratio(summary["ratio"])]
-    rows.append(
-        row + [_tail(sum(s["torn_tail_bytes"] for s in shards))] * torn + [_cell(summary["lost_in_recovery"])] * lost
     )
     title = (
         f"{summary['path']}: {plural(len(shards), 'shard')}{f' ({counts})' if counts else ''}, "
@@ -238,15 +224,12 @@ def inspect_table(summary: dict) -> str:
         f"{human_bytes(summary['file_bytes'])} on disk"
     )
     shared = [
-        f"{h} {total(key)}"
-        for h, key in (("layers", "layers"), ("hidden", "hidden_size"), ("dtype", "dtype"))
-        if h not in {v[0] for v in varying}
+        f"{h} {'mixed' if summary.get(f'{key}_mixed') else _cell(summary[key])}"
+        for h, key in _SHARED_COLUMNS[:3]
+        if (h, key) not in varying
     ]
-    shared.append(
-        "codecs " + ", ".join(f"{c} ({n:,})" for c, n in sorted(summary["codecs"].items()))
-        if summary["codecs"]
-        else "codecs -"
-    )
+    codecs = ", ".join(f"{c} ({n:,})" for c, n in sorted(summary["codecs"].items()))
+    shared.append(f"codecs {codecs or '-'}")
     out = [title]
     if len(summary.get("parts", [])) > 1 or summary.get("manifest"):
         listed = f" (manifest {summary['manifest']})" if summary.get("manifest") else ""
@@ -258,24 +241,15 @@ def inspect_table(summary: dict) -> str:
         )
     if summary["layer_ids"] is not None:
         shared.append(f"layer ids {summary['layer_ids']}")
-    if shared:
-        out.append(", ".join(shared))
-    out += [
-        "",
-        _table(
-            rows,
-            right=set(range(2, len(head))) - {4 + i for i, (h, _, _) in enumerate(varying) if h in ("dtype", "codecs")},
-        ),
-    ]
+    out += [", ".join(shared), ""]
+    out.append(_table(rows, right={i for i, h in enumerate(head) if i >= 2 and h not in ("dtype", "codecs")}))
     for s in shards:
-        if s.get("lossy"):
-            lossy = s["lossy"]
+        if lossy := s.get("lossy"):
             out.append(
                 f"lossy {lossy.get('lossy')}: {s['name']}, first record's relative error "
                 f"max {lossy.get('fp8_max_rel_err', '?')}, mean {lossy.get('fp8_mean_rel_err', '?')}"
             )
-    for u in summary["unreadable"]:
-        out.append(f"not a shard: {u['shard']}: {u['message']}")
+    out += [f"not a shard: {u['shard']}: {u['message']}" for u in summary["unreadable"]]
     if lost:
         n = summary["lost_in_recovery"]
         out.append(
@@ -299,7 +273,8 @@ def cmd_inspect(args) -> int:
             summary["stats"] = dataset_stats(ds, progress=progress).to_json()
     if args.html is not None:
         try:
-            write_stats_html(args.html, summary["stats"], f"layertap inspect --stats: {summary['path']}")
+            # Through a temporary file beside it, renamed when whole.
+            write_atomic(args.html, stats_html(summary["stats"], f"layertap inspect --stats: {summary['path']}"))
         except OSError as e:
             raise UsageError(f"--html {args.html}: cannot write it: {e.strerror or e}") from None
     if args.json:

@@ -17,7 +17,6 @@ from layertap.reader import shard_paths
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Adds ``pull`` to the ``layertap`` command's subcommands."""
     p = sub.add_parser("pull", help="copy a dataset out of Mooncake Store into shards on disk")
     p.add_argument("address", metavar="ADDRESS", help="the dataset: mooncake://MASTER_HOST:PORT/PREFIX[?options]")
     p.add_argument(

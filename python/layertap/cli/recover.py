@@ -10,13 +10,12 @@ from typing import Any
 
 from layertap._backends import resolve_backend
 from layertap._text import human_bytes, problem_line
-from layertap.cli.common import UsageError, add_backend_argument, problem_json
-from layertap.errors import FormatError, LayertapError, ShardLockedError
+from layertap.cli.common import UsageError, add_backend_argument
+from layertap.errors import FormatError, LayertapError
 from layertap.recover import recover as native_recover
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Adds ``recover`` to the ``layertap`` command's subcommands."""
     p = sub.add_parser("recover", help="complete shards whose writer died")
     p.add_argument("shards", nargs="+", metavar="SHARD", help="shard files")
     p.add_argument("--json", action="store_true", help="print a JSON report")
@@ -43,6 +42,10 @@ def _recover_function(backend: str):
     return resolve_backend("--backend", backend, rust=_native_recover, python=_python_recover, unavailable=UsageError)
 
 
+#: What ``--json`` says of a shard recovered, beside ``ok`` and its problems.
+_REPORTED = ("was_complete", "removed", "records", "truncated_bytes")
+
+
 def cmd_recover(args) -> int:
     recover = _recover_function(args.backend)
     status = 0
@@ -60,19 +63,13 @@ def cmd_recover(args) -> int:
             print(f"layertap recover: {msg}", file=sys.stderr)
             result["error"] = msg
             status = 2
-        except (ShardLockedError, LayertapError, OSError) as e:
+        except (LayertapError, OSError) as e:  # ShardLockedError: a live writer holds it
             print(f"layertap recover: {e}", file=sys.stderr)
             result["error"] = str(e)
             status = max(status, 1)
         else:
-            result.update(
-                ok=not report.problems,
-                was_complete=report.was_complete,
-                removed=report.removed,
-                records=report.records,
-                truncated_bytes=report.truncated_bytes,
-                problems=[problem_json(p) for p in report.problems],
-            )
+            result.update(ok=not report.problems, **{k: getattr(report, k) for k in _REPORTED})
+            result["problems"] = [p._asdict() for p in report.problems]
             for p in report.problems:
                 print(problem_line(p), file=sys.stderr)
             if report.problems:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import html
 
-from layertap._files import write_atomic
 from layertap._text import plural
 from layertap.cli.stats_text import layer_cells, number
 
@@ -137,9 +136,4 @@ def stats_html(stats: dict, title: str) -> str:
     )
 
 
-def write_stats_html(path: str, stats: dict, title: str) -> None:
-    """Writes the page to ``path`` (through a temporary file beside it, renamed when whole)."""
-    write_atomic(path, stats_html(stats, title))
-
-
-__all__ = ["stats_html", "write_stats_html"]
+__all__ = ["stats_html"]

@@ -11,7 +11,7 @@ import sys
 
 from layertap._spec.record import GENERATE_SOURCE
 from layertap._text import plural, problem_line
-from layertap.cli.common import PATHS_HELP, add_backend_argument, open_dataset, problem_json
+from layertap.cli.common import PATHS_HELP, add_backend_argument, open_dataset
 from layertap.dataset_stats import dataset_stats
 from layertap.errors import LayertapError
 
@@ -21,7 +21,6 @@ PROGRESS_MIN_BYTES = 1 << 30
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Adds ``verify`` to the ``layertap`` command's subcommands."""
     p = sub.add_parser("verify", help="check every record; exit 1 if anything is wrong")
     p.add_argument("paths", nargs="+", metavar="PATH", help=PATHS_HELP)
     p.add_argument(
@@ -92,25 +91,19 @@ def cmd_verify(args) -> int:
     for h in [] if args.quiet else hints:
         print(f"hint: {h}", file=sys.stderr)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "path": name,
-                    "ok": report.ok,
-                    "parts": parts,
-                    "shards": shards,
-                    "records_ok": report.records_ok,
-                    "records_bad": report.records_bad,
-                    "lost_in_recovery": report.lost_in_recovery,
-                    "problems": [problem_json(p) for p in report.problems],
-                    "duplicate_keys": len(report.duplicates),
-                    "notes": [problem_json(p) for p in report.notes],
-                    "warnings": warnings,
-                    "hints": hints,
-                },
-                indent=2,
-            )
-        )
+        said = {
+            "path": name,
+            "ok": report.ok,
+            "parts": parts,
+            "shards": shards,
+            **{k: getattr(report, k) for k in ("records_ok", "records_bad", "lost_in_recovery")},
+            "problems": [p._asdict() for p in report.problems],
+            "duplicate_keys": len(report.duplicates),
+            "notes": [p._asdict() for p in report.notes],
+            "warnings": warnings,
+            "hints": hints,
+        }
+        print(json.dumps(said, indent=2))
     elif not args.quiet:
         verdict = "OK" if report.ok else "FAILED"
         where = f" of {parts} parts" if parts > 1 else ""

@@ -1,17 +1,8 @@
-"""``layertap export``: a layertap dataset as the files a drafter trainer reads.
-
-- ``--to speculators OUT``: ``OUT/hidden_states/hs_{row}.safetensors``, speculators' cached
-  hidden states for row ``row`` of its prepared dataset ``OUT``;
-- ``--to specforge OUT --model MODEL_DIR [--strategy eagle3|dflash] [--compress]``:
-  ``OUT/rows_{g}-{g+2000}/data_{row}.ckpt`` (``.ckpt.gz`` with ``--compress``), SpecForge's
-  offline features;
-- ``--to modelopt OUT --model MODEL_DIR [--prenorm]``: ``OUT/{row}.pt``, NVIDIA
-  Model-Optimizer's EAGLE-3 offline dumps.
-
-Records are keyed by row index (``layertap generate``'s keys). Every record is checked (checksum,
-tensors, layers) and every file read back before it takes its final name, so an interrupted
-export continues where it stopped. See docs/TRAINING.md; ``layouts.py`` has the tensors.
-"""
+"""``layertap export``: a layertap dataset keyed by row index (``layertap generate``'s keys) as the
+files a drafter trainer reads, one per row: speculators', SpecForge's or NVIDIA Model-Optimizer's
+(``layouts.py`` has each layout's files and tensors, docs/TRAINING.md the commands). Every record
+is checked (checksum, tensors, layers) and every file read back before it takes its final name,
+so an interrupted export continues where it stopped."""
 
 from __future__ import annotations
 

@@ -28,8 +28,7 @@ class ExportLock:
 
     def __init__(self, root: str):
         os.makedirs(root, exist_ok=True)
-        self.path = os.path.join(root, LOCK_NAME)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self._fd = os.open(os.path.join(root, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -38,16 +37,11 @@ class ExportLock:
                 raise InvalidInputError(f"{root}: another layertap export is writing there") from None
             raise
 
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)  # releases the lock; the file stays (removing it would race)
-            self._fd = -1
-
     def __enter__(self) -> ExportLock:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.close()
+        os.close(self._fd)  # releases the lock; the file stays (removing it would race)
 
 
 def remove_stale_temporaries(root: str, depth: int = 1) -> int:
@@ -67,11 +61,6 @@ def remove_stale_temporaries(root: str, depth: int = 1) -> int:
     return removed
 
 
-def _read_all(path: str, size: int) -> bytes:
-    with open(path, "rb", buffering=0) as f:
-        return f.read(size + 1)
-
-
 def write_file(path: str, data: bytes, fsync: bool) -> None:
     """Writes ``data`` to ``path`` atomically: a temporary file beside it, read back and
     compared, fsynced when asked, renamed. Raises ``OSError`` (the temporary file is removed)."""
@@ -86,7 +75,9 @@ def write_file(path: str, data: bytes, fsync: bool) -> None:
                 os.fsync(fd)
         finally:
             os.close(fd)
-        if _read_all(tmp, len(data)) != data:
+        with open(tmp, "rb", buffering=0) as f:
+            written = f.read(len(data) + 1)
+        if written != data:
             raise OSError(errno.EIO, "the file read back differs from what was written", tmp)
         os.rename(tmp, path)
     except BaseException:

@@ -36,11 +36,6 @@ def model_dims(model_dir: str) -> tuple[int, int]:
     return int(text.num_hidden_layers), int(text.hidden_size)
 
 
-def num_hidden_layers(model_dir: str) -> int:
-    """N, the number of decoder layers of the model in ``model_dir`` (its text model's)."""
-    return model_dims(model_dir)[0]
-
-
 def _checkpoint_files(model_dir: str) -> dict[str, str]:
     """Weight name -> safetensors file holding it, from the checkpoint's index or its one file."""
     index = os.path.join(model_dir, "model.safetensors.index.json")
@@ -88,8 +83,7 @@ class FinalNorm:
                 f"--model {model_dir}: the {family!r} model ({type(model).__name__}) has no final norm at "
                 "model.get_decoder().norm; this model family is not supported by the export"
             )
-        names = {id(m): n for n, m in model.named_modules()}
-        prefix = names[id(norm)]
+        prefix = next(name for name, module in model.named_modules() if module is norm)
         files = _checkpoint_files(model_dir)
         state = {}
         for pname, _ in norm.named_parameters():
@@ -117,4 +111,4 @@ class FinalNorm:
             return self.module(states.float()).to(dtype)
 
 
-__all__ = ["FinalNorm", "model_dims", "num_hidden_layers"]
+__all__ = ["FinalNorm", "model_dims"]

@@ -1,36 +1,22 @@
-"""What an export writes for each row: the file layouts of speculators, SpecForge and
-NVIDIA Model-Optimizer.
+"""What an export writes for each row: the file layouts of speculators, SpecForge and NVIDIA
+Model-Optimizer, whose tensors docs/TRAINING.md tabulates.
 
 Layer ids are vLLM's throughout (docs/CONNECTOR.md): for a model of N decoder layers, id k < N is
 the input of decoder layer k and id N the last decoder layer's output before the final norm.
-SGLang and SpecForge number the same states one lower: their layer j is the output of decoder
-layer j, vLLM's j + 1 (SpecForge's EAGLE-3 default ``[1, N//2-1, N-4]`` is vLLM's
-``[2, N//2, N-3]``).
+SGLang, SpecForge and Model-Optimizer number the same states one lower: their layer j is the
+output of decoder layer j, vLLM's j + 1 (SpecForge's EAGLE-3 default ``[1, N//2-1, N-4]`` is
+vLLM's ``[2, N//2, N-3]``).
 
-- ``SpeculatorsLayout``: ``{root}/hs_{row}.safetensors`` with ``hidden_states`` ``[T, L, H]``
-  and ``token_ids`` int64 ``[T]``, which speculators' file backend reads for row ``row``
-  (``root`` is ``OUT/hidden_states``, OUT being speculators' ``--data-path``); in fp8
-  (``float8_e4m3fn``, the default for a dataset stored as fp8) its fp8 backend's layout:
-  ``hidden_states`` float8_e4m3fn ``[T, L, H]`` and ``hidden_states_scales`` float32
-  ``[T, 1, 1]`` (hs-connectors' ``fp8_hidden_states_connector``).
-- ``SpecForgeLayout``: ``{root}/rows_{g}-{g+2000}/data_{row}.ckpt`` (``g`` = row rounded down to
-  a multiple of 2000) written with ``torch.save``, as SpecForge's
-  ``scripts/prepare_hidden_states.py`` writes them: for EAGLE-3 ``input_ids`` int64 ``[S]``,
-  ``loss_mask`` int64 ``[S]``, ``aux_hidden_state`` ``[1, S, 3H]`` (three layers side by side)
-  and ``hidden_state`` ``[1, S, H]`` (the last layer *after* the model's final norm); for
-  DFlash ``input_ids``, ``loss_mask`` and ``hidden_states`` ``[1, S, K*H]``. With ``compress``
-  (``prepare_hidden_states.py --compress``) each is ``data_{row}.ckpt.gz`` instead: the same
-  ``torch.save`` bytes as one gzip member, which SpecForge's loaders (``load_feature_file``,
-  ``OfflineEagle3Dataset``) recognise by the ``.gz`` ending and gunzip before ``torch.load``.
-- ``ModelOptLayout``: ``{root}/{row}.pt`` written with ``torch.save``, as Model-Optimizer's
-  ``examples/speculative_decoding/collect_hidden_states/compute_hidden_states_hf.py`` writes them
-  and ``modelopt.torch.speculative.eagle.utils.OfflineSupervisedDataset`` reads them (EAGLE-3
-  offline training): ``input_ids`` int64 ``[T]``, ``hidden_states`` ``[T, H]`` (layer N *after*
-  the final norm, transformers' ``hidden_states[-1]``; or before it, with
-  ``hidden_states_prenorm=True``, for Model-Optimizer 0.46 and later to apply the norm
-  themselves), ``aux_hidden_states`` ``[T, k*H]`` (the k auxiliary layers side by side, ascending),
-  ``loss_mask`` int64 ``[T]`` and ``conversation_id`` (the row, as a string).
-  Model-Optimizer numbers layers as SGLang does (its aux id j is the output of decoder layer j).
+- ``SpeculatorsLayout``: ``OUT/hidden_states/hs_{row}.safetensors``, which speculators' file
+  backend reads (OUT its ``--data-path``); in fp8, its fp8 backend's layout, with a scale per
+  token (hs-connectors' ``fp8_hidden_states_connector``).
+- ``SpecForgeLayout``: ``OUT/rows_{g}-{g+2000}/data_{row}.ckpt``, the ``torch.save`` files of
+  SpecForge's ``scripts/prepare_hidden_states.py`` (EAGLE-3 or DFlash); with ``compress``
+  (its ``--compress``) ``data_{row}.ckpt.gz``, which its loaders gunzip before ``torch.load``.
+- ``ModelOptLayout``: ``OUT/{row}.pt``, as Model-Optimizer's ``compute_hidden_states_hf.py``
+  writes them and its ``OfflineSupervisedDataset`` reads them (EAGLE-3 offline training); the
+  last layer after the final norm, or before it with ``hidden_states_prenorm=True``, for
+  Model-Optimizer 0.46 and later to apply the norm themselves.
 
 A dataset stored as fp8 (docs/FP8.md) reaches SpecForge and Model-Optimizer dequantized, in the
 dtype the writer was given (its ``fp8_source_dtype``, else bfloat16) unless ``dtype`` says
@@ -162,13 +148,13 @@ def _dtype(name: str, stored: Any, layout: str = "") -> Any:
     return stored if name == "stored" else getattr(torch, name)
 
 
-def _pick(layer_ids: list[int], wanted: list[int] | None, what: str) -> list[int]:
+def _pick(layer_ids: list[int], wanted: list[int] | None) -> list[int]:
     """Positions in ``layer_ids`` of the ``wanted`` layers (all when None)."""
     if wanted is None:
         return list(range(len(layer_ids)))
     absent = [w for w in wanted if w not in layer_ids]
     if absent:
-        raise InvalidInputError(f"--layers: the dataset has no layer {absent} (it has {layer_ids}) {what}")
+        raise InvalidInputError(f"--layers: the dataset has no layer {absent} (it has {layer_ids})")
     if len(set(wanted)) != len(wanted):
         raise InvalidInputError(f"--layers {wanted}: a layer is named twice")
     return [layer_ids.index(w) for w in wanted]
@@ -196,6 +182,18 @@ def _compact(t: Any) -> Any:
     return t if t.untyped_storage().nbytes() == t.nbytes else t.clone()
 
 
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _torch_saved(tensors: dict) -> bytes:
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(tensors, buf)
+    return buf.getvalue()
+
+
 class SpeculatorsLayout:
     """speculators' cached hidden states: ``hs_{row}.safetensors`` under ``OUT/hidden_states``."""
 
@@ -217,7 +215,7 @@ class SpeculatorsLayout:
         import torch
 
         self.root = os.path.join(out, "hidden_states")
-        self.take = _pick(layer_ids, layers, "")
+        self.take = _pick(layer_ids, layers)
         self.layer_ids = [layer_ids[i] for i in self.take]
         if num_layers is not None and self.layer_ids[-1] != num_layers:
             raise InvalidInputError(
@@ -226,11 +224,7 @@ class SpeculatorsLayout:
             )
         self.dtype = torch.float8_e4m3fn if dtype == "stored" and fp8_stored else _dtype(dtype, stored_dtype, self.name)
         self.fp8 = self.dtype == torch.float8_e4m3fn
-        self.settings = {
-            "format": "speculators",
-            "layer_ids": self.layer_ids,
-            "dtype": str(self.dtype).removeprefix("torch."),
-        }
+        self.settings = {"format": "speculators", "layer_ids": self.layer_ids, "dtype": _dtype_name(self.dtype)}
         self.describe = (
             f"hs_{{row}}.safetensors: hidden_states [T, {len(self.layer_ids)}, H] {self.settings['dtype']} "
             f"(layers {self.layer_ids}), token_ids [T]" + (f", {SPECULATORS_SCALES} [T, 1, 1]" if self.fp8 else "")
@@ -240,25 +234,26 @@ class SpeculatorsLayout:
         return f"hs_{row}.safetensors"
 
     def build(self, r: Row) -> dict:
-        every = self.take == list(range(r.hidden_states.shape[1]))
+        def exported(hs: Any) -> Any:  # no copy when every layer is exported
+            return hs if self.take == list(range(hs.shape[1])) else hs[:, self.take]
+
+        token_ids = r.token_ids.contiguous()
         if not self.fp8:
-            hs = r.floats() if every else r.floats()[:, self.take]
-            return {"hidden_states": hs.to(self.dtype).contiguous(), "token_ids": r.token_ids.contiguous()}
+            return {"hidden_states": exported(r.floats()).to(self.dtype).contiguous(), "token_ids": token_ids}
         if r.scale is None:
             # Quantized as hs-connectors' quantize_tensor_to_fp8 does (the same e4m3 bytes and
             # scales, tests/trainers/test_speculators_fp8.py), over the exported layers.
             from layertap.fp8 import quantize
 
-            q, scale, _ = quantize(r.hidden_states if every else r.hidden_states[:, self.take])
+            q, scale, _ = quantize(exported(r.hidden_states))
         else:
             # The stored bytes and scales, whose tokens' largest magnitudes may lie in a layer
             # left out: the values dequantize all the same.
-            q = r.hidden_states if every else r.hidden_states[:, self.take]
-            scale = r.scale
+            q, scale = exported(r.hidden_states), r.scale
         return {
             "hidden_states": q.contiguous(),
             SPECULATORS_SCALES: scale.reshape(-1, 1, 1).contiguous(),
-            "token_ids": r.token_ids.contiguous(),
+            "token_ids": token_ids,
         }
 
     def serialize(self, tensors: dict, row: int) -> bytes:
@@ -292,12 +287,10 @@ class SpecForgeLayout:
     ):
         """``compress``: a gzip level (1-9) to write ``.ckpt.gz`` files, as SpecForge's
         ``--compress --compression-level`` do; None writes ``.ckpt``."""
-        self.root = out
-        self.strategy = strategy
-        self.compress = compress
+        self.root, self.strategy, self.compress, self.norm = out, strategy, compress, norm
         self.suffix = ".ckpt" if compress is None else ".ckpt.gz"
         self.dtype = _dtype(dtype, stored_dtype, self.name)
-        self.norm = norm
+        file = "data_{row}.ckpt:" if compress is None else f"data_{{row}}.ckpt.gz (gzip level {compress}):"
         if strategy == "eagle3":
             if norm is None or num_layers is None:
                 raise InvalidInputError("--strategy eagle3 needs --model (the final norm's weights)")
@@ -311,26 +304,25 @@ class SpecForgeLayout:
                 raise InvalidInputError(
                     f"--layers {aux}: layer {num_layers} (N) is the hidden_state, not an auxiliary layer"
                 )
-            self.take = _pick(layer_ids, aux, "")
+            self.take = _pick(layer_ids, aux)
             self.last = layer_ids.index(num_layers)
+            self.layer_ids = [layer_ids[i] for i in self.take]
             if len(self.take) != 3:
                 raise InvalidInputError(
                     f"EAGLE-3 takes 3 auxiliary layers, the dataset gives {len(self.take)} "
-                    f"({[layer_ids[i] for i in self.take]}): choose them with --layers"
+                    f"({self.layer_ids}): choose them with --layers"
                 )
-            self.layer_ids = [layer_ids[i] for i in self.take]
             self.describe = (
-                f"data_{{row}}.ckpt: input_ids, loss_mask, aux_hidden_state [1, S, 3H] (vLLM layers "
+                f"{file} input_ids, loss_mask, aux_hidden_state [1, S, 3H] (vLLM layers "
                 f"{self.layer_ids} = SpecForge {specforge_ids(self.layer_ids)}), hidden_state [1, S, H] "
                 f"(layer {num_layers} after {norm.kind})"
             )
         elif strategy == "dflash":
-            self.take = _pick(layer_ids, layers, "")
+            self.take = _pick(layer_ids, layers)
             self.layer_ids = [layer_ids[i] for i in self.take]
             self.describe = (
-                f"data_{{row}}.ckpt: input_ids, loss_mask, hidden_states [1, S, {len(self.layer_ids)}H] "
-                f"(vLLM layers {self.layer_ids} = SpecForge target_layer_ids "
-                f"{specforge_ids(self.layer_ids)})"
+                f"{file} input_ids, loss_mask, hidden_states [1, S, {len(self.layer_ids)}H] "
+                f"(vLLM layers {self.layer_ids} = SpecForge target_layer_ids {specforge_ids(self.layer_ids)})"
             )
         else:
             raise InvalidInputError(f"--strategy must be eagle3 or dflash, not {strategy!r}")
@@ -348,12 +340,11 @@ class SpecForgeLayout:
             "strategy": strategy,
             "layer_ids": self.layer_ids,
             "specforge_layer_ids": specforge_ids(self.layer_ids),
-            "dtype": str(self.dtype).removeprefix("torch."),
+            "dtype": _dtype_name(self.dtype),
             "compress": None if compress is None else "gzip",
         }
         if compress is not None:
             self.settings["compression_level"] = compress
-            self.describe = self.describe.replace("data_{row}.ckpt:", f"data_{{row}}.ckpt.gz (gzip level {compress}):")
         if strategy == "eagle3":
             self.settings["final_norm"] = norm.kind
 
@@ -377,15 +368,10 @@ class SpecForgeLayout:
         return {"input_ids": ids, "loss_mask": mask, "aux_hidden_state": side_by_side, "hidden_state": last}
 
     def serialize(self, tensors: dict, row: int) -> bytes:
-        import torch
-
-        buf = io.BytesIO()
-        torch.save(tensors, buf)
-        if self.compress is None:
-            return buf.getvalue()
+        data = _torch_saved(tensors)
         # What SpecForge's gzip.open(path, "wb") around torch.save writes (torch's zip writer
         # never seeks, so the stream holds the .ckpt's bytes), without the timestamp.
-        return gzipped(buf.getbuffer(), f"data_{row}.ckpt", self.compress)
+        return data if self.compress is None else gzipped(data, f"data_{row}.ckpt", self.compress)
 
 
 class ModelOptLayout:
@@ -407,26 +393,27 @@ class ModelOptLayout:
         norm: Any = None,
         prenorm: bool = False,
     ):
-        self.root = out
+        self.root, self.prenorm = out, prenorm
         self.dtype = _dtype(dtype, stored_dtype, self.name)
         self.norm = None if prenorm else norm
         if not prenorm and norm is None:
             raise InvalidInputError("--to modelopt needs the final norm (--model) unless --prenorm")
+        example = f"--layers 2,{num_layers // 2},{num_layers - 3},{num_layers}"
         if num_layers not in layer_ids:
             raise InvalidInputError(
                 f"Model-Optimizer's hidden_states is the verifier's last layer: the dataset needs layer "
                 f"{num_layers} (N, the last decoder layer's output) but has {layer_ids}: generate with it "
-                f"(e.g. --layers 2,{num_layers // 2},{num_layers - 3},{num_layers})"
+                f"(e.g. {example})"
             )
         aux = [i for i in layer_ids if i != num_layers] if layers is None else layers
         if not aux:
             raise InvalidInputError(
                 f"the dataset holds only layer {num_layers} (N): EAGLE-3's aux_hidden_states need auxiliary "
-                f"layers, e.g. generate with --layers 2,{num_layers // 2},{num_layers - 3},{num_layers}"
+                f"layers, e.g. generate with {example}"
             )
         # Ascending whatever --layers says: Model-Optimizer's capture scripts sort them, and its
         # draft (forward hooks) and the serving engines collect them in layer order.
-        self.take = sorted(_pick(layer_ids, aux, ""), key=lambda i: layer_ids[i])
+        self.take = sorted(_pick(layer_ids, aux), key=lambda i: layer_ids[i])
         self.last = layer_ids.index(num_layers)
         self.layer_ids = [layer_ids[i] for i in self.take]
         if 0 in self.layer_ids:
@@ -436,9 +423,7 @@ class ModelOptLayout:
             )
         if max(self.layer_ids) > num_layers:
             raise InvalidInputError(f"layer ids {self.layer_ids} exceed the model's {num_layers} layers")
-        self.prenorm = prenorm
-        ids = modelopt_ids(self.layer_ids)
-        default = modelopt_default_aux(num_layers)
+        ids, default = modelopt_ids(self.layer_ids), modelopt_default_aux(num_layers)
         config_note = (
             "its default"
             if ids == default
@@ -455,7 +440,7 @@ class ModelOptLayout:
             "layer_ids": self.layer_ids,
             "modelopt_layer_ids": ids,
             "last_layer": num_layers,
-            "dtype": str(self.dtype).removeprefix("torch."),
+            "dtype": _dtype_name(self.dtype),
             "final_norm": "left to Model-Optimizer (hidden_states_prenorm)" if prenorm else norm.kind,
         }
 
@@ -482,11 +467,7 @@ class ModelOptLayout:
         return tensors
 
     def serialize(self, tensors: dict, row: int) -> bytes:
-        import torch
-
-        buf = io.BytesIO()
-        torch.save(tensors, buf)
-        return buf.getvalue()
+        return _torch_saved(tensors)
 
 
 __all__ = [

@@ -4,12 +4,14 @@ progress bar, resuming where an earlier run stopped."""
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 from layertap._install import pip_install_keeping_torch
@@ -91,50 +93,55 @@ def _first_record(ds: Any, sel: Selection) -> Any:
     return None
 
 
-def _final_norm(model: str, first: Any) -> Any:
-    """The final norm of ``model``, checked against the dataset's hidden size."""
-    from layertap.export.final_norm import FinalNorm
-
-    norm = FinalNorm(model)
-    hidden = first.tensors[HIDDEN_STATES].shape[-1]
-    if hidden != norm.hidden_size:
-        raise InvalidInputError(f"--model {model}: hidden size {norm.hidden_size}, the dataset's is {hidden}")
-    return norm
+def _check_hidden(model: str, hidden: int, first: Any) -> None:
+    stored = first.tensors[HIDDEN_STATES].shape[-1]
+    if stored != hidden:
+        raise InvalidInputError(f"--model {model}: hidden size {hidden}, the dataset's is {stored}")
 
 
 def _layout(
     fmt: str,
     out: str,
     first: Any,
-    *,
     model: str | None,
     strategy: str,
     layers: list[int] | None,
     dtype: str | None,
-    prenorm: bool = False,
-    compress: int | None = None,
+    prenorm: bool,
+    compress: int | None,
 ) -> Any:
-    from layertap.export.final_norm import model_dims, num_hidden_layers
+    """The layout of trainer ``fmt`` for a dataset whose first record is ``first``, with the
+    final norm of ``model`` (checked against the dataset's hidden size) where it writes one."""
+    from layertap.export.final_norm import FinalNorm, model_dims
 
     layer_ids = first.layer_ids
     if not layer_ids:
         raise InvalidInputError(f"record {first.key!r} has no layer_ids metadata: cannot tell which layers it holds")
+    if fmt not in FORMATS:
+        raise InvalidInputError(f"--to must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    if fmt == "specforge" and strategy == "eagle3" and not model:
+        raise InvalidInputError("--to specforge --strategy eagle3 needs --model MODEL_DIR (for the final norm)")
+    if fmt == "modelopt" and not model:
+        raise InvalidInputError(
+            "--to modelopt needs --model MODEL_DIR: hidden_states is layer N after the verifier's final "
+            "norm (with --prenorm, before it, the norm left to Model-Optimizer)"
+        )
+    norm = n = None
+    if (fmt, strategy) == ("specforge", "eagle3") or (fmt == "modelopt" and not prenorm):
+        norm = FinalNorm(model)
+        n = norm.num_hidden_layers
+        _check_hidden(model, norm.hidden_size, first)
+    elif model:
+        n, hidden = model_dims(model)
+        if fmt == "modelopt":
+            _check_hidden(model, hidden, first)
     stored = stored_float_dtype(first)
     if fmt == "speculators":
-        n = num_hidden_layers(model) if model else None
         fp8_stored = SCALE_NAME in first.tensors
         return SpeculatorsLayout(
             out, layer_ids, stored, layers=layers, dtype=dtype or "stored", num_layers=n, fp8_stored=fp8_stored
         )
     if fmt == "specforge":
-        norm = n = None
-        if strategy == "eagle3":
-            if not model:
-                raise InvalidInputError("--to specforge --strategy eagle3 needs --model MODEL_DIR (for the final norm)")
-            norm = _final_norm(model, first)
-            n = norm.num_hidden_layers
-        elif model:
-            n = num_hidden_layers(model)
         return SpecForgeLayout(
             out,
             layer_ids,
@@ -146,25 +153,9 @@ def _layout(
             num_layers=n,
             compress=compress,
         )
-    if fmt == "modelopt":
-        if not model:
-            raise InvalidInputError(
-                "--to modelopt needs --model MODEL_DIR: hidden_states is layer N after the verifier's final "
-                "norm (with --prenorm, before it, the norm left to Model-Optimizer)"
-            )
-        if prenorm:
-            n, hidden = model_dims(model)
-            stored_hidden = first.tensors[HIDDEN_STATES].shape[-1]
-            if stored_hidden != hidden:
-                raise InvalidInputError(f"--model {model}: hidden size {hidden}, the dataset's is {stored_hidden}")
-            norm = None
-        else:
-            norm = _final_norm(model, first)
-            n = norm.num_hidden_layers
-        return ModelOptLayout(
-            out, layer_ids, stored, num_layers=n, layers=layers, dtype=dtype or "stored", norm=norm, prenorm=prenorm
-        )
-    raise InvalidInputError(f"--to must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    return ModelOptLayout(
+        out, layer_ids, stored, num_layers=n, layers=layers, dtype=dtype or "stored", norm=norm, prenorm=prenorm
+    )
 
 
 def _export_row(ds: Any, layout: Any, row: int, pos: int, layer_ids: list[int], fsync: bool) -> tuple[int, bool]:
@@ -176,17 +167,8 @@ def _export_row(ds: Any, layout: Any, row: int, pos: int, layer_ids: list[int], 
         raise RecordProblem(str(e)) from None
     checked = check_record(row, record, layer_ids)
     data = layout.serialize(layout.build(checked), row)
-    path = os.path.join(layout.root, layout.relpath(row))
-    files.write_file(path, data, fsync)
+    files.write_file(os.path.join(layout.root, layout.relpath(row)), data, fsync)
     return len(data), checked.loss_mask is None
-
-
-def _progress_bar(total: int, show: bool):
-    if not show:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="rec", desc="export", file=sys.stderr, dynamic_ncols=True)
 
 
 def export(
@@ -246,21 +228,10 @@ def export(
         first = _first_record(ds, sel)
         if first is None:
             raise InvalidInputError(f"{source}: none of the rows asked for with --keys has a record")
-        layout = _layout(
-            to,
-            out,
-            first,
-            model=model,
-            strategy=strategy,
-            layers=layers,
-            dtype=dtype,
-            prenorm=prenorm,
-            compress=compress,
-        )
+        layout = _layout(to, out, first, model, strategy, layers, dtype, prenorm, compress)
+        sources = source if isinstance(source, (list, tuple)) else [source]
         summary = ExportSummary(
-            ", ".join(os.path.abspath(p) for p in source)
-            if isinstance(source, (list, tuple))
-            else os.path.abspath(source),
+            ", ".join(os.path.abspath(p) for p in sources),
             os.path.abspath(out),
             to,
             layout.describe,
@@ -273,7 +244,6 @@ def export(
         if sel.missing:
             shown = ", ".join(map(str, sel.missing[:MAX_LISTED]))
             summary.problems.append(f"no record for {len(sel.missing)} row(s) asked for: {shown}")
-        layer_ids = first.layer_ids
         with files.ExportLock(layout.root):
             summary.stale_temporaries = files.remove_stale_temporaries(layout.root)
             info = {
@@ -293,15 +263,21 @@ def export(
                 if parent not in made_dirs:
                     os.makedirs(parent, exist_ok=True)
                     made_dirs.add(parent)
-                todo.append(row)
-            bar = _progress_bar(summary.selected, progress)
-            if bar is not None:
-                bar.update(summary.existing)
-            try:
-                _run(ds, layout, todo, sel, layer_ids, workers, fsync, summary, bar)
-            finally:
-                if bar is not None:
-                    bar.close()
+                todo.append((row, sel.positions[row]))
+            from tqdm import tqdm
+
+            write = partial(_export_row, ds, layout, layer_ids=first.layer_ids, fsync=fsync)
+            bar = tqdm(
+                total=summary.selected,
+                initial=summary.existing,
+                disable=not progress,
+                unit="rec",
+                desc="export",
+                file=sys.stderr,
+                dynamic_ncols=True,
+            )
+            with bar:
+                _run(write, todo, workers, summary, bar, layout.fills_loss_mask)
             if fsync:
                 for d in sorted(made_dirs | {layout.root}):
                     files.fsync_dir(d)
@@ -309,18 +285,9 @@ def export(
     return summary
 
 
-def _run(
-    ds: Any,
-    layout: Any,
-    todo: list[int],
-    sel: Selection,
-    layer_ids: list[int],
-    workers: int,
-    fsync: bool,
-    summary: ExportSummary,
-    bar: Any,
-) -> None:
-    """Exports ``todo`` on ``workers`` threads, at most 2 x workers records in memory at once."""
+def _run(write: Any, todo: list[tuple[int, int]], workers: int, summary: ExportSummary, bar: Any, fills: bool) -> None:
+    """Calls ``write(row, pos)`` for each of ``todo`` on ``workers`` threads, at most 2 x workers
+    records in memory at once; ``fills``: the layout writes a loss mask of ones where none was."""
 
     def settle(row: int, fut: Future) -> None:
         try:
@@ -332,20 +299,19 @@ def _run(
             summary.failed += 1
             if len(summary.problems) < MAX_LISTED:
                 summary.problems.append(f"row {row}: {e}")
-            if isinstance(e, OSError) and e.errno is not None and e.errno in (28, 122):  # ENOSPC, EDQUOT
+            if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise
         else:
             summary.written += 1
             summary.bytes_written += nbytes
-            summary.no_loss_mask += no_mask and layout.fills_loss_mask
-        if bar is not None:
-            bar.update(1)
+            summary.no_loss_mask += no_mask and fills
+        bar.update(1)
 
     window: deque[tuple[int, Future]] = deque()
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="layertap-export") as pool:
         try:
-            for row in todo:
-                window.append((row, pool.submit(_export_row, ds, layout, row, sel.positions[row], layer_ids, fsync)))
+            for row, pos in todo:
+                window.append((row, pool.submit(write, row, pos)))
                 if len(window) >= 2 * workers:
                     settle(*window.popleft())
             while window:
