@@ -134,10 +134,6 @@ def writer_options_for(options: ConnectorOptions, writer_id: str, pool_bytes: in
     return options.writer_options.replace(**changes)
 
 
-def _positive_or_none(option: str, value: Any) -> int | None:
-    return optional_positive_int(option, value, ConfigError)
-
-
 def _path(option: str, value: Any) -> str:
     if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
         raise ConfigError(option, f"must be a non-empty path, not {value!r}")
@@ -156,14 +152,6 @@ def _writer(value: Any) -> str:
 
 def _capture(value: Any) -> str:
     return one_of("capture", value, CAPTURE_MODES, ConfigError)
-
-
-def _compress_on(value: Any) -> str:
-    return one_of("compress_on", value, COMPRESS_ON, ConfigError)
-
-
-def _save(value: Any) -> str:
-    return one_of("save", value, SAVE, ConfigError)
 
 
 def _gpu_compression_problem(extra_config: Mapping[str, Any], values: dict) -> ConfigError | None:
@@ -234,23 +222,23 @@ def _store_address(value: Any) -> str:
     return value
 
 
-def _bool(option: str, value: Any) -> bool:
+def _keep_shards(value: Any) -> bool:
     if not isinstance(value, bool):
-        raise ConfigError(option, f"must be true or false, not {value!r}")
+        raise ConfigError("mooncake_keep_shards", f"must be true or false, not {value!r}")
     return value
 
 
 _CONNECTOR_PARSERS = {
     "output_dir": lambda v: _path("output_dir", v),
     "writer": _writer,
-    "pool_bytes": lambda v: _positive_or_none("pool_bytes", v),
+    "pool_bytes": lambda v: optional_positive_int("pool_bytes", v, ConfigError),
     "stats_path": lambda v: None if v is None else _path("stats_path", v),
     "capture": lambda v: "method" if v is None else _capture(v),
     "layer_ids": lambda v: None if v is None else _layer_ids(v),
-    "compress_on": lambda v: "host" if v is None else _compress_on(v),
+    "compress_on": lambda v: "host" if v is None else one_of("compress_on", v, COMPRESS_ON, ConfigError),
     "mooncake": lambda v: None if v is None else _store_address(v),
-    "mooncake_keep_shards": lambda v: False if v is None else _bool("mooncake_keep_shards", v),
-    "save": lambda v: "all" if v is None else _save(v),
+    "mooncake_keep_shards": lambda v: False if v is None else _keep_shards(v),
+    "save": lambda v: "all" if v is None else one_of("save", v, SAVE, ConfigError),
 }
 
 #: Every option ``kv_connector_extra_config`` may hold.

@@ -197,13 +197,6 @@ class HiddenStatesSaver:
 
     def _launch(self, region: Region, saves: StepSaves) -> None:
         t0 = time.perf_counter()
-        try:
-            self._launch_timed(region, saves)
-        finally:
-            # Without a copy stream the launch submits too, which counts its own part.
-            self.stats.hook_parts["launch"] += time.perf_counter() - t0
-
-    def _launch_timed(self, region: Region, saves: StepSaves) -> None:
         total = sum(saves.num_tokens)
         slack = region_slack(len(saves)) if self.compressor is not None else 0
         hidden_bytes = align_up(total * self.row_bytes + slack)
@@ -221,6 +214,8 @@ class HiddenStatesSaver:
                 hidden = batch.staged = torch.empty(hidden.shape, dtype=cache.dtype, device=cache.device)
             gather_rows(cache, saves, index, hidden)  # cache.gather, or only a window's rows
             self._submit(batch)
+            # Without a copy stream the launch submits too, which counts its own part.
+            self.stats.hook_parts["launch"] += time.perf_counter() - t0
             return
         # The copy stream starts after the work the model has queued so far (which wrote these
         # hidden states); the engine thread goes on at once.
@@ -233,15 +228,10 @@ class HiddenStatesSaver:
             batch.event = torch.cuda.Event()
             batch.event.record(self._stream)
         self._inflight.append(batch)
+        self.stats.hook_parts["launch"] += time.perf_counter() - t0
 
     def _submit(self, batch: _Batch) -> None:
         t0 = time.perf_counter()
-        try:
-            self._submit_timed(batch)
-        finally:
-            self.stats.hook_parts["submit"] += time.perf_counter() - t0
-
-    def _submit_timed(self, batch: _Batch) -> None:
         batch.keep = ()
         saves, region = batch.saves, batch.region
         self._regions[region.id] = region
@@ -250,11 +240,10 @@ class HiddenStatesSaver:
             # the records to the writer; the counters follow when it is done (_take_results).
             staged, batch.staged = batch.staged, None
             self._writer_call(self.compressor.put, batch, staged)
-            self._copied.append(saves.req_ids)
-            return
-        failures = self._writer_call(self.sink.submit, region, batch.ids_offset, saves)
-        self._account(batch, failures)
+        else:
+            self._account(batch, self._writer_call(self.sink.submit, region, batch.ids_offset, saves))
         self._copied.append(saves.req_ids)
+        self.stats.hook_parts["submit"] += time.perf_counter() - t0
 
     def _take_results(self) -> None:
         """Counts the batches the compressor handed to the writer since the last call."""

@@ -199,11 +199,8 @@ class SchedulerSide:
             unsent.add(key, req_id, token_ids, num_tokens, request.num_prompt_tokens, blocks, extras, window)
         self._held += 1
         self.stats.accepted()
-        location = self._location.copy()
-        location["key"] = key
-        location["num_tokens"] = num_tokens
-        location["request_id"] = req_id  # fetch checks that the record it reads is this request's
-        return True, {PARAMS_KEY: location}
+        # fetch checks that the record it reads is this request's (request_id).
+        return True, {PARAMS_KEY: {**self._location, "key": key, "num_tokens": num_tokens, "request_id": req_id}}
 
     def _unwanted(self, req_id: str, params: Any) -> tuple[bool, dict | None] | None:
         """The answer for a request not to be saved by the ``save`` option and its own flag, or

@@ -131,18 +131,3 @@ def register_from_env() -> None:
         register(eagle3)
     if in_model:
         register_in_model(in_model)
-
-
-__all__ = [
-    "ENV_VAR",
-    "FAMILIES",
-    "IN_MODEL_ENV_VAR",
-    "IN_MODEL_FAMILIES",
-    "Family",
-    "architectures_from_env",
-    "in_model_architectures_from_env",
-    "missing_cache_layer",
-    "register",
-    "register_from_env",
-    "register_in_model",
-]
