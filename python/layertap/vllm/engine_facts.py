@@ -85,10 +85,8 @@ def check_layer_ids(ids: tuple[int, ...], num_layers: int, option: str) -> None:
 
 
 def _spec_is_hidden_states(spec: Any) -> bool:
-    try:
-        from vllm.v1.kv_cache_interface import HiddenStateCacheSpec
-    except ImportError:  # pragma: no cover - both supported versions have it
-        return False
+    from vllm.v1.kv_cache_interface import HiddenStateCacheSpec
+
     if isinstance(spec, HiddenStateCacheSpec):
         return True
     inner = getattr(spec, "kv_cache_specs", None)  # UniformTypeKVCacheSpecs

@@ -9,6 +9,7 @@ axis comes from the shape, or from the version's convention when layers equal th
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import numpy as np
 import torch
@@ -17,10 +18,8 @@ from layertap.vllm.errors import CacheLayoutError
 
 
 def _conventional_token_axis() -> int:
-    try:
-        from vllm.model_executor.models.extract_hidden_states import CacheOnlyAttentionBackend
-    except ImportError:  # pragma: no cover - both supported versions have it
-        return 2
+    from vllm.model_executor.models.extract_hidden_states import CacheOnlyAttentionBackend
+
     get_shape = getattr(CacheOnlyAttentionBackend, "get_kv_cache_shape", None)
     if get_shape is None:
         return 2  # vLLM >= 0.27: every layer cache is viewed as [blocks, heads, tokens, content]
@@ -114,31 +113,26 @@ class HiddenStatesCache:
 
     def take(self, index: torch.Tensor) -> torch.Tensor:
         """The tokens ``index`` locates, as a new ``[tokens, layers, hidden]`` on the cache's device."""
+        return self._take(index)[1]
+
+    def _take(self, index: torch.Tensor) -> tuple[Any, torch.Tensor]:
+        """``take``, and the indices it copied to the device."""
         if self.by_rows:
             rows = index.reshape(-1).to(self.device, non_blocking=True)
-            return torch.index_select(self._rows, 0, rows).view(-1, self.num_layers, self.hidden_size)
+            return rows, torch.index_select(self._rows, 0, rows).view(-1, self.num_layers, self.hidden_size)
         blk, off = index[:, 0].to(self.device, non_blocking=True), index[:, 1].to(self.device, non_blocking=True)
-        return self.kv[blk, off] if self.axis == 1 else self.kv[blk, :, off]
+        return (blk, off), self.kv[blk, off] if self.axis == 1 else self.kv[blk, :, off]
 
     def gather(self, index: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Copies the tokens ``index`` locates into ``out`` on the host. On CUDA the copy does not
         wait: call it under the copy stream and keep the returned tensors alive until it is done."""
-        on_cpu = self.device.type == "cpu"
-        if self.by_rows:
-            rows = index.reshape(-1)
-            if on_cpu:
-                torch.index_select(self._rows, 0, rows, out=out.view(-1, self.hidden_size))
-                return ()
-            rows = rows.to(self.device, non_blocking=True)
-            gathered = torch.index_select(self._rows, 0, rows)
-        else:
-            blk, off = index[:, 0], index[:, 1]
-            if on_cpu:
-                where = [blk, off] if self.axis == 1 else [blk, None, off]
-                torch.ops.aten.index.Tensor_out(self.kv, where, out=out)
-                return ()
-            blk, off = blk.to(self.device, non_blocking=True), off.to(self.device, non_blocking=True)
-            gathered = self.kv[blk, off] if self.axis == 1 else self.kv[blk, :, off]
-            rows = (blk, off)
+        if self.device.type == "cpu":  # straight into ``out``
+            if self.by_rows:
+                torch.index_select(self._rows, 0, index.reshape(-1), out=out.view(-1, self.hidden_size))
+            else:
+                blk, off = index[:, 0], index[:, 1]
+                torch.ops.aten.index.Tensor_out(self.kv, [blk, off] if self.axis == 1 else [blk, None, off], out=out)
+            return ()
+        rows, gathered = self._take(index)
         out.view(gathered.shape).copy_(gathered, non_blocking=self.is_cuda)
         return (rows, gathered)

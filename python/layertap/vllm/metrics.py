@@ -154,10 +154,8 @@ def stats_from_payload(data: Mapping[str, Any] | None) -> LayertapConnectorStats
 def unregister_layertap_metrics() -> None:
     """Removes layertap's metrics from prometheus_client's registry, as vLLM does its own before
     registering them again (another engine in the same process)."""
-    try:
-        from prometheus_client import REGISTRY
-    except ImportError:  # pragma: no cover - vLLM depends on it
-        return
+    from prometheus_client import REGISTRY
+
     for collector in list(REGISTRY._collector_to_names):
         if getattr(collector, "_name", "").startswith(PREFIX):
             REGISTRY.unregister(collector)

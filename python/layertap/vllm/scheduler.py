@@ -9,6 +9,8 @@ import threading
 import time
 from typing import Any
 
+from vllm.v1.request import RequestStatus
+
 from layertap._keys import KeyWindow
 from layertap.vllm import registry
 from layertap.vllm import window as capture_window
@@ -29,16 +31,8 @@ NOT_REQUESTED = "not_requested"
 _SAVED_STATES = frozenset(("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED", "FINISHED_REPETITION"))
 
 
-def _statuses(names: frozenset[str]) -> frozenset:
-    """vLLM's ``RequestStatus`` members of ``names`` (an IntEnum: a set lookup without a Python call)."""
-    try:
-        from vllm.v1.request import RequestStatus
-    except ImportError:  # pragma: no cover - both supported versions have it
-        return frozenset()
-    return frozenset(getattr(RequestStatus, n) for n in names if hasattr(RequestStatus, n))
-
-
-_SAVED_STATUSES = _statuses(_SAVED_STATES)
+#: The same as ``RequestStatus`` members (an IntEnum: a set lookup without a Python call).
+_SAVED_STATUSES = frozenset(getattr(RequestStatus, n) for n in _SAVED_STATES if hasattr(RequestStatus, n))
 
 
 def _generated_rows_problem(vllm_config: Any, options: ConnectorOptions) -> str | None:

@@ -93,10 +93,8 @@ def _forget_resolved_classes() -> None:
     """Drops vLLM's cache of the class each model resolved to (``_MODEL_ARCH_BY_HASH``, keyed by
     path and architectures, not by the registry): else a model that already ran in this process
     with vLLM's class would be built with it again, without the cache layer."""
-    try:
-        from vllm.model_executor.model_loader import utils
-    except ImportError:
-        return
+    from vllm.model_executor.model_loader import utils
+
     cache = getattr(utils, "_MODEL_ARCH_BY_HASH", None)
     if isinstance(cache, dict):
         cache.clear()
