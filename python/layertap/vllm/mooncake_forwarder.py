@@ -141,7 +141,7 @@ __all__ = ["CLOSE_TIMEOUT", "Forwarder"]
 # -- the connector's use ---------------------------------------------------------------------------
 
 
-def connect_store(options) -> tuple[StoreAddress, object] | None:
+def connect_store(options) -> StoreAddress | None:
     """The ``mooncake`` option's store, connected (None without it): an unreachable master is a
     ``ConfigError`` before the engine serves."""
     if options.mooncake is None:
@@ -152,15 +152,10 @@ def connect_store(options) -> tuple[StoreAddress, object] | None:
 
     address = parse_address(options.mooncake)
     try:
-        return address, connect(address)
+        connect(address)  # made once a process: the forwarder's
     except StoreUnavailableError as e:
         raise ConfigError("mooncake", str(e)) from None
-
-
-def start_forwarder(store: tuple[StoreAddress, object], options, facts, writer) -> Forwarder:
-    address, _ = store
-    meta = {"writer": f"layertap ({writer.backend})", "user": dict(options.writer_options.metadata)}
-    return Forwarder(address, options.output_dir, facts.writer_id, meta, options.mooncake_keep_shards)
+    return address
 
 
 #: ``fetch`` looks for a record this often at first, then less often up to ``FETCH_MAX_POLL``

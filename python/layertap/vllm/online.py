@@ -50,9 +50,8 @@ class RecordLocation:
 
 
 def record_location(kv_transfer_params: Mapping[str, Any] | None) -> RecordLocation:
-    """Reads a response's ``kv_transfer_params`` (or its ``"layertap"`` entry). Raises
-    ``InvalidInputError`` when the server refused the request (a bad ``sample_id``...) and
-    ``LayertapError`` when it did not save it for another reason, with the server's message."""
+    """Reads a response's ``kv_transfer_params`` (or its ``"layertap"`` entry); raises with the
+    server's message if it did not save the request (``InvalidInputError``: it refused it)."""
     if kv_transfer_params is None:
         raise InvalidInputError(
             "the response has no kv_transfer_params: the server does not run the layertap connector, "

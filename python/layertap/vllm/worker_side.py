@@ -21,7 +21,7 @@ from layertap.vllm.errors import ConnectorError
 from layertap.vllm.gather import HiddenStatesCache
 from layertap.vllm.hidden_states_saver import HiddenStatesSaver, region_bytes
 from layertap.vllm.metadata import LayertapMetadata, StepSaves
-from layertap.vllm.mooncake_forwarder import Forwarder, connect_store, start_forwarder
+from layertap.vllm.mooncake_forwarder import Forwarder, connect_store
 from layertap.vllm.pool import HostPool
 from layertap.vllm.stats import WorkerStats, describe, write_json
 from layertap.vllm.threads import lower_encoder_priority
@@ -102,7 +102,7 @@ class WorkerSide:
     def open_cache(self, kv: Any) -> None:
         import vllm.envs as envs
 
-        facts = self.facts
+        facts, options = self.facts, self.options
         cache = HiddenStatesCache(kv, len(facts.layer_ids), facts.hidden_size, facts.block_size)
         if self.compress_on == "gpu":
             why_not = gpu_compress.runs_here(cache)
@@ -125,10 +125,11 @@ class WorkerSide:
                 f"and gather indices, needs {largest} bytes; raise pool_bytes or lower max_model_len",
             )
         pool = HostPool(pool_bytes, pin=cache.is_cuda)
-        store = connect_store(self.options)  # before the writer: an unreachable master stops start-up
+        store = connect_store(options)  # before the writer: an unreachable master stops start-up
         writer = open_writer(self.options, facts, pool_bytes, str(cache.dtype).removeprefix("torch."))
         if store is not None:
-            self.forwarder = start_forwarder(store, self.options, facts, writer)
+            meta = {"writer": f"layertap ({writer.backend})", "user": dict(options.writer_options.metadata)}
+            self.forwarder = Forwarder(store, options.output_dir, facts.writer_id, meta, options.mooncake_keep_shards)
             self.stats.store = self.forwarder.stats
         # The compression threads take the CPUs vLLM leaves idle, not the engine thread's.
         self.stats.encoder_threads_lowered = lower_encoder_priority(getattr(writer, "encoder_thread_ids", []))

@@ -55,8 +55,7 @@ class GraphSafeCacheOnlyBackend(CacheOnlyAttentionBackend):
 
 
 class HiddenStatesCacheLayer(CacheOnlyAttentionLayer):
-    """vLLM's cache-only layer (one row of ``[layers, hidden]`` per token: ``num_heads`` = layers,
-    ``head_size`` = hidden) on ``GraphSafeCacheOnlyBackend``."""
+    """vLLM's cache-only layer (``num_heads``: layers, ``head_size``: hidden) on the graph-safe backend."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
