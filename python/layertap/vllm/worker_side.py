@@ -99,11 +99,15 @@ class WorkerSide:
         self._cache_layer = self._hidden_states_layer(kv_caches)
         self.open_cache(kv_caches[self._cache_layer])
 
+    def _cache(self, kv: Any) -> HiddenStatesCache:
+        facts = self.facts
+        return HiddenStatesCache(kv, len(facts.layer_ids), facts.hidden_size, facts.block_size)
+
     def open_cache(self, kv: Any) -> None:
         import vllm.envs as envs
 
         facts, options = self.facts, self.options
-        cache = HiddenStatesCache(kv, len(facts.layer_ids), facts.hidden_size, facts.block_size)
+        cache = self._cache(kv)
         if self.compress_on == "gpu":
             why_not = gpu_compress.runs_here(cache)
             if why_not is not None:
@@ -185,8 +189,7 @@ class WorkerSide:
         if metadata is not None and metadata.saves:
             saver.start(metadata.saves)
         done = saver.collect()
-        elapsed = time.perf_counter() - t0
-        self.stats.step(elapsed)
+        self.stats.step(time.perf_counter() - t0)
         return done or None
 
     def metrics_report(self) -> dict | None:
@@ -217,23 +220,15 @@ class WorkerSide:
         saver = self.saver
         if saver is None or not self._asleep:
             return
-        facts = self.facts
-        kv = self._current_cache_tensor()
-        saver.use_cache(HiddenStatesCache(kv, len(facts.layer_ids), facts.hidden_size, facts.block_size))
-        self._asleep = False
-        logger.info("layertap: KV cache restored (wake-up)")
-
-    def _current_cache_tensor(self) -> Any:
-        layers = self.vllm_config.compilation_config.static_forward_context
-        layer = layers.get(self._cache_layer)
+        layer = self.vllm_config.compilation_config.static_forward_context.get(self._cache_layer)
         kv = getattr(layer, "kv_cache", None)
-        if isinstance(kv, (list, tuple)):  # one per virtual engine in older vLLM
-            kv = kv[0] if kv else None
         if kv is None or not hasattr(kv, "shape") or kv.numel() == 0:
             raise ConnectorError(
                 f"layertap connector: vLLM restored the KV caches but layer {self._cache_layer!r} has no cache tensor"
             )
-        return kv
+        saver.use_cache(self._cache(kv))
+        self._asleep = False
+        logger.info("layertap: KV cache restored (wake-up)")
 
     def _refuse_while_asleep(self, saves: StepSaves | None) -> set[str]:
         """Requests handed over while the KV cache is unregistered (vLLM drains before sleeping, so
