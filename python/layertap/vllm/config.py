@@ -1,9 +1,8 @@
 """The connector's options (``kv_connector_extra_config``) and their validation.
 
-Both halves of the connector (scheduler and worker) parse the options with ``parse_options``, so a
-bad configuration stops the engine at start-up whichever half is built first, with a message that
-names the option. The writer's options are mapped onto ``layertap.WriterOptions`` (``WRITER_KEYS``),
-which checks and defaults them as it does for the writers themselves. Nothing here imports vLLM.
+Both halves parse them (``parse_options``), so a bad configuration stops the engine at start-up
+whichever half is built first. The writer's options go to ``layertap.WriterOptions``
+(``WRITER_KEYS``), which checks them as for the writers themselves. Nothing here imports vLLM.
 """
 
 from __future__ import annotations
@@ -38,35 +37,22 @@ DEFAULT_KEY_MEMORY = 1 << 18
 
 
 def default_pool_bytes(largest_request: int, full_step: int, max_num_seqs: int = 1) -> int:
-    """The pool size when ``pool_bytes`` is not given, from the pool bytes of the longest
-    possible request and of one full step, and the most requests that run at once (see the
-    constants above)."""
+    """The pool size when ``pool_bytes`` is not given (see the constants above)."""
     wanted = max(DEFAULT_POOL_STEPS * full_step, max_num_seqs * largest_request)
     return max(2 * largest_request, min(DEFAULT_MAX_POOL_BYTES, max(DEFAULT_MIN_POOL_BYTES, wanted)))
 
 
-#: Values of the ``capture`` option (``_choices.CAPTURE_MODES``): how the hidden states reach the
-#: KV cache. ``"method"``: vLLM's ``extract_hidden_states`` speculative method (its draft "model"
-#: caches them; the layer ids come from the speculative configuration). ``"in-model"``: the model
-#: class that layertap's plugin registers caches them itself, without speculative decoding (the
-#: layer ids come from the ``layer_ids`` option); docs/CONNECTOR.md, "Capture in the model".
-#: Values of the ``compress_on`` option: where records are compressed. ``"host"``: by the
-#: writer's threads. ``"gpu"``: on the GPU before the copy to the host, as exp-huf blocks the
-#: writer only checksums, frames and writes (``gpu_compress.py``; docs/CONNECTOR.md,
-#: "Compression on the GPU"); it needs the Rust writer and codec ``exp-huf``.
+#: Values of the ``compress_on`` option: by the writer's threads, or on the GPU before the copy to
+#: the host as exp-huf blocks (``gpu_compress.py``; docs/CONNECTOR.md, "Compression on the GPU").
 COMPRESS_ON = ("host", "gpu")
-#: Values of the ``save`` option: which finished requests are saved. ``"all"`` (the default, as
-#: before the option existed: ``LLM.generate`` and clients that send nothing get records):
-#: every completed request, but one whose ``kv_transfer_params`` say ``"save": false``.
-#: ``"requested"``: only requests that ask, with ``"save": true`` or a ``sample_id`` (what
-#: ``layertap generate`` sends with every row), so that a shared endpoint writes nothing for
-#: clients that never opted in; the others are counted as not saved (``not_requested``).
+#: Values of the ``save`` option (docs/CONNECTOR.md): ``"all"`` (the default: clients that send
+#: nothing get records), or only requests that ask (``"save": true`` or a ``sample_id``), so that
+#: a shared endpoint writes nothing for clients that never opted in.
 SAVE = ("all", "requested")
 
 
 class ConfigError(InvalidInputError):
-    """A ``kv_connector_extra_config`` option (or the vLLM configuration around the connector) is
-    not acceptable; ``option`` names it."""
+    """A ``kv_connector_extra_config`` option (or vLLM's configuration) is refused; ``option`` names it."""
 
     def __init__(self, option: str, message: str):
         super().__init__(f"layertap connector: {option}: {message}")
@@ -94,8 +80,8 @@ WRITER_KEYS: dict[str, str] = {
     "lossy": "lossy",
 }
 _KEY_OF_FIELD = {f: k for k, f in WRITER_KEYS.items()}
-#: ``layertap.WriterOptions`` fields the connector does not offer, and why (none today: a field
-#: added to the writer must be offered here or explained).
+#: ``WriterOptions`` fields the connector does not offer, and why (a new writer field must be
+#: offered or explained here).
 WRITER_ONLY_FIELDS: dict[str, str] = {}
 
 
@@ -104,39 +90,26 @@ class ConnectorOptions:
     """The validated ``kv_connector_extra_config`` (docs/CONNECTOR.md lists each option)."""
 
     output_dir: str
-    """Dataset directory, absolute (created if missing)."""
+    """Dataset directory, absolute; with ``mooncake``, the spool records are written to first."""
     writer: str = "rust"
-    """``"rust"`` (``layertap.ShardWriter``), the only writer; ``"python"`` is refused, naming its
-    removal."""
     pool_bytes: int | None = None
     """Size of the host buffer pool; None: ``default_pool_bytes``."""
     stats_path: str | None = None
-    """Where to write the connector's statistics as JSON at shutdown; None: only logged."""
-
-    @property
-    def key_memory(self) -> int:
-        """How many of the most recent keys each half remembers to refuse a repeated key."""
-        return self.writer_options.key_memory or DEFAULT_KEY_MEMORY
-
     writer_options: WriterOptions = field(default_factory=WriterOptions)
-    """The writer options given (``WRITER_KEYS``), the others at the writers' defaults; the
-    worker completes them (``writer_options_for``)."""
+    """The writer options given, the others at the writers' defaults (``writer_options_for``)."""
     given: frozenset[str] = frozenset()
     """The ``WriterOptions`` fields the configuration set."""
     capture: str = "method"
-    """One of ``CAPTURE_MODES``."""
     layer_ids: tuple[int, ...] | None = None
-    """The layer ids to record, as given (``capture="in-model"`` only; with the method they are
-    the speculative configuration's)."""
+    """As given (``capture="in-model"`` only; the method's are the speculative configuration's)."""
     compress_on: str = "host"
-    """One of ``COMPRESS_ON``."""
     mooncake: str | None = None
-    """The dataset in Mooncake Store that records are also put into (its address, checked:
-    docs/MOONCAKE.md); ``output_dir`` is then the spool they are written to first."""
     mooncake_keep_shards: bool = False
-    """With ``mooncake``: keep the spool's shards once forwarded."""
     save: str = "all"
-    """One of ``SAVE``: which finished requests are saved."""
+
+    @property
+    def key_memory(self) -> int:
+        return self.writer_options.key_memory or DEFAULT_KEY_MEMORY
 
     @property
     def writer_id(self) -> str | None:
@@ -145,11 +118,9 @@ class ConnectorOptions:
 
 
 def writer_options_for(options: ConnectorOptions, writer_id: str, pool_bytes: int, shard_meta: Mapping[str, str]):
-    """The options the worker opens its writer with: the configured ones, its writer id, its
-    shard metadata (under the configured ``shard_metadata``), and where not configured:
-    ``default_writer_threads()`` compression threads, twice the pool in flight (everything
-    in flight lives in the pool, so ``submit`` never waits) and the connector's bound on the
-    keys remembered (``DEFAULT_KEY_MEMORY``)."""
+    """The options the worker opens its writer with: the configured ones, its writer id and shard
+    metadata, and defaults of its own (twice the pool in flight: everything in flight lives in
+    the pool, so ``submit`` never waits)."""
     changes: dict[str, Any] = {
         "writer_id": writer_id,
         "metadata": {**shard_meta, **options.writer_options.metadata},
@@ -161,10 +132,6 @@ def writer_options_for(options: ConnectorOptions, writer_id: str, pool_bytes: in
     if "key_memory" not in options.given:
         changes["key_memory"] = DEFAULT_KEY_MEMORY
     return options.writer_options.replace(**changes)
-
-
-def _positive_or_none(option: str, value: Any) -> int | None:
-    return optional_positive_int(option, value, ConfigError)
 
 
 def _path(option: str, value: Any) -> str:
@@ -187,16 +154,7 @@ def _capture(value: Any) -> str:
     return one_of("capture", value, CAPTURE_MODES, ConfigError)
 
 
-def _compress_on(value: Any) -> str:
-    return one_of("compress_on", value, COMPRESS_ON, ConfigError)
-
-
-def _save(value: Any) -> str:
-    return one_of("save", value, SAVE, ConfigError)
-
-
 def _gpu_compression_problem(extra_config: Mapping[str, Any], values: dict) -> ConfigError | None:
-    """Why ``compress_on="gpu"`` does not go with the other options, or None."""
     codec = extra_config.get("codec")
     if codec is not None and codec != "exp-huf":
         return ConfigError(
@@ -229,9 +187,8 @@ def _layer_ids(value: Any) -> tuple[int, ...]:
 
 def in_model_layer_ids(extra_config: Any) -> tuple[int, ...] | None:
     """The layer ids a ``kv_connector_extra_config`` asks the model to cache itself
-    (``capture="in-model"``), or None when it does not. Reads only ``capture`` and ``layer_ids``, so
-    that layertap's model classes can read them from any connector's configuration when the model
-    is built (``parse_options`` checks them the same way, with the other options)."""
+    (``capture="in-model"``), or None. Reads only those two keys, so that the model classes can
+    read any connector's configuration when the model is built."""
     if not isinstance(extra_config, Mapping) or extra_config.get("capture") is None:
         return None
     if _capture(extra_config["capture"]) != "in-model":
@@ -241,6 +198,16 @@ def in_model_layer_ids(extra_config: Any) -> tuple[int, ...] | None:
             "layer_ids", 'required with capture="in-model": the layer ids to record, e.g. [2, 16, 29, 32]'
         )
     return _layer_ids(extra_config["layer_ids"])
+
+
+def refuse_speculation(spec: Any) -> None:
+    """``capture="in-model"`` runs without speculative decoding: refuses a ``speculative_config``."""
+    if spec is not None:
+        raise ConfigError(
+            "capture",
+            f'"in-model" runs without speculative decoding, but speculative_config (method '
+            f'{getattr(spec, "method", None)!r}) is set; remove it, or use capture="method"',
+        )
 
 
 def _store_address(value: Any) -> str:
@@ -255,23 +222,23 @@ def _store_address(value: Any) -> str:
     return value
 
 
-def _bool(option: str, value: Any) -> bool:
+def _keep_shards(value: Any) -> bool:
     if not isinstance(value, bool):
-        raise ConfigError(option, f"must be true or false, not {value!r}")
+        raise ConfigError("mooncake_keep_shards", f"must be true or false, not {value!r}")
     return value
 
 
 _CONNECTOR_PARSERS = {
     "output_dir": lambda v: _path("output_dir", v),
     "writer": _writer,
-    "pool_bytes": lambda v: _positive_or_none("pool_bytes", v),
+    "pool_bytes": lambda v: optional_positive_int("pool_bytes", v, ConfigError),
     "stats_path": lambda v: None if v is None else _path("stats_path", v),
     "capture": lambda v: "method" if v is None else _capture(v),
     "layer_ids": lambda v: None if v is None else _layer_ids(v),
-    "compress_on": lambda v: "host" if v is None else _compress_on(v),
+    "compress_on": lambda v: "host" if v is None else one_of("compress_on", v, COMPRESS_ON, ConfigError),
     "mooncake": lambda v: None if v is None else _store_address(v),
-    "mooncake_keep_shards": lambda v: False if v is None else _bool("mooncake_keep_shards", v),
-    "save": lambda v: "all" if v is None else _save(v),
+    "mooncake_keep_shards": lambda v: False if v is None else _keep_shards(v),
+    "save": lambda v: "all" if v is None else one_of("save", v, SAVE, ConfigError),
 }
 
 #: Every option ``kv_connector_extra_config`` may hold.
@@ -279,8 +246,7 @@ OPTION_NAMES: tuple[str, ...] = (*_CONNECTOR_PARSERS, *WRITER_KEYS)
 
 
 def parse_options(extra_config: Mapping[str, Any] | None) -> ConnectorOptions:
-    """Validates ``kv_connector_extra_config``; raises ``ConfigError`` naming the first bad or
-    unknown option."""
+    """Validates ``kv_connector_extra_config``; raises ``ConfigError`` naming the first bad option."""
     if extra_config is None:
         extra_config = {}
     if not isinstance(extra_config, Mapping):

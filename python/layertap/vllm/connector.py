@@ -1,9 +1,7 @@
-"""``LayertapConnector``, the class vLLM loads (``kv_connector_module_path: "layertap.vllm"``).
-
-It is thin: it checks the options and hands each call to its scheduler half (``scheduler.py``) or
-its worker half (``worker_side.py``), whichever role vLLM built it for. It uses only the public
-``KVConnectorBase_V1`` interface, as vLLM 0.26 to 0.33 define it; hooks that a version lacks
-are never called there (the sleep hooks are new in 0.33).
+"""``LayertapConnector``, the class vLLM loads (``kv_connector_module_path: "layertap.vllm"``): it
+hands each call to its scheduler half (``scheduler.py``) or worker half (``worker_side.py``).
+Only the public ``KVConnectorBase_V1`` of vLLM 0.26 to 0.33; hooks a version lacks (the sleep
+hooks, new in 0.33) are never called there.
 """
 
 from __future__ import annotations
@@ -30,8 +28,7 @@ if TYPE_CHECKING:
 
 
 class LayertapConnector(KVConnectorBase_V1, SupportsHMA):
-    """Writes the hidden states that vLLM's ``extract_hidden_states`` method caches into
-    layertap shards, one record per finished request. See docs/CONNECTOR.md."""
+    """Writes the cached hidden states into layertap shards, one record per finished request."""
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: Any = None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
@@ -66,8 +63,6 @@ class LayertapConnector(KVConnectorBase_V1, SupportsHMA):
     # -- metrics (docs/CONNECTOR.md, "Metrics") -----------------------------------------------
 
     def get_kv_connector_stats(self) -> LayertapConnectorStats | None:
-        """What happened since the last call (vLLM asks each step, on both sides); None when
-        there is nothing new or the last report is too recent (``stats.py``)."""
         if self._worker is not None:
             data = self._worker.metrics_report()
         elif self._scheduler is not None:
@@ -94,8 +89,6 @@ class LayertapConnector(KVConnectorBase_V1, SupportsHMA):
 
     @classmethod
     def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
-        """Yes: the worker finishes its copies and forgets the KV cache tensor when vLLM
-        unregisters the caches, and finds it again when vLLM restores them."""
         return True
 
     def unregister_kv_caches(self) -> None:
@@ -140,8 +133,7 @@ class LayertapConnector(KVConnectorBase_V1, SupportsHMA):
         return self._scheduler is not None and self._scheduler.has_pending_block_frees()
 
     def has_pending_push_work(self) -> bool:
-        """While records handed to the worker are being written, vLLM keeps stepping the
-        engine, so their completion reaches the metrics (and the pool) when it happens."""
+        """Keeps the engine stepping while records are written, so their completion is seen."""
         return self._scheduler is not None and self._scheduler.stats.writing()
 
     # -- worker side --------------------------------------------------------------------------
@@ -163,8 +155,7 @@ class LayertapConnector(KVConnectorBase_V1, SupportsHMA):
         return None
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        """Once per step (vLLM 0.26 and 0.32, forward or not): saves the requests the scheduler
-        handed over and reports those whose blocks may be freed."""
+        """Once per step, forward or not: saves what the scheduler handed over, reports freed blocks."""
         if self._worker is None:
             return None, None
         metadata = self._connector_metadata if isinstance(self._connector_metadata, LayertapMetadata) else None
@@ -173,7 +164,7 @@ class LayertapConnector(KVConnectorBase_V1, SupportsHMA):
         return self._worker.get_finished(metadata), None
 
     def layertap_stats(self) -> dict | None:
-        """The worker half's statistics (None on the scheduler side and on TP ranks > 0)."""
+        """The worker half's statistics (None on the scheduler and TP ranks > 0)."""
         if self._worker is None or self._worker.saver is None:
             return None
         return self._worker.summary()

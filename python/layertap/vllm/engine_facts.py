@@ -1,8 +1,5 @@
-"""What the connector needs to know about the engine it runs in, read from vLLM's configuration
-the same way on the scheduler and on the worker side, and checked at start-up.
-
-Only public configuration objects are read (``VllmConfig``, ``KVCacheConfig``); they have the same
-shape in vLLM 0.26 and 0.32.
+"""What the connector needs to know about its engine, read from vLLM's public configuration
+(``VllmConfig``, ``KVCacheConfig``, alike in vLLM 0.26 and 0.32) the same way by both halves.
 """
 
 from __future__ import annotations
@@ -11,7 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from layertap.vllm.config import ConfigError, ConnectorOptions
+from layertap.vllm.config import ConfigError, ConnectorOptions, refuse_speculation
 
 #: Name of the layer ``extract_hidden_states`` caches into: ``cache_only_layers.{num_layers}``.
 _CACHE_ONLY_LAYER = re.compile(r"(^|\.)cache_only_layers\.\d+$")
@@ -24,38 +21,26 @@ class EngineFacts:
     layer_ids: tuple[int, ...]
     """Layer ids in the order the hidden-states cache stores them (ascending)."""
     requested_layer_ids: tuple[int, ...]
-    """The layer ids as configured (``eagle_aux_hidden_state_layer_ids``, or the ``layer_ids``
-    option with ``capture="in-model"``)."""
     num_model_layers: int
     hidden_size: int
     model: str
     max_model_len: int
     max_num_batched_tokens: int
-    """Most tokens the scheduler puts in one step: what one step can hand the pool at most."""
     group_id: int
     """Index of the KV-cache group that holds the hidden-states layer."""
     block_size: int
     """Tokens per block of that group, as the scheduler counts them."""
     engine_id: str
     writer_id: str
-    """Writer id of this engine's shards (the same on both sides, so the scheduler can tell
-    clients where their record goes)."""
+    """The same on both sides, so the scheduler can tell clients where their record goes."""
     tensor_parallel_size: int
     max_num_seqs: int = 256
-    """Most requests running at once: as many can finish in one step (a decode burst)."""
 
 
 def _layer_ids(vllm_config: Any, options: ConnectorOptions) -> tuple[int, ...]:
-    """The layer ids as configured: the ``layer_ids`` option with ``capture="in-model"``, else the
-    ``extract_hidden_states`` speculative configuration's."""
     spec = vllm_config.speculative_config
     if options.capture == "in-model":
-        if spec is not None:
-            raise ConfigError(
-                "capture",
-                f'"in-model" runs without speculative decoding, but speculative_config (method '
-                f'{getattr(spec, "method", None)!r}) is set; remove it, or use capture="method"',
-            )
+        refuse_speculation(spec)
         assert options.layer_ids is not None  # parse_options requires them
         return options.layer_ids
     if spec is None or getattr(spec, "method", None) != "extract_hidden_states":
@@ -84,7 +69,7 @@ def _layer_ids(vllm_config: Any, options: ConnectorOptions) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def _check_layer_ids(ids: tuple[int, ...], num_layers: int, option: str) -> None:
+def check_layer_ids(ids: tuple[int, ...], num_layers: int, option: str) -> None:
     if len(set(ids)) != len(ids):
         raise ConfigError(
             option,
@@ -100,10 +85,8 @@ def _check_layer_ids(ids: tuple[int, ...], num_layers: int, option: str) -> None
 
 
 def _spec_is_hidden_states(spec: Any) -> bool:
-    try:
-        from vllm.v1.kv_cache_interface import HiddenStateCacheSpec
-    except ImportError:  # pragma: no cover - both supported versions have it
-        return False
+    from vllm.v1.kv_cache_interface import HiddenStateCacheSpec
+
     if isinstance(spec, HiddenStateCacheSpec):
         return True
     inner = getattr(spec, "kv_cache_specs", None)  # UniformTypeKVCacheSpecs
@@ -151,7 +134,6 @@ def _writer_id(options: ConnectorOptions, engine_id: str, parallel_config: Any) 
 
 
 def read_engine_facts(vllm_config: Any, kv_cache_config: Any, options: ConnectorOptions) -> EngineFacts:
-    """Reads and checks what the connector needs; raises ``ConfigError`` naming what is wrong."""
     kv_transfer = vllm_config.kv_transfer_config
     if not kv_transfer.is_kv_producer:
         raise ConfigError("kv_role", f"must be 'kv_producer' (the connector only writes), got {kv_transfer.kv_role!r}")
@@ -162,7 +144,7 @@ def read_engine_facts(vllm_config: Any, kv_cache_config: Any, options: Connector
     num_layers = model_config.get_total_num_hidden_layers()
     requested = _layer_ids(vllm_config, options)
     option = "layer_ids" if options.capture == "in-model" else "eagle_aux_hidden_state_layer_ids"
-    _check_layer_ids(requested, num_layers, option)
+    check_layer_ids(requested, num_layers, option)
     if kv_cache_config is None:
         raise ConfigError("kv_cache_config", "vLLM gave the connector no KV-cache configuration (vLLM too old?)")
     group_id, block_size = hidden_states_group(kv_cache_config)

@@ -1,7 +1,4 @@
-"""Per-request additions to a record that a client asks for in ``kv_transfer_params``:
-``record_metadata`` (strings stored in the record's metadata) and ``loss_mask`` (a 0/1 tensor
-stored beside the hidden states). The scheduler half checks them when the request finishes, with
-the checks here, and refuses the request's save with a reason when one is bad
+"""The checks of a client's per-request additions, ``record_metadata`` and ``loss_mask``
 (docs/CONNECTOR.md, "Per request"). Nothing here imports vLLM.
 """
 
@@ -38,12 +35,8 @@ def record_metadata_problem(value: Any) -> str | None:
 
 
 def loss_mask_array(value: Any, num_prompt_tokens: int, num_output_tokens: int) -> tuple[np.ndarray | None, str | None]:
-    """The record's ``loss_mask`` (uint8, one 0/1 per recorded token) from a request's
-    ``loss_mask`` (one 0 or 1 per prompt token), or the problem with it.
-
-    The mask covers the prompt, because that is what a client knows when it sends the request.
-    The output tokens a record holds (``include_output_tokens``: all but the last) are the model's
-    own: they get 1. Built with numpy in one pass (no per-token Python loop)."""
+    """The record's ``loss_mask`` (uint8 per recorded token) from a request's (one per prompt
+    token: what a client knows when it sends it), or the problem; output tokens get 1."""
     if not isinstance(value, (list, tuple)):
         return None, f"loss_mask must be a list of 0 and 1, got {type(value).__name__}"
     if len(value) != num_prompt_tokens:

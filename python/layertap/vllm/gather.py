@@ -1,22 +1,15 @@
 """Reading hidden states out of the hidden-states KV cache, whichever way vLLM lays it out.
 
-``extract_hidden_states`` caches, for every token, ``[layers, hidden]`` into a KV-cache layer
-whose "heads" are the layers. The per-layer cache tensor vLLM hands the connector is 4-D:
-
-- vLLM 0.26: ``[num_blocks, block_size, layers, hidden]`` (``get_kv_cache_shape`` of the
-  cache-only backend);
-- vLLM 0.32: ``[num_blocks, layers, block_size, hidden]`` (the logical ``[B, H, N, C]`` view of
-  every layer cache), with strides per the resolved physical layout (e.g. token-major under
-  LBNHC on CUDA, layer-major on CPU).
-
-The token axis is found from the shape when the layer count differs from the block size, and
-from the version's convention when they are equal. The gather indexes blocks and in-block offsets
-with one advanced-indexing call, which is correct for any strides.
+The cache stores ``[layers, hidden]`` per token (the layers are its "heads"), as a 4-D tensor:
+``[blocks, block_size, layers, hidden]`` in vLLM 0.26, ``[blocks, layers, block_size, hidden]``
+in 0.32 with strides per the physical layout (token-major on CUDA, layer-major on CPU). The token
+axis comes from the shape, or from the version's convention when layers equal the block size.
 """
 
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,11 +18,8 @@ from layertap.vllm.errors import CacheLayoutError
 
 
 def _conventional_token_axis() -> int:
-    """The token-in-block axis of the hidden-states cache by this vLLM's convention."""
-    try:
-        from vllm.model_executor.models.extract_hidden_states import CacheOnlyAttentionBackend
-    except ImportError:  # pragma: no cover - both supported versions have it
-        return 2
+    from vllm.model_executor.models.extract_hidden_states import CacheOnlyAttentionBackend
+
     get_shape = getattr(CacheOnlyAttentionBackend, "get_kv_cache_shape", None)
     if get_shape is None:
         return 2  # vLLM >= 0.27: every layer cache is viewed as [blocks, heads, tokens, content]
@@ -53,12 +43,10 @@ def token_axis(shape: tuple[int, ...], num_layers: int, hidden_size: int) -> int
 class HiddenStatesCache:
     """The hidden-states KV-cache tensor and how to gather tokens out of it.
 
-    Every (token, layer) of the cache is ``hidden`` contiguous elements: a *row*. When every row
-    starts at a multiple of ``hidden`` elements (all vLLM layouts so far), the cache is viewed as
-    a table of rows and a batch is gathered with one ``index_select`` of ``tokens x layers`` row
-    numbers, whatever the order of the axes. Otherwise (a padded layout) the gather indexes
-    blocks and in-block offsets with advanced indexing, which is slower on the CPU.
-    """
+    Every (token, layer) is ``hidden`` contiguous elements, a *row*. When every row starts at a
+    multiple of ``hidden`` (all vLLM layouts so far) a batch is one ``index_select`` of row
+    numbers, whatever the axes' order; otherwise (a padded layout) blocks and in-block offsets
+    are advanced-indexed, slower on the CPU."""
 
     def __init__(self, kv: torch.Tensor, num_layers: int, hidden_size: int, block_size: int):
         self.kv = kv
@@ -77,8 +65,7 @@ class HiddenStatesCache:
         self.dtype = kv.dtype
         self.device = kv.device
         self.is_cuda = kv.device.type == "cuda"
-        self.row_bytes = num_layers * hidden_size * kv.dtype.itemsize
-        """Bytes of one token's hidden states (all saved layers)."""
+        self.row_bytes = num_layers * hidden_size * kv.dtype.itemsize  # one token, all layers
         strides = kv.stride()
         block_stride, token_stride, layer_stride = strides[0], strides[self.axis], strides[3 - self.axis]
         self.by_rows = strides[3] == 1 and all(s % hidden_size == 0 for s in (block_stride, token_stride, layer_stride))
@@ -89,12 +76,11 @@ class HiddenStatesCache:
             last = (kv.shape[0] - 1) * block_stride + (self.tensor_block_size - 1) * token_stride
             last += (num_layers - 1) * layer_stride
             self._rows = torch.as_strided(kv, (last // hidden_size + 1, hidden_size), (hidden_size, 1))
-        self.index_width = num_layers if self.by_rows else 2
-        """int64 indices per token that ``write_indices`` produces."""
+        self.index_width = num_layers if self.by_rows else 2  # int64 indices per token
 
     def row_layout(self) -> tuple[tuple[int, int] | None, list[int]]:
-        """For ``write_indices`` elsewhere (the Rust sink): ``((rows per tensor block, rows per
-        token), row of each layer)`` when indices are row numbers, else ``(None, [])``."""
+        """For the Rust sink's indices: ``((rows per tensor block, rows per token), row of each
+        layer)``, or ``(None, [])`` without row numbers."""
         if not self.by_rows:
             return None, []
         return self._row_steps, self._layer_rows.tolist()
@@ -102,12 +88,9 @@ class HiddenStatesCache:
     def write_indices(
         self, requests: list[tuple[list[int], int]], index: np.ndarray, starts: np.ndarray | None = None
     ) -> None:
-        """Fills ``index`` (int64 ``[tokens, index_width]``, one row per token of all
-        ``requests`` in order) with where each token is in the cache: its row number per layer,
-        or its block and in-block offset. A request is ``(scheduler block ids, number of
-        tokens)``: its first tokens, or with ``starts`` (one position per request) that many from
-        its position ``starts[i]`` on (a capture window, ``window.py``). One vectorised pass for
-        the whole batch."""
+        """Fills ``index`` (int64 ``[tokens, index_width]``) with where each token of ``requests``
+        (``(scheduler block ids, number of tokens)``, from position ``starts[i]`` with a window)
+        is in the cache, in one vectorised pass."""
         counts = np.fromiter((n for _, n in requests), dtype=np.int64, count=len(requests))
         nblocks = np.fromiter((len(b) for b, _ in requests), dtype=np.int64, count=len(requests))
         blocks = np.fromiter(
@@ -129,36 +112,27 @@ class HiddenStatesCache:
             index[:, 1] = off
 
     def take(self, index: torch.Tensor) -> torch.Tensor:
-        """The tokens that ``index`` (from ``write_indices``) locates, ``[tokens, layers,
-        hidden]`` on the cache's device (a new tensor), for work there before the copy out."""
+        """The tokens ``index`` locates, as a new ``[tokens, layers, hidden]`` on the cache's device."""
+        return self._take(index)[1]
+
+    def _take(self, index: torch.Tensor) -> tuple[Any, torch.Tensor]:
+        """``take``, and the indices it copied to the device."""
         if self.by_rows:
             rows = index.reshape(-1).to(self.device, non_blocking=True)
-            return torch.index_select(self._rows, 0, rows).view(-1, self.num_layers, self.hidden_size)
+            return rows, torch.index_select(self._rows, 0, rows).view(-1, self.num_layers, self.hidden_size)
         blk, off = index[:, 0].to(self.device, non_blocking=True), index[:, 1].to(self.device, non_blocking=True)
-        return self.kv[blk, off] if self.axis == 1 else self.kv[blk, :, off]
+        return (blk, off), self.kv[blk, off] if self.axis == 1 else self.kv[blk, :, off]
 
     def gather(self, index: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Copies the tokens that ``index`` (from ``write_indices``) locates into ``out``
-        ``[tokens, layers, hidden]`` on the host. On the CPU the gather writes straight into
-        ``out``. On CUDA the indices are copied to the device, gathered there, and the result
-        copied into ``out`` without waiting: call it under the copy stream and keep the returned
-        device tensors alive until the copy is done."""
-        on_cpu = self.device.type == "cpu"
-        if self.by_rows:
-            rows = index.reshape(-1)
-            if on_cpu:
-                torch.index_select(self._rows, 0, rows, out=out.view(-1, self.hidden_size))
-                return ()
-            rows = rows.to(self.device, non_blocking=True)
-            gathered = torch.index_select(self._rows, 0, rows)
-        else:
-            blk, off = index[:, 0], index[:, 1]
-            if on_cpu:
-                where = [blk, off] if self.axis == 1 else [blk, None, off]
-                torch.ops.aten.index.Tensor_out(self.kv, where, out=out)
-                return ()
-            blk, off = blk.to(self.device, non_blocking=True), off.to(self.device, non_blocking=True)
-            gathered = self.kv[blk, off] if self.axis == 1 else self.kv[blk, :, off]
-            rows = (blk, off)
+        """Copies the tokens ``index`` locates into ``out`` on the host. On CUDA the copy does not
+        wait: call it under the copy stream and keep the returned tensors alive until it is done."""
+        if self.device.type == "cpu":  # straight into ``out``
+            if self.by_rows:
+                torch.index_select(self._rows, 0, index.reshape(-1), out=out.view(-1, self.hidden_size))
+            else:
+                blk, off = index[:, 0], index[:, 1]
+                torch.ops.aten.index.Tensor_out(self.kv, [blk, off] if self.axis == 1 else [blk, None, off], out=out)
+            return ()
+        rows, gathered = self._take(index)
         out.view(gathered.shape).copy_(gathered, non_blocking=self.is_cuda)
         return (rows, gathered)

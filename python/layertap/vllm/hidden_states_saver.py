@@ -1,19 +1,14 @@
 """The hot path of the worker half: gather finished requests' hidden states into the host pool,
 hand them to the writer without a copy, and tell which requests' KV blocks can be freed.
 
-Per engine step that finished requests: one region of the pool, one fill of its token ids and
-gather indices, one gather, one device-to-host copy and one hand-over to the writer, for all of
-them (``region_sinks.py``: with the Rust writer each is one call into Rust, whatever the number of
-requests). On CUDA the gather and the copy run on a side stream behind the model's work and an
-event marks the end of the copy; the engine thread only polls the event (``event.query()``) at
-later steps and never waits on it. On the CPU the gather writes straight into the pool and is
-done when it returns.
+Per engine step that finished requests, for all of them at once: one pool region, one fill of
+token ids and gather indices, one gather, one device-to-host copy, one hand-over to the writer
+(each one call into Rust, ``region_sinks.py``). On CUDA the gather and copy run on a side stream
+behind the model's work; the engine thread only polls their event at later steps, never waits.
 
-When the pool has no room for a step's requests (a burst of long requests finishing together),
-what does not fit waits, with its KV blocks held, and is gathered at the next steps as the writer
-hands regions back; the engine thread does not wait, as long as the engine keeps stepping while
-the connector holds blocks (an engine in its own process does). An engine in the caller's process
-is only stepped by ``generate()``, so there the connector waits for room instead.
+What does not fit the pool waits, KV blocks held, for later steps as the writer hands regions
+back, as long as the engine keeps stepping while the connector holds blocks (an engine in its own
+process does). An in-process engine is only stepped by ``generate()``: there the connector waits.
 """
 
 from __future__ import annotations
@@ -44,8 +39,8 @@ logger = logging.getLogger("vllm.layertap")  # under vLLM's logging configuratio
 
 
 def region_bytes(num_tokens: int, cache: HiddenStatesCache, slack: int = 0) -> int:
-    """Pool bytes for ``num_tokens`` tokens: hidden states (and ``slack`` bytes: encoded records
-    may take a byte more each, ``gpu_compress.region_slack``), token ids and gather indices."""
+    """Pool bytes for ``num_tokens`` tokens: hidden states (plus ``slack``, for encoded records:
+    ``gpu_compress.region_slack``), token ids and gather indices."""
     return (
         align_up(num_tokens * cache.row_bytes + slack)
         + align_up(num_tokens * 8)
@@ -54,15 +49,12 @@ def region_bytes(num_tokens: int, cache: HiddenStatesCache, slack: int = 0) -> i
 
 
 def _geometry(cache: HiddenStatesCache) -> tuple:
-    """What the pool, the sink and the records were set up for: a cache tensor vLLM gives back
-    after sleep must have the same."""
+    """What the pool, sink and records were set up for: the cache after sleep must match it."""
     layout = (cache.row_layout(), cache.block_size, cache.tensor_block_size, cache.index_width)
     return cache.row_bytes, dtype_name(cache.dtype), cache.device, layout
 
 
 class _Batch:
-    """The requests gathered together in one region."""
-
     __slots__ = ("region", "saves", "ids_offset", "event", "keep", "staged")
 
     def __init__(self, region: Region, saves: StepSaves, ids_offset: int):
@@ -71,15 +63,13 @@ class _Batch:
         self.ids_offset = ids_offset
         self.event: Any = None
         self.keep: tuple = ()
-        self.staged: torch.Tensor | None = None
-        """With ``compress_on="gpu"``: the gathered rows on the device, for the compressor."""
+        self.staged: torch.Tensor | None = None  # compress_on="gpu": the gathered rows, on the device
 
 
 class HiddenStatesSaver:
     """Moves finished requests from the KV cache through the pool into the writer.
-
-    ``wait_when_full``: when the pool has no room, wait for the writer (an engine that is not
-    stepped while the connector holds blocks) rather than leave the requests for later steps."""
+    ``wait_when_full``: wait for the writer when the pool is full (an engine not stepped while
+    the connector holds blocks) rather than leave the requests for later steps."""
 
     def __init__(
         self,
@@ -104,16 +94,14 @@ class HiddenStatesSaver:
         self._geometry = _geometry(cache)
         self.wait_when_full = wait_when_full
         self.compressor: GpuCompressor | None = None
-        """``compress_on="gpu"``: encodes gathered batches and hands them to the writer
-        (``gpu_compress.py``); the engine thread then never submits records itself."""
+        """``compress_on="gpu"``: encodes gathered batches and hands them to the writer itself."""
         if compress_on_gpu:
             self.compressor = GpuCompressor(writer, pool, cache, facts)
             self.sink = self.compressor
         else:
             self.sink = NativeSink(writer, pool, cache, facts)
         self._regions: dict[int, Region] = {}
-        self._pending: collections.deque[StepSaves] = collections.deque()
-        """Saves handed over and not gathered yet (no room in the pool), oldest first."""
+        self._pending: collections.deque[StepSaves] = collections.deque()  # waiting for room
         self._inflight: collections.deque[_Batch] = collections.deque()
         self._copied: list[list[str]] = []
         self._stream = torch.cuda.Stream(device=cache.device) if cache.is_cuda else None
@@ -122,17 +110,15 @@ class HiddenStatesSaver:
     # -- the engine step ----------------------------------------------------------------------
 
     def start(self, saves: StepSaves) -> None:
-        """Gathers ``saves`` (one batch if the pool has room for all, else as many as fit; the
-        others wait for room, see ``wait_when_full``)."""
+        """Gathers ``saves``, as many as fit; the others wait for room (``wait_when_full``)."""
         self._reap()
         self._pending.append(saves)
         self._launch_pending()
 
     def collect(self, wait: float = 0.0) -> set[str]:
-        """Request ids whose hidden states are now in host memory (their KV blocks may be freed);
-        also returns the regions the writer is done with to the pool, and gathers waiting
-        saves that fit now. ``wait``: seconds to wait for the writer to hand a region back
-        when regions are leased (a step the engine takes only for the writer)."""
+        """Request ids whose hidden states are now in host memory (their blocks may be freed);
+        also reclaims regions and gathers waiting saves that fit now. ``wait``: seconds to wait
+        for the writer to hand a region back (a step the engine takes only for the writer)."""
         while self._inflight and self._inflight[0].event.query():
             self._submit(self._inflight.popleft())
         self._reap(timeout=wait)  # takes the compressor's results too
@@ -146,7 +132,6 @@ class HiddenStatesSaver:
 
     @property
     def pending(self) -> int:
-        """Requests handed over and waiting for room in the pool."""
         return sum(len(s) for s in self._pending)
 
     # -- pool ---------------------------------------------------------------------------------
@@ -171,8 +156,7 @@ class HiddenStatesSaver:
             self._launch(region, self._pending.popleft() if n == len(saves) else saves.split(n))
 
     def _alloc_prefix(self, saves: StepSaves) -> tuple[Region | None, int]:
-        """The longest run of ``saves``' first records the pool has room for now, and its
-        region (O(log records) tries)."""
+        """The longest prefix of ``saves`` the pool has room for now, and its region (bisected)."""
         room = self.pool.largest_free()
         total = sum(saves.num_tokens)
         if self._region_bytes(total, len(saves)) <= room:
@@ -194,30 +178,25 @@ class HiddenStatesSaver:
         return region_bytes(tokens, self.cache, slack)
 
     def _wait_for_room(self) -> None:
-        """Finishes the copies in flight, hands them to the writer, then waits until the writer
-        hands at least one region back."""
+        """Hands the copies in flight to the writer, then waits for a region back."""
         if self.pool.live_regions == 0:
             raise ConnectorError(
                 f"layertap connector: a request does not fit the empty pool of {self.pool.nbytes} "
                 "bytes; raise pool_bytes"
             )
+        self._finish_inflight()
+        self._reap(timeout=None)
+
+    def _finish_inflight(self) -> None:
         while self._inflight:
             batch = self._inflight.popleft()
             batch.event.synchronize()
             self._submit(batch)
-        self._reap(timeout=None)
 
     # -- gather and submit --------------------------------------------------------------------
 
     def _launch(self, region: Region, saves: StepSaves) -> None:
         t0 = time.perf_counter()
-        try:
-            self._launch_timed(region, saves)
-        finally:
-            # Without a copy stream the launch submits too, which counts its own part.
-            self.stats.hook_parts["launch"] += time.perf_counter() - t0
-
-    def _launch_timed(self, region: Region, saves: StepSaves) -> None:
         total = sum(saves.num_tokens)
         slack = region_slack(len(saves)) if self.compressor is not None else 0
         hidden_bytes = align_up(total * self.row_bytes + slack)
@@ -235,6 +214,8 @@ class HiddenStatesSaver:
                 hidden = batch.staged = torch.empty(hidden.shape, dtype=cache.dtype, device=cache.device)
             gather_rows(cache, saves, index, hidden)  # cache.gather, or only a window's rows
             self._submit(batch)
+            # Without a copy stream the launch submits too, which counts its own part.
+            self.stats.hook_parts["launch"] += time.perf_counter() - t0
             return
         # The copy stream starts after the work the model has queued so far (which wrote these
         # hidden states); the engine thread goes on at once.
@@ -247,16 +228,10 @@ class HiddenStatesSaver:
             batch.event = torch.cuda.Event()
             batch.event.record(self._stream)
         self._inflight.append(batch)
+        self.stats.hook_parts["launch"] += time.perf_counter() - t0
 
     def _submit(self, batch: _Batch) -> None:
-        """Hands the records of a gathered batch to the writer in one call (``region_sinks.py``)."""
         t0 = time.perf_counter()
-        try:
-            self._submit_timed(batch)
-        finally:
-            self.stats.hook_parts["submit"] += time.perf_counter() - t0
-
-    def _submit_timed(self, batch: _Batch) -> None:
         batch.keep = ()
         saves, region = batch.saves, batch.region
         self._regions[region.id] = region
@@ -265,11 +240,10 @@ class HiddenStatesSaver:
             # the records to the writer; the counters follow when it is done (_take_results).
             staged, batch.staged = batch.staged, None
             self._writer_call(self.compressor.put, batch, staged)
-            self._copied.append(saves.req_ids)
-            return
-        failures = self._writer_call(self.sink.submit, region, batch.ids_offset, saves)
-        self._account(batch, failures)
+        else:
+            self._account(batch, self._writer_call(self.sink.submit, region, batch.ids_offset, saves))
         self._copied.append(saves.req_ids)
+        self.stats.hook_parts["submit"] += time.perf_counter() - t0
 
     def _take_results(self) -> None:
         """Counts the batches the compressor handed to the writer since the last call."""
@@ -280,7 +254,6 @@ class HiddenStatesSaver:
             self._account(batch, failures)
 
     def _account(self, batch: _Batch, failures: list[tuple[int, str]]) -> None:
-        """Counts a batch's records handed to the writer, and logs those it refused."""
         saves = batch.saves
         for i, message in failures:
             # The scheduler checked the key already; anything left is a bug worth a log line,
@@ -289,8 +262,7 @@ class HiddenStatesSaver:
         self.stats.submitted(saves, [i for i, _ in failures], self.row_bytes)
 
     def _reap(self, timeout: float | None = 0.0) -> None:
-        """Returns the regions the writer is done with to the pool (waiting up to ``timeout``
-        for the first one: see ``NativeRegionSink.reap``)."""
+        """Returns the regions the writer is done with to the pool (waiting up to ``timeout``)."""
         t0 = time.perf_counter()
         released, written = self._writer_call(self.sink.reap, timeout)
         if not timeout:  # a wait for the writer is not the hook's work
@@ -320,32 +292,26 @@ class HiddenStatesSaver:
     # -- sleep mode ---------------------------------------------------------------------------
 
     def finish_copies(self) -> None:
-        """Gathers every save that waits for room in the pool (waiting for the writer if need
-        be), waits for the device-to-host copies in flight and hands their records to the
-        writer: afterwards nothing reads the KV cache."""
+        """Gathers every waiting save and finishes every copy: afterwards nothing reads the KV cache."""
         wait_when_full, self.wait_when_full = self.wait_when_full, True
         try:
             self._launch_pending()
         finally:
             self.wait_when_full = wait_when_full
-        while self._inflight:
-            batch = self._inflight.popleft()
-            batch.event.synchronize()
-            self._submit(batch)
+        self._finish_inflight()
         if self.compressor is not None:
             self._writer_call(self.compressor.drain)
             self._take_results()
 
     def drop_cache(self) -> None:
-        """Forgets the KV cache tensor (vLLM is about to free or remap it), after finishing the
-        copies that read it. The pool and the writer stay: records in them go on to disk."""
+        """Forgets the KV cache tensor (vLLM frees or remaps it) once nothing reads it; records in
+        the pool go on to disk."""
         self.finish_copies()
         self.cache = None
         self.sink.use_cache(None)
 
     def use_cache(self, cache: HiddenStatesCache) -> None:
-        """Takes the KV cache tensor vLLM holds after waking up. It must have the geometry the
-        pool, the sink's layout and the records were set up for."""
+        """Takes the KV cache tensor vLLM holds after waking up (same geometry as before)."""
         if _geometry(cache) != self._geometry:
             raise ConnectorError(
                 f"layertap connector: after wake-up the hidden-states cache has rows of {cache.row_bytes} "
@@ -358,8 +324,7 @@ class HiddenStatesSaver:
     # -- end ----------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Gathers what waits, finishes every copy, closes the writer (all records on disk) and
-        reclaims the pool. After a writer failure there is nothing left to write to."""
+        """Writes everything and closes the writer; after a writer failure there is nothing to do."""
         if self.failed is not None:
             return
         self.finish_copies()

@@ -17,18 +17,10 @@ Extras = tuple[dict[str, str] | None, bytes | None]
 
 
 class StepSaves:
-    """Finished requests whose hidden states are to be written, in the order they finished.
+    """Finished requests to write, in the order they finished: entry ``i`` of each list is one
+    record's (``token_ids[i]``: the request's own list where it can be, its first
+    ``num_tokens[i]`` recorded). ``extras`` and ``windows`` map the few indices that have them."""
 
-    Entry ``i`` of each list belongs to one record: ``keys[i]`` (the client's ``sample_id``, else
-    the request id), ``req_ids[i]``, ``token_ids[i]`` (a list of ints whose first
-    ``num_tokens[i]`` are recorded: the prompt, plus outputs but the last with
-    ``include_output_tokens``; the request's own list, not a copy, where it can be),
-    ``num_prompt_tokens[i]`` and ``block_ids[i]`` (the request's blocks of the hidden-states
-    group, at least enough for its tokens). ``extras`` maps the few indices whose client sent
-    extras to them, ``windows`` those whose client asked for a capture window (their
-    ``token_ids`` and ``num_tokens`` are then the stored rows', ``window.py``)."""
-
-    #: The per-record lists.
     COLUMNS = ("keys", "req_ids", "token_ids", "num_tokens", "num_prompt_tokens", "block_ids")
     __slots__ = (*COLUMNS, "extras", "windows", "finished_at")
 
@@ -42,9 +34,8 @@ class StepSaves:
         self.extras: dict[int, Extras] = {}
         self.windows: dict[int, Window] = {}
         self.finished_at = 0.0
-        """When the first of these requests ended (``time.time()``, set by the scheduler half:
-        the worker may be another process, or with Ray another host); the others ended in the
-        same scheduler step. 0: unknown. For the record delay metric."""
+        """When the first of these requests ended (``time.time()``: the worker may be on another
+        host), for the record delay metric; 0: unknown."""
 
     def add(
         self,
@@ -72,8 +63,7 @@ class StepSaves:
         return len(self.keys)
 
     def split(self, n: int) -> StepSaves:
-        """Removes the first ``n`` records and returns them (a step that does not fit the pool
-        at once is saved in parts)."""
+        """Removes the first ``n`` records and returns them."""
         head = StepSaves()
         for name in self.COLUMNS:
             column = getattr(self, name)
@@ -88,7 +78,6 @@ class StepSaves:
         return head
 
     def extend(self, other: StepSaves) -> None:
-        """Appends ``other``'s records."""
         base = len(self.keys)
         for name in self.COLUMNS:
             getattr(self, name).extend(getattr(other, name))
@@ -107,14 +96,10 @@ class StepSaves:
 
 @dataclass
 class LayertapMetadata(KVConnectorMetadata):
-    """Scheduler to worker, once per step: the requests finished since the last step (None:
-    none)."""
+    """Scheduler to worker, once per step."""
 
     saves: StepSaves | None = None
     drain_wait: float = 0.0
-    """Seconds the worker may wait for its writer this step: set when the engine steps only
-    because records are still being written (``SchedulerStats``), so that those steps do
-    not spin."""
+    """Seconds the worker may wait for its writer, in a step taken only for it (no spinning)."""
     not_saved: dict[str, int] | None = None
-    """The requests the scheduler half did not save since the start, by reason, when that
-    changed since the last step (None: unchanged): the worker's statistics report them."""
+    """The scheduler half's not-saved totals when they changed (None: unchanged)."""

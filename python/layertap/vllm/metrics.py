@@ -1,11 +1,7 @@
-"""The connector's statistics where vLLM shows them, in the process that serves the API: the
-payloads that ``stats.py`` builds in the engine, merged (``merge_payload``) over the TP workers of
-a step and over the steps of an interval, become the periodic log line's figures
-(``LayertapConnectorStats``, a ``KVConnectorStats``: ``summarize``) and ``/metrics``
-(``LayertapPromMetrics``, a ``KVConnectorPromMetrics``); docs/CONNECTOR.md, "Metrics".
-
-vLLM 0.26 to 0.33 all have these classes and the connector hooks that return them
-(``get_kv_connector_stats``, ``build_kv_connector_stats``, ``build_prom_metrics``).
+"""The connector's statistics where vLLM shows them, in the API server's process: the payloads of
+``stats.py``, merged (``merge_payload``) over a step's TP workers and over an interval's steps,
+become the periodic log line's figures (``LayertapConnectorStats.reduce``) and ``/metrics``
+(``LayertapPromMetrics``); docs/CONNECTOR.md, "Metrics". vLLM 0.26 to 0.33 all have these classes.
 """
 
 from __future__ import annotations
@@ -20,61 +16,37 @@ from layertap.vllm.stats import percentile
 
 #: Prometheus names (every one starts with this; the client adds ``_total`` to counters).
 PREFIX = "layertap_"
-
-#: Payload counter -> (Prometheus name without ``_total``, help).
-COUNTERS: dict[str, tuple[str, str]] = {
-    "records_written": (
-        "layertap_records_written",
-        "Records (one per saved request) the shard writer reported written.",
-    ),
-    "records_failed": (
-        "layertap_records_failed",
-        "Records of planned saves that the writer refused (each also logged as an error).",
-    ),
-    "tokens_written": ("layertap_tokens_written", "Tokens in the records written."),
-    "raw_bytes_written": (
-        "layertap_written_raw_bytes",
-        "Bytes of the records written before compression (tensors and their header).",
-    ),
-    "stored_bytes_written": ("layertap_written_stored_bytes", "Bytes of the records written as stored in the shards."),
-    "pool_stalls": (
-        "layertap_pool_stalls",
-        "Engine steps that waited for the writer because the host pool was full.",
-    ),
-    "pool_stall_seconds": (
-        "layertap_pool_stall_seconds",
-        "Seconds the engine thread waited for room in the host pool.",
-    ),
-    "writer_blocked_seconds": (
-        "layertap_writer_blocked_seconds",
-        "Seconds the writer's submit waited because max_inflight_bytes were in flight.",
-    ),
-    "store_records_put": ("layertap_store_records_put", "Records put into Mooncake Store (option mooncake)."),
-    "store_records_failed": (
-        "layertap_store_records_failed",
-        "Records Mooncake Store refused or could not be reached for (they stay in the spool).",
-    ),
-    "store_duplicates_refused": (
-        "layertap_store_duplicates_refused",
-        "Records not put because the store already held a record with their key.",
-    ),
+#: The metrics whose Prometheus name is not ``PREFIX`` and their payload name.
+_RENAMED = {"raw_bytes_written": "layertap_written_raw_bytes", "stored_bytes_written": "layertap_written_stored_bytes"}
+_COUNTER_HELP = {
+    "records_written": "Records (one per saved request) the shard writer reported written.",
+    "records_failed": "Records of planned saves that the writer refused (each also logged as an error).",
+    "tokens_written": "Tokens in the records written.",
+    "raw_bytes_written": "Bytes of the records written before compression (tensors and their header).",
+    "stored_bytes_written": "Bytes of the records written as stored in the shards.",
+    "pool_stalls": "Engine steps that waited for the writer because the host pool was full.",
+    "pool_stall_seconds": "Seconds the engine thread waited for room in the host pool.",
+    "writer_blocked_seconds": "Seconds the writer's submit waited because max_inflight_bytes were in flight.",
+    "store_records_put": "Records put into Mooncake Store (option mooncake).",
+    "store_records_failed": "Records Mooncake Store refused or could not be reached for (they stay in the spool).",
+    "store_duplicates_refused": "Records not put because the store already held a record with their key.",
 }
+_GAUGE_HELP = {
+    "pool_used_bytes": "Bytes of the host pool holding records not yet written.",
+    "pool_high_water_bytes": "Most bytes of the host pool ever in use.",
+    "pool_capacity_bytes": "Size of the host pool.",
+    "writer_queue_records": "Records submitted to the writer and not yet written.",
+    "writer_inflight_bytes": "Raw bytes submitted to the writer and not yet written.",
+}
+#: Payload counter -> (Prometheus name without ``_total``, help).
+COUNTERS = {key: (_RENAMED.get(key, PREFIX + key), doc) for key, doc in _COUNTER_HELP.items()}
 #: Requests whose hidden states were not saved, labelled by ``reason``.
 NOT_SAVED = (
     "layertap_requests_not_saved",
     "Finished requests not saved, by reason (not_requested, invalid_request, not_saved).",
 )
 #: Payload gauge -> (Prometheus name, help).
-GAUGES: dict[str, tuple[str, str]] = {
-    "pool_used_bytes": ("layertap_pool_used_bytes", "Bytes of the host pool holding records not yet written."),
-    "pool_high_water_bytes": ("layertap_pool_high_water_bytes", "Most bytes of the host pool ever in use."),
-    "pool_capacity_bytes": ("layertap_pool_capacity_bytes", "Size of the host pool."),
-    "writer_queue_records": ("layertap_writer_queue_records", "Records submitted to the writer and not yet written."),
-    "writer_inflight_bytes": (
-        "layertap_writer_inflight_bytes",
-        "Raw bytes submitted to the writer and not yet written.",
-    ),
-}
+GAUGES = {key: (PREFIX + key, doc) for key, doc in _GAUGE_HELP.items()}
 #: Payload samples -> (Prometheus name, help, buckets in seconds).
 HISTOGRAMS: dict[str, tuple[str, str, tuple[float, ...]]] = {
     "engine_thread_seconds": (
@@ -91,10 +63,8 @@ HISTOGRAMS: dict[str, tuple[str, str, tuple[float, ...]]] = {
 
 
 def merge_payload(into: dict[str, Any], other: Mapping[str, Any]) -> dict[str, Any]:
-    """Adds ``other`` to ``into`` (in place, copying what it takes) and returns it: counters add
-    up, samples are appended, gauges of a writer take ``other``'s values. The same rule serves
-    both ways vLLM aggregates: over the TP workers of one step and over the steps of one log
-    interval."""
+    """Adds ``other`` to ``into`` (in place, copying) and returns it: counters add up, samples are
+    appended, a writer's gauges take ``other``'s values; both of vLLM's aggregations use it."""
     for section in ("counters", "not_saved"):
         if section in other:
             mine = into.setdefault(section, {})
@@ -112,8 +82,7 @@ def merge_payload(into: dict[str, Any], other: Mapping[str, Any]) -> dict[str, A
 
 
 def gauge_totals(payload: Mapping[str, Any]) -> dict[str, float]:
-    """Each gauge summed over the writers of ``payload`` (one per engine with TP; the engine's
-    data-parallel ranks report to separate ``engine`` labels)."""
+    """Each gauge summed over the writers of ``payload`` (data-parallel ranks have ``engine`` labels)."""
     totals: dict[str, float] = {}
     for values in payload.get("gauges", {}).values():
         for name, value in values.items():
@@ -122,8 +91,7 @@ def gauge_totals(payload: Mapping[str, Any]) -> dict[str, float]:
 
 
 def summarize(payload: Mapping[str, Any]) -> dict[str, int | float]:
-    """The periodic log line's figures for one interval's payload (vLLM prints them as
-    ``KV Transfer metrics: name=value, ...``)."""
+    """The periodic log line's figures (``KV Transfer metrics: name=value, ...``)."""
     counters = payload.get("counters", {})
     out: dict[str, int | float] = {}
     if counters:
@@ -160,8 +128,7 @@ def summarize(payload: Mapping[str, Any]) -> dict[str, int | float]:
 
 @dataclass
 class LayertapConnectorStats(KVConnectorStats):
-    """One or more payloads (``stats.py``) of the connector, as vLLM carries them from the
-    engine to the API server and aggregates them there over an interval of its log line."""
+    """Payloads as vLLM carries them to the API server and aggregates them over its log interval."""
 
     def reset(self) -> None:
         self.data = {}
@@ -185,20 +152,17 @@ def stats_from_payload(data: Mapping[str, Any] | None) -> LayertapConnectorStats
 
 
 def unregister_layertap_metrics() -> None:
-    """Removes layertap's metrics from prometheus_client's default registry (vLLM does the same
-    for its own before it registers them again: another engine in the same process, tests)."""
-    try:
-        from prometheus_client import REGISTRY
-    except ImportError:  # pragma: no cover - vLLM depends on it
-        return
+    """Removes layertap's metrics from prometheus_client's registry, as vLLM does its own before
+    registering them again (another engine in the same process)."""
+    from prometheus_client import REGISTRY
+
     for collector in list(REGISTRY._collector_to_names):
         if getattr(collector, "_name", "").startswith(PREFIX):
             REGISTRY.unregister(collector)
 
 
 class LayertapPromMetrics(KVConnectorPromMetrics):
-    """Registers the metrics (with vLLM's label names, ``model_name`` and ``engine``) and
-    observes each payload vLLM hands over for an engine."""
+    """Registers the metrics with vLLM's label names and observes each payload vLLM hands over."""
 
     def __init__(
         self,

@@ -1,13 +1,9 @@
-"""The Mooncake forwarder of the connector (option ``mooncake``, docs/MOONCAKE.md): the Rust writer
-writes each record into a shard of a local spool directory as it always does (the engine
-thread's work is the same as with files), and a thread of this module, the *forwarder*, reads
-each record's frame back from the spool as soon as the writer has written it (``DatasetTail``:
-inotify, frame headers only) and puts it into Mooncake Store (``layertap.mooncake.publisher``).
+"""The connector's Mooncake forwarder (option ``mooncake``, docs/MOONCAKE.md): the writer writes
+records into a local spool as always (the engine thread's work is unchanged), and the forwarder's
+thread reads each frame back once written (``DatasetTail``) and puts it into Mooncake Store.
 
-The spool is the records' copy on disk: with ``mooncake_keep_shards`` its shards stay (a dataset
-on disk as well as in the store); without, a shard is removed once complete and forwarded. A
-record the store refuses or loses (master gone, store full, key already there) is counted and
-logged, and stays in the spool until its shard is removed; the engine never waits for the store.
+With ``mooncake_keep_shards`` the spool's shards stay, else each goes once forwarded. A record the
+store refuses or loses is counted, logged and stays in the spool; the engine never waits for it.
 """
 
 from __future__ import annotations
@@ -27,22 +23,16 @@ from layertap.mooncake.publisher import INDEX_INTERVAL, StorePublisher
 
 logger = logging.getLogger("vllm.layertap")
 
-#: Seconds ``Forwarder.close`` waits for the forwarder by default. vLLM gives a worker 5 s to
-#: shut down (``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS``), then kills it: the writer's close, this
-#: wait and the report of the statistics must fit in them, or nothing is reported. A forwarder
-#: still at work then (a backlog, a store that answers slowly) leaves what it did not put in the
-#: spool, and its statistics say so.
+#: Seconds ``Forwarder.close`` waits by default: vLLM kills a worker 5 s into its shutdown, and the
+#: writer's close, this wait and the statistics' report must fit; what a late forwarder did not
+#: put stays in the spool, and its statistics say so.
 CLOSE_TIMEOUT = 3.0
 
 
 class Forwarder:
-    """Puts the records of writer ``writer_id``'s shards in ``directory`` into the store, on a
-    thread of its own, until ``close`` (after the writer's close: every record is in a shard).
-
-    ``stats["state"]`` says where it is: ``"forwarding"``; ``"closed"`` once it has put what
-    the spool held and closed the writer in the store; ``"failed"`` if the thread stopped on an
-    error (``stats["error"]`` names it; nothing is forwarded after it); ``"closing"`` if it was
-    still at work when ``close`` stopped waiting."""
+    """Puts the records of writer ``writer_id``'s shards in ``directory`` into the store, on its
+    own thread, until ``close``. ``stats["state"]``: ``"forwarding"``, ``"closed"``, ``"failed"``
+    (``stats["error"]`` says why) or ``"closing"`` (still at work when ``close`` stopped waiting)."""
 
     def __init__(self, address: StoreAddress, directory: str, writer_id: str, meta: dict, keep_shards: bool):
         self.address = address
@@ -99,8 +89,7 @@ class Forwarder:
                 self._finished(shard)
 
     def _frame(self, shard: ShardTail, i: int):
-        """``(entry, frame)`` of record ``i``; None while its payload is being written; False for
-        a record the spool does not hold intact (counted)."""
+        """``(entry, frame)`` of record ``i``; None while being written; False if damaged (counted)."""
         e = shard.entries[i]
         fd = self._fds.get(shard.path)
         if fd is None:
@@ -129,10 +118,8 @@ class Forwarder:
     # -- the owner --------------------------------------------------------------------------------
 
     def close(self, timeout: float | None = CLOSE_TIMEOUT) -> None:
-        """Forwards what the (closed) writer left in the spool, publishes the index and marks
-        the writer closed in the store. ``timeout``: seconds to wait for it (None: until it is
-        done); past it the thread goes on while the process lives, and ``stats["state"]`` is
-        ``"closing"``."""
+        """Forwards what the closed writer left, publishes the index and closes the writer in the
+        store, waiting up to ``timeout`` seconds (None: no limit); the thread goes on past it."""
         self._closing.set()
         t0 = time.monotonic()
         self._thread.join(timeout)
@@ -154,9 +141,9 @@ __all__ = ["CLOSE_TIMEOUT", "Forwarder"]
 # -- the connector's use ---------------------------------------------------------------------------
 
 
-def connect_store(options) -> tuple[StoreAddress, object] | None:
-    """The store of the connector's ``mooncake`` option, connected (None without the option);
-    raises ConfigError, one line, when the master cannot be reached: before the engine serves."""
+def connect_store(options) -> StoreAddress | None:
+    """The ``mooncake`` option's store, connected (None without it): an unreachable master is a
+    ``ConfigError`` before the engine serves."""
     if options.mooncake is None:
         return None
     from layertap.errors import StoreUnavailableError
@@ -165,16 +152,10 @@ def connect_store(options) -> tuple[StoreAddress, object] | None:
 
     address = parse_address(options.mooncake)
     try:
-        return address, connect(address)
+        connect(address)  # made once a process: the forwarder's
     except StoreUnavailableError as e:
         raise ConfigError("mooncake", str(e)) from None
-
-
-def start_forwarder(store: tuple[StoreAddress, object], options, facts, writer) -> Forwarder:
-    """The forwarder of the connector's writer (opened: its spool directory exists)."""
-    address, _ = store
-    meta = {"writer": f"layertap ({writer.backend})", "user": dict(options.writer_options.metadata)}
-    return Forwarder(address, options.output_dir, facts.writer_id, meta, options.mooncake_keep_shards)
+    return address
 
 
 #: ``fetch`` looks for a record this often at first, then less often up to ``FETCH_MAX_POLL``
@@ -193,15 +174,9 @@ def fetch_from_store(
     request_id: str | None = None,
     num_tokens: int | None = None,
 ):
-    """The record ``key`` once the forwarder has put it into the store ``store`` (an address),
-    read and checked by the readers' code; raises TimeoutError past ``timeout`` seconds, and
-    StoreUnavailableError when the store cannot be asked.
-
-    ``request_id`` and ``num_tokens`` (the response's): what the record must say of itself. A
-    key is put once: if the store held it already (another data-parallel rank's record, an
-    earlier run's with the same ``sample_id``), the forwarder refused this request's record, and
-    the one under the key is another request's; that raises DuplicateKeyError instead of
-    returning it as this response's."""
+    """The record ``key`` once the forwarder has put it into ``store``; TimeoutError past
+    ``timeout``. A key is put once: a record under it with another ``request_id`` or
+    ``num_tokens`` than the response's is another request's (DuplicateKeyError)."""
     from layertap.errors import DuplicateKeyError, RecordMissingError, StoreUnavailableError
     from layertap.mooncake.address import parse_address
     from layertap.mooncake.backend import read_object, writer_path

@@ -1,12 +1,8 @@
 """Online use: the record of a finished request, read as soon as its writer has written it.
 
-``fetch(response.kv_transfer_params)`` is a thin user of the reader layer's ``DatasetTail``
-(``layertap.follow``): it waits without polling (inotify on the dataset directory) and looks at
-the writer's shards again only when one of them changed, each look reading only the frame
-headers written since the previous one. This module does not import vLLM.
-
-Requirements: Linux, and the dataset directory on a file system that reports changes made by
-the server to this process (a local file system; NFS does not report remote writes).
+``fetch`` waits on ``layertap.follow.DatasetTail`` (inotify, new frame headers only), so it needs
+Linux and a dataset directory whose changes the server's writes report to this process (a local
+file system; NFS does not). This module does not import vLLM.
 """
 
 from __future__ import annotations
@@ -33,9 +29,8 @@ def error_marker_path(dataset: str, writer_id: str) -> str:
 
 
 def leave_error_marker(dataset: str, writer_id: str, text: str) -> None:
-    """Leaves ``text`` in the writer's error file for ``fetch`` calls waiting on it. Written to a
-    temporary name and renamed, so a waiting ``fetch`` never reads it half written (an empty
-    file seen between open and write once reported a failure with no reason)."""
+    """Leaves ``text`` in the writer's error file, atomically: an empty file seen between open and
+    write once made a waiting ``fetch`` report a failure with no reason."""
     write_atomic(error_marker_path(dataset, writer_id), text.rstrip("\n") + "\n")
 
 
@@ -46,21 +41,17 @@ class RecordLocation:
     dataset: str
     """The dataset directory (absolute, as the server sees it)."""
     writer_id: str
-    """The id of the engine's writer: its shards are ``{writer_id}-{n:06}.lts``."""
     key: str
     num_tokens: int | None = None
     store: str | None = None
-    """With the connector's ``mooncake`` option: the dataset in Mooncake Store, where ``fetch``
-    reads the record (docs/MOONCAKE.md)."""
+    """With the connector's ``mooncake`` option: the dataset in Mooncake Store (docs/MOONCAKE.md)."""
     request_id: str | None = None
-    """vLLM's id of the request, which its record's metadata holds: a key is put into the store
-    once, so ``fetch`` from the store checks that the record under it is this request's."""
+    """A key is put into the store once, so ``fetch`` checks the record under it is this request's."""
 
 
 def record_location(kv_transfer_params: Mapping[str, Any] | None) -> RecordLocation:
-    """Reads a response's ``kv_transfer_params`` (or its ``"layertap"`` entry). Raises
-    ``InvalidInputError`` when the server refused the request (a bad ``sample_id``...) and
-    ``LayertapError`` when it did not save it for another reason, with the server's message."""
+    """Reads a response's ``kv_transfer_params`` (or its ``"layertap"`` entry); raises with the
+    server's message if it did not save the request (``InvalidInputError``: it refused it)."""
     if kv_transfer_params is None:
         raise InvalidInputError(
             "the response has no kv_transfer_params: the server does not run the layertap connector, "
@@ -103,7 +94,6 @@ def record_location(kv_transfer_params: Mapping[str, Any] | None) -> RecordLocat
 
 
 def _check_same_store(store: str, theirs: str | None) -> None:
-    """Raises InvalidInputError unless ``store`` names the dataset the response's record is in."""
     from layertap.mooncake.address import parse_address
 
     if theirs is None:
@@ -122,20 +112,13 @@ def fetch(
     durable: bool = True,
     store: str | None = None,
 ):
-    """The ``layertap.Record`` of a finished request, once its writer has written it.
+    """The ``layertap.Record`` of a finished request, once its writer has written it (docs/CONNECTOR.md).
 
-    ``kv_transfer_params``: the response's (``output.kv_transfer_params`` offline,
-    ``response["kv_transfer_params"]`` over HTTP), or a ``RecordLocation``. Waits up to
-    ``timeout`` seconds (None: without limit) and raises ``TimeoutError`` past it. The record is
-    found as soon as its bytes are in the shard and match their checksum (readable by any
-    reader); with ``durable`` (the default) the shard is then fsynced before returning, so the
-    record is on stable storage whatever the connector's ``durability`` option (``durable=False``
-    skips that, for callers that only need the tensors). Raises ``LayertapError`` if the
-    server's writer failed. With the connector's ``mooncake`` option the record is read from
-    Mooncake Store once it is there (``durable`` does not apply: docs/MOONCAKE.md, "Durability");
-    ``store``: that dataset's address with the options to read it through (the response's has
-    none), e.g. ``mooncake://HOST:PORT/PREFIX?node=127.0.0.1:50052`` to read through the store
-    node on this host (docs/MOONCAKE.md, "Addresses")."""
+    ``kv_transfer_params``: the response's, or a ``RecordLocation``. Raises ``TimeoutError`` past
+    ``timeout`` seconds (None: no limit), ``LayertapError`` if the server's writer failed. With
+    ``durable`` the shard is fsynced first, whatever the connector's ``durability``. With the
+    ``mooncake`` option the record is read from the store (``durable`` does not apply); ``store``:
+    that dataset's address with options to read it through (docs/MOONCAKE.md, "Addresses")."""
     loc = kv_transfer_params if isinstance(kv_transfer_params, RecordLocation) else record_location(kv_transfer_params)
     if store is not None:
         _check_same_store(store, loc.store)
@@ -173,8 +156,7 @@ def fetch(
 
 
 def _read_marker(marker: str) -> str:
-    """The failure a writer's error file holds; "" while there is none, or while one written
-    in place (not through ``leave_error_marker``) is still empty: its write wakes the wait."""
+    """The failure a writer's error file holds; "" while none (or still empty: its write wakes the wait)."""
     try:
         with open(marker) as f:
             return f.read().strip()
@@ -183,8 +165,7 @@ def _read_marker(marker: str) -> str:
 
 
 def _fsync(path: str) -> None:
-    """Flushes a shard to stable storage (what its writer wrote so far): fsync works on a
-    read-only descriptor, so a client can make a record durable without the server's help."""
+    """fsync works on a read-only descriptor: a client can make a record durable by itself."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         os.fsync(fd)

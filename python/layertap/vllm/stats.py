@@ -1,18 +1,15 @@
 """The connector's statistics, defined once (docs/CONNECTOR.md, "Metrics" and "Statistics").
 
-Each half of the connector counts its events into one object: the worker half (TP rank 0) into
-``WorkerStats``, the scheduler half into ``SchedulerStats``. They hold totals since the start,
-which the shutdown line, ``stats_path``'s JSON and ``connector.layertap_stats()`` show
-(``WorkerStats.summary``, ``describe``). vLLM asks each half once per step what happened since
-its last answer (``get_kv_connector_stats``): ``report`` answers with the increments of those
-totals since the last report, so that the reports add up to the totals, with the gauges now and
-the samples taken since. vLLM carries the answer (the *payload*) to the API server, where
-``metrics.py`` merges the payloads into its periodic log line and ``/metrics``.
+Each half counts its events into one object (``WorkerStats`` on TP rank 0, ``SchedulerStats``)
+holding totals since the start, which the shutdown line, ``stats_path`` and
+``connector.layertap_stats()`` show. vLLM asks each half once per step what happened since its
+last answer (``get_kv_connector_stats``): ``report`` answers with the increments of the totals,
+so that the reports add up to them, plus the gauges now and the samples since. vLLM carries this
+*payload* to the API server, where ``metrics.py`` merges it into its log line and ``/metrics``.
 
-On the engine thread this module only counts: an addition, an append to a list. The payload (a
-dict of plain numbers and lists, which vLLM serializes) is built at most every
-``REPORT_INTERVAL`` seconds, and at once when the writer has caught up, so that the last records
-of a burst are reported before the engine goes idle. Nothing here imports vLLM or torch.
+On the engine thread this module only adds and appends; the payload is built at most every
+``REPORT_INTERVAL`` seconds, and at once when the writer has caught up, so that a burst's last
+records are reported before the engine goes idle. Nothing here imports vLLM or torch.
 
 The payload (every key optional)::
 
@@ -21,10 +18,9 @@ The payload (every key optional)::
      "gauges": {writer_id: {name: value, ...}},  # current values, per writer
      "observations": {name: [seconds, ...]}}     # histogram samples since the last report
 
-The scheduler half also reads the worker's reports (``SchedulerStats.worker_report``): while
-records it handed over are still being written, it keeps the engine stepping (vLLM's
-``has_pending_push_work``), so that their completion is seen, and counted, when it happens rather
-than at the next request.
+While records it handed over are still being written, the scheduler half keeps the engine
+stepping (vLLM's ``has_pending_push_work``, from the worker's reports), so that their completion
+is counted when it happens rather than at the next request.
 """
 
 from __future__ import annotations
@@ -72,10 +68,8 @@ def increments(totals: Mapping[str, Any], last: Mapping[str, Any]) -> dict[str, 
 
 
 class StepTimes:
-    """Durations (seconds) of one hook call per engine step; percentiles over the run.
-
-    Up to ``MAX_SAMPLES`` steps every duration is kept; after that a reservoir sample of that
-    size (Algorithm R), so memory stays bounded on long runs and the percentiles stay unbiased."""
+    """Durations (seconds) of the hook per engine step: all of the first ``MAX_SAMPLES``, then a
+    reservoir sample (Algorithm R), so memory stays bounded and the percentiles unbiased."""
 
     def __init__(self) -> None:
         self._samples = array("d")
@@ -108,14 +102,11 @@ class StepTimes:
 
 
 class WorkerStats:
-    """The worker half's statistics (TP rank 0). Its events are the methods ``step``,
-    ``submitted`` and ``written``, which feed several figures each, and the plain counts the
-    hot path adds to (``gathers``, ``pool_stalls``, ``pool_stall_seconds``, ``pool_deferrals``,
-    ``records_failed``, ``hook_parts``, ...); every attribute is a total since the start.
+    """The worker half's statistics (TP rank 0): the events ``step``, ``submitted`` and
+    ``written``, and plain counts the hot path adds to; every attribute is a total.
 
-    ``clock`` (seconds, steady) times the report interval and ``wall`` (seconds since the epoch,
-    as the scheduler half stamps a request's end) the record delays; the tests pass clocks they
-    move by hand, so that what they check does not depend on how loaded the machine is."""
+    ``clock`` (steady) times the report interval, ``wall`` (epoch, as the scheduler stamps a
+    request's end) the record delays; tests pass clocks they move by hand, independent of load."""
 
     def __init__(
         self, writer_id: str = "", clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time
@@ -124,59 +115,45 @@ class WorkerStats:
         self.started = wall()
         self.hook = StepTimes()
         self.hook_parts = {"launch": 0.0, "submit": 0.0, "reap": 0.0}
-        """Seconds of the hook spent in each part (the gathers' launch with the records' ids
-        and index, handing records to the writer, taking regions back), so that a run says
-        where the hook's time goes (benches/gpu attributes the engine's time by phase)."""
+        """Seconds of the hook per part, so that a run says where its time goes (benches/gpu)."""
         self.records_submitted = 0
         self.records_written = 0
         self.records_failed = 0
         self.tokens = 0
-        """Tokens of the records handed to the writer."""
         self.tokens_written = 0
-        """Tokens of the records the writer reported written."""
         self.bytes_submitted = 0
         """Raw tensor bytes handed to the writer (hidden states and token ids)."""
         self.gathers = 0
-        """Device gathers (one per engine step that finished requests, more on pool stalls)."""
         self.pool_stalls = 0
-        """Times the engine thread waited for room in the pool (an engine in the caller's
-        process, or shutdown)."""
+        """Times the engine thread waited for room in the pool (in-process engine, shutdown)."""
         self.pool_stall_seconds = 0.0
         self.pool_deferrals = 0
-        """Steps that left requests waiting for room in the pool, with their KV blocks held,
-        instead of waiting (an engine in its own process)."""
+        """Steps that left requests waiting for room, blocks held, instead of waiting."""
         self.encoder_threads_lowered = 0
-        """Compression threads whose priority the worker lowered (``lower_encoder_priority``)."""
         self.saved_at_shutdown = 0
-        """Finished requests that an in-process engine had not handed over before shutdown."""
+        """Finished requests an in-process engine had not handed over before shutdown."""
         self.requests_not_saved: dict[str, int] = {}
-        """Finished requests the scheduler half did not save, by reason (``not_requested``,
-        ``invalid_request``, ``not_saved``), as it last told this half (``take_not_saved``)."""
+        """The scheduler half's counts by reason, as it last told this half (``take_not_saved``)."""
         self.store: dict | None = None
-        """With the ``mooncake`` option: the forwarder's counts (``mooncake_forwarder.Forwarder.stats``)."""
+        """With the ``mooncake`` option: the forwarder's counts."""
         self._engine_thread: list[float] = []
         self._delays: list[float] = []
-        """The histograms' samples since the last report."""
         self._pending: collections.deque[list] = collections.deque()
-        """The records handed to the writer and not reported written, a step's at a time, in
-        the order they were handed over (the order the writer writes them in):
-        ``[tokens of each record, how many of them are written, when their requests ended]``."""
+        """Per step handed over, in the order the writer writes them: ``[tokens of each record,
+        how many are written, when their requests ended]``."""
         self._reported: dict[str, float] = {}
-        """The counters' totals at the last report."""
         self._signature: tuple[int, ...] = (0, 0, 0, 0)
         self._last_report = -math.inf
 
     # -- events, on the engine thread ---------------------------------------------------------
 
     def step(self, seconds: float) -> None:
-        """One engine step's connector time (``get_finished``)."""
         self.hook.add(seconds)
         if len(self._engine_thread) < MAX_OBSERVATIONS:
             self._engine_thread.append(seconds)
 
     def submitted(self, saves: Any, refused: Sequence[int] = (), row_bytes: int = 0) -> None:
-        """A step's records (a ``StepSaves``) handed to the writer, but those at the indices
-        ``refused``, which count as failed; ``row_bytes``: a token's hidden-states bytes."""
+        """A step's records handed to the writer, but those at ``refused`` (failed)."""
         tokens = saves.num_tokens
         if refused:
             skip = set(refused)
@@ -210,14 +187,12 @@ class WorkerStats:
                 entry[1] = done + n
 
     def take_not_saved(self, totals: dict[str, int] | None) -> None:
-        """The scheduler half's counts of requests not saved since the start (None: unchanged)."""
         if totals is not None:
             self.requests_not_saved = dict(totals)
 
     # -- the totals and their increments ------------------------------------------------------
 
     def counter_totals(self, writer: Any) -> dict[str, float]:
-        """The payload's counters as totals since the start (``report`` sends their increments)."""
         writer_stats = writer.stats
         totals = {
             "records_written": self.records_written,
@@ -235,8 +210,7 @@ class WorkerStats:
         return totals
 
     def report(self, pool: Any, writer: Any) -> dict | None:
-        """The payload since the last report, or None when there is nothing to report or the
-        last one is too recent (see the module's docstring)."""
+        """The payload since the last report; None if nothing is new or the last is too recent."""
         store = self.store or {}
         signature = (
             self.records_submitted,
@@ -314,18 +288,14 @@ class WorkerStats:
 
 
 class SchedulerStats:
-    """The scheduler half's statistics: requests not saved, by reason (totals since the start;
-    ``report`` sends their increments), and whether the records it handed over are written yet
-    (from the worker's reports).
-
-    ``clock`` (seconds, steady) times the stall limit; the tests pass one they move by hand
-    rather than sleep past the limit."""
+    """The scheduler half's statistics: requests not saved, by reason, and whether the records it
+    handed over are written yet (from the worker's reports). ``clock`` times the stall limit
+    (tests move one by hand)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self.requests_not_saved: dict[str, int] = {}
         self._reported: dict[str, int] = {}
-        """The totals at the last report (``report``)."""
         self._handed: dict[str, int] = {}
         """The totals the worker half was last given (``not_saved_totals``)."""
         self._accepted = 0
@@ -338,8 +308,8 @@ class SchedulerStats:
         self.requests_not_saved[reason] = self.requests_not_saved.get(reason, 0) + 1
 
     def not_saved_totals(self, always: bool = False) -> dict[str, int] | None:
-        """The requests not saved since the start, by reason, when they changed since the last
-        call (or ``always``), else None: a copy for the worker half's statistics."""
+        """A copy of the totals for the worker half when they changed since the last call (or
+        ``always``), else None."""
         if not always:
             if self.requests_not_saved == self._handed:
                 return None
@@ -347,14 +317,12 @@ class SchedulerStats:
         return dict(self.requests_not_saved)
 
     def accepted(self) -> None:
-        """A request's record was planned (the worker will write it or count it failed)."""
         if self._accepted == self._done:
             self._progress_at = self._clock()  # the wait for the writer starts now
         self._accepted += 1
 
     def worker_report(self, payload: Mapping[str, Any] | None) -> None:
-        """Reads a report of the worker half (aggregated over the TP ranks, of which only rank 0
-        reports); None or another connector's payload is ignored."""
+        """Reads a report of the worker half (only TP rank 0 reports); anything else is ignored."""
         counters = payload.get("counters") if isinstance(payload, Mapping) else None
         if not counters:
             return
@@ -365,8 +333,7 @@ class SchedulerStats:
             self._stalled = False
 
     def writing(self) -> bool:
-        """Whether records handed over are still being written, and the writer is making
-        progress: then the engine keeps stepping (``has_pending_push_work``)."""
+        """Whether records handed over are being written, with progress: the engine keeps stepping."""
         if self._accepted <= self._done or self._stalled:
             return False
         if self._clock() - self._progress_at > STALL_LIMIT:
@@ -381,7 +348,6 @@ class SchedulerStats:
         return True
 
     def report(self) -> dict | None:
-        """The scheduler half's payload since the last report, or None."""
         not_saved = increments(self.requests_not_saved, self._reported)
         if not not_saved:
             return None
@@ -390,7 +356,6 @@ class SchedulerStats:
 
 
 def write_json(path: str, summary: dict) -> None:
-    """Writes ``summary`` to ``path`` (parent directories created), atomically."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     write_atomic(path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
 

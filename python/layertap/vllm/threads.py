@@ -17,19 +17,12 @@ MAX_DEFAULT_WRITER_THREADS = 16
 
 def default_writer_threads() -> int:
     """Compression threads when ``writer_threads`` is not given: half the CPUs this process may
-    run on (vLLM's engine, its front end and their helper threads need the others), at least 4
-    where there are 4, at most 16.
+    run on (vLLM's engine and front end need the others), at least 4 where there are 4, at most 16.
 
-    Measured on the H200 machine (16 CPUs, benches/RESULTS.md, 2026-12-02, one run): 4 threads
-    leave the writer behind in prefill (durable at 0.58-0.61x of no extraction, the pool
-    deferring requests); 8 and 14 are within the run's noise of each other, spend the same
-    compression seconds (17.8-19.4 and 19.5 thread-seconds for the 1B case's 9.4 GB), and the
-    engine thread waits for a core with none of them (run-queue wait 0.000-0.13 s per 3-17 s window; it
-    was a guess that 14 threads took the engine's cores). bp16-zstd compresses a trained model's
-    activations (about 1.5x) at about 0.3 GB/s a thread there, so an engine that hands over more
-    than ``0.3 x threads`` GB/s of them (a 1B prefill: about 2.5 GB/s) needs ``writer_threads``
-    set higher; ``encode_seconds`` against ``threads`` in the
-    statistics tells. The threads run at a lower priority (``lower_encoder_priority``)."""
+    On the H200 machine (16 CPUs, benches/RESULTS.md, 2026-12-02): 4 threads left the writer
+    behind in prefill; 8 and 14 were alike, and the engine thread waited for a core with neither.
+    bp16-zstd compresses about 0.3 GB/s a thread there, so an engine handing over more than
+    ``0.3 x threads`` GB/s (a 1B prefill: about 2.5) needs more (``encode_seconds`` tells)."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -43,11 +36,8 @@ ENCODER_NICE = 5
 
 
 def lower_encoder_priority(thread_ids: Iterable[int], nice: int = ENCODER_NICE) -> int:
-    """Raises the ``nice`` value of the threads ``thread_ids`` (a writer's compression threads,
-    ``ShardWriter.encoder_thread_ids``) by ``nice``; returns how many were changed (0 where
-    Linux's per-thread priorities are not there). The writer gives its own threads' ids, not
-    every ``layertap-zstd-N`` thread of the process: a second writer's threads would be lowered
-    again. Best effort: a thread that cannot be changed keeps its priority."""
+    """Raises the ``nice`` of a writer's own compression threads (not every ``layertap-zstd-N`` of
+    the process: a second writer's would be lowered twice); returns how many changed (best effort)."""
     changed = 0
     for tid in thread_ids:
         try:
@@ -64,10 +54,8 @@ GPU_COMPRESS_THREAD = "layertap-gpu"
 
 
 def name_this_thread(name: str) -> bool:
-    """Gives the calling thread ``name`` where the OS shows it (``/proc/self/task/TID/comm``:
-    ``top -H``, py-spy, benches/gpu/threads.py). Before Python 3.14 a thread started from Python
-    keeps its process's name (``VLLM::EngineCor`` in vLLM's engine), so its CPU time could not be
-    told from the engine's. Linux only, best effort: returns whether it was named."""
+    """Names the calling thread where the OS shows it (``top -H``, py-spy): before Python 3.14 it
+    keeps its process's name (``VLLM::EngineCor``), its CPU time not told from the engine's."""
     try:
         with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
             f.write(name[:15])

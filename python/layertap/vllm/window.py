@@ -1,14 +1,7 @@
-"""Capture windows and reductions: a request asks, in its ``kv_transfer_params``, for the hidden
-states of a window of positions only (``window: [start, end]``), or for one vector over that
-window (``reduction: "last"`` or ``"mean"``), stored as a ``[1, layers, hidden]`` record
-(docs/CONNECTOR.md, "Windows and reductions").
-
-This module is the request half, which imports neither torch nor vLLM (``layertap generate``
-checks its rows with it before either is loaded): it checks a request's window and resolves it
-against the request's recorded tokens when the request finishes (``resolve``), so that the
-record's token ids, its row count and the metadata that says which positions it holds are known
-in the scheduler, and the pool region, the sink and the writer see an ordinary record of that
-many rows. The worker half, the gather of only those rows, is ``window_gather``.
+"""Capture windows and reductions (docs/CONNECTOR.md, "Windows and reductions"): the request
+half, without torch or vLLM (``layertap generate`` checks rows with it before loading them). The
+scheduler resolves a window when the request finishes, so that the pool, the sink and the writer
+see an ordinary record of that many rows; ``window_gather`` gathers only those rows.
 """
 
 from __future__ import annotations
@@ -35,9 +28,8 @@ def _bound(value: Any, name: str) -> tuple[int | None, str | None]:
 
 
 def check(params: dict) -> tuple[tuple[Any, Any, str | None] | None, str | None]:
-    """A request's window request from its ``kv_transfer_params``: ``((start, end, reduction),
-    None)`` (bounds as given, None meaning the ends), ``(None, None)`` if it asks for none, or
-    ``(None, problem)``."""
+    """``((start, end, reduction), None)`` from ``kv_transfer_params`` (None bounds: the ends),
+    ``(None, None)`` if it asks for no window, or ``(None, problem)``."""
     window, reduction = params.get("window"), params.get("reduction")
     if window is None and reduction is None:
         return None, None
@@ -59,9 +51,7 @@ def check(params: dict) -> tuple[tuple[Any, Any, str | None] | None, str | None]
 
 
 def resolve(spec: tuple[Any, Any, str | None], num_tokens: int) -> tuple[Window | None, str | None]:
-    """The positions ``[start, end)`` of ``num_tokens`` recorded tokens that ``spec`` (from
-    ``check``) selects, as Python slices do (negative bounds count from the end, bounds past the
-    ends are clipped), with its reduction; or the problem (a window without tokens)."""
+    """The positions ``[start, end)`` that ``spec`` selects, as Python slices do, or the problem."""
     start, end, reduction = spec
     lo, hi, _ = slice(start, end).indices(num_tokens)
     if hi <= lo:
@@ -73,8 +63,7 @@ def resolve(spec: tuple[Any, Any, str | None], num_tokens: int) -> tuple[Window 
 
 
 def stored_token_ids(token_ids: list[int], window: Window) -> list[int]:
-    """The token ids a windowed record holds: the window's, or for a reduction the window's last
-    (one per stored row, as the format has it)."""
+    """The token ids a windowed record holds, one per stored row (a reduction's: the last)."""
     lo, hi, reduction = window
     return token_ids[hi - 1 : hi] if reduction else token_ids[lo:hi]
 

@@ -15,8 +15,7 @@ from layertap.vllm.gather import HiddenStatesCache
 
 
 def _taken(saves: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per record of ``saves`` (a ``metadata.StepSaves``): the first position the gather takes,
-    how many, and whether they are averaged into one row."""
+    """Per record: the first position the gather takes, how many, and whether they are averaged."""
     n = len(saves)
     first = np.zeros(n, np.int64)
     count = np.fromiter(saves.num_tokens, np.int64, n)
@@ -32,10 +31,8 @@ def _taken(saves: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def gather(cache: HiddenStatesCache, saves: Any, index: torch.Tensor, out: torch.Tensor) -> tuple:
-    """``cache.gather`` for a batch: ``out`` ``[stored rows, layers, hidden]`` (host) gets each
-    record's rows. ``index`` holds the sink's indices of every record's first rows, right for
-    records without a window; with windows the rows are located here instead. Returns what must
-    stay alive until a CUDA copy is done (as ``cache.gather``)."""
+    """``cache.gather`` of each record's stored rows. ``index`` (the sink's: every record's first
+    rows) is right without windows; with them the rows are located here."""
     if not saves.windows:
         return cache.gather(index, out)
     first, count, mean = _taken(saves)

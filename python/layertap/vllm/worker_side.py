@@ -21,7 +21,7 @@ from layertap.vllm.errors import ConnectorError
 from layertap.vllm.gather import HiddenStatesCache
 from layertap.vllm.hidden_states_saver import HiddenStatesSaver, region_bytes
 from layertap.vllm.metadata import LayertapMetadata, StepSaves
-from layertap.vllm.mooncake_forwarder import Forwarder, connect_store, start_forwarder
+from layertap.vllm.mooncake_forwarder import Forwarder, connect_store
 from layertap.vllm.pool import HostPool
 from layertap.vllm.stats import WorkerStats, describe, write_json
 from layertap.vllm.threads import lower_encoder_priority
@@ -29,24 +29,8 @@ from layertap.vllm.threads import lower_encoder_priority
 logger = logging.getLogger("vllm.layertap")  # under vLLM's logging configuration
 
 
-def _engine_steps_on() -> bool:
-    """Whether vLLM keeps stepping the engine while the connector holds finished requests'
-    blocks: an engine in its own process does (vLLM's default, and ``vllm serve``), so requests
-    that find no room in the pool can wait for later steps; one in the caller's process
-    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) is stepped only by ``generate()``."""
-    import vllm.envs as envs
-
-    return bool(envs.VLLM_ENABLE_V1_MULTIPROCESSING)
-
-
-def _encoder_thread_ids(writer: RecordSink) -> list[int]:
-    """The OS ids of the writer's compression threads (none for a writer without them)."""
-    return list(getattr(writer, "encoder_thread_ids", []))
-
-
 def open_writer(options: ConnectorOptions, facts: EngineFacts, pool_bytes: int, dtype: str | None = None) -> RecordSink:
-    """The shard writer the options ask for, with what the connector adds to the shard header
-    (``dtype``: the hidden states' dtype, as torch names it, when known)."""
+    """The shard writer the options ask for, with the connector's shard metadata."""
     import json
 
     shard_meta = {"source": "layertap.vllm", "model": facts.model, LAYER_IDS: json.dumps(list(facts.layer_ids))}
@@ -68,23 +52,13 @@ def open_writer(options: ConnectorOptions, facts: EngineFacts, pool_bytes: int, 
 class WorkerSide:
     """Everything the connector does in a worker process."""
 
-    def __init__(self, vllm_config: Any, kv_cache_config: Any, options: ConnectorOptions):
-        self._setup(read_engine_facts(vllm_config, kv_cache_config, options), options)
+    def __init__(
+        self, vllm_config: Any, kv_cache_config: Any, options: ConnectorOptions, facts: EngineFacts | None = None
+    ):
         self.vllm_config = vllm_config
-
-    @classmethod
-    def from_facts(cls, facts: EngineFacts, options: ConnectorOptions) -> WorkerSide:
-        """A worker half for an engine described by ``facts``, without a vLLM configuration
-        (benchmarks and tests drive it directly: ``open_cache`` then ``get_finished``)."""
-        side = cls.__new__(cls)
-        side._setup(facts, options)
-        side.vllm_config = None
-        return side
-
-    def _setup(self, facts: EngineFacts, options: ConnectorOptions) -> None:
         self.options = options
-        self.facts = facts
-        self.stats = WorkerStats(facts.writer_id)
+        self.facts = facts or read_engine_facts(vllm_config, kv_cache_config, options)
+        self.stats = WorkerStats(self.facts.writer_id)
         self.saver: HiddenStatesSaver | None = None
         self.compress_on = options.compress_on
         """Where records are compressed: the option, or "host" where "gpu" cannot run."""
@@ -93,7 +67,11 @@ class WorkerSide:
         self._asleep = False
         self._closed = False
         self.forwarder: Forwarder | None = None
-        """With the ``mooncake`` option: what puts the written records into the store."""
+
+    @classmethod
+    def from_facts(cls, facts: EngineFacts, options: ConnectorOptions) -> WorkerSide:
+        """Without a vLLM configuration (benchmarks, tests): ``open_cache`` then ``get_finished``."""
+        return cls(None, None, options, facts)
 
     # -- start-up -----------------------------------------------------------------------------
 
@@ -114,7 +92,6 @@ class WorkerSide:
         return names[0]
 
     def register_kv_caches(self, kv_caches: dict) -> None:
-        """Finds the hidden-states cache; on TP rank 0 allocates the pool and opens the writer."""
         from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
         if get_tensor_model_parallel_rank() != 0:
@@ -122,10 +99,15 @@ class WorkerSide:
         self._cache_layer = self._hidden_states_layer(kv_caches)
         self.open_cache(kv_caches[self._cache_layer])
 
-    def open_cache(self, kv: Any) -> None:
-        """Allocates the pool and opens the writer for the hidden-states cache tensor ``kv``."""
+    def _cache(self, kv: Any) -> HiddenStatesCache:
         facts = self.facts
-        cache = HiddenStatesCache(kv, len(facts.layer_ids), facts.hidden_size, facts.block_size)
+        return HiddenStatesCache(kv, len(facts.layer_ids), facts.hidden_size, facts.block_size)
+
+    def open_cache(self, kv: Any) -> None:
+        import vllm.envs as envs
+
+        facts, options = self.facts, self.options
+        cache = self._cache(kv)
         if self.compress_on == "gpu":
             why_not = gpu_compress.runs_here(cache)
             if why_not is not None:
@@ -147,13 +129,14 @@ class WorkerSide:
                 f"and gather indices, needs {largest} bytes; raise pool_bytes or lower max_model_len",
             )
         pool = HostPool(pool_bytes, pin=cache.is_cuda)
-        store = connect_store(self.options)  # before the writer: an unreachable master stops start-up
+        store = connect_store(options)  # before the writer: an unreachable master stops start-up
         writer = open_writer(self.options, facts, pool_bytes, str(cache.dtype).removeprefix("torch."))
         if store is not None:
-            self.forwarder = start_forwarder(store, self.options, facts, writer)
+            meta = {"writer": f"layertap ({writer.backend})", "user": dict(options.writer_options.metadata)}
+            self.forwarder = Forwarder(store, options.output_dir, facts.writer_id, meta, options.mooncake_keep_shards)
             self.stats.store = self.forwarder.stats
         # The compression threads take the CPUs vLLM leaves idle, not the engine thread's.
-        self.stats.encoder_threads_lowered = lower_encoder_priority(_encoder_thread_ids(writer))
+        self.stats.encoder_threads_lowered = lower_encoder_priority(getattr(writer, "encoder_thread_ids", []))
         self.saver = HiddenStatesSaver(
             cache,
             writer,
@@ -161,7 +144,9 @@ class WorkerSide:
             facts,
             self.stats,
             self.options.output_dir,
-            wait_when_full=not _engine_steps_on(),
+            # An engine in its own process (vLLM's default) keeps stepping while the connector
+            # holds blocks, so requests that find no room can wait for later steps.
+            wait_when_full=not envs.VLLM_ENABLE_V1_MULTIPROCESSING,
             compress_on_gpu=self.compress_on == "gpu",
         )
         logger.info(
@@ -187,8 +172,7 @@ class WorkerSide:
     # -- every step ---------------------------------------------------------------------------
 
     def get_finished(self, metadata: Any) -> set[str] | None:
-        """Starts saving the requests of ``metadata`` and returns those whose KV blocks may be
-        freed now. Times itself: this is the connector's work on the engine thread."""
+        """Starts saving ``metadata``'s requests; returns those whose KV blocks may be freed now."""
         saver = self.saver
         if saver is None:
             return None
@@ -205,20 +189,17 @@ class WorkerSide:
         if metadata is not None and metadata.saves:
             saver.start(metadata.saves)
         done = saver.collect()
-        elapsed = time.perf_counter() - t0
-        self.stats.step(elapsed)
+        self.stats.step(time.perf_counter() - t0)
         return done or None
 
     def metrics_report(self) -> dict | None:
-        """What happened since the last report, for vLLM's metrics (``stats.py``)."""
         saver = self.saver
         return None if saver is None else self.stats.report(saver.pool, saver.writer)
 
     # -- sleep mode (vLLM >= 0.33) ------------------------------------------------------------
 
     def unregister_kv_caches(self) -> None:
-        """Before vLLM frees or remaps the KV cache (sleep, discard): finishes every copy that
-        reads it, then forgets the tensor. Records already copied go on to disk from the pool."""
+        """Before vLLM frees or remaps the KV cache (sleep): finishes every copy, forgets the tensor."""
         saver = self.saver
         if saver is None or self._asleep:
             return
@@ -236,33 +217,22 @@ class WorkerSide:
         )
 
     def restore_kv_caches(self) -> None:
-        """After vLLM has the KV cache back (wake-up): finds the hidden-states cache tensor again."""
         saver = self.saver
         if saver is None or not self._asleep:
             return
-        facts = self.facts
-        kv = self._current_cache_tensor()
-        saver.use_cache(HiddenStatesCache(kv, len(facts.layer_ids), facts.hidden_size, facts.block_size))
-        self._asleep = False
-        logger.info("layertap: KV cache restored (wake-up)")
-
-    def _current_cache_tensor(self) -> Any:
-        """The tensor vLLM has bound to the hidden-states cache layer now."""
-        layers = self.vllm_config.compilation_config.static_forward_context
-        layer = layers.get(self._cache_layer)
+        layer = self.vllm_config.compilation_config.static_forward_context.get(self._cache_layer)
         kv = getattr(layer, "kv_cache", None)
-        if isinstance(kv, (list, tuple)):  # one per virtual engine in older vLLM
-            kv = kv[0] if kv else None
         if kv is None or not hasattr(kv, "shape") or kv.numel() == 0:
             raise ConnectorError(
                 f"layertap connector: vLLM restored the KV caches but layer {self._cache_layer!r} has no cache tensor"
             )
-        return kv
+        saver.use_cache(self._cache(kv))
+        self._asleep = False
+        logger.info("layertap: KV cache restored (wake-up)")
 
     def _refuse_while_asleep(self, saves: StepSaves | None) -> set[str]:
-        """Requests handed over while the KV cache is unregistered: vLLM promises none (it drains
-        before sleeping), and their blocks' contents are gone. Not written, counted as failed,
-        and their blocks released."""
+        """Requests handed over while the KV cache is unregistered (vLLM drains before sleeping, so
+        none should be): their blocks' contents are gone; counted failed, blocks released."""
         if not saves:
             return set()
         self.stats.records_failed += len(saves)
@@ -277,8 +247,7 @@ class WorkerSide:
     # -- end ----------------------------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Saves what an in-process scheduler still holds, writes everything, closes the writer,
-        and reports the statistics."""
+        """Saves what an in-process scheduler still holds, writes everything, reports the statistics."""
         if self._closed:
             return
         self._closed = True
@@ -301,7 +270,6 @@ class WorkerSide:
             self._report()
 
     def summary(self) -> dict:
-        """The statistics as a JSON-able dict (see docs/CONNECTOR.md)."""
         saver = self.saver
         return self.stats.summary(
             pool=saver.pool if saver else None,

@@ -1,13 +1,8 @@
 """Reads the residual stream at chosen decoder-layer boundaries with forward hooks.
 
 Layer id ``k < N`` is read by a pre-hook on decoder layer ``k`` (its input), id ``N`` by a hook on
-the last layer (its output). The hooks append to a list in ascending id order, which is the order
-vLLM's EAGLE-3 interface promises (``set_aux_hidden_state_layers`` sorts the ids); the model's
-``forward`` takes the list when the inner model returns.
-
-The hooks run inside the inner model's forward, which vLLM compiles with torch.compile unless
-``enforce_eager``: dynamo traces module hooks like any other code, and turns the appends into
-outputs of the compiled graph.
+the last layer (its output), appending in ascending id order (the order vLLM's EAGLE-3 interface
+promises). Under torch.compile dynamo traces the hooks and turns the appends into graph outputs.
 """
 
 from __future__ import annotations
@@ -23,8 +18,6 @@ from layertap.vllm.models.families import FUSED, PLAIN
 
 
 class StreamCapture:
-    """Hooks on one model's decoder layers that record the residual stream at ``layer_ids``."""
-
     def __init__(self, layers: Sequence[torch.nn.Module], stream: str):
         if stream not in (FUSED, PLAIN):
             raise PluginError(f"layertap plugin: unknown residual stream convention {stream!r}")
@@ -39,7 +32,6 @@ class StreamCapture:
         return len(self._layers)
 
     def set_layers(self, layer_ids: Sequence[int]) -> None:
-        """Records ``layer_ids`` (0..N) from now on, replacing what was recorded before."""
         ids = tuple(sorted({int(i) for i in layer_ids}))
         n = self.num_layers
         bad = [i for i in ids if not 0 <= i <= n]
@@ -63,7 +55,7 @@ class StreamCapture:
         self.tensors = []
 
     def take(self) -> list[torch.Tensor]:
-        """The tensors recorded by the forward pass that just ran, one ``[tokens, hidden]`` per id."""
+        """The tensors the forward pass just recorded, one ``[tokens, hidden]`` per id."""
         tensors, self.tensors = self.tensors, []
         if len(tensors) != len(self.layer_ids):
             raise CaptureError(
@@ -99,7 +91,6 @@ class StreamCapture:
 
 
 def _argument_positions(layer: torch.nn.Module) -> tuple[int, int | None]:
-    """Positions of ``hidden_states`` and ``residual`` among the layer's forward arguments."""
     names = [
         p.name
         for p in inspect.signature(layer.forward).parameters.values()

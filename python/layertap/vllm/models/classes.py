@@ -1,9 +1,6 @@
-"""vLLM model classes with the EAGLE-3 interface, made on demand from vLLM's own.
-
-``with_aux_hidden_states(arch)`` builds a subclass of vLLM's class for ``arch`` that adds
-``SupportsEagle3``; ``register()`` hands it to vLLM's model registry. The classes live in this
-module under the architecture's name (the module's ``__getattr__`` builds them), so that they
-pickle by reference. Importing this module imports vLLM.
+"""vLLM model classes with the EAGLE-3 interface, made on demand from vLLM's own. They live in
+this module under the architecture's name (``__getattr__`` builds them), so that they pickle by
+reference. Importing this module imports vLLM.
 """
 
 from __future__ import annotations
@@ -21,8 +18,7 @@ from layertap.vllm.models.families import FAMILIES, Family
 
 
 class StreamCaptureOwner:
-    """A model whose family is known (``_layertap_family``) and that reads its residual stream
-    with one ``StreamCapture``, made on first use."""
+    """A model of a known ``_layertap_family`` reading its stream with one ``StreamCapture``."""
 
     _layertap_family: Family
 
@@ -37,9 +33,8 @@ class StreamCaptureOwner:
 
 
 class AuxHiddenStatesMixin(StreamCaptureOwner):
-    """``SupportsEagle3`` for a model whose family is known (``_layertap_family``): vLLM calls
-    ``set_aux_hidden_state_layers`` once the model is loaded, and then expects ``forward`` to
-    return ``(hidden_states, [one tensor per layer id, ascending])``."""
+    """``SupportsEagle3``: vLLM calls ``set_aux_hidden_state_layers`` once the model is loaded, then
+    expects ``forward`` to return ``(hidden_states, [one tensor per layer id, ascending])``."""
 
     def set_aux_hidden_state_layers(self, layers: tuple[int, ...]) -> None:
         from vllm.distributed import get_pp_group
@@ -70,8 +65,7 @@ class AuxHiddenStatesMixin(StreamCaptureOwner):
 
 @functools.cache
 def with_aux_hidden_states(arch: str) -> type:
-    """vLLM's class for ``arch`` with ``SupportsEagle3`` added, or vLLM's class unchanged when it
-    already has the interface (a later vLLM version may add it)."""
+    """vLLM's class for ``arch`` with ``SupportsEagle3`` added, unless it has it already."""
     family = FAMILIES.get(arch)
     if family is None:
         raise AttributeError(f"layertap plugin: no model class for architecture {arch!r}")
@@ -82,8 +76,6 @@ def with_aux_hidden_states(arch: str) -> type:
 
 
 def aux_hidden_states_class(base: type, family: Family, name: str) -> type:
-    """A subclass of the vLLM model class ``base`` named ``name`` (in this module) that implements
-    ``SupportsEagle3`` through ``AuxHiddenStatesMixin``, reading the stream as ``family`` says."""
     base_forward = base.forward
 
     # The base's signature stays visible (functools.wraps): vLLM inspects the model's forward

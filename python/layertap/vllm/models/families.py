@@ -1,14 +1,9 @@
 """The architectures the plugin covers, and where each keeps its residual stream.
 
-vLLM's ``extract_hidden_states`` needs the model to implement its EAGLE-3 interface; the
-architectures below lack it in vLLM 0.26 or 0.32 (or both). For each, the plugin taps the
-residual stream at the decoder layers' boundaries with forward hooks, so a layer id means the same
-as for the models that have the interface (docs/CONNECTOR.md, "Models without the EAGLE-3
-interface"): id ``k < N`` is the input of decoder layer ``k`` (transformers'
-``output_hidden_states[k]``: for ``k = 0`` the embeddings after the model's own scaling), id ``N``
-the output of the last decoder layer before the final norm.
-
-Nothing here imports vLLM or torch.
+A layer id means what it means for the models with vLLM's EAGLE-3 interface: id ``k < N`` is the
+input of decoder layer ``k`` (transformers' ``output_hidden_states[k]``; ``k = 0``: the scaled
+embeddings), id ``N`` the last decoder layer's output before the final norm. Nothing here imports
+vLLM or torch.
 """
 
 from __future__ import annotations
@@ -32,11 +27,10 @@ class Family:
     module: str
     """vLLM's module under ``vllm.model_executor.models`` that defines the architecture's class."""
     class_name: str
-    """The class in that module (the architecture's name unless vLLM aliases it)."""
     layers: str
     """Attribute path from the model to its ``ModuleList`` of decoder layers."""
     stream: str
-    """``FUSED`` or ``PLAIN``: how a decoder layer carries the residual stream."""
+    """``FUSED`` or ``PLAIN``."""
 
 
 def _family(module: str, stream: str = FUSED, *, layers: str = "model.layers", cls: str | None = None):

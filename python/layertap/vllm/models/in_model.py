@@ -1,26 +1,18 @@
-"""Capture in the model: the model class caches the hidden states itself, without vLLM's
-speculative method (connector option ``capture="in-model"``).
+"""Capture in the model (``capture="in-model"``): the model class caches the hidden states
+itself, without vLLM's speculative method.
 
-vLLM's ``extract_hidden_states`` caches the hidden states through a draft "model" that owns one
-cache-only attention layer (``CacheOnlyAttentionLayer``, a ``HiddenStateCacheSpec`` KV-cache group),
-run as a speculative step: every decode step schedules two tokens per request (its token and a
-draft that is thrown away), then runs the draft forward and the rejection sampler. Its layer also
-holds the engine to piecewise CUDA graphs (it declares no full-graph support).
+vLLM's ``extract_hidden_states`` caches them through a draft "model" owning one cache-only
+attention layer, run as a speculative step: every decode step schedules a second, discarded token
+per request, then the draft forward and the rejection sampler; and its layer holds the engine to
+piecewise CUDA graphs. Here the target model owns that layer, under the method's name
+(``cache_only_layers.{N}``), and writes the recorded layers into it at the end of its forward,
+from the slot mapping vLLM computes for every KV-cache group: one token per request per decode
+step, and the connector reads the same cache as with the method.
 
-Here the target model owns that layer, under the name the method gives it
-(``cache_only_layers.{N}``), and writes the recorded layers into it at the end of its own forward,
-from the slot mapping vLLM computes for every KV-cache group. No speculative configuration: a
-decode step schedules one token per request and nothing runs after the model. vLLM allocates,
-caches (prefix caching) and frees that group's blocks like any other, and the connector reads the
-same cache as with the method.
-
-``in_model_class(arch)`` is vLLM's class for ``arch`` (with the EAGLE-3 interface added by
-``classes.py`` where vLLM's lacks it) plus ``InModelCacheMixin``: when the vLLM configuration it is
-built with asks for it (``kv_connector_extra_config`` with ``capture="in-model"`` and ``layer_ids``,
-read by ``layertap.vllm.config.in_model_layer_ids``), it puts the plugin's hooks on its decoder
-layers (``capture.py``) and owns the cache-only layer; otherwise it is the class it extends. The
-classes live in this module under the architecture's name (pickled by reference). Importing this
-module imports vLLM.
+``in_model_class(arch)`` is vLLM's class (with ``classes.py``'s EAGLE-3 interface where vLLM's
+lacks it) plus ``InModelCacheMixin``, which does this when its configuration asks
+(``config.in_model_layer_ids``) and nothing otherwise. The classes live in this module under the
+architecture's name (pickled by reference). Importing this module imports vLLM.
 """
 
 from __future__ import annotations
@@ -39,7 +31,8 @@ from vllm.model_executor.models.extract_hidden_states import (
 )
 from vllm.v1.attention.backend import AttentionCGSupport
 
-from layertap.vllm.config import ConfigError, in_model_layer_ids
+from layertap.vllm.config import ConfigError, in_model_layer_ids, refuse_speculation
+from layertap.vllm.engine_facts import check_layer_ids
 from layertap.vllm.models.classes import StreamCaptureOwner, with_aux_hidden_states
 from layertap.vllm.models.families import FAMILIES, IN_MODEL_FAMILIES
 
@@ -47,27 +40,22 @@ from layertap.vllm.models.families import FAMILIES, IN_MODEL_FAMILIES
 class GraphSafeCacheOnlyBuilder(CacheOnlyAttentionMetadataBuilder):
     """vLLM's cache-only metadata builder, declaring that full CUDA graphs may replay it.
 
-    The cache write does not read this metadata: it reads the forward context's slot mapping,
-    which the model runner keeps in persistent buffers (padded with -1, which the write sends to
-    the null block) for every KV-cache group, as full graphs need for the attention layers' own
-    cache writes. vLLM's builder declares no support (``NEVER``), which turns the whole engine's
-    ``FULL_AND_PIECEWISE`` into ``PIECEWISE`` (decode steps replay many small graphs instead of
-    one); with this one the engine keeps the mode it would have without extraction."""
+    The cache write reads not this metadata but the forward context's slot mapping, which the
+    model runner keeps in persistent buffers (padded with -1: the null block) as full graphs need.
+    vLLM's builder declares ``NEVER``, which turns the whole engine's ``FULL_AND_PIECEWISE`` into
+    ``PIECEWISE``; with this one the engine keeps the mode it would have without extraction."""
 
     _cudagraph_support = AttentionCGSupport.ALWAYS
 
 
 class GraphSafeCacheOnlyBackend(CacheOnlyAttentionBackend):
-    """vLLM's cache-only backend with ``GraphSafeCacheOnlyBuilder``."""
-
     @staticmethod
     def get_builder_cls() -> type[GraphSafeCacheOnlyBuilder]:
         return GraphSafeCacheOnlyBuilder
 
 
 class HiddenStatesCacheLayer(CacheOnlyAttentionLayer):
-    """vLLM's cache-only layer (one row of ``[layers, hidden]`` per token: ``num_heads`` = layers,
-    ``head_size`` = hidden) on ``GraphSafeCacheOnlyBackend``."""
+    """vLLM's cache-only layer (``num_heads``: layers, ``head_size``: hidden) on the graph-safe backend."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -77,19 +65,8 @@ class HiddenStatesCacheLayer(CacheOnlyAttentionLayer):
         return GraphSafeCacheOnlyBackend
 
 
-def _check_layer_ids(ids: tuple[int, ...], num_layers: int) -> None:
-    bad = [i for i in ids if not 0 <= i <= num_layers]
-    if bad:
-        raise ConfigError(
-            "layer_ids",
-            f"{bad} out of range for a model of {num_layers} layers: id k < {num_layers} is the input of "
-            f"decoder layer k (0: the embeddings), {num_layers} is the last layer's output",
-        )
-
-
 class InModelCacheMixin(StreamCaptureOwner):
-    """Caches the residual stream at the configured layer ids into a cache-only layer of the
-    model's own, at the end of every forward, when the configuration asks for it."""
+    """Caches the residual stream at the configured layer ids into a cache-only layer of its own."""
 
     def __init__(self, *, vllm_config: Any, prefix: str = "", **kwargs: Any):
         super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
@@ -102,18 +79,12 @@ class InModelCacheMixin(StreamCaptureOwner):
         from vllm.distributed import get_pp_group
         from vllm.model_executor.models.utils import maybe_prefix
 
-        spec = vllm_config.speculative_config
-        if spec is not None:
-            raise ConfigError(
-                "capture",
-                f'"in-model" runs without speculative decoding, but speculative_config (method '
-                f'{getattr(spec, "method", None)!r}) is set; remove it, or use capture="method"',
-            )
+        refuse_speculation(vllm_config.speculative_config)
         if get_pp_group().world_size > 1:
             raise ConfigError("capture", '"in-model" with pipeline parallelism is not supported')
         capture = self._layertap_capture()
         num_layers = vllm_config.model_config.get_total_num_hidden_layers()
-        _check_layer_ids(ids, num_layers)
+        check_layer_ids(ids, num_layers, "layer_ids")
         capture.set_layers(ids)
         # The hidden states are stored in the model's dtype, whatever the KV cache's.
         cache_config = vllm_config.cache_config
@@ -144,8 +115,6 @@ class InModelCacheMixin(StreamCaptureOwner):
 
 @functools.cache
 def in_model_class(arch: str) -> type:
-    """The model class for ``arch`` (one of ``IN_MODEL_FAMILIES``) that can cache its hidden
-    states itself."""
     family = IN_MODEL_FAMILIES.get(arch)
     if family is None:
         raise AttributeError(f"layertap plugin: no in-model capture for architecture {arch!r}")
