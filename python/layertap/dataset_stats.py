@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +22,7 @@ import numpy as np
 from layertap._spec.record import HIDDEN_STATES, LAYER_IDS, LOSS_MASK, REDUCTION, WINDOW_START
 from layertap._text import plural
 from layertap.fp8 import SCALE_NAME
+from layertap.reader import progress_bar
 
 #: How many keys each finding keeps (the count is always whole).
 KEYS_KEPT = 20
@@ -138,16 +138,10 @@ class LayerStats:
                 f"{self.name}: constant (every value equal, not zero) in {self.constant.count:,} of {records:,} "
                 f"records ({self.constant.named()})"
             )
-        if self.with_nan.count:
-            out.append(
-                f"{self.name}: NaN in {plural(self.with_nan.count, 'record')} ({plural(self.nan, 'value')}; "
-                f"{self.with_nan.named()})"
-            )
-        if self.with_inf.count:
-            out.append(
-                f"{self.name}: Inf in {plural(self.with_inf.count, 'record')} ({plural(self.inf, 'value')}; "
-                f"{self.with_inf.named()})"
-            )
+        for what, found, values in (("NaN", self.with_nan, self.nan), ("Inf", self.with_inf, self.inf)):
+            if found.count:
+                where = f"{plural(found.count, 'record')} ({plural(values, 'value')}; {found.named()})"
+                out.append(f"{self.name}: {what} in {where}")
         if self.with_zero_rows.count:
             out.append(
                 f"{self.name}: {plural(self.zero_rows, 'token')} whose row is all zero in "
@@ -166,11 +160,10 @@ class LayerStats:
             "nan": self.nan,
             "inf": self.inf,
             "zero_rows": self.zero_rows,
-            "all_zero": self.all_zero.to_json(),
-            "constant": self.constant.to_json(),
-            "with_nan": self.with_nan.to_json(),
-            "with_inf": self.with_inf.to_json(),
-            "with_zero_rows": self.with_zero_rows.to_json(),
+            **{
+                k: getattr(self, k).to_json()
+                for k in ("all_zero", "constant", "with_nan", "with_inf", "with_zero_rows")
+            },
             "rms_histogram": histogram([r for r in self.record_rms if not math.isnan(r)]),
         }
 
@@ -376,19 +369,10 @@ def dataset_stats(ds, progress: bool = False) -> DatasetStats:
     returns what it found; corrupt records are left out and listed in ``corrupt``."""
     stats = DatasetStats(ds.path)
     records = ds.iter(errors="skip")
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(ds), unit="rec", desc="stats", file=sys.stderr, dynamic_ncols=True)
-    try:
+    with progress_bar(progress, len(ds), "stats") as bar:
         for record in records:
             stats.add(record)
-            if bar is not None:
-                bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
+            bar.update(1)
     stats.corrupt = list(records.problems)
     return stats
 
