@@ -14,11 +14,11 @@ import numpy as np
 
 from layertap._native import NativeShardReader, batch_memory, is_being_written, read_batch_into, read_stored_into
 from layertap._spec import json_text
-from layertap._types import IndexEntry, Problem, ProblemKind
+from layertap._types import ClosedOnExit, IndexEntry, Problem, ProblemKind
 from layertap.errors import FormatError
 
 
-class RustShardReader:
+class RustShardReader(ClosedOnExit):
     """One shard, read by the Rust core: the shard-backend protocol (``layertap._types``), and
     ``shard_id``, ``header_len``, ``data_end``, ``index_unusable``, ``closed``.
 
@@ -110,12 +110,6 @@ class RustShardReader:
 
     def __len__(self) -> int:
         return len(self.entries)
-
-    def __enter__(self) -> RustShardReader:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "complete" if self.complete else "open"

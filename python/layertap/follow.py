@@ -41,7 +41,7 @@ from layertap._spec.format import (
 )
 from layertap._spec.lock import is_locked
 from layertap._tensors import tensor_maker
-from layertap._types import IndexEntry, Problem, ProblemKind
+from layertap._types import ClosedOnExit, IndexEntry, Problem, ProblemKind
 from layertap.errors import (
     CorruptRecordError,
     FormatError,
@@ -268,7 +268,7 @@ class ShardTail:
     __del__ = close
 
 
-class DatasetTail:
+class DatasetTail(ClosedOnExit):
     """The shards of a dataset directory (of one writer, if ``writer_id`` is given) as they
     appear, each a ``ShardTail``; ``wait`` blocks until one of them changes. Close it (or use
     it as a context manager) to release the files.
@@ -363,14 +363,8 @@ class DatasetTail:
         for shard in self._shards.values():
             shard.close()
 
-    def __enter__(self) -> DatasetTail:
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-class _Following:
+class _Following(ClosedOnExit):
     """What both followers share: the iterator over ``_run``, the idle timeout, the records
     skipped with ``errors="skip"``, and closing."""
 
@@ -405,12 +399,6 @@ class _Following:
     def close(self) -> None:
         """Stops following and releases what it holds (idempotent)."""
         self._records.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 class Follow(_Following):

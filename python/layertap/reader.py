@@ -34,7 +34,7 @@ from layertap._spec.format import (
 from layertap._spec.lock import is_locked
 from layertap._spec.record import HIDDEN_STATES, LAYER_IDS, TOKEN_IDS
 from layertap._tensors import tensor_maker
-from layertap._types import IndexEntry, Problem, ProblemKind, ShardBackend, ShardInfo, VerifyReport
+from layertap._types import ClosedOnExit, IndexEntry, Problem, ProblemKind, ShardBackend, ShardInfo, VerifyReport
 from layertap.errors import CorruptRecordError, FormatError, RecordMissingError, RecordNotFoundError
 
 if TYPE_CHECKING:
@@ -166,7 +166,7 @@ def shard_paths(directory: str) -> list[str]:
     return [os.path.join(directory, n) for n in sorted(names, key=os.fsencode)]  # byte-wise order
 
 
-class Dataset:
+class Dataset(ClosedOnExit):
     """The records of one shard or of every shard of a dataset directory, in dataset order
     (shards by file name, records in file order). Use ``layertap.open`` to make one."""
 
@@ -362,12 +362,6 @@ class Dataset:
     def close(self) -> None:
         for s in self._shards:
             s.close()
-
-    def __enter__(self) -> Dataset:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"Dataset({self.path!r}, {len(self._shards)} shards, {len(self)} records)"

@@ -13,7 +13,7 @@ from typing import Any
 
 from layertap._options import WriterOptions, options_with
 from layertap._tensors import prepare_record
-from layertap._types import Completion
+from layertap._types import ClosedOnExit, Completion
 from layertap._writer_protocol import BufferRecord
 from layertap.errors import InvalidInputError, WriterClosedError
 
@@ -28,7 +28,7 @@ def _native_class():
     return NativeShardWriter
 
 
-class ShardWriter:
+class ShardWriter(ClosedOnExit):
     """Writes records into the shards of a dataset directory, with the Rust core.
 
     ``submit`` checks a record and queues it without copying its tensors; a pool of threads
@@ -97,12 +97,6 @@ class ShardWriter:
         policy and releases the shard locks. Idempotent."""
         self._closed = True
         self._native.close()
-
-    def __enter__(self) -> ShardWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     @property
     def stats(self) -> dict:
