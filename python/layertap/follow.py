@@ -32,12 +32,12 @@ from layertap._decoder import RecordDecoder, record_decoder
 from layertap._spec.format import (
     CODECS,
     KIND_INDEX,
-    SHARD_SUFFIX,
     TRAILER_LEN,
     FormatProblem,
     Truncated,
     decode_trailer,
     frame_header_len,
+    parse_shard_index,
 )
 from layertap._spec.lock import is_locked
 from layertap._tensors import tensor_maker
@@ -106,13 +106,9 @@ class NotYet(Exception):
 
 def _writer_and_index(name: str) -> tuple[str, int] | None:
     """``(writer_id, shard index)`` of a shard file name ``{writer_id}-{n:06}.lts``."""
-    if not name.endswith(SHARD_SUFFIX):
-        return None
-    stem = name[: -len(SHARD_SUFFIX)]
-    writer_id, sep, digits = stem.rpartition("-")
-    if not sep or not writer_id or len(digits) < 6 or not (digits.isascii() and digits.isdigit()):
-        return None
-    return writer_id, int(digits)
+    writer_id = name.rpartition("-")[0]
+    index = parse_shard_index(name, writer_id) if writer_id else None
+    return None if index is None else (writer_id, index)
 
 
 class ShardTail:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import builtins
+import itertools
 import json
 import operator
 import os
@@ -184,9 +185,7 @@ class Dataset(ClosedOnExit):
         self._make = tensor_maker(tensors)
         self._shards = shards
         self._unreadable = unreadable or []
-        self._starts = [0]
-        for s in shards:
-            self._starts.append(self._starts[-1] + len(s.entries))
+        self._starts = [0, *itertools.accumulate(len(s.entries) for s in shards)]
         self._first: dict[str, int] = {}
         for pos, (_, e) in enumerate(self._entries()):
             self._first.setdefault(e.key, pos)
