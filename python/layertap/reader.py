@@ -144,8 +144,7 @@ class _TornEmptyShard:
     def read(self, i: int, verify: bool = True):
         raise IndexError(i)
 
-    def check(self, i: int) -> None:
-        raise IndexError(i)
+    check = read
 
     def close(self) -> None:
         pass
@@ -300,7 +299,15 @@ class Dataset(ClosedOnExit):
         """A ``duplicate_key`` problem for each record whose key an earlier record (in dataset
         order) has: lookups, exports and ``HiddenStatesDataset`` use that first record. Read from
         the indexes, nothing is decoded."""
-        return self._duplicates()
+        first: dict[str, tuple[str, int]] = {}
+        out = []
+        for s, e in self._entries():
+            path, offset = first.setdefault(e.key, (s.path, e.frame_offset))
+            if (path, offset) != (s.path, e.frame_offset):
+                why = f"key {e.key!r} was already used by the record at offset {offset} of {path}, "
+                why += "which is the key's record"
+                out.append(Problem(s.path, e.frame_offset, e.key, ProblemKind.DUPLICATE_KEY, why))
+        return out
 
     @property
     def backends(self) -> list[ShardBackend]:
@@ -340,21 +347,10 @@ class Dataset(ClosedOnExit):
                         report.records_ok += 1
                     bar.update(1)
         if allow_duplicates:
-            report.duplicates = self._duplicates()
+            report.duplicates = self.duplicates
         else:
-            report.problems += self._duplicates()
+            report.problems += self.duplicates
         return report
-
-    def _duplicates(self) -> list[Problem]:
-        first: dict[str, tuple[str, int]] = {}
-        out = []
-        for s, e in self._entries():
-            path, offset = first.setdefault(e.key, (s.path, e.frame_offset))
-            if (path, offset) != (s.path, e.frame_offset):
-                why = f"key {e.key!r} was already used by the record at offset {offset} of {path}, "
-                why += "which is the key's record"
-                out.append(Problem(s.path, e.frame_offset, e.key, ProblemKind.DUPLICATE_KEY, why))
-        return out
 
     # -- lifetime -----------------------------------------------------------------------------
 
