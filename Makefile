@@ -112,7 +112,7 @@ support-table: ## Regenerate docs/CONNECTOR.md's support table, merging ROWS (th
 
 .PHONY: demo
 demo: build ## layertap generate over a small chat JSONL with a built-in tiny model, then inspect (installs only what it needs)
-	$(BIN)/python -m layertap.demo $(DEMO_ARGS)
+	$(BIN)/python demo/demo.py $(DEMO_ARGS)
 
 BENCH_DIR ?= /var/tmp/layertap-bench
 BENCH_NAME ?= $(shell hostname)-$(shell date +%Y%m%d)

@@ -31,7 +31,9 @@ import torch
 
 def make(dir_: Path, records: int, tokens: int, hidden: int) -> tuple[str, str]:
     import layertap
-    from layertap._tiny_model import build_tiny_llama
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from tiny_llama import build_tiny_llama
 
     model = build_tiny_llama(
         dir_ / "model",

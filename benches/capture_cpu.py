@@ -125,7 +125,8 @@ def main() -> None:
     if unknown or "none" not in args.modes:
         parser.error(f"--modes: unknown {unknown}, or no 'none' to compare with")
 
-    from layertap._tiny_model import build_tiny_llama
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    from tiny_llama import build_tiny_llama
 
     work = Path(tempfile.mkdtemp(prefix="capture-cpu-"))
     os.environ.setdefault("VLLM_CACHE_ROOT", str(work / "cache"))

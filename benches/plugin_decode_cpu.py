@@ -53,7 +53,8 @@ if os.environ.get("LAYERTAP_BENCH_HOOKED_LLAMA") == "1":
 
 
 def build_models(root: Path) -> dict[str, str]:
-    from layertap._tiny_model import build_tiny_llama
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    from tiny_llama import build_tiny_llama
 
     llama = build_tiny_llama(root / "llama")
     hooked = root / "hooked-llama"

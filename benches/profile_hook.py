@@ -17,8 +17,10 @@ import os
 import pstats
 import random
 import shutil
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 TOKENS = 256
 
@@ -30,8 +32,9 @@ def main() -> None:
     args = ap.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the worker in this process, to time it
 
-    from layertap._tiny_model import build_tiny_llama
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from layertap.vllm import worker
+    from tiny_llama import build_tiny_llama
 
     profiler = cProfile.Profile()
     step_seconds: list[float] = []

@@ -47,7 +47,7 @@ def read_all(source, skip=None) -> list:
 def tokenizer(tmp_path_factory):
     from transformers import AutoTokenizer
 
-    from layertap._tiny_model import build_tiny_llama
+    from tiny_llama import build_tiny_llama
 
     return AutoTokenizer.from_pretrained(build_tiny_llama(tmp_path_factory.mktemp("tiny")))
 
@@ -181,7 +181,7 @@ def marked_tokenizer(tokenizer):
     """The tiny tokenizer with a chat template that marks the assistant's turns."""
     import copy
 
-    from layertap._tiny_model import CHAT_TEMPLATE_WITH_GENERATION
+    from tiny_llama import CHAT_TEMPLATE_WITH_GENERATION
 
     marked = copy.deepcopy(tokenizer)
     marked.chat_template = CHAT_TEMPLATE_WITH_GENERATION

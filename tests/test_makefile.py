@@ -49,7 +49,7 @@ def test_the_demo_installs_only_the_demo_requirements(tmp_path):
     assert "-r requirements-demo.txt" in commands
     assert "requirements-dev.txt" not in commands and "requirements-specforge.txt" not in commands
     assert "requirements-modelopt.txt" not in commands
-    assert "maturin develop" in commands and "layertap.demo" in commands
+    assert "maturin develop" in commands and "demo/demo.py" in commands
 
 
 def test_the_tests_install_the_dev_requirements(tmp_path):

@@ -40,16 +40,11 @@ def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def choices_text(choices: Iterable[object]) -> str:
-    """``'a', 'b', 'c'``: the choices as a message lists them."""
-    return ", ".join(map(repr, choices))
-
-
 def one_of(name: str, value: T, choices: Iterable[object], error: ErrorClass = InvalidInputError) -> T:
     """``value``, once it is one of ``choices``."""
     choices = tuple(choices)
     if value not in choices:
-        raise error_for(error, name, f"must be one of {choices_text(choices)}, not {value!r}")
+        raise error_for(error, name, f"must be one of {', '.join(map(repr, choices))}, not {value!r}")
     return value
 
 
@@ -108,7 +103,6 @@ def check_str_map(metadata: object) -> dict[str, str]:
 
 __all__ = [
     "check_str_map",
-    "choices_text",
     "error_for",
     "flag",
     "is_int",

@@ -1,18 +1,15 @@
 """The decoder of one record from its stored payload, for the readers that find a record's bytes
 outside a shard backend: ``layertap.follow`` (a shard still being written) and the Mooncake
-backend (a store object). ``record_decoder(backend)`` is the Rust core's
-(``layertap._native.decode_record`` and ``read_record``: the GIL released while they read, check
-and decode), or, asked for ``backend="python"`` or without the extension, the Python
+backend (a store object). ``record_decoder(backend)`` is the Rust core's (the GIL released while
+it reads, checks and decodes), or, for ``backend="python"`` or without the extension, the Python
 reference's (``layertap._py.decode``), imported only then.
 
-``decode(stored, *, key, codec, raw_len, payload_crc, path, offset)`` decodes the payload bytes
-``stored`` (a store object's); ``read(path, payload_offset, *, key, codec, raw_len, stored_len,
-payload_crc, offset, fd=None)`` reads them from a shard file first (through ``fd`` if given) (codec ``none`` records mapped, not
-copied, by the core, as ``layertap.open`` reads them). ``codec`` is the wire id, ``payload_crc``
-None is not checked, ``offset`` is the frame's. Both return ``(metadata, [(name, dtype, shape,
-buffer)])`` as a shard backend's ``read`` does, and raise CorruptRecordError naming ``path``,
-``offset`` and ``key`` when the payload is not that record intact (or is cut off by the end of
-the file)."""
+``decode(stored, *, key, codec, raw_len, payload_crc, path, offset)`` decodes a store object's
+bytes; ``read(path, payload_offset, *, key, codec, raw_len, stored_len, payload_crc, offset,
+fd=None)`` reads them from a shard file first (codec ``none`` records mapped, not copied).
+``codec`` is the wire id, ``payload_crc`` None is not checked, ``offset`` is the frame's. Both
+return what a shard backend's ``read`` does, and raise CorruptRecordError naming ``path``,
+``offset`` and ``key`` when the payload is not that record intact."""
 
 from __future__ import annotations
 

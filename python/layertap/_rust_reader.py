@@ -1,11 +1,9 @@
-"""``RustShardReader``: the shard backend (see ``layertap.reader``) over the Rust core's
-memory-mapped reader (``layertap._native.NativeShardReader``).
+"""``RustShardReader``: the shard backend over the Rust core's memory-mapped reader.
 
 Records stored with codec ``none`` are not copied: each read of a record of at least 64 KiB gets
 its own private copy-on-write mapping of the shard, so its tensors are writable, writing to them
-never reaches the file, and no other read of the record sees the writes. Smaller records and
-compressed ones are read into buffers of their own. The GIL is released while the core scans,
-checks checksums and decompresses.
+never reaches the file, and no other read of the record sees the writes. The GIL is released
+while the core scans, checks checksums and decompresses.
 """
 
 from __future__ import annotations
@@ -16,20 +14,17 @@ import numpy as np
 
 from layertap._native import NativeShardReader, batch_memory, is_being_written, read_batch_into, read_stored_into
 from layertap._spec import json_text
-from layertap._types import IndexEntry, Problem, ProblemKind
+from layertap._types import ClosedOnExit, IndexEntry, Problem, ProblemKind
 from layertap.errors import FormatError
 
 
-class RustShardReader:
-    """One shard, read by the Rust core. Implements the shard-backend protocol: ``path``,
-    ``complete``, ``meta``, ``file_bytes``, ``torn_tail_bytes``, ``being_written``,
-    ``scan_problems``, ``entries``, ``lost_in_recovery``, ``read()``, ``check()``, ``close()``;
-    also ``shard_id``,
-    ``header_len``, ``data_end``, ``index_unusable``, ``closed``.
+class RustShardReader(ClosedOnExit):
+    """One shard, read by the Rust core: the shard-backend protocol (``layertap._types``), and
+    ``shard_id``, ``header_len``, ``data_end``, ``index_unusable``, ``closed``.
 
-    Raises ``FormatError`` for a file that is not a shard and ``OSError`` (e.g.
-    ``FileNotFoundError``) when the file cannot be opened. ``probe_lock=False`` skips the check of
-    whether a writer holds the shard (``being_written`` is then False)."""
+    Raises ``FormatError`` for a file that is not a shard, ``OSError`` when it cannot be opened.
+    ``probe_lock=False`` skips the check of whether a writer holds the shard (``being_written``
+    is then False)."""
 
     def __init__(self, path: str | os.PathLike, *, probe_lock: bool = True):
         self.path = os.fspath(path)
@@ -60,10 +55,8 @@ class RustShardReader:
     def read(
         self, i: int, verify: bool = True
     ) -> tuple[dict[str, str], list[tuple[str, str, tuple[int, ...], np.ndarray]]]:
-        """``(metadata, [(name, dtype, shape, buffer)])`` of record ``i``, tensors in the order of
-        their data. Each buffer is a writable one-dimensional ``uint8`` numpy array over the
-        record's own memory (it keeps that memory alive). With ``verify`` the payload checksum
-        is checked first. Raises ``CorruptRecordError`` (``path``, ``offset``, ``key``)."""
+        """``(metadata, [(name, dtype, shape, buffer)])`` of record ``i``, each buffer a writable
+        ``uint8`` numpy array over the record's own memory. Raises ``CorruptRecordError``."""
         metadata, tensors = self._native.read(i, verify)
         return metadata, [(name, dtype, shape, np.asarray(buf)) for name, dtype, shape, buf in tensors]
 
@@ -71,13 +64,11 @@ class RustShardReader:
     def read_batch_into(
         reads: list[tuple[RustShardReader, int, object]], name: str, *, verify: bool = True, threads: int = 1
     ) -> list[tuple[dict[str, str], list[tuple[str, str, tuple[int, ...], np.ndarray | None]]] | Exception]:
-        """Reads the records of a batch together: ``reads`` holds ``(reader, i, out)``, ``out`` a
-        writable C-contiguous buffer (the record's padded row of the batch) that record ``i``'s
-        tensor ``name`` is decoded straight into, at its start, zeros after it, when it fits; no
-        two ``out`` overlap (else ``ValueError``). The records' bytes are asked of the kernel first, then
-        decoded on up to ``threads`` threads with the GIL released. Returns, in order, what
-        ``read`` returns, with that tensor's buffer None when it went to ``out``, or the
-        exception reading the record raised (``CorruptRecordError``...)."""
+        """Reads a batch's records together: ``reads`` holds ``(reader, i, out)``, ``out`` a
+        writable buffer (the record's padded row) that record ``i``'s tensor ``name`` is decoded
+        straight into, zeros after it, when it fits; no two ``out`` overlap (else ``ValueError``).
+        Returns, in order, what ``read`` returns (that tensor's buffer None when it went to
+        ``out``), or the exception reading the record raised."""
         results = read_batch_into(
             [(r._native, i, out) for r, i, out in reads], name=name, verify=verify, threads=threads
         )
@@ -92,25 +83,21 @@ class RustShardReader:
     def read_stored_into(
         reads: list[tuple[RustShardReader, int, object]], *, verify: bool = True, threads: int = 1
     ) -> list[Exception | None]:
-        """Copies the stored payloads of a batch's records as the shards hold them (for a decoder
-        on a GPU): ``reads`` holds ``(reader, i, out)``, ``out`` a writable C-contiguous buffer of
-        exactly record ``i``'s ``stored_len`` bytes, no two overlapping (else ``ValueError``).
-        The copies run on up to ``threads`` threads with the GIL released, each checksum checked
-        as it is copied (with ``verify``). Returns, in order, None for each record copied or the
-        exception reading it raised (``CorruptRecordError``...)."""
+        """Copies the stored payloads of a batch's records (for a decoder on a GPU): ``reads``
+        holds ``(reader, i, out)``, ``out`` a writable buffer of exactly record ``i``'s
+        ``stored_len`` bytes, no two overlapping. Returns, in order, None for each record copied
+        or the exception reading it raised."""
         return read_stored_into([(r._native, i, out) for r, i, out in reads], verify=verify, threads=threads)
 
     @staticmethod
     def batch_memory(nbytes: int) -> np.ndarray:
-        """``nbytes`` of writable memory (a ``uint8`` array) for a batch to be read into with
-        ``read_batch_into``: memory an earlier batch used, once nothing refers to it any more
-        (so it costs no page faults), when one is large enough, else new zeroed memory. Its
-        bytes are whatever that batch left. Raises ``MemoryError`` when it cannot be allocated."""
+        """``nbytes`` of writable memory for a batch (``read_batch_into``): an earlier batch's that
+        nothing refers to any more, when large enough (it costs no page faults; its bytes are
+        what that batch left), else new zeroed memory."""
         return np.asarray(batch_memory(nbytes))
 
     def check(self, i: int) -> None:
-        """Checks record ``i`` fully: its frame header agrees with the entry, its payload matches
-        its checksum and decodes, and its key is right. Raises ``CorruptRecordError``."""
+        """Checks record ``i``: frame header against the entry, checksum, decoding, key."""
         self._native.check(i)
 
     def close(self) -> None:
@@ -123,12 +110,6 @@ class RustShardReader:
 
     def __len__(self) -> int:
         return len(self.entries)
-
-    def __enter__(self) -> RustShardReader:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "complete" if self.complete else "open"

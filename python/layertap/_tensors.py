@@ -1,9 +1,8 @@
 """Conversions between what callers hand the writers (torch tensors, numpy arrays, raw buffers)
-and what the format stores (bytes, a safetensors dtype name, a shape), and back into tensors (or
-numpy arrays where torch is not installed), shared by both writers and both readers.
+and what the format stores (bytes, a safetensors dtype name, a shape), and back.
 
-Writers never copy: a tensor becomes a ``memoryview`` over its own memory, and the memoryview
-keeps the tensor alive for as long as the writer holds it.
+Writers never copy: a tensor becomes a ``memoryview`` over its own memory, which keeps the tensor
+alive for as long as the writer holds it.
 """
 
 from __future__ import annotations
@@ -62,15 +61,10 @@ def _torch_available() -> bool:
         return False
 
 
-def _loaded_torch():
-    """The torch module if something imported it already, else None (then no value is a tensor)."""
-    return sys.modules.get("torch")
-
-
 def dtype_name(dtype: Any) -> str:
     """The safetensors name of a torch dtype, numpy dtype (bfloat16 from ml_dtypes included) or
     name (``"BF16"``, ``"bfloat16"``, ``"torch.bfloat16"``)."""
-    torch = _loaded_torch()
+    torch = sys.modules.get("torch")  # not loaded: no value is a torch dtype
     if torch is not None and isinstance(dtype, torch.dtype):
         names = _torch_dtypes()[1]
         if dtype in names:
@@ -108,11 +102,9 @@ def _from_torch(name: str, t) -> tuple[memoryview, str, tuple[int, ...]]:
         raise InvalidInputError(f"tensor {name!r} is on {t.device}; copy it to the CPU first")
     if not t.is_contiguous():
         raise InvalidInputError(f"tensor {name!r} is not contiguous; call .contiguous() first")
-    dtype = dtype_name(t.dtype)
-    shape = tuple(t.shape)
     # A uint8 view of the tensor's own memory; numpy keeps a reference to the tensor.
     flat = t.detach().reshape(-1).view(torch.uint8).numpy()
-    return memoryview(flat), dtype, shape
+    return memoryview(flat), dtype_name(t.dtype), tuple(t.shape)
 
 
 def _from_numpy(name: str, a: np.ndarray) -> tuple[memoryview, str, tuple[int, ...]]:
@@ -160,7 +152,7 @@ def normalize(tensors: Mapping[str, Any]) -> tuple[list[tuple[str, memoryview, s
     for name, value in tensors.items():
         if not isinstance(name, str) or not name or name == "__metadata__":
             raise InvalidInputError(f"tensor name {name!r} is not allowed")
-        torch = _loaded_torch()
+        torch = sys.modules.get("torch")  # not loaded: no value is a tensor
         if torch is not None and isinstance(value, torch.Tensor):
             view, dtype, shape = _from_torch(name, value)
         elif isinstance(value, np.ndarray):
@@ -173,10 +165,7 @@ def normalize(tensors: Mapping[str, Any]) -> tuple[list[tuple[str, memoryview, s
                 f"got {type(value).__name__}"
             )
         out.append((name, view, dtype, shape))  # empty tensors too: a zero-token record
-    num_tokens = 0
-    for name, _, _, shape in out:
-        if name == TOKEN_IDS and shape:
-            num_tokens = shape[0]
+    num_tokens = next((shape[0] for name, _, _, shape in out if name == TOKEN_IDS and shape), 0)
     if num_tokens >= 1 << 32:
         raise InvalidInputError(f"token_ids has {num_tokens} tokens; at most 2**32 - 1 fit a record")
     return out, num_tokens
@@ -188,8 +177,7 @@ Prepared = tuple[str, list[tuple[str, memoryview, str, Any]], dict[str, str], in
 
 
 def prepare_record(record: Any) -> Prepared:
-    """One item of ``submit_many``: ``(key, tensors)`` or ``(key, tensors, metadata)``, checked
-    and normalized (the key itself is checked by the writer)."""
+    """One item of ``submit_many``, checked and normalized (the key itself is checked by the writer)."""
     if not isinstance(record, (tuple, list)) or len(record) not in (2, 3):
         raise InvalidInputError(
             f"each record must be a tuple (key, tensors) or (key, tensors, metadata), got {record!r:.80}"
@@ -202,7 +190,7 @@ def prepare_record(record: Any) -> Prepared:
 
 
 def check_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
-    """Checks a record's caller-given metadata: a mapping of strings, without the reserved ``key``."""
+    """A record's caller-given metadata, checked: a mapping of strings, without the reserved ``key``."""
     metadata = check_str_map(metadata)
     if "key" in metadata:
         raise InvalidInputError("metadata may not set 'key'; it is the record key")
@@ -234,8 +222,7 @@ def to_numpy(buffer: Any, dtype: str, shape: tuple[int, ...] | list[int]) -> np.
 def tensor_maker(tensors: str = "auto"):
     """The function that turns a record's ``(buffer, dtype, shape)`` into what readers hand
     back: ``"torch"`` tensors, ``"numpy"`` arrays, or ``"auto"``: torch where it can be
-    imported, else numpy. Raises InvalidInputError for another value, ImportError for
-    ``"torch"`` without torch."""
+    imported, else numpy."""
     one_of("tensors", tensors, TENSOR_KINDS)
     if tensors == "auto":
         return to_torch if _torch_available() else to_numpy

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +22,7 @@ import numpy as np
 from layertap._spec.record import HIDDEN_STATES, LAYER_IDS, LOSS_MASK, REDUCTION, WINDOW_START
 from layertap._text import plural
 from layertap.fp8 import SCALE_NAME
+from layertap.reader import progress_bar
 
 #: How many keys each finding keeps (the count is always whole).
 KEYS_KEPT = 20
@@ -49,6 +49,13 @@ class KeyList:
         shown = ", ".join(self.keys[:KEYS_SHOWN])
         more = self.count - min(self.count, KEYS_SHOWN)
         return f"key{'s' if self.count != 1 else ''} {shown}" + (f" and {more:,} more" if more else "")
+
+    def said(self, text: str, **values: object) -> list[str]:
+        """``text`` with ``{records}`` (``3 records``), ``{count}`` and ``{keys}`` (``named``) and
+        ``values`` filled in, when the finding applies to a record; else nothing."""
+        if not self.count:
+            return []
+        return [text.format(records=plural(self.count, "record"), count=f"{self.count:,}", keys=self.named(), **values)]
 
     def to_json(self) -> dict:
         return {"count": self.count, "keys": list(self.keys)}
@@ -128,32 +135,20 @@ class LayerStats:
                 self.with_zero_rows.add(key)
 
     def warnings(self, records: int) -> list[str]:
-        out = []
-        if self.all_zero.count:
-            out.append(
-                f"{self.name}: all zero in {self.all_zero.count:,} of {records:,} records ({self.all_zero.named()})"
-            )
-        if self.constant.count:
-            out.append(
-                f"{self.name}: constant (every value equal, not zero) in {self.constant.count:,} of {records:,} "
-                f"records ({self.constant.named()})"
-            )
-        if self.with_nan.count:
-            out.append(
-                f"{self.name}: NaN in {plural(self.with_nan.count, 'record')} ({plural(self.nan, 'value')}; "
-                f"{self.with_nan.named()})"
-            )
-        if self.with_inf.count:
-            out.append(
-                f"{self.name}: Inf in {plural(self.with_inf.count, 'record')} ({plural(self.inf, 'value')}; "
-                f"{self.with_inf.named()})"
-            )
-        if self.with_zero_rows.count:
-            out.append(
-                f"{self.name}: {plural(self.zero_rows, 'token')} whose row is all zero in "
-                f"{plural(self.with_zero_rows.count, 'record')} ({self.with_zero_rows.named()})"
-            )
-        return out
+        of = {"name": self.name, "total": f"{records:,}"}
+        return [
+            *self.all_zero.said("{name}: all zero in {count} of {total} records ({keys})", **of),
+            *self.constant.said(
+                "{name}: constant (every value equal, not zero) in {count} of {total} records ({keys})", **of
+            ),
+            *self.with_nan.said("{name}: NaN in {records} ({values}; {keys})", values=plural(self.nan, "value"), **of),
+            *self.with_inf.said("{name}: Inf in {records} ({values}; {keys})", values=plural(self.inf, "value"), **of),
+            *self.with_zero_rows.said(
+                "{name}: {tokens} whose row is all zero in {records} ({keys})",
+                tokens=plural(self.zero_rows, "token"),
+                **of,
+            ),
+        ]
 
     def to_json(self) -> dict:
         return {
@@ -166,11 +161,10 @@ class LayerStats:
             "nan": self.nan,
             "inf": self.inf,
             "zero_rows": self.zero_rows,
-            "all_zero": self.all_zero.to_json(),
-            "constant": self.constant.to_json(),
-            "with_nan": self.with_nan.to_json(),
-            "with_inf": self.with_inf.to_json(),
-            "with_zero_rows": self.with_zero_rows.to_json(),
+            **{
+                k: getattr(self, k).to_json()
+                for k in ("all_zero", "constant", "with_nan", "with_inf", "with_zero_rows")
+            },
             "rms_histogram": histogram([r for r in self.record_rms if not math.isnan(r)]),
         }
 
@@ -300,11 +294,9 @@ class DatasetStats:
                 f"{plural(len(self.corrupt), 'corrupt record')} left out "
                 f"(keys {', '.join(p.key or '?' for p in self.corrupt[:KEYS_SHOWN])}; `layertap verify` lists them)"
             )
-        if self.no_hidden_states.count:
-            out.append(
-                f"{plural(self.no_hidden_states.count, 'record')} without {HIDDEN_STATES} [tokens, layers, hidden] "
-                f"({self.no_hidden_states.named()})"
-            )
+        out += self.no_hidden_states.said(
+            "{records} without {name} [tokens, layers, hidden] ({keys})", name=HIDDEN_STATES
+        )
         return out + self.value_warnings()
 
     def value_warnings(self) -> list[str]:
@@ -312,19 +304,9 @@ class DatasetStats:
         corrupt records (which ``layertap verify`` reports as problems of its own) and the
         records without ``hidden_states`` (the format holds any tensors; verify does not warn of
         a dataset that is not the connector's)."""
-        out = []
-        if self.no_tokens.count:
-            out.append(f"{plural(self.no_tokens.count, 'record')} with no token ({self.no_tokens.named()})")
-        if self.mask_all_zero.count:
-            out.append(
-                f"{LOSS_MASK} all 0 (nothing to learn from) in {plural(self.mask_all_zero.count, 'record')} "
-                f"({self.mask_all_zero.named()})"
-            )
-        if self.mask_not_binary.count:
-            out.append(
-                f"{LOSS_MASK} values other than 0 and 1 in {plural(self.mask_not_binary.count, 'record')} "
-                f"({self.mask_not_binary.named()})"
-            )
+        out = self.no_tokens.said("{records} with no token ({keys})")
+        out += self.mask_all_zero.said("{mask} all 0 (nothing to learn from) in {records} ({keys})", mask=LOSS_MASK)
+        out += self.mask_not_binary.said("{mask} values other than 0 and 1 in {records} ({keys})", mask=LOSS_MASK)
         for layer in self.layers.values():
             out += layer.warnings(self.records)
         return out
@@ -376,19 +358,10 @@ def dataset_stats(ds, progress: bool = False) -> DatasetStats:
     returns what it found; corrupt records are left out and listed in ``corrupt``."""
     stats = DatasetStats(ds.path)
     records = ds.iter(errors="skip")
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(ds), unit="rec", desc="stats", file=sys.stderr, dynamic_ncols=True)
-    try:
+    with progress_bar(progress, len(ds), "stats") as bar:
         for record in records:
             stats.add(record)
-            if bar is not None:
-                bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
+            bar.update(1)
     stats.corrupt = list(records.problems)
     return stats
 

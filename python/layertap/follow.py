@@ -1,16 +1,13 @@
 """Reading a dataset while it is written: ``layertap.follow`` (docs/API.md, "Following a dataset
 while it is written"), and ``DatasetTail``, what it and ``layertap.vllm.fetch`` are built on.
 
-A shard that is complete when it is first seen is read by the readers' shard backend (its index,
-memory-mapped by the Rust one). A shard that is still being written is read incrementally: each
-look reads the frame headers written since the previous look (``_spec.format``), so a look costs
-what was written since, not the size of the shard, and a record's payload is read and then
-decoded and checked by the core (``_decoder``: the Rust core's decoder, the GIL released) once it
-is wanted. A record whose frame is
-there but whose payload does not match its checksum yet, in a shard a live writer holds (writes
-may land out of order), is waited for. Once a writer has left a shard for good (its lock is free
-and a newer shard of the same writer exists, or the shard ended with an index), damage that the
-incremental reading cannot pass is handed to the shard backend, which resynchronises past it.
+A shard that is complete when it is first seen is read by the readers' shard backend. A shard
+still being written is read incrementally: each look reads only the frame headers written since
+the previous one, and a record's payload is read, decoded and checked (``_decoder``) once it is
+wanted. A record whose payload does not match its checksum yet, in a shard a live writer holds
+(writes may land out of order), is waited for. Once a writer has left a shard for good (its lock
+is free and a newer shard of the same writer exists, or the shard ended with an index), damage
+that the incremental reading cannot pass is handed to the shard backend, which resynchronises.
 
 Waiting uses inotify on the directory (``DirectoryWatch``, over the ``inotify_simple`` package);
 nothing polls. Linux only, and only for changes this kernel sees (a local file system; NFS does not
@@ -35,24 +32,23 @@ from layertap._decoder import RecordDecoder, record_decoder
 from layertap._spec.format import (
     CODECS,
     KIND_INDEX,
-    SHARD_SUFFIX,
     TRAILER_LEN,
     FormatProblem,
     Truncated,
     decode_trailer,
     frame_header_len,
+    parse_shard_index,
 )
 from layertap._spec.lock import is_locked
 from layertap._tensors import tensor_maker
-from layertap._types import IndexEntry, Problem, ProblemKind
+from layertap._types import ClosedOnExit, IndexEntry, Problem, ProblemKind
 from layertap.errors import (
     CorruptRecordError,
     FormatError,
     InvalidInputError,
-    RecordMissingError,
     StoreUnavailableError,
 )
-from layertap.reader import Record, backend_class, problem_message
+from layertap.reader import Record, backend_class, record_problem
 
 
 class DirectoryWatch:
@@ -80,17 +76,16 @@ class DirectoryWatch:
         """Watch descriptor of each watched file -> its name in the directory."""
 
     def watch_file(self, path: str) -> None:
-        """Watches the file at ``path`` (in the directory) itself; best effort: a file that is
-        gone, or a watch the kernel refuses (``max_user_watches``), is left to the directory's
-        watch."""
+        """Watches the file at ``path`` itself; best effort: a file that is gone, or a watch the
+        kernel refuses (``max_user_watches``), is left to the directory's watch."""
         try:
             self._files[self._inotify.add_watch(path, self._FILE_MASK)] = os.path.basename(path)
         except OSError:
             pass
 
     def wait(self, timeout: float | None, concerns: Callable[[str], bool]) -> None:
-        """Blocks until a file whose name ``concerns`` accepts changed (or events were lost),
-        or for ``timeout`` seconds (None: no limit)."""
+        """Blocks until a file whose name ``concerns`` accepts changed (or events were lost), or
+        for ``timeout`` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             ms = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000) + 1)
@@ -111,18 +106,14 @@ class NotYet(Exception):
 
 def _writer_and_index(name: str) -> tuple[str, int] | None:
     """``(writer_id, shard index)`` of a shard file name ``{writer_id}-{n:06}.lts``."""
-    if not name.endswith(SHARD_SUFFIX):
-        return None
-    stem = name[: -len(SHARD_SUFFIX)]
-    writer_id, sep, digits = stem.rpartition("-")
-    if not sep or not writer_id or len(digits) < 6 or not (digits.isascii() and digits.isdigit()):
-        return None
-    return writer_id, int(digits)
+    writer_id = name.rpartition("-")[0]
+    index = parse_shard_index(name, writer_id) if writer_id else None
+    return None if index is None else (writer_id, index)
 
 
 class ShardTail:
     """What has been found so far of one shard: ``entries`` (records in file order), and how
-    to read each. ``refresh`` finds what was written since the last call."""
+    to read each."""
 
     def __init__(self, path: str, writer_id: str, index: int, backend: type, decode: RecordDecoder | None = None):
         self.path = path
@@ -196,8 +187,8 @@ class ShardTail:
         return size >= TRAILER_LEN and decode_trailer(self._pread(size - TRAILER_LEN, TRAILER_LEN)) is not None
 
     def _take_from_backend(self, start: int) -> None:
-        """Takes the records from offset ``start`` on as the shard backend finds them (through
-        the index, or by a scan that resynchronises past damage); nothing more comes after."""
+        """Takes the records from offset ``start`` on as the shard backend finds them (index, or
+        a scan that resynchronises past damage); nothing more comes after."""
         try:
             backend = self._backend_class(self.path)
         except (FormatError, FileNotFoundError):
@@ -217,6 +208,9 @@ class ShardTail:
 
     def _finish(self) -> None:
         self.done = True
+        self._close_file()
+
+    def _close_file(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -231,8 +225,8 @@ class ShardTail:
         """Record ``i``, its tensors made by ``make``. Raises NotYet while its payload is being
         written, CorruptRecordError when it is damaged."""
         e = self.entries[i]
-        if i in self._corrupt:
-            raise self._corrupt_error(e, self._corrupt[i])
+        if i in self._corrupt:  # the readers' words, so that messages do not depend on who found it
+            raise CorruptRecordError.at(self.path, e.frame_offset, e.key, self._corrupt[i])
         at = self._from_backend[i]
         if at is not None:
             if self._backend is None:
@@ -257,18 +251,12 @@ class ShardTail:
             raise
         return Record.from_parts(e, self.path, metadata, tensors, make)
 
-    def _corrupt_error(self, e: IndexEntry, reason: str) -> CorruptRecordError:
-        # The words of the readers' errors, so that messages do not depend on who found it.
-        return CorruptRecordError.at(self.path, e.frame_offset, e.key, reason)
-
     def _pread(self, offset: int, n: int) -> bytes:
         return pread_fully(self._fd, offset, n)
 
     def close(self) -> None:
         """Releases the file and the backend; entries found stay."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        self._close_file()
         if self._backend is not None:
             self._backend.close()
             self._backend = None
@@ -276,7 +264,7 @@ class ShardTail:
     __del__ = close
 
 
-class DatasetTail:
+class DatasetTail(ClosedOnExit):
     """The shards of a dataset directory (of one writer, if ``writer_id`` is given) as they
     appear, each a ``ShardTail``; ``wait`` blocks until one of them changes. Close it (or use
     it as a context manager) to release the files.
@@ -312,7 +300,7 @@ class DatasetTail:
         return parsed is not None and (self.writer_id is None or parsed[0] == self.writer_id)
 
     def shards(self) -> list[ShardTail]:
-        """Every shard found so far and not forgotten, new ones included, in file-name order."""
+        """Every shard found so far and not forgotten, in file-name order."""
         still_there: set[str] = set()
         with os.scandir(self.directory) as it:
             for entry in it:
@@ -332,8 +320,7 @@ class DatasetTail:
         return [self._shards[name] for name in sorted(self._shards, key=os.fsencode)]
 
     def forget(self, shard: ShardTail) -> None:
-        """Drops ``shard`` (its records all handed out, nothing more to find: ``done``) and
-        releases its file; ``shards`` does not list it again."""
+        """Drops ``shard`` (``done``, its records all handed out); ``shards`` does not list it again."""
         shard.close()
         name = os.path.basename(shard.path)
         if self._shards.pop(name, None) is not None:
@@ -372,16 +359,10 @@ class DatasetTail:
         for shard in self._shards.values():
             shard.close()
 
-    def __enter__(self) -> DatasetTail:
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-class _Following:
-    """What both followers share: the iterator over ``_run``, the idle timeout, the count of
-    records skipped with ``errors="skip"``, and closing. ``_run`` yields the records."""
+class _Following(ClosedOnExit):
+    """What both followers share: the iterator over ``_run``, the idle timeout, the records
+    skipped with ``errors="skip"``, and closing."""
 
     def __init__(self, timeout: float | None, make, skip: bool):
         self._timeout = timeout
@@ -394,12 +375,12 @@ class _Following:
     def _run(self) -> Iterator[Record]:
         raise NotImplementedError
 
-    def _skip_or_raise(self, err: CorruptRecordError, problem: Problem) -> None:
+    def _skip_or_raise(self, err: CorruptRecordError, path: str, offset: int, key: str | None) -> None:
         """Counts a damaged record with ``errors="skip"``, else raises its error."""
         if not self._skip:
             raise err
         self.skipped += 1
-        self.problems.append(problem)
+        self.problems.append(record_problem(err, path, offset, key))
 
     def _time_left(self, idle_since: float) -> float | None:
         """Seconds until the idle timeout ends the iteration (None: no timeout)."""
@@ -414,12 +395,6 @@ class _Following:
     def close(self) -> None:
         """Stops following and releases what it holds (idempotent)."""
         self._records.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 class Follow(_Following):
@@ -443,14 +418,7 @@ class Follow(_Following):
                         break
                     except CorruptRecordError as err:
                         e = shard.entries[shard.consumed]
-                        problem = Problem(
-                            shard.path,
-                            e.frame_offset,
-                            e.key or None,
-                            ProblemKind.CORRUPT_RECORD,
-                            problem_message(err, shard.path),
-                        )
-                        self._skip_or_raise(err, problem)
+                        self._skip_or_raise(err, shard.path, e.frame_offset, e.key or None)
                         shard.consumed += 1
                         continue
                     shard.consumed += 1
@@ -464,7 +432,6 @@ class Follow(_Following):
             self._tail.wait(left)
 
     def close(self) -> None:
-        """Stops following and releases the files (idempotent)."""
         super().close()
         self._tail.close()
 
@@ -527,12 +494,7 @@ class StoreFollow(_Following):
                     metadata, tensors = shard.read(i)  # StoreUnavailableError: read again next look
                 except CorruptRecordError as err:
                     consumed[shard.path] = i + 1
-                    kind = (
-                        ProblemKind.MISSING_RECORD
-                        if isinstance(err, RecordMissingError)
-                        else ProblemKind.CORRUPT_RECORD
-                    )
-                    self._skip_or_raise(err, Problem(shard.path, i, e.key, kind, problem_message(err, shard.path)))
+                    self._skip_or_raise(err, shard.path, i, e.key)
                     continue
                 consumed[shard.path] = i + 1
                 yield Record.from_parts(e, shard.path, metadata, tensors, self._make)

@@ -21,8 +21,6 @@ from typing import Any
 from layertap._spec.record import HIDDEN_STATES
 from layertap.errors import InvalidInputError
 
-#: The values of the writers' ``lossy`` option.
-LOSSY_MODES = ("fp8-e4m3",)
 #: Name of the scales tensor beside ``hidden_states``.
 SCALE_NAME = "hidden_states_scale"
 E4M3_MAX = 448.0

@@ -142,25 +142,20 @@ def resolve(path: str | os.PathLike | list | tuple) -> Parts:
         given = [os.fspath(p) for p in path]
     else:
         given = [os.fspath(path)]
-    paths: list[str] = []
-    manifests, roots = [], []
-    for g in given:
-        parts, manifest, root = _expand(g)
-        paths += parts
-        manifests.append(manifest)
-        roots.append(root)
+    expanded = [_expand(g) for g in given]
+    paths = [p for parts, _, _ in expanded for p in parts]
     seen: dict[str, str] = {}
     for p in paths:
         real = os.path.realpath(p)
         if real in seen:
             raise InvalidInputError(f"{p}: the same part is given twice ({seen[real]}); each record would repeat")
         seen[real] = p
-    name = given[0] if len(given) == 1 else ", ".join(given)
     if len(given) == 1:
-        return Parts(name, paths, roots[0], manifests[0])
+        _, manifest, root = expanded[0]
+        return Parts(given[0], paths, root, manifest)
     # Several paths: shard names relative to the directory they share, when they share one.
     dirs = [os.path.abspath(p if os.path.isdir(p) else os.path.dirname(p)) for p in paths]
-    return Parts(name, paths, os.path.commonpath(dirs) if len(paths) > 1 else None)
+    return Parts(", ".join(given), paths, os.path.commonpath(dirs) if len(paths) > 1 else None)
 
 
 __all__ = ["MANIFEST_NAME", "Parts", "read_manifest", "resolve", "write_manifest"]

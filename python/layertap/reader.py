@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import builtins
+import itertools
 import json
 import operator
 import os
@@ -34,7 +35,7 @@ from layertap._spec.format import (
 from layertap._spec.lock import is_locked
 from layertap._spec.record import HIDDEN_STATES, LAYER_IDS, TOKEN_IDS
 from layertap._tensors import tensor_maker
-from layertap._types import IndexEntry, Problem, ProblemKind, ShardBackend, ShardInfo, VerifyReport
+from layertap._types import ClosedOnExit, IndexEntry, Problem, ProblemKind, ShardBackend, ShardInfo, VerifyReport
 from layertap.errors import CorruptRecordError, FormatError, RecordMissingError, RecordNotFoundError
 
 if TYPE_CHECKING:
@@ -60,8 +61,8 @@ def backend_class(backend: str) -> type[ShardBackend]:
 
 
 class Record:
-    """One record: its tensors (``torch.Tensor``, or ``numpy.ndarray`` where torch is not
-    installed or ``tensors="numpy"`` was asked for; in stored order), metadata and place."""
+    """One record: its tensors (``torch.Tensor``s, or ``numpy.ndarray``s: see ``open``'s
+    ``tensors``; in stored order), metadata and place."""
 
     __slots__ = ("key", "tensors", "metadata", "shard", "offset", "num_tokens")
 
@@ -104,8 +105,7 @@ class Record:
 
     @classmethod
     def from_parts(cls, entry: IndexEntry, shard: str, metadata: dict[str, str], tensors: list, make) -> Record:
-        """A record from what a shard backend's ``read`` returns, its tensors made by ``make``
-        (``layertap._tensors.tensor_maker``)."""
+        """A record from what a shard backend's ``read`` returns, its tensors made by ``make``."""
         return cls(
             entry.key,
             {name: make(buf, dtype, shape) for name, dtype, shape, buf in tensors},
@@ -144,16 +144,15 @@ class _TornEmptyShard:
     def read(self, i: int, verify: bool = True):
         raise IndexError(i)
 
-    def check(self, i: int) -> None:
-        raise IndexError(i)
+    check = read
 
     def close(self) -> None:
         pass
 
 
 def _headerless(path: str) -> _TornEmptyShard | None:
-    """The stand-in for a file that is not a shard but a torn empty one, or one a live writer
-    holds (it may not have written the header yet); None for any other file."""
+    """The stand-in for a torn empty shard, or one whose live writer may not have written the
+    header yet; None for any other file."""
     if is_locked(path):
         return _TornEmptyShard(path, being_written=True)
     with builtins.open(path, "rb") as f:
@@ -162,16 +161,12 @@ def _headerless(path: str) -> _TornEmptyShard | None:
 
 
 def shard_paths(directory: str) -> list[str]:
-    names = []
     with os.scandir(directory) as it:
-        for entry in it:
-            if entry.name.endswith(SHARD_SUFFIX) and entry.is_file():
-                names.append(entry.name)
-    names.sort(key=os.fsencode)  # byte-wise order of the file names
-    return [os.path.join(directory, n) for n in names]
+        names = [e.name for e in it if e.name.endswith(SHARD_SUFFIX) and e.is_file()]
+    return [os.path.join(directory, n) for n in sorted(names, key=os.fsencode)]  # byte-wise order
 
 
-class Dataset:
+class Dataset(ClosedOnExit):
     """The records of one shard or of every shard of a dataset directory, in dataset order
     (shards by file name, records in file order). Use ``layertap.open`` to make one."""
 
@@ -189,9 +184,7 @@ class Dataset:
         self._make = tensor_maker(tensors)
         self._shards = shards
         self._unreadable = unreadable or []
-        self._starts = [0]
-        for s in shards:
-            self._starts.append(self._starts[-1] + len(s.entries))
+        self._starts = [0, *itertools.accumulate(len(s.entries) for s in shards)]
         self._first: dict[str, int] = {}
         for pos, (_, e) in enumerate(self._entries()):
             self._first.setdefault(e.key, pos)
@@ -237,7 +230,6 @@ class Dataset:
         return self._record(pos % n)
 
     def get(self, key: str, default=None) -> Record | Any:
-        """The record with ``key``, or ``default``."""
         pos = self._first.get(key)
         return default if pos is None else self._record(pos)
 
@@ -245,8 +237,6 @@ class Dataset:
         return key in self._first
 
     def __iter__(self) -> Iterator[Record]:
-        """Every record, in dataset order; raises ``CorruptRecordError`` at a corrupt one (see
-        ``iter`` to go on past it)."""
         return self.iter()
 
     def iter(self, errors: str = "raise") -> RecordIterator:
@@ -281,8 +271,7 @@ class Dataset:
 
     @property
     def unreadable(self) -> list[Problem]:
-        """``.lts`` files of the directory that are not shards (kind ``not_a_shard``); verify
-        reports them."""
+        """``.lts`` files of the directory that are not shards (kind ``not_a_shard``)."""
         return list(self._unreadable)
 
     @property
@@ -310,7 +299,15 @@ class Dataset:
         """A ``duplicate_key`` problem for each record whose key an earlier record (in dataset
         order) has: lookups, exports and ``HiddenStatesDataset`` use that first record. Read from
         the indexes, nothing is decoded."""
-        return self._duplicates()
+        first: dict[str, tuple[str, int]] = {}
+        out = []
+        for s, e in self._entries():
+            path, offset = first.setdefault(e.key, (s.path, e.frame_offset))
+            if (path, offset) != (s.path, e.frame_offset):
+                why = f"key {e.key!r} was already used by the record at offset {offset} of {path}, "
+                why += "which is the key's record"
+                out.append(Problem(s.path, e.frame_offset, e.key, ProblemKind.DUPLICATE_KEY, why))
+        return out
 
     @property
     def backends(self) -> list[ShardBackend]:
@@ -332,12 +329,7 @@ class Dataset:
         report.problems += self._unreadable
         report.notes += [_lost_note(s) for s in self._shards if s.lost_in_recovery]
         report.lost_in_recovery = sum(s.lost_in_recovery for s in self._shards)
-        bar = None
-        if progress:
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(self), unit="rec", desc="verify", file=sys.stderr, dynamic_ncols=True)
-        try:
+        with progress_bar(progress, len(self), "verify") as bar:
             for s in self._shards:
                 for p in s.scan_problems:
                     if p.kind == ProblemKind.TORN_TAIL and s.being_written:
@@ -350,59 +342,21 @@ class Dataset:
                         s.check(i)
                     except FormatError as err:
                         report.records_bad += 1
-                        kind = (
-                            ProblemKind.MISSING_RECORD
-                            if isinstance(err, RecordMissingError)
-                            else ProblemKind.CORRUPT_RECORD
-                        )
-                        report.problems.append(
-                            Problem(s.path, e.frame_offset, e.key, kind, problem_message(err, s.path))
-                        )
+                        report.problems.append(record_problem(err, s.path, e.frame_offset, e.key))
                     else:
                         report.records_ok += 1
-                    if bar is not None:
-                        bar.update(1)
-        finally:
-            if bar is not None:
-                bar.close()
+                    bar.update(1)
         if allow_duplicates:
-            report.duplicates = self._duplicates()
+            report.duplicates = self.duplicates
         else:
-            report.problems += self._duplicates()
+            report.problems += self.duplicates
         return report
-
-    def _duplicates(self) -> list[Problem]:
-        first: dict[str, tuple[str, int]] = {}
-        out = []
-        for s, e in self._entries():
-            if e.key in first:
-                where = first[e.key]
-                out.append(
-                    Problem(
-                        s.path,
-                        e.frame_offset,
-                        e.key,
-                        ProblemKind.DUPLICATE_KEY,
-                        f"key {e.key!r} was already used by the record at offset {where[1]} of {where[0]}, "
-                        "which is the key's record",
-                    )
-                )
-            else:
-                first[e.key] = (s.path, e.frame_offset)
-        return out
 
     # -- lifetime -----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Closes every shard."""
         for s in self._shards:
             s.close()
-
-    def __enter__(self) -> Dataset:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"Dataset({self.path!r}, {len(self._shards)} shards, {len(self)} records)"
@@ -460,6 +414,20 @@ def _lost_note(s) -> Problem:
         f"an earlier `layertap recover` left {n} damaged part{'s' if n != 1 else ''} (corrupt records, damaged "
         f"regions) out of this shard's index; {unindexed} bytes of it are not indexed",
     )
+
+
+def progress_bar(shown: bool, total: int, desc: str) -> Any:
+    """A tqdm bar on stderr counting records, or (not ``shown``) one that shows nothing."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="rec", desc=desc, file=sys.stderr, dynamic_ncols=True, disable=not shown)
+
+
+def record_problem(err: Exception, path: str, offset: int | None, key: str | None) -> Problem:
+    """The problem of a record that could not be read: ``missing_record`` where a store lost
+    it, else ``corrupt_record``."""
+    kind = ProblemKind.MISSING_RECORD if isinstance(err, RecordMissingError) else ProblemKind.CORRUPT_RECORD
+    return Problem(path, offset, key, kind, problem_message(err, path))
 
 
 def problem_message(err: Exception, path: str) -> str:

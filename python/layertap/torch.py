@@ -1,23 +1,11 @@
 """A ``torch.utils.data.Dataset`` over a layertap dataset, for training loops (docs/GENERATE.md,
-"Training on the dataset").
+"Training on the dataset"), and ``pad_collate`` / ``pack_collate`` to batch its records.
 
-``HiddenStatesDataset(path, layers=None, keys=None)`` gives random access to the records: item
-``i`` is the record of the ``i``-th key (by default the row indices of a ``layertap generate``
-dataset in ascending order) as a dict of tensors. It works with ``DataLoader`` workers started by
-fork or spawn: it pickles as its arguments only, and each worker opens the shards itself (its own
-memory maps) at its first item. ``pad_collate`` and ``pack_collate`` batch records of different
-lengths, with their loss masks.
-
-A ``DataLoader`` asks for a batch's items at once (``__getitems__``): with the Rust backend the
-core reads the batch's records together (their bytes asked of the kernel first, decoded on a
-few threads with the GIL released) and decodes each record's ``hidden_states`` straight into its
-row of one padded tensor, which ``pad_collate`` then takes as it is rather than copying it.
-
-``decode_on="cuda"`` decodes exp-huf records on the GPU instead (issue 32, goal 3): their stored
-payloads are read from the shards as they are (checksum checked), copied to the device and
-decoded there by ``layertap.gpu.exphuf_decode`` (Triton), blocks coded by element (block mode 1,
-``compress_on="gpu"``'s) and by column (mode 2, the Rust writer's) alike; records of other codecs
-are decoded on the CPU as without it and their hidden states moved to the device.
+It works with ``DataLoader`` workers started by fork or spawn: it pickles as its arguments only,
+and each worker opens the shards itself (its own memory maps) at its first item. A batch asked for
+at once (``__getitems__``) is read by the Rust core together, each record's ``hidden_states``
+decoded straight into its row of one padded tensor, which ``pad_collate`` takes as it is.
+``decode_on="cuda"`` decodes exp-huf records on the GPU instead (issue 32, goal 3).
 """
 
 from __future__ import annotations
@@ -26,7 +14,7 @@ import importlib.util
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -62,8 +50,8 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
       stored bytes go to that device and are decoded there by the Triton kernel
       (``layertap.gpu.exphuf_decode``), blocks coded by element (mode 1, what
       ``compress_on="gpu"`` writes) and by column (mode 2, what the Rust writer writes) alike;
-      records of other codecs decode on the CPU and their hidden states are moved there. Items' ``hidden_states`` are then on the device (``token_ids`` and
-      ``loss_mask`` stay on the CPU). Only in the main process: CUDA in forked ``DataLoader``
+      records of other codecs decode on the CPU and their hidden states are moved there
+      (``token_ids`` and ``loss_mask`` stay on the CPU). Only in the main process: CUDA in forked ``DataLoader``
       workers is unsafe, so a worker's first item raises (use ``num_workers=0``). ``"cpu"`` runs
       the same kernel on CPU tensors in Triton's interpreter (``TRITON_INTERPRET=1``): for tests.
     - ``threads``: threads that read a batch in this process (1 to 256): by default one a CPU
@@ -138,9 +126,6 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
         state.update(_ds=None, _pid=None, _keys=None, _where=None, _row=None, _files=None)
         return state
 
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-
     # -- items --------------------------------------------------------------------------------
 
     @property
@@ -157,9 +142,13 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
             return self._device_items([i])[0]
         self._open()
         shard, at = self._where[i]
+        return self._or_skipped(lambda: self._item(self._keys[i], shard.path, *shard.read(at, verify=self.verify)))
+
+    def _or_skipped(self, item: Callable[[], dict]) -> dict | None:
+        """``item()`` (called at once: a closure over a loop's variables is safe), or None for a
+        corrupt record with ``errors="skip"``."""
         try:
-            metadata, tensors = shard.read(at, verify=self.verify)
-            return self._item(self._keys[i], shard.path, metadata, tensors)
+            return item()
         except LayertapError:
             if self.errors == "raise":
                 raise
@@ -167,11 +156,10 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
             return None
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict | None]:
-        """The items of a batch, as ``[self[i] for i in indices]``; what ``DataLoader`` asks
-        for. With the Rust backend the records are read together, each ``hidden_states``
-        decoded into its row of one tensor ``[B, T, L, H]`` padded with zeros after each record
-        (in a ``DataLoader`` worker, in shared memory, as the worker sends it), rows shaped as
-        the first record read in this process. With ``decode_on``, see ``_device_items``."""
+        """``[self[i] for i in indices]``, what ``DataLoader`` asks for. With the Rust backend
+        each ``hidden_states`` is decoded into its row of one zero-padded ``[B, T, L, H]`` (in a
+        ``DataLoader`` worker, in shared memory, as the worker sends it), rows shaped as the first
+        record read in this process."""
         if self.decode_on is not None:
             return self._device_items(indices)
         self._open()
@@ -191,23 +179,14 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
         results = backend.read_batch_into(
             reads, HIDDEN_STATES, verify=self.verify, threads=_decode_threads(None, self.threads)
         )
-        items: list[dict | None] = []
-        for n, (i, (shard, _), row) in enumerate(zip(indices, where, rows)):
-            try:
-                if isinstance(results[n], Exception):
-                    raise _taken(results, n)
-                metadata, tensors = results[n]
-                items.append(self._item(self._keys[i], shard.path, metadata, tensors, row))
-            except LayertapError:
-                if self.errors == "raise":
-                    raise
-                self.skipped += 1
-                items.append(None)
-        return items
+        return [
+            self._or_skipped(lambda: self._item(self._keys[i], shard.path, *_taken(results, n), row))  # noqa: B023
+            for n, (i, (shard, _), row) in enumerate(zip(indices, where, rows))
+        ]
 
     def _learn_row(self, shard: Any, at: int) -> None:
-        """Sets the shape of this process's batch rows from one record read alone (nothing when
-        it cannot be read: its batch then says why, or skips it)."""
+        """Sets this process's batch rows' shape from one record (one that cannot be read is left
+        to its batch to raise or skip)."""
         try:
             metadata, tensors = shard.read(at, verify=False)
             self._item(shard.entries[at].key, shard.path, metadata, tensors)
@@ -219,9 +198,7 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
     def _device_items(self, indices: Sequence[int]) -> list[dict | None]:
         """The items of a batch with their hidden states on ``decode_on``: the exp-huf records'
         stored payloads decoded there in one call of the Triton decoder, the others read as
-        ``self[i]`` reads them and moved there. When every item keeps its hidden states whole
-        and all have the same shape of a token and dtype, they are the rows of one zero-padded
-        tensor ``[B, T, L, H]`` on the device, which ``pad_collate`` takes as it is."""
+        ``self[i]`` reads them and moved there; as rows of one padded tensor (``_as_rows``)."""
         if torch.utils.data.get_worker_info() is not None:
             raise InvalidInputError(
                 f"decode_on={self.decode_on!r} decodes in the main process (CUDA in forked DataLoader "
@@ -263,23 +240,13 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
             payloads = [staging.views[coded.index(j)] for j in read] if bad else staging
             for j, decoded in zip(read, _decode_payloads(payloads, [where[j] for j in read], device)):
                 results[j] = decoded
-        items: list[dict | None] = []
-        for n, i in enumerate(indices):
-            try:
-                if isinstance(results[n], LayertapError):
-                    raise _taken(results, n)
-                items.append(self._assemble(self._keys[i], *results[n]))
-            except LayertapError:
-                if self.errors == "raise":
-                    raise
-                self.skipped += 1
-                items.append(None)
+        assemble = self._assemble
+        items = [self._or_skipped(lambda: assemble(self._keys[i], *_taken(results, n))) for n, i in enumerate(indices)]  # noqa: B023
         return _as_rows(items) if self.layers is None else items
 
     def _read_stored(self, where: list[tuple[Any, int]], views: list[memoryview]) -> list[LayertapError | None]:
-        """Reads the stored payloads of records ``where`` into ``views`` (each its record's
-        ``stored_len`` bytes): by the Rust core on several threads with the GIL released, else a
-        record at a time. Returns, for each, None or the CorruptRecordError reading it raised."""
+        """Reads the stored payloads of records ``where`` into ``views``, by the Rust core on
+        several threads, else one at a time; for each, None or the CorruptRecordError raised."""
         backend = type(where[0][0])
         if all(type(shard) is backend for shard, _ in where) and hasattr(backend, "read_stored_into"):
             reads = [(shard, at, view) for (shard, at), view in zip(where, views)]
@@ -300,9 +267,7 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
         return problems
 
     def _stored(self, shard: Any, entry: Any, view: memoryview) -> None:
-        """Reads record ``entry``'s stored payload as the shard holds it into ``view`` (its
-        ``stored_len`` bytes), its checksum checked (with ``verify``). Raises
-        CorruptRecordError."""
+        """Reads ``entry``'s stored payload into ``view``, its checksum checked (with ``verify``)."""
         file = self._files.get(shard.path)
         if file is None:
             file = self._files[shard.path] = open(shard.path, "rb", buffering=0)  # noqa: SIM115
@@ -326,8 +291,7 @@ class HiddenStatesDataset(torch.utils.data.Dataset):
         return self._assemble(key, shard, metadata, found)
 
     def _assemble(self, key: str, shard: str, metadata: dict, found: dict[str, torch.Tensor]) -> dict:
-        """The item of a record's tensors by name: its layers picked, a loss mask of ones where
-        it has none."""
+        """The item of a record's tensors: its layers picked, a loss mask of ones where it has none."""
         hidden, token_ids = found.get(HIDDEN_STATES), found.get(TOKEN_IDS)
         if hidden is None or token_ids is None:
             raise LayertapError(f"{shard}: record {key!r} has no hidden_states or token_ids tensor")
@@ -387,13 +351,17 @@ def _corrupt(path: str, entry: Any, reason: str) -> CorruptRecordError:
 
 
 def _taken(results: list, n: int) -> Any:
-    """``results[n]``, left None there: an error of a batch's results is raised as it is taken
-    out of the list. A raised error's traceback holds the frames it passes through, so a frame
-    that still held it (in a list or a variable) would make a reference cycle, which keeps the
-    batch's memory (pinned and on the device, with ``decode_on``) until the garbage collector
-    runs; a ``DataLoader`` worker forked before then frees the parent's CUDA memory there, and
-    aborts."""
+    """``results[n]``, left None there; raised when it is an error. A raised error's traceback
+    holds the frames it passes through, so a frame that still held it (in a list or a variable)
+    would make a reference cycle, which keeps the batch's memory (pinned and on the device, with
+    ``decode_on``) until the garbage collector runs; a ``DataLoader`` worker forked before then
+    frees the parent's CUDA memory there, and aborts."""
     taken, results[n] = results[n], None
+    if isinstance(taken, Exception):
+        try:
+            raise taken
+        finally:
+            del taken  # this frame is in the traceback: holding the error would be a cycle
     return taken
 
 
@@ -401,22 +369,20 @@ def _decode_payloads(
     payloads: Any, where: list[tuple[Any, int]], device: torch.device
 ) -> list[tuple[str, dict, dict] | LayertapError]:
     """``(shard path, metadata, tensors by name)`` of each exp-huf payload (host buffers, or a
-    ``Staging`` holding them), decoded on ``device`` in one call; ``hidden_states`` stays there,
-    the other tensors (token ids, loss mask) come back to the CPU in one copy. A batch with a
-    damaged payload is decoded again a record at a time, so that only the damaged ones fail
-    (CorruptRecordError)."""
+    ``Staging`` holding them), decoded on ``device`` in one call; the tensors other than
+    ``hidden_states`` come back to the CPU in one copy. A batch with a damaged payload is decoded
+    again a record at a time, so that only the damaged ones fail."""
     if not len(payloads):
         return []
     from layertap.gpu.exphuf_decode import Staging, decode_records  # triton: this path only
 
+    views = payloads.views if isinstance(payloads, Staging) else payloads
     metadata: list = []
     try:
         decoded: list = decode_records(payloads, device, metadata=metadata)
     except CorruptRecordError:
         decoded, metadata = [], []
-        if isinstance(payloads, Staging):
-            payloads = payloads.views
-        for payload, (shard, at) in zip(payloads, where):
+        for payload, (shard, at) in zip(views, where):
             try:
                 decoded.append(decode_records([payload], device, metadata=metadata)[0])
             except CorruptRecordError as e:
@@ -428,10 +394,8 @@ def _decode_payloads(
     flat = [decoded[r][name].reshape(-1).view(torch.uint8) for r, name in small]
     host = torch.cat(flat).cpu() if flat else None
     at_byte = 0
-    if isinstance(payloads, Staging):
-        payloads = payloads.views
     out: list[tuple[str, dict, dict] | LayertapError] = []
-    for payload, (shard, at), d, meta in zip(payloads, where, decoded, metadata):
+    for payload, (shard, at), d, meta in zip(views, where, decoded, metadata):
         if isinstance(d, LayertapError):
             out.append(d)
             continue
@@ -456,8 +420,8 @@ def _decode_payloads(
 
 def _as_rows(items: list[dict | None]) -> list[dict | None]:
     """The items with their hidden states copied into the rows of one zero-padded tensor
-    ``[B, T, L, H]`` (B the items present) marked for ``pad_collate`` to take as it is, when
-    they all have one shape of a token and dtype; else the items as they are."""
+    ``[B, T, L, H]`` for ``pad_collate`` to take as it is, when they all have one shape of a
+    token and dtype; else the items as they are."""
     present = [b for b in items if b is not None]
     if not present:
         return items
@@ -475,11 +439,9 @@ def _as_rows(items: list[dict | None]) -> list[dict | None]:
 
 
 def _decode_threads(records: int | None, given: int | None) -> int:
-    """Threads that read a batch: ``given`` (the Dataset's ``threads``), else one a CPU this
-    process may run on, the CPUs shared out among a ``DataLoader``'s workers (at least one a
-    worker); at most one a record where a record is one thread's work (``records``; None for a
-    decode, whose checksums and large exp-huf blocks the core spreads over the threads a batch
-    of fewer records leaves)."""
+    """Threads that read a batch: ``given``, else the CPUs this process may run on shared out
+    among a ``DataLoader``'s workers; at most one a record where a record is one thread's work
+    (``records``; None for a decode, which spreads a record's work over spare threads)."""
     if given is None:
         worker = torch.utils.data.get_worker_info()
         given = min(len(os.sched_getaffinity(0)) // (worker.num_workers if worker else 1), MAX_THREADS)
@@ -487,11 +449,10 @@ def _decode_threads(records: int | None, given: int | None) -> int:
 
 
 def _padded_batch(backend: Any, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised tensor for a batch's rows, marked for ``pad_collate`` to take as it
-    is. In a ``DataLoader`` worker its memory is shared memory from the start (as
-    ``default_collate`` makes its batches), so that sending the batch does not copy it there;
-    else it is memory of an earlier batch that is no longer used (``backend.batch_memory``), whose
-    pages need no faulting in."""
+    """An uninitialised tensor for a batch's rows, marked for ``pad_collate``. In a
+    ``DataLoader`` worker, shared memory from the start (as ``default_collate`` makes its
+    batches), so that sending the batch does not copy it; else memory of an earlier batch no
+    longer used (``backend.batch_memory``), whose pages need no faulting in."""
     elem = torch.empty(0, dtype=dtype)
     nbytes = math.prod(shape) * elem.element_size()
     if torch.utils.data.get_worker_info() is not None:
@@ -508,9 +469,8 @@ def _padded_batch(backend: Any, shape: tuple[int, ...], dtype: torch.dtype) -> t
 
 
 def _placed(row: torch.Tensor | None, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
-    """The tensor the core decoded at the start of ``row``: that part of the row, or, for a
-    record whose tensor has another dtype or shape of a token, a copy of its bytes as the record
-    has it."""
+    """The tensor the core decoded at the start of ``row``: that part of the row, or a copy of
+    its bytes for a tensor of another dtype or shape of a token."""
     assert row is not None, "a tensor was placed without a row"
     torch_dtype = TORCH_DTYPES[dtype]
     if torch_dtype == row.dtype and len(shape) == row.dim() and tuple(shape[1:]) == tuple(row.shape[1:]):
@@ -520,9 +480,8 @@ def _placed(row: torch.Tensor | None, dtype: str, shape: tuple[int, ...]) -> tor
 
 
 def _padded_base(items: list[dict], t: int) -> torch.Tensor | None:
-    """The padded tensor ``HiddenStatesDataset.__getitems__`` decoded the items' hidden states
-    into, when they are its rows in order and it holds exactly these rows of ``t`` tokens
-    (zeros after each record); else None."""
+    """The padded tensor the items' hidden states were decoded into, when they are exactly its
+    rows, in order, of ``t`` tokens; else None."""
     first = items[0][HIDDEN_STATES]
     base = first._base
     if base is None or not getattr(base, "_layertap_padded", False) or tuple(base.shape[:2]) != (len(items), t):
@@ -539,8 +498,7 @@ def _padded_base(items: list[dict], t: int) -> torch.Tensor | None:
 
 
 class EmptyBatchError(LayertapError, ValueError):
-    """Every record of a batch was corrupt and skipped (``errors="skip"``): there is nothing
-    to collate."""
+    """Every record of a batch was corrupt and skipped (``errors="skip"``)."""
 
 
 def _present(batch: list[dict | None]) -> list[dict]:

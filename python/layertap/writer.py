@@ -1,9 +1,8 @@
 """``ShardWriter``: the Rust writer (docs/API.md, "Writers").
 
-A thin layer over ``layertap._native.NativeShardWriter``: it takes the options
-(``layertap.WriterOptions``, the core's, checked when made) and turns tensors into buffers (no copy, see ``layertap._tensors``);
-the native writer checks each record, queues it and returns at once, and its own threads
-quantize (``lossy``, docs/FP8.md), compress, checksum and write, with the GIL released.
+A thin layer over ``layertap._native.NativeShardWriter``: it turns tensors into buffers (no copy,
+``layertap._tensors``); the native writer checks each record, queues it and returns at once, and
+its own threads quantize, compress, checksum and write, with the GIL released.
 """
 
 from __future__ import annotations
@@ -13,8 +12,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from layertap._options import WriterOptions, options_with
-from layertap._tensors import check_metadata, normalize, prepare_record
-from layertap._types import Completion
+from layertap._tensors import prepare_record
+from layertap._types import ClosedOnExit, Completion
 from layertap._writer_protocol import BufferRecord
 from layertap.errors import InvalidInputError, WriterClosedError
 
@@ -29,7 +28,7 @@ def _native_class():
     return NativeShardWriter
 
 
-class ShardWriter:
+class ShardWriter(ClosedOnExit):
     """Writes records into the shards of a dataset directory, with the Rust core.
 
     ``submit`` checks a record and queues it without copying its tensors; a pool of threads
@@ -62,14 +61,9 @@ class ShardWriter:
         with the GIL released, while ``max_inflight_bytes`` are in flight. Raises
         ``InvalidInputError`` (or ``DuplicateKeyError``) before anything is queued.
         """
-        if self._closed:
+        if self._closed:  # before the tensors are looked at
             raise WriterClosedError("writer is closed")
-        if not isinstance(key, str):
-            raise InvalidInputError(f"record key must be a str, not {type(key).__name__}")
-        parts, num_tokens = normalize(tensors)
-        meta = check_metadata(metadata)
-        native_parts = [(name, view, dtype, list(shape)) for name, view, dtype, shape in parts]
-        return self._native.submit(key, native_parts, meta, num_tokens)
+        return self._native.submit(*prepare_record((key, tensors, metadata)))
 
     def submit_many(self, records: Iterable[tuple]) -> list[int]:
         """Queues several records at once: ``(key, tensors)`` or ``(key, tensors, metadata)``
@@ -85,8 +79,6 @@ class ShardWriter:
         shape)], metadata or None, num_tokens)``, ``dtype`` a safetensors name, ``num_tokens``
         the record's token count. No torch or numpy conversion: the vLLM connector's path
         (``layertap.RecordSink``). Checked like ``submit_many``, all or none."""
-        if self._closed:
-            raise WriterClosedError("writer is closed")
         return self._native.submit_many(records)
 
     def poll(self, timeout: float | None = 0.0) -> list[Completion]:
@@ -105,12 +97,6 @@ class ShardWriter:
         policy and releases the shard locks. Idempotent."""
         self._closed = True
         self._native.close()
-
-    def __enter__(self) -> ShardWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     @property
     def stats(self) -> dict:

@@ -28,11 +28,11 @@ N = 4
 
 
 def build_verifier(path: str | os.PathLike, dtype: str = "float32") -> str:
-    """The tiny Llama of layertap._tiny_model with a random final-norm weight (the built one is
+    """The tiny Llama of tests/tiny_llama.py with a random final-norm weight (the built one is
     all ones, which would hide a norm applied without its weight)."""
     from safetensors.torch import load_file, save_file
 
-    from layertap._tiny_model import build_tiny_llama
+    from tiny_llama import build_tiny_llama
 
     model_dir = build_tiny_llama(path, dtype=dtype)
     ckpt = os.path.join(model_dir, "model.safetensors")

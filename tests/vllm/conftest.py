@@ -81,7 +81,7 @@ def _collections_of_the_modules_objects(_model_classes_inspected_in_this_process
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> str:
     """A random 4-layer Llama (hidden 128) and its tokenizer, built locally."""
-    from layertap._tiny_model import build_tiny_llama
+    from tiny_llama import build_tiny_llama
 
     return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 

@@ -17,7 +17,7 @@ TINY_ENGINE_ARGS = {"enforce_eager": True, "block_size": 32, "kv_cache_memory_by
 
 
 def words(rng: random.Random, lo: int, hi: int) -> str:
-    from layertap._tiny_model import WORDS
+    from tiny_llama import WORDS
 
     return " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi)))
 

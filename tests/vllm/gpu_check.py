@@ -22,11 +22,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # tests/: tiny_llama
 
 import torch
 
-from layertap._tiny_model import build_tiny_llama
 from layertap.vllm import fetch
+from tiny_llama import build_tiny_llama
 from vllm_support import Reference, assert_hidden_states_match, connector_config, speculative_config
 
 

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # tests/: tiny_llama
 # Before vLLM is imported: every process it starts inherits it.
 os.environ["LAYERTAP_IN_MODEL" if "--in-model" in sys.argv else "LAYERTAP_EAGLE3"] = "1"
 

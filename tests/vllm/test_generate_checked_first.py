@@ -23,9 +23,9 @@ from generate_support import TINY_ENGINE_ARGS, id_rows, write_jsonl
 
 import layertap
 from layertap._install import INSTALL_VLLM
-from layertap._tiny_model import save_random_model, write_tokenizer
 from layertap.generate.errors import GenerateError
 from tiny_families import build_tiny_model
+from tiny_llama import save_random_model, write_tokenizer
 from vllm_support import (
     VLLM_WARNINGS,
     WORKER_IN_THE_ENGINE_PROCESS,

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.vllm, *VLLM_WARNINGS, pytest.mark.usefixtures("in_proc
 def marked_model(tiny_model, tmp_path_factory) -> str:
     """The tiny model with a chat template that renders the same text and marks the assistant's
     turns."""
-    from layertap._tiny_model import CHAT_TEMPLATE_WITH_GENERATION
+    from tiny_llama import CHAT_TEMPLATE_WITH_GENERATION
 
     path = tmp_path_factory.mktemp("marked") / "model"
     shutil.copytree(tiny_model, path)

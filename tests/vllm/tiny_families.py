@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from layertap._tiny_model import save_random_model, write_tokenizer
 from layertap.errors import InvalidInputError
+from tiny_llama import save_random_model, write_tokenizer
 
 _COMMON = dict(
     hidden_size=128,

@@ -4,7 +4,7 @@ transformers, for the vLLM tests of a prompt with an image (issue 25, docs/CONNE
 The language model is a 4-layer Qwen2 (hidden 128, head size 64, which vLLM's CPU attention
 supports) with multimodal rotary positions; the vision tower is a 2-block Qwen2.5-VL encoder
 whose merger projects every 2x2 patch group to one language-model token. The tokenizer is the
-word-level one of ``_tiny_model`` plus Qwen's vision tokens, added as special tokens so that
+word-level one of ``tiny_llama`` plus Qwen's vision tokens, added as special tokens so that
 they split without spaces; the image processor is transformers' PIL one (no torchvision).
 Nothing is downloaded, and the same ``seed`` builds the same weights.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from layertap._tiny_model import save_random_model, write_tokenizer
+from tiny_llama import save_random_model, write_tokenizer
 
 #: Qwen2-VL's vision tokens: an image is ``<|vision_start|>`` + one ``<|image_pad|>`` per merged
 #: patch group + ``<|vision_end|>`` in the prompt; the processor expands one ``<|image_pad|>``.

@@ -1,7 +1,7 @@
-"""``python -m layertap.demo`` (``make demo``): ``layertap generate`` end to end on a CPU.
+"""``make demo``: ``layertap generate`` end to end on a CPU.
 
-Builds a tiny random Llama locally (nothing is downloaded), runs ``layertap generate`` over the
-chat JSONL shipped with the package (``demo_data/chat.jsonl``) in two goes, the second resuming
+Builds a tiny random Llama locally (the tests' ``tests/tiny_llama.py``: nothing is downloaded),
+runs ``layertap generate`` over the chat JSONL beside this script (``chat.jsonl``) in two goes, the second resuming
 the first, reads one record back, and prints ``layertap inspect`` of the dataset. Runs in under a
 minute on an idle machine.
 """
@@ -20,11 +20,12 @@ from pathlib import Path
 
 from layertap.reader import open as open_dataset
 
-DATA = Path(__file__).resolve().parent / "demo_data" / "chat.jsonl"
+HERE = Path(__file__).resolve().parent
+DATA = HERE / "chat.jsonl"
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m layertap.demo", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="demo/demo.py", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--output", default="demo-output", help="folder for the model and the dataset (default: %(default)s)"
     )
@@ -58,8 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(os.environ[var], exist_ok=True)
     tempfile.tempdir = None
 
-    from layertap._tiny_model import build_tiny_llama
+    sys.path.insert(0, str(HERE.parent / "tests"))
     from layertap.cli import main as layertap_cli
+    from tiny_llama import build_tiny_llama
 
     # Saved in the dtype it runs in: vLLM warns about every weight it casts.
     model = build_tiny_llama(os.path.join(out, f"tiny-llama-{args.dtype}"), dtype=args.dtype)
