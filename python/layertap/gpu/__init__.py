@@ -1,21 +1,8 @@
-"""Work done on the GPU before records reach the host writer (issue 21): encoders in torch
-operations whose output is an existing codec of docs/FORMAT.md, byte for byte.
-
-``exphuf``: codec 3, exp-huf, the Rust encoder's bytes coded by element (block mode 1; checked
-on the CPU by the tests); one
-tensor, a batch in one pass, or a batch's blocks back to back in one device buffer
-(``encode_contiguous``, what the connector copies to the host). The connector runs it with
-``compress_on="gpu"`` (``layertap.vllm.gpu_compress``, docs/CONNECTOR.md, "Compression on the
-GPU"); the writer takes the blocks as encoded tensors and only checks their framing.
-
-``exphuf_triton``: the same encoder's device work as Triton kernels (issue 32), chosen by
-``impl="triton"`` (the default on CUDA where Triton imports), the code tables built on the host
-or on the device (``tables``); the same bytes.
-
-``exphuf_decode`` and ``exphuf_columns``: the decoder for trainers (issue 32, goal 3), exp-huf
-payloads decoded on the device by Triton kernels, blocks coded by element (mode 1) and by
-column (mode 2, the Rust writer's; ``exphuf_columns`` holds its kernels).
-
-``benches/gpu/bench_gpu_exphuf.py`` measures the encoder on the H200 and
-``benches/gpu/profile_exphuf.py`` says where its time goes; benches/RESULTS.md has the numbers.
+"""Work done on the GPU (issues 21 and 32): codec 3 of docs/FORMAT.md, exp-huf, encoded where the
+hidden states are, byte for byte the Rust encoder's blocks coded by element (``exphuf``, its
+device work in torch operations or in Triton kernels, ``exphuf_triton``), what the connector runs
+with ``compress_on="gpu"`` (``layertap.vllm.gpu_compress``, docs/CONNECTOR.md); and decoded on a
+trainer's GPU (``exphuf_decode``; ``exphuf_columns`` for blocks coded by column). The copies
+between host and device that keep the host thread from spinning are ``device_copies``'.
+``benches/gpu/`` measures them (benches/RESULTS.md has the numbers).
 """

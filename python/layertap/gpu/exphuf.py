@@ -1,46 +1,37 @@
 """The encoder of codec ``exp-huf`` (docs/FORMAT.md, "Codec 3") in torch operations, so that it
 runs where the hidden states are: on the GPU, before the copy to the host (issue 21).
 
-It writes blocks coded by element (block mode 1), with the Rust encoder's choices for them
-(rust/core/src/exphuf/block_encode.rs: 4 streams, 16 contexts around the sample's most common
-exponent, the last one where counts tie, stride = the tensor's last dimension), and takes its
-code lengths from the Rust core, so it emits the bytes of the Rust encoder asked for that layout
-(``_native.exphuf_encode(raw, by="element")``; the Rust writer itself codes by column, mode 2),
-which the tests check on the CPU: what the GPU writes is defined byte for byte
-by a reference that runs without a GPU, and every reader of exp-huf reads it. Without the native
-module the code lengths come from the pure-Python writer's builder, which may break ties in
-Huffman trees differently (still a valid block, not the same bytes).
+It writes blocks coded by element (block mode 1) with the Rust encoder's choices for them
+(rust/core/src/exphuf/block_encode.rs) and the Rust core's code lengths: the bytes of
+``_native.exphuf_encode(raw, by="element")``, which the tests check on the CPU, so what the GPU
+writes is defined byte for byte by a reference that runs without a GPU. Without the native module
+the pure-Python writer's builder stands in, which may break ties in Huffman trees differently
+(still a valid block, not the same bytes).
 
 Why exp-huf and not one of nvCOMP's codecs: on real activations it is the best ratio we have
-(1.543 against bp16-zstd's 1.453 on the CPU), it is already specified and read by both readers,
-and its work is whole-array arithmetic (counts, a table lookup, prefix sums of bit lengths, a
-scatter of bits) that a GPU does well; nvCOMP's standard streams (zstd, gzip) decode on the CPU
-but need records cut into many chunks to run fast, and its fast ANS stream is its own format
-(benches/RESULTS.md, 2026-12-02).
+(1.543 against bp16-zstd's 1.453 on the CPU), both readers read it already, and its work is
+whole-array arithmetic that a GPU does well; nvCOMP's zstd and gzip streams need records cut
+into many chunks to run fast, and its fast ANS stream is its own format (benches/RESULTS.md,
+2026-12-02).
 
-Per pass the encoder waits for the device twice, each time asleep on a blocking event: for the
-symbol counts (64 KiB a tensor), whose code lengths are built on the host as the CPU encoders
-build them, and for the streams' bit lengths, which set the output's layout. Nothing else reads
-back from the device (but for a tensor whose coded block comes out larger than its bytes, rare,
-whose streams a boolean mask drops): no boolean mask (its count), no ``bincount`` (its min and
-max), no ``.item()``, each of which would wait with the thread spinning for as long as the GPU,
-shared with the model, takes (``benches/gpu/bench_gpu_exphuf.py`` counts them: ``host_syncs``).
-The packed streams stay on the device until the caller copies the block out.
+Per pass the host waits for the device twice, asleep on a blocking event: for the symbol counts
+(the code lengths are built on the host, as the CPU encoders build them) and for the streams'
+bit lengths (which set the output's layout). Nothing else reads back (but the mask that drops
+the streams of a tensor whose coded block is larger than its bytes, rare): no boolean mask, no
+``bincount``, no ``.item()``, each of which waits with the thread spinning for as long as the
+GPU, shared with the model, takes (``benches/gpu/bench_gpu_exphuf.py`` counts them).
 
-The host part (the plans, the tables, the heads, raw or coded, the layout) is one; the device
-work has two implementations, chosen by ``impl``: ``"triton"``, four Triton kernels
-(``layertap.gpu.exphuf_triton``), the default where Triton imports and the tensors are on CUDA
-(or under Triton's interpreter, ``TRITON_INTERPRET=1``); ``"torch"``, about 90 torch operations
-(``_TorchPass``), everywhere else. Both give the same bytes (tests/test_triton_exphuf_encoder.py).
+The host part is one; the device work has two implementations, chosen by ``impl``, the same
+bytes: ``"triton"``, four Triton kernels (``exphuf_triton``), the default where Triton imports
+and the tensors are on CUDA (or under ``TRITON_INTERPRET=1``); ``"torch"``, about 90 torch
+operations (``_TorchPass``), everywhere else.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import threading
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -49,6 +40,7 @@ from layertap._py import exphuf as _py_exphuf
 from layertap._py.exphuf import MIN_CODED, STREAMS, block_head, contexts_of_top
 from layertap._spec.exphuf import CODED, MAX_CODE_LEN, MAX_CONTEXTS, MODE_RAW, SYMBOLS
 from layertap.errors import InvalidInputError
+from layertap.gpu.device_copies import to_device, to_host
 
 #: Bits a packing word holds: a value of at most 11 + 23 bits shifted by at most 15 stays below
 #: 2^49, so int64 arithmetic never overflows, and adding the disjoint bits of several values
@@ -72,26 +64,14 @@ class Block:
         return self.head + self.body.cpu().numpy().tobytes()
 
 
-def _as_unsigned(t: torch.Tensor, width: int) -> torch.Tensor:
-    """The elements' bit patterns as int64 (non-negative), flat."""
-    flat = t.reshape(-1)
-    if width == 2:
-        return flat.view(torch.int16).to(torch.int64) & 0xFFFF
-    return flat.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-
-
 def _native():
-    """The extension's exp-huf pieces, or None where it is not built (the pure-Python writer's
+    """The extension, or None where it is not built (the pure-Python writer's
     builders then stand in)."""
     try:
-        from layertap._native import exphuf_code_lengths, exphuf_coded_heads, exphuf_reversed_codes
+        import layertap._native as native
     except ImportError:
         return None
-    return SimpleNamespace(
-        exphuf_code_lengths=exphuf_code_lengths,
-        exphuf_coded_heads=exphuf_coded_heads,
-        exphuf_reversed_codes=exphuf_reversed_codes,
-    )
+    return native
 
 
 def code_lengths(hist: np.ndarray) -> np.ndarray:
@@ -140,15 +120,6 @@ def _reversed_codes_numpy(lengths: np.ndarray) -> np.ndarray:
 
 #: Bit reversal of every MAX_CODE_LEN-bit value.
 _REVERSED = np.array([int(f"{v:0{MAX_CODE_LEN}b}"[::-1], 2) for v in range(1 << MAX_CODE_LEN)], dtype=np.int64)
-
-
-@dataclass
-class _Plan:
-    """What the host decided for one tensor of a batch."""
-
-    n: int
-    stride: int
-    mode: int
 
 
 def encode_block(t: torch.Tensor, dtype: str, impl: str | None = None, tables: str | None = None) -> Block:
@@ -209,16 +180,11 @@ class _Layout:
     """Where the coded tensors' elements lie in the flat array the device pass reads (the coded
     tensors back to back), as host arrays."""
 
-    ns: np.ndarray
-    """Elements of each coded tensor."""
-    base: np.ndarray
-    """Each tensor's first element."""
-    seg_start: np.ndarray
-    """Each segment's first element: STREAMS segments a tensor, in order."""
-    seg_stride: np.ndarray
-    """Each segment's stride (its tensor's; 0: no context)."""
-    step: np.ndarray
-    """The sample that picks each tensor's contexts: every ``step``-th element."""
+    ns: np.ndarray  # elements of each coded tensor
+    base: np.ndarray  # each tensor's first element
+    seg_start: np.ndarray  # each segment's first element: STREAMS segments a tensor, in order
+    seg_stride: np.ndarray  # each segment's stride (its tensor's; 0: no context)
+    step: np.ndarray  # the sample that picks each tensor's contexts: every step-th element
     total: int
 
 
@@ -247,43 +213,45 @@ def _encode(tensors: list[torch.Tensor], dtype: str, contiguous: bool, impl: str
     if tables == "device" and impl != "triton":
         raise InvalidInputError('tables="device" needs impl="triton" (the torch operations read the counts back)')
     tables = tables or (DEFAULT_TABLES if impl == "triton" else "host")
-    plans = []
-    for _, t in coded:
-        n, shape = t.numel(), tuple(t.shape)
-        plans.append(_Plan(n=n, stride=shape[-1] if len(shape) >= 2 and shape[-1] < n else 0, mode=0))
-    ns = np.array([p.n for p in plans], dtype=np.int64)
+    ns = np.array([t.numel() for _, t in coded], dtype=np.int64)
+    strides = [t.shape[-1] if t.dim() >= 2 and t.shape[-1] < t.numel() else 0 for _, t in coded]
     base = np.concatenate([[0], np.cumsum(ns)[:-1]]).astype(np.int64)
     layout = _Layout(
         ns=ns,
         base=base,
         seg_start=np.array([b + k * n // STREAMS for b, n in zip(base, ns) for k in range(STREAMS)], dtype=np.int64),
-        seg_stride=np.repeat(np.array([p.stride for p in plans], dtype=np.int64), STREAMS),
+        seg_stride=np.repeat(np.array(strides, dtype=np.int64), STREAMS),
         step=np.maximum(ns // 4096, 1),
         total=int(ns.sum()),
     )
     x = torch.cat([t.reshape(-1) for _, t in coded])
-    work = (_TritonPass if impl == "triton" else _TorchPass)(x, layout, width, exp_shift, device)
+    if impl == "triton":
+        from layertap.gpu.exphuf_triton import TritonPass
+
+        work = TritonPass(x, layout, width, exp_shift, device)
+    else:
+        work = _TorchPass(x, layout, width, exp_shift, device)
     del x
 
     counts, mode = work.counts()
     if tables == "device":
         # The code tables built where the counts are; one copy to the host: each stream's bit
         # length (which sets the layout of the output), the code lengths and modes (the heads).
-        seg_bits, lengths, modes = _to_host(work.stream_bits_device_tables(counts), work.lengths_t, mode)
-        lengths = lengths.numpy().reshape(len(plans), MAX_CONTEXTS, SYMBOLS)
+        seg_bits, lengths, modes = to_host(work.stream_bits_device_tables(counts), work.lengths_t, mode)
+        lengths = lengths.numpy().reshape(len(ns), MAX_CONTEXTS, SYMBOLS)
     else:
         # First copy to the host: the counts of each tensor's contexts, for its code lengths.
-        hist, modes = _to_host(counts, mode)
-        lengths = code_lengths(hist.numpy().reshape(-1, SYMBOLS)).reshape(len(plans), MAX_CONTEXTS, SYMBOLS)
+        hist, modes = to_host(counts, mode)
+        lengths = code_lengths(hist.numpy().reshape(-1, SYMBOLS)).reshape(len(ns), MAX_CONTEXTS, SYMBOLS)
         codes = reversed_codes_of(lengths.reshape(-1, SYMBOLS))
         # Second copy: each stream's bit length, which sets the layout of the output.
-        (seg_bits,) = _to_host(work.stream_bits(lengths, codes))
+        (seg_bits,) = to_host(work.stream_bits(lengths, codes))
     modes = modes.numpy()
     seg_bytes = (seg_bits.numpy() + 7) // 8
 
     # Each coded tensor's head, and whether its block is coded at all (not if raw is smaller).
     # (The layout is whole-array arithmetic over the tensors: a batch holds hundreds.)
-    coded_heads = _coded_heads(dtype, exp_shift, plans, modes, lengths, seg_bytes)
+    coded_heads = _coded_heads(dtype, exp_shift, strides, modes, lengths, seg_bytes)
     seg_bytes = seg_bytes.reshape(-1, STREAMS).astype(np.int64)
     streams_len = seg_bytes.sum(1)
     head_len = np.fromiter(map(len, coded_heads), dtype=np.int64, count=len(coded_heads))
@@ -317,7 +285,8 @@ class _TorchPass:
     def __init__(self, x: torch.Tensor, layout: _Layout, width: int, exp_shift: int, device: torch.device):
         self.layout, self.width, self.exp_shift, self.device = layout, width, exp_shift, device
         self.raw_bits = 8 * width - 9
-        self.x = _as_unsigned(x, width)
+        # The elements' bit patterns as int64, non-negative.
+        self.x = x.view(torch.int16 if width == 2 else torch.int32).to(torch.int64) & ((1 << (8 * width)) - 1)
 
     def counts(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The counts (int32) of each (tensor, context, symbol) cell, and each tensor's mode."""
@@ -329,7 +298,7 @@ class _TorchPass:
         # memory.
         top = self.x >> self.raw_bits
         idx = torch.arange(total, device=device)
-        seg_start_t = _to_device(layout.seg_start, device)
+        seg_start_t = to_device(layout.seg_start, device)
         # Each element's segment and tensor, as running counts of the segment starts passed (a
         # tensor of at least MIN_CODED elements has STREAMS non-empty segments, in order): a
         # cumulative sum, where repeat_interleave or a search cost several times more on the GPU.
@@ -343,10 +312,10 @@ class _TorchPass:
         per = -(-ns // step)
         first = np.concatenate([[0], np.cumsum(per)[:-1]])
         of = torch.repeat_interleave(
-            torch.arange(count, device=device), _to_device(per, device), output_size=int(per.sum())
+            torch.arange(count, device=device), to_device(per, device), output_size=int(per.sum())
         )
         k = torch.arange(int(per.sum()), device=device)
-        sample = _to_device(base, device)[of] + (k - _to_device(first, device)[of]) * _to_device(step, device)[of]
+        sample = to_device(base, device)[of] + (k - to_device(first, device)[of]) * to_device(step, device)[of]
         del of, k
         exps = _counts(rec[sample] * 256 + ((top[sample] & 0xFF) >> exp_shift), count * 256).reshape(-1, 256)
         del sample
@@ -354,7 +323,7 @@ class _TorchPass:
         tt = torch.arange(SYMBOLS, device=device)
         ctx_of_top = (tt[None] >> 8) * 8 | (torch.clamp(((tt[None] & 0xFF) >> exp_shift) - mode[:, None], -4, 3) & 7)
         # Each element's context: that of the element `stride` before it in its segment, if any.
-        stride_of = _to_device(layout.seg_stride, device)[seg]
+        stride_of = to_device(layout.seg_stride, device)[seg]
         has_ctx = (stride_of > 0) & (idx - seg_start_t[seg] >= stride_of)
         prev = torch.where(has_ctx, idx - stride_of, idx)
         del idx, stride_of
@@ -372,9 +341,9 @@ class _TorchPass:
         device, raw_bits, cell = self.device, self.raw_bits, self.cell
         # The tables go to the device as they are (uint8 lengths, 11-bit codes as int16: a sixth
         # of the bytes of int64) and are widened there.
-        len_of_cell = _to_device(lengths.reshape(-1), device).to(torch.int64)
+        len_of_cell = to_device(lengths.reshape(-1), device).to(torch.int64)
         length = len_of_cell[cell]
-        code_of_cell = _to_device(codes.reshape(-1).view(np.int16), device).to(torch.int64)
+        code_of_cell = to_device(codes.reshape(-1).view(np.int16), device).to(torch.int64)
         self.values = code_of_cell[cell] | (self.x & ((1 << raw_bits) - 1)) << length
         del self.cell, self.x
         self.nbits = length + raw_bits
@@ -383,7 +352,7 @@ class _TorchPass:
         # serialises on its atomics.)
         self.ends = torch.cumsum(self.nbits, 0)
         ends0 = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), self.ends])
-        seg_end_t = torch.cat([self.seg_start_t[1:], _to_device(np.array([self.layout.total], dtype=np.int64), device)])
+        seg_end_t = torch.cat([self.seg_start_t[1:], to_device(np.array([self.layout.total], dtype=np.int64), device)])
         self.before = ends0[self.seg_start_t]
         return ends0[seg_end_t] - self.before
 
@@ -391,94 +360,18 @@ class _TorchPass:
         """The output's first ``end`` bytes: each stream at ``seg_base`` (its first byte; -1: not
         written), 0 elsewhere."""
         seg, values, nbits = self.seg, self.values, self.nbits
-        offset = self.ends - nbits - self.before[seg] + 8 * _to_device(seg_base, self.device)[seg]
+        offset = self.ends - nbits - self.before[seg] + 8 * to_device(seg_base, self.device)[seg]
         del self.ends
         if (seg_base < 0).any():
             # Tensors stored raw after all: their streams are not written (the packing needs the
             # streams in the order of the output).
-            keep = _to_device(seg_base >= 0, self.device)[seg]
+            keep = to_device(seg_base >= 0, self.device)[seg]
             values, offset, nbits = values[keep], offset[keep], nbits[keep]
         del self.seg, self.values, self.nbits
         return _pack(values, offset, nbits, 8 * end, self.raw_bits + 1)
 
 
-class _TritonPass:
-    """The device work in four Triton kernels (``layertap.gpu.exphuf_triton`` says which and
-    why)."""
-
-    def __init__(self, x: torch.Tensor, layout: _Layout, width: int, exp_shift: int, device: torch.device):
-        from layertap.gpu import exphuf_triton as kernels
-
-        self.k, self.layout, self.width, self.exp_shift, self.device = kernels, layout, width, exp_shift, device
-        self.raw_bits = 8 * width - 9
-        self.x = x.view(torch.int16 if width == 2 else torch.int32)
-        self.blocks = kernels.Blocks(
-            layout.seg_start, layout.seg_stride, layout.total, kernels.BLOCK, lambda a: _to_device(a, device)
-        )
-
-    def counts(self) -> tuple[torch.Tensor, torch.Tensor]:
-        k, layout, count = self.k, self.layout, len(self.layout.ns)
-        per_tensor = _to_device(np.concatenate([layout.base, layout.ns, layout.step]).astype(np.int64), self.device)
-        mode, self.ctx = k.sample_contexts(
-            self.x,
-            per_tensor[:count],
-            per_tensor[count : 2 * count],
-            per_tensor[2 * count :],
-            count,
-            self.width,
-            self.raw_bits,
-            self.exp_shift,
-        )
-        counts = k.count_symbols(
-            self.x,
-            self.ctx,
-            self.blocks,
-            count,
-            self.width,
-            self.raw_bits,
-            k.BLOCK,
-        )
-        return counts, mode
-
-    def stream_bits(self, lengths: np.ndarray, codes: np.ndarray) -> torch.Tensor:
-        self.lengths_t = _to_device(np.ascontiguousarray(lengths).reshape(-1), self.device)
-        self.codes_t = _to_device(np.ascontiguousarray(codes).reshape(-1).view(np.int16), self.device)
-        return self._stream_bits()
-
-    def stream_bits_device_tables(self, counts: torch.Tensor) -> torch.Tensor:
-        """``stream_bits`` with the tables built on the device from ``counts``."""
-        self.lengths_t, self.codes_t = self.k.tables(counts)
-        return self._stream_bits()
-
-    def _stream_bits(self) -> torch.Tensor:
-        self.before = self.k.block_bits(
-            self.x,
-            self.ctx,
-            self.blocks,
-            self.lengths_t,
-            self.width,
-            self.raw_bits,
-            self.k.BLOCK,
-        )
-        return self.before[self.blocks.last_t] - self.before[self.blocks.first_t]
-
-    def pack(self, seg_base: np.ndarray, end: int) -> torch.Tensor:
-        return self.k.pack(
-            self.x,
-            self.ctx,
-            self.blocks,
-            self.lengths_t,
-            self.codes_t,
-            self.before,
-            _to_device(seg_base, self.device),
-            end,
-            self.width,
-            self.raw_bits,
-            self.k.BLOCK,
-        )
-
-
-def _coded_heads(dtype, exp_shift, plans, modes, lengths, seg_bytes) -> list[bytes]:
+def _coded_heads(dtype, exp_shift, strides, modes, lengths, seg_bytes) -> list[bytes]:
     """The head of each coded tensor's block (everything before its streams): written by the
     Rust core, as its own encoder writes them, in one call for the batch; without the extension,
     by the pure-Python writer's ``block_head`` (about 0.2 ms a tensor)."""
@@ -487,17 +380,17 @@ def _coded_heads(dtype, exp_shift, plans, modes, lengths, seg_bytes) -> list[byt
         return [
             bytes(
                 block_head(
-                    plan.stride,
+                    stride,
                     contexts_of_top(int(modes[j]), exp_shift),
                     lengths[j],
                     [int(v) for v in seg_bytes[j * STREAMS : (j + 1) * STREAMS]],
                 )
             )
-            for j, plan in enumerate(plans)
+            for j, stride in enumerate(strides)
         ]
     return native.exphuf_coded_heads(
         dtype,
-        [p.stride for p in plans],
+        strides,
         np.asarray(modes, dtype=np.uint8).tolist(),
         np.ascontiguousarray(lengths, dtype=np.uint8).tobytes(),
         np.asarray(seg_bytes, dtype=np.uint64).tolist(),
@@ -534,7 +427,7 @@ def _assemble(tensors, heads, body_len, body_at, packed, contiguous):
         block_at - (np.cumsum(head_len) - head_len), head_len
     )
     head_bytes = np.frombuffer(b"".join(heads), dtype=np.uint8)
-    buf[_to_device(where, device)] = _to_device(head_bytes.copy(), device)
+    buf[to_device(where, device)] = to_device(head_bytes.copy(), device)
     return buf, sizes
 
 
@@ -546,94 +439,6 @@ def _counts(index: torch.Tensor, n: int) -> torch.Tensor:
     model, takes to get there."""
     out = torch.zeros(n, dtype=torch.int64, device=index.device)
     return out.scatter_add_(0, index, torch.ones(1, dtype=torch.int64, device=index.device).expand(index.shape))
-
-
-def _to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A host array on ``device`` without the host waiting: a copy from pageable memory makes
-    the thread wait (spinning) for everything queued on the stream before it, the packing's
-    kernels among them; from pinned memory it is queued like a kernel. The pinned memory is
-    this thread's staging buffer (``_Staging``), not a block pinned per array."""
-    if not (a.flags.writeable and a.flags.c_contiguous):
-        a = np.array(a)  # torch takes only writable arrays (the core's tables come read-only)
-    t = torch.from_numpy(a)
-    if device.type != "cuda":
-        return t
-    return _staging(device).to_device(t)
-
-
-class _Staging:
-    """One thread's pinned host buffer for its copies to one device, allocated once (grown when
-    a copy does not fit) and used as a ring: each copy takes the next bytes, and the ring starts
-    over once the copies queued from it are done (an event recorded after each copy).
-
-    Why: ``tensor.pin_memory()`` per table cost the compressing thread more than the copies
-    themselves on the H100 (py-spy: 14.5 s pinning, 2.9 s freeing against 7.9 s copying, 1b at 4x,
-    benches/RESULTS.md "fourteenth session"): torch's pinned allocator takes a process-wide lock,
-    which the engine thread's own pinned copies take too, and polls the events of its blocks."""
-
-    _ALIGN = 64
-    _MIN_BYTES = 32 << 20
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.buf = torch.empty(0, dtype=torch.uint8)
-        self.at = 0
-        self.done = torch.cuda.Event(blocking=True)  # the last copy queued; a blocking wait sleeps
-        self.stream: torch.cuda.Stream | None = None  # the stream of the copies since the last wait
-
-    def to_device(self, t: torch.Tensor) -> torch.Tensor:
-        nbytes = t.numel() * t.element_size()
-        stream = torch.cuda.current_stream(self.device)
-        if self.at + nbytes > self.buf.numel() or stream != self.stream:
-            # Bytes of the ring may still be read by a queued copy: wait for the last one (the
-            # copies since the last wait are queued in order on one stream), once per turn of the
-            # ring or change of stream.
-            self.done.synchronize()
-            self.stream = stream
-            if nbytes > self.buf.numel():
-                self.buf = torch.empty(max(2 * nbytes, self._MIN_BYTES), dtype=torch.uint8, pin_memory=True)
-            self.at = 0
-        staged = self.buf[self.at : self.at + nbytes].view(t.dtype).view(t.shape)
-        staged.copy_(t)
-        out = staged.to(self.device, non_blocking=True)
-        self.done.record(stream)
-        self.at += -(-nbytes // self._ALIGN) * self._ALIGN
-        return out
-
-
-_STAGING = threading.local()
-
-
-def _staging(device: torch.device) -> _Staging:
-    """This thread's staging buffer for ``device`` (a thread's copies are ordered on its current
-    stream; two threads' are not, so each has its own ring)."""
-    rings = _STAGING.__dict__.setdefault("rings", {})
-    ring = rings.get(device)
-    if ring is None:
-        ring = rings[device] = _Staging(device)
-    return ring
-
-
-def _to_host(*tensors: torch.Tensor) -> list[torch.Tensor]:
-    """Copies of small device tensors on the host, waited for with a blocking event (the thread
-    sleeps rather than spins, so the wait costs the host no CPU)."""
-    if not tensors or tensors[0].device.type != "cuda":
-        return [t.cpu() for t in tensors]
-    out = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
-    for o, t in zip(out, tensors):
-        o.copy_(t, non_blocking=True)
-    wait_sleeping()
-    return out
-
-
-def wait_sleeping(stream: torch.cuda.Stream | None = None) -> None:
-    """Waits for the work queued on ``stream`` (default: the current one) with the thread asleep.
-    ``stream.synchronize()`` spins a core at 100% for as long as the GPU works when the process
-    has fewer CUDA contexts than cores (CUDA's default scheduling): on the H200 that spinning was
-    most of the compressing thread's host CPU time. A blocking event's wait sleeps."""
-    done = torch.cuda.Event(blocking=True)
-    done.record(stream)
-    done.synchronize()
 
 
 def _pack(

@@ -1,37 +1,25 @@
 """The Triton kernels that decode exp-huf blocks coded by column (docs/FORMAT.md, "Codec 3",
-"Mode 2, coded by column"; what the Rust writer writes since 2026-12-05). The host side (the
-block heads, parsed by the Rust core, the tables built, a lane's problem reported) is
-``layertap.gpu.exphuf_decode``'s, shared with mode 1; these are the two kernels and their
-launches, kept apart from the mode-1 kernel because they share nothing with it but the way a
-stream's bits are read.
+"Mode 2"; what the Rust writer writes since 2026-12-05), and their launches. The host side (the
+heads parsed by the Rust core, the tables, a lane's problem reported) is ``exphuf_decode``'s,
+shared with mode 1; these kernels share nothing with mode 1's but the way a stream's bits are
+read (``stream_lanes``, ``check_stream_ends``).
 
-Where the parallelism is. A mode-2 stream is a chain in which the table of a code is picked by
-the symbol of the code before it in the same stream, and nothing else: no element ``d`` back, no
-raw bits between the codes. The writers cut a block into 4 streams a 32,768 elements, so a
-64-record batch of an 8B model's ``[256, layers, 4096]`` records gives tens of thousands of
-streams: one lane (a thread) a stream, lanes of a program in lockstep for as many steps as their
-longest stream (a block's streams differ by a column at most; lanes are ordered by their block's
-longest stream).
+Where the parallelism is. A mode-2 stream is a chain in which a code's table is picked by the
+symbol of the code before it, and nothing else (no element ``d`` back, no raw bits between the
+codes). The writers cut a block into 4 streams a 32,768 elements, so a 64-record batch of an 8B
+model's ``[256, layers, 4096]`` records gives tens of thousands of streams: one lane a stream,
+lanes ordered by their block's longest stream (a block's streams differ by a column at most).
 
-``_streams_kernel``: per step a lane funnel-shifts the two 32-bit words holding its next bits
-(a code is at most 11 bits, so a step crosses one word at most, and the word after them is
-loaded beside the table entry, off the chain), looks its entry up in its context's table and
-stores the element's top 9 bits at its place in stream order (``tops``; sequential for a lane).
-The entry (int32, 2048 a context, built on the device from the mode-1 decoder's tables) is
-``next context << 13 | top9 << 4 | code length``, 0 where no code starts: the next code's table
-comes out of this one's entry, so a step's chain is one load and a few integer operations (no
-context map lookup; compiled for sm_90 with 128 lanes, the loop is 47 instructions a step: two
-loads, the entry and the word after, and a store). The price: an entry takes 17 bits (4 context, 9 top, 4 length), so the tables are
-int32, 8 KiB a context (128 KiB for a block of 16 contexts, twice mode 1's int16 tables); which
-costs more, that or a context-map load in the chain, is for the GPU to say. It checks what the
-Rust decoder checks, into a status word as the mode-1 kernel does: a pattern that is no code, a code running past the stream's end (so no load leaves
-the buffer), the stream's length (``ceil(bits / 8)`` bytes) and its zero padding.
+``_streams_kernel`` stores each code's top 9 bits in stream order (``tops``). Its table entry
+(int32, 2048 a context, built on the device from mode 1's tables, ``chain_tables``) holds the
+next context beside the top and the length, so a step's chain is one load and a few integer
+operations (47 instructions a step for sm_90 with 128 lanes); the price is int32 tables, 8 KiB
+a context (twice mode 1's int16): which costs more, that or a context-map load in the chain, is
+for the GPU to say. It checks what the Rust decoder checks, as the mode-1 kernel does.
 
-``_merge_kernel``: elementwise over each block (``BLOCK`` elements a program), element ``i``
-(row ``i / D``, column ``i % D``) takes its top from ``tops[column * R + row]`` (a gather; the
-stream order is column-major) and its raw bits from the raw plane at bit ``i * (8W - 9)``, and
-stores ``top << (8W - 9) | raw`` in row-major order: coalesced stores and plane reads, the
-transposition on the small int16 tops.
+``_merge_kernel`` is elementwise over each block: element ``i`` takes its top from the
+column-major ``tops`` (a gather) and its raw bits from the raw plane, and is stored in row-major
+order: coalesced stores and plane reads, the transposition on the small int16 tops.
 """
 
 from __future__ import annotations

@@ -1,74 +1,49 @@
-"""The decoder of codec ``exp-huf`` (docs/FORMAT.md, "Codec 3") as a Triton kernel, for trainers
-(issue 32, goal 3): records' stored payloads are copied to the GPU as they are (1.5x fewer bytes
-than the raw tensors) and decoded there into tensors bit for bit equal to what the writer took.
-
-``decode_records(payloads)`` takes a batch of payloads (host buffers, or uint8 tensors already on
-the device, or a ``Staging``: one host buffer, pinned, that a reader filled with them) and
-returns, per record, its tensors (name -> tensor on the device).
+"""The decoder of codec ``exp-huf`` (docs/FORMAT.md, "Codec 3") as Triton kernels, for trainers
+(issue 32, goal 3): records' stored payloads go to the GPU as they are (1.5x fewer bytes than the
+raw tensors) and are decoded there, bit for bit what the writer took (``decode_records``).
 
 Where the parallelism is. Each stream of a block is one sequential chain: an element's code
-length says where the next one starts, and its context comes from the element ``d`` back (the
-previous row), which the same stream decoded; nothing else in the format cuts a stream. So the
-kernel decodes many streams in lockstep, one stream a lane (a thread): lane ``k`` loops over its
-segment's elements, and the lanes of a program run for as many steps as their longest segment
-(a block's streams share a program, blocks ordered by their longest segment). The writers use 4
-streams a tensor, so a batch gives 4 lanes a coded tensor: 64 records of one ``[tokens, layers,
-hidden]`` tensor are 256 lanes, a 2048-token record alone 4. The device's speed is lanes x
-elements a lane decodes a second, and a lane's step is a chain of dependent work (a table load,
-then a dozen integer operations to the next bit position), not bandwidth: the format, not the
-kernel, bounds it. An estimate before measuring (benches/gpu/bench_gpu_exphuf_decode.py measures
-it): the compiled loop (sm_90) is 87 instructions a step (65 without the word buffer and the
-early context, whose loads then stand in the chain), so a lane takes some 100-150 cycles an
-element with its tables in L1 and some 300 from L2, 50-150 ns at 2 GHz; 256 lanes (64 x
-256-token records) then decode 3-10 GB/s of bf16, and the issue's 50 GB/s takes some
-1,500-4,000 lanes in flight (400-1,000 records of one tensor in a batch), or a format with more
-streams. Positions, counters and offsets are 32-bit in the loop (int64 costs two instructions
-an operation), and 2-byte elements are read in 32-bit words.
+length says where the next one starts, and its context comes from the element ``d`` back, which
+the same stream decoded; nothing else in the format cuts a stream. So the kernel decodes many
+streams in lockstep, one stream a lane (a thread), for as many steps as a program's longest
+segment (a block's streams share a program, blocks ordered by their longest segment). With 4
+streams a tensor, 64 records of one tensor are 256 lanes, a 2048-token record alone 4. A lane's
+step is a chain of dependent work (a table load, then a dozen integer operations), not
+bandwidth: the format, not the kernel, bounds the speed. The estimate before measuring
+(benches/gpu/bench_gpu_exphuf_decode.py measures it): 87 instructions a step compiled for sm_90
+(65 without the word buffer and the early context, whose loads then stand in the chain), some
+100-300 cycles an element (tables in L1 or L2), so 256 lanes decode 3-10 GB/s of bf16 and the
+issue's 50 GB/s takes 1,500-4,000 lanes in flight, or a format with more streams. Positions,
+counters and offsets are 32-bit in the loop (int64 costs two instructions an operation).
 
-Per step a lane: shifts the two words it holds to its next bits (at most 11 code + 23 raw bits
-are used) and loads the word after them (the device copy is padded so that two words
-after a stream's last one are inside the buffer) beside the table entry rather than before it;
-looks its entry up (``2^11`` int16 entries a context: ``top9 << 4 | code length``, 0 where no
-code starts), rebuilds ``x = top9 << raw_bits | raw`` and stores it. The next element's table,
-picked by the element ``d`` back of it, is loaded a step early, off the chain: from the output
-the lane wrote (``.cg``: from L2, its own earlier store, never a stale L1 line) where ``d >= 3``,
-from its registers where ``d`` is 1 or 2. It checks what the Rust decoder checks, per lane, into
-a status word: a pattern that is no code, a code that runs past the stream's end (so no load
-ever leaves the buffer), and at the end the stream's length (``ceil(bits / 8)`` bytes) and its
-zero padding. One small read of the statuses after the kernels turns any of them into a
-CorruptRecordError naming the record, tensor and stream.
+Off the chain: the word after the two a lane holds is loaded beside the table entry rather than
+before it (the device copy is padded so that it stays inside the buffer), and the next
+element's table is loaded a step early, from the output the lane wrote (``.cg``: its own store,
+from L2, never a stale L1 line) where ``d >= 3``, from its registers where ``d`` is 1 or 2. A
+lane checks what the Rust decoder checks into a status word (no code, a code past the stream's
+end, so no load leaves the buffer, the stream's length and zero padding); one small read after
+the kernels turns any of them into a CorruptRecordError naming the record, tensor and stream.
 
-What Triton leaves out of reach: shared memory is not addressable from Triton (only through
-``tl.dot``'s and reductions' lowering), so the tables cannot be staged there; they are read
-through L1. A program is a warp of 32 lanes (``LANES``); for a small batch it decodes fewer
-streams than that, down to 4 (one block's: at most 64 KiB of tables in a multiprocessor's L1),
-the other lanes idle, so that 64 records spread over 64 of the H200's 132 multiprocessors rather
-than 8, each with one block's tables rather than eight (``live_lanes``; a program narrower than
-a warp would leave threads holding copies of a lane, reading back what another thread stored,
-an order PTX's memory model does not promise). The benchmark compares 4 to 32 streams a program,
-and the kernel without the word buffer or the early context.
+What Triton leaves out of reach: shared memory is not addressable, so the tables are read
+through L1. A program is a warp of 32 lanes (``LANES``); for a small batch it decodes as few as
+4 streams (one block's: at most 64 KiB of tables in L1), the others idle, so that 64 records
+spread over 64 of the H200's 132 multiprocessors rather than 8 (``live_lanes``; a program
+narrower than a warp would leave threads reading back what another thread stored, an order PTX's
+memory model does not promise).
 
-The host has the Rust core parse the batch (``_native.exphuf_batch_heads``,
-``rust/core/src/exphuf/batch_heads.rs``, one call with the GIL released: each record's
-safetensors header and each block's head, mode, contexts, streams, stride or columns, context
-map, code-length tables, stream lengths and raw plane, checked as the core's own decoder checks
-them), then uploads the lengths, a 512-entry map per block from an element's top 9 bits to the
-table of the context it gives, and the lanes' descriptors, one copy each; the decode tables are
-built on the device from the lengths (``decode_tables``: canonical codes as in RFC 1951, read
-least significant bit first). The Python parse before it took 7.7 ms a batch of 64 MiniLM-sized
-records on this project's CPU (33 ms on the H100's host), what bounded records/s for narrow
-records; the core's takes 0.8 (``benches/gpu/host_parse_exphuf_decode.py`` measures both).
-Raw blocks (mode 0) and tensors of other dtypes are copied as they are.
-
-Blocks coded by column (mode 2, what the Rust writer writes since 2026-12-05) are parsed there
-too (their tables join the batch's) and decoded by ``layertap.gpu.exphuf_columns``'s kernels: one
-lane a stream (4 streams a 32,768 elements, so tens of thousands in a trainer's batch), then an
-elementwise pass that puts the raw plane's bits beside each element's top 9 bits. A batch may mix
-records of both modes.
+The host has the Rust core parse and check the batch's headers and block heads in one call with
+the GIL released (``_native.exphuf_batch_heads``, rust/core/src/exphuf/batch_heads.rs): the
+Python parse before it took 7.7 ms a batch of 64 MiniLM-sized records (33 ms on the H100's host),
+what bounded records/s for narrow records; the core's takes 0.8
+(``benches/gpu/host_parse_exphuf_decode.py``). The decode tables are built on the device from
+the code lengths (``decode_tables``). Raw blocks and tensors of other dtypes are copied as they
+are; blocks coded by column (mode 2, the Rust writer's) are decoded by ``exphuf_columns``'s
+kernels, and a batch may mix both modes.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
@@ -84,6 +59,7 @@ from layertap._spec.exphuf import MAX_CODE_LEN, SYMBOLS, top_of_symbol
 from layertap._spec.format import align8
 from layertap.errors import CorruptRecordError, InvalidInputError
 from layertap.gpu import exphuf_columns
+from layertap.gpu.device_copies import to_device
 from layertap.gpu.exphuf_columns import check_stream_ends, stream_lanes
 
 TABLE_LEN = 1 << MAX_CODE_LEN
@@ -185,27 +161,19 @@ def decode_tables(lengths: torch.Tensor) -> torch.Tensor:
     return entries.to(torch.int16)
 
 
-_REVERSED: dict = {}
-
-
-def _reversed_prefixes(device) -> torch.Tensor:
+@functools.cache
+def _reversed_prefixes(device: torch.device) -> torch.Tensor:
     """``[12, 2048]``: row L holds the first L bits of each 11-bit ``x`` (least significant
     first) read as an L-bit code (first bit most significant)."""
-    key = str(device)
-    if key not in _REVERSED:
-        x = np.arange(TABLE_LEN)
-        rows = [np.zeros(TABLE_LEN, np.int64)] + [
-            _REV11[x & ((1 << n) - 1)] >> (MAX_CODE_LEN - n) for n in range(1, MAX_CODE_LEN + 1)
-        ]
-        _REVERSED[key] = torch.from_numpy(np.stack(rows)).to(device)
-    return _REVERSED[key]
+    x = np.arange(TABLE_LEN)
+    rows = [_REV11[x & ((1 << n) - 1)] >> (MAX_CODE_LEN - n) for n in range(1, MAX_CODE_LEN + 1)]
+    return torch.from_numpy(np.stack([np.zeros(TABLE_LEN, np.int64), *rows])).to(device)
 
 
-def _upload(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    t = torch.from_numpy(array)
-    if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
+def _places(lengths: list[int]) -> tuple[list[int], int]:
+    """Where each payload starts in the device copy (a multiple of 8), and the copy's length."""
+    ends = list(itertools.accumulate(map(align8, lengths), initial=0))
+    return ends[:-1], ends[-1] + _PAD
 
 
 class Staging:
@@ -222,11 +190,7 @@ class Staging:
     def __init__(self, lengths, device):
         self.device = torch.device(device)
         self.lengths = [int(n) for n in lengths]
-        self.bases, at = [], 0
-        for n in self.lengths:
-            self.bases.append(at)
-            at = align8(at + n)
-        total = at + _PAD
+        self.bases, total = _places(self.lengths)
         self.host = torch.empty(total, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
         array = self.host.numpy()
         for b, n, e in zip(self.bases, self.lengths, [*self.bases[1:], total]):
@@ -253,11 +217,8 @@ def _device_copy(payloads, device) -> tuple[torch.Tensor, np.ndarray, list[int],
         for view, p in zip(staging.views, payloads):
             np.frombuffer(view, np.uint8)[:] = np.frombuffer(p, np.uint8)
         return staging.host.to(device, non_blocking=True), staging.host.numpy(), staging.bases, lengths
-    bases, at = [], 0
-    for n in lengths:
-        bases.append(at)
-        at = align8(at + n)
-    buf = torch.zeros(at + _PAD, dtype=torch.uint8, device=device)
+    bases, total = _places(lengths)
+    buf = torch.zeros(total, dtype=torch.uint8, device=device)
     for p, b, n in zip(payloads, bases, lengths):
         buf[b : b + n].copy_(p if isinstance(p, torch.Tensor) else torch.frombuffer(bytearray(p), dtype=torch.uint8))
     return buf, buf.cpu().numpy(), bases, lengths
@@ -360,10 +321,10 @@ def _run(
         return outs
     t0 = time.perf_counter()
     table_first = batch.blocks[:, 1] * TABLE_LEN
-    tables_d = decode_tables(_upload(batch.lengths, device)).reshape(-1)
+    tables_d = decode_tables(to_device(batch.lengths, device)).reshape(-1)
     # Per block, top 9 bits -> the offset of its context's table in ``tables``.
     table_of_top = (batch.ctx_of_top.astype(np.int64) * TABLE_LEN + table_first[:, None]).astype(np.int32)
-    table_of_top_d = _upload(table_of_top.reshape(-1), device)
+    table_of_top_d = to_device(table_of_top.reshape(-1), device)
     if timings is not None:
         timings["tables_s"] = time.perf_counter() - t0
         timings["parse_s"] += timings["tables_s"]
@@ -389,14 +350,12 @@ def _run(
         arr = np.zeros((len(slots), 7), dtype=np.int64)
         arr[slots >= 0] = lanes[order]
         desc = _descriptors(arr, table_first, width)
-        desc_d = _upload(desc, device)
+        desc_d = to_device(desc, device)
         pos64 = int(desc[2].max()) >= _POS32_LIMIT
         status = _launch(src_buf, tables_d, table_of_top_d, outs[width], desc_d, width, pos64, per, ahead, buffered)
-        launched.append((width, lanes, slots, status))
-    col_status = None
+        launched.append((width, arr, status))  # idle slots' rows are 0: they report nothing
     if len(batch.col_lanes):
-        col_status = _run_columns(batch, src_buf, tables_d, outs, column_lanes)
-        launched.append((None, None, None, col_status[1]))
+        launched.append((None, *_run_columns(batch, src_buf, tables_d, outs, column_lanes)))
     if cuda and timings is not None:
         stop.record()
     # The one read back (a wait for the kernels): which lanes met a problem (none, almost always).
@@ -404,19 +363,12 @@ def _run(
     if cuda and timings is not None:
         timings["kernel_s"] = start.elapsed_time(stop) / 1e3
     problems, first = [], 0
-    for width, lanes, slots, status in launched:
-        if width is None:  # the mode-2 lanes: described apart
-            bad = torch.nonzero(flags[first:]).reshape(-1).tolist()
-            if bad:
-                at = status[:, bad].cpu().numpy()
-                problems += [(None, col_status[0][slot], int(code), int(j)) for slot, code, j in zip(bad, at[0], at[1])]
-            continue
-        bad = torch.nonzero(flags[first : first + len(slots)]).reshape(-1).tolist()
-        first += len(slots)
+    for width, rows, status in launched:  # width None: the mode-2 lanes
+        bad = torch.nonzero(flags[first : first + status.shape[1]]).reshape(-1).tolist()
+        first += status.shape[1]
         if bad:
             at = status[:, bad].cpu().numpy()
-            for slot, code, j in zip(bad, at[0], at[1]):
-                problems.append((width, lanes[slots[slot]], int(code), int(j)))
+            problems += [(width, rows[slot], int(code), int(j)) for slot, code, j in zip(bad, at[0], at[1])]
     if problems:
         raise CorruptRecordError(
             _describe(batch, problems[0])
@@ -444,7 +396,7 @@ def _run_columns(batch: _Heads, src_buf, tables_d, outs, lanes_per_program: int)
     )
     ctx_of_top = batch.ctx_of_top[ids][np.repeat(np.arange(len(ids)), contexts)]
     chain = exphuf_columns.chain_tables(
-        tables_d.view(-1, TABLE_LEN)[_upload(rows, device)], _upload(ctx_of_top, device)
+        tables_d.view(-1, TABLE_LEN)[to_device(rows, device)], to_device(ctx_of_top, device)
     )
     # Per block number, its context 0's table in ``chain``.
     table0 = np.zeros(len(batch.blocks), np.int64)
@@ -456,12 +408,12 @@ def _run_columns(batch: _Heads, src_buf, tables_d, outs, lanes_per_program: int)
     pos64 = len(lanes) > 0 and int(desc[2].max()) >= _POS32_LIMIT
     tops = torch.empty(batch.tops, dtype=torch.int16, device=device)
     status = exphuf_columns.launch_streams(
-        words, chain.reshape(-1), tops, _upload(desc, device), pos64, lanes_per_program
+        words, chain.reshape(-1), tops, to_device(desc, device), pos64, lanes_per_program
     )
     for width, blocks in batch.col_blocks.items():
         if len(blocks):
             jobs = exphuf_columns.merge_jobs(blocks)
-            exphuf_columns.launch_merge(words, tops, outs[width], _upload(jobs, device), width)
+            exphuf_columns.launch_merge(words, tops, outs[width], to_device(jobs, device), width)
     return lanes, status
 
 

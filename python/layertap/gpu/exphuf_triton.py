@@ -1,46 +1,35 @@
 """The device work of the exp-huf encoder (``layertap.gpu.exphuf``) as Triton kernels: four
-launches a pass where the torch operations take about ninety, the host part (plans, code
-lengths, heads, layout) unchanged, so the bytes are the same (tests/test_triton_exphuf_encoder.py
-checks them in Triton's interpreter against the Rust encoder).
+launches a pass where the torch operations take about ninety, the host part unchanged, so the
+bytes are the same (tests/test_triton_exphuf_encoder.py checks them in Triton's interpreter).
 
-The elements of the coded tensors lie back to back in one flat array; each tensor has STREAMS
-segments and each segment is cut into blocks of ``BLOCK`` elements that never straddle two
-segments (the table of blocks is made on the host from the sizes alone: nothing is read back to
-cut them). Per pass:
+The coded tensors' elements lie back to back in one flat array; each tensor's STREAMS segments
+are cut into blocks of ``BLOCK`` elements that never straddle two segments (cut on the host from
+the sizes alone: nothing is read back to cut them). Per pass:
 
-1. ``sample_contexts``: one program a tensor. The histogram of the exponent buckets of every
-   ``step``-th element (``tl.histogram``), its mode (the last of tied counts, as the Rust
-   encoder), and the tensor's context of each 9-bit top (512 entries).
-2. ``count_symbols``: one program a block. Each element's symbol and context (that of the
-   element ``stride`` before it in its segment, 0 where there is none), added to the counts of
-   its (tensor, context, symbol) cell with atomics. [The host reads the counts once, builds the
-   code lengths and codes in the Rust core and sends the tables back.]
-3. ``block_bits``: one program a block, the sum of its elements' bit lengths (code length plus
-   raw bits); a running sum over the blocks (torch) gives each segment's bits, the second and
-   last read, which sets the layout.
-4. ``pack``: one program a block. Each element's bit offset (its block's start plus a running
-   sum inside the block, ``tl.cumsum``), its value (reversed code, then raw bits), or-ed into
-   32-bit words with ``tl.atomic_or`` (a value of at most 11 + 23 bits at a shift of at most 31
-   touches at most 3 words; two values of different segments never share a byte, as every
-   stream starts on a byte).
+1. ``_sample_contexts_kernel``, one program a tensor: the histogram of the exponent buckets of
+   its sample, its mode (the last of tied counts, as the Rust encoder) and its context of each
+   9-bit top.
+2. ``_count_symbols_kernel``, one program a block: each element's (tensor, context, symbol) cell
+   counted with atomics. [The host reads the counts once and sends the tables back.]
+3. ``_block_bits_kernel``: each block's bits; a running sum gives each segment's bits, the second
+   and last read, which sets the layout.
+4. ``_pack_kernel``: each element's value or-ed at its bit offset into 32-bit words with
+   ``tl.atomic_or`` (at most 3 words a value; two segments never share a byte, as every stream
+   starts on a byte).
 
-With ``tables="device"`` the host builds no table and reads the counts not at all: between
-kernels 2 and 3, ``tables`` sorts each table's counts (``_sort_counts_kernel``: each key to its
-rank), builds its Huffman code lengths exactly as the Rust core does (``_code_lengths_kernel``:
-one table a lane of one warp, the two-queue build stepped in lockstep in a scratch tree, the same
-bisection where a code passes 11 bits) and its reversed canonical codes
-(``_reversed_codes_kernel``); the one read then brings the streams' bits, the code lengths and
-the modes, from which the host writes the heads (the Rust core, as before). The host's tables
-cost it about 7 us each, 1,024 for a batch of 64 records: most of its CPU time a batch.
+With ``tables="device"`` the host builds no table and never reads the counts: between kernels 2
+and 3, ``tables`` sorts each table's counts, builds its Huffman code lengths exactly as the Rust
+core does (one table a lane, the two-queue build in lockstep, the same bisection where a code
+passes 11 bits) and its reversed canonical codes; the one read brings the streams' bits, the
+code lengths and the modes. The host's tables cost it about 7 us each, 1,024 for a batch of 64
+records: most of its CPU time a batch.
 
-Kernels 2 to 4 recompute the symbol and context of each element from its 2 (or 4) bytes and
-those of the element ``stride`` before it rather than storing them: a read of the input costs
-less than a write then a read of an intermediate. Why atomics for the counts and the packing:
-they are the simplest form that is bit-exact; what they cost on the H200 is measured by
-``benches/gpu/bench_gpu_exphuf.py --impl`` (against the torch operations).
+Kernels 2 to 4 recompute each element's symbol and context from its bytes and those of the
+element ``stride`` before it rather than storing them: a read of the input costs less than a
+write then a read of an intermediate. Atomics for the counts and the packing are the simplest
+bit-exact form; ``benches/gpu/bench_gpu_exphuf.py --impl`` measures what they cost.
 
-This module imports triton: it is imported only when the Triton implementation is chosen
-(``impl="triton"``), never by vLLM's CPU build.
+This module imports triton: it is imported only for ``impl="triton"``, never by vLLM's CPU build.
 """
 
 from __future__ import annotations
@@ -51,6 +40,8 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
+
+from layertap.gpu.device_copies import to_device
 
 #: Streams per tensor, and the symbols and contexts of a table (docs/FORMAT.md, codec 3).
 STREAMS = 4
@@ -242,29 +233,24 @@ def _pack_kernel(
 
 
 def _on(device: torch.device):
-    """The context in which to launch on ``device``: Triton launches on the current CUDA
-    device, which need not be the tensors' (a process may see several GPUs)."""
+    """Triton launches on the current CUDA device, which need not be the tensors' (a process may
+    see several GPUs)."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-
-
-def _consts(width: int, raw_bits: int) -> dict:
-    return {"MASK": (1 << (8 * width)) - 1, "RAW_BITS": raw_bits}
 
 
 class Blocks:
     """The cut of the flat array into blocks of ``block`` elements within segments, and the
-    segments' places: one host array, copied to the device in one piece (``upload``), of which
-    the ``*_t`` are views."""
+    segments' places: one host array, copied to the device in one piece, of which the ``*_t``
+    are views."""
 
-    def __init__(self, seg_start: np.ndarray, seg_stride: np.ndarray, total: int, block: int, upload):
+    def __init__(self, seg_start: np.ndarray, seg_stride: np.ndarray, total: int, block: int, device: torch.device):
         seg_end = np.append(seg_start[1:], total)
         per_seg = -(-(seg_end - seg_start) // block)
         last = np.cumsum(per_seg)  # one past each segment's last block
         first = last - per_seg
         self.count = int(last[-1])
         seg = np.repeat(np.arange(len(seg_start), dtype=np.int64), per_seg)
-        self.first, self.last = first, last
-        tab = upload(np.concatenate([seg_start, seg_end, seg_stride, first, last, seg]).astype(np.int64))
+        tab = to_device(np.concatenate([seg_start, seg_end, seg_stride, first, last, seg]).astype(np.int64), device)
         k = len(seg_start)
         self.start_t, self.end_t, self.stride_t, self.first_t, self.last_t = (
             tab[i * k : (i + 1) * k] for i in range(5)
@@ -272,88 +258,87 @@ class Blocks:
         self.seg_t = tab[5 * k :]
 
 
-def sample_contexts(x, base_t, n_t, step_t, count: int, width: int, raw_bits: int, exp_shift: int):
-    """Kernel 1: each tensor's mode (int32 ``[count]``) and context of each top (``[count * 512]``)."""
-    mode = torch.empty(count, dtype=torch.int32, device=x.device)
-    ctx = torch.empty(count * SYMBOLS, dtype=torch.int32, device=x.device)
-    with _on(x.device):
-        _sample_contexts_kernel[(count,)](
-            x,
-            base_t,
-            n_t,
-            step_t,
-            mode,
-            ctx,
-            EXP_SHIFT=exp_shift,
-            SAMPLE_BLOCK=SAMPLE_BLOCK,
-            **_consts(width, raw_bits),
-        )
-    return mode, ctx
+class TritonPass:
+    """The device work of one pass of the encoder (``layertap.gpu.exphuf``, as its ``_TorchPass``)
+    in the four kernels."""
 
+    def __init__(self, x: torch.Tensor, layout, width: int, exp_shift: int, device: torch.device):
+        self.layout, self.exp_shift, self.device, self.block = layout, exp_shift, device, BLOCK
+        self.x = x.view(torch.int16 if width == 2 else torch.int32)
+        self.consts = {"MASK": (1 << (8 * width)) - 1, "RAW_BITS": 8 * width - 9}
+        self.blocks = Blocks(layout.seg_start, layout.seg_stride, layout.total, BLOCK, device)
 
-def _element_args(x, ctx, blocks: Blocks):
-    return (x, ctx, blocks.seg_t, blocks.first_t, blocks.start_t, blocks.end_t, blocks.stride_t)
+    def _elements(self) -> tuple:
+        """The first arguments of kernels 2 to 4."""
+        b = self.blocks
+        return (self.x, self.ctx, b.seg_t, b.first_t, b.start_t, b.end_t, b.stride_t)
 
+    def counts(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Kernels 1 and 2: the counts (int32) of each (tensor, context, symbol) cell, and each
+        tensor's mode."""
+        layout, count, device = self.layout, len(self.layout.ns), self.device
+        per_tensor = to_device(np.concatenate([layout.base, layout.ns, layout.step]).astype(np.int64), device)
+        base_t, n_t, step_t = per_tensor[:count], per_tensor[count : 2 * count], per_tensor[2 * count :]
+        mode = torch.empty(count, dtype=torch.int32, device=device)
+        self.ctx = torch.empty(count * SYMBOLS, dtype=torch.int32, device=device)
+        counts = torch.zeros(count * CONTEXTS * SYMBOLS, dtype=torch.int32, device=device)
+        with _on(device):
+            _sample_contexts_kernel[(count,)](
+                self.x,
+                base_t,
+                n_t,
+                step_t,
+                mode,
+                self.ctx,
+                EXP_SHIFT=self.exp_shift,
+                SAMPLE_BLOCK=SAMPLE_BLOCK,
+                **self.consts,
+            )
+            _count_symbols_kernel[(self.blocks.count,)](
+                *self._elements(), counts, BLOCK=self.block, HISTOGRAM=COUNTS == "histogram", **self.consts
+            )
+        return counts, mode
 
-def count_symbols(x, ctx, blocks: Blocks, count: int, width: int, raw_bits: int, block: int):
-    """Kernel 2: the counts (int32) of each (tensor, context, symbol) cell."""
-    counts = torch.zeros(count * CONTEXTS * SYMBOLS, dtype=torch.int32, device=x.device)
-    with _on(x.device):
-        _count_symbols_kernel[(blocks.count,)](
-            *_element_args(x, ctx, blocks),
-            counts,
-            BLOCK=block,
-            HISTOGRAM=COUNTS == "histogram",
-            **_consts(width, raw_bits),
-        )
-    return counts
+    def stream_bits(self, lengths: np.ndarray, codes: np.ndarray) -> torch.Tensor:
+        """Each stream's length in bits (int64, on the device), from the code tables."""
+        self.lengths_t = to_device(np.ascontiguousarray(lengths).reshape(-1), self.device)
+        self.codes_t = to_device(np.ascontiguousarray(codes).reshape(-1).view(np.int16), self.device)
+        return self._stream_bits()
 
+    def stream_bits_device_tables(self, counts: torch.Tensor) -> torch.Tensor:
+        """``stream_bits`` with the tables built on the device from ``counts``."""
+        self.lengths_t, self.codes_t = tables(counts)
+        return self._stream_bits()
 
-def block_bits(x, ctx, blocks: Blocks, lengths_t, width: int, raw_bits: int, block: int):
-    """Kernel 3 and a running sum: the bits before each block in the flat order (int64
-    ``[blocks + 1]``, the last the total)."""
-    bits = torch.empty(blocks.count, dtype=torch.int64, device=x.device)
-    with _on(x.device):
-        _block_bits_kernel[(blocks.count,)](
-            *_element_args(x, ctx, blocks),
-            lengths_t,
-            bits,
-            BLOCK=block,
-            **_consts(width, raw_bits),
-        )
-    before = torch.zeros(blocks.count + 1, dtype=torch.int64, device=x.device)
-    torch.cumsum(bits, 0, out=before[1:])
-    return before
+    def _stream_bits(self) -> torch.Tensor:
+        # Kernel 3 and a running sum: the bits before each block in the flat order (the last the
+        # total).
+        bits = torch.empty(self.blocks.count, dtype=torch.int64, device=self.device)
+        with _on(self.device):
+            _block_bits_kernel[(self.blocks.count,)](
+                *self._elements(), self.lengths_t, bits, BLOCK=self.block, **self.consts
+            )
+        self.before = torch.zeros(self.blocks.count + 1, dtype=torch.int64, device=self.device)
+        torch.cumsum(bits, 0, out=self.before[1:])
+        return self.before[self.blocks.last_t] - self.before[self.blocks.first_t]
 
-
-def pack(
-    x,
-    ctx,
-    blocks: Blocks,
-    lengths_t,
-    codes_t,
-    before,
-    seg_base_t,
-    n_bytes: int,
-    width: int,
-    raw_bits: int,
-    block: int,
-):
-    """Kernel 4: the output's bytes (uint8, ``n_bytes``), each stream's bits at its place, 0
-    elsewhere."""
-    words = torch.zeros(-(-n_bytes // 4) + 2, dtype=torch.int32, device=x.device)
-    with _on(x.device):
-        _pack_kernel[(blocks.count,)](
-            *_element_args(x, ctx, blocks),
-            lengths_t,
-            codes_t,
-            before,
-            seg_base_t,
-            words,
-            BLOCK=block,
-            **_consts(width, raw_bits),
-        )
-    return words.view(torch.uint8)[:n_bytes]
+    def pack(self, seg_base: np.ndarray, end: int) -> torch.Tensor:
+        """Kernel 4: the output's first ``end`` bytes, each stream at ``seg_base`` (its first byte;
+        -1: not written), 0 elsewhere."""
+        seg_base_t = to_device(seg_base, self.device)
+        words = torch.zeros(-(-end // 4) + 2, dtype=torch.int32, device=self.device)
+        with _on(self.device):
+            _pack_kernel[(self.blocks.count,)](
+                *self._elements(),
+                self.lengths_t,
+                self.codes_t,
+                self.before,
+                seg_base_t,
+                words,
+                BLOCK=self.block,
+                **self.consts,
+            )
+        return words.view(torch.uint8)[:end]
 
 
 #: Tables a program of the code-length kernel builds, one a lane of its one warp (what a lane
@@ -522,28 +507,16 @@ def tables(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The code lengths (uint8) and reversed codes (int16) of each 512-symbol table of
     ``counts`` (int32), on the device: what the Rust core's ``exphuf_code_lengths`` and
     ``exphuf_reversed_codes`` give for them, without the counts going to the host."""
-    n_tables = counts.numel() // SYMBOLS
-    device = counts.device
+    n_tables, device = counts.numel() // SYMBOLS, counts.device
     keys = torch.empty(n_tables * SYMBOLS, dtype=torch.int64, device=device)
     n = torch.empty(n_tables, dtype=torch.int64, device=device)
-    with _on(counts.device):
-        _sort_counts_kernel[(n_tables,)](counts, keys, n, RC=32, num_warps=8)
     scratch = torch.empty(3, n_tables * _NODES, dtype=torch.int64, device=device)
     lengths = torch.zeros(n_tables * SYMBOLS, dtype=torch.uint8, device=device)
-    with _on(device):
-        _code_lengths_kernel[(-(-n_tables // TABLES_PER_PROGRAM),)](
-            keys,
-            n,
-            n_tables,
-            scratch[0],
-            scratch[1],
-            scratch[2],
-            lengths,
-            TB=TABLES_PER_PROGRAM,
-            CH=_LEAF_CHUNK,
-            num_warps=1,
-        )
     codes = torch.empty(n_tables * SYMBOLS, dtype=torch.int16, device=device)
-    with _on(counts.device):
+    with _on(device):
+        _sort_counts_kernel[(n_tables,)](counts, keys, n, RC=32, num_warps=8)
+        _code_lengths_kernel[(-(-n_tables // TABLES_PER_PROGRAM),)](
+            keys, n, n_tables, *scratch, lengths, TB=TABLES_PER_PROGRAM, CH=_LEAF_CHUNK, num_warps=1
+        )
         _reversed_codes_kernel[(n_tables,)](lengths, codes)
     return lengths, codes

