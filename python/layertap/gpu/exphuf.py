@@ -38,7 +38,7 @@ import torch
 
 from layertap._py import exphuf as _py_exphuf
 from layertap._py.exphuf import MIN_CODED, STREAMS, block_head, contexts_of_top
-from layertap._spec.exphuf import CODED, MAX_CODE_LEN, MAX_CONTEXTS, MODE_RAW, SYMBOLS
+from layertap._spec.exphuf import CODED, MAX_CONTEXTS, MODE_RAW, SYMBOLS, reversed_codes
 from layertap.errors import InvalidInputError
 from layertap.gpu.device_copies import to_device, to_host
 
@@ -65,8 +65,7 @@ class Block:
 
 
 def _native():
-    """The extension, or None where it is not built (the pure-Python writer's
-    builders then stand in)."""
+    """The extension, or None where it is not built (the pure-Python builders then stand in)."""
     try:
         import layertap._native as native
     except ImportError:
@@ -90,36 +89,13 @@ def code_lengths(hist: np.ndarray) -> np.ndarray:
 def reversed_codes_of(lengths: np.ndarray) -> np.ndarray:
     """The canonical codes (RFC 1951, 3.2.2) of each row of code lengths, bit-reversed as
     ``_spec.exphuf.reversed_codes`` gives them, for all rows at once: from the Rust core where
-    it is built (the numpy version below costs about 1 ms a record)."""
+    it is built, else from that reference (without the extension the code lengths, 2 ms a table
+    in Python, cost far more)."""
     native = _native()
     if native is None:
-        return _reversed_codes_numpy(lengths).astype(np.uint16)
+        return np.array([reversed_codes(row) for row in np.asarray(lengths).tolist()], dtype=np.uint16)
     got = native.exphuf_reversed_codes(np.ascontiguousarray(lengths, dtype=np.uint8).tobytes())
     return np.frombuffer(got, dtype="<u2").reshape(np.shape(lengths))
-
-
-def _reversed_codes_numpy(lengths: np.ndarray) -> np.ndarray:
-    """``reversed_codes_of`` without the extension."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    rows = lengths.shape[0]
-    bl_count = np.zeros((rows, MAX_CODE_LEN + 1), dtype=np.int64)
-    np.add.at(bl_count, (np.arange(rows)[:, None].repeat(SYMBOLS, 1), lengths), 1)
-    bl_count[:, 0] = 0
-    next_code = np.zeros((rows, MAX_CODE_LEN + 1), dtype=np.int64)
-    code = np.zeros(rows, dtype=np.int64)
-    for ln in range(1, MAX_CODE_LEN + 1):
-        code = (code + bl_count[:, ln - 1]) << 1
-        next_code[:, ln] = code
-    # Rank of each symbol among the symbols of its length, in symbol order.
-    one_hot = lengths[:, :, None] == np.arange(MAX_CODE_LEN + 1)[None, None, :]
-    rank = np.take_along_axis(np.cumsum(one_hot, axis=1) - 1, lengths[:, :, None], axis=2)[:, :, 0]
-    codes = np.take_along_axis(next_code, lengths, axis=1) + rank
-    rev = _REVERSED[codes & ((1 << MAX_CODE_LEN) - 1)] >> (MAX_CODE_LEN - lengths)
-    return np.where(lengths > 0, rev, 0)
-
-
-#: Bit reversal of every MAX_CODE_LEN-bit value.
-_REVERSED = np.array([int(f"{v:0{MAX_CODE_LEN}b}"[::-1], 2) for v in range(1 << MAX_CODE_LEN)], dtype=np.int64)
 
 
 def encode_block(t: torch.Tensor, dtype: str, impl: str | None = None, tables: str | None = None) -> Block:
@@ -377,24 +353,14 @@ def _coded_heads(dtype, exp_shift, strides, modes, lengths, seg_bytes) -> list[b
     by the pure-Python writer's ``block_head`` (about 0.2 ms a tensor)."""
     native = _native()
     if native is None:
+        rows = np.asarray(seg_bytes).reshape(-1, STREAMS).tolist()
         return [
-            bytes(
-                block_head(
-                    stride,
-                    contexts_of_top(int(modes[j]), exp_shift),
-                    lengths[j],
-                    [int(v) for v in seg_bytes[j * STREAMS : (j + 1) * STREAMS]],
-                )
-            )
-            for j, stride in enumerate(strides)
+            bytes(block_head(stride, contexts_of_top(int(mode), exp_shift), ln, row))
+            for stride, mode, ln, row in zip(strides, modes, lengths, rows)
         ]
-    return native.exphuf_coded_heads(
-        dtype,
-        strides,
-        np.asarray(modes, dtype=np.uint8).tolist(),
-        np.ascontiguousarray(lengths, dtype=np.uint8).tobytes(),
-        np.asarray(seg_bytes, dtype=np.uint64).tolist(),
-    )
+    lengths = np.ascontiguousarray(lengths, dtype=np.uint8).tobytes()
+    modes = np.asarray(modes, dtype=np.uint8).tolist()
+    return native.exphuf_coded_heads(dtype, strides, modes, lengths, np.asarray(seg_bytes, dtype=np.uint64).tolist())
 
 
 def _assemble(tensors, heads, body_len, body_at, packed, contiguous):
@@ -402,13 +368,9 @@ def _assemble(tensors, heads, body_len, body_at, packed, contiguous):
     ``contiguous`` one buffer with every head written in its place and each raw block's bytes
     copied in."""
     if not contiguous:
-        out = []
-        for i, t in enumerate(tensors):
-            if i in body_at:
-                out.append(Block(heads[i], packed[body_at[i] : body_at[i] + body_len[i]]))
-            else:
-                out.append(Block(heads[i], t.reshape(-1).view(torch.uint8)))
-        return out
+        raw = [t.reshape(-1).view(torch.uint8) for t in tensors]
+        bodies = [packed[body_at[i] : body_at[i] + n] if i in body_at else raw[i] for i, n in enumerate(body_len)]
+        return [Block(head, body) for head, body in zip(heads, bodies)]
     head_len = np.fromiter(map(len, heads), dtype=np.int64, count=len(heads))
     sizes = head_len + np.array(body_len, dtype=np.int64)
     block_at = np.cumsum(sizes) - sizes

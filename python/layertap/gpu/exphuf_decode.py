@@ -177,15 +177,12 @@ def _places(lengths: list[int]) -> tuple[list[int], int]:
 
 
 class Staging:
-    """A batch's payloads laid out in one host buffer as ``decode_records`` copies them to the
-    device: back to back, each at a multiple of 8, the gaps and ``_PAD`` bytes after the last
-    zeroed (what a damaged stream reads past its end is then always the same); pinned where
-    the copy goes to a GPU (torch's host allocator keeps it for the next batch).
-
-    ``Staging(lengths, device)``, then fill ``views[i]`` (a writable memoryview of
-    ``lengths[i]`` bytes: ``os.preadv`` or ``readinto`` into it) with payload ``i`` and pass the
-    Staging to ``decode_records``: the stored bytes are then written on the host once, where
-    the file is read, and copied to the device as they are."""
+    """A batch's payloads in one host buffer as ``decode_records`` copies them to the device: each
+    at a multiple of 8, the gaps and ``_PAD`` bytes after the last zeroed (what a damaged stream
+    reads past its end is then always the same); pinned for a GPU (torch's host allocator keeps
+    it for the next batch). Fill ``views[i]`` (``os.preadv`` or ``readinto`` into it) with
+    payload ``i`` and pass the Staging to ``decode_records``: the stored bytes are written on the
+    host once, where the file is read, and copied to the device as they are."""
 
     def __init__(self, lengths, device):
         self.device = torch.device(device)
@@ -203,11 +200,9 @@ class Staging:
 
 
 def _device_copy(payloads, device) -> tuple[torch.Tensor, np.ndarray, list[int], list[int]]:
-    """The payloads back to back in one uint8 buffer on ``device`` (as ``Staging`` lays them
-    out), the same bytes on the host (what the heads are parsed from), where each starts, and
-    their lengths. Host buffers are staged with one copy each, then copied to the device in
-    one; a ``Staging`` is copied as it is; a batch holding device tensors is put together on
-    the device and copied back whole."""
+    """The payloads in one uint8 buffer on ``device`` as ``Staging`` lays them out, the same bytes
+    on the host (the heads are parsed from them), where each starts, and their lengths. A batch
+    holding device tensors is put together on the device and copied back whole."""
     if isinstance(payloads, Staging):
         host = payloads.host
         return host.to(device, non_blocking=True), host.numpy(), payloads.bases, payloads.lengths
@@ -236,27 +231,23 @@ def decode_records(
     timings: dict | None = None,
     metadata: list | None = None,
 ) -> list[dict[str, torch.Tensor]]:
-    """Decodes exp-huf record payloads (each a bytes-like object, or a 1-D uint8 tensor; the
-    ``stored`` bytes of a codec-3 record: safetensors header then blocks) on ``device`` (the
-    tensors' device, else CUDA where there is one, else the CPU, through Triton's interpreter).
-    Returns, per payload, its tensors by name, on the device, bit for bit the writer's; tensors
-    of one batch share the batch's output buffers. Raises CorruptRecordError naming the record,
-    tensor and stream where a payload is not a valid exp-huf payload.
+    """Decodes exp-huf record payloads (the ``stored`` bytes of codec-3 records, each bytes-like or
+    a 1-D uint8 tensor, or a ``Staging`` its caller filled) on ``device`` (the tensors' device,
+    else CUDA where there is one, else the CPU, through Triton's interpreter). Returns, per
+    payload, its tensors by name, on the device, bit for bit the writer's (a batch's tensors
+    share its output buffers). Raises CorruptRecordError naming the record, tensor and stream
+    where a payload is not valid. Host buffers are the fast way in: a batch holding device
+    tensors is copied back to the host whole for its heads to be parsed.
 
-    ``payloads`` may also be a ``Staging`` its caller filled (read from files straight into
-    it): its buffer is then copied to the device as it is, no host copy first. Host buffers are
-    the fast way in: a batch holding device tensors is copied back to the host whole for its
-    heads to be parsed. ``lanes_per_program`` (a multiple of 32 on CUDA; ``LANES`` there by default),
-    ``live_lanes`` (the streams a program decodes, the others idle; by default as few as give
-    each multiprocessor two programs, at least 4), ``ahead`` (the next element's context loaded a step early)
-    and ``buffered`` (a stream's words kept from step to step, the next one loaded beside the
-    table entry) choose the kernel's variant, for the benchmark's comparison, as
-    ``column_lanes`` (a power of two, a multiple of 32 on CUDA; ``COLUMN_LANES`` there by
-    default) chooses the lanes of a program of the mode-2 streams kernel; ``timings``, if given,
-    receives the host's parse and table time (``parse_s``: the payloads staged and copied,
-    ``stage_s``; their heads parsed, ``records_s``; the tables built, ``tables_s``)
-    and, on CUDA, the kernels' time (seconds); ``metadata``, if given, is extended with each
-    record's ``__metadata__`` (a dict), read with its header."""
+    For the benchmark's comparisons: ``lanes_per_program`` (a multiple of 32 on CUDA, ``LANES``
+    by default), ``live_lanes`` (the streams a program decodes, the others idle; by default as
+    few as give each multiprocessor two programs, at least 4), ``ahead`` (the next element's
+    context loaded a step early), ``buffered`` (a stream's words kept from step to step) and
+    ``column_lanes`` (the mode-2 streams kernel's lanes a program: a power of two, a multiple of
+    32 on CUDA, ``COLUMN_LANES`` by default) choose the kernels' variants; ``timings`` receives
+    the host's times (``parse_s``: ``stage_s``, the payloads staged and copied, ``records_s``,
+    their heads parsed, ``tables_s``, the tables built) and on CUDA the kernels' (``kernel_s``),
+    in seconds; ``metadata`` is extended with each record's ``__metadata__``."""
     t0 = time.perf_counter()
     if isinstance(payloads, Staging):
         device = payloads.device if device is None else device
@@ -401,11 +392,8 @@ def _run_columns(batch: _Heads, src_buf, tables_d, outs, lanes_per_program: int)
     # Per block number, its context 0's table in ``chain``.
     table0 = np.zeros(len(batch.blocks), np.int64)
     table0[ids] = (np.cumsum(contexts) - contexts) * TABLE_LEN
-    first_word = lanes[:, 0] >> 5
-    base = first_word << 5
-    block_table = table0[lanes[:, 4]]
-    desc = np.ascontiguousarray(np.stack([first_word, lanes[:, 0] - base, lanes[:, 1] - base, lanes[:, 2], lanes[:, 3], block_table]))  # fmt: skip
-    pos64 = len(lanes) > 0 and int(desc[2].max()) >= _POS32_LIMIT
+    desc = np.ascontiguousarray(np.stack([*_positions(lanes, 5), lanes[:, 2], lanes[:, 3], table0[lanes[:, 4]]]))
+    pos64 = int(desc[2].max()) >= _POS32_LIMIT
     tops = torch.empty(batch.tops, dtype=torch.int16, device=device)
     status = exphuf_columns.launch_streams(
         words, chain.reshape(-1), tops, to_device(desc, device), pos64, lanes_per_program
@@ -539,11 +527,16 @@ _WORDS = {2: torch.int32, 4: torch.int64}
 def _descriptors(arr: np.ndarray, table_first: np.ndarray, width: int) -> np.ndarray:
     """The kernel's ``[8, lanes]`` int64 descriptors of the lanes ``arr`` (rows of bit, end bit,
     out start, count, stride, block, stream): positions from the stream's first word."""
-    log_word = 5 if width == 2 else 6
-    first_word = arr[:, 0] >> log_word
+    fields = [arr[:, 2], arr[:, 3], arr[:, 4], arr[:, 5] * SYMBOLS, table_first[arr[:, 5]]]
+    return np.ascontiguousarray(np.stack([*_positions(arr, 5 if width == 2 else 6), *fields]))
+
+
+def _positions(lanes: np.ndarray, log_word: int) -> list[np.ndarray]:
+    """The first rows of a descriptor of ``lanes`` (rows starting with bit, end bit): each
+    stream's first word, and its bit and end bit counted from that word."""
+    first_word = lanes[:, 0] >> log_word
     base = first_word << log_word
-    fields = [first_word, arr[:, 0] - base, arr[:, 1] - base, arr[:, 2], arr[:, 3], arr[:, 4], arr[:, 5] * SYMBOLS, table_first[arr[:, 5]]]  # fmt: skip
-    return np.ascontiguousarray(np.stack(fields))
+    return [first_word, lanes[:, 0] - base, lanes[:, 1] - base]
 
 
 def _launch(src_buf, tables, table_of_top, out, desc, width, pos64, lanes_per_program, ahead, buffered) -> torch.Tensor:

@@ -240,8 +240,7 @@ def _on(device: torch.device):
 
 class Blocks:
     """The cut of the flat array into blocks of ``block`` elements within segments, and the
-    segments' places: one host array, copied to the device in one piece, of which the ``*_t``
-    are views."""
+    segments' places, copied to the device in one piece (the ``*_t`` are views)."""
 
     def __init__(self, seg_start: np.ndarray, seg_stride: np.ndarray, total: int, block: int, device: torch.device):
         seg_end = np.append(seg_start[1:], total)
@@ -259,13 +258,13 @@ class Blocks:
 
 
 class TritonPass:
-    """The device work of one pass of the encoder (``layertap.gpu.exphuf``, as its ``_TorchPass``)
-    in the four kernels."""
+    """One pass's device work in the four kernels (``layertap.gpu.exphuf``'s ``_TorchPass``'s)."""
 
     def __init__(self, x: torch.Tensor, layout, width: int, exp_shift: int, device: torch.device):
-        self.layout, self.exp_shift, self.device, self.block = layout, exp_shift, device, BLOCK
+        self.layout, self.exp_shift, self.device = layout, exp_shift, device
         self.x = x.view(torch.int16 if width == 2 else torch.int32)
         self.consts = {"MASK": (1 << (8 * width)) - 1, "RAW_BITS": 8 * width - 9}
+        self.block_consts = {**self.consts, "BLOCK": BLOCK}  # kernels 2 to 4's
         self.blocks = Blocks(layout.seg_start, layout.seg_stride, layout.total, BLOCK, device)
 
     def _elements(self) -> tuple:
@@ -274,28 +273,19 @@ class TritonPass:
         return (self.x, self.ctx, b.seg_t, b.first_t, b.start_t, b.end_t, b.stride_t)
 
     def counts(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Kernels 1 and 2: the counts (int32) of each (tensor, context, symbol) cell, and each
-        tensor's mode."""
+        """Kernels 1 and 2: the counts (int32) of each (tensor, context, symbol) cell, and the modes."""
         layout, count, device = self.layout, len(self.layout.ns), self.device
         per_tensor = to_device(np.concatenate([layout.base, layout.ns, layout.step]).astype(np.int64), device)
-        base_t, n_t, step_t = per_tensor[:count], per_tensor[count : 2 * count], per_tensor[2 * count :]
         mode = torch.empty(count, dtype=torch.int32, device=device)
         self.ctx = torch.empty(count * SYMBOLS, dtype=torch.int32, device=device)
         counts = torch.zeros(count * CONTEXTS * SYMBOLS, dtype=torch.int32, device=device)
+        sample = (self.x, *per_tensor.view(3, count), mode, self.ctx)  # base, n, step of each tensor
         with _on(device):
             _sample_contexts_kernel[(count,)](
-                self.x,
-                base_t,
-                n_t,
-                step_t,
-                mode,
-                self.ctx,
-                EXP_SHIFT=self.exp_shift,
-                SAMPLE_BLOCK=SAMPLE_BLOCK,
-                **self.consts,
+                *sample, EXP_SHIFT=self.exp_shift, SAMPLE_BLOCK=SAMPLE_BLOCK, **self.consts
             )
             _count_symbols_kernel[(self.blocks.count,)](
-                *self._elements(), counts, BLOCK=self.block, HISTOGRAM=COUNTS == "histogram", **self.consts
+                *self._elements(), counts, HISTOGRAM=COUNTS == "histogram", **self.block_consts
             )
         return counts, mode
 
@@ -311,13 +301,10 @@ class TritonPass:
         return self._stream_bits()
 
     def _stream_bits(self) -> torch.Tensor:
-        # Kernel 3 and a running sum: the bits before each block in the flat order (the last the
-        # total).
+        # Kernel 3, then the bits before each block in the flat order (the last the total).
         bits = torch.empty(self.blocks.count, dtype=torch.int64, device=self.device)
         with _on(self.device):
-            _block_bits_kernel[(self.blocks.count,)](
-                *self._elements(), self.lengths_t, bits, BLOCK=self.block, **self.consts
-            )
+            _block_bits_kernel[(self.blocks.count,)](*self._elements(), self.lengths_t, bits, **self.block_consts)
         self.before = torch.zeros(self.blocks.count + 1, dtype=torch.int64, device=self.device)
         torch.cumsum(bits, 0, out=self.before[1:])
         return self.before[self.blocks.last_t] - self.before[self.blocks.first_t]
@@ -325,19 +312,10 @@ class TritonPass:
     def pack(self, seg_base: np.ndarray, end: int) -> torch.Tensor:
         """Kernel 4: the output's first ``end`` bytes, each stream at ``seg_base`` (its first byte;
         -1: not written), 0 elsewhere."""
-        seg_base_t = to_device(seg_base, self.device)
         words = torch.zeros(-(-end // 4) + 2, dtype=torch.int32, device=self.device)
+        args = (*self._elements(), self.lengths_t, self.codes_t, self.before, to_device(seg_base, self.device), words)
         with _on(self.device):
-            _pack_kernel[(self.blocks.count,)](
-                *self._elements(),
-                self.lengths_t,
-                self.codes_t,
-                self.before,
-                seg_base_t,
-                words,
-                BLOCK=self.block,
-                **self.consts,
-            )
+            _pack_kernel[(self.blocks.count,)](*args, **self.block_consts)
         return words.view(torch.uint8)[:end]
 
 
@@ -354,9 +332,8 @@ _BIG = tl.constexpr(1 << 62)
 @triton.jit
 def _sort_counts_kernel(counts_ptr, sorted_ptr, n_ptr, RC: tl.constexpr):
     """One table's symbols with a count, by count then symbol (``count << 9 | symbol``; the
-    absent after them), and how many have a count. Each key goes to its rank, the number of
-    keys below it (the keys are distinct): ``RC`` keys at a time against all 512, which is
-    cheaper than ``tl.sort`` and as cheap in Triton's interpreter."""
+    absent after them), and how many have a count. Each (distinct) key goes to its rank, ``RC``
+    keys at a time against all 512: cheaper than ``tl.sort``, and as cheap in the interpreter."""
     t = tl.program_id(0).to(tl.int64)
     sym = tl.arange(0, 512)
     c = tl.load(counts_ptr + t * 512 + sym).to(tl.int64)
@@ -374,10 +351,8 @@ def _sort_counts_kernel(counts_ptr, sorted_ptr, n_ptr, RC: tl.constexpr):
 def _huffman_build(sorted_ptr, lane, n, h, live, w_ptr, p_ptr, d_ptr, maxn, TB: tl.constexpr, CH: tl.constexpr):
     """The depths of the leaves of the Huffman tree of each lane's sorted counts divided by
     ``2^h`` rounding up, built as the Rust core builds it (two queues; on equal weights the leaf
-    first), in ``d_ptr``'s rows (node ``i`` of lane ``l`` at ``l * 1024 + i``); returns each
-    lane's deepest leaf. Its loops over the leaves are runtime loops, ``CH`` leaves a step up to
-    the most a lane has: unrolled over all 512 they made the kernel four times larger (1.7 M
-    characters of PTX, 18 s to compile, against 0.4 M and 4 s)."""
+    first), in ``d_ptr``'s rows; returns each lane's deepest leaf. Its loops over the leaves are
+    runtime loops, ``CH`` leaves a step: unrolled over all 512 they took 18 s to compile, not 4."""
     base = lane * 1024
     for c0 in range(0, maxn, CH):
         idx = c0 + tl.arange(0, CH)[None, :]
@@ -436,18 +411,15 @@ def _huffman_build(sorted_ptr, lane, n, h, live, w_ptr, p_ptr, d_ptr, maxn, TB: 
 def _code_lengths_kernel(
     sorted_ptr, n_ptr, n_tables, w_ptr, p_ptr, d_ptr, lengths_ptr, TB: tl.constexpr, CH: tl.constexpr
 ):
-    """Code lengths of TB tables, one a lane, as ``exphuf_code_lengths`` (the Rust core's
-    ``huffman::code_lengths``) makes them: the Huffman code of the counts, or where a code
-    would pass 11 bits, of the counts divided by the ``2^h`` found by the same bisection.
+    """Code lengths of TB tables, one a lane, as the Rust core's ``huffman::code_lengths`` makes
+    them: the Huffman code of the counts, or where a code would pass 11 bits, of the counts
+    divided by the ``2^h`` found by the same bisection. Step 0 builds every table at ``h = 0``,
+    steps 1 to 7 bisect those that did not fit (counts of at most 31 bits need 5), the last
+    builds again at the ``h`` found those whose last build was at another h.
 
-    The builds are the steps of one runtime loop with ``_huffman_build`` inlined once, the
-    bisection's bounds carried from step to step: step 0 builds every table at ``h = 0``,
-    steps 1 to 7 bisect the tables that did not fit (counts of at most 31 bits need 5), the
-    last builds again at the ``h`` found the tables whose last build was at another h (one that
-    did not fit). Written out, the build inlined nine times (seven of them in a
-    ``tl.static_range``), the kernel came to 9.5 M characters of PTX and took 6 minutes to
-    compile for sm_90 (362 s on the CPU here): the H100's calls that built tables on the device
-    ran out of time before their first launch. As one loop it takes 4 s
+    Why one runtime loop with ``_huffman_build`` inlined once: inlined nine times, the kernel came
+    to 9.5 M characters of PTX and 6 minutes to compile for sm_90, so the H100's calls that built
+    tables on the device ran out of time before their first launch; as one loop it takes 4 s
     (tests/triton_kernels/check_exphuf_encoder.py's PTX_LIMIT)."""
     lane = tl.program_id(0).to(tl.int64) * TB + tl.arange(0, TB)
     live = lane < n_tables
@@ -505,8 +477,8 @@ def _reversed_codes_kernel(lengths_ptr, codes_ptr):
 
 def tables(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The code lengths (uint8) and reversed codes (int16) of each 512-symbol table of
-    ``counts`` (int32), on the device: what the Rust core's ``exphuf_code_lengths`` and
-    ``exphuf_reversed_codes`` give for them, without the counts going to the host."""
+    ``counts`` (int32), on the device: the Rust core's ``exphuf_code_lengths`` and
+    ``exphuf_reversed_codes``, without the counts going to the host."""
     n_tables, device = counts.numel() // SYMBOLS, counts.device
     keys = torch.empty(n_tables * SYMBOLS, dtype=torch.int64, device=device)
     n = torch.empty(n_tables, dtype=torch.int64, device=device)

@@ -90,30 +90,28 @@ class GpuCompressor:
     region's token ids and gather indices as for any sink, and takes regions back here."""
 
     def __init__(self, writer: Any, pool: HostPool, cache: HiddenStatesCache, facts: EngineFacts):
-        self._fill = NativeSink(writer, pool, cache, facts)
-        """Writes token ids and gather indices into regions (as the host path does)."""
-        self._records = BufferSink(writer, pool, cache, facts)
-        """Builds the records and keeps the record-to-region bookkeeping."""
+        self._fill = NativeSink(writer, pool, cache, facts)  # token ids and gather indices, as the host path's
+        self._records = BufferSink(writer, pool, cache, facts)  # the records and the record-to-region bookkeeping
         self._pool = pool
         self._dtype = dtype_name(cache.dtype)
         self._elements_per_token = cache.num_layers * cache.hidden_size
         self._stream = torch.cuda.Stream(device=cache.device) if cache.is_cuda else None
+        # Held around the writer's submit (this thread) and poll (the engine thread), so that a
+        # record written before its region is noted is never missed.
         self._lock = threading.Lock()
-        """Held around the writer's submit (this thread) and poll (the engine thread), so that
-        a record written before its region is noted is never missed."""
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._results: queue.SimpleQueue[tuple[Any, list[tuple[int, str]]]] = queue.SimpleQueue()
         self._idle = threading.Condition()
         self._queued = 0
         self.failed: BaseException | None = None
-        # Counters (read by the engine thread for the statistics).
+        # Counters for the statistics: ``seconds``, the wall time of this thread's work, the GPU's
+        # included (it waits for its copy); ``host_cpu_seconds``, its CPU time (kernel launches and
+        # the code lengths built on the host).
         self.batches = 0
         self.bytes_in = 0
         self.bytes_out = 0
         self.seconds = 0.0
-        """Wall time of this thread's work per batch, the GPU's included (it waits for its copy)."""
         self.host_cpu_seconds = 0.0
-        """CPU time of this thread: kernel launches and the code lengths built on the host."""
         self._thread = threading.Thread(target=self._run, name=GPU_COMPRESS_THREAD, daemon=True)
         self._thread.start()
 
@@ -132,12 +130,7 @@ class GpuCompressor:
     def results(self) -> list[tuple[Any, list[tuple[int, str]]]]:
         """The batches handed to the writer since the last call, each with the ``(index,
         reason)`` of its records the writer refused."""
-        out = []
-        while True:
-            try:
-                out.append(self._results.get_nowait())
-            except queue.Empty:
-                return out
+        return [self._results.get_nowait() for _ in range(self._results.qsize())]
 
     def drain(self) -> None:
         """Waits until every queued batch is in the writer's hands (or this thread failed)."""
