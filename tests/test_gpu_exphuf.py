@@ -19,7 +19,6 @@ from layertap.errors import InvalidInputError
 from layertap.gpu.exphuf import (
     Block,
     code_lengths,
-    encode_blob_tensors,
     encode_block,
     encode_blocks,
     encode_contiguous,
@@ -95,8 +94,8 @@ def test_a_records_payload_equals_the_rust_writers():
         [("hidden_states", "BF16", tuple(hidden.shape)), ("token_ids", "I64", (48,))], {"num_tokens": "48"}
     )
     raw = header + hidden.view(torch.uint8).numpy().tobytes() + ids.view(torch.uint8).numpy().tobytes()
-    blocks = encode_blob_tensors([(hidden, "BF16"), (ids, "I64")])
-    payload = header + b"".join(b.to_bytes() for b in blocks)
+    # The I64 tensor is stored as it is: exp-huf codes only BF16, F16 and F32.
+    payload = header + encode_block(hidden, "BF16").to_bytes() + ids.view(torch.uint8).numpy().tobytes()
     assert payload == _native.exphuf_encode(raw, by="element")
     assert bytes(spec.decode(payload, len(raw))) == raw
 

@@ -269,9 +269,8 @@ class _TorchPass:
         layout, device, exp_shift = self.layout, self.device, self.exp_shift
         ns, base, step, total = layout.ns, layout.base, layout.step, layout.total
         count = len(ns)
-        # The intermediates are int64 per element (about 8 live at the peak, 64 bytes an
-        # element): each is dropped as soon as it is used, which is what bounds the encoder's
-        # memory.
+        # The intermediates are int64 per element (about 8 live at the peak, 64 bytes an element):
+        # each is dropped as soon as it is used, which bounds the encoder's memory.
         top = self.x >> self.raw_bits
         idx = torch.arange(total, device=device)
         seg_start_t = to_device(layout.seg_start, device)
@@ -394,11 +393,9 @@ def _assemble(tensors, heads, body_len, body_at, packed, contiguous):
 
 
 def _counts(index: torch.Tensor, n: int) -> torch.Tensor:
-    """``torch.bincount(index, minlength=n)`` for indices known to lie in ``[0, n)``, without
-    reading anything back: CUDA's bincount copies the indices' min and max to the host to size
-    its output, and each such copy waits for the stream with the thread spinning (CUDA's default
-    for a process with fewer contexts than cores), for as long as the GPU, shared with the
-    model, takes to get there."""
+    """``torch.bincount(index, minlength=n)`` for indices in ``[0, n)``, without reading anything
+    back: CUDA's bincount copies the indices' min and max to the host to size its output, a wait
+    with the thread spinning for as long as the GPU, shared with the model, takes to get there."""
     out = torch.zeros(n, dtype=torch.int64, device=index.device)
     return out.scatter_add_(0, index, torch.ones(1, dtype=torch.int64, device=index.device).expand(index.shape))
 
@@ -408,11 +405,9 @@ def _pack(
 ) -> torch.Tensor:
     """The bytes of a bit string of ``total_bits`` bits (a multiple of 8) in which value ``i``
     (``nbits[i]`` bits, at least ``min_bits``) starts at bit ``offset[i]``, least significant
-    bit first; ``offset`` ascending, the values not overlapping; bits no value covers are 0.
-
-    Each 16-bit word gathers the values that overlap it (the first found by a binary search
-    over the values' ends, then the next few): no scatter, whose atomics collide when
-    neighbouring values share a word."""
+    bit first (``offset`` ascending, no overlaps; other bits 0). Each 16-bit word gathers the
+    values that overlap it (a binary search over their ends, then the next few): no scatter,
+    whose atomics collide when neighbouring values share a word."""
     device = values.device
     n_words = (total_bits + _WORD_BITS - 1) // _WORD_BITS
     words = torch.zeros(n_words, dtype=torch.int64, device=device)
@@ -431,15 +426,3 @@ def _pack(
             words |= torch.where((j <= last) & (rel < _WORD_BITS), part & 0xFFFF, 0)
     out = torch.stack([words & 0xFF, words >> 8], dim=1).reshape(-1).to(torch.uint8)
     return out[: total_bits // 8]
-
-
-def encode_blob_tensors(tensors: list[tuple[torch.Tensor, str]]) -> list[Block]:
-    """Blocks of a record's tensors, in the order of their data; tensors of other dtypes
-    (``dtype`` not in CODED) are stored as they are."""
-    out = []
-    for t, dtype in tensors:
-        if dtype in CODED:
-            out.append(encode_block(t, dtype))
-        else:
-            out.append(Block(b"", t.contiguous().reshape(-1).view(torch.uint8)))
-    return out

@@ -72,10 +72,7 @@ _PROBLEMS = {
     3: "holds more bytes than its elements take",
     4: "has padding bits that are not zero",
 }
-#: Lanes of a program: a warp, one lane a thread. Fewer would leave threads holding copies of a
-#: lane, which read back what another thread of the warp stored (the element ``d`` back), an
-#: order PTX's memory model does not promise; so a program spreads over fewer streams by leaving
-#: lanes idle instead (``live_lanes``).
+#: Lanes of a program: a warp, one lane a thread (the module's docs say why not fewer).
 LANES = 32
 #: Lanes of a program of the mode-2 streams kernel on CUDA (4 warps): its lanes share nothing.
 COLUMN_LANES = 128
@@ -135,12 +132,11 @@ def _host_bytes(payload) -> memoryview | torch.Tensor:
 
 
 def decode_tables(lengths: torch.Tensor) -> torch.Tensor:
-    """The decode table of each row of ``lengths`` (``[T, 512]`` code lengths, checked, on any
-    device): ``[T, 2048]`` int16 entries; entry ``x`` of a table decodes a stream whose next 11
-    bits (least significant first) are ``x``: ``top9 << 4 | code length``, or 0 where no code
-    starts. Built where the lengths are, in torch operations over every table at once (a few
-    dozen launches, no wait): for each length L, the L bits at ``x`` read as a canonical code of
-    that length, and the symbol that code is if it is one (a prefix code: at most one L is)."""
+    """The decode table of each row of ``lengths`` (``[T, 512]`` code lengths, checked):
+    ``[T, 2048]`` int16 entries, entry ``x`` for a stream whose next 11 bits (least significant
+    first) are ``x``: ``top9 << 4 | code length``, 0 where no code starts. Built where the lengths
+    are, every table at once (a few dozen launches, no wait): for each length L, the L bits at
+    ``x`` read as a canonical code, and its symbol if it is one (a prefix code: one L at most)."""
     t_count, device = lengths.shape[0], lengths.device
     ln = lengths.long()
     bl_count = torch.zeros((t_count, MAX_CODE_LEN + 1), dtype=torch.long, device=device)
@@ -261,9 +257,8 @@ def decode_records(
     t1 = time.perf_counter()
     batch = _Heads(exphuf_batch_heads(host, bases, lengths))
     if timings is not None:
-        # parse_s is the host's whole part before the kernels; its pieces say which to work on
-        # (the H100 run of 2026-12-05 measured it at 4-8x the kernels' time, before the heads
-        # were parsed by the core).
+        # parse_s is the host's part before the kernels, its pieces say which to work on (the
+        # H100 run of 2026-12-05 measured it at 4-8x the kernels' time, before the core parsed).
         timings["stage_s"], timings["records_s"] = t1 - t0, time.perf_counter() - t1
         timings["parse_s"] = timings["stage_s"] + timings["records_s"]
         timings.pop("kernel_s", None)

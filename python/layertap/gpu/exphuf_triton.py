@@ -238,25 +238,6 @@ def _on(device: torch.device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-class Blocks:
-    """The cut of the flat array into blocks of ``block`` elements within segments, and the
-    segments' places, copied to the device in one piece (the ``*_t`` are views)."""
-
-    def __init__(self, seg_start: np.ndarray, seg_stride: np.ndarray, total: int, block: int, device: torch.device):
-        seg_end = np.append(seg_start[1:], total)
-        per_seg = -(-(seg_end - seg_start) // block)
-        last = np.cumsum(per_seg)  # one past each segment's last block
-        first = last - per_seg
-        self.count = int(last[-1])
-        seg = np.repeat(np.arange(len(seg_start), dtype=np.int64), per_seg)
-        tab = to_device(np.concatenate([seg_start, seg_end, seg_stride, first, last, seg]).astype(np.int64), device)
-        k = len(seg_start)
-        self.start_t, self.end_t, self.stride_t, self.first_t, self.last_t = (
-            tab[i * k : (i + 1) * k] for i in range(5)
-        )
-        self.seg_t = tab[5 * k :]
-
-
 class TritonPass:
     """One pass's device work in the four kernels (``layertap.gpu.exphuf``'s ``_TorchPass``'s)."""
 
@@ -265,27 +246,35 @@ class TritonPass:
         self.x = x.view(torch.int16 if width == 2 else torch.int32)
         self.consts = {"MASK": (1 << (8 * width)) - 1, "RAW_BITS": 8 * width - 9}
         self.block_consts = {**self.consts, "BLOCK": BLOCK}  # kernels 2 to 4's
-        self.blocks = Blocks(layout.seg_start, layout.seg_stride, layout.total, BLOCK, device)
-
-    def _elements(self) -> tuple:
-        """The first arguments of kernels 2 to 4."""
-        b = self.blocks
-        return (self.x, self.ctx, b.seg_t, b.first_t, b.start_t, b.end_t, b.stride_t)
+        # The cut of the flat array into blocks of BLOCK elements within segments, and the
+        # segments' places: one copy to the device, of which the ``*_t`` are views.
+        seg_start = layout.seg_start
+        seg_end = np.append(seg_start[1:], layout.total)
+        per_seg = -(-(seg_end - seg_start) // BLOCK)
+        last = np.cumsum(per_seg)  # one past each segment's last block
+        self.n_blocks = int(last[-1])
+        seg = np.repeat(np.arange(len(seg_start), dtype=np.int64), per_seg)
+        tab = np.concatenate([seg_start, seg_end, layout.seg_stride, last - per_seg, last, seg]).astype(np.int64)
+        start_t, end_t, stride_t, self.first_t, self.last_t, seg_t = to_device(tab, device).split(
+            [len(seg_start)] * 5 + [self.n_blocks]
+        )
+        # Each tensor's context of each top (kernel 1's output), and kernels 2 to 4's first arguments.
+        self.ctx = torch.empty(len(layout.ns) * SYMBOLS, dtype=torch.int32, device=device)
+        self.elements = (self.x, self.ctx, seg_t, self.first_t, start_t, end_t, stride_t)
 
     def counts(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Kernels 1 and 2: the counts (int32) of each (tensor, context, symbol) cell, and the modes."""
         layout, count, device = self.layout, len(self.layout.ns), self.device
         per_tensor = to_device(np.concatenate([layout.base, layout.ns, layout.step]).astype(np.int64), device)
         mode = torch.empty(count, dtype=torch.int32, device=device)
-        self.ctx = torch.empty(count * SYMBOLS, dtype=torch.int32, device=device)
         counts = torch.zeros(count * CONTEXTS * SYMBOLS, dtype=torch.int32, device=device)
         sample = (self.x, *per_tensor.view(3, count), mode, self.ctx)  # base, n, step of each tensor
         with _on(device):
             _sample_contexts_kernel[(count,)](
                 *sample, EXP_SHIFT=self.exp_shift, SAMPLE_BLOCK=SAMPLE_BLOCK, **self.consts
             )
-            _count_symbols_kernel[(self.blocks.count,)](
-                *self._elements(), counts, HISTOGRAM=COUNTS == "histogram", **self.block_consts
+            _count_symbols_kernel[(self.n_blocks,)](
+                *self.elements, counts, HISTOGRAM=COUNTS == "histogram", **self.block_consts
             )
         return counts, mode
 
@@ -302,20 +291,20 @@ class TritonPass:
 
     def _stream_bits(self) -> torch.Tensor:
         # Kernel 3, then the bits before each block in the flat order (the last the total).
-        bits = torch.empty(self.blocks.count, dtype=torch.int64, device=self.device)
+        bits = torch.empty(self.n_blocks, dtype=torch.int64, device=self.device)
         with _on(self.device):
-            _block_bits_kernel[(self.blocks.count,)](*self._elements(), self.lengths_t, bits, **self.block_consts)
-        self.before = torch.zeros(self.blocks.count + 1, dtype=torch.int64, device=self.device)
+            _block_bits_kernel[(self.n_blocks,)](*self.elements, self.lengths_t, bits, **self.block_consts)
+        self.before = torch.zeros(self.n_blocks + 1, dtype=torch.int64, device=self.device)
         torch.cumsum(bits, 0, out=self.before[1:])
-        return self.before[self.blocks.last_t] - self.before[self.blocks.first_t]
+        return self.before[self.last_t] - self.before[self.first_t]
 
     def pack(self, seg_base: np.ndarray, end: int) -> torch.Tensor:
         """Kernel 4: the output's first ``end`` bytes, each stream at ``seg_base`` (its first byte;
         -1: not written), 0 elsewhere."""
         words = torch.zeros(-(-end // 4) + 2, dtype=torch.int32, device=self.device)
-        args = (*self._elements(), self.lengths_t, self.codes_t, self.before, to_device(seg_base, self.device), words)
+        args = (*self.elements, self.lengths_t, self.codes_t, self.before, to_device(seg_base, self.device), words)
         with _on(self.device):
-            _pack_kernel[(self.blocks.count,)](*args, **self.block_consts)
+            _pack_kernel[(self.n_blocks,)](*args, **self.block_consts)
         return words.view(torch.uint8)[:end]
 
 

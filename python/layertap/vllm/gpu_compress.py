@@ -84,10 +84,9 @@ class _Job:
 
 
 class GpuCompressor:
-    """The thread that encodes gathered batches and hands them to the writer (module docs).
-
-    Its ``fill`` and ``reap`` stand in for the sink's (``region_sinks.py``): the engine thread fills the
-    region's token ids and gather indices as for any sink, and takes regions back here."""
+    """The thread that encodes gathered batches and hands them to the writer (module docs). Its
+    ``fill`` and ``reap`` stand in for the sink's (``region_sinks.py``): the engine thread fills
+    regions' token ids and gather indices as for any sink, and takes regions back here."""
 
     def __init__(self, writer: Any, pool: HostPool, cache: HiddenStatesCache, facts: EngineFacts):
         self._fill = NativeSink(writer, pool, cache, facts)  # token ids and gather indices, as the host path's
