@@ -1,7 +1,6 @@
-"""Small copies between the host and the GPU that never leave the host thread spinning: tables
-and descriptors to the device through a pinned ring (``_Staging``), counts and lengths back
-with a blocking event (issue 21; the encoder, ``exphuf.py``, and the decoder,
-``exphuf_decode.py``, use them)."""
+"""Small copies between the host and the GPU that never leave the host thread spinning: to the
+device through a pinned ring (``_Staging``), back with a blocking event (the encoder's and the
+decoder's, issues 21 and 32)."""
 
 from __future__ import annotations
 

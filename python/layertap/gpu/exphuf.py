@@ -1,12 +1,11 @@
 """The encoder of codec ``exp-huf`` (docs/FORMAT.md, "Codec 3") in torch operations, so that it
 runs where the hidden states are: on the GPU, before the copy to the host (issue 21).
 
-It writes blocks coded by element (block mode 1) with the Rust encoder's choices for them
-(rust/core/src/exphuf/block_encode.rs) and the Rust core's code lengths: the bytes of
-``_native.exphuf_encode(raw, by="element")``, which the tests check on the CPU, so what the GPU
-writes is defined byte for byte by a reference that runs without a GPU. Without the native module
-the pure-Python writer's builder stands in, which may break ties in Huffman trees differently
-(still a valid block, not the same bytes).
+It writes blocks coded by element (mode 1) with the Rust encoder's choices and the Rust core's
+code lengths: the bytes of ``_native.exphuf_encode(raw, by="element")``, which the tests check on
+the CPU, so what the GPU writes is defined by a reference that runs without a GPU. Without the
+native module the Python builder may break ties in Huffman trees differently (still a valid
+block, not the same bytes).
 
 Why exp-huf and not one of nvCOMP's codecs: on real activations it is the best ratio we have
 (1.543 against bp16-zstd's 1.453 on the CPU), both readers read it already, and its work is
@@ -15,16 +14,14 @@ into many chunks to run fast, and its fast ANS stream is its own format (benches
 2026-12-02).
 
 Per pass the host waits for the device twice, asleep on a blocking event: for the symbol counts
-(the code lengths are built on the host, as the CPU encoders build them) and for the streams'
-bit lengths (which set the output's layout). Nothing else reads back (but the mask that drops
-the streams of a tensor whose coded block is larger than its bytes, rare): no boolean mask, no
-``bincount``, no ``.item()``, each of which waits with the thread spinning for as long as the
-GPU, shared with the model, takes (``benches/gpu/bench_gpu_exphuf.py`` counts them).
+(the code lengths are built on the host) and for the streams' bit lengths (the output's layout).
+Nothing else reads back (but the mask that drops the streams of a tensor coded larger than its
+bytes, rare): no boolean mask, ``bincount`` or ``.item()``, each a wait with the thread spinning
+for as long as the GPU, shared with the model, takes (``benches/gpu/bench_gpu_exphuf.py``).
 
-The host part is one; the device work has two implementations, chosen by ``impl``, the same
-bytes: ``"triton"``, four Triton kernels (``exphuf_triton``), the default where Triton imports
-and the tensors are on CUDA (or under ``TRITON_INTERPRET=1``); ``"torch"``, about 90 torch
-operations (``_TorchPass``), everywhere else.
+The device work has two implementations (``impl``, the same bytes): ``"triton"``, four Triton
+kernels (``exphuf_triton``), the default where Triton imports and the tensors are on CUDA (or
+under ``TRITON_INTERPRET=1``); ``"torch"``, about 90 torch operations (``_TorchPass``).
 """
 
 from __future__ import annotations
@@ -64,25 +61,16 @@ class Block:
         return self.head + self.body.cpu().numpy().tobytes()
 
 
-def _native():
-    """The extension, or None where it is not built (the pure-Python builders then stand in)."""
-    try:
-        import layertap._native as native
-    except ImportError:
-        return None
-    return native
-
-
 def code_lengths(hist: np.ndarray) -> np.ndarray:
     """Code lengths (uint8) of each row of symbol counts ``hist`` (``[k, 512]``), from the Rust
-    core (a few microseconds a table; the Python builder takes about 2 ms). Counts given as
-    ``<u4`` or ``<i4`` (the encoder's, non-negative) are not converted first."""
-    native = _native()
-    if native is None:
+    core (a few microseconds a table; the Python builder takes about 2 ms)."""
+    try:
+        from layertap._native import exphuf_code_lengths
+    except ImportError:  # the extension is not built
         return np.array([_py_exphuf.code_lengths(h) for h in hist], dtype=np.uint8)
     if hist.dtype not in (np.dtype("<u4"), np.dtype("<i4")):
         hist = hist.astype("<u4")
-    got = native.exphuf_code_lengths(np.ascontiguousarray(hist).view("<u4").tobytes())
+    got = exphuf_code_lengths(np.ascontiguousarray(hist).view("<u4").tobytes())
     return np.frombuffer(got, dtype=np.uint8).reshape(hist.shape)
 
 
@@ -91,28 +79,27 @@ def reversed_codes_of(lengths: np.ndarray) -> np.ndarray:
     ``_spec.exphuf.reversed_codes`` gives them, for all rows at once: from the Rust core where
     it is built, else from that reference (without the extension the code lengths, 2 ms a table
     in Python, cost far more)."""
-    native = _native()
-    if native is None:
+    try:
+        from layertap._native import exphuf_reversed_codes
+    except ImportError:
         return np.array([reversed_codes(row) for row in np.asarray(lengths).tolist()], dtype=np.uint16)
-    got = native.exphuf_reversed_codes(np.ascontiguousarray(lengths, dtype=np.uint8).tobytes())
+    got = exphuf_reversed_codes(np.ascontiguousarray(lengths, dtype=np.uint8).tobytes())
     return np.frombuffer(got, dtype="<u2").reshape(np.shape(lengths))
 
 
 def encode_block(t: torch.Tensor, dtype: str, impl: str | None = None, tables: str | None = None) -> Block:
-    """The exp-huf block of tensor ``t`` (a contiguous tensor whose element size is that of
-    ``dtype``, one of ``BF16``, ``F16``, ``F32``; the shape sets the stride), on ``t``'s device.
-    ``impl``: who does the device work, ``"triton"`` or ``"torch"`` (``default_impl``);
-    ``tables``: where the code tables are built, ``"host"`` (the Rust core, from the counts read
-    back) or ``"device"`` (Triton kernels, ``impl="triton"`` only; the same tables)."""
+    """The exp-huf block of tensor ``t`` (elements of ``dtype``'s size, one of ``BF16``, ``F16``,
+    ``F32``; the shape sets the stride), on ``t``'s device. ``impl``: ``"triton"`` or ``"torch"``
+    (``default_impl``); ``tables``: where the code tables are built, ``"host"`` (the Rust core,
+    from the counts read back) or ``"device"`` (``impl="triton"`` only; the same tables)."""
     return encode_blocks([t], dtype, impl, tables)[0]
 
 
 def encode_blocks(
     tensors: list[torch.Tensor], dtype: str, impl: str | None = None, tables: str | None = None
 ) -> list[Block]:
-    """The exp-huf blocks of several tensors of one dtype, on their (common) device, in one pass:
-    the same kernels whatever the count, two small copies to the host (the symbol counts, then
-    the streams' bit lengths; with ``tables="device"`` one: the bit lengths and the tables). The
+    """The exp-huf blocks of several tensors of one dtype, on their device, in one pass: the same
+    kernels whatever the count, two small copies to the host (one with ``tables="device"``). The
     bodies are views of one buffer."""
     return _encode(tensors, dtype, contiguous=False, impl=impl, tables=tables)
 
@@ -134,9 +121,8 @@ DEFAULT_TABLES = "host"
 
 
 def default_impl(device: torch.device) -> str:
-    """``"triton"`` where Triton imports and the tensors are on CUDA (or on the CPU under Triton's
-    interpreter, ``TRITON_INTERPRET=1``: the tests); ``"torch"`` otherwise (vLLM's CPU build has
-    no Triton)."""
+    """``"triton"`` where Triton imports and the tensors are on CUDA (or under Triton's interpreter,
+    ``TRITON_INTERPRET=1``: the tests); ``"torch"`` otherwise (vLLM's CPU build has no Triton)."""
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         return "torch"
     return "triton" if _triton_imports() else "torch"
@@ -153,8 +139,7 @@ def _triton_imports() -> bool:
 
 @dataclass
 class _Layout:
-    """Where the coded tensors' elements lie in the flat array the device pass reads (the coded
-    tensors back to back), as host arrays."""
+    """Where the coded tensors' elements lie in the flat array the device pass reads (host arrays)."""
 
     ns: np.ndarray  # elements of each coded tensor
     base: np.ndarray  # each tensor's first element
@@ -350,8 +335,9 @@ def _coded_heads(dtype, exp_shift, strides, modes, lengths, seg_bytes) -> list[b
     """The head of each coded tensor's block (everything before its streams): written by the
     Rust core, as its own encoder writes them, in one call for the batch; without the extension,
     by the pure-Python writer's ``block_head`` (about 0.2 ms a tensor)."""
-    native = _native()
-    if native is None:
+    try:
+        from layertap._native import exphuf_coded_heads
+    except ImportError:
         rows = np.asarray(seg_bytes).reshape(-1, STREAMS).tolist()
         return [
             bytes(block_head(stride, contexts_of_top(int(mode), exp_shift), ln, row))
@@ -359,7 +345,7 @@ def _coded_heads(dtype, exp_shift, strides, modes, lengths, seg_bytes) -> list[b
         ]
     lengths = np.ascontiguousarray(lengths, dtype=np.uint8).tobytes()
     modes = np.asarray(modes, dtype=np.uint8).tolist()
-    return native.exphuf_coded_heads(dtype, strides, modes, lengths, np.asarray(seg_bytes, dtype=np.uint64).tolist())
+    return exphuf_coded_heads(dtype, strides, modes, lengths, np.asarray(seg_bytes, dtype=np.uint64).tolist())
 
 
 def _assemble(tensors, heads, body_len, body_at, packed, contiguous):

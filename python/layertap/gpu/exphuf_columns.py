@@ -10,16 +10,13 @@ codes). The writers cut a block into 4 streams a 32,768 elements, so a 64-record
 model's ``[256, layers, 4096]`` records gives tens of thousands of streams: one lane a stream,
 lanes ordered by their block's longest stream (a block's streams differ by a column at most).
 
-``_streams_kernel`` stores each code's top 9 bits in stream order (``tops``). Its table entry
-(int32, 2048 a context, built on the device from mode 1's tables, ``chain_tables``) holds the
-next context beside the top and the length, so a step's chain is one load and a few integer
-operations (47 instructions a step for sm_90 with 128 lanes); the price is int32 tables, 8 KiB
-a context (twice mode 1's int16): which costs more, that or a context-map load in the chain, is
-for the GPU to say. It checks what the Rust decoder checks, as the mode-1 kernel does.
-
-``_merge_kernel`` is elementwise over each block: element ``i`` takes its top from the
-column-major ``tops`` (a gather) and its raw bits from the raw plane, and is stored in row-major
-order: coalesced stores and plane reads, the transposition on the small int16 tops.
+``_streams_kernel`` stores each code's top 9 bits in stream order. Its table entries
+(``chain_tables``) hold the next context beside the top and the length, so a step's chain is one
+load and a few integer operations (47 instructions for sm_90); the price is int32 tables, twice
+mode 1's int16: which costs more, that or a context-map load in the chain, is for the GPU to say.
+``_merge_kernel`` then puts each element's top (a gather from the column-major tops) beside its
+raw bits, stored in row-major order: coalesced stores and plane reads, the transposition on the
+small int16 tops.
 """
 
 from __future__ import annotations
@@ -166,8 +163,7 @@ def chain_tables(tables: torch.Tensor, ctx_of_top: torch.Tensor) -> torch.Tensor
 
 
 def launch_streams(words, tables, tops, desc, pos64: bool, lanes_per_program: int) -> torch.Tensor:
-    """Runs the streams kernel over the lanes ``desc`` describes; returns their statuses
-    ``[2, lanes]``."""
+    """Runs the streams kernel over the lanes ``desc`` describes; returns their ``[2, lanes]`` statuses."""
     lanes = desc.shape[1]
     status = torch.empty((2, lanes), dtype=torch.int32, device=tops.device)
     _streams_kernel[(triton.cdiv(lanes, lanes_per_program),)](

@@ -9,36 +9,31 @@ streams in lockstep, one stream a lane (a thread), for as many steps as a progra
 segment (a block's streams share a program, blocks ordered by their longest segment). With 4
 streams a tensor, 64 records of one tensor are 256 lanes, a 2048-token record alone 4. A lane's
 step is a chain of dependent work (a table load, then a dozen integer operations), not
-bandwidth: the format, not the kernel, bounds the speed. The estimate before measuring
-(benches/gpu/bench_gpu_exphuf_decode.py measures it): 87 instructions a step compiled for sm_90
-(65 without the word buffer and the early context, whose loads then stand in the chain), some
-100-300 cycles an element (tables in L1 or L2), so 256 lanes decode 3-10 GB/s of bf16 and the
-issue's 50 GB/s takes 1,500-4,000 lanes in flight, or a format with more streams. Positions,
-counters and offsets are 32-bit in the loop (int64 costs two instructions an operation).
+bandwidth: the format, not the kernel, bounds the speed. Estimated before measuring
+(benches/gpu/bench_gpu_exphuf_decode.py): 87 instructions a step for sm_90, some 100-300 cycles
+an element, so 256 lanes decode 3-10 GB/s of bf16 and the issue's 50 GB/s takes 1,500-4,000
+lanes in flight, or a format with more streams. Positions, counters and offsets are 32-bit in
+the loop (int64 costs two instructions an operation).
 
-Off the chain: the word after the two a lane holds is loaded beside the table entry rather than
-before it (the device copy is padded so that it stays inside the buffer), and the next
-element's table is loaded a step early, from the output the lane wrote (``.cg``: its own store,
-from L2, never a stale L1 line) where ``d >= 3``, from its registers where ``d`` is 1 or 2. A
-lane checks what the Rust decoder checks into a status word (no code, a code past the stream's
-end, so no load leaves the buffer, the stream's length and zero padding); one small read after
-the kernels turns any of them into a CorruptRecordError naming the record, tensor and stream.
+Off the chain: the word after the two a lane holds is loaded beside the table entry (``_PAD``
+keeps it inside the buffer), and the next element's table a step early, from the output the lane
+wrote (``.cg``: its own store, from L2, never a stale L1 line) where ``d >= 3``, from registers
+where ``d`` is 1 or 2. A lane checks what the Rust decoder checks into a status word (so no load
+leaves the buffer); one small read after the kernels turns a problem into a CorruptRecordError
+naming the record, tensor and stream.
 
-What Triton leaves out of reach: shared memory is not addressable, so the tables are read
-through L1. A program is a warp of 32 lanes (``LANES``); for a small batch it decodes as few as
-4 streams (one block's: at most 64 KiB of tables in L1), the others idle, so that 64 records
-spread over 64 of the H200's 132 multiprocessors rather than 8 (``live_lanes``; a program
-narrower than a warp would leave threads reading back what another thread stored, an order PTX's
-memory model does not promise).
+Triton cannot address shared memory, so the tables are read through L1. A program is a warp of
+32 lanes (``LANES``: a narrower one would leave threads reading back what another thread stored,
+an order PTX's memory model does not promise); for a small batch it decodes as few as 4 streams
+(one block's tables in L1), the others idle, so that 64 records spread over 64 of the H200's 132
+multiprocessors rather than 8 (``live_lanes``).
 
-The host has the Rust core parse and check the batch's headers and block heads in one call with
-the GIL released (``_native.exphuf_batch_heads``, rust/core/src/exphuf/batch_heads.rs): the
-Python parse before it took 7.7 ms a batch of 64 MiniLM-sized records (33 ms on the H100's host),
-what bounded records/s for narrow records; the core's takes 0.8
-(``benches/gpu/host_parse_exphuf_decode.py``). The decode tables are built on the device from
-the code lengths (``decode_tables``). Raw blocks and tensors of other dtypes are copied as they
-are; blocks coded by column (mode 2, the Rust writer's) are decoded by ``exphuf_columns``'s
-kernels, and a batch may mix both modes.
+The Rust core parses and checks the batch's headers and block heads in one call, the GIL
+released (``_native.exphuf_batch_heads``): 0.8 ms a batch of 64 MiniLM-sized records, where the
+Python parse before it took 7.7 (33 on the H100's host) and bounded records/s for narrow records
+(``benches/gpu/host_parse_exphuf_decode.py``). Raw blocks and tensors of other dtypes are copied
+as they are; blocks coded by column (mode 2, the Rust writer's) are decoded by
+``exphuf_columns``'s kernels; a batch may mix both modes.
 """
 
 from __future__ import annotations
@@ -80,8 +75,7 @@ _REV11 = np.array([int(f"{x:011b}"[::-1], 2) for x in range(TABLE_LEN)], dtype=n
 
 
 class _Heads:
-    """What the Rust core parsed of a batch (``_native.exphuf_batch_heads``, see
-    ``rust/core/src/exphuf/batch_heads.rs``), as numpy arrays over the bytes it returned."""
+    """What the Rust core parsed of a batch (rust/core/src/exphuf/batch_heads.rs), as numpy arrays."""
 
     def __init__(self, parsed: dict):
         def rows(name: str, width: int) -> np.ndarray:
@@ -114,7 +108,6 @@ class _Heads:
         self.plain_bytes: int = parsed["plain_bytes"]
 
     def where(self, block: int) -> str:
-        """``record r of the batch, tensor 'name'`` of coded block ``block``."""
         tensor = int(self.blocks[block, 0])
         record = int(np.searchsorted(self.record_tensors, tensor, side="right")) - 1
         return f"record {record} of the batch, tensor {self.names[tensor]!r}"
@@ -364,9 +357,9 @@ def _run(
 
 
 def _run_columns(batch: _Heads, src_buf, tables_d, outs, lanes_per_program: int):
-    """Launches the kernels of the blocks coded by column (``exphuf_columns``): the streams
-    kernel once over every such block's streams, then the merge kernel per element width.
-    Returns the lanes (rows as ``_Heads.col_lanes``, in launch order) and their statuses."""
+    """Launches the kernels of the blocks coded by column: the streams kernel over all their
+    streams, then the merge kernel per width. Returns the lanes (rows as ``_Heads.col_lanes``, in
+    launch order) and their statuses."""
     device = src_buf.device
     words = src_buf.view(torch.int32)
     lanes = batch.col_lanes

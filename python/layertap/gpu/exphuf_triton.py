@@ -4,18 +4,13 @@ bytes are the same (tests/test_triton_exphuf_encoder.py checks them in Triton's 
 
 The coded tensors' elements lie back to back in one flat array; each tensor's STREAMS segments
 are cut into blocks of ``BLOCK`` elements that never straddle two segments (cut on the host from
-the sizes alone: nothing is read back to cut them). Per pass:
-
-1. ``_sample_contexts_kernel``, one program a tensor: the histogram of the exponent buckets of
-   its sample, its mode (the last of tied counts, as the Rust encoder) and its context of each
-   9-bit top.
-2. ``_count_symbols_kernel``, one program a block: each element's (tensor, context, symbol) cell
-   counted with atomics. [The host reads the counts once and sends the tables back.]
-3. ``_block_bits_kernel``: each block's bits; a running sum gives each segment's bits, the second
-   and last read, which sets the layout.
-4. ``_pack_kernel``: each element's value or-ed at its bit offset into 32-bit words with
-   ``tl.atomic_or`` (at most 3 words a value; two segments never share a byte, as every stream
-   starts on a byte).
+the sizes alone: nothing is read back to cut them). Per pass, ``_sample_contexts_kernel`` (a program
+a tensor) gives each tensor's mode (the last of tied counts, as the Rust encoder) and contexts;
+``_count_symbols_kernel`` (a program a block) counts the (tensor, context, symbol) cells with
+atomics, and the host reads the counts once and sends the tables back; ``_block_bits_kernel``
+gives each block's bits, whose running sum (the second and last read) sets the layout; and
+``_pack_kernel`` or-s each value into 32-bit words with ``tl.atomic_or`` (two streams never share
+a byte: each starts on one).
 
 With ``tables="device"`` the host builds no table and never reads the counts: between kernels 2
 and 3, ``tables`` sorts each table's counts, builds its Huffman code lengths exactly as the Rust
@@ -111,8 +106,7 @@ def _cells(
     RAW_BITS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """Block ``program_id``'s elements: their bit patterns, their cells (tensor, context,
-    symbol) in the table of counts, and which lanes hold an element; and the block's segment."""
+    """Block ``program_id``'s elements' bits and cells (tensor, context, symbol), its mask, its segment."""
     b = tl.program_id(0)
     seg = tl.load(blk_seg_ptr + b)
     seg_start = tl.load(seg_start_ptr + seg)
@@ -233,8 +227,7 @@ def _pack_kernel(
 
 
 def _on(device: torch.device):
-    """Triton launches on the current CUDA device, which need not be the tensors' (a process may
-    see several GPUs)."""
+    """Triton launches on the current CUDA device, which need not be the tensors'."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
@@ -299,8 +292,7 @@ class TritonPass:
         return self.before[self.last_t] - self.before[self.first_t]
 
     def pack(self, seg_base: np.ndarray, end: int) -> torch.Tensor:
-        """Kernel 4: the output's first ``end`` bytes, each stream at ``seg_base`` (its first byte;
-        -1: not written), 0 elsewhere."""
+        """Kernel 4: the output's first ``end`` bytes, each stream at ``seg_base`` (-1: not written)."""
         words = torch.zeros(-(-end // 4) + 2, dtype=torch.int32, device=self.device)
         args = (*self.elements, self.lengths_t, self.codes_t, self.before, to_device(seg_base, self.device), words)
         with _on(self.device):

