@@ -54,8 +54,7 @@ def _optional_import(module: str, what: str):
 
 
 class RowSource:
-    """The rows of a dataset file or directory; ``column`` and ``has_loss_mask`` are known once it
-    is opened, ``num_rows`` too (counted for JSONL)."""
+    """The rows of a dataset file or directory."""
 
     format: str
     column: str
@@ -67,13 +66,11 @@ class RowSource:
         self.limit = limit
 
     def rows(self, skip: Any = None) -> Iterator[Row | BadRow]:
-        """Every row from the first, in order, but those whose ``skip[index]`` is true (rows
-        already done: not even parsed)."""
+        """Every row in order but those whose ``skip[index]`` is true (not even parsed)."""
         raise NotImplementedError
 
     def pick(self, indices: list[int]) -> Iterator[Row | BadRow]:
-        """The rows at ``indices`` (sorted, each below ``num_rows``), in order: the file is read
-        up to the last of them, only they are parsed."""
+        """The rows at ``indices`` (sorted, each below ``num_rows``), in order."""
         if not indices:
             return
         wanted = np.ones(indices[-1] + 1, dtype=bool)
@@ -176,12 +173,10 @@ class _Columnar(RowSource):
         return BadRow(index, f"no {self.column!r} (null)") if value is None else Row(index, value, mask)
 
     def _taken(self, indices: list[int]) -> dict[str, list]:
-        """The needed columns of the rows at ``indices`` (sorted), in that order."""
         raise NotImplementedError
 
     def pick(self, indices: list[int]) -> Iterator[Row | BadRow]:
-        """The rows at ``indices``, read alone (for Parquet, the row groups that hold them), not
-        the table up to the last of them."""
+        """The rows at ``indices``, read alone, not the table up to the last of them."""
         if not indices:
             return
         taken = self._taken(indices)
@@ -256,9 +251,8 @@ class HfDatasetRows(_Columnar):
 
 
 def _is_anonymous_pipe(path: str) -> bool:
-    """Whether ``path`` names a pipe without a name of its own (``/dev/fd/63`` of a shell's
-    ``<(zcat ...)``, ``/dev/stdin`` fed by ``|``): opening it again gives the same pipe, already
-    drained. A named FIFO (mkfifo) can be opened again and written again, so it is let through."""
+    """Whether ``path`` names a pipe without a name of its own (``<(zcat ...)``, ``/dev/stdin``):
+    opened again it is the same pipe, drained. A named FIFO (mkfifo) is let through."""
     try:
         if not stat.S_ISFIFO(os.stat(path).st_mode):
             return False
@@ -269,7 +263,7 @@ def _is_anonymous_pipe(path: str) -> bool:
 
 def open_rows(path: str | os.PathLike, limit: int | None = None) -> RowSource:
     """The rows of ``path``: a directory is a ``datasets`` directory, ``*.parquet`` a Parquet
-    file, anything else JSON Lines. Raises GenerateError (one line) when it cannot be read."""
+    file, anything else JSON Lines."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise GenerateError(f"{path}: no such file or directory")

@@ -2,21 +2,13 @@
 machine) and ``--ray ADDRESS`` (N engines on a Ray cluster), writing one dataset of parts
 (docs/GENERATE.md, "Many engines"; docs/SCALE.md).
 
-``--out`` becomes a dataset of parts: each engine ``i`` writes into ``--out/engine-{i}`` exactly
-as a single run writes into its directory (its own lock, its ``gen-{run}`` shards, recovery), and
-``--out/layertap-dataset.json`` lists the parts (``layertap.open(out)`` reads them all). The run
-that starts the engines:
-
-1. locks ``--out`` (the lock a single run takes too), lists the parts (the manifest's, ``.`` when
-   ``--out`` holds a single run's shards, and ``engine-0`` ... ``engine-{N-1}``) and writes the
-   manifest before any engine starts;
-2. completes every part as a single run would (recovery of killed runs' shards, the model and
-   layers checked) and reads which rows have a record in any part: a row is done whichever
-   engine wrote it;
-3. deals the rows not done to the engines in turn (row ``todo[k]`` to engine ``k mod N``), so
-   no row is given to two engines and no engine writes a row another part holds;
-4. starts the engines, sums their reports into one progress bar or line, and merges their
-   summaries into one.
+``--out`` becomes a dataset of parts: engine ``i`` writes into ``--out/engine-{i}`` as a single
+run writes into its directory, and ``--out/layertap-dataset.json`` lists the parts. The run that
+starts the engines locks ``--out``, writes the manifest (the earlier parts, ``.`` when ``--out``
+holds a single run's shards, and one per engine) before any engine starts, completes every part
+as a single run would and reads which rows have a record in any part, deals the rows not done to
+the engines in turn (row ``todo[k]`` to engine ``k mod N``: no row to two engines, none that
+another part holds), then sums their reports into one progress and merges their summaries.
 
 Why N processes rather than vLLM's ``data_parallel_size``: vLLM's ``LLM`` refuses it in one
 process (its offline data parallelism is one process per rank, started by the caller), and its
@@ -51,13 +43,12 @@ from layertap.parts import MANIFEST_NAME, read_manifest, write_manifest
 PART_PREFIX = "engine-"
 
 #: An engine's message to the run: ``("report", i, totals)``, ``("summary", i, summary)`` or
-#: ``("error", i, (kind, text))`` with kind ``"input"`` (its inputs were refused) or ``"failed"``.
+#: ``("error", i, (kind, text))`` (``run.run_engine``).
 Event = tuple[str, int, object]
 
 
 def wants_parallel(options: GenerateOptions) -> bool:
-    """Whether a run goes through the engines of this module: several engines, Ray, or an
-    ``out`` that is already a dataset of parts (a run of one engine resumes it as a whole)."""
+    """Several engines, Ray, or an ``out`` that is already a dataset of parts (resumed as a whole)."""
     o = options
     return (
         (o.data_parallel_size or 1) > 1
@@ -77,13 +68,11 @@ class PartsState:
     recovered: list[str] = field(default_factory=list)
     set_aside: list[str] = field(default_factory=list)
     damaged: list[dict] = field(default_factory=list)
-    """The parts' records that failed their check, taken out of their shards' indexes (the summary's entries)."""
+    """The summary's ``damaged_records``."""
     duplicates: int = 0
-    """Records of rows that another record (in this part or another) has already."""
     next_run: int = 0
-    """The first run number no part has used: engine ``i`` of this run writes as
-    ``gen-{next_run + i}``, so that no two writers of the dataset share an id (a dataset in
-    Mooncake Store lists its records by writer id, whatever part they were spooled in)."""
+    """The first run number no part has used: engine ``i`` writes as ``gen-{next_run + i}``, so
+    that no two writers share an id (Mooncake Store lists records by writer id, whatever part)."""
     lock_fd: int | None = None
 
     def release(self) -> None:
@@ -97,8 +86,7 @@ def _holds_shards(path: str) -> bool:
 
 
 def prepare_parts(c: Checked, engines: int) -> PartsState:
-    """Locks ``--out``, writes its manifest (earlier parts and one per engine), completes every
-    part and reads which rows are done. Raises GenerateError when a part cannot be resumed."""
+    """Locks ``--out``, writes its manifest, completes every part and reads which rows are done."""
     out = c.out_dir
     make_output_directory(out)
     state = PartsState(out, [], np.zeros(c.rows.num_rows, dtype=bool), lock_fd=lock_directory(out))
@@ -145,15 +133,13 @@ def prepare_parts(c: Checked, engines: int) -> PartsState:
 
 
 def _in_this_process(c: Checked, part: str, rows: np.ndarray, run: int) -> dict[int, tuple[str, object]]:
-    """One engine, in this process (a run of one engine over a dataset of parts), drawing its
-    own progress; bad input raises GenerateError as in a single run."""
+    """A run of one engine over a dataset of parts: in this process, as a single run."""
     checked = dataclasses.replace(c, out_dir=part, options=c.options.replace(out=part))
     return {0: ("summary", run_one(checked, assigned_mask(rows, c.rows.num_rows), first_run=run))}
 
 
 def generate_parallel(options: GenerateOptions) -> Summary:
-    """A run of ``options.data_parallel_size`` engines (here or on the Ray cluster at
-    ``options.ray_address``) writing parts of ``options.out``; returns the merged summary."""
+    """A run of ``data_parallel_size`` engines (here or on Ray) writing parts of ``out``."""
     t0 = time.monotonic()
     engines, ray_address = options.data_parallel_size, options.ray_address
     # The engines started here share this machine's memory (a CPU engine's KV cache by default).
@@ -236,7 +222,7 @@ def _merge(
     t0: float,
     t_load: float,
 ) -> Summary:
-    """One summary of the run, in the fields of a single run's, plus each engine's."""
+    """One summary of the run, in a single run's fields, plus each engine's."""
     summaries = {i: v for i, (k, v) in results.items() if k == "summary"}
     per_engine, errors, bad, missing = [], [], [], []
     for i, part, rows in jobs:
