@@ -1,11 +1,7 @@
-"""Reading the rows of a prompt dataset: a JSONL file, a Parquet file, or a Hugging Face
-``datasets`` directory (``save_to_disk``), streamed row by row so that ten million rows never sit
-in memory at once.
-
-Each row gives its prompt in one *column*, the first of ``input_ids`` (token ids), ``messages``
-(a chat) and ``prompt`` (text) that the data has, and optionally a ``loss_mask``. The row index
-(0-based, in file order) is what the record key is made of. A row that cannot be used (bad JSON,
-the column missing or null) is yielded as a ``BadRow`` so it is counted and listed, never dropped.
+"""Reading the rows of a prompt dataset (JSONL, Parquet, or a ``datasets`` directory), streamed
+so that ten million rows never sit in memory at once. The prompt is in the first of
+``PROMPT_COLUMNS`` the data has; the row index (0-based, in file order) is the record's key. A row
+that cannot be used is yielded as a ``BadRow``, to be counted and listed, never dropped.
 """
 
 from __future__ import annotations

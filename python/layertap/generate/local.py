@@ -1,12 +1,10 @@
 """The engines of ``--data-parallel-size N`` on this machine: one process each
-(``python -m layertap.generate.worker``), each given its GPUs (``CUDA_VISIBLE_DEVICES``: engine
-``i`` the ``i``-th group of ``tensor_parallel_size x pipeline_parallel_size``), its options and
-rows on its standard input, and a pipe for its reports.
+(``python -m layertap.generate.worker``), given its GPUs (``CUDA_VISIBLE_DEVICES``), its options
+and rows on its standard input, and a pipe for its reports.
 
-Each engine process is the leader of a process group of its own (with vLLM's engine process,
-when it has one). It watches its standard input: when this process dies, however it dies, the
-input closes and the engine kills its group, so that no engine outlives the run and keeps
-writing into a part that the next run resumes.
+Each engine process leads a process group of its own, and kills it when its standard input closes:
+when this process dies, however it dies, no engine outlives it writing into a part that the next
+run resumes.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from layertap.generate.options import GenerateOptions
 from layertap.generate.progress import EngineTotals, Progress
 from layertap.generate.ray_engines import connect, default_engines, disconnect, ray_events
 from layertap.generate.repair import damaged_entries
-from layertap.generate.resume import SOURCE, lock_directory, make_output_directory, prepare_output
+from layertap.generate.resume import SOURCE, OutputState, lock_directory, make_output_directory, prepare_output
 from layertap.generate.run import Checked, assigned_mask, check_options, run_one
 from layertap.generate.same_data import check_same_data
 from layertap.generate.summary import EngineEntry, Summary, is_complete
@@ -58,27 +58,12 @@ def wants_parallel(options: GenerateOptions) -> bool:
 
 
 @dataclass
-class PartsState:
-    """``--out`` as a dataset of parts, locked for this run."""
+class PartsState(OutputState):
+    """``--out`` as a dataset of parts, locked for this run: ``done`` is a bool per row (a record of
+    it is in some part), ``run`` the first run number no part has used (engine ``i`` writes as
+    ``gen-{run + i}``: Mooncake Store lists records by writer id, whatever part they are in)."""
 
-    out: str
-    parts: list[str]
-    done: np.ndarray
-    """bool per row: a record of the row is in some part."""
-    recovered: list[str] = field(default_factory=list)
-    set_aside: list[str] = field(default_factory=list)
-    damaged: list[dict] = field(default_factory=list)
-    """The summary's ``damaged_records``."""
-    duplicates: int = 0
-    next_run: int = 0
-    """The first run number no part has used: engine ``i`` writes as ``gen-{next_run + i}``, so
-    that no two writers share an id (Mooncake Store lists records by writer id, whatever part)."""
-    lock_fd: int | None = None
-
-    def release(self) -> None:
-        if self.lock_fd is not None:
-            os.close(self.lock_fd)
-            self.lock_fd = None
+    parts: list[str] = field(default_factory=list)
 
 
 def _holds_shards(path: str) -> bool:
@@ -89,7 +74,7 @@ def prepare_parts(c: Checked, engines: int) -> PartsState:
     """Locks ``--out``, writes its manifest, completes every part and reads which rows are done."""
     out = c.out_dir
     make_output_directory(out)
-    state = PartsState(out, [], np.zeros(c.rows.num_rows, dtype=bool), lock_fd=lock_directory(out))
+    state = PartsState(out, 0, np.zeros(c.rows.num_rows, dtype=bool), _lock_fd=lock_directory(out))
     try:
         manifest = os.path.join(out, MANIFEST_NAME)
         if os.path.exists(manifest):
@@ -124,8 +109,8 @@ def prepare_parts(c: Checked, engines: int) -> PartsState:
             state.done[rows] = True
             state.recovered += part.recovered
             state.set_aside += part.set_aside
-            state.damaged += damaged_entries(part.damaged)
-            state.next_run = max(state.next_run, part.run)
+            state.damaged += part.damaged
+            state.run = max(state.run, part.run)
     except BaseException:
         state.release()
         raise
@@ -161,12 +146,12 @@ def _generate(c: Checked, engines: int, ray_address: str | None, t0: float) -> S
     try:
         vllm_log.start(c.out_dir)  # this process's; each engine logs into its part
         todo = np.flatnonzero(~state.done)
-        jobs = []
-        for i in range(min(engines, len(todo))):
-            jobs.append((i, os.path.join(c.out_dir, f"{PART_PREFIX}{i}"), todo[i::engines]))
+        jobs = [
+            (i, os.path.join(c.out_dir, f"{PART_PREFIX}{i}"), todo[i::engines]) for i in range(min(engines, len(todo)))
+        ]
         t_load = time.monotonic()
-        # Each engine writes into its part as run next_run + i, drawing nothing.
-        specs = [(i, c.options.replace(out=p, progress="none"), state.next_run + i, a) for i, p, a in jobs]
+        # Each engine writes into its part as run state.run + i, drawing nothing.
+        specs = [(i, c.options.replace(out=p, progress="none"), state.run + i, a) for i, p, a in jobs]
         if not jobs:
             results = {}
         elif ray_address is not None:
@@ -174,7 +159,7 @@ def _generate(c: Checked, engines: int, ray_address: str | None, t0: float) -> S
         elif local is not None:
             results = _follow(local_events(specs, local), len(todo), c)
         else:
-            results = _in_this_process(c, jobs[0][1], jobs[0][2], state.next_run)
+            results = _in_this_process(c, jobs[0][1], jobs[0][2], state.run)
     finally:
         state.release()
     return _merge(c, state, jobs, results, engines, ray_address, t0, t_load)
@@ -274,7 +259,7 @@ def _merge(
         "shards": total("shards"),
         "shards_recovered": state.recovered + [p for s in ok for p in s["shards_recovered"]],
         "files_set_aside": state.set_aside + [p for s in ok for p in s["files_set_aside"]],
-        "damaged_records": state.damaged + [d for s in ok for d in s["damaged_records"]],
+        "damaged_records": damaged_entries(state.damaged) + [d for s in ok for d in s["damaged_records"]],
         "tokens_per_second": round(total("tokens") / gen, 1) if gen > 0 else 0.0,
         "seconds": {
             "load": round(t_load - t0, 3),

@@ -1,12 +1,10 @@
-"""What a run shows while it works: a progress bar on a terminal (rows, tokens/s, bytes written,
-compression ratio, ETA), a plain line every ``interval`` seconds otherwise, or nothing.
+"""What a run shows while it works: a progress bar on a terminal, a line every ``interval``
+seconds otherwise, or nothing.
 
-Rows count once their record is in a file (or once they are found bad), and bytes written and
-the ratio are read from the run's shards as they grow (``ShardFollower``), not estimated: the
-writer may run in the engine's process, and what counts is what is in the files (a full disk
-once showed "50/50 rows (100%)" with 4 records written). The follower also notices the writer's
-failure (the error file the connector leaves, ``vllm/online.py``), which ``WriterFailedError``
-carries to the command.
+Rows count once their record is in a file (or once found bad), and bytes written are read from
+the shards as they grow (``ShardFollower``), not estimated: what counts is what is in the files
+(a full disk once showed "50/50 rows (100%)" with 4 records written). The follower also notices
+the writer's failure (the connector's error file), which ``WriterFailedError`` carries.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
-"""The engines of ``layertap generate --ray ADDRESS``: one Ray task per engine on the cluster,
-each asking for ``tensor_parallel_size x pipeline_parallel_size`` GPUs (one CPU on a cluster
-without GPUs), running the same engine code as a local engine process
-(``run.run_engine``), and reporting its running totals to a small actor that this process
-reads twice a second.
+"""The engines of ``layertap generate --ray ADDRESS``: one Ray task per engine, each asking for
+its GPUs (one CPU on a cluster without GPUs), running ``run.run_engine`` and reporting its totals
+to a small actor that this process reads twice a second.
 
-The tasks write into ``--out``'s parts by path, so ``--out`` must be a file system that every
-node mounts at the same path. The engines get this process's ``VLLM_*`` variables. A task is not
-retried by Ray: an engine that fails leaves its rows to the next run, which resumes them (a
-retry elsewhere could not tell which of the rows the dead engine had written).
+The tasks write into ``--out``'s parts by path: every node must mount it at the same path. A task
+is not retried: a retry elsewhere could not tell which rows the dead engine wrote; the next run
+resumes them.
 """
 
 from __future__ import annotations

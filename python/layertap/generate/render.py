@@ -3,18 +3,13 @@
 - ``input_ids``: the ids as given (checked: integers inside the model's vocabulary);
 - ``prompt``: the text tokenized as vLLM tokenizes a text prompt (``add_special_tokens=True``);
 - ``messages``: the chat rendered with the model's chat template, then tokenized without adding
-  special tokens (what vLLM's ``LLM.chat`` does). A chat whose last message is the assistant's is
+  special tokens (as vLLM's ``LLM.chat``). A chat whose last message is the assistant's is
   rendered as is (a finished conversation, the usual drafter training data); otherwise the
-  template's generation prompt is appended, so the model answers it.
+  template's generation prompt is appended.
 
-The loss mask stored with a record (``--loss-mask``, ``LOSS_MASK_MODES``) is the data's
-``loss_mask`` column, checked against the tokens, or, for chats, the assistant mask that
-transformers computes from the chat template's ``{% generation %}`` ... ``{% endgeneration %}``
-markers (``apply_chat_template(..., return_assistant_tokens_mask=True)``): 1 on every token
-the template renders inside them, so every assistant turn of the chat, 0 elsewhere.
-
-A row that cannot be rendered raises ``BadRowError`` with the reason; the row is then skipped and
-listed in the summary.
+The loss mask stored (``--loss-mask``) is the data's ``loss_mask`` column, or, for chats, the
+assistant mask transformers computes from the template's ``{% generation %}`` markers. A row
+that cannot be rendered raises ``BadRowError``; it is skipped and listed in the summary.
 """
 
 from __future__ import annotations

@@ -66,14 +66,9 @@ OUTPUT_SECONDS = 5.0
 def record_params(options: GenerateOptions) -> dict:
     """What every row's request asks of the connector besides its key: ``kv_transfer_params``
     entries (docs/CONNECTOR.md, "Per request")."""
-    params: dict = {}
-    if options.include_output_tokens:
-        params["include_output_tokens"] = True
-    if options.window is not None:
-        params["window"] = options.window
-    if options.reduction is not None:
-        params["reduction"] = options.reduction
-    return params
+    o = options
+    params = {"include_output_tokens": o.include_output_tokens or None, "window": o.window, "reduction": o.reduction}
+    return {k: v for k, v in params.items() if v is not None}
 
 
 def _max_lengths(max_len: int | None, max_tokens: int, engine_args: dict, max_positions: int | None) -> tuple[int, int]:
@@ -118,8 +113,8 @@ def _rendered(rows, skip: np.ndarray, renderer: Renderer) -> Iterator:
             ids, mask = renderer.render(row.value, row.loss_mask)
         except BadRowError as e:
             yield BadRow(row.index, str(e))
-            continue
-        yield row.index, ids, mask
+        else:
+            yield row.index, ids, mask
 
 
 def _until_usable(items: Iterator) -> tuple[list[BadRow], Iterator | None]:
@@ -213,16 +208,7 @@ class _Interrupted(Exception):
 
 
 def _run_engine(
-    llm_args: dict,
-    items: Iterator,
-    num_rows: int,
-    todo: int,
-    state: OutputState,
-    sampling: dict,
-    record_params: dict,
-    progress: str,
-    interval: float,
-    report: Callable | None = None,
+    c: Checked, llm_args: dict, items: Iterator, todo: int, state: OutputState, report: Callable | None
 ) -> tuple[Outcome, float, float]:
     """Starts the engine, runs the rows with progress, stops it once their records are in files.
     Returns the outcome, when the engine was ready and when the last request finished. Raises
@@ -231,7 +217,7 @@ def _run_engine(
     from vllm import LLM  # here: importing vLLM takes 10-20 s of CPU, and the checks come first
 
     output = vllm_log.EngineOutput() if vllm_log.current() else None
-    outcome = Outcome(saved=np.zeros(num_rows, dtype=bool))
+    outcome = Outcome(saved=np.zeros(c.rows.num_rows, dtype=bool))
     t_engine = t_gen = time.monotonic()
     llm = None
     try:
@@ -242,10 +228,10 @@ def _run_engine(
                 raise EngineStartError(vllm_log.start_error(e), vllm_log.current()) from e
         t_engine = t_gen = time.monotonic()
         follower = ShardFollower(state.path, state.writer_id)
-        bar = Progress(todo, follower, progress, interval)
+        bar = Progress(todo, follower, c.progress, c.options.progress_interval)
         totals = Totals(bar, follower, report)
         try:
-            run_rows(llm, items, sampling, record_params, totals.update, outcome)
+            run_rows(llm, items, c.sampling, record_params(c.options), totals.update, outcome)
             t_gen = time.monotonic()
             if _in_process(llm):
                 # This engine hands the last finished requests to the connector as it stops.
@@ -459,20 +445,9 @@ def run_one(
             plugin = in_model_plugin(info.architectures) if c.capture == "in-model" else contextlib.nullcontext()
             with plugin:
                 try:
-                    outcome, t_engine, t_gen = _run_engine(
-                        llm_kwargs(
-                            model, layer_ids, {**c.engine_args, "max_model_len": c.model_len}, connector, c.capture
-                        ),
-                        items,
-                        rows.num_rows,
-                        todo,
-                        state,
-                        c.sampling,
-                        record_params(o),
-                        c.progress,
-                        o.progress_interval,
-                        report,
-                    )
+                    llm_args = {**c.engine_args, "max_model_len": c.model_len}
+                    llm_args = llm_kwargs(model, layer_ids, llm_args, connector, c.capture)
+                    outcome, t_engine, t_gen = _run_engine(c, llm_args, items, todo, state, report)
                 except _Interrupted as stopped:  # the engine is stopped: read back what it wrote
                     outcome, t_engine, t_gen = stopped.outcome, stopped.t_engine, stopped.t_gen
                     interrupted = True
