@@ -147,19 +147,17 @@ def _duration(seconds: float) -> str:
 
 class Progress:
     """Rows finished, tokens and bytes of a run: ``bar`` (tqdm), ``lines`` (one line every
-    ``interval`` s), ``none``, or ``auto`` (a bar on a terminal, else lines)."""
+    ``interval`` s) or ``none`` (``auto`` is resolved by ``run.check_options``)."""
 
     def __init__(
         self,
         total_rows: int,
         follower: ShardFollower,
-        mode: str = "auto",
+        mode: str,
         interval: float = 10.0,
         stream: TextIO | None = None,
     ):
         self.stream = stream if stream is not None else sys.stderr
-        if mode == "auto":
-            mode = "bar" if self.stream.isatty() else "lines"
         self.mode = mode
         self.total = total_rows
         self.follower = follower

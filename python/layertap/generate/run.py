@@ -145,9 +145,7 @@ def _engine_alive(llm: Any) -> bool:
     return not getattr(getattr(llm.llm_engine.engine_core, "resources", None), "engine_dead", False)
 
 
-def _drain(
-    follower: ShardFollower, expected: int, on_record: Callable[[], None], alive: Callable[[], bool] = lambda: True
-) -> None:
+def _drain(follower: ShardFollower, expected: int, on_record: Callable[[], None], alive: Callable[[], bool]) -> None:
     """Waits until the shards hold ``expected`` records, or none arrived for a while, the writer
     failed or the engine died."""
     last, seen = time.monotonic(), follower.records
@@ -199,21 +197,13 @@ def is_interrupt(e: BaseException) -> bool:
     return isinstance(e, KeyboardInterrupt) or isinstance(e.__context__, KeyboardInterrupt)
 
 
-class _Interrupted(Exception):
-    """The run was interrupted while its engine ran; the engine is stopped."""
-
-    def __init__(self, outcome: Outcome, t_engine: float, t_gen: float) -> None:
-        super().__init__("interrupted")
-        self.outcome, self.t_engine, self.t_gen = outcome, t_engine, t_gen
-
-
 def _run_engine(
     c: Checked, llm_args: dict, items: Iterator, todo: int, state: OutputState, report: Callable | None
-) -> tuple[Outcome, float, float]:
+) -> tuple[Outcome, float, float, bool]:
     """Starts the engine, runs the rows with progress, stops it once their records are in files.
-    Returns the outcome, when the engine was ready and when the last request finished. Raises
-    EngineStartError naming vLLM's error, and _Interrupted once the engine is stopped after an
-    interrupt (vLLM's processes silenced from then on)."""
+    Returns the outcome, when the engine was ready, when the last request finished, and whether
+    the run was interrupted (the engine stopped, vLLM's processes silenced from then on). Raises
+    EngineStartError naming vLLM's error."""
     from vllm import LLM  # here: importing vLLM takes 10-20 s of CPU, and the checks come first
 
     output = vllm_log.EngineOutput() if vllm_log.current() else None
@@ -265,11 +255,11 @@ def _run_engine(
         t_gen = time.monotonic()
         if llm is not None:
             shutdown(llm, SHUTDOWN_SECONDS)
-        raise _Interrupted(outcome, t_engine, t_gen) from None
+        return outcome, t_engine, t_gen, True
     finally:
         if output is not None:
             output.close(OUTPUT_SECONDS)
-    return outcome, t_engine, t_gen
+    return outcome, t_engine, t_gen, False
 
 
 @dataclass
@@ -443,14 +433,11 @@ def run_one(
                     f"kv_cache_memory_bytes={c.engine_defaults['kv_cache_memory_bytes']} ({c.engine_defaults['reason']})"
                 )
             plugin = in_model_plugin(info.architectures) if c.capture == "in-model" else contextlib.nullcontext()
-            with plugin:
-                try:
-                    llm_args = {**c.engine_args, "max_model_len": c.model_len}
-                    llm_args = llm_kwargs(model, layer_ids, llm_args, connector, c.capture)
-                    outcome, t_engine, t_gen = _run_engine(c, llm_args, items, todo, state, report)
-                except _Interrupted as stopped:  # the engine is stopped: read back what it wrote
-                    outcome, t_engine, t_gen = stopped.outcome, stopped.t_engine, stopped.t_gen
-                    interrupted = True
+            llm_args = llm_kwargs(
+                model, layer_ids, {**c.engine_args, "max_model_len": c.model_len}, connector, c.capture
+            )
+            with plugin:  # interrupted: the engine is stopped, and what it wrote is read back below
+                outcome, t_engine, t_gen, interrupted = _run_engine(c, llm_args, items, todo, state, report)
         else:  # nothing left to do, or no row to do is usable: no engine
             outcome = Outcome(saved=np.zeros(rows.num_rows, dtype=bool), bad=[(b.index, b.reason) for b in bad_first])
             t_engine = t_gen = t_load
