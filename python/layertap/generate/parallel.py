@@ -208,15 +208,15 @@ def _merge(
     t_load: float,
 ) -> Summary:
     """One summary of the run, in a single run's fields, plus each engine's."""
-    summaries = {i: v for i, (k, v) in results.items() if k == "summary"}
+    ok = [v for k, v in results.values() if k == "summary"]
     per_engine, errors, bad, missing = [], [], [], []
     for i, part, rows in jobs:
         kind, value = results.get(i, ("error", ("failed", "the engine ended without a result")))
         entry: EngineEntry = {"engine": i, "part": part, "rows_assigned": len(rows)}
         if kind == "summary":
             s = value
-            entry.update({k: s[k] for k in ("writer_id", "rows_written", "rows_bad", "rows_missing", "tokens")})
-            entry.update(stored_bytes=s["stored_bytes"], seconds=s["seconds"])
+            keys = ("writer_id", "rows_written", "rows_bad", "rows_missing", "tokens", "stored_bytes", "seconds")
+            entry.update({k: s[k] for k in keys})
             bad += s["bad_rows"]
             missing += s["missing_rows"]
         else:
@@ -224,12 +224,12 @@ def _merge(
             entry.update(error=text, error_kind=what)
             errors.append(f"engine {i} ({os.path.basename(part)}): {text}")
         per_engine.append(entry)
-    ok = list(summaries.values())
 
     def total(key: str) -> int:
         return sum(s[key] for s in ok)
 
-    seconds = {k: max((s["seconds"][k] for s in ok), default=0.0) for k in ("engine_start", "generate", "drain")}
+    phases = ("engine_start", "generate", "drain", "shutdown")
+    seconds = {k: max((s["seconds"][k] for s in ok), default=0.0) for k in phases}
     t_end = time.monotonic()
     gen = seconds["generate"]
     raw, stored = total("raw_bytes"), total("stored_bytes")
@@ -264,7 +264,6 @@ def _merge(
         "seconds": {
             "load": round(t_load - t0, 3),
             **{k: round(v, 3) for k, v in seconds.items()},
-            "shutdown": round(max((s["seconds"]["shutdown"] for s in ok), default=0.0), 3),
             "total": round(t_end - t0, 3),
         },
     }
