@@ -69,13 +69,7 @@ class _Engine:
         self.events = events
         read_fd, write_fd = os.pipe()
         data = np.ascontiguousarray(rows, dtype="<i8").tobytes()
-        spec = {
-            "options": options.as_json(),
-            "first_run": first_run,
-            "engine": index,
-            "rows": len(rows),
-            "fd": write_fd,
-        }
+        spec = {"options": options.as_json(), "first_run": first_run, "rows": len(rows), "fd": write_fd}
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "layertap.generate.worker"],

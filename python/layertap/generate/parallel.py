@@ -66,10 +66,6 @@ class PartsState(OutputState):
     parts: list[str] = field(default_factory=list)
 
 
-def _holds_shards(path: str) -> bool:
-    return any(n.endswith((".lts", ".lts.torn")) for n in os.listdir(path))
-
-
 def prepare_parts(c: Checked, engines: int) -> PartsState:
     """Locks ``--out``, writes its manifest, completes every part and reads which rows are done."""
     out = c.out_dir
@@ -89,7 +85,8 @@ def prepare_parts(c: Checked, engines: int) -> PartsState:
                         "bring it back, or remove it from the manifest to write them again"
                     )
         else:
-            parts = [out] if _holds_shards(out) else []  # a single run's dataset becomes part "."
+            # A single run's dataset becomes part ".".
+            parts = [out] if any(n.endswith((".lts", ".lts.torn")) for n in os.listdir(out)) else []
         for i in range(engines):
             p = os.path.join(out, f"{PART_PREFIX}{i}")
             if p not in parts:

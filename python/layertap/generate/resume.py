@@ -79,11 +79,6 @@ def lock_directory(path: str) -> int:
     return fd
 
 
-def _run_number(names: list[str]) -> int:
-    runs = [int(m.group(1)) for n in names if (m := _RUN_SHARD.match(n))]
-    return max(runs, default=-1) + 1
-
-
 def open_own_shards(path: str, **options):
     """The shards of directory ``path`` as a dataset (None: none), its own only: with a manifest
     it is part "." of a dataset of parts, which a reader would open whole."""
@@ -111,13 +106,6 @@ def recover_shard(shard: str) -> bool:
                     f"running? Stop it{kill}, then run again"
                 ) from None
             time.sleep(0.2)
-
-
-def _set_aside(shard: str, state: OutputState) -> None:
-    """A file of a run whose header is not a shard's (a shard whose header was damaged later may
-    hold records): kept as ``NAME.torn``; its rows are written again."""
-    os.replace(shard, shard + ".torn")
-    state.set_aside.append(shard)
 
 
 def _check_meta(info, model: str, layer_ids: list[int]) -> None:
@@ -230,7 +218,8 @@ def prepare_output(path: str, model: str, layer_ids: list[int], lock: bool = Tru
     try:
         remove_stale_copies(path)
         _complete_shards(state, model, layer_ids)
-        state.run = max(first_run, _run_number(os.listdir(path)))
+        runs = [int(m.group(1)) + 1 for n in os.listdir(path) if (m := _RUN_SHARD.match(n))]
+        state.run = max([first_run, *runs])
         ds = open_own_shards(path)
         if ds is not None:
             with ds:
@@ -284,10 +273,11 @@ def _complete_shards(state: OutputState, model: str, layer_ids: list[int]) -> No
         try:
             completed = recover_shard(shard)
         except FormatError:
-            # No complete header (the writer died writing it): no record can follow it.
-            _set_aside(shard, state)
-        else:
-            (state.recovered if completed else state.set_aside).append(shard)
+            # No complete header: the writer died writing it (no record follows), or it was damaged
+            # later (its frames may hold records): kept as NAME.torn, its rows are written again.
+            os.replace(shard, shard + ".torn")
+            completed = False
+        (state.recovered if completed else state.set_aside).append(shard)
 
 
 def _not_shards(path: str) -> list[tuple[str, str]]:

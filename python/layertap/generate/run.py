@@ -129,22 +129,6 @@ def _until_usable(items: Iterator) -> tuple[list[BadRow], Iterator | None]:
     return bad, None
 
 
-def _versions() -> dict[str, str]:
-    import vllm  # here: loaded already by the checks (importing it takes 10-20 s of CPU)
-
-    return {"layertap_version": __version__, "vllm_version": getattr(vllm, "__version__", "")}
-
-
-def _in_process(llm: Any) -> bool:  # VLLM_ENABLE_V1_MULTIPROCESSING=0
-    return "Inproc" in type(llm.llm_engine.engine_core).__name__
-
-
-def _engine_alive(llm: Any) -> bool:
-    """Whether the engine core's process lives: a writer that failed on a full disk takes it
-    down, perhaps without room left for its error file."""
-    return not getattr(getattr(llm.llm_engine.engine_core, "resources", None), "engine_dead", False)
-
-
 def _drain(follower: ShardFollower, expected: int, on_record: Callable[[], None], alive: Callable[[], bool]) -> None:
     """Waits until the shards hold ``expected`` records, or none arrived for a while, the writer
     failed or the engine died."""
@@ -223,12 +207,16 @@ def _run_engine(
         try:
             run_rows(llm, items, c.sampling, record_params(c.options), totals.update, outcome)
             t_gen = time.monotonic()
-            if _in_process(llm):
+            core = llm.llm_engine.engine_core
+            if "Inproc" in type(core).__name__:  # VLLM_ENABLE_V1_MULTIPROCESSING=0
                 # This engine hands the last finished requests to the connector as it stops.
                 shutdown(llm, SHUTDOWN_SECONDS)
                 follower.check()
             else:
-                _drain(follower, outcome.saved_count, bar.show_written, lambda: _engine_alive(llm))
+                # Until the engine core's process dies: a writer that failed on a full disk takes it
+                # down, perhaps without room left for its error file.
+                alive = lambda: not getattr(getattr(core, "resources", None), "engine_dead", False)
+                _drain(follower, outcome.saved_count, bar.show_written, alive)
                 follower.check()  # the writer failed: stop now (it used to wait DRAIN_STALL_SECONDS)
                 outcome.drain_seconds = time.monotonic() - t_gen
                 # The bar ends with its final figures before the engine stops (seconds, in which
@@ -409,6 +397,8 @@ def run_one(
         done_before = int(done.sum())
         skip = done if assigned is None else done | ~assigned[: rows.num_rows]
         todo = rows.num_rows - int(skip.sum())
+        import vllm  # here: loaded already by the checks (importing it takes 10-20 s of CPU)
+
         connector.update(
             output_dir=out_dir,
             writer_id=state.writer_id,
@@ -418,7 +408,8 @@ def run_one(
                 "model_revision": info.revision,
                 LAYER_IDS: json.dumps(layer_ids),
                 "layer_numbering": "vllm",
-                **_versions(),
+                "layertap_version": __version__,
+                "vllm_version": getattr(vllm, "__version__", ""),
             },
         )
         t_load = time.monotonic()

@@ -46,13 +46,6 @@ class Spool:
     keep: bool
 
 
-def _connector_args(given: dict, address: str) -> dict:
-    if "mooncake" in given:
-        raise GenerateError("--connector-args: mooncake is set by --out mooncake://...; leave it out")
-    # The run reads its shards back for the summary (and resumes from them): they stay.
-    return {**given, "mooncake": address, "mooncake_keep_shards": True}
-
-
 @contextlib.contextmanager
 def store_output(out: str, also_dir: str | None, connector_args: dict) -> Iterator[tuple[Spool, dict]]:
     """``(spool, connector arguments)`` for a run into the store ``out``, once the master answers.
@@ -63,7 +56,10 @@ def store_output(out: str, also_dir: str | None, connector_args: dict) -> Iterat
         check_master(address)
     except (InvalidInputError, StoreUnavailableError) as e:
         raise GenerateError(str(e)) from None
-    args = _connector_args(connector_args, out)
+    if "mooncake" in connector_args:
+        raise GenerateError("--connector-args: mooncake is set by --out mooncake://...; leave it out")
+    # The run reads its shards back for the summary (and resumes from them): they stay.
+    args = {**connector_args, "mooncake": out, "mooncake_keep_shards": True}
     if also_dir is not None:
         yield Spool(os.path.abspath(also_dir), keep=True), args
         return

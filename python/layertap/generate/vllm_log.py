@@ -188,16 +188,12 @@ def watch_writer(error_file: str) -> None:
     os.environ[WRITER_ERROR_ENV] = error_file
 
 
-def _writer_failed() -> bool:
-    path = os.environ.get(WRITER_ERROR_ENV)
-    return bool(path) and os.path.exists(path)  # type: ignore[arg-type]
-
-
 class ErrorsToStderr(logging.StreamHandler):
     """vLLM's errors on stderr, one line each (tracebacks go to the log file only)."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        if not _LOG.quiet and not _writer_failed():
+        writer_error = os.environ.get(WRITER_ERROR_ENV)
+        if not _LOG.quiet and not (writer_error and os.path.exists(writer_error)):
             super().emit(record)
 
     def format(self, record: logging.LogRecord) -> str:

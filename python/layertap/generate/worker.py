@@ -1,7 +1,7 @@
 """One engine of ``layertap generate --data-parallel-size N``, in its own process (started by
 ``layertap.generate.local``; not a command for people).
 
-Standard input: one JSON line ``{"options", "first_run", "engine", "rows", "fd"}`` then ``rows`` row
+Standard input: one JSON line ``{"options", "first_run", "rows", "fd"}`` then ``rows`` row
 indices (int64, little-endian): the rows this engine writes. It writes JSON lines ``[kind, value]``
 to file descriptor ``fd``: ``["report", totals]`` now and then, and at the end ``["summary", ...]``
 or ``["error", [kind, text]]`` (``run.run_engine``'s result). When its standard input closes (the
