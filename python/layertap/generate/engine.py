@@ -200,7 +200,8 @@ def run_rows(
     from vllm import SamplingParams
 
     engine = llm.llm_engine
-    base = SamplingParams(**{**_model_defaults(engine), **sampling})
+    # The model's generation defaults (generation_config.json), as LLM.generate uses them.
+    base = SamplingParams(**{**engine.model_config.get_diff_sampling_param(), **sampling})
     window = WINDOW_PER_SEQ * int(engine.vllm_config.scheduler_config.max_num_seqs)
     inflight: dict[str, int] = {}
     exhausted = False
@@ -250,12 +251,6 @@ def run_rows(
                 outcome.bad.append((row, f"not saved by the connector: {answer.get('error', 'no answer')}"))
                 bad += 1
         on_progress(rows=rows, tokens=tokens, bad=bad)
-
-
-def _model_defaults(engine: Any) -> dict:
-    """The model's generation defaults (``generation_config.json``), as ``LLM.generate`` uses them."""
-    get = getattr(engine.model_config, "get_diff_sampling_param", None)
-    return dict(get() or {}) if get else {}
 
 
 def shutdown(llm: Any, timeout: float | None = None) -> None:
