@@ -353,7 +353,7 @@ def test_a_spool_of_parts_is_put_into_the_store_under_each_writer(store, tmp_pat
     parts, one writer each), of which the store holds one writer's records and lacks the other's
     (its puts failed): it puts what is missing under the writer that wrote it, the store then
     lists every record, byte for byte the spool's, and the run is complete."""
-    from layertap.generate.store import Spool, records_not_in_store, settle_store_run
+    from layertap.generate.store import Spool, check_store, settle_store_run
     from layertap.parts import write_manifest
 
     spool = tmp_path / "spool"
@@ -362,7 +362,7 @@ def test_a_spool_of_parts_is_put_into_the_store_under_each_writer(store, tmp_pat
     write_manifest(spool, [str(spool / "engine-0"), str(spool / "engine-1")])
     address = store.address("settle")
     _forward(address, spool / "engine-0", "gen-0")  # gen-1's records never reached the store
-    assert records_not_in_store(address, str(spool)) == {f"gen-1-r{i}" for i in range(15)}
+    assert check_store(address, str(spool)).not_listed == {f"gen-1-r{i}" for i in range(15)}
 
     settled = settle_store_run({"complete": True}, address, Spool(str(spool), keep=False))
     assert settled["complete"] and settled["store_missing"] == 0 and settled["also_dir"] is None

@@ -4,19 +4,10 @@
 is callable, so that this name can be both the function and the package of its modules:
 ``layertap.generate(...)`` and ``from layertap.generate import generate`` are the same call.
 
-Modules, each importing only those after it: ``parallel`` (a run of many engines: their parts of
-``out``, the rows dealt out, one progress and one summary), ``local`` and ``ray_engines`` (the
-engines' processes on this machine, ``worker`` being one, or Ray tasks), ``run`` (one engine's run:
-every input checked, then the engine over the rows not done); and what a run is made of: ``options``
-(every option, defined once: the function's keyword arguments, the command line's flags, what the
-engines are given), ``data``
-(reading rows), ``render`` (rows to token ids), ``model`` (the model's facts and layer ids),
-``capture`` (what vLLM can record of the model, checked before it is imported; ``vllm_source``
-reads vLLM's model classes from its source), ``resume`` (what the output directory holds; ``repair``, its damaged records; ``holders``, the
-processes that hold a shard; ``same_data``, whether its rows are the data's),
-``engine`` (the vLLM loop), ``progress``, ``summary``, ``vllm_log`` (where vLLM's log goes). The
-command line is ``layertap.cli.generate``. vLLM and transformers are imported only when a run
-starts, after the checks that need neither.
+The modules (docs/ARCHITECTURE.md) import one way: ``parallel`` (a run of many engines), then
+``local`` and ``ray_engines`` (their processes, ``worker`` being one, or Ray tasks), then ``run``
+(one engine's run), then what a run is made of. vLLM and transformers are imported only when a
+run starts, after the checks that need neither.
 """
 
 from __future__ import annotations
@@ -31,13 +22,14 @@ from layertap.generate.options import GenerateOptions
 from layertap.generate.parallel import generate_parallel, wants_parallel
 from layertap.generate.resume import check_output_directory
 from layertap.generate.run import check_options, run_one
-from layertap.generate.store import is_store_address, settle_store_run, store_output
+from layertap.generate.store import settle_store_run, store_output
 from layertap.generate.summary import Summary
+from layertap.mooncake.address import is_store_address
 
 
 def generate(*args: Any, **options: Any) -> Summary:
     """Writes the hidden states of every row of ``data`` into ``out`` and returns the summary
-    (a ``layertap.generate.summary.Summary``; docs/GENERATE.md lists its fields). Takes
+    (``layertap.generate.summary.Summary``; docs/GENERATE.md lists its fields). Takes
     ``GenerateOptions``' fields (``model``, ``data``, ``out``, then keyword arguments), or one
     ``GenerateOptions``. Raises GenerateError, before the engine starts, for bad input. Rerunning
     with the same ``out`` resumes: rows whose records exist (and pass their checks) are skipped.
@@ -71,11 +63,10 @@ _SPAWN_IMPORTS = {"_fixup_main_from_path": "main_path", "_fixup_main_from_name":
 
 def _refuse_in_a_spawned_import() -> None:
     """A script that calls generate at its top level, without ``if __name__ == "__main__":``,
-    calls it again in vLLM's engine process: vLLM starts it with spawn, which imports the script
-    (``multiprocessing.spawn``'s ``_fixup_main_from_path``) before the engine runs. That second
-    call would fail on the first one's lock, and the first with vLLM's "Engine core
-    initialization failed", neither naming the cause; this says it. Only during that import: a
-    process of the user's own, spawned, may call generate from its target."""
+    calls it again in vLLM's engine process, which spawn starts by importing the script: that
+    call would fail on the first one's lock, and the first with "Engine core initialization
+    failed", neither naming the cause. Only during that import: a process of the user's own,
+    spawned, may call generate from its target."""
     frame = sys._getframe(2)
     while frame is not None:
         code = frame.f_code

@@ -36,8 +36,7 @@ def check_capture(capture: Any, architectures: list[str]) -> str:
 
 
 def _plugin_architectures() -> list[str]:
-    """The architectures ``LAYERTAP_EAGLE3`` turns the plugin on for (vLLM reads it in the
-    engine's processes, which inherit this environment)."""
+    """The architectures ``LAYERTAP_EAGLE3`` turns the plugin on for (in the engine's processes)."""
     try:
         return architectures_from_env()
     except ValueError as e:  # an unknown name would stop vLLM at start-up
@@ -52,14 +51,10 @@ def check_served(
     layers_given: bool,
     engine_args: dict,
 ) -> None:
-    """Refuses, before anything starts, a model whose layers vLLM cannot record: with ``--capture
-    method`` (vLLM's ``extract_hidden_states``) a class without the EAGLE-3 interface that
-    layertap's plugin does not give it, or layer id 0 where vLLM runs the model through its
-    Transformers backend (which records decoder layers' outputs, ids 1 to N, and looks up the
-    output of layer ``k - 1`` for id ``k``), or layer id 0 where vLLM's own capture fails on it
-    (DeepSeek-V2/V3 in 0.32, ``vllm_source.cannot_record_layer_zero``). ``--capture in-model``
-    uses the plugin's classes,
-    which ``check_capture`` checks. Nothing is refused where vLLM's source does not say."""
+    """Refuses, before anything starts, a model whose layers ``--capture method`` cannot record: a
+    class without the EAGLE-3 interface that layertap's plugin does not give it, or layer id 0
+    where vLLM runs it through its Transformers backend (which records decoder layers' outputs
+    only) or where vLLM's own capture fails on it. Nothing where vLLM's source does not say."""
     plugin = _plugin_architectures()
     if capture != "method":
         return

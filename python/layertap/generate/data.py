@@ -1,11 +1,7 @@
-"""Reading the rows of a prompt dataset: a JSONL file, a Parquet file, or a Hugging Face
-``datasets`` directory (``save_to_disk``), streamed row by row so that ten million rows never sit
-in memory at once.
-
-Each row gives its prompt in one *column*, the first of ``input_ids`` (token ids), ``messages``
-(a chat) and ``prompt`` (text) that the data has, and optionally a ``loss_mask``. The row index
-(0-based, in file order) is what the record key is made of. A row that cannot be used (bad JSON,
-the column missing or null) is yielded as a ``BadRow`` so it is counted and listed, never dropped.
+"""Reading the rows of a prompt dataset (JSONL, Parquet, or a ``datasets`` directory), streamed
+so that ten million rows never sit in memory at once. The prompt is in the first of
+``PROMPT_COLUMNS`` the data has; the row index (0-based, in file order) is the record's key. A row
+that cannot be used is yielded as a ``BadRow``, to be counted and listed, never dropped.
 """
 
 from __future__ import annotations
@@ -54,8 +50,7 @@ def _optional_import(module: str, what: str):
 
 
 class RowSource:
-    """The rows of a dataset file or directory; ``column`` and ``has_loss_mask`` are known once it
-    is opened, ``num_rows`` too (counted for JSONL)."""
+    """The rows of a dataset file or directory."""
 
     format: str
     column: str
@@ -67,13 +62,11 @@ class RowSource:
         self.limit = limit
 
     def rows(self, skip: Any = None) -> Iterator[Row | BadRow]:
-        """Every row from the first, in order, but those whose ``skip[index]`` is true (rows
-        already done: not even parsed)."""
+        """Every row in order but those whose ``skip[index]`` is true (not even parsed)."""
         raise NotImplementedError
 
     def pick(self, indices: list[int]) -> Iterator[Row | BadRow]:
-        """The rows at ``indices`` (sorted, each below ``num_rows``), in order: the file is read
-        up to the last of them, only they are parsed."""
+        """The rows at ``indices`` (sorted, each below ``num_rows``), in order."""
         if not indices:
             return
         wanted = np.ones(indices[-1] + 1, dtype=bool)
@@ -176,12 +169,10 @@ class _Columnar(RowSource):
         return BadRow(index, f"no {self.column!r} (null)") if value is None else Row(index, value, mask)
 
     def _taken(self, indices: list[int]) -> dict[str, list]:
-        """The needed columns of the rows at ``indices`` (sorted), in that order."""
         raise NotImplementedError
 
     def pick(self, indices: list[int]) -> Iterator[Row | BadRow]:
-        """The rows at ``indices``, read alone (for Parquet, the row groups that hold them), not
-        the table up to the last of them."""
+        """The rows at ``indices``, read alone, not the table up to the last of them."""
         if not indices:
             return
         taken = self._taken(indices)
@@ -256,9 +247,8 @@ class HfDatasetRows(_Columnar):
 
 
 def _is_anonymous_pipe(path: str) -> bool:
-    """Whether ``path`` names a pipe without a name of its own (``/dev/fd/63`` of a shell's
-    ``<(zcat ...)``, ``/dev/stdin`` fed by ``|``): opening it again gives the same pipe, already
-    drained. A named FIFO (mkfifo) can be opened again and written again, so it is let through."""
+    """Whether ``path`` names a pipe without a name of its own (``<(zcat ...)``, ``/dev/stdin``):
+    opened again it is the same pipe, drained. A named FIFO (mkfifo) is let through."""
     try:
         if not stat.S_ISFIFO(os.stat(path).st_mode):
             return False
@@ -269,7 +259,7 @@ def _is_anonymous_pipe(path: str) -> bool:
 
 def open_rows(path: str | os.PathLike, limit: int | None = None) -> RowSource:
     """The rows of ``path``: a directory is a ``datasets`` directory, ``*.parquet`` a Parquet
-    file, anything else JSON Lines. Raises GenerateError (one line) when it cannot be read."""
+    file, anything else JSON Lines."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise GenerateError(f"{path}: no such file or directory")

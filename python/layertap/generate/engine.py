@@ -1,11 +1,9 @@
-"""The vLLM side of a run: the ``LLM`` arguments (the user's ``--engine-args`` plus the
-hidden-states extraction and the layertap connector), and the loop that feeds rows to the engine
-and collects what the connector says about each.
+"""The vLLM side of a run: the ``LLM`` arguments, and the loop that feeds rows to the engine and
+collects what the connector says about each.
 
 Rows are streamed: the loop keeps a window of requests in the engine (twice ``max_num_seqs``, so
-the scheduler never runs short) and adds more as requests finish, so memory does not grow with
-the dataset. It drives ``LLMEngine.add_request``/``step`` directly rather than ``LLM.generate``,
-to see each request finish.
+the scheduler never runs short), so memory does not grow with the dataset. It drives
+``LLMEngine.add_request``/``step`` rather than ``LLM.generate``, to see each request finish.
 """
 
 from __future__ import annotations
@@ -51,8 +49,11 @@ KV_CACHE_ARGS = ("kv_cache_memory_bytes", "gpu_memory_utilization")
 KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 
 
+def gpus_per_engine(engine_args: dict) -> int:
+    return int(engine_args.get("tensor_parallel_size", 1)) * int(engine_args.get("pipeline_parallel_size", 1))
+
+
 def check_engine_args(engine_args: dict) -> None:
-    """``engine_args`` (parsed) must be ``LLM`` arguments vLLM knows, else GenerateError."""
     from vllm import LLM
     from vllm.engine.arg_utils import EngineArgs
 
@@ -63,8 +64,7 @@ def check_engine_args(engine_args: dict) -> None:
 
 
 def check_connector_args(connector_args: dict, output_dir: str) -> dict:
-    """Connector options (``--connector-args``, the ones generate sets refused already by
-    ``GenerateOptions``) checked now, as the connector will."""
+    """``--connector-args`` checked now, as the connector will."""
     options = {"writer": "rust", "codec": "bp16-zstd", **connector_args}
     try:
         parse_options({**options, "output_dir": output_dir})
@@ -74,8 +74,7 @@ def check_connector_args(connector_args: dict, output_dir: str) -> dict:
 
 
 def sampling_kwargs(sampling_args: dict, max_tokens: int) -> dict:
-    """``SamplingParams`` arguments of every request (``GenerateOptions``' checked), checked by
-    building one."""
+    """``SamplingParams`` arguments of every request, checked by building one."""
     from vllm import SamplingParams
 
     kwargs = {**sampling_args, "max_tokens": max_tokens, "detokenize": False}
@@ -89,11 +88,9 @@ def sampling_kwargs(sampling_args: dict, max_tokens: int) -> dict:
 def cpu_kv_cache_default(
     engine_args: dict, info: Any, num_layer_ids: int, model_len: int, engines_here: int = 1
 ) -> dict | None:
-    """On a CPU engine whose KV cache the user did not size (``KV_CACHE_ARGS``, ``KV_CACHE_ENV``):
-    sets ``engine_args["kv_cache_memory_bytes"]`` from what the machine has free (docs/GENERATE.md,
-    "On a CPU"), split between the ``engines_here`` engines that start on this machine with
-    these arguments, and returns what was chosen and why; None where nothing was set. Raises
-    GenerateError when the sequences an engine needs at least cannot fit."""
+    """On a CPU engine whose KV cache the user did not size: sets
+    ``engine_args["kv_cache_memory_bytes"]`` from what the machine has free (docs/GENERATE.md, "On
+    a CPU"), split between the ``engines_here`` engines, and returns what was chosen and why."""
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu() or any(k in engine_args for k in KV_CACHE_ARGS):
@@ -108,13 +105,13 @@ def cpu_kv_cache_default(
     if per_token <= 0:
         return None  # a configuration of other names: vLLM's own sizing
     available = _cpu_available_memory() // max(1, engines_here)
+    each = f" for each of {engines_here} engines" if engines_here > 1 else ""
     least = CPU_KV_MIN_SEQUENCES * per_token * model_len
     if least > CPU_KV_MAX_SHARE * available:
         raise GenerateError(
             f"a CPU engine's KV cache for sequences of {model_len:,} tokens (--max-len plus --max-tokens) needs "
-            f"about {human_bytes(least)}, and this machine has {human_bytes(available)} free"
-            f"{f' for each of {engines_here} engines' if engines_here > 1 else ''}: pass a smaller "
-            "--max-len, or size it yourself (kv_cache_memory_bytes in --engine-args)"
+            f"about {human_bytes(least)}, and this machine has {human_bytes(available)} free{each}: pass a "
+            "smaller --max-len, or size it yourself (kv_cache_memory_bytes in --engine-args)"
         )
     chosen = max(least, min(CPU_KV_SEQUENCES * per_token * model_len, int(CPU_KV_SHARE * available)))
     chosen = -(-chosen // (1 << 20)) << 20  # whole MiB
@@ -122,15 +119,13 @@ def cpu_kv_cache_default(
     return {
         "kv_cache_memory_bytes": chosen,
         "reason": f"chosen for a CPU engine: room for about {chosen // (per_token * model_len):,} sequences of "
-        f"{model_len:,} tokens within a quarter of the {human_bytes(available)} free"
-        f"{f' for each of {engines_here} engines' if engines_here > 1 else ''}; set it in --engine-args "
-        "to choose",
+        f"{model_len:,} tokens within a quarter of the {human_bytes(available)} free{each}; set it in "
+        "--engine-args to choose",
     }
 
 
 def _cpu_available_memory() -> int:
-    """The memory vLLM's CPU worker will see as available (its NUMA node's, within a cgroup's
-    limit), as it computes it."""
+    """The memory vLLM's CPU worker will see as available, as it computes it."""
     try:
         from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_memory_node_info
 
@@ -143,10 +138,8 @@ def _cpu_available_memory() -> int:
 
 @contextlib.contextmanager
 def in_model_plugin(architectures: list[str]) -> Iterator[None]:
-    """Turns the plugin's in-model classes on for ``architectures`` while the engine starts and
-    runs: registered in this process (for an engine that runs in it) and, through
-    ``LAYERTAP_IN_MODEL``, in the processes the engine starts, which inherit the environment. A
-    value the user set is kept; the one set here is removed at the end."""
+    """Turns the plugin's in-model classes on for ``architectures`` while the engine runs: here,
+    and through ``LAYERTAP_IN_MODEL`` in the processes it starts. A value the user set is kept."""
     set_here = os.environ.get(IN_MODEL_ENV_VAR, "").strip() in ("", "0")
     if set_here:
         os.environ[IN_MODEL_ENV_VAR] = ",".join(architectures)
@@ -161,9 +154,8 @@ def in_model_plugin(architectures: list[str]) -> Iterator[None]:
 def llm_kwargs(
     model: str, layers: list[int], engine_args: dict, connector: dict, capture: str = DEFAULT_CAPTURE
 ) -> dict:
-    """The ``LLM`` arguments: with ``capture="method"`` vLLM's ``extract_hidden_states`` method
-    caches the layers; with ``"in-model"`` the model class does (no speculative configuration;
-    start the engine inside ``in_model_plugin``)."""
+    """The ``LLM`` arguments: with ``capture="method"`` vLLM's ``extract_hidden_states`` caches the
+    layers; with ``"in-model"`` the model class does (start the engine inside ``in_model_plugin``)."""
     kv_transfer = {
         "kv_connector": "LayertapConnector",
         "kv_connector_module_path": "layertap.vllm",
@@ -193,36 +185,24 @@ class Outcome:
     """bool per row of the data: the connector took the row's record."""
     saved_count: int = 0
     tokens: int = 0
-    """Tokens of the records the connector took."""
     bad: list[tuple[int, str]] = field(default_factory=list)
     """Rows not saved, with the reason (bad input, or refused by vLLM or the connector)."""
     drain_seconds: float = 0.0
-    """From the last request's end until the engine's writer had put every record in a file
-    (engine in its own process; in this process the engine writes them as it stops)."""
+    """From the last request's end until every record was in a file (engine in its own process)."""
 
 
 def run_rows(
-    llm: Any,
-    items: Iterator,
-    num_rows: int,
-    sampling: dict,
-    record_params: dict,
-    on_progress: Callable[..., None],
-    outcome: Outcome | None = None,
-) -> Outcome:
-    """Feeds ``items`` (``(row, token ids, loss mask or None)`` or ``BadRow``) to the engine and
-    waits for every request to finish. ``record_params``: the connector's request parameters
-    every row's request adds (``include_output_tokens``, ``window``, ``reduction``: see
-    ``run.record_params``). ``on_progress(rows=, tokens=, bad=)`` after each step. ``outcome``
-    (a new one if None) is filled in as requests finish, so that a caller interrupted meanwhile
-    knows what the rows so far came to."""
+    llm: Any, items: Iterator, sampling: dict, record_params: dict, on_progress: Callable[..., None], outcome: Outcome
+) -> None:
+    """Feeds ``items`` (``(row, token ids, loss mask or None)`` or ``BadRow``) to the engine until
+    every request finished, with ``record_params`` (``run.record_params``) in each. ``outcome`` is
+    filled in as requests finish, so that a caller interrupted meanwhile knows what they came to."""
     from vllm import SamplingParams
 
     engine = llm.llm_engine
-    base = SamplingParams(**{**_model_defaults(engine), **sampling})
+    # The model's generation defaults (generation_config.json), as LLM.generate uses them.
+    base = SamplingParams(**{**engine.model_config.get_diff_sampling_param(), **sampling})
     window = WINDOW_PER_SEQ * int(engine.vllm_config.scheduler_config.max_num_seqs)
-    if outcome is None:
-        outcome = Outcome(saved=np.zeros(num_rows, dtype=bool))
     inflight: dict[str, int] = {}
     exhausted = False
     while True:
@@ -253,7 +233,7 @@ def run_rows(
         if not inflight:
             on_progress(bad=bad)
             if exhausted:
-                return outcome
+                return
             continue
         rows = tokens = 0
         for out in engine.step():
@@ -273,15 +253,8 @@ def run_rows(
         on_progress(rows=rows, tokens=tokens, bad=bad)
 
 
-def _model_defaults(engine: Any) -> dict:
-    """The model's generation defaults (``generation_config.json``), as ``LLM.generate`` uses them."""
-    get = getattr(engine.model_config, "get_diff_sampling_param", None)
-    return dict(get() or {}) if get else {}
-
-
 def shutdown(llm: Any, timeout: float | None = None) -> None:
-    """Stops the engine: the connector writes what it holds and closes its shards. ``timeout``:
-    vLLM's for its engine processes (None: its default)."""
+    """Stops the engine: the connector writes what it holds and closes its shards."""
     client = llm.llm_engine.engine_core
     try:
         client.shutdown(timeout=timeout)

@@ -6,6 +6,12 @@ from __future__ import annotations
 from layertap.errors import InvalidInputError
 
 
+def first_line(e: BaseException) -> str:
+    """An error in one line: its type and its message's first line."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
 class GenerateError(InvalidInputError):
     """Bad input to ``layertap generate`` (a missing file or column, a model that cannot be
     loaded, layer ids out of range, an output directory made for another model...): the message
@@ -13,16 +19,13 @@ class GenerateError(InvalidInputError):
 
 
 class EngineStartError(RuntimeError):
-    """vLLM's engine did not start: the message is vLLM's own error, one line (read from the
-    run's log, ``log``, when what ``LLM(...)`` raised only says that a process of vLLM's
-    failed; that exception is the ``__cause__``). This run wrote nothing; whether the same
-    command can succeed depends on that cause (memory another process held, or a setting vLLM
-    refuses), so the command says to fix it rather than to resume."""
+    """vLLM's engine did not start: the message is vLLM's own error, one line (perhaps read from
+    the run's ``log``). This run wrote nothing, and the command says to fix the cause rather
+    than to resume."""
 
     def __init__(self, message: str, log: str | None = None) -> None:
         super().__init__(message)
         self.log = log
-        """vLLM's log of the run (None when it logs elsewhere: ``--verbose``, the user's settings)."""
 
 
 class GenerateInterrupted(KeyboardInterrupt):

@@ -30,8 +30,7 @@ def flock_holders(path: str) -> list[int]:
 
 
 def process_name(pid: int) -> str | None:
-    """The process's title (its command line's first word: vLLM sets ``VLLM::Worker``), None
-    when it is gone."""
+    """The process's title (vLLM sets ``VLLM::Worker``), None when it is gone."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             words = [w for w in f.read().split(b"\0") if w]

@@ -1,12 +1,10 @@
 """The engines of ``--data-parallel-size N`` on this machine: one process each
-(``python -m layertap.generate.worker``), each given its GPUs (``CUDA_VISIBLE_DEVICES``: engine
-``i`` the ``i``-th group of ``tensor_parallel_size x pipeline_parallel_size``), its options and
-rows on its standard input, and a pipe for its reports.
+(``python -m layertap.generate.worker``), given its GPUs (``CUDA_VISIBLE_DEVICES``), its options
+and rows on its standard input, and a pipe for its reports.
 
-Each engine process is the leader of a process group of its own (with vLLM's engine process,
-when it has one). It watches its standard input: when this process dies, however it dies, the
-input closes and the engine kills its group, so that no engine outlives the run and keeps
-writing into a part that the next run resumes.
+Each engine process leads a process group of its own, and kills it when its standard input closes:
+when this process dies, however it dies, no engine outlives it writing into a part that the next
+run resumes.
 """
 
 from __future__ import annotations
@@ -23,6 +21,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from layertap.generate import vllm_log
+from layertap.generate.engine import gpus_per_engine
 from layertap.generate.errors import GenerateError
 from layertap.generate.options import GenerateOptions
 
@@ -46,10 +45,9 @@ def _visible_gpus() -> list[str]:
 
 
 def device_slices(engines: int, engine_args: dict) -> list[dict[str, str]]:
-    """The environment each engine adds to this one: its share of the GPUs. None where there
-    are no GPUs (a CPU build of vLLM: the engines share the cores). Raises GenerateError when
-    the GPUs are too few."""
-    per_engine = int(engine_args.get("tensor_parallel_size", 1)) * int(engine_args.get("pipeline_parallel_size", 1))
+    """The environment each engine adds to this one: its share of the GPUs (none without GPUs: a
+    CPU build of vLLM's engines share the cores)."""
+    per_engine = gpus_per_engine(engine_args)
     gpus = _visible_gpus()
     if not gpus:
         return [{} for _ in range(engines)]
@@ -71,13 +69,7 @@ class _Engine:
         self.events = events
         read_fd, write_fd = os.pipe()
         data = np.ascontiguousarray(rows, dtype="<i8").tobytes()
-        spec = {
-            "options": options.as_json(),
-            "first_run": first_run,
-            "engine": index,
-            "rows": len(rows),
-            "fd": write_fd,
-        }
+        spec = {"options": options.as_json(), "first_run": first_run, "rows": len(rows), "fd": write_fd}
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "layertap.generate.worker"],
@@ -105,17 +97,15 @@ class _Engine:
     def _read(self) -> None:
         result = None
         with self._reports:
-            for line in self._reports:
+            for line in self._reports:  # the worker's [kind, value] lines
                 try:
-                    msg = json.loads(line)
-                except ValueError:
+                    kind, value = json.loads(line)
+                except (ValueError, TypeError):
                     continue
-                if "report" in msg:
-                    self.events.put(("report", self.index, msg["report"]))
-                elif "summary" in msg:
-                    result = ("summary", self.index, msg["summary"])
-                elif "error" in msg:
-                    result = ("error", self.index, (msg.get("kind", "failed"), msg["error"]))
+                if kind == "report":
+                    self.events.put((kind, self.index, value))
+                else:
+                    result = (kind, self.index, value)
         rc = self.proc.wait()
         if result is None:
             why = f"killed by signal {-rc}" if rc < 0 else f"exit status {rc}"
@@ -144,8 +134,8 @@ class _Engine:
 def local_events(
     specs: list[tuple[int, GenerateOptions, int, np.ndarray]], envs: list[dict[str, str]]
 ) -> Iterator[tuple]:
-    """Starts an engine process per ``(index, options, first run number, row indices)`` and
-    yields their reports, then each one's summary or error, until every engine has ended."""
+    """Starts an engine process per ``(index, options, first run number, row indices)``; yields
+    their events until every engine has ended."""
     events: queue.Queue = queue.Queue()
     engines: list[_Engine] = []
     try:

@@ -1,12 +1,9 @@
-"""What a run needs to know about the model before the engine starts: that it loads at all
-(configuration and tokenizer), its number of decoder layers, vocabulary and context length, and
-which layer ids to record.
+"""What a run needs to know about the model before the engine starts: that it loads at all, its
+number of layers, vocabulary and context length, and which layer ids to record.
 
-Two steps: ``read_config`` reads ``config.json`` as JSON (a local directory, or the Hugging Face
-cache and hub as transformers would), in well under a second, so that a missing configuration or
-layer ids out of range are reported before anything heavy is imported; ``load_model_info`` then
-loads the configuration and tokenizer with transformers (which imports torch: seconds), as vLLM
-will.
+``read_config`` reads ``config.json`` as JSON in well under a second, so that a missing
+configuration or layer ids out of range are reported before anything heavy is imported;
+``load_model_info`` then loads the configuration and tokenizer with transformers, as vLLM will.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from layertap.generate.errors import GenerateError
+from layertap.generate.errors import GenerateError, first_line
 
 #: Where configurations keep the number of decoder layers (transformers maps these names onto
 #: ``num_hidden_layers``: GPT-2's ``n_layer``, DBRX's ``n_layers``, ChatGLM's ``num_layers``).
@@ -46,15 +43,9 @@ class ModelInfo:
     """The configuration's dtype (``torch_dtype``), as written there ("" when it gives none)."""
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
-
-
 def read_config(model: str, engine_args: dict) -> dict | None:
-    """The model's ``config.json`` as a dict, read without transformers; None where only
-    transformers knows how to find it (a GGUF file, Mistral's ``params.json``, ModelScope), for
-    ``load_model_info`` to decide. Raises GenerateError when it is missing or unreadable."""
+    """The model's ``config.json``, read without transformers; None where only transformers knows
+    how to find it (a GGUF file, Mistral's ``params.json``, ModelScope)."""
     source = engine_args.get("hf_config_path") or model
     if engine_args.get("config_format") not in (None, "auto", "hf") or os.environ.get("VLLM_USE_MODELSCOPE"):
         return None
@@ -72,12 +63,12 @@ def read_config(model: str, engine_args: dict) -> dict | None:
         try:
             path = hf_hub_download(source, "config.json", revision=engine_args.get("revision"))
         except Exception as e:  # huggingface_hub's errors: not found, offline, gated, bad name...
-            raise GenerateError(f"cannot load model {model!r}: {_first_line(e)}") from None
+            raise GenerateError(f"cannot load model {model!r}: {first_line(e)}") from None
     try:
         with open(path, encoding="utf-8") as f:
             config = json.load(f)
     except (OSError, ValueError) as e:
-        raise GenerateError(f"cannot load model {model!r}: {path}: {_first_line(e)}") from None
+        raise GenerateError(f"cannot load model {model!r}: {path}: {first_line(e)}") from None
     if not isinstance(config, dict):
         raise GenerateError(f"cannot load model {model!r}: {path} does not hold a JSON object")
     return config
@@ -116,10 +107,9 @@ def _scales_rope(part: Any) -> bool:
 
 
 def local_max_positions(model: str, config: dict | None, engine_args: dict) -> tuple[int, str] | None:
-    """The context length vLLM will derive for a model in a local directory, read from its raw
-    ``config.json`` (``read_config``), with the key that gives it; None where it cannot be told
-    without vLLM and transformers (a hub name, settings that change it: ``hf_overrides``, RoPE
-    scaling, ``model_max_length``, ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``), for the engine to check."""
+    """The context length vLLM will derive for a model in a local directory, with the key that
+    gives it; None where it cannot be told without vLLM and transformers (a hub name,
+    ``hf_overrides``, RoPE scaling, ``model_max_length``, ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``)."""
     source = engine_args.get("hf_config_path") or model
     if config is None or not os.path.isdir(source) or engine_args.get("hf_overrides"):
         return None
@@ -135,9 +125,8 @@ def local_max_positions(model: str, config: dict | None, engine_args: dict) -> t
 
 
 def config_num_layers(config: dict) -> int | None:
-    """The number of decoder layers a raw configuration gives, or None: a count, or the length
-    of a per-layer list where a hybrid gives only that (Nemotron-H's ``config.json`` has
-    ``layers_block_type`` and no ``num_hidden_layers``, which transformers derives from it)."""
+    """The number of decoder layers a raw configuration gives: a count, or the length of a
+    per-layer list where a hybrid gives only that (Nemotron-H's ``layers_block_type``)."""
     for part in [config.get(k) for k in _TEXT_CONFIG_KEYS] + [config]:
         if isinstance(part, dict):
             for key in _LAYER_COUNT_KEYS:
@@ -152,10 +141,8 @@ def config_num_layers(config: dict) -> int | None:
 
 
 def load_model_info(model: str, engine_args: dict, need_tokenizer: bool = True) -> ModelInfo:
-    """Loads the model's configuration and, when rows must be tokenized (``need_tokenizer``),
-    its tokenizer, the way vLLM will (same revision, tokenizer and trust_remote_code). Raises
-    GenerateError (one line) when either fails. Token-id data needs no tokenizer (a model
-    directory with only ``config.json`` and ``load_format="dummy"`` works)."""
+    """Loads the model's configuration and, when rows must be tokenized, its tokenizer, the way
+    vLLM will (same revision, tokenizer and trust_remote_code)."""
     from transformers import AutoConfig, AutoTokenizer
 
     revision = engine_args.get("revision")
@@ -163,7 +150,7 @@ def load_model_info(model: str, engine_args: dict, need_tokenizer: bool = True) 
     try:
         config = AutoConfig.from_pretrained(model, revision=revision, trust_remote_code=trust)
     except Exception as e:  # transformers raises OSError, ValueError, and others per model type
-        raise GenerateError(f"cannot load model {model!r}: {_first_line(e)}") from None
+        raise GenerateError(f"cannot load model {model!r}: {first_line(e)}") from None
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     num_layers = getattr(text, "num_hidden_layers", None)
     if not isinstance(num_layers, int) or num_layers < 1:
@@ -176,7 +163,7 @@ def load_model_info(model: str, engine_args: dict, need_tokenizer: bool = True) 
                 tok_name, revision=engine_args.get("tokenizer_revision", revision), trust_remote_code=trust
             )
         except Exception as e:
-            raise GenerateError(f"cannot load the tokenizer of {tok_name!r}: {_first_line(e)}") from None
+            raise GenerateError(f"cannot load the tokenizer of {tok_name!r}: {first_line(e)}") from None
     vocab = max(int(getattr(text, "vocab_size", 0) or 0), len(tokenizer) if tokenizer is not None else 0)
     return ModelInfo(
         name=model,
@@ -193,8 +180,7 @@ def load_model_info(model: str, engine_args: dict, need_tokenizer: bool = True) 
 
 
 def _kv_elements_per_token(text: Any, num_layers: int) -> int:
-    """Keys and values per token over all layers, from a (text) configuration: layers x 2 x KV
-    heads x head size; 0 when it does not say (an architecture of other names)."""
+    """Keys and values per token over all layers (0 when the configuration does not say)."""
     heads = getattr(text, "num_attention_heads", None)
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     head_dim = getattr(text, "head_dim", None)
@@ -207,16 +193,13 @@ def _kv_elements_per_token(text: Any, num_layers: int) -> int:
 
 
 def default_layers(num_layers: int) -> list[int]:
-    """EAGLE-3's layers in vLLM numbering, ``[2, N//2, N-3, N]``: three auxiliary layers and the
-    last decoder layer's output (before the final norm). On models too small for four distinct
-    ids, the distinct ones in range."""
+    """EAGLE-3's layers in vLLM numbering, ``[2, N//2, N-3, N]`` (the distinct ones in range)."""
     n = num_layers
     return sorted({i for i in (2, n // 2, n - 3, n) if 0 <= i <= n})
 
 
 def parse_layers(layers: list[int] | None, num_layers: int) -> list[int]:
-    """Layer ids (``GenerateOptions.layers``, checked: distinct integers) checked against the
-    model; None: the EAGLE-3 default. Returned ascending (the order the records store)."""
+    """Layer ids checked against the model (None: the EAGLE-3 default), ascending as stored."""
     if layers is None:
         return default_layers(num_layers)
     bad = [i for i in layers if not 0 <= i <= num_layers]

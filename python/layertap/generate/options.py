@@ -1,13 +1,12 @@
-"""The options of a ``layertap generate`` run, each defined once (issue 35, item 2): its name,
-default, type, check and help text are a field of ``GenerateOptions``. ``layertap.generate(...)``
-takes them as keyword arguments, the command line's flags are built from them (``add_arguments``),
-and the engines of a run of many get them as a ``GenerateOptions`` (through JSON for an engine
-process: ``as_json`` and back), so that a flag, its default and its help cannot drift apart.
+"""The options of a ``layertap generate`` run, each defined once (issue 35, item 2) as a field of
+``GenerateOptions``: the function's keyword arguments, the command line's flags
+(``add_arguments``) and what the engines of a run of many get (``as_json``) come from it, so that
+a flag, its default and its help cannot drift apart.
 
-Every check of a value alone (or of two values together) is made when the options are built,
-before anything is read, imported or started, and reads the same from Python and from the
-command line: one line naming the flag and what it must be (``--max-tokens must be a positive
-integer, not 0``). What needs the model, the data or vLLM is checked later, by ``run.check_options``.
+Every check of a value alone (or of two together) is made when the options are built, before
+anything is read or started, in the same words from Python and from the command line
+(``--max-tokens must be a positive integer, not 0``). What needs the model, the data or vLLM is
+checked by ``run.check_options``.
 """
 
 from __future__ import annotations
@@ -36,15 +35,12 @@ RESERVED_CONNECTOR_ARGS = ("output_dir", "writer_id", "shard_metadata", "capture
 
 
 def _option(default: Any, help: str, check: Callable[[str, Any], Any] | None = None, **cli: Any) -> Any:
-    """A field of ``GenerateOptions``: its default (``MISSING``: required), its help (the
-    command line's, and the class's docstring), the check that returns the value to keep (or
-    raises GenerateError naming the flag), and what the command line adds to the flag
-    (``flag``, ``metavar``, ``choices``)."""
+    """A field of ``GenerateOptions``: ``check`` returns the value to keep (or raises
+    GenerateError naming the flag); ``cli``: ``flag``, ``metavar``, ``choices``."""
     return field(default=default, metadata={"help": help, "check": check, **cli})
 
 
 def _kit(check: Callable) -> Callable[[str, Any], Any]:
-    """One of ``layertap._checks``' checks, raising GenerateError."""
     return lambda name, value: check(name, value, GenerateError)
 
 
@@ -75,9 +71,8 @@ def _seconds(name: str, value: Any) -> float:
 
 
 def _json_without(reserved: tuple[str, ...]) -> Callable[[str, Any], dict]:
-    """A JSON option (a dict, JSON text or None) as a dict without the keys generate sets; what
-    its keys may be is checked once vLLM is imported (``engine.check_engine_args``,
-    ``sampling_kwargs``) or with the output directory (``engine.check_connector_args``)."""
+    """A JSON option (a dict, JSON text or None) as a dict without the keys generate sets; the
+    other keys are checked once vLLM is imported (``engine.check_engine_args``...)."""
 
     def check(name: str, value: Any) -> dict:
         value = json_object(name, value, GenerateError)
@@ -103,9 +98,8 @@ def _ray_address(name: str, value: Any) -> str:
 
 
 def check_window(window: Any, reduction: Any) -> list | None:
-    """``--window`` as the connector's ``[start, end]`` (None: the whole sequence): from a list
-    of two integers or None, or the command line's ``START:END`` (either side may be empty;
-    negative counts from the end). Raises GenerateError for a bad one, or a bad ``reduction``."""
+    """``--window`` (a list of two integers or None, or ``START:END``) as the connector's
+    ``[start, end]``; checks ``reduction`` too."""
     if isinstance(window, str):
         parts = window.split(":")
         try:
@@ -131,8 +125,7 @@ def check_window(window: Any, reduction: Any) -> list | None:
 
 
 def _holds_no_token(start: int | None, end: int | None) -> bool:
-    """Whether the slice ``[start:end]`` is empty whatever the sequence's length: it ends at 0,
-    or both bounds count from the same end and the end is not past the start."""
+    """Whether the slice ``[start:end]`` is empty whatever the sequence's length."""
     if end == 0:
         return True
     return start is not None and end is not None and (start < 0) == (end < 0) and end <= start
@@ -141,9 +134,8 @@ def _holds_no_token(start: int | None, end: int | None) -> bool:
 @dataclass(frozen=True)
 class GenerateOptions:
     """The options of a ``layertap generate`` run (docs/GENERATE.md, "Options"), checked when
-    built: GenerateError naming the flag otherwise. The JSON options (``engine_args``,
-    ``sampling_args``, ``connector_args``) are kept as dicts, given as dicts or JSON text;
-    ``window`` as ``[start, end]`` (None for an open end), given so or as ``"START:END"``;
+    built: GenerateError naming the flag otherwise. The JSON options are kept as dicts, given as
+    dicts or JSON text; ``window`` as ``[start, end]``, given so or as ``"START:END"``;
     ``layers`` as a list, given so or as ``"2,16,29,32"``. The fields:
     """
 
@@ -270,23 +262,19 @@ class GenerateOptions:
             raise GenerateError("--also-dir goes with --out mooncake://...: a run to a directory writes there")
 
     def as_json(self) -> dict:
-        """The options as plain values (JSON), which ``GenerateOptions(**value)`` takes back."""
         return dataclasses.asdict(self)
 
     def replace(self, **changes: Any) -> GenerateOptions:
-        """These options with ``changes``, checked again."""
         return dataclasses.replace(self, **changes)
 
 
 def flag_of(f: dataclasses.Field) -> str:
-    """The option's name in messages and on the command line: ``--max-tokens`` for ``max_tokens``."""
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
 def _number_or_text(text: str) -> int | float | str:
-    """A number option's value from the command line: an integer or a float as Python would
-    pass it, else the text, so that the option's own check refuses it in the same words as it
-    refuses a value from Python."""
+    """A number from the command line, else the text, which the option's check then refuses in
+    the same words as a value from Python."""
     for number in (int, float):
         try:
             return number(text)
@@ -296,9 +284,8 @@ def _number_or_text(text: str) -> int | float | str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds a flag per option (the model: a positional argument) to ``layertap generate``'s
-    parser: its help, with the default; an option not given is left out of the namespace, so
-    that ``from_namespace`` takes ``GenerateOptions``' own default."""
+    """A flag per option (the model: positional). An option not given is left out of the
+    namespace, so that ``from_namespace`` takes ``GenerateOptions``' own default."""
     for f in dataclasses.fields(GenerateOptions):
         meta = f.metadata
         name = flag_of(f)
@@ -314,7 +301,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(name, **kw)
             continue
         kw.update(dest=f.name, default=argparse.SUPPRESS, required=f.default is MISSING)
-        if f.type in ("bool",):
+        if f.type == "bool":
             kw["action"] = "store_true"
         elif f.type in ("int", "int | None", "float"):
             kw["type"] = _number_or_text
@@ -322,7 +309,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def from_namespace(args: argparse.Namespace) -> GenerateOptions:
-    """The options the command line gave (``add_arguments``' flags), checked."""
     return GenerateOptions(
         **{f.name: getattr(args, f.name) for f in dataclasses.fields(GenerateOptions) if hasattr(args, f.name)}
     )
@@ -331,13 +317,3 @@ def from_namespace(args: argparse.Namespace) -> GenerateOptions:
 GenerateOptions.__doc__ = (GenerateOptions.__doc__ or "") + "".join(
     f"\n    ``{f.name}`` ({flag_of(f)}): {f.metadata['help']}." for f in dataclasses.fields(GenerateOptions)
 )
-
-__all__ = [
-    "RESERVED_CONNECTOR_ARGS",
-    "RESERVED_ENGINE_ARGS",
-    "GenerateOptions",
-    "add_arguments",
-    "check_window",
-    "flag_of",
-    "from_namespace",
-]

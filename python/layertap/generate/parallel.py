@@ -2,21 +2,13 @@
 machine) and ``--ray ADDRESS`` (N engines on a Ray cluster), writing one dataset of parts
 (docs/GENERATE.md, "Many engines"; docs/SCALE.md).
 
-``--out`` becomes a dataset of parts: each engine ``i`` writes into ``--out/engine-{i}`` exactly
-as a single run writes into its directory (its own lock, its ``gen-{run}`` shards, recovery), and
-``--out/layertap-dataset.json`` lists the parts (``layertap.open(out)`` reads them all). The run
-that starts the engines:
-
-1. locks ``--out`` (the lock a single run takes too), lists the parts (the manifest's, ``.`` when
-   ``--out`` holds a single run's shards, and ``engine-0`` ... ``engine-{N-1}``) and writes the
-   manifest before any engine starts;
-2. completes every part as a single run would (recovery of killed runs' shards, the model and
-   layers checked) and reads which rows have a record in any part: a row is done whichever
-   engine wrote it;
-3. deals the rows not done to the engines in turn (row ``todo[k]`` to engine ``k mod N``), so
-   no row is given to two engines and no engine writes a row another part holds;
-4. starts the engines, sums their reports into one progress bar or line, and merges their
-   summaries into one.
+``--out`` becomes a dataset of parts: engine ``i`` writes into ``--out/engine-{i}`` as a single
+run writes into its directory, and ``--out/layertap-dataset.json`` lists the parts. The run that
+starts the engines locks ``--out``, writes the manifest (the earlier parts, ``.`` when ``--out``
+holds a single run's shards, and one per engine) before any engine starts, completes every part
+as a single run would and reads which rows have a record in any part, deals the rows not done to
+the engines in turn (row ``todo[k]`` to engine ``k mod N``: no row to two engines, none that
+another part holds), then sums their reports into one progress and merges their summaries.
 
 Why N processes rather than vLLM's ``data_parallel_size``: vLLM's ``LLM`` refuses it in one
 process (its offline data parallelism is one process per rank, started by the caller), and its
@@ -41,7 +33,7 @@ from layertap.generate.options import GenerateOptions
 from layertap.generate.progress import EngineTotals, Progress
 from layertap.generate.ray_engines import connect, default_engines, disconnect, ray_events
 from layertap.generate.repair import damaged_entries
-from layertap.generate.resume import SOURCE, lock_directory, make_output_directory, prepare_output
+from layertap.generate.resume import SOURCE, OutputState, lock_directory, make_output_directory, prepare_output
 from layertap.generate.run import Checked, assigned_mask, check_options, run_one
 from layertap.generate.same_data import check_same_data
 from layertap.generate.summary import EngineEntry, Summary, is_complete
@@ -51,13 +43,12 @@ from layertap.parts import MANIFEST_NAME, read_manifest, write_manifest
 PART_PREFIX = "engine-"
 
 #: An engine's message to the run: ``("report", i, totals)``, ``("summary", i, summary)`` or
-#: ``("error", i, (kind, text))`` with kind ``"input"`` (its inputs were refused) or ``"failed"``.
+#: ``("error", i, (kind, text))`` (``run.run_engine``).
 Event = tuple[str, int, object]
 
 
 def wants_parallel(options: GenerateOptions) -> bool:
-    """Whether a run goes through the engines of this module: several engines, Ray, or an
-    ``out`` that is already a dataset of parts (a run of one engine resumes it as a whole)."""
+    """Several engines, Ray, or an ``out`` that is already a dataset of parts (resumed as a whole)."""
     o = options
     return (
         (o.data_parallel_size or 1) > 1
@@ -67,41 +58,19 @@ def wants_parallel(options: GenerateOptions) -> bool:
 
 
 @dataclass
-class PartsState:
-    """``--out`` as a dataset of parts, locked for this run."""
+class PartsState(OutputState):
+    """``--out`` as a dataset of parts, locked for this run: ``done`` is a bool per row (a record of
+    it is in some part), ``run`` the first run number no part has used (engine ``i`` writes as
+    ``gen-{run + i}``: Mooncake Store lists records by writer id, whatever part they are in)."""
 
-    out: str
-    parts: list[str]
-    done: np.ndarray
-    """bool per row: a record of the row is in some part."""
-    recovered: list[str] = field(default_factory=list)
-    set_aside: list[str] = field(default_factory=list)
-    damaged: list[dict] = field(default_factory=list)
-    """The parts' records that failed their check, taken out of their shards' indexes (the summary's entries)."""
-    duplicates: int = 0
-    """Records of rows that another record (in this part or another) has already."""
-    next_run: int = 0
-    """The first run number no part has used: engine ``i`` of this run writes as
-    ``gen-{next_run + i}``, so that no two writers of the dataset share an id (a dataset in
-    Mooncake Store lists its records by writer id, whatever part they were spooled in)."""
-    lock_fd: int | None = None
-
-    def release(self) -> None:
-        if self.lock_fd is not None:
-            os.close(self.lock_fd)
-            self.lock_fd = None
-
-
-def _holds_shards(path: str) -> bool:
-    return any(n.endswith((".lts", ".lts.torn")) for n in os.listdir(path))
+    parts: list[str] = field(default_factory=list)
 
 
 def prepare_parts(c: Checked, engines: int) -> PartsState:
-    """Locks ``--out``, writes its manifest (earlier parts and one per engine), completes every
-    part and reads which rows are done. Raises GenerateError when a part cannot be resumed."""
+    """Locks ``--out``, writes its manifest, completes every part and reads which rows are done."""
     out = c.out_dir
     make_output_directory(out)
-    state = PartsState(out, [], np.zeros(c.rows.num_rows, dtype=bool), lock_fd=lock_directory(out))
+    state = PartsState(out, 0, np.zeros(c.rows.num_rows, dtype=bool), _lock_fd=lock_directory(out))
     try:
         manifest = os.path.join(out, MANIFEST_NAME)
         if os.path.exists(manifest):
@@ -116,7 +85,8 @@ def prepare_parts(c: Checked, engines: int) -> PartsState:
                         "bring it back, or remove it from the manifest to write them again"
                     )
         else:
-            parts = [out] if _holds_shards(out) else []  # a single run's dataset becomes part "."
+            # A single run's dataset becomes part ".".
+            parts = [out] if any(n.endswith((".lts", ".lts.torn")) for n in os.listdir(out)) else []
         for i in range(engines):
             p = os.path.join(out, f"{PART_PREFIX}{i}")
             if p not in parts:
@@ -136,8 +106,8 @@ def prepare_parts(c: Checked, engines: int) -> PartsState:
             state.done[rows] = True
             state.recovered += part.recovered
             state.set_aside += part.set_aside
-            state.damaged += damaged_entries(part.damaged)
-            state.next_run = max(state.next_run, part.run)
+            state.damaged += part.damaged
+            state.run = max(state.run, part.run)
     except BaseException:
         state.release()
         raise
@@ -145,15 +115,13 @@ def prepare_parts(c: Checked, engines: int) -> PartsState:
 
 
 def _in_this_process(c: Checked, part: str, rows: np.ndarray, run: int) -> dict[int, tuple[str, object]]:
-    """One engine, in this process (a run of one engine over a dataset of parts), drawing its
-    own progress; bad input raises GenerateError as in a single run."""
+    """A run of one engine over a dataset of parts: in this process, as a single run."""
     checked = dataclasses.replace(c, out_dir=part, options=c.options.replace(out=part))
     return {0: ("summary", run_one(checked, assigned_mask(rows, c.rows.num_rows), first_run=run))}
 
 
 def generate_parallel(options: GenerateOptions) -> Summary:
-    """A run of ``options.data_parallel_size`` engines (here or on the Ray cluster at
-    ``options.ray_address``) writing parts of ``options.out``; returns the merged summary."""
+    """A run of ``data_parallel_size`` engines (here or on Ray) writing parts of ``out``."""
     t0 = time.monotonic()
     engines, ray_address = options.data_parallel_size, options.ray_address
     # The engines started here share this machine's memory (a CPU engine's KV cache by default).
@@ -175,12 +143,12 @@ def _generate(c: Checked, engines: int, ray_address: str | None, t0: float) -> S
     try:
         vllm_log.start(c.out_dir)  # this process's; each engine logs into its part
         todo = np.flatnonzero(~state.done)
-        jobs = []
-        for i in range(min(engines, len(todo))):
-            jobs.append((i, os.path.join(c.out_dir, f"{PART_PREFIX}{i}"), todo[i::engines]))
+        jobs = [
+            (i, os.path.join(c.out_dir, f"{PART_PREFIX}{i}"), todo[i::engines]) for i in range(min(engines, len(todo)))
+        ]
         t_load = time.monotonic()
-        # Each engine writes into its part as run next_run + i, drawing nothing.
-        specs = [(i, c.options.replace(out=p, progress="none"), state.next_run + i, a) for i, p, a in jobs]
+        # Each engine writes into its part as run state.run + i, drawing nothing.
+        specs = [(i, c.options.replace(out=p, progress="none"), state.run + i, a) for i, p, a in jobs]
         if not jobs:
             results = {}
         elif ray_address is not None:
@@ -188,7 +156,7 @@ def _generate(c: Checked, engines: int, ray_address: str | None, t0: float) -> S
         elif local is not None:
             results = _follow(local_events(specs, local), len(todo), c)
         else:
-            results = _in_this_process(c, jobs[0][1], jobs[0][2], state.next_run)
+            results = _in_this_process(c, jobs[0][1], jobs[0][2], state.run)
     finally:
         state.release()
     return _merge(c, state, jobs, results, engines, ray_address, t0, t_load)
@@ -236,16 +204,16 @@ def _merge(
     t0: float,
     t_load: float,
 ) -> Summary:
-    """One summary of the run, in the fields of a single run's, plus each engine's."""
-    summaries = {i: v for i, (k, v) in results.items() if k == "summary"}
+    """One summary of the run, in a single run's fields, plus each engine's."""
+    ok = [v for k, v in results.values() if k == "summary"]
     per_engine, errors, bad, missing = [], [], [], []
     for i, part, rows in jobs:
         kind, value = results.get(i, ("error", ("failed", "the engine ended without a result")))
         entry: EngineEntry = {"engine": i, "part": part, "rows_assigned": len(rows)}
         if kind == "summary":
             s = value
-            entry.update({k: s[k] for k in ("writer_id", "rows_written", "rows_bad", "rows_missing", "tokens")})
-            entry.update(stored_bytes=s["stored_bytes"], seconds=s["seconds"])
+            keys = ("writer_id", "rows_written", "rows_bad", "rows_missing", "tokens", "stored_bytes", "seconds")
+            entry.update({k: s[k] for k in keys})
             bad += s["bad_rows"]
             missing += s["missing_rows"]
         else:
@@ -253,12 +221,12 @@ def _merge(
             entry.update(error=text, error_kind=what)
             errors.append(f"engine {i} ({os.path.basename(part)}): {text}")
         per_engine.append(entry)
-    ok = list(summaries.values())
 
     def total(key: str) -> int:
         return sum(s[key] for s in ok)
 
-    seconds = {k: max((s["seconds"][k] for s in ok), default=0.0) for k in ("engine_start", "generate", "drain")}
+    phases = ("engine_start", "generate", "drain", "shutdown")
+    seconds = {k: max((s["seconds"][k] for s in ok), default=0.0) for k in phases}
     t_end = time.monotonic()
     gen = seconds["generate"]
     raw, stored = total("raw_bytes"), total("stored_bytes")
@@ -288,12 +256,11 @@ def _merge(
         "shards": total("shards"),
         "shards_recovered": state.recovered + [p for s in ok for p in s["shards_recovered"]],
         "files_set_aside": state.set_aside + [p for s in ok for p in s["files_set_aside"]],
-        "damaged_records": state.damaged + [d for s in ok for d in s["damaged_records"]],
+        "damaged_records": damaged_entries(state.damaged) + [d for s in ok for d in s["damaged_records"]],
         "tokens_per_second": round(total("tokens") / gen, 1) if gen > 0 else 0.0,
         "seconds": {
             "load": round(t_load - t0, 3),
             **{k: round(v, 3) for k, v in seconds.items()},
-            "shutdown": round(max((s["seconds"]["shutdown"] for s in ok), default=0.0), 3),
             "total": round(t_end - t0, 3),
         },
     }

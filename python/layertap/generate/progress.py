@@ -1,12 +1,10 @@
-"""What a run shows while it works: a progress bar on a terminal (rows, tokens/s, bytes written,
-compression ratio, ETA), a plain line every ``interval`` seconds otherwise, or nothing.
+"""What a run shows while it works: a progress bar on a terminal, a line every ``interval``
+seconds otherwise, or nothing.
 
-Rows count once their record is in a file (or once they are found bad), and bytes written and
-the ratio are read from the run's shards as they grow (``ShardFollower``), not estimated: the
-writer may run in the engine's process, and what counts is what is in the files (a full disk
-once showed "50/50 rows (100%)" with 4 records written). The follower also notices the writer's
-failure (the error file the connector leaves, ``vllm/online.py``), which ``WriterFailedError``
-carries to the command.
+Rows count once their record is in a file (or once found bad), and bytes written are read from
+the shards as they grow (``ShardFollower``), not estimated: what counts is what is in the files
+(a full disk once showed "50/50 rows (100%)" with 4 records written). The follower also notices
+the writer's failure (the connector's error file), which ``WriterFailedError`` carries.
 """
 
 from __future__ import annotations
@@ -17,9 +15,7 @@ import time
 from typing import Any, TextIO
 
 from layertap._cursor import ShardCursor
-from layertap._spec.format import (
-    SHARD_SUFFIX,
-)
+from layertap._spec.format import SHARD_SUFFIX
 from layertap._text import human_bytes
 from layertap.errors import LayertapError
 from layertap.vllm.online import error_marker_path
@@ -28,8 +24,7 @@ PROGRESS_MODES = ("auto", "bar", "lines", "none")
 
 
 class _GrowingShard:
-    """One shard of this run, its frame headers read as the writer appends them (the payloads
-    are neither read nor checked: this only counts)."""
+    """One shard of this run, its frame headers read as the writer appends them (only counted)."""
 
     def __init__(self, path: str):
         self.path = path
@@ -41,7 +36,6 @@ class _GrowingShard:
         return os.pread(self.fd, n, offset)
 
     def advance(self, on_record) -> None:
-        """Reads the frame headers completed since the last call; ``on_record(header)`` each."""
         for _, frame in self.cursor.records(os.fstat(self.fd).st_size):
             on_record(frame)
         if self.cursor.at_index:  # the shard is complete
@@ -54,10 +48,8 @@ class _GrowingShard:
 
 
 class WriterFailedError(LayertapError, RuntimeError):
-    """The engine's shard writer failed while the run wrote (a full disk, an I/O error): the
-    message is one line, the writer's own (``DiskFullError``'s names the directory and the space
-    left) and what to do. The records written before the failure are intact; ``disk_full``
-    says whether the file system was full."""
+    """The engine's shard writer failed (a full disk, an I/O error): one line, the writer's own
+    and what to do. The records written before the failure are intact."""
 
     def __init__(self, text: str) -> None:
         kind, _, message = text.partition(": ")
@@ -74,10 +66,8 @@ class WriterFailedError(LayertapError, RuntimeError):
 
 
 class ShardFollower:
-    """Counts the records that the run's writer (``writer_id``) has put in ``directory`` so far.
-
-    ``layertap.follow``'s ``DatasetTail`` reads the same frame headers, but keeps every entry of
-    every shard for key lookups; a run of ten million rows needs only running totals."""
+    """Counts the records the run's writer has put in ``directory`` so far (``layertap.follow``
+    keeps every entry for key lookups; a run of ten million rows needs only running totals)."""
 
     def __init__(self, directory: str, writer_id: str):
         self.directory = directory
@@ -106,7 +96,6 @@ class ShardFollower:
         self._poll_shards()
 
     def check(self) -> None:
-        """Raises ``WriterFailedError`` if the writer's error file is there."""
         self.poll()
         if self.failure is not None:
             raise WriterFailedError(self.failure)
@@ -116,20 +105,17 @@ class ShardFollower:
         # a shard (its index) before it starts the next, so none can be new before that. A
         # thousand engines on one file system then list their directories once per shard, not
         # once a second each (docs/SCALE.md).
+        for shard in self._shards.values():
+            if not shard.finished:
+                shard.advance(self._count)
         if any(not s.finished for s in self._shards.values()):
-            for shard in self._shards.values():
-                if not shard.finished:
-                    shard.advance(self._count)
-            if any(not s.finished for s in self._shards.values()):
-                return
+            return
         for name in sorted(os.listdir(self.directory)):
             if name.startswith(self.prefix) and name.endswith(SHARD_SUFFIX) and name not in self._shards:
                 try:
-                    self._shards[name] = _GrowingShard(os.path.join(self.directory, name))
+                    self._shards[name] = shard = _GrowingShard(os.path.join(self.directory, name))
                 except FileNotFoundError:
                     continue
-        for shard in self._shards.values():
-            if not shard.finished:
                 shard.advance(self._count)
 
     @property
@@ -142,7 +128,6 @@ class ShardFollower:
 
 
 def _sized(stream: TextIO) -> bool:
-    """Whether the terminal says how large it is."""
     try:
         size = os.get_terminal_size(stream.fileno())
     except (AttributeError, OSError, ValueError):
@@ -161,21 +146,18 @@ def _duration(seconds: float) -> str:
 
 
 class Progress:
-    """Rows finished, tokens and bytes of a run, shown as ``mode`` says:
-    ``bar`` (tqdm), ``lines`` (one line every ``interval`` s), ``none``, or ``auto``
-    (a bar when ``stream`` is a terminal, else lines)."""
+    """Rows finished, tokens and bytes of a run: ``bar`` (tqdm), ``lines`` (one line every
+    ``interval`` s) or ``none`` (``auto`` is resolved by ``run.check_options``)."""
 
     def __init__(
         self,
         total_rows: int,
         follower: ShardFollower,
-        mode: str = "auto",
+        mode: str,
         interval: float = 10.0,
         stream: TextIO | None = None,
     ):
         self.stream = stream if stream is not None else sys.stderr
-        if mode == "auto":
-            mode = "bar" if self.stream.isatty() else "lines"
         self.mode = mode
         self.total = total_rows
         self.follower = follower
@@ -215,8 +197,7 @@ class Progress:
         return self.follower.records + self.bad
 
     def update(self, rows: int = 0, tokens: int = 0, bad: int = 0) -> None:
-        """Counts rows the engine finished (recorded or bad) and their tokens; shows the rows
-        done (``done``) now and then."""
+        """Counts rows the engine finished (recorded or bad) and their tokens."""
         self.rows += rows + bad
         self.bad += bad
         self.tokens += tokens
@@ -228,11 +209,8 @@ class Progress:
             self._last_poll = now
             self.follower.poll()
         if self._bar is not None:
-            if polled:
-                self._bar.set_postfix_str(self._stats(now), refresh=False)
             if polled or bad:
-                self._bar.n = self.done
-                self._bar.refresh()
+                self._draw(now)
         elif self.mode == "lines" and now - self._last_line >= self.interval:
             self._last_line = now
             self.line(now)
@@ -259,19 +237,20 @@ class Progress:
             flush=True,
         )
 
-    def show_written(self) -> None:
-        """Reads the run's shards again and shows what they hold: while the last records go into
-        the files, after the last row."""
-        self.follower.poll()
+    def _draw(self, now: float) -> None:
         if self._bar is not None:
-            self._bar.set_postfix_str(self._stats(time.monotonic()), refresh=False)
+            self._bar.set_postfix_str(self._stats(now), refresh=False)
             self._bar.n = self.done
             self._bar.refresh()
 
+    def show_written(self) -> None:
+        """What the shards hold, while the last records go into the files after the last row."""
+        self.follower.poll()
+        self._draw(time.monotonic())
+
     def close(self) -> None:
-        """Shows the final figures, once (later calls do nothing): the bytes the shards hold now,
-        and the time and rates up to the last row, not the time the last records took to reach
-        the files or the engine to stop (the summary gives those)."""
+        """Shows the final figures, once: the bytes the shards hold now, and the time and rates up
+        to the last row (not the engine's stopping: the summary gives that)."""
         if self._closed:
             return
         self._closed = True
@@ -296,9 +275,8 @@ REPORT_INTERVAL = 0.5
 
 
 class Totals:
-    """An engine's running totals: each step's rows, tokens and bad rows go to its ``Progress``
-    and, when this engine is one of several, to ``report`` (at most every ``REPORT_INTERVAL``
-    seconds, as cumulative numbers, so that a lost or late report loses nothing)."""
+    """An engine's running totals: to its ``Progress``, and to ``report`` when it is one of several
+    (cumulative, so that a lost or late report loses nothing)."""
 
     def __init__(self, bar: Progress, follower: ShardFollower, report=None):
         self.bar = bar
@@ -338,9 +316,8 @@ class Totals:
 
 
 class EngineTotals:
-    """What the engines of a parallel run have reported, summed; stands in for the
-    ``ShardFollower`` of a ``Progress`` (bytes written and ratio), and turns the engines'
-    cumulative reports into the increments ``Progress.update`` counts."""
+    """The engines' reports, summed: the ``ShardFollower`` of a parallel run's ``Progress``; turns
+    their cumulative reports into the increments ``Progress.update`` counts."""
 
     def __init__(self) -> None:
         self._latest: dict[int, dict] = {}
@@ -353,8 +330,7 @@ class EngineTotals:
         return {k: after.get(k, 0) - before.get(k, 0) for k in ("rows", "tokens", "bad")}
 
     def settle(self, engine: int, summary: dict) -> dict:
-        """Takes ``engine``'s final figures from its summary, as ``take`` does a report (a figure
-        that a report had higher stays: nothing goes down)."""
+        """``take`` of ``engine``'s final figures from its summary (nothing goes down)."""
         final = {
             "rows": summary["rows_written"] + summary["rows_missing"],  # the rows its connector took
             "tokens": summary["tokens"],
@@ -378,8 +354,8 @@ class EngineTotals:
         stored = self.stored_bytes
         return self.raw_bytes / stored if stored else None
 
-    def poll(self) -> None:
-        """The engines report; nothing to read."""
+    def poll(self) -> None:  # the engines report: nothing to read
+        pass
 
     def close(self) -> None:
         pass

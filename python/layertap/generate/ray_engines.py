@@ -1,26 +1,23 @@
-"""The engines of ``layertap generate --ray ADDRESS``: one Ray task per engine on the cluster,
-each asking for ``tensor_parallel_size x pipeline_parallel_size`` GPUs (one CPU on a cluster
-without GPUs), running the same engine code as a local engine process
-(``run.run_engine``), and reporting its running totals to a small actor that this process
-reads twice a second.
+"""The engines of ``layertap generate --ray ADDRESS``: one Ray task per engine, each asking for
+its GPUs (one CPU on a cluster without GPUs), running ``run.run_engine`` and reporting its totals
+to a small actor that this process reads twice a second.
 
-The tasks write into ``--out``'s parts by path, so ``--out`` must be a file system that every
-node mounts at the same path. The engines get this process's ``VLLM_*`` variables. A task is not
-retried by Ray: an engine that fails leaves its rows to the next run, which resumes them (a
-retry elsewhere could not tell which of the rows the dead engine had written).
+The tasks write into ``--out``'s parts by path: every node must mount it at the same path. A task
+is not retried: a retry elsewhere could not tell which rows the dead engine wrote; the next run
+resumes them.
 """
 
 from __future__ import annotations
 
 import os
-import traceback
 from collections.abc import Iterator
 
 import numpy as np
 
 from layertap._install import pip_install_keeping_torch
 from layertap.generate import vllm_log
-from layertap.generate.errors import GenerateError
+from layertap.generate.engine import gpus_per_engine
+from layertap.generate.errors import GenerateError, first_line
 from layertap.generate.options import GenerateOptions
 from layertap.generate.run import run_engine
 
@@ -40,8 +37,7 @@ def _ray():
 
 
 def connect(address: str) -> None:
-    """Connects this process to the Ray cluster at ``address``, unless it is connected already.
-    Raises GenerateError when there is no cluster there."""
+    """Connects this process to the Ray cluster at ``address``, unless it is connected already."""
     global _connected_here
     ray = _ray()
     if ray.is_initialized():
@@ -61,18 +57,14 @@ def disconnect() -> None:
         _connected_here = False
 
 
-def _gpus_per_engine(engine_args: dict) -> int:
-    return int(engine_args.get("tensor_parallel_size", 1)) * int(engine_args.get("pipeline_parallel_size", 1))
-
-
 def default_engines(engine_args: dict) -> int:
     """As many engines as the cluster's GPUs hold; a cluster without GPUs needs the number."""
     gpus = int(_ray().cluster_resources().get("GPU", 0))
     if not gpus:
         raise GenerateError("--ray: the cluster has no GPUs; give the number of engines with --data-parallel-size")
-    engines = gpus // _gpus_per_engine(engine_args)
+    engines = gpus // gpus_per_engine(engine_args)
     if engines < 1:
-        raise GenerateError(f"--ray: an engine needs {_gpus_per_engine(engine_args)} GPUs; the cluster has {gpus}")
+        raise GenerateError(f"--ray: an engine needs {gpus_per_engine(engine_args)} GPUs; the cluster has {gpus}")
     return engines
 
 
@@ -90,26 +82,17 @@ class _Board:
 
 
 def _engine_task(engine: int, options: GenerateOptions, first_run: int, rows: np.ndarray, board) -> tuple[str, object]:
-    """One engine, in a Ray worker: ``("summary", ...)`` or ``("error", (kind, text))``."""
     vllm_log.localize()  # before vLLM is imported here
-    try:
-        report = lambda totals: board.report.remote(engine, totals)
-        return "summary", run_engine(options, first_run, rows, report)
-    except GenerateError as e:
-        return "error", ("input", str(e))
-    except Exception as e:
-        traceback.print_exc()
-        first = str(e).strip().splitlines()
-        return "error", ("failed", f"{type(e).__name__}: {first[0] if first else ''}".rstrip(": "))
+    return run_engine(options, first_run, rows, lambda totals: board.report.remote(engine, totals))
 
 
 def ray_events(specs: list[tuple[int, GenerateOptions, int, np.ndarray]], engine_args: dict) -> Iterator[tuple]:
-    """Starts a Ray task per ``(index, options, first run number, row indices)`` and yields
-    their reports, then each one's summary or error, until every task has ended."""
+    """Starts a Ray task per ``(index, options, first run number, row indices)``; yields their
+    events until every task has ended."""
     ray = _ray()
     pending: list = []
     try:
-        gpus = _gpus_per_engine(engine_args) if ray.cluster_resources().get("GPU", 0) else 0
+        gpus = gpus_per_engine(engine_args) if ray.cluster_resources().get("GPU", 0) else 0
         env = {k: v for k, v in os.environ.items() if k.startswith("VLLM_")}
         if gpus > 1 and "distributed_executor_backend" not in engine_args:
             # Inside a Ray task vLLM would place its tensor-parallel workers with Ray too; the
@@ -130,8 +113,7 @@ def ray_events(specs: list[tuple[int, GenerateOptions, int, np.ndarray]], engine
                 try:
                     kind, value = ray.get(ref)
                 except Exception as e:  # the task's worker died (ray.exceptions.RayError kinds)
-                    first = str(e).strip().splitlines()
-                    kind, value = "error", ("failed", f"{type(e).__name__}: {first[0] if first else ''}")
+                    kind, value = "error", ("failed", first_line(e))
                 yield kind, refs[ref], value
     finally:
         for ref in pending:

@@ -3,18 +3,13 @@
 - ``input_ids``: the ids as given (checked: integers inside the model's vocabulary);
 - ``prompt``: the text tokenized as vLLM tokenizes a text prompt (``add_special_tokens=True``);
 - ``messages``: the chat rendered with the model's chat template, then tokenized without adding
-  special tokens (what vLLM's ``LLM.chat`` does). A chat whose last message is the assistant's is
+  special tokens (as vLLM's ``LLM.chat``). A chat whose last message is the assistant's is
   rendered as is (a finished conversation, the usual drafter training data); otherwise the
-  template's generation prompt is appended, so the model answers it.
+  template's generation prompt is appended.
 
-The loss mask stored with a record (``--loss-mask``, ``LOSS_MASK_MODES``) is the data's
-``loss_mask`` column, checked against the tokens, or, for chats, the assistant mask that
-transformers computes from the chat template's ``{% generation %}`` ... ``{% endgeneration %}``
-markers (``apply_chat_template(..., return_assistant_tokens_mask=True)``): 1 on every token
-the template renders inside them, so every assistant turn of the chat, 0 elsewhere.
-
-A row that cannot be rendered raises ``BadRowError`` with the reason; the row is then skipped and
-listed in the summary.
+The loss mask stored (``--loss-mask``) is the data's ``loss_mask`` column, or, for chats, the
+assistant mask transformers computes from the template's ``{% generation %}`` markers. A row
+that cannot be rendered raises ``BadRowError``; it is skipped and listed in the summary.
 """
 
 from __future__ import annotations
@@ -42,8 +37,7 @@ class BadRowError(Exception):
 
 
 def check_loss_mask(mode: Any, column: str, data_has_mask: bool, reduction: str | None) -> None:
-    """The checks of ``--loss-mask`` that need no tokenizer, made before vLLM is imported:
-    GenerateError naming the fix."""
+    """The checks of ``--loss-mask`` that need no tokenizer, made before vLLM is imported."""
     one_of("--loss-mask", mode, LOSS_MASK_MODES, GenerateError)
     if mode == "assistant":
         if column != "messages":
@@ -77,12 +71,8 @@ def marks_assistant_turns(tokenizer: Any) -> bool:
 
 
 class Renderer:
-    """Renders rows of one ``column`` into token ids and the loss mask to store.
-
-    ``mask_from`` says where that mask comes from: ``"data"`` (the row's ``loss_mask``, when it
-    has one), ``"assistant"`` (the chat template's markers) or None (no mask), as ``--loss-mask``
-    (``loss_mask``) chose it for this data (``data_has_mask``: its first row has a
-    ``loss_mask``) and ``reduction``."""
+    """Renders rows of one ``column`` into token ids and the loss mask to store. ``mask_from``:
+    ``"data"`` (the row's ``loss_mask``), ``"assistant"`` (the chat template's markers) or None."""
 
     def __init__(
         self,
@@ -110,8 +100,7 @@ class Renderer:
         self.stores_mask = self.mask_from == "assistant" or (self.mask_from == "data" and data_has_mask)
 
     def render(self, value: Any, loss_mask: Any = None) -> tuple[list[int], list[int] | None]:
-        """The row's token ids and the loss mask to store (the row's ``loss_mask``, checked: one
-        0/1 per token; or the assistant mask), or BadRowError."""
+        """The row's token ids and the loss mask to store, or BadRowError."""
         ids, assistant_mask = self._render(value)
         if not ids:
             raise BadRowError("no tokens")
@@ -124,20 +113,13 @@ class Renderer:
         return ids, _check_mask(loss_mask, len(ids))
 
     def token_ids(self, value: Any) -> list[int]:
-        """The row's token ids as ``render`` gives them, without its checks of the length
-        (an earlier run may have had another --max-len); BadRowError when it cannot be rendered."""
+        """The row's token ids as ``render`` gives them, without its check of the length (an earlier
+        run may have had another --max-len)."""
         return self._render(value)[0]
 
     def _ids(self, value: Any) -> tuple[list[int], None]:
-        if isinstance(value, np.ndarray):
-            value = value.tolist()
-        if not isinstance(value, (list, tuple)):
-            raise BadRowError(f"input_ids must be a list of token ids, not {type(value).__name__}")
-        try:
-            ids = np.asarray(value)
-        except (ValueError, TypeError):
-            ids = None
-        if ids is None or ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+        ids = _flat(value, "input_ids", "a list of token ids")
+        if ids is None or (ids.size and ids.dtype.kind not in "iu"):
             raise BadRowError("input_ids must be a flat list of integers")
         if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
             bad = int(ids.max()) if ids.max() >= self.vocab_size else int(ids.min())
@@ -178,8 +160,7 @@ class Renderer:
 
 
 def _mask_from(mode: str, column: str, data_has_mask: bool, reduction: str | None, tokenizer: Any) -> str | None:
-    """Where the stored loss mask comes from (``Renderer.mask_from``); GenerateError when
-    ``--loss-mask assistant`` cannot be honoured with this tokenizer."""
+    """``Renderer.mask_from``; GenerateError when ``--loss-mask assistant`` cannot be honoured."""
     if mode == "none":
         return None
     if mode == "auto" and (data_has_mask or reduction or column != "messages"):
@@ -202,17 +183,23 @@ def _mask_from(mode: str, column: str, data_has_mask: bool, reduction: str | Non
     return "assistant"
 
 
+def _flat(value: Any, column: str, what: str) -> np.ndarray | None:
+    """A column's list as a 1-d array; None when it is not flat (BadRowError: not a list)."""
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)):
+        raise BadRowError(f"{column} must be {what}, not {type(value).__name__}")
+    try:
+        arr = np.asarray(value)
+    except (ValueError, TypeError):
+        return None
+    return arr if arr.ndim == 1 else None
+
+
 def _check_mask(mask: Any, n: int) -> list[int]:
-    if isinstance(mask, np.ndarray):
-        mask = mask.tolist()
-    if not isinstance(mask, (list, tuple)):
-        raise BadRowError(f"loss_mask must be a list of 0 and 1, not {type(mask).__name__}")
+    arr = _flat(mask, "loss_mask", "a list of 0 and 1")
     if len(mask) != n:
         raise BadRowError(f"loss_mask has {len(mask)} entries for {n} tokens")
-    try:
-        arr = np.asarray(mask)
-    except (ValueError, TypeError):
-        arr = None
-    if arr is None or arr.ndim != 1 or arr.dtype.kind not in "biu" or ((arr != 0) & (arr != 1)).any():
+    if arr is None or arr.dtype.kind not in "biu" or ((arr != 0) & (arr != 1)).any():
         raise BadRowError("loss_mask entries must be 0 or 1")
     return arr.astype(np.uint8).tolist()

@@ -1,18 +1,13 @@
 """Records of an output directory that fail their check, taken out of their shards' indexes so
 that a rerun writes their rows again (docs/GENERATE.md, "Resume, exactly once").
 
-A row is done when a record keyed by its index is in a shard; a record whose bytes were damaged
-after it was written (a flipped bit on the disk) must not count, or the rerun would call the
-dataset complete while ``layertap verify`` fails on it. Writing the row again is not enough
-either: a key's record is its first one in dataset order (docs/FORMAT.md, "Datasets"), so the
-damaged record would still be the one readers return. So each shard holding such a record is
-re-indexed as ``layertap recover`` indexes an open shard (docs/FORMAT.md, "Recovery"): its bytes
-up to its index are copied to a file beside it (not a shard name), that copy is recovered (every
-record whose payload matches its checksum indexed, the damaged ones left in the file unindexed
-and counted in the trailer's ``lost_in_recovery``), and the copy is renamed over the shard. A
-reader that has the old shard open keeps reading the old file; a run killed at any moment leaves
-either the old shard (the next run repairs it) or the new one, and at most a copy that is no
-shard (``.NAME.repair``), which the next run removes.
+A record damaged after it was written (a flipped bit on the disk) must not count as done, and
+writing its row again is not enough: a key's record is its first in dataset order (docs/FORMAT.md,
+"Datasets"). So each shard holding one is re-indexed as ``layertap recover`` indexes an open
+shard: its bytes up to its index are copied beside it (not under a shard name), the copy is
+recovered (the damaged records left unindexed, counted in ``lost_in_recovery``) and renamed over
+the shard. A run killed at any moment leaves the old shard or the new one, and at most a copy
+(``.NAME.repair``) that the next run removes.
 """
 
 from __future__ import annotations
@@ -42,11 +37,9 @@ _COPY = ".{}.repair"
 
 
 def damaged_records(ds) -> list[Problem]:
-    """Every record of ``ds`` whose bytes changed since it was written: its frame header fails
-    its checksum or disagrees with its index entry, or its payload fails its checksum (the
-    checks of ``layertap verify`` but the decoding). Payloads are read, not decoded: a rerun of a
-    large dataset costs the disk's read speed, not the codec's (docs/GENERATE.md, "Resume,
-    exactly once"). Shards checked in parallel (``pread`` and the CRC run without the GIL)."""
+    """Every record of ``ds`` whose bytes changed since it was written (``layertap verify``'s
+    checks but the decoding: a rerun costs the disk's read speed, not the codec's). Shards are
+    checked in parallel (``pread`` and the CRC run without the GIL)."""
     backends = [b for b in ds.backends if b.entries]
     if not backends:
         return []
@@ -75,8 +68,7 @@ def _damaged_in(shard) -> list[Problem]:
 
 
 def _frame_problem(fd: int, size: int, e: IndexEntry) -> str | None:
-    """Why the record of index entry ``e`` is not as its writer wrote it, or None (worded as the
-    readers word it)."""
+    """Why the record of index entry ``e`` is not as its writer wrote it, or None."""
     try:
         h = read_frame_header(lambda offset, n: os.pread(fd, n, offset), e.frame_offset, size)
     except FormatProblem as problem:
@@ -122,9 +114,8 @@ def remove_stale_copies(path: str) -> None:
 
 
 def reindex_without_damaged(shard: str) -> None:
-    """Replaces the complete shard ``shard`` with a copy of it whose index leaves out the records
-    that fail their checksum (see the module's comment). The caller holds the directory's lock
-    and has closed every reader of the shard it opened."""
+    """Replaces ``shard`` with a copy whose index leaves out the damaged records. The caller holds
+    the directory's lock and has closed its readers of the shard."""
     directory, name = os.path.split(shard)
     copy = os.path.join(directory, _COPY.format(name))
     try:
@@ -146,8 +137,8 @@ def reindex_without_damaged(shard: str) -> None:
 
 
 def _copy_prefix(src: int, dst: int, length: int) -> None:
-    """Copies bytes ``[0, length)`` of ``src`` to ``dst``: by ``copy_file_range`` (no copy through
-    this process; a reflink where the file system has them), else by reads and writes."""
+    """Bytes ``[0, length)`` of ``src`` to ``dst``, by ``copy_file_range`` (a reflink where the
+    file system has them) where it works."""
     done = 0
     try:
         while done < length:

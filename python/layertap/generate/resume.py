@@ -1,24 +1,13 @@
 """What an output directory already holds, so that a rerun writes each row exactly once.
 
-The state is the shards themselves, nothing else: a row is done when a record keyed by its index
-is in a shard. Before a run:
-
-1. the run takes ``.layertap-generate.lock`` in the directory (``flock``; the kernel drops it when
-   the process dies, however it dies), so two runs never write into one directory;
-2. every shard left open by a run that was killed is recovered (``layertap.recover``: the
-   records whose bytes are all there and match their checksums are kept and indexed, the torn
-   tail is cut), after waiting a little for a writer that is still shutting down to let go of it;
-   a file of an earlier run that died before its shard header was complete holds no record and is
-   removed (a torn empty shard: ``recover`` removes it) or set aside as ``NAME.torn`` (bytes
-   that do not begin a header, or a header damaged after frames were written);
-3. every shard must come from ``layertap generate`` with the same model and layers;
-4. every record's frame header and payload checksum are checked as ``layertap verify`` checks
-   them (payloads are read, not decoded), and a shard holding one that fails is re-indexed without
-   it (``repair``), so that its row is written again;
-5. the keys of the records are the rows done.
-
-Each run writes with a fresh writer id ``gen-{run}`` (one more than any run before it), so it
-never appends to another run's shard.
+The state is the shards themselves: a row is done when a record keyed by its index is in a shard.
+Before a run, the run takes ``.layertap-generate.lock`` (``flock``: the kernel drops it however
+the process dies); recovers every shard a killed run left open (``layertap.recover``), after
+waiting a little for a writer still shutting down; removes or sets aside as ``NAME.torn`` a file
+whose header was never complete; checks that every shard is generate's, with the same model and
+layers; and re-indexes without them the records that fail their checks (``repair``), so that
+their rows are written again. Each run writes as a fresh writer ``gen-{run}``, so it never
+appends to another run's shard.
 """
 
 from __future__ import annotations
@@ -64,12 +53,10 @@ class OutputState:
     set_aside: list[str] = field(default_factory=list)
     """Files of killed runs without a complete header (no records), removed or renamed."""
     damaged: list[Problem] = field(default_factory=list)
-    """Records that failed their check (a byte changed on the disk), taken out of their shards'
-    indexes so that this run writes their rows again (``repair``)."""
+    """Records that failed their check, taken out of their shards' indexes (``repair``)."""
     duplicates: int = 0
     """Records whose row already had one (should never happen; counted, not hidden)."""
     dtype: str | None = None
-    """The hidden states' dtype of the records already there (their shards' ``dtype``)."""
     _lock_fd: int | None = None
 
     @property
@@ -92,15 +79,9 @@ def lock_directory(path: str) -> int:
     return fd
 
 
-def _run_number(names: list[str]) -> int:
-    runs = [int(m.group(1)) for n in names if (m := _RUN_SHARD.match(n))]
-    return max(runs, default=-1) + 1
-
-
 def open_own_shards(path: str, **options):
-    """The shards of directory ``path`` as a dataset, or None when it has none. Its own shards
-    only: ``--out`` holding a single run's shards and a manifest is part "." of a dataset of
-    parts (``parallel``), which a reader opens as the manifest's every part."""
+    """The shards of directory ``path`` as a dataset (None: none), its own only: with a manifest
+    it is part "." of a dataset of parts, which a reader would open whole."""
     names = sorted(n for n in os.listdir(path) if n.endswith(".lts"))
     if not names:
         return None
@@ -127,14 +108,6 @@ def recover_shard(shard: str) -> bool:
             time.sleep(0.2)
 
 
-def _set_aside(shard: str, state: OutputState) -> None:
-    """A file of a run whose header is not a shard's (``recover`` removes the torn empty shards,
-    an empty file among them): what a killed writer left, or a shard whose header was damaged
-    later, whose frames may hold records. Kept as ``NAME.torn``; its rows are written again."""
-    os.replace(shard, shard + ".torn")
-    state.set_aside.append(shard)
-
-
 def _check_meta(info, model: str, layer_ids: list[int]) -> None:
     # A shard's metadata is any JSON object to a reader (docs/FORMAT.md): what another tool
     # wrote may hold other types where layertap's writers put an object and strings.
@@ -158,20 +131,17 @@ def _check_meta(info, model: str, layer_ids: list[int]) -> None:
 
 
 def _check_shards_meta(ds, model: str, layer_ids: list[int]) -> None:
-    """``_check_meta`` for each shard of ``ds`` that holds records: a live writer's header may
-    not be there yet, and a torn empty shard (its writer died before the header was complete)
-    has none; neither holds a record."""
+    """``_check_meta`` for each shard of ``ds`` that may hold records (a live writer's header may
+    not be there yet; a torn empty shard has none)."""
     for info in ds.shards:
         if info.complete or info.torn_tail_bytes != info.file_bytes:
             _check_meta(info, model, layer_ids)
 
 
 def check_earlier_runs(path: str, model: str, layer_ids: list[int]) -> None:
-    """Refuses, before vLLM and transformers are imported (8-20 s) and before anything is
-    written, an output directory whose shards (its parts' too) were made with another model
-    or other layers: the check ``prepare_output`` makes again, under the lock, before a run.
-    A directory the reader cannot open as a dataset is left to those later checks, which say
-    what is wrong with it."""
+    """Refuses, before vLLM is imported (8-20 s) and anything is written, an output directory whose
+    shards were made with another model or layers (``prepare_output`` checks again, locked). A
+    directory the reader cannot open is left to those later checks, which say what is wrong."""
     if not os.path.isdir(path):
         return
     if not any(n.endswith(".lts") or n == MANIFEST_NAME for n in os.listdir(path)):
@@ -200,8 +170,7 @@ _PART_DIRECTORY = re.compile(r"^engine-\d+$")
 
 def check_output_directory(path: str, option: str = "--out", allow_other_files: bool = False) -> None:
     """Refuses, before anything is imported or written, an output directory that is a file, or
-    one that holds files no layertap dataset holds (another program's, or a mistyped path)
-    unless ``allow_other_files``. A missing or empty directory, or an earlier run's, is fine."""
+    holds files no layertap dataset holds (a mistyped path?) unless ``allow_other_files``."""
     if not os.path.lexists(path):
         return
     if not os.path.isdir(path):
@@ -230,8 +199,7 @@ def _is_dataset_entry(path: str, name: str) -> bool:
 
 
 def make_output_directory(path: str) -> None:
-    """Creates ``path`` if missing; raises GenerateError naming it when it cannot be created or
-    written to."""
+    """Creates ``path`` if missing; GenerateError when it cannot be created or written to."""
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
@@ -242,17 +210,16 @@ def make_output_directory(path: str) -> None:
 
 def prepare_output(path: str, model: str, layer_ids: list[int], lock: bool = True, first_run: int = 0) -> OutputState:
     """Locks ``path`` (created if missing), completes what killed runs left, and reads which rows
-    are done. Raises GenerateError when the directory cannot be resumed by this run. ``lock=False``:
-    the caller holds the directory's lock already (a parallel run reading its own directory's
-    shards as one of its parts). ``first_run``: the lowest run number this run may take (an
-    engine of a parallel run takes one that no part has used)."""
+    are done. ``lock=False``: the caller holds the lock (a parallel run's part "."). ``first_run``:
+    the lowest run number this run may take (a parallel run's engine takes one no part used)."""
     path = os.path.abspath(path)
     make_output_directory(path)
     state = OutputState(path, run=0, _lock_fd=lock_directory(path) if lock else None)
     try:
         remove_stale_copies(path)
         _complete_shards(state, model, layer_ids)
-        state.run = max(first_run, _run_number(os.listdir(path)))
+        runs = [int(m.group(1)) + 1 for n in os.listdir(path) if (m := _RUN_SHARD.match(n))]
+        state.run = max([first_run, *runs])
         ds = open_own_shards(path)
         if ds is not None:
             with ds:
@@ -306,10 +273,11 @@ def _complete_shards(state: OutputState, model: str, layer_ids: list[int]) -> No
         try:
             completed = recover_shard(shard)
         except FormatError:
-            # No complete header (the writer died writing it): no record can follow it.
-            _set_aside(shard, state)
-        else:
-            (state.recovered if completed else state.set_aside).append(shard)
+            # No complete header: the writer died writing it (no record follows), or it was damaged
+            # later (its frames may hold records): kept as NAME.torn, its rows are written again.
+            os.replace(shard, shard + ".torn")
+            completed = False
+        (state.recovered if completed else state.set_aside).append(shard)
 
 
 def _not_shards(path: str) -> list[tuple[str, str]]:

@@ -1,11 +1,7 @@
 """One engine's run of ``layertap generate`` (docs/GENERATE.md): a single run, and each engine of
-a run of many (``parallel``).
-
-Order of work: every input is checked before the engine starts (data, model, layers, options,
-the output directory, which is locked and whose earlier runs are completed); then the rows not
-done yet are rendered and streamed through vLLM with the layertap connector; then the engine is
-stopped once every record is in a file, and the run's shards are read back to confirm each row
-the connector took has its record.
+a run of many (``parallel``). Every input is checked before the engine starts; the rows not done
+yet are streamed through vLLM with the layertap connector; the engine is stopped once every
+record is in a file, and the run's shards are read back to confirm each row has its record.
 """
 
 from __future__ import annotations
@@ -16,6 +12,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +35,7 @@ from layertap.generate.engine import (
     sampling_kwargs,
     shutdown,
 )
-from layertap.generate.errors import EngineStartError, GenerateError, GenerateInterrupted
+from layertap.generate.errors import EngineStartError, GenerateError, GenerateInterrupted, first_line
 from layertap.generate.model import (
     config_num_layers,
     load_model_info,
@@ -57,8 +54,8 @@ from layertap.reader import open as open_dataset
 from layertap.vllm.models.conv_state import method_generated_rows_problem, vllm_runs_on_cpu
 from layertap.vllm.online import error_marker_path
 
-#: How long to wait for the writer of an engine in its own process to put the last records in
-#: files, counted from the last one that arrived, before stopping the engine anyway.
+#: How long to wait for an engine's writer to put the last records in files, counted from the
+#: last one that arrived, before stopping the engine anyway.
 DRAIN_STALL_SECONDS = 120.0
 #: What the engine is given to close its writer once everything is in files.
 SHUTDOWN_SECONDS = 60.0
@@ -69,19 +66,14 @@ OUTPUT_SECONDS = 5.0
 def record_params(options: GenerateOptions) -> dict:
     """What every row's request asks of the connector besides its key: ``kv_transfer_params``
     entries (docs/CONNECTOR.md, "Per request")."""
-    params: dict = {}
-    if options.include_output_tokens:
-        params["include_output_tokens"] = True
-    if options.window is not None:
-        params["window"] = options.window
-    if options.reduction is not None:
-        params["reduction"] = options.reduction
-    return params
+    o = options
+    params = {"include_output_tokens": o.include_output_tokens or None, "window": o.window, "reduction": o.reduction}
+    return {k: v for k, v in params.items() if v is not None}
 
 
 def _max_lengths(max_len: int | None, max_tokens: int, engine_args: dict, max_positions: int | None) -> tuple[int, int]:
-    """(longest prompt, the engine's max_model_len). By default a prompt may be as long as the
-    engine's context leaves room for ``max_tokens`` after it."""
+    """(longest prompt, the engine's max_model_len); by default a prompt leaves room for
+    ``max_tokens`` in the context."""
     model_len = engine_args.get("max_model_len")
     if max_len is None:
         limit = model_len or max_positions
@@ -100,10 +92,8 @@ def _max_lengths(max_len: int | None, max_tokens: int, engine_args: dict, max_po
 
 
 def _check_context(positions: tuple[int, str], max_len: int | None, max_tokens: int, engine_args: dict) -> None:
-    """The context the engine is asked for (``--max-len`` plus ``--max-tokens``, or a
-    ``max_model_len`` in ``--engine-args``) against the model's ``positions`` (its length and
-    the configuration key that gives it, ``local_max_positions``): vLLM refuses a longer one as
-    its engine starts, after 10-20 s of imports and with --out created."""
+    """The context asked for against the model's (``local_max_positions``): vLLM refuses a longer
+    one only as its engine starts, after 10-20 s of imports and with --out created."""
     n, key = positions
     where = f"the model's context of {n:,} tokens ({key} in its config.json)"
     model_len = engine_args.get("max_model_len")
@@ -123,8 +113,8 @@ def _rendered(rows, skip: np.ndarray, renderer: Renderer) -> Iterator:
             ids, mask = renderer.render(row.value, row.loss_mask)
         except BadRowError as e:
             yield BadRow(row.index, str(e))
-            continue
-        yield row.index, ids, mask
+        else:
+            yield row.index, ids, mask
 
 
 def _until_usable(items: Iterator) -> tuple[list[BadRow], Iterator | None]:
@@ -139,29 +129,9 @@ def _until_usable(items: Iterator) -> tuple[list[BadRow], Iterator | None]:
     return bad, None
 
 
-def _versions() -> dict[str, str]:
-    import vllm  # here: loaded already by the checks (importing it takes 10-20 s of CPU)
-
-    return {"layertap_version": __version__, "vllm_version": getattr(vllm, "__version__", "")}
-
-
-def _in_process(llm: Any) -> bool:
-    """Whether the engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
-    return "Inproc" in type(llm.llm_engine.engine_core).__name__
-
-
-def _engine_alive(llm: Any) -> bool:
-    """Whether vLLM's engine core (in its own process) has not died: a writer that failed on a
-    full disk takes it down, perhaps without room left for its error file."""
-    return not getattr(getattr(llm.llm_engine.engine_core, "resources", None), "engine_dead", False)
-
-
-def _drain(
-    follower: ShardFollower, expected: int, on_record: Callable[[], None], alive: Callable[[], bool] = lambda: True
-) -> None:
-    """Waits until the run's shards hold ``expected`` records, or none arrived for a while, or
-    the writer failed (``follower.failure``) or the engine died (``alive()``); ``on_record()``
-    whenever more are there."""
+def _drain(follower: ShardFollower, expected: int, on_record: Callable[[], None], alive: Callable[[], bool]) -> None:
+    """Waits until the shards hold ``expected`` records, or none arrived for a while, the writer
+    failed or the engine died."""
     last, seen = time.monotonic(), follower.records
     while (
         follower.records < expected
@@ -177,8 +147,7 @@ def _drain(
 
 
 def _read_back(state: OutputState, num_rows: int) -> dict:
-    """This run's records as its shards hold them (shards the engine left open are completed
-    first)."""
+    """This run's records as its shards hold them (open ones completed first)."""
     prefix = state.writer_id + "-"
     names = sorted(n for n in os.listdir(state.path) if n.startswith(prefix) and n.endswith(".lts"))
     present = np.zeros(num_rows, dtype=bool)
@@ -212,35 +181,17 @@ def is_interrupt(e: BaseException) -> bool:
     return isinstance(e, KeyboardInterrupt) or isinstance(e.__context__, KeyboardInterrupt)
 
 
-class _Interrupted(Exception):
-    """The run was interrupted while its engine ran; the engine is stopped. ``outcome``: what
-    the rows run so far came to."""
-
-    def __init__(self, outcome: Outcome, t_engine: float, t_gen: float) -> None:
-        super().__init__("interrupted")
-        self.outcome, self.t_engine, self.t_gen = outcome, t_engine, t_gen
-
-
 def _run_engine(
-    llm_args: dict,
-    items: Iterator,
-    num_rows: int,
-    todo: int,
-    state: OutputState,
-    sampling: dict,
-    record_params: dict,
-    progress: str,
-    interval: float,
-    report: Callable | None = None,
-) -> tuple[Outcome, float, float]:
-    """Starts the engine, runs the rows, stops it once its records are in files. Returns the
-    outcome and when the engine was ready and when the last request finished. Raises
-    EngineStartError naming vLLM's error when the engine does not start, and _Interrupted once
-    the engine is stopped after an interrupt (vLLM's processes silenced from its start on)."""
+    c: Checked, llm_args: dict, items: Iterator, todo: int, state: OutputState, report: Callable | None
+) -> tuple[Outcome, float, float, bool]:
+    """Starts the engine, runs the rows with progress, stops it once their records are in files.
+    Returns the outcome, when the engine was ready, when the last request finished, and whether
+    the run was interrupted (the engine stopped, vLLM's processes silenced from then on). Raises
+    EngineStartError naming vLLM's error."""
     from vllm import LLM  # here: importing vLLM takes 10-20 s of CPU, and the checks come first
 
     output = vllm_log.EngineOutput() if vllm_log.current() else None
-    outcome = Outcome(saved=np.zeros(num_rows, dtype=bool))
+    outcome = Outcome(saved=np.zeros(c.rows.num_rows, dtype=bool))
     t_engine = t_gen = time.monotonic()
     llm = None
     try:
@@ -250,9 +201,36 @@ def _run_engine(
             except Exception as e:  # vLLM raises what its parts raise: ValueError, RuntimeError, OOM...
                 raise EngineStartError(vllm_log.start_error(e), vllm_log.current()) from e
         t_engine = t_gen = time.monotonic()
-        outcome, t_gen = _run_rows(
-            llm, items, todo, state, sampling, record_params, progress, interval, report, outcome
-        )
+        follower = ShardFollower(state.path, state.writer_id)
+        bar = Progress(todo, follower, c.progress, c.options.progress_interval)
+        totals = Totals(bar, follower, report)
+        try:
+            run_rows(llm, items, c.sampling, record_params(c.options), totals.update, outcome)
+            t_gen = time.monotonic()
+            core = llm.llm_engine.engine_core
+            if "Inproc" in type(core).__name__:  # VLLM_ENABLE_V1_MULTIPROCESSING=0
+                # This engine hands the last finished requests to the connector as it stops.
+                shutdown(llm, SHUTDOWN_SECONDS)
+                follower.check()
+            else:
+                # Until the engine core's process dies: a writer that failed on a full disk takes it
+                # down, perhaps without room left for its error file.
+                alive = lambda: not getattr(getattr(core, "resources", None), "engine_dead", False)
+                _drain(follower, outcome.saved_count, bar.show_written, alive)
+                follower.check()  # the writer failed: stop now (it used to wait DRAIN_STALL_SECONDS)
+                outcome.drain_seconds = time.monotonic() - t_gen
+                # The bar ends with its final figures before the engine stops (seconds, in which
+                # vLLM may log).
+                bar.close()
+                shutdown(llm, SHUTDOWN_SECONDS)
+        except Exception as e:
+            if not isinstance(e, WriterFailedError):
+                follower.check()  # a failed writer stops the engine: say that, not what vLLM made of it
+            raise
+        finally:
+            bar.close()
+            totals.send(phase="done")
+            follower.close()
     except WriterFailedError:
         vllm_log.silence()  # vLLM's tracebacks of the failure say it again: into the log
         if llm is not None:
@@ -265,56 +243,11 @@ def _run_engine(
         t_gen = time.monotonic()
         if llm is not None:
             shutdown(llm, SHUTDOWN_SECONDS)
-        raise _Interrupted(outcome, t_engine, t_gen) from None
+        return outcome, t_engine, t_gen, True
     finally:
         if output is not None:
             output.close(OUTPUT_SECONDS)
-    return outcome, t_engine, t_gen
-
-
-def _run_rows(
-    llm: Any,
-    items: Iterator,
-    todo: int,
-    state: OutputState,
-    sampling: dict,
-    record_params: dict,
-    progress: str,
-    interval: float,
-    report: Callable | None,
-    outcome: Outcome,
-) -> tuple[Outcome, float]:
-    """The rows through the started engine, with progress; then waits for their records to be
-    in files and stops the engine. Returns the outcome and when the last request finished."""
-    follower = ShardFollower(state.path, state.writer_id)
-    bar = Progress(todo, follower, progress, interval)
-    totals = Totals(bar, follower, report)
-    try:
-        run_rows(llm, items, len(outcome.saved), sampling, record_params, totals.update, outcome)
-        t_gen = time.monotonic()
-        if _in_process(llm):
-            # This engine hands the last finished requests to the connector as it stops.
-            shutdown(llm, SHUTDOWN_SECONDS)
-            follower.check()
-            bar.close()
-        else:
-            _drain(follower, outcome.saved_count, bar.show_written, lambda: _engine_alive(llm))
-            follower.check()  # the writer failed: stop now (it used to wait DRAIN_STALL_SECONDS)
-            outcome.drain_seconds = time.monotonic() - t_gen
-            # Every record is in a file: the bar ends with its final figures, before the engine
-            # stops (seconds, in which vLLM may log).
-            bar.close()
-            shutdown(llm, SHUTDOWN_SECONDS)
-    except WriterFailedError:
-        raise
-    except Exception:
-        follower.check()  # a failed writer stops the engine: say that, not what vLLM made of it
-        raise
-    finally:
-        bar.close()
-        totals.send(phase="done")
-        follower.close()
-    return outcome, t_gen
+    return outcome, t_engine, t_gen, False
 
 
 @dataclass
@@ -335,14 +268,12 @@ class Checked:
     out_dir: str
     capture: str
     started: float
-    """When the checks began (``time.monotonic()``): the run's time counts them, since they import
-    vLLM and transformers (most of the time of a run with nothing left to do)."""
+    """When the checks began: the run's time counts them (they import vLLM and transformers)."""
     engine_defaults: dict | None = None
     """``LLM`` arguments the run chose for the user's engine (``cpu_kv_cache_default``), and why."""
 
     def asked(self) -> dict:
-        """The summary's fields that say what the run was asked to do (a run of one engine's and
-        of many's)."""
+        """The summary's fields that say what the run was asked to do."""
         o = self.options
         return {
             "out": self.out_dir,
@@ -389,15 +320,10 @@ def _check_generated_rows(o: GenerateOptions, capture: Any, architectures: list)
 
 
 def check_options(options: GenerateOptions, engines_here: int = 1) -> Checked:
-    """Checks a run's options against the data, the model and vLLM (each value alone was checked
-    when ``options`` were built) and loads what the run needs: the rows' source, the model's
-    facts, the layers. ``engines_here``: the engines that start on this machine (they share its
-    memory). Raises GenerateError for bad input.
-
-    The checks that need neither vLLM nor transformers come first, so that the usual mistakes
-    (no vLLM, a model without its configuration, layer ids out of range, an architecture vLLM
-    cannot record, missing data) are reported in about a second instead of after the 10-20
-    CPU-seconds of importing them."""
+    """Checks a run's options against the data, the model and vLLM and loads what the run needs.
+    ``engines_here``: the engines that start on this machine (they share its memory). The checks
+    that need neither vLLM nor transformers come first, so that the usual mistakes are reported
+    in about a second instead of after the 10-20 CPU-seconds of importing them."""
     o, started = options, time.monotonic()
     engine_args = dict(o.engine_args)
     require_vllm()
@@ -453,9 +379,8 @@ def check_options(options: GenerateOptions, engines_here: int = 1) -> Checked:
 def run_one(
     checked: Checked, assigned: np.ndarray | None = None, report: Callable | None = None, first_run: int = 0
 ) -> Summary:
-    """One engine writing into ``checked.out_dir``: every row not done there, or, with
-    ``assigned`` (bool per row), only the assigned rows not done there. ``report(snapshot)`` is
-    given the run's running totals now and then (engines of a parallel run report to it).
+    """One engine writing into ``checked.out_dir`` the rows not done there (with ``assigned``, bool
+    per row: of those only). ``report(totals)`` now and then (engines of a parallel run).
     ``first_run``: the lowest run number (writer ``gen-{run}``) this run may take."""
     c, o = checked, checked.options
     t0 = c.started
@@ -472,6 +397,8 @@ def run_one(
         done_before = int(done.sum())
         skip = done if assigned is None else done | ~assigned[: rows.num_rows]
         todo = rows.num_rows - int(skip.sum())
+        import vllm  # here: loaded already by the checks (importing it takes 10-20 s of CPU)
+
         connector.update(
             output_dir=out_dir,
             writer_id=state.writer_id,
@@ -481,7 +408,8 @@ def run_one(
                 "model_revision": info.revision,
                 LAYER_IDS: json.dumps(layer_ids),
                 "layer_numbering": "vllm",
-                **_versions(),
+                "layertap_version": __version__,
+                "vllm_version": getattr(vllm, "__version__", ""),
             },
         )
         t_load = time.monotonic()
@@ -496,25 +424,11 @@ def run_one(
                     f"kv_cache_memory_bytes={c.engine_defaults['kv_cache_memory_bytes']} ({c.engine_defaults['reason']})"
                 )
             plugin = in_model_plugin(info.architectures) if c.capture == "in-model" else contextlib.nullcontext()
-            with plugin:
-                try:
-                    outcome, t_engine, t_gen = _run_engine(
-                        llm_kwargs(
-                            model, layer_ids, {**c.engine_args, "max_model_len": c.model_len}, connector, c.capture
-                        ),
-                        items,
-                        rows.num_rows,
-                        todo,
-                        state,
-                        c.sampling,
-                        record_params(o),
-                        c.progress,
-                        o.progress_interval,
-                        report,
-                    )
-                except _Interrupted as stopped:  # the engine is stopped: read back what it wrote
-                    outcome, t_engine, t_gen = stopped.outcome, stopped.t_engine, stopped.t_gen
-                    interrupted = True
+            llm_args = llm_kwargs(
+                model, layer_ids, {**c.engine_args, "max_model_len": c.model_len}, connector, c.capture
+            )
+            with plugin:  # interrupted: the engine is stopped, and what it wrote is read back below
+                outcome, t_engine, t_gen, interrupted = _run_engine(c, llm_args, items, todo, state, report)
         else:  # nothing left to do, or no row to do is usable: no engine
             outcome = Outcome(saved=np.zeros(rows.num_rows, dtype=bool), bad=[(b.index, b.reason) for b in bad_first])
             t_engine = t_gen = t_load
@@ -576,12 +490,22 @@ def assigned_mask(rows: np.ndarray, num_rows: int) -> np.ndarray:
     return assigned
 
 
-def run_engine(options: GenerateOptions, first_run: int, rows: np.ndarray, report: Callable[[dict], None]) -> dict:
-    """What each engine of a run of many runs, in its own process (``worker``) or Ray task
-    (``ray_engines``): one engine over ``rows`` (its row indices, ascending) as run
-    ``first_run`` or later, its options checked again where it runs."""
-    c = check_options(options)
-    return run_one(c, assigned_mask(rows, c.rows.num_rows), report, first_run)
+def run_engine(
+    options: GenerateOptions | dict, first_run: int, rows: np.ndarray, report: Callable[[dict], None]
+) -> tuple[str, Any]:
+    """An engine of a run of many, in its process (``worker``) or Ray task (``ray_engines``), over
+    ``rows`` (ascending) as run ``first_run`` or later, its options checked again where it runs:
+    ``("summary", summary)`` or ``("error", (kind, one line))``, kind ``"input"`` (its inputs were
+    refused) or ``"failed"`` (the traceback printed, into the engine's log)."""
+    try:
+        o = GenerateOptions(**options) if isinstance(options, dict) else options
+        c = check_options(o)
+        return "summary", run_one(c, assigned_mask(rows, c.rows.num_rows), report, first_run)
+    except GenerateError as e:
+        return "error", ("input", str(e))
+    except BaseException as e:  # the engine failed, or was stopped
+        traceback.print_exc()
+        return "error", ("failed", first_line(e))
 
 
 __all__ = ["Checked", "assigned_mask", "check_options", "run_engine", "run_one"]

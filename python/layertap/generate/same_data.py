@@ -1,13 +1,10 @@
 """Whether the rows an output directory holds records of are the rows of this run's data.
 
-Rows are known by their index alone, so a rerun with another data file (or the same file
-reordered or edited) into an existing ``--out`` would take the new file's rows for done and mix
-two datasets without a word. Each record of ``layertap generate`` holds ``prompt_hash``, a
-fingerprint of the row's prompt token ids as the engine was given them (whatever the record
-keeps of them: a window, one reduced row, output tokens too); before a run starts, a few done
-rows (the first, the last and some between: never the whole directory) are rendered from the
-data again and their fingerprints compared. Records written before the fingerprint existed
-have none: nothing to compare, the run goes on.
+Rows are known by their index alone, so a rerun with other data (or the same file reordered)
+into an existing ``--out`` would mix two datasets without a word. Each record holds
+``prompt_hash``, a fingerprint of the row's prompt token ids; before a run starts, a few done
+rows (never the whole directory) are rendered from the data again and their fingerprints
+compared. Records written before the fingerprint existed have none: the run goes on.
 """
 
 from __future__ import annotations
@@ -29,14 +26,12 @@ SAMPLED_ROWS = 5
 
 
 def prompt_hash(ids: list[int]) -> str:
-    """The fingerprint of a row's prompt token ids: BLAKE2b (8 bytes, hex) of them as
-    little-endian int64."""
+    """BLAKE2b (8 bytes, hex) of the prompt token ids as little-endian int64."""
     return hashlib.blake2b(np.asarray(ids, dtype="<i8").tobytes(), digest_size=8).hexdigest()
 
 
 def sampled_rows(done: np.ndarray, num_rows: int, count: int = SAMPLED_ROWS) -> list[int]:
-    """Up to ``count`` of the ``done`` rows (sorted) that the data has: the first, the last and
-    evenly spaced ones between."""
+    """Up to ``count`` of the ``done`` rows (sorted) that the data has, evenly spaced."""
     done = done[done < num_rows]
     if not len(done):
         return []
@@ -45,8 +40,7 @@ def sampled_rows(done: np.ndarray, num_rows: int, count: int = SAMPLED_ROWS) -> 
 
 
 def check_same_data(directory: str, done: np.ndarray, rows: RowSource, renderer: Renderer, data: str) -> None:
-    """Raises GenerateError when a sampled done row of ``directory``'s shards has a fingerprint
-    that the same row of ``rows`` (rendered by ``renderer``) does not give."""
+    """GenerateError when a sampled done row's fingerprint is not that of the same row of ``rows``."""
     sample = sampled_rows(done, rows.num_rows)
     ds = open_own_shards(directory, tensors="numpy") if sample else None  # as prepare_output read ``done``
     if ds is None:

@@ -1,16 +1,13 @@
 """``layertap generate --out mooncake://...`` (docs/MOONCAKE.md): the run writes its shards into a
-spool directory, as any run (resumable, read back for the summary), with the connector's
-``mooncake`` option, so that each record is also put into Mooncake Store as soon as it is
-written. The spool is ``--also-dir`` when given (kept: the dataset on disk too), else a
-temporary directory removed after the run.
+spool directory as any run, with the connector's ``mooncake`` option, so that each record is also
+put into Mooncake Store as soon as it is written. The spool is ``--also-dir`` (kept), else a
+temporary directory.
 
-After the run the store is compared with the spool (``check_store``): a record whose put failed
-(the master gone, the store full), whose put was refused (the store held another record under its
-key), or whose object is gone although listed (evicted by the records put after it, in a store
-too small for the dataset) makes the run incomplete, and the spool is then kept whatever
-``--also-dir`` said, so that the dataset is never only partly in memory and nowhere else. A rerun
-with ``--also-dir`` set to the kept spool generates what is left, then puts the spool's records
-that the store does not list (``put_missing``)."""
+After the run the store is compared with the spool (``check_store``): a record whose put failed,
+was refused (another record under its key) or was evicted since makes the run incomplete, and the
+spool is then kept whatever ``--also-dir`` said, so that the dataset is never only partly in
+memory and nowhere else. A rerun with ``--also-dir`` set to the kept spool generates what is
+left, then puts the records that the store does not list (``put_missing``)."""
 
 from __future__ import annotations
 
@@ -27,7 +24,7 @@ from layertap._spec.format import FormatProblem
 from layertap.errors import FormatError, InvalidInputError, StoreUnavailableError
 from layertap.generate.errors import GenerateError
 from layertap.generate.summary import Summary
-from layertap.mooncake.address import is_store_address, parse_address, refuse_node
+from layertap.mooncake.address import parse_address, refuse_node
 from layertap.mooncake.backend import local_frame
 from layertap.mooncake.client import check_master, connect
 from layertap.mooncake.layout import decode_head, head_name, record_name
@@ -49,25 +46,20 @@ class Spool:
     keep: bool
 
 
-def _connector_args(given: dict, address: str) -> dict:
-    if "mooncake" in given:
-        raise GenerateError("--connector-args: mooncake is set by --out mooncake://...; leave it out")
-    # The run reads its shards back for the summary (and resumes from them): they stay.
-    return {**given, "mooncake": address, "mooncake_keep_shards": True}
-
-
 @contextlib.contextmanager
 def store_output(out: str, also_dir: str | None, connector_args: dict) -> Iterator[tuple[Spool, dict]]:
-    """``(spool, connector arguments)`` for a run into the store ``out``; checks the address and
-    that the master answers first (one line, before anything starts). A temporary spool is
-    removed afterwards unless the caller set its ``keep``."""
+    """``(spool, connector arguments)`` for a run into the store ``out``, once the master answers.
+    A temporary spool is removed afterwards unless the caller set its ``keep``."""
     try:
         address = parse_address(out)
         refuse_node(address, out)
         check_master(address)
     except (InvalidInputError, StoreUnavailableError) as e:
         raise GenerateError(str(e)) from None
-    args = _connector_args(connector_args, out)
+    if "mooncake" in connector_args:
+        raise GenerateError("--connector-args: mooncake is set by --out mooncake://...; leave it out")
+    # The run reads its shards back for the summary (and resumes from them): they stay.
+    args = {**connector_args, "mooncake": out, "mooncake_keep_shards": True}
     if also_dir is not None:
         yield Spool(os.path.abspath(also_dir), keep=True), args
         return
@@ -116,15 +108,12 @@ class StoreCheck:
     not_listed: set[str]
     """No writer lists them: their puts failed (the master gone, the store full)."""
     refused: set[str]
-    """Listed, but as another record: the store had one under the key first (another run's, or
-    another writer's), so this run's put was refused."""
+    """Listed as another record: the store had one under the key first."""
     evicted: set[str]
-    """Listed as this run's, but the object is no longer in the store: evicted (a store too
-    small for the dataset) or lost with its node, after its put succeeded."""
+    """Listed as this run's, but no longer in the store (evicted, or lost with its node)."""
 
     @property
     def missing(self) -> set[str]:
-        """The spool's records the store does not hold."""
         return self.not_listed | self.evicted
 
     @property
@@ -133,9 +122,8 @@ class StoreCheck:
 
 
 def check_store(out: str, spool: str) -> StoreCheck | None:
-    """What the store ``out`` holds of the spool's records; None when the store cannot be
-    reached to tell. Each listed record's object is asked for: a run whose puts all succeeded
-    may have had its first records evicted by its last."""
+    """What the store ``out`` holds of the spool's records (None: it cannot be reached). Each
+    listed record's object is asked for: a run's first records may be evicted by its last."""
     try:
         local = _spool_entries(spool)
         listed = _store_entries(out)
@@ -153,19 +141,9 @@ def check_store(out: str, spool: str) -> StoreCheck | None:
     )
 
 
-def records_not_in_store(out: str, spool: str) -> set[str] | None:
-    """Keys of the spool's records that the store ``out`` does not list; None when the store
-    cannot be reached to tell."""
-    try:
-        return set(_spool_entries(spool)) - set(_store_entries(out))
-    except StoreUnavailableError:
-        return None
-
-
 def put_missing(out: str, spool: str, keys: set[str]) -> int:
     """Puts the spool's records ``keys`` into the store, each under the writer that wrote it
-    (its index and head go on from where that writer's left off); returns how many went in. A
-    record whose object is there but not listed (its index chunk failed) stays missing."""
+    (its index and head go on from where that writer's left off); returns how many went in."""
     address = parse_address(out)
     client = connect(address)
     put = 0
@@ -195,12 +173,9 @@ def put_missing(out: str, spool: str, keys: set[str]) -> int:
 
 
 def settle_store_run(summary: Summary, out: str, spool: Spool) -> Summary:
-    """The summary of a run into the store ``out``: what the store does not list of the spool
-    is put (a rerun over a kept spool, a master that came back), then what it lacks is counted:
-    ``store_missing`` (not listed, or listed and gone: ``store_evicted`` of them) and
-    ``store_refused`` (another record under the key); None: the store could not be reached to
-    tell. The run is complete only when the store holds every record of the spool, and a spool
-    holding records the store lacks is kept."""
+    """The summary of a run into the store ``out``: what the store does not list of the spool is
+    put (a rerun over a kept spool, a master that came back), then what it lacks is counted. The
+    run is complete only when the store holds every record of the spool; else the spool is kept."""
     check = check_store(out, spool.path)
     if check is not None and check.not_listed:
         try:
@@ -219,15 +194,3 @@ def settle_store_run(summary: Summary, out: str, spool: Spool) -> Summary:
         "store_refused": None if check is None else len(check.refused),
         "complete": summary["complete"] and check is not None and check.all_there,
     }
-
-
-__all__ = [
-    "Spool",
-    "StoreCheck",
-    "check_store",
-    "is_store_address",
-    "put_missing",
-    "records_not_in_store",
-    "settle_store_run",
-    "store_output",
-]

@@ -1,5 +1,5 @@
 """The summary of a run: what ``layertap.generate`` returns, ``--json`` prints, and the lines
-printed at the end otherwise."""
+printed at the end otherwise. Its fields are described in docs/GENERATE.md, "The summary"."""
 
 from __future__ import annotations
 
@@ -14,16 +14,11 @@ LISTED_BAD_ROWS = 20
 
 
 class BadRowEntry(TypedDict):
-    """A row that has no record and never will: its index in the data and why."""
-
     row: int
     reason: str
 
 
 class DamagedRecordEntry(TypedDict):
-    """A record found damaged (it fails its check) in ``--out`` when the run began: taken out of
-    its shard's index, so that the run writes its row again (docs/GENERATE.md, "Resume")."""
-
     row: int
     shard: str
     reason: str
@@ -41,8 +36,7 @@ class Seconds(TypedDict):
 
 
 class EngineEntry(TypedDict, total=False):
-    """One engine of a run of many (``Summary.engines``): its part and rows, and either what it
-    wrote or its error."""
+    """One engine of a run of many: what it wrote, or its error."""
 
     engine: int
     part: str
@@ -55,13 +49,12 @@ class EngineEntry(TypedDict, total=False):
     stored_bytes: int
     seconds: Seconds
     error: str
-    """What stopped it (no summary then)."""
     error_kind: str
     """``"input"`` (its inputs were refused) or ``"failed"``."""
 
 
 class _SummaryFields(TypedDict):
-    """The fields every summary has (docs/GENERATE.md, "The summary")."""
+    """The fields every summary has."""
 
     out: str
     data: str
@@ -73,17 +66,14 @@ class _SummaryFields(TypedDict):
     layer_ids: list[int]
     layer_numbering: str
     capture: str
-    """The capture mode (``layertap._choices.CAPTURE_MODES``)."""
     dtype: str | None
     max_len: int | None
     max_tokens: int
     include_output_tokens: bool
     window: list[int | None] | None
-    """The capture window as given (``[start, end]``, None for an open end), None when none."""
     reduction: str | None
-    """``"last"`` or ``"mean"``, None when none."""
     run: int | None
-    """This run's number in ``--out``; None when it started no engine (or ran many)."""
+    """None when it started no engine (or ran many)."""
     writer_id: str | None
     rows: int
     rows_done_before: int
@@ -92,7 +82,6 @@ class _SummaryFields(TypedDict):
     rows_missing: int
     bad_rows: list[BadRowEntry]
     missing_rows: list[int]
-    """The first 1000 rows the connector took that have no record."""
     duplicate_records: int
     tokens: int
     raw_bytes: int
@@ -112,10 +101,7 @@ class Summary(_SummaryFields, total=False):
 
     complete: bool
     interrupted: bool
-    """The run was interrupted (Ctrl-C): its engine stopped, this is what it wrote until then."""
     engine_defaults: dict
-    """``LLM`` arguments the run chose for its engine, with ``reason``: on a CPU, the KV cache's
-    size (``kv_cache_memory_bytes``) when the user gave none."""
     rows_assigned: int
     """An engine of a run of many: the rows dealt to it."""
     data_parallel_size: int
@@ -123,30 +109,20 @@ class Summary(_SummaryFields, total=False):
     parts: list[str]
     engines: list[EngineEntry]
     engine_errors: list[str]
+    # A run into Mooncake Store (generate/store.py, ``settle_store_run``):
     also_dir: str | None
-    """A run into Mooncake Store: the spool kept on disk (``--also-dir``, or a temporary one
-    kept because the store lacks some of its records), None when removed."""
     store_missing: int | None
-    """A run into Mooncake Store: the spool's records the store does not hold once the run is
-    over (their puts failed, or they were evicted since: ``store_evicted``); None when the store
-    could not be reached to tell."""
     store_evicted: int | None
-    """A run into Mooncake Store: the records of ``store_missing`` that the store listed but no
-    longer held (evicted by later puts: a store too small for the dataset)."""
     store_refused: int | None
-    """A run into Mooncake Store: the spool's records whose put was refused, the store holding
-    another record under their key."""
 
 
 def has_records(s: Summary) -> bool:
-    """Whether the dataset holds a record (of an earlier run or of this one)."""
     return s["rows_done_before"] + s["rows_written"] > 0
 
 
 def is_complete(s: Summary, accounted: int) -> bool:
     """``complete``: every row (``accounted`` of them) has its record or is bad, none is missing,
-    no engine failed, and there is a record at all: a dataset whose rows are all bad holds
-    nothing to train on, and is not complete."""
+    no engine failed, and there is a record at all (a dataset of bad rows holds nothing to train on)."""
     return accounted == s["rows"] and not s["rows_missing"] and not s.get("engine_errors") and has_records(s)
 
 
@@ -156,16 +132,14 @@ def every_row_bad(s: Summary) -> bool:
 
 
 def most_common_reason(bad_rows: list[BadRowEntry]) -> tuple[str, int]:
-    """The reason most bad rows share, and how many share it. Reasons that differ only in
-    their numbers (a row's token count, an id) count as one; the first row's text stands for
-    them."""
+    """The reason most bad rows share, and how many: reasons that differ only in their numbers
+    count as one, the first row's text standing for them."""
     kinds = Counter(re.sub(r"\d+", "#", b["reason"]) for b in bad_rows)
     kind, count = kinds.most_common(1)[0]
     return next(b["reason"] for b in bad_rows if re.sub(r"\d+", "#", b["reason"]) == kind), count
 
 
 def _engines(s: Summary) -> str:
-    """A parallel run's engines: how many, where, and each one's rows."""
     where = f" on Ray at {s['ray_address']}" if s.get("ray_address") else ""
     each = ", ".join(
         f"engine-{e['engine']} {e.get('writer_id') or ('failed' if 'error' in e else 'idle')} "
@@ -179,33 +153,24 @@ def _writer(s: Summary) -> str:
     return f"writer {s['writer_id']}" if s["writer_id"] else "no engine started (nothing to write)"
 
 
+#: What ``_store_lines`` says of the spool's records the store lacks: not listed, evicted, refused.
+_STORE_PROBLEMS = (
+    "of the run are not in the store (their puts failed: the master was gone or the store full)",
+    "were evicted from the store after their puts (it is too small for the dataset: give its nodes more memory, "
+    "or pull the records out as they are written)",
+    "were refused: the store held another record under their key (another run's: use a new prefix)",
+)
+
+
 def _store_lines(s: Summary) -> list[str]:
-    """A run into Mooncake Store: what the store lacks of the run's records, and where they are."""
     missing, evicted, refused = s.get("store_missing", 0), s.get("store_evicted") or 0, s.get("store_refused") or 0
     if missing == 0 and not refused:
         return []
     if missing is None:
         told = ["the store could not be reached to check that it holds every record"]
     else:
-        told = [
-            f"{n:,} records {what}"
-            for n, what in (
-                (
-                    missing - evicted,
-                    "of the run are not in the store (their puts failed: the master was gone or the store full)",
-                ),
-                (
-                    evicted,
-                    "were evicted from the store after their puts (it is too small for the dataset: give its "
-                    "nodes more memory, or pull the records out as they are written)",
-                ),
-                (
-                    refused,
-                    "were refused: the store held another record under their key (another run's: use a new prefix)",
-                ),
-            )
-            if n
-        ]
+        counts = (missing - evicted, evicted, refused)
+        told = [f"{n:,} records {what}" for n, what in zip(counts, _STORE_PROBLEMS, strict=True) if n]
     return [
         f"ERROR: {'; '.join(told)}; the spool {s['also_dir']} holds them and is kept: use it as the dataset, or "
         f"run again with --also-dir {s['also_dir']} to put those never listed"

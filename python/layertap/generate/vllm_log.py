@@ -1,21 +1,19 @@
 """Where vLLM's log goes during ``layertap generate`` (docs/GENERATE.md, "What is shown").
 
-vLLM logs some 30 lines while its engine starts (on a CPU: no Triton, no tcmalloc, NUMA binding,
-experimental APIs...), into the line the progress bar is drawn on. By default the command sends
-them to ``vllm.log`` in the directory the engine writes into, and only vLLM's errors to stderr;
-``--verbose`` leaves them on stderr at vLLM's own level. A user who set vLLM's logging variables
-gets what they set.
+vLLM logs some 30 lines while its engine starts, into the line the progress bar is drawn on. By
+default they go to ``vllm.log`` in the directory the engine writes into, and only vLLM's errors
+to stderr; ``--verbose`` leaves them on stderr; a user who set vLLM's logging variables gets what
+they set.
 
-vLLM configures logging in every process it starts (engine core, workers) from
-``VLLM_LOGGING_CONFIG_PATH``, a ``logging.config.dictConfig`` file: ours names ``RunLogHandler``.
-The checks import vLLM before the output directory exists (bad input must leave nothing behind),
-so the handler keeps what is logged until ``start`` names the directory; the processes that vLLM
-starts afterwards find the file in ``PATH_ENV``.
+vLLM configures logging in every process it starts from ``VLLM_LOGGING_CONFIG_PATH``, a
+``dictConfig`` file naming ``RunLogHandler``. The checks import vLLM before the output directory
+exists (bad input must leave nothing behind), so the handler keeps what is logged until ``start``
+names the directory; the processes vLLM starts afterwards find the file in ``PATH_ENV``.
 
 When the engine does not start, ``root_cause`` reads this run's part of the log for vLLM's own
-error (the processes' messages about it, "Engine core initialization failed", name none). The
-stderr of the processes vLLM starts passes through ``EngineOutput``, which keeps their
-tracebacks in the log and, once the run is interrupted (``silence``), everything they print.
+error ("Engine core initialization failed" names none). The stderr of vLLM's processes passes
+through ``EngineOutput``, which keeps their tracebacks in the log and, once the run is
+interrupted (``silence``), everything they print.
 """
 
 from __future__ import annotations
@@ -35,6 +33,8 @@ import traceback
 from collections import deque
 from collections.abc import Iterator
 
+from layertap.generate.errors import first_line
+
 LOG_NAME = "vllm.log"
 #: The log file of this run, for the processes vLLM starts (they inherit the environment).
 PATH_ENV = "LAYERTAP_VLLM_LOG"
@@ -46,9 +46,8 @@ _USER_SETTINGS = ("VLLM_LOGGING_CONFIG_PATH", "VLLM_LOGGING_LEVEL", "VLLM_LOGGIN
 
 
 def configure(verbose: bool) -> None:
-    """Sets vLLM's logging for this command, before vLLM is imported: into the run's log file,
-    unless ``verbose`` or the user configured it. Either way its lines never go to stdout,
-    which holds the summary (vLLM logs to stdout by default)."""
+    """Sets vLLM's logging before vLLM is imported. Never to stdout, which holds the summary
+    (vLLM logs to stdout by default)."""
     user = any(v in os.environ for v in _USER_SETTINGS) or os.environ.get("VLLM_CONFIGURE_LOGGING") == "0"
     if verbose or user:
         os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
@@ -69,22 +68,19 @@ def configure(verbose: bool) -> None:
 
 
 def in_use() -> bool:
-    """Whether vLLM logs into the run's file (the command set it up)."""
     return os.environ.get("VLLM_LOGGING_CONFIG_PATH") == CONFIG
 
 
 def localize() -> None:
-    """In a process on another machine (a Ray task): our configuration file where this machine's
-    layertap has it, which may be another path than on the machine that started the run."""
+    """In a Ray task: our configuration file where this machine's layertap has it."""
     given = os.environ.get("VLLM_LOGGING_CONFIG_PATH", "")
     if given != CONFIG and given.endswith(os.path.join("layertap", "generate", "vllm_logging.json")):
         os.environ["VLLM_LOGGING_CONFIG_PATH"] = CONFIG
 
 
 def start(directory: str) -> str | None:
-    """vLLM's log of this process, and of the processes it starts from now on, goes to
-    ``directory/vllm.log`` (appended to: a rerun's log follows the earlier runs'). Returns the
-    file, or None when vLLM logs elsewhere."""
+    """vLLM's log of this process and those it starts from now on goes to ``directory/vllm.log``
+    (appended to: a rerun's log follows the earlier runs'); None when vLLM logs elsewhere."""
     _LOG.new_run()
     if not in_use():
         return None
@@ -95,27 +91,24 @@ def start(directory: str) -> str | None:
 
 
 def note(message: str) -> None:
-    """A line of layertap's own in the run's log file (none when vLLM logs elsewhere)."""
+    """A line of layertap's own in the run's log file."""
     if _LOG.path is not None:
         when = time.strftime("%Y-%m-%d %H:%M:%S")
         _LOG.write(f"MainProcess pid={os.getpid()} INFO {when} [layertap.generate] {message}\n")
 
 
 def current() -> str | None:
-    """The log file this process writes (``start``), or None."""
     return _LOG.path
 
 
 def log_file(directory: str) -> str | None:
-    """The log file of a run writing into ``directory``, if there is one."""
     path = os.path.join(directory, LOG_NAME)
     return path if in_use() and os.path.exists(path) else None
 
 
 class _RunLog:
-    """The file this process's ``RunLogHandler`` s write to. vLLM builds new handlers each time
-    it configures logging (several times per process), so the file and the lines waiting for it
-    live here, once per process."""
+    """The file this process's ``RunLogHandler`` s write to: vLLM builds new handlers each time
+    it configures logging (several times per process), so the file lives here, once."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -127,13 +120,11 @@ class _RunLog:
         self.run_offset = 0
         """Where this run's lines begin in the file (a rerun appends to the earlier runs')."""
         self.quiet = False
-        """Set once the run is interrupted: nothing more of vLLM's on stderr (``silence``)."""
+        """Set by ``silence``."""
         atexit.register(self.close)
 
     def new_run(self) -> None:
-        """A run begins in this process (``layertap.generate`` called again, a run after an
-        interrupted one or one that filled its disk): it writes its lines and shows vLLM's errors
-        until it is interrupted or its own disk fills."""
+        """A run begins (perhaps after an interrupted one, or one that filled its disk)."""
         with self._lock:
             self._full = False
             self.quiet = False
@@ -154,10 +145,8 @@ class _RunLog:
     def close(self) -> None:
         with self._lock:
             if self._file is not None:
-                try:
+                with contextlib.suppress(OSError):  # what a full disk did not take (see ``write``)
                     self._file.close()
-                except OSError:  # what a full disk did not take (see ``write``)
-                    pass
                 self._file = None
 
     def write(self, text: str) -> None:
@@ -182,8 +171,8 @@ _LOG = _RunLog()
 
 
 def silence() -> None:
-    """From now on vLLM's processes say nothing on stderr (the run was interrupted: their errors
-    and tracebacks as they stop are its consequences): what they print goes to the log file."""
+    """From now on vLLM's processes say nothing on stderr, only into the log file: the run was
+    interrupted, and their errors as they stop are its consequences."""
     _LOG.quiet = True
 
 
@@ -193,23 +182,18 @@ WRITER_ERROR_ENV = "LAYERTAP_WRITER_ERROR_FILE"
 
 
 def watch_writer(error_file: str) -> None:
-    """vLLM's errors stay off stderr, in this process and those vLLM starts from now on, once
-    ``error_file`` exists: the run's writer failed (a full disk), and what vLLM logs then (its
-    engine stopping) follows from it, which the command says in one line."""
+    """vLLM's errors stay off stderr (here and in the processes vLLM starts) once ``error_file``
+    exists: the writer failed (a full disk), which the command says in one line, and what vLLM
+    logs then follows from it."""
     os.environ[WRITER_ERROR_ENV] = error_file
 
 
-def _writer_failed() -> bool:
-    path = os.environ.get(WRITER_ERROR_ENV)
-    return bool(path) and os.path.exists(path)  # type: ignore[arg-type]
-
-
 class ErrorsToStderr(logging.StreamHandler):
-    """vLLM's errors on stderr, one line each (a traceback goes to the log file only), and none
-    once the run is interrupted (``silence``) or its writer failed (``watch_writer``)."""
+    """vLLM's errors on stderr, one line each (tracebacks go to the log file only)."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        if not _LOG.quiet and not _writer_failed():
+        writer_error = os.environ.get(WRITER_ERROR_ENV)
+        if not _LOG.quiet and not (writer_error and os.path.exists(writer_error)):
             super().emit(record)
 
     def format(self, record: logging.LogRecord) -> str:
@@ -218,8 +202,7 @@ class ErrorsToStderr(logging.StreamHandler):
 
 
 def write_traceback() -> bool:
-    """Writes the exception being handled, with its traceback, into the run's log file; False
-    (nothing written) when vLLM logs elsewhere."""
+    """The exception being handled, with its traceback, into the run's log file (False: none)."""
     if _LOG.path is None:
         return False
     _LOG.write("".join(traceback.format_exc()))
@@ -227,9 +210,8 @@ def write_traceback() -> bool:
 
 
 class RunLogHandler(logging.Handler):
-    """Writes records into the run's log file (see ``start``); built by vLLM from
-    ``vllm_logging.json``. The processes that use it also log Python's warnings there (the
-    FutureWarnings vLLM's imports raise), so they stay off the progress bar too."""
+    """Records into the run's log file; built by vLLM from ``vllm_logging.json``. Python's
+    warnings go there too (vLLM's imports raise FutureWarnings): off the progress bar."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -273,9 +255,9 @@ def _signal_name(number: int) -> str:
 
 
 def root_cause(text: str) -> str | None:
-    """vLLM's own error in ``text`` (a run's log): the first exception of a traceback that is not
-    a wrapper of another, else a worker killed by a signal (SIGKILL: the kernel's out-of-memory
-    killer, as a rule), else the first error line that is not a consequence; None if none."""
+    """vLLM's own error in a run's log: the first exception of a traceback that wraps none, else
+    a worker killed by a signal (SIGKILL: the out-of-memory killer, as a rule), else the first
+    error line that is not a consequence."""
     in_traceback = False
     first_error = passed_on = None
     for line in text.splitlines():
@@ -307,7 +289,6 @@ def root_cause(text: str) -> str | None:
 
 
 def this_run() -> str:
-    """What this run wrote into its log file so far ("" without one)."""
     if _LOG.path is None:
         return ""
     try:
@@ -319,44 +300,42 @@ def this_run() -> str:
 
 
 def start_error(e: BaseException) -> str:
-    """One line naming why vLLM's engine did not start: ``e`` (what ``LLM(...)`` raised), or,
-    when it is only vLLM's report that a process of its own failed ("Engine core
-    initialization failed... See root cause above"), vLLM's error in this run's log."""
+    """One line naming why the engine did not start: what ``LLM(...)`` raised, or, when that only
+    reports that a process of vLLM's failed ("See root cause above"), the error in the log."""
     chain = []
     while e is not None and e not in chain:
         chain.append(e)
         e = e.__cause__ or e.__context__
     for exc in reversed(chain):  # the innermost first: the others wrap it
-        line = _first_line(exc)
+        line = _one_line(exc)
         if not any(c in line for c in _CONSEQUENCES):
             return line
-    return root_cause(this_run()) or _first_line(chain[0])
+    return root_cause(this_run()) or _one_line(chain[0])
 
 
-def _first_line(e: BaseException) -> str:
-    text = _validation_errors(e) or str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
+def _one_line(e: BaseException) -> str:
+    validation = _validation_errors(e)
+    return f"{type(e).__name__}: {validation}" if validation else first_line(e)
 
 
-def _validation_errors(e: BaseException) -> list[str]:
-    """A pydantic ``ValidationError``'s errors as one line ("ModelConfig: User-specified
-    max_model_len (100001) is greater than ..."), in a list; [] for any other exception. vLLM's
-    configurations are pydantic dataclasses, whose error's first line says only "1 validation
-    error for ModelConfig": what it refuses is on the next lines. Duck-typed: pydantic is vLLM's."""
+def _validation_errors(e: BaseException) -> str | None:
+    """A pydantic ``ValidationError`` as one line ("ModelConfig: User-specified max_model_len
+    ..."): vLLM's configurations are pydantic dataclasses, whose error's first line is
+    only "1 validation error for ModelConfig". Duck-typed: pydantic is vLLM's."""
     errors, title = getattr(e, "errors", None), getattr(e, "title", None)
     if not callable(errors) or not isinstance(title, str):
-        return []
+        return None
     try:
         found = errors(include_url=False)
     except Exception:  # not pydantic's after all
-        return []
+        return None
     parts = []
     for error in found:
         message = str(error.get("msg", "")).strip().splitlines() or [""]
         message = message[0].removeprefix("Value error, ")
         where = ".".join(str(part) for part in error.get("loc", ()))
         parts.append(f"{where}: {message}" if where else message)
-    return [f"{title}: {'; '.join(parts)}"] if parts else []
+    return f"{title}: {'; '.join(parts)}" if parts else None
 
 
 #: What ``EngineOutput.close`` writes after the output of the stopped processes.
@@ -364,12 +343,9 @@ _DRAINED = b"\0layertap: engine output drained\n"
 
 
 class EngineOutput:
-    """The stderr of the processes vLLM starts (engine core, workers): a pipe this process
-    reads, since they write to it directly (tracebacks of a process that ends on an error, a
-    signal's, warnings). Each line goes on to stderr, except tracebacks, which go into the log
-    file, and, once the run is interrupted (``silence``), everything, which goes into the log
-    file too (lines of vLLM's log are in the file already). Used only while the command logs
-    into the run's file."""
+    """The stderr of the processes vLLM starts, which write to it directly (tracebacks, signals,
+    warnings): a pipe whose lines go on to stderr, but tracebacks, and after ``silence``
+    everything, which go into the log file."""
 
     def __init__(self) -> None:
         self._read, self._write = os.pipe()
@@ -379,8 +355,7 @@ class EngineOutput:
 
     @contextlib.contextmanager
     def spawning(self) -> Iterator[None]:
-        """While vLLM starts its processes (``LLM(...)``), fd 2 is the pipe, which they inherit;
-        after it, this process's own stderr again."""
+        """fd 2 is the pipe while vLLM starts its processes (``LLM(...)``), which inherit it."""
         sys.stderr.flush()
         os.dup2(self._write, 2)
         try:
@@ -390,18 +365,13 @@ class EngineOutput:
             os.dup2(self._stderr, 2)
 
     def close(self, timeout: float) -> None:
-        """Once vLLM's processes are stopped: waits up to ``timeout`` s until what they printed
-        has been passed on, and the relay has ended. Not until the pipe ends: processes that
-        outlive the engine hold it too (multiprocessing's resource tracker, started with the
-        engine's processes, lives as long as this one). A marker written after their output tells
-        when it is all read; the relay stops there and closes the pipe and its dup of stderr, so a
-        run leaves no thread or descriptor behind (``layertap.generate`` called in a loop). What
-        those processes print later is lost, as it was once this process ended."""
+        """Once vLLM's processes are stopped: waits up to ``timeout`` s for the relay to pass on
+        what they printed. Not until the pipe ends: multiprocessing's resource tracker holds it
+        as long as this process lives. A marker after their output ends the relay, which closes
+        its descriptors, so a run leaves none behind (``layertap.generate`` called in a loop)."""
         try:
-            try:
+            with contextlib.suppress(OSError):  # the relay failed and closed the pipe
                 os.write(self._write, _DRAINED)
-            except OSError:  # the relay failed and closed the pipe: nothing more to wait for
-                pass
             self._thread.join(timeout)
         finally:
             os.close(self._write)
@@ -442,26 +412,3 @@ class EngineOutput:
         else:
             os.write(self._stderr, (line + "\n").encode())
         return False
-
-
-__all__ = [
-    "CONFIG",
-    "LOG_NAME",
-    "PATH_ENV",
-    "EngineOutput",
-    "ErrorsToStderr",
-    "RunLogHandler",
-    "configure",
-    "current",
-    "in_use",
-    "localize",
-    "log_file",
-    "note",
-    "root_cause",
-    "silence",
-    "start",
-    "watch_writer",
-    "start_error",
-    "this_run",
-    "write_traceback",
-]

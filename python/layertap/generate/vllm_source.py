@@ -1,12 +1,8 @@
-"""vLLM's model classes as its installed source files say, read without importing vLLM (an
-import costs 10-20 s of CPU): which class vLLM's registry names for an architecture, whether that
-class has the EAGLE-3 interface (``SupportsEagle3``) that the ``extract_hidden_states`` method
-needs, and whether vLLM runs the architecture through its Transformers backend.
-
-vLLM itself learns the first by importing each model module in a subprocess; here the source is
-parsed (``ast``) and each class's bases are followed through the modules they are imported from.
-Where the source does not settle it (a class built at run time, a base that cannot be traced),
-the answer is None, and a caller refuses nothing on it.
+"""vLLM's model classes as its installed source says, read without importing vLLM (10-20 s of
+CPU): which class its registry names for an architecture, whether that class has the EAGLE-3
+interface that ``extract_hidden_states`` needs, and whether it runs through the Transformers
+backend. The source is parsed (``ast``) and each class's bases followed through the modules they
+are imported from; where that does not settle it, the answer is None and nothing is refused.
 """
 
 from __future__ import annotations
@@ -29,8 +25,7 @@ _MAX_DEPTH = 12
 
 
 def package_dir() -> str | None:
-    """The directory of the installed ``vllm`` package, or None when it is not installed (found
-    without importing it)."""
+    """The directory of the installed ``vllm`` package (found without importing it), or None."""
     try:
         spec = importlib.util.find_spec("vllm")
     except (ImportError, ValueError):  # a broken install, or sys.modules["vllm"] = None
@@ -45,12 +40,10 @@ class ModelClass:
     """The class vLLM would run for a model."""
 
     architecture: str
-    """The configuration's architecture that vLLM resolves."""
     class_name: str
     transformers_backend: bool
-    """vLLM runs the model through its Transformers backend (``TransformersForCausalLM``...)."""
     eagle3: bool | None
-    """Whether the class has the EAGLE-3 interface; None: the source does not say."""
+    """None: the source does not say."""
 
 
 @functools.cache
@@ -63,7 +56,6 @@ def _parse(path: str) -> ast.Module | None:
 
 
 def _module_file(root: str, module: str) -> str | None:
-    """The source file of the dotted ``module`` (``vllm....``), or None."""
     parts = module.split(".")
     if parts[0] != "vllm":
         return None
@@ -75,7 +67,7 @@ def _module_file(root: str, module: str) -> str | None:
 
 
 def _top_level(tree: ast.Module):
-    """The module's top-level statements, including those under a top-level ``if`` or ``try``."""
+    """The module's top-level statements, those under a top-level ``if`` or ``try`` too."""
     stack = list(reversed(tree.body))
     while stack:
         node = stack.pop()
@@ -88,7 +80,6 @@ def _top_level(tree: ast.Module):
 
 
 def _imported_from(module: str, node: ast.ImportFrom, is_package: bool) -> str:
-    """The absolute module an ``ImportFrom`` in ``module`` reads."""
     if not node.level:
         return node.module or ""
     package = module.split(".") if is_package else module.split(".")[:-1]
@@ -179,8 +170,7 @@ _RESIDUAL_BEFORE_FIRST_LAYER = "aux_hidden_state = hidden_states + residual"
 
 
 def cannot_record_layer_zero(architecture: str, root: str | None = None) -> bool:
-    """Whether vLLM's own capture in the module that defines ``architecture``'s class fails on
-    layer id 0 (DeepSeek-V2/V3 and the classes of their module in 0.32), as its source says."""
+    """Whether vLLM's own capture in the module of ``architecture``'s class fails on layer id 0."""
     root = root or package_dir()
     entry = registry(root).get(architecture) if root else None
     if entry is None:
@@ -194,11 +184,9 @@ def cannot_record_layer_zero(architecture: str, root: str | None = None) -> bool
 
 
 def model_class(architectures: list[str], model_impl: str = "auto", root: str | None = None) -> ModelClass | None:
-    """The class vLLM resolves for a model whose configuration names ``architectures``, as
-    vLLM 0.26-0.33's registry does (``inspect_model_cls``): with ``model_impl="transformers"``
-    its Transformers backend; otherwise the first architecture it lists (the backend when the
-    registry maps it there), and its Transformers backend for an architecture it does not list.
-    None when vLLM is not installed or its source does not say."""
+    """The class vLLM resolves for ``architectures``, as vLLM 0.26-0.33's registry does
+    (``inspect_model_cls``): the first architecture it lists, else (and with
+    ``model_impl="transformers"``) its Transformers backend. None when the source does not say."""
     root = root or package_dir()
     if root is None or not architectures or model_impl not in ("auto", "vllm", "transformers"):
         return None

@@ -1,11 +1,11 @@
 """One engine of ``layertap generate --data-parallel-size N``, in its own process (started by
 ``layertap.generate.local``; not a command for people).
 
-Standard input: one JSON line ``{"options", "first_run", "engine", "rows", "fd"}`` then ``rows`` row indices
-(int64, little-endian): the rows this engine writes. It writes JSON
-lines to file descriptor ``fd``: ``{"report": totals}`` now and then, and at the end
-``{"summary": ...}`` or ``{"error": text, "kind": "input" | "failed"}``. When its standard input
-closes (the run that started it died) it kills its process group.
+Standard input: one JSON line ``{"options", "first_run", "rows", "fd"}`` then ``rows`` row
+indices (int64, little-endian): the rows this engine writes. It writes JSON lines ``[kind, value]``
+to file descriptor ``fd``: ``["report", totals]`` now and then, and at the end ``["summary", ...]``
+or ``["error", [kind, text]]`` (``run.run_engine``'s result). When its standard input closes (the
+run that started it died) it kills its process group.
 """
 
 from __future__ import annotations
@@ -15,12 +15,9 @@ import os
 import signal
 import sys
 import threading
-import traceback
 
 import numpy as np
 
-from layertap.generate.errors import GenerateError
-from layertap.generate.options import GenerateOptions
 from layertap.generate.run import run_engine
 
 
@@ -55,22 +52,12 @@ def main() -> int:
     # SIGTERM (the run stops its engines) ends this process as Ctrl-C would: the engine shuts down.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
 
-    def send(msg: dict) -> None:
-        out.write(json.dumps(msg) + "\n")
+    def send(kind: str, value: object) -> None:
+        out.write(json.dumps([kind, value]) + "\n")
 
-    try:
-        options = GenerateOptions(**spec["options"])
-        summary = run_engine(options, spec["first_run"], rows, lambda totals: send({"report": totals}))
-    except GenerateError as e:
-        send({"error": str(e), "kind": "input"})
-        return 2
-    except BaseException as e:  # the engine failed (or was stopped): the traceback goes to the log
-        traceback.print_exc()
-        first = str(e).strip().splitlines()
-        send({"error": f"{type(e).__name__}: {first[0] if first else ''}".rstrip(": "), "kind": "failed"})
-        return 1
-    send({"summary": summary})
-    return 0
+    kind, value = run_engine(spec["options"], spec["first_run"], rows, lambda totals: send("report", totals))
+    send(kind, value)
+    return 0 if kind == "summary" else 2 if value[0] == "input" else 1
 
 
 if __name__ == "__main__":
