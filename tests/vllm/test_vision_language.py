@@ -63,7 +63,9 @@ def _run_engines(jobs: list[dict], work: Path) -> dict:
             f"torchvision's wheel is not in {TORCHVISION_TARGET}: run `make venv` (requirements-torchvision.txt)",
             pytrace=False,
         )
-    path = [str(HERE / "torchvision_shim"), str(TORCHVISION_TARGET), *filter(None, [os.environ.get("PYTHONPATH")])]
+    # tests/ for tiny_llama, which tiny_vl builds on (the child runs from tests/vllm).
+    path = [str(HERE / "torchvision_shim"), str(TORCHVISION_TARGET), str(HERE.parent)]
+    path += filter(None, [os.environ.get("PYTHONPATH")])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     jobs_path, result = work / "engine-jobs.json", work / "engine-result.json"
     jobs_path.write_text(json.dumps(jobs))
