@@ -389,12 +389,9 @@ class RecordIterator:
                     raise
                 shard, i = self._ds._locate(pos)
                 e = shard.entries[i]
+                why = problem_message(err, shard.path)
                 self.skipped += 1
-                self.problems.append(
-                    Problem(
-                        shard.path, e.frame_offset, e.key, ProblemKind.CORRUPT_RECORD, problem_message(err, shard.path)
-                    )
-                )
+                self.problems.append(Problem(shard.path, e.frame_offset, e.key, ProblemKind.CORRUPT_RECORD, why))
         raise StopIteration
 
     def __repr__(self) -> str:
@@ -416,11 +413,13 @@ def _lost_note(s) -> Problem:
     )
 
 
-def progress_bar(shown: bool, total: int, desc: str) -> Any:
-    """A tqdm bar on stderr counting records, or (not ``shown``) one that shows nothing."""
+def progress_bar(shown: bool, total: int, desc: str, initial: int = 0) -> Any:
+    """A tqdm bar on stderr counting records (from ``initial``), or (not ``shown``) one that shows nothing."""
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="rec", desc=desc, file=sys.stderr, dynamic_ncols=True, disable=not shown)
+    return tqdm(
+        total=total, initial=initial, unit="rec", desc=desc, file=sys.stderr, dynamic_ncols=True, disable=not shown
+    )
 
 
 def record_problem(err: Exception, path: str, offset: int | None, key: str | None) -> Problem:

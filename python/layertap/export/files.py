@@ -12,10 +12,9 @@ import gzip
 import io
 import json
 import os
-import threading
 from typing import Any
 
-from layertap._files import fsync_dir
+from layertap._files import fsync_dir, write_atomic
 from layertap.errors import InvalidInputError
 
 TMP_SUFFIX = ".layertap-tmp"
@@ -62,30 +61,9 @@ def remove_stale_temporaries(root: str, depth: int = 1) -> int:
 
 
 def write_file(path: str, data: bytes, fsync: bool) -> None:
-    """Writes ``data`` to ``path`` atomically: a temporary file beside it, read back and
-    compared, fsynced when asked, renamed. Raises ``OSError`` (the temporary file is removed)."""
-    tmp = f"{path}.{os.getpid()}-{threading.get_ident()}{TMP_SUFFIX}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            if fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        with open(tmp, "rb", buffering=0) as f:
-            written = f.read(len(data) + 1)
-        if written != data:
-            raise OSError(errno.EIO, "the file read back differs from what was written", tmp)
-        os.rename(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    """Writes ``data`` to ``path`` atomically, read back and compared, fsynced when asked (its
+    directory is fsynced once the export is done). Raises ``OSError``."""
+    write_atomic(path, data, durable=fsync, sync_dir=False, suffix=TMP_SUFFIX, check=True)
 
 
 def gzipped(data: bytes, name: str, level: int) -> bytes:

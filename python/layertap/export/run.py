@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import errno
 import os
-import sys
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,6 +30,7 @@ from layertap.export.layouts import (
 from layertap.export.rows import Selection, select
 from layertap.fp8 import SCALE_NAME
 from layertap.reader import open as open_dataset
+from layertap.reader import progress_bar
 
 FORMATS = ("speculators", "specforge", "modelopt")
 #: Problems listed one by one in the summary; the rest are counted.
@@ -264,19 +264,8 @@ def export(
                     os.makedirs(parent, exist_ok=True)
                     made_dirs.add(parent)
                 todo.append((row, sel.positions[row]))
-            from tqdm import tqdm
-
             write = partial(_export_row, ds, layout, layer_ids=first.layer_ids, fsync=fsync)
-            bar = tqdm(
-                total=summary.selected,
-                initial=summary.existing,
-                disable=not progress,
-                unit="rec",
-                desc="export",
-                file=sys.stderr,
-                dynamic_ncols=True,
-            )
-            with bar:
+            with progress_bar(progress, summary.selected, "export", initial=summary.existing) as bar:
                 _run(write, todo, workers, summary, bar, layout.fills_loss_mask)
             if fsync:
                 for d in sorted(made_dirs | {layout.root}):

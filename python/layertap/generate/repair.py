@@ -27,9 +27,9 @@ from layertap._spec.format import (
     read_frame_header,
 )
 from layertap._types import IndexEntry, Problem, ProblemKind
-from layertap.errors import FormatError, RecordMissingError
+from layertap.errors import FormatError
 from layertap.generate.errors import GenerateError
-from layertap.reader import problem_message
+from layertap.reader import record_problem
 from layertap.recover import recover
 
 #: The copy of a shard being repaired: a dot file without ``.lts``, so no reader takes it for a shard.
@@ -101,8 +101,7 @@ def _damaged_by_check(shard) -> list[Problem]:
         try:
             shard.check(i)
         except FormatError as err:
-            kind = ProblemKind.MISSING_RECORD if isinstance(err, RecordMissingError) else ProblemKind.CORRUPT_RECORD
-            out.append(Problem(shard.path, e.frame_offset, e.key, kind, problem_message(err, shard.path)))
+            out.append(record_problem(err, shard.path, e.frame_offset, e.key))
     return out
 
 
