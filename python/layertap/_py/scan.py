@@ -27,6 +27,7 @@ from layertap._spec.format import (
     crc32c,
     decode_index,
     decode_trailer,
+    payload_crc,
     read_frame_header,
 )
 from layertap._types import Problem, ProblemKind
@@ -40,18 +41,6 @@ class _Shard(Protocol):
     header_len: int
 
     def pread(self, offset: int, n: int) -> bytearray: ...
-
-
-def payload_crc(shard: _Shard, offset: int, length: int) -> int:
-    crc = 0
-    end = offset + length
-    while offset < end:
-        chunk = shard.pread(offset, min(_CHUNK, end - offset))
-        if not chunk:
-            break
-        crc = crc32c(chunk, crc)
-        offset += len(chunk)
-    return crc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -153,7 +142,7 @@ def scan(shard: _Shard) -> ScanResult:
             break
         nxt = pos + h.frame_len
         cursor.step(h)
-        crc = payload_crc(shard, pos + h.header_len, h.stored_len)
+        crc = payload_crc(shard.pread, pos + h.header_len, h.stored_len)
         if crc == h.payload_crc:
             problems += pending
             pending = []

@@ -299,6 +299,19 @@ def read_frame_header(pread: Callable[[int, int], bytes], pos: int, file_bytes: 
     return decode_frame_header(head, remaining)
 
 
+def payload_crc(pread: Callable[[int, int], bytes], offset: int, length: int) -> int:
+    """The CRC of the ``length`` bytes at ``offset`` read with ``pread(offset, n)``, 8 MiB at a
+    time (a payload may be gigabytes); bytes past the end of the file count as absent."""
+    crc, end = 0, offset + length
+    while offset < end:
+        chunk = pread(offset, min(8 << 20, end - offset))
+        if not chunk:
+            break
+        crc = crc32c(chunk, crc)
+        offset += len(chunk)
+    return crc
+
+
 # ---------------------------------------------------------------------------------------------
 # Index
 

@@ -19,11 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 from layertap._files import fsync_dir
 from layertap._spec.format import (
     CODECS,
-    KIND_RECORD,
     TRAILER_LEN,
     FormatProblem,
-    crc32c,
+    RawEntry,
     decode_trailer,
+    payload_crc,
     read_frame_header,
 )
 from layertap._types import IndexEntry, Problem, ProblemKind
@@ -47,10 +47,6 @@ def damaged_records(ds) -> list[Problem]:
         return [p for found in pool.map(_damaged_in, backends) for p in found]
 
 
-#: Bytes of a payload read at a time for its checksum.
-_CHUNK = 16 << 20
-
-
 def _damaged_in(shard) -> list[Problem]:
     if not os.path.isfile(shard.path):  # a shard that is no file here (a store's): its own check
         return _damaged_by_check(shard)
@@ -68,28 +64,20 @@ def _damaged_in(shard) -> list[Problem]:
 
 
 def _frame_problem(fd: int, size: int, e: IndexEntry) -> str | None:
-    """Why the record of index entry ``e`` is not as its writer wrote it, or None."""
+    """Why the record of index entry ``e`` is not as its writer wrote it, or None (in
+    ``PyShardReader.check``'s words, but without decoding)."""
+
+    def pread(offset: int, n: int) -> bytes:
+        return os.pread(fd, n, offset)
+
     try:
-        h = read_frame_header(lambda offset, n: os.pread(fd, n, offset), e.frame_offset, size)
+        h = read_frame_header(pread, e.frame_offset, size)
     except FormatProblem as problem:
         return f"no valid frame header at the indexed offset: {problem}"
-    if (h.kind, CODECS[h.codec], h.key, h.stored_len, h.raw_len, h.num_tokens, h.payload_crc) != (
-        KIND_RECORD,
-        e.codec,
-        e.key,
-        e.stored_len,
-        e.raw_len,
-        e.num_tokens,
-        e.payload_crc,
-    ):
+    raw = RawEntry(e.frame_offset, e.stored_len, e.raw_len, e.num_tokens, e.payload_crc, CODECS.index(e.codec), e.key)
+    if not raw.matches(h):
         return "the frame header does not agree with the index entry"
-    at, end, crc = e.frame_offset + h.header_len, e.frame_offset + h.header_len + e.stored_len, 0
-    while at < end:
-        chunk = os.pread(fd, min(_CHUNK, end - at), at)
-        if not chunk:
-            return "payload is cut off by the end of the file"
-        crc = crc32c(chunk, crc)
-        at += len(chunk)
+    crc = payload_crc(pread, e.frame_offset + h.header_len, e.stored_len)
     if crc != e.payload_crc:
         return f"payload checksum mismatch (frame says {e.payload_crc:#010x}, payload has {crc:#010x})"
     return None
