@@ -37,7 +37,7 @@ from layertap._spec.format import (
     Truncated,
     decode_trailer,
     frame_header_len,
-    parse_shard_index,
+    writer_and_index,
 )
 from layertap._spec.lock import is_locked
 from layertap._tensors import tensor_maker
@@ -102,13 +102,6 @@ class DirectoryWatch:
 
 class NotYet(Exception):
     """The record's frame is there but its payload is not all written yet."""
-
-
-def _writer_and_index(name: str) -> tuple[str, int] | None:
-    """``(writer_id, shard index)`` of a shard file name ``{writer_id}-{n:06}.lts``."""
-    writer_id = name.rpartition("-")[0]
-    index = parse_shard_index(name, writer_id) if writer_id else None
-    return None if index is None else (writer_id, index)
 
 
 class ShardTail:
@@ -296,7 +289,7 @@ class DatasetTail(ClosedOnExit):
 
     def concerns(self, name: str) -> bool:
         """Whether a file name is one of the shards this tail reads."""
-        parsed = _writer_and_index(name)
+        parsed = writer_and_index(name)
         return parsed is not None and (self.writer_id is None or parsed[0] == self.writer_id)
 
     def shards(self) -> list[ShardTail]:
@@ -309,7 +302,7 @@ class DatasetTail(ClosedOnExit):
                     continue
                 if entry.name in self._shards or not self.concerns(entry.name):
                     continue
-                writer_id, index = _writer_and_index(entry.name)
+                writer_id, index = writer_and_index(entry.name)
                 self._shards[entry.name] = ShardTail(entry.path, writer_id, index, self._backend_class, self._decode)
                 if self._watch is not None:
                     self._watch.watch_file(entry.path)

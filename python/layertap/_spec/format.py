@@ -109,6 +109,13 @@ def parse_shard_index(file_name: str, writer_id: str) -> int | None:
     return int(digits)
 
 
+def writer_and_index(file_name: str) -> tuple[str, int] | None:
+    """``(writer_id, shard index)`` of a shard file name ``{writer_id}-{n:06}.lts``."""
+    writer_id = file_name.rpartition("-")[0]
+    index = parse_shard_index(file_name, writer_id) if writer_id else None
+    return None if index is None else (writer_id, index)
+
+
 # ---------------------------------------------------------------------------------------------
 # File header
 

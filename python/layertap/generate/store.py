@@ -14,13 +14,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from layertap._spec.format import FormatProblem
+from layertap._spec.format import FormatProblem, writer_and_index
 from layertap.errors import FormatError, InvalidInputError, StoreUnavailableError
 from layertap.generate.errors import GenerateError
 from layertap.generate.summary import Summary
@@ -33,9 +32,6 @@ from layertap.parts import MANIFEST_NAME
 from layertap.reader import open as open_dataset
 
 logger = logging.getLogger("layertap")
-
-#: A spool shard's writer id: its name without ``-{n:06}.lts``.
-_SHARD_NAME = re.compile(r"^(.+)-\d{6}\.lts$")
 
 
 @dataclass
@@ -150,10 +146,10 @@ def put_missing(out: str, spool: str, keys: set[str]) -> int:
     with open_dataset(spool) as ds:
         for backend in ds.backends:
             todo = [e for e in backend.entries if e.key in keys]
-            name = _SHARD_NAME.match(os.path.basename(backend.path))
-            if not todo or name is None:
+            parsed = writer_and_index(os.path.basename(backend.path))
+            if not todo or parsed is None:
                 continue
-            writer_id = name.group(1)
+            writer_id = parsed[0]
             old = client.get(head_name(address.prefix, writer_id))
             meta = decode_head(old).meta if old is not None else {k: backend.meta.get(k) for k in ("writer", "user")}
             publisher = StorePublisher(client, address, writer_id, meta)
