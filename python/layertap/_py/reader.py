@@ -25,11 +25,11 @@ from layertap._spec.format import (
     read_frame_header,
 )
 from layertap._spec.lock import is_locked
-from layertap._types import IndexEntry, Problem, ProblemKind
+from layertap._types import ClosedOnExit, IndexEntry, Problem, ProblemKind
 from layertap.errors import CorruptRecordError, FormatError, LayertapError
 
 
-class PyShardReader:
+class PyShardReader(ClosedOnExit):
     """The shard-backend protocol (see ``layertap.reader``) over one shard file. ``data_end``: the
     end of the record data (the index frame's offset of a complete shard, the end of the last
     valid record frame of an open one)."""
@@ -156,12 +156,6 @@ class PyShardReader:
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
             os.close(fd)
-
-    def __enter__(self) -> PyShardReader:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "complete" if self.complete else "open"

@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 from layertap._files import fsync_dir, write_atomic
+from layertap._types import ClosedOnExit
 from layertap.errors import InvalidInputError
 
 TMP_SUFFIX = ".layertap-tmp"
@@ -22,7 +23,7 @@ LOCK_NAME = ".layertap-export.lock"
 MANIFEST_NAME = "layertap-export.json"
 
 
-class ExportLock:
+class ExportLock(ClosedOnExit):
     """An exclusive lock on an export's root directory, held while the export runs."""
 
     def __init__(self, root: str):
@@ -36,10 +37,7 @@ class ExportLock:
                 raise InvalidInputError(f"{root}: another layertap export is writing there") from None
             raise
 
-    def __enter__(self) -> ExportLock:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
+    def close(self) -> None:
         os.close(self._fd)  # releases the lock; the file stays (removing it would race)
 
 
