@@ -12,9 +12,10 @@ from __future__ import annotations
 import os
 import sys
 import time
+from functools import partial
 from typing import Any, TextIO
 
-from layertap._cursor import ShardCursor
+from layertap._cursor import ShardCursor, pread_fully
 from layertap._spec.format import SHARD_SUFFIX
 from layertap._text import human_bytes
 from layertap.errors import LayertapError
@@ -29,11 +30,8 @@ class _GrowingShard:
     def __init__(self, path: str):
         self.path = path
         self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        self.cursor = ShardCursor(self._pread)
+        self.cursor = ShardCursor(partial(pread_fully, self.fd))
         self.finished = False
-
-    def _pread(self, offset: int, n: int) -> bytes:
-        return os.pread(self.fd, n, offset)
 
     def advance(self, on_record) -> None:
         for _, frame in self.cursor.records(os.fstat(self.fd).st_size):

@@ -15,7 +15,9 @@ from __future__ import annotations
 import errno
 import os
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
+from layertap._cursor import pread_fully
 from layertap._files import fsync_dir
 from layertap._spec.format import (
     CODECS,
@@ -66,10 +68,7 @@ def _damaged_in(shard) -> list[Problem]:
 def _frame_problem(fd: int, size: int, e: IndexEntry) -> str | None:
     """Why the record of index entry ``e`` is not as its writer wrote it, or None (in
     ``PyShardReader.check``'s words, but without decoding)."""
-
-    def pread(offset: int, n: int) -> bytes:
-        return os.pread(fd, n, offset)
-
+    pread = partial(pread_fully, fd)
     try:
         h = read_frame_header(pread, e.frame_offset, size)
     except FormatProblem as problem:
