@@ -110,7 +110,7 @@ def test_fetch_waits_for_an_error_file_still_being_written(tmp_path, monkeypatch
     text. CI once saw "failed and writes no more: " with nothing after it."""
     marker = error_marker_path(str(tmp_path), "w")
     read_empty = threading.Event()
-    real = online_module._read_marker
+    real = online_module.read_error_marker
 
     def read_marker(path):
         text = real(path)
@@ -118,7 +118,7 @@ def test_fetch_waits_for_an_error_file_still_being_written(tmp_path, monkeypatch
             read_empty.set()  # the fetch has seen the error file before its text
         return text
 
-    monkeypatch.setattr(online_module, "_read_marker", read_marker)
+    monkeypatch.setattr(online_module, "read_error_marker", read_marker)
     with layertap.ShardWriter(tmp_path, writer_id="w"):
 
         def fail():

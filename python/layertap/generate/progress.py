@@ -19,7 +19,7 @@ from layertap._cursor import ShardCursor, pread_fully
 from layertap._spec.format import SHARD_SUFFIX
 from layertap._text import human_bytes
 from layertap.errors import LayertapError
-from layertap.vllm.online import error_marker_path
+from layertap.vllm.online import error_marker_path, read_error_marker
 
 PROGRESS_MODES = ("auto", "bar", "lines", "none")
 
@@ -84,12 +84,8 @@ class ShardFollower:
         self.stored_bytes += frame.stored_len
 
     def poll(self) -> None:
-        if self.failure is None and os.path.exists(self._marker):
-            try:
-                with open(self._marker, encoding="utf-8", errors="replace") as f:
-                    text = f.read().strip()
-            except OSError:
-                text = ""  # gone again: nothing to report
+        if self.failure is None:
+            text = read_error_marker(self._marker)
             self.failure = text.splitlines()[0] if text else None
         self._poll_shards()
 

@@ -139,7 +139,7 @@ def fetch(
     make = tensor_maker("auto")
     with DatasetTail(loc.dataset, writer_id=loc.writer_id) as tail:
         while True:
-            reason = _read_marker(marker)
+            reason = read_error_marker(marker)
             if reason:
                 raise LayertapError(f"writer {loc.writer_id} failed and writes no more: {reason}")
             record = tail.find(loc.key, make)
@@ -155,10 +155,10 @@ def fetch(
             tail.wait(remaining, also=os.path.basename(marker))
 
 
-def _read_marker(marker: str) -> str:
+def read_error_marker(marker: str) -> str:
     """The failure a writer's error file holds; "" while none (or still empty: its write wakes the wait)."""
     try:
-        with open(marker) as f:
+        with open(marker, encoding="utf-8", errors="replace") as f:
             return f.read().strip()
     except FileNotFoundError:
         return ""
@@ -173,4 +173,4 @@ def _fsync(path: str) -> None:
         os.close(fd)
 
 
-__all__ = ["RecordLocation", "error_marker_path", "fetch", "leave_error_marker", "record_location"]
+__all__ = ["RecordLocation", "error_marker_path", "fetch", "leave_error_marker", "read_error_marker", "record_location"]
