@@ -373,7 +373,8 @@ class RecordIterator:
         self.skipped = 0
         """Corrupt records left out so far."""
         self.problems: list[Problem] = []
-        """A ``corrupt_record`` problem for each record left out."""
+        """A problem for each record left out: ``corrupt_record``, or ``missing_record`` for one
+        a store lost (as ``verify`` and ``follow`` name them)."""
 
     def __iter__(self) -> RecordIterator:
         return self
@@ -389,9 +390,8 @@ class RecordIterator:
                     raise
                 shard, i = self._ds._locate(pos)
                 e = shard.entries[i]
-                why = problem_message(err, shard.path)
                 self.skipped += 1
-                self.problems.append(Problem(shard.path, e.frame_offset, e.key, ProblemKind.CORRUPT_RECORD, why))
+                self.problems.append(record_problem(err, shard.path, e.frame_offset, e.key))
         raise StopIteration
 
     def __repr__(self) -> str:

@@ -129,6 +129,10 @@ def test_missing_and_foreign_records_are_never_read(store, tmp_path):
         kinds = sorted((p.key, p.kind) for p in report.problems)
         assert kinds == [("w1-r2", "missing_record"), ("w1-r3", "corrupt_record")]
         assert report.records_ok == 3
+        # iter(errors="skip") names them as verify and follow do
+        it = ds.iter(errors="skip")
+        assert [r.key for r in it] == ["w1-r0", "w1-r1", "w1-r4"] and it.skipped == 2
+        assert [(p.key, p.kind) for p in it.problems] == [("w1-r2", "missing_record"), ("w1-r3", "corrupt_record")]
     # follow skips both with errors="skip", and by default stops at the first
     with layertap.follow(address, timeout=0, errors="skip") as records:
         assert [r.key for r in records] == ["w1-r0", "w1-r1", "w1-r4"]
