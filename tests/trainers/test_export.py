@@ -212,6 +212,19 @@ def test_refusals(hs_dataset, tmp_path, verifier, truth, rows, capsys):
     assert "other settings" in refused(hs_dataset, "--to", "speculators", out, "--dtype", "float32")
 
 
+def test_the_export_lock_closes_once(tmp_path):
+    """A second close of the lock leaves alone the descriptor the first one freed, which the
+    next file opened gets (POSIX gives the lowest free number)."""
+    lock = ExportLock(str(tmp_path))
+    lock.close()
+    fd = os.open(tmp_path / "other", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        lock.close()
+        os.fstat(fd)  # still open
+    finally:
+        os.close(fd)
+
+
 def test_another_dataset_into_an_export_is_refused(hs_dataset, tmp_path, rows, truth, capsys):
     """An export directory belongs to one dataset: its manifest names it, and exporting another
     dataset there with the same settings is refused (it wrote nothing and left the first

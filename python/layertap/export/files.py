@@ -38,7 +38,11 @@ class ExportLock(ClosedOnExit):
             raise
 
     def close(self) -> None:
-        os.close(self._fd)  # releases the lock; the file stays (removing it would race)
+        """Releases the lock (idempotent: a second close must not close another file's reused
+        descriptor); the file stays (removing it would race)."""
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
 
 
 def remove_stale_temporaries(root: str, depth: int = 1) -> int:
