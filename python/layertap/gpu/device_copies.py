@@ -1,5 +1,5 @@
 """Small copies between the host and the GPU that never leave the host thread spinning: to the
-device through a pinned ring (``_Staging``), back with a blocking event (the encoder's and the
+device through a pinned ring (``_PinnedRing``), back with a blocking event (the encoder's and the
 decoder's, issues 21 and 32)."""
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ def to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
     """A host array on ``device`` without the host waiting: a copy from pageable memory makes
     the thread wait (spinning) for everything queued on the stream before it, the packing's
     kernels among them; from pinned memory it is queued like a kernel. The pinned memory is
-    this thread's staging buffer (``_Staging``), not a block pinned per array."""
+    this thread's ring (``_PinnedRing``), not a block pinned per array."""
     if not (a.flags.writeable and a.flags.c_contiguous):
         a = np.array(a)  # torch takes only writable arrays (the core's tables come read-only)
     t = torch.from_numpy(a)
     if device.type != "cuda":
         return t
-    return _staging(device).to_device(t)
+    return _ring(device).to_device(t)
 
 
-class _Staging:
+class _PinnedRing:
     """One thread's pinned host buffer for its copies to one device, allocated once (grown when
     a copy does not fit) and used as a ring: each copy takes the next bytes, and the ring starts
     over once the copies queued from it are done (an event recorded after each copy).
@@ -63,16 +63,16 @@ class _Staging:
         return out
 
 
-_STAGING = threading.local()
+_RINGS = threading.local()
 
 
-def _staging(device: torch.device) -> _Staging:
-    """This thread's staging buffer for ``device`` (a thread's copies are ordered on its current
+def _ring(device: torch.device) -> _PinnedRing:
+    """This thread's pinned ring for ``device`` (a thread's copies are ordered on its current
     stream; two threads' are not, so each has its own ring)."""
-    rings = _STAGING.__dict__.setdefault("rings", {})
+    rings = _RINGS.__dict__.setdefault("rings", {})
     ring = rings.get(device)
     if ring is None:
-        ring = rings[device] = _Staging(device)
+        ring = rings[device] = _PinnedRing(device)
     return ring
 
 
