@@ -170,3 +170,22 @@ def test_progress_counts_records_in_files_not_rows_the_engine_finished(tmp_path)
     bar.close()
     assert _final(stream.getvalue()).startswith("generate: 3/5 rows (60%), 12 tokens, "), stream.getvalue()
     follower.close()
+
+
+def test_an_unreadable_error_file_does_not_stop_the_progress(tmp_path):
+    """The progress reads the writer's error file on every poll; one it cannot read now (here a
+    directory in its place) is no failure and no exception: the next poll tries again."""
+    from layertap.generate.progress import WriterFailedError
+    from layertap.vllm.online import error_marker_path
+
+    follower = ShardFollower(str(tmp_path), "gen-0")
+    marker = error_marker_path(str(tmp_path), "gen-0")
+    os.mkdir(marker)
+    follower.check()  # nothing raised, nothing reported
+    assert follower.failure is None
+    os.rmdir(marker)
+    with open(marker, "w") as f:
+        f.write("WriterIOError: /d: write failed\n")
+    with pytest.raises(WriterFailedError, match="write failed"):
+        follower.check()
+    follower.close()

@@ -85,7 +85,10 @@ class ShardFollower:
 
     def poll(self) -> None:
         if self.failure is None:
-            text = read_error_marker(self._marker)
+            try:
+                text = read_error_marker(self._marker)
+            except OSError:  # unreadable now: progress never stops the run; the next poll tries again
+                text = ""
             self.failure = text.splitlines()[0] if text else None
         self._poll_shards()
 
